@@ -1,0 +1,195 @@
+//! Agents, their lifecycle and the task notifications they emit when they end.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{AgentId, BatchId, SessionId};
+use crate::report::Report;
+use crate::usage::Usage;
+
+/// Where an agent is in its life: `pending → running → completed | failed | killed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentState {
+    Pending,
+    Running,
+    Completed,
+    Failed,
+    Killed,
+}
+
+impl AgentState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentState::Pending => "pending",
+            AgentState::Running => "running",
+            AgentState::Completed => "completed",
+            AgentState::Failed => "failed",
+            AgentState::Killed => "killed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            AgentState::Pending,
+            AgentState::Running,
+            AgentState::Completed,
+            AgentState::Failed,
+            AgentState::Killed,
+        ]
+        .into_iter()
+        .find(|st| st.as_str() == s)
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            AgentState::Completed | AgentState::Failed | AgentState::Killed
+        )
+    }
+}
+
+/// What kind of agent this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentKind {
+    /// A session's own main loop.
+    Parent,
+    /// A fork child: inherits the parent's whole context.
+    Fork,
+    /// A typed sub-agent: its own system prompt and tools.
+    Typed,
+}
+
+impl AgentKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentKind::Parent => "parent",
+            AgentKind::Fork => "fork",
+            AgentKind::Typed => "typed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [AgentKind::Parent, AgentKind::Fork, AgentKind::Typed]
+            .into_iter()
+            .find(|k| k.as_str() == s)
+    }
+}
+
+/// A child's own instruction.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Directive {
+    /// A short label (the Agent tool's `description`).
+    pub description: String,
+    /// The instruction itself (the Agent tool's `prompt`).
+    pub prompt: String,
+}
+
+/// The query source of fork children: the first of the two recursion checks.
+pub const FORK_QUERY_SOURCE: &str = "agent:builtin:fork";
+
+/// An agent as the store and the API see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Agent {
+    pub id: AgentId,
+    pub session_id: SessionId,
+    pub batch_id: Option<BatchId>,
+    pub kind: AgentKind,
+    /// Position in its batch (0-based); decides which child goes first under warm-up gating.
+    pub index: u32,
+    pub state: AgentState,
+    pub directive: Option<Directive>,
+    /// `agent:builtin:fork` for fork children; may be absent (the tag scan still catches forks).
+    pub query_source: Option<String>,
+    pub usage: Usage,
+    pub cost_usd: f64,
+    pub error: Option<String>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+/// How an agent ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NotificationStatus {
+    Completed,
+    Failed,
+    Killed,
+}
+
+impl NotificationStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotificationStatus::Completed => "completed",
+            NotificationStatus::Failed => "failed",
+            NotificationStatus::Killed => "killed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            NotificationStatus::Completed,
+            NotificationStatus::Failed,
+            NotificationStatus::Killed,
+        ]
+        .into_iter()
+        .find(|st| st.as_str() == s)
+    }
+
+    pub fn agent_state(self) -> AgentState {
+        match self {
+            NotificationStatus::Completed => AgentState::Completed,
+            NotificationStatus::Failed => AgentState::Failed,
+            NotificationStatus::Killed => AgentState::Killed,
+        }
+    }
+}
+
+/// The event an agent emits when it ends. `seq` is assigned by the store, strictly increasing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Notification {
+    pub seq: u64,
+    pub session_id: SessionId,
+    pub batch_id: Option<BatchId>,
+    pub agent_id: AgentId,
+    pub status: NotificationStatus,
+    pub summary: String,
+    pub report: Report,
+    pub usage: Usage,
+    pub cost_usd: f64,
+    pub created_at_ms: i64,
+}
+
+impl Notification {
+    /// The `<task-notification>` text the parent model sees on its next turn.
+    pub fn to_parent_text(&self) -> String {
+        let u = &self.usage;
+        format!(
+            "<task-notification>\n<agent-id>{}</agent-id>\n<status>{}</status>\n<summary>{}</summary>\n\
+             <report>\n{}\n</report>\n<usage>input_tokens: {}, cache_creation_input_tokens: {}, \
+             cache_read_input_tokens: {}, output_tokens: {}</usage>\n</task-notification>",
+            self.agent_id,
+            self.status.as_str(),
+            self.summary,
+            self.report.to_text(),
+            u.input_tokens,
+            u.cache_creation_input_tokens,
+            u.cache_read_input_tokens,
+            u.output_tokens,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip_and_know_what_is_terminal() {
+        for s in ["pending", "running", "completed", "failed", "killed"] {
+            assert_eq!(AgentState::parse(s).map(AgentState::as_str), Some(s));
+        }
+        assert!(AgentState::Killed.is_terminal());
+        assert!(!AgentState::Running.is_terminal());
+    }
+}

@@ -1,0 +1,369 @@
+//! The fork construction (SPEC §3): the batch's shared assistant message, the children's shared
+//! user blocks, each child's directive block, and the recursion guard.
+//!
+//! A child's conversation is `[...history, A, U]` where `U = [placeholder tool_result per tool_use
+//! in A] + [boilerplate] + [directive]`. Everything but the directive block is built once per batch
+//! and shared by reference, so siblings cannot differ anywhere else.
+
+use crate::agent::{Directive, FORK_QUERY_SOURCE};
+use crate::ids::{AgentId, BatchId, SessionId};
+use crate::json::RawJson;
+use crate::message::{Block, BlockKind, Message, Role};
+use crate::request::{BlockPos, Conversation};
+use crate::tools::AGENT_TOOL;
+
+/// The tool_result every child sees for every tool_use of the fork message: constant, so the
+/// placeholders are byte-identical across siblings.
+pub const FORK_PLACEHOLDER_RESULT: &str = "Fork started -- processing in background";
+
+/// The tag around forkd's fork boilerplate; also the fallback recursion check's marker.
+pub const BOILERPLATE_TAG: &str = "forkd-fork-child";
+
+/// The boilerplate every fork child reads before its directive. Same for every sibling; it has a
+/// text block of its own so it belongs to the cached shared prefix.
+pub fn boilerplate_text() -> String {
+    format!(
+        "<{BOILERPLATE_TAG}>\n\
+         You are a fork child: a copy of the agent above, started to carry out one directive, which \
+         follows this block. The instructions above about forking were written for your parent; \
+         they do not apply to you.\n\
+         1. Do not fork and do not start agents: the Agent tool is refused for you. Do the work \
+            yourself.\n\
+         2. Work silently: call tools without commentary between them, and report once, at the end.\n\
+         3. Stay inside your directive. Do not widen its scope, and do not redo your siblings' \
+            directives.\n\
+         4. The tool results above that read \"{FORK_PLACEHOLDER_RESULT}\" stand for your siblings; \
+            ignore them.\n\
+         5. End with this report and nothing after it:\n\
+         Scope: <what you were asked to do, one line>\n\
+         Result: <what you found or did>\n\
+         Key files: <comma-separated paths that matter, or none>\n\
+         Files changed: <comma-separated paths you wrote or edited, or none>\n\
+         Issues: <problems, risks or open questions, or none>\n\
+         </{BOILERPLATE_TAG}>"
+    )
+}
+
+/// A fork batch that cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ForkError {
+    #[error("a fork batch needs at least one directive")]
+    NoDirectives,
+    #[error("directive {index} is empty")]
+    EmptyDirective { index: usize },
+    #[error("directive {index} is {len} bytes; the limit is {max}")]
+    DirectiveTooLarge {
+        index: usize,
+        len: usize,
+        max: usize,
+    },
+    #[error("the fork message must be an assistant message")]
+    NotAssistant,
+    #[error("the fork message holds no Agent tool_use without subagent_type")]
+    NoForkToolUse,
+}
+
+/// One fork batch: the shared assistant message and the shared part of every child's user message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ForkBatch {
+    pub id: BatchId,
+    pub session_id: SessionId,
+    /// How many of the parent's messages precede `assistant`: the shared history.
+    pub fork_point: u64,
+    /// `A`: the parent's assistant message, cloned whole.
+    pub assistant: Message,
+    /// The placeholder tool_results for every tool_use in `A`, then the boilerplate block.
+    pub shared_user_blocks: Vec<Block>,
+    pub created_at_ms: i64,
+}
+
+/// Checks client-submitted directives against the size limit.
+pub fn validate_directives(directives: &[Directive], max_bytes: usize) -> Result<(), ForkError> {
+    if directives.is_empty() {
+        return Err(ForkError::NoDirectives);
+    }
+    for (index, d) in directives.iter().enumerate() {
+        if d.prompt.trim().is_empty() {
+            return Err(ForkError::EmptyDirective { index });
+        }
+        let len = d.prompt.len() + d.description.len();
+        if len > max_bytes {
+            return Err(ForkError::DirectiveTooLarge {
+                index,
+                len,
+                max: max_bytes,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The tool_use id forkd gives the `index`-th Agent call of a client-submitted batch.
+pub fn client_tool_use_id(batch: BatchId, index: usize) -> String {
+    format!("toolu_{}_{index:03}", batch.as_uuid().simple())
+}
+
+/// The assistant message a client-submitted batch appends to the parent: one `Agent` tool_use per
+/// directive, exactly as if the parent model had written it.
+pub fn client_fork_message(batch: BatchId, directives: &[Directive]) -> Message {
+    let blocks = directives
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let input = RawJson::encode(&serde_json::json!({
+                "description": d.description,
+                "prompt": d.prompt,
+            }));
+            // The input is an object we just built, so this cannot fail; a text block keeps the
+            // message well-formed if it ever did.
+            Block::tool_use(&client_tool_use_id(batch, i), AGENT_TOOL, &input)
+                .unwrap_or_else(|_| Block::text(&d.prompt))
+        })
+        .collect();
+    Message::assistant(blocks)
+}
+
+/// The children an assistant message forks: its `Agent` tool_uses without `subagent_type`.
+pub fn fork_directives(assistant: &Message) -> Vec<(String, Directive)> {
+    assistant
+        .tool_uses()
+        .filter(|(_, name, _)| *name == AGENT_TOOL)
+        .filter_map(|(id, _, block)| {
+            let input = block.tool_input()?;
+            if input.get("subagent_type").is_some_and(|t| !t.is_null()) {
+                return None;
+            }
+            let text = |k: &str| {
+                input
+                    .get(k)
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("")
+                    .to_owned()
+            };
+            Some((
+                id.to_owned(),
+                Directive {
+                    description: text("description"),
+                    prompt: text("prompt"),
+                },
+            ))
+        })
+        .collect()
+}
+
+impl ForkBatch {
+    /// Builds a batch from the parent's assistant message `A`, which is cloned whole.
+    pub fn new(
+        id: BatchId,
+        session_id: SessionId,
+        fork_point: u64,
+        assistant: Message,
+        created_at_ms: i64,
+    ) -> Result<Self, ForkError> {
+        if assistant.role != Role::Assistant {
+            return Err(ForkError::NotAssistant);
+        }
+        if fork_directives(&assistant).is_empty() {
+            return Err(ForkError::NoForkToolUse);
+        }
+        let mut shared_user_blocks: Vec<Block> = assistant
+            .tool_uses()
+            .map(|(tool_use_id, _, _)| {
+                Block::tool_result(tool_use_id, FORK_PLACEHOLDER_RESULT, false)
+            })
+            .collect();
+        shared_user_blocks.push(Block::text(&boilerplate_text()));
+        Ok(Self {
+            id,
+            session_id,
+            fork_point,
+            assistant,
+            shared_user_blocks,
+            created_at_ms,
+        })
+    }
+
+    /// The child's own directive block: the only bytes that differ between siblings.
+    pub fn directive_block(directive: &Directive) -> Block {
+        Block::text(&directive.prompt)
+    }
+
+    /// A child's whole conversation: the parent's history up to the fork point, `A`, `U`, then the
+    /// child's own later messages. Anchors mark the shared breakpoints (the history's end and the
+    /// boilerplate block).
+    pub fn child_conversation(
+        &self,
+        history: &[Message],
+        directive_block: &Block,
+        own: &[Message],
+    ) -> Conversation {
+        let mut messages = Vec::with_capacity(history.len() + 2 + own.len());
+        messages.extend_from_slice(history);
+        messages.push(self.assistant.clone());
+        let mut user_blocks = self.shared_user_blocks.clone();
+        user_blocks.push(directive_block.clone());
+        messages.push(Message::user(user_blocks));
+        let u_index = messages.len() - 1;
+        messages.extend_from_slice(own);
+
+        let mut anchors = Vec::new();
+        if let Some(last) = history.iter().rposition(|m| !m.blocks.is_empty()) {
+            anchors.push(BlockPos {
+                message: last,
+                block: history[last].blocks.len() - 1,
+            });
+        }
+        anchors.push(BlockPos {
+            message: u_index,
+            block: self.shared_user_blocks.len() - 1,
+        });
+        Conversation { messages, anchors }
+    }
+
+    /// The results the parent's own transcript gets for `A`'s tool_uses: `async_launched` for each
+    /// child, and the placeholder for anything else `A` called.
+    pub fn parent_results(&self, children: &[(String, AgentId)]) -> Message {
+        let blocks = self
+            .assistant
+            .tool_uses()
+            .map(
+                |(tool_use_id, _, _)| match children.iter().find(|(id, _)| id == tool_use_id) {
+                    Some((_, agent)) => Block::tool_result(
+                        tool_use_id,
+                        &format!(
+                            "async_launched: fork child {agent} is working in the background; \
+                             its <task-notification> will arrive when it ends."
+                        ),
+                        false,
+                    ),
+                    None => Block::tool_result(tool_use_id, FORK_PLACEHOLDER_RESULT, false),
+                },
+            )
+            .collect();
+        Message::user(blocks)
+    }
+}
+
+/// Why an agent may not fork.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForkRefusal {
+    /// The agent's query source says it is a fork child.
+    QuerySource,
+    /// Its messages hold the fork boilerplate (the check that survives a lost query source).
+    BoilerplateInMessages,
+}
+
+impl ForkRefusal {
+    /// The tool_result error text the refused child sees.
+    pub fn message(self) -> &'static str {
+        "Refused: you are a fork child and cannot fork. Do this part of the work yourself, then \
+         finish with your report."
+    }
+}
+
+/// The recursion guard: two independent checks, either of which refuses a fork.
+pub fn fork_refusal(query_source: Option<&str>, messages: &[Message]) -> Option<ForkRefusal> {
+    if query_source == Some(FORK_QUERY_SOURCE) {
+        return Some(ForkRefusal::QuerySource);
+    }
+    let open = format!("<{BOILERPLATE_TAG}>");
+    let tagged = messages
+        .iter()
+        .filter(|m| m.role == Role::User)
+        .flat_map(|m| m.blocks.iter())
+        .filter(|b| matches!(b.kind(), BlockKind::Text))
+        .filter_map(Block::as_text)
+        .any(|t| t.trim_start().starts_with(&open));
+    tagged.then_some(ForkRefusal::BoilerplateInMessages)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn directives(n: usize) -> Vec<Directive> {
+        (0..n)
+            .map(|i| Directive {
+                description: format!("part {i}"),
+                prompt: format!("do part {i}"),
+            })
+            .collect()
+    }
+
+    fn batch(n: usize) -> ForkBatch {
+        let id = BatchId::new();
+        let a = client_fork_message(id, &directives(n));
+        match ForkBatch::new(id, SessionId::new(), 1, a, 0) {
+            Ok(b) => b,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn validation_names_the_bad_directive() {
+        assert_eq!(validate_directives(&[], 10), Err(ForkError::NoDirectives));
+        let mut d = directives(2);
+        d[1].prompt = " ".into();
+        assert_eq!(
+            validate_directives(&d, 100),
+            Err(ForkError::EmptyDirective { index: 1 })
+        );
+        d[1].prompt = "x".repeat(200);
+        assert!(matches!(
+            validate_directives(&d, 100),
+            Err(ForkError::DirectiveTooLarge { index: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn a_placeholder_per_tool_use_then_the_boilerplate() {
+        let b = batch(3);
+        assert_eq!(b.shared_user_blocks.len(), 4);
+        assert_eq!(fork_directives(&b.assistant).len(), 3);
+        let last = b.shared_user_blocks.last().and_then(Block::as_text);
+        assert!(last.is_some_and(|t| t.starts_with("<forkd-fork-child>")));
+    }
+
+    #[test]
+    fn typed_agent_calls_are_not_forks() {
+        let input = RawJson::encode(
+            &serde_json::json!({"prompt": "p", "description": "d", "subagent_type": "Explore"}),
+        );
+        let typed = Block::tool_use("t", AGENT_TOOL, &input).ok();
+        let msg = Message::assistant(typed.into_iter().collect());
+        assert!(fork_directives(&msg).is_empty());
+        assert_eq!(
+            ForkBatch::new(BatchId::new(), SessionId::new(), 0, msg, 0).err(),
+            Some(ForkError::NoForkToolUse)
+        );
+    }
+
+    #[test]
+    fn the_guard_has_two_independent_checks() {
+        let b = batch(1);
+        let d = ForkBatch::directive_block(&directives(1)[0]);
+        let conv = b.child_conversation(&[Message::user(vec![Block::text("hi")])], &d, &[]);
+        assert_eq!(
+            fork_refusal(Some(FORK_QUERY_SOURCE), &[]),
+            Some(ForkRefusal::QuerySource)
+        );
+        assert_eq!(
+            fork_refusal(None, &conv.messages),
+            Some(ForkRefusal::BoilerplateInMessages)
+        );
+        assert_eq!(fork_refusal(None, &conv.messages[..1]), None);
+    }
+
+    #[test]
+    fn parent_gets_async_launched_for_each_child() {
+        let b = batch(2);
+        let ids: Vec<_> = fork_directives(&b.assistant)
+            .into_iter()
+            .map(|(t, _)| (t, AgentId::new()))
+            .collect();
+        let results = b.parent_results(&ids);
+        assert_eq!(results.blocks.len(), 2);
+        assert!(results.text().is_empty());
+        assert!(results.content_json().contains("async_launched"));
+    }
+}

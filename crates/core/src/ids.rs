@@ -1,0 +1,111 @@
+//! Identifier newtypes. All ids are UUID v7 (time-ordered), strings on the wire.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// An id string that is not a valid UUID.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("invalid {kind} id {value:?}: expected a UUID")]
+pub struct InvalidId {
+    pub kind: &'static str,
+    pub value: String,
+}
+
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident, $kind:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(Uuid);
+
+        impl $name {
+            /// A fresh, time-ordered id.
+            pub fn new() -> Self {
+                Self(Uuid::now_v7())
+            }
+
+            pub fn from_uuid(uuid: Uuid) -> Self {
+                Self(uuid)
+            }
+
+            pub fn as_uuid(&self) -> Uuid {
+                self.0
+            }
+
+            /// Parses a wire id, naming the kind of id in the error.
+            pub fn parse(s: &str) -> Result<Self, InvalidId> {
+                s.parse()
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self::new()
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.hyphenated().fmt(f)
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = InvalidId;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                Uuid::parse_str(s.trim()).map(Self).map_err(|_| InvalidId {
+                    kind: $kind,
+                    value: s.to_owned(),
+                })
+            }
+        }
+    };
+}
+
+id_type!(
+    /// A parent session.
+    SessionId,
+    "session"
+);
+id_type!(
+    /// An agent: a fork child, a typed sub-agent or a session's own main loop.
+    AgentId,
+    "agent"
+);
+id_type!(
+    /// A fork batch: one parent assistant message and the children forked from it.
+    BatchId,
+    "batch"
+);
+id_type!(
+    /// One model request.
+    RequestId,
+    "request"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip_and_name_their_kind_on_error() {
+        let id = AgentId::new();
+        assert_eq!(id.to_string().parse::<AgentId>().ok(), Some(id));
+        let err = "nope".parse::<SessionId>().err().map(|e| e.to_string());
+        assert_eq!(
+            err.as_deref(),
+            Some("invalid session id \"nope\": expected a UUID")
+        );
+    }
+
+    #[test]
+    fn ids_are_time_ordered() {
+        let a = BatchId::new();
+        let b = BatchId::new();
+        assert!(a < b);
+    }
+}

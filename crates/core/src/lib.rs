@@ -1,0 +1,23 @@
+//! forkd's domain model and the fork construction.
+//!
+//! This crate is pure: no I/O, no async, no tonic, no sqlx. Everything that decides the bytes of a
+//! model request lives here, so the byte-identity invariants can be property-tested in isolation.
+
+pub mod agent;
+pub mod calc;
+pub mod fork;
+pub mod ids;
+pub mod json;
+pub mod message;
+pub mod pricing;
+pub mod report;
+pub mod request;
+pub mod session;
+pub mod tools;
+pub mod usage;
+
+pub use agent::{Agent, AgentKind, AgentState, Directive, Notification, NotificationStatus};
+pub use ids::{AgentId, BatchId, RequestId, SessionId};
+pub use json::RawJson;
+pub use message::{Block, BlockKind, Message, Role};
+pub use usage::Usage;

@@ -1,0 +1,101 @@
+//! The price and cache table: one place for every model forkd knows.
+//!
+//! Prices are USD per million tokens. The simulated provider, the cost of every stored request and
+//! the fork calculator all read this table, so a figure can only disagree with another if the
+//! token counts do.
+
+use serde::{Deserialize, Serialize};
+
+/// Cache reads cost this fraction of the base input price.
+pub const READ_MULTIPLIER: f64 = 0.1;
+
+/// How long a cache entry lives; decides the write multiplier.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheTtl {
+    #[default]
+    FiveMinutes,
+    OneHour,
+}
+
+impl CacheTtl {
+    pub fn write_multiplier(self) -> f64 {
+        match self {
+            CacheTtl::FiveMinutes => 1.25,
+            CacheTtl::OneHour => 2.0,
+        }
+    }
+
+    pub fn seconds(self) -> u64 {
+        match self {
+            CacheTtl::FiveMinutes => 300,
+            CacheTtl::OneHour => 3600,
+        }
+    }
+}
+
+/// One model's prices and cache rules.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelSpec {
+    pub name: &'static str,
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
+    /// A breakpoint's prefix is cacheable only from this many tokens on.
+    pub min_cache_tokens: u64,
+}
+
+/// The model used when a session names none.
+pub const DEFAULT_MODEL: &str = "claude-sonnet-4-5";
+
+const MODELS: &[ModelSpec] = &[
+    ModelSpec {
+        name: "claude-opus-4-1",
+        input_per_mtok: 15.0,
+        output_per_mtok: 75.0,
+        min_cache_tokens: 1024,
+    },
+    ModelSpec {
+        name: "claude-sonnet-4-5",
+        input_per_mtok: 3.0,
+        output_per_mtok: 15.0,
+        min_cache_tokens: 1024,
+    },
+    ModelSpec {
+        name: "claude-haiku-4-5",
+        input_per_mtok: 1.0,
+        output_per_mtok: 5.0,
+        min_cache_tokens: 4096,
+    },
+    ModelSpec {
+        name: "claude-3-5-haiku",
+        input_per_mtok: 0.8,
+        output_per_mtok: 4.0,
+        min_cache_tokens: 2048,
+    },
+];
+
+/// Looks a model up by name.
+pub fn model(name: &str) -> Option<&'static ModelSpec> {
+    MODELS.iter().find(|m| m.name == name)
+}
+
+/// Every model in the table.
+pub fn models() -> &'static [ModelSpec] {
+    MODELS
+}
+
+/// The names of the known models, for error messages.
+pub fn model_names() -> String {
+    MODELS.iter().map(|m| m.name).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_model_is_in_the_table() {
+        assert!(model(DEFAULT_MODEL).is_some());
+        assert!(model("gpt-2").is_none());
+    }
+}

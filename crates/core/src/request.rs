@@ -1,0 +1,269 @@
+//! Serialization of a Messages API request by splicing stored bytes.
+//!
+//! The body is written field by field in a fixed order — model, max_tokens, stream, thinking,
+//! tools, system, messages — so that for two requests with the same cache-safe params and the same
+//! message prefix, the bodies agree byte for byte up to the first block where they differ. Blocks
+//! are copied from their stored bytes; a breakpoint is spliced in as a `cache_control` field
+//! appended to the block's object. Nothing is parsed and re-encoded.
+
+use sha2::{Digest, Sha256};
+
+use crate::message::{Message, Role};
+use crate::session::CacheSafeParams;
+
+/// The most `cache_control` breakpoints a request may carry.
+pub const MAX_BREAKPOINTS: usize = 4;
+
+const CACHE_CONTROL: &str = r#","cache_control":{"type":"ephemeral"}"#;
+
+/// A block's place in a conversation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BlockPos {
+    pub message: usize,
+    pub block: usize,
+}
+
+/// The messages of one request and the shared breakpoints the caller asks for (in priority
+/// order). The system prompt and the last block always get one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Conversation {
+    pub messages: Vec<Message>,
+    pub anchors: Vec<BlockPos>,
+}
+
+impl Conversation {
+    pub fn plain(messages: Vec<Message>) -> Self {
+        Self {
+            messages,
+            anchors: Vec::new(),
+        }
+    }
+}
+
+/// Where one block's bytes sit in a serialized body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockSpan {
+    pub pos: BlockPos,
+    pub start: usize,
+    pub end: usize,
+}
+
+/// A serialized request body and what forkd needs to know about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SerializedRequest {
+    pub body: String,
+    /// Every message block's byte range in `body`.
+    pub spans: Vec<BlockSpan>,
+    /// Blocks that carry a breakpoint (the system prompt's is implied).
+    pub breakpoints: Vec<BlockPos>,
+}
+
+impl SerializedRequest {
+    /// The byte range of one block.
+    pub fn span(&self, pos: BlockPos) -> Option<BlockSpan> {
+        self.spans.iter().copied().find(|s| s.pos == pos)
+    }
+
+    /// A fingerprint of the body up to (not including) `pos`'s block: equal fingerprints mean
+    /// byte-identical prefixes.
+    pub fn prefix_fingerprint(&self, pos: BlockPos) -> Option<String> {
+        let span = self.span(pos)?;
+        Some(fingerprint(&self.body.as_bytes()[..span.start]))
+    }
+}
+
+/// A short hex SHA-256 of some bytes.
+pub fn fingerprint(bytes: &[u8]) -> String {
+    hex::encode(&Sha256::digest(bytes)[..16])
+}
+
+/// Picks the breakpoints: the anchors in order, then the last block, each moved back past
+/// thinking blocks (which cannot carry one), deduplicated, at most `MAX_BREAKPOINTS - 1` (the
+/// system prompt holds the other).
+fn plan_breakpoints(conv: &Conversation) -> Vec<BlockPos> {
+    let carrier = |mut pos: BlockPos| -> Option<BlockPos> {
+        loop {
+            let block = conv.messages.get(pos.message)?.blocks.get(pos.block)?;
+            if block.can_carry_breakpoint() {
+                return Some(pos);
+            }
+            if pos.block == 0 {
+                return None;
+            }
+            pos.block -= 1;
+        }
+    };
+    let last = conv
+        .messages
+        .iter()
+        .rposition(|m| !m.blocks.is_empty())
+        .map(|m| BlockPos {
+            message: m,
+            block: conv.messages[m].blocks.len() - 1,
+        });
+    let mut picked: Vec<BlockPos> = Vec::new();
+    // The last block first, so the cap never drops the breakpoint of the child's own prefix.
+    for pos in last.into_iter().chain(conv.anchors.iter().copied()) {
+        if let Some(p) = carrier(pos)
+            && !picked.contains(&p)
+            && picked.len() < MAX_BREAKPOINTS - 1
+        {
+            picked.push(p);
+        }
+    }
+    picked.sort();
+    picked
+}
+
+fn push_json_str(out: &mut String, s: &str) {
+    // Encoding a &str to JSON cannot fail.
+    out.push_str(&serde_json::to_string(s).unwrap_or_default());
+}
+
+/// Serializes a request body. `stream` decides the `stream` field (true for forkd's own runs).
+pub fn serialize(params: &CacheSafeParams, conv: &Conversation, stream: bool) -> SerializedRequest {
+    let breakpoints = plan_breakpoints(conv);
+    let approx = params.system.as_str().len()
+        + params.tools.raw().len()
+        + conv
+            .messages
+            .iter()
+            .flat_map(|m| m.blocks.iter())
+            .map(|b| b.raw().len() + 1)
+            .sum::<usize>()
+        + 256;
+    let mut out = String::with_capacity(approx);
+    out.push_str(r#"{"model":"#);
+    push_json_str(&mut out, &params.model);
+    out.push_str(&format!(r#","max_tokens":{}"#, params.max_tokens));
+    out.push_str(if stream {
+        r#","stream":true"#
+    } else {
+        r#","stream":false"#
+    });
+    if let Some(thinking) = params.thinking {
+        out.push_str(r#","thinking":"#);
+        out.push_str(&thinking.to_json());
+    }
+    out.push_str(r#","tools":"#);
+    out.push_str(params.tools.raw().as_str());
+    out.push_str(r#","system":[{"type":"text","text":"#);
+    push_json_str(&mut out, params.system.as_str());
+    out.push_str(CACHE_CONTROL);
+    out.push_str(r#"}],"messages":["#);
+
+    let mut spans = Vec::new();
+    let mut open_role: Option<Role> = None;
+    for (mi, message) in conv.messages.iter().enumerate() {
+        if message.blocks.is_empty() {
+            continue;
+        }
+        // Consecutive messages of one role are sent as one message, as the API itself would
+        // combine them; the rule is deterministic, so siblings still agree byte for byte.
+        if open_role == Some(message.role) {
+            out.push(',');
+        } else {
+            if open_role.is_some() {
+                out.push_str("]},");
+            }
+            out.push_str(r#"{"role":""#);
+            out.push_str(message.role.as_str());
+            out.push_str(r#"","content":["#);
+            open_role = Some(message.role);
+        }
+        for (bi, block) in message.blocks.iter().enumerate() {
+            if bi > 0 {
+                out.push(',');
+            }
+            let pos = BlockPos {
+                message: mi,
+                block: bi,
+            };
+            let start = out.len();
+            let raw = block.raw().as_str().trim_end();
+            if breakpoints.contains(&pos) {
+                // Every stored block is a JSON object: drop its closing brace, add the field.
+                out.push_str(&raw[..raw.len().saturating_sub(1)]);
+                out.push_str(CACHE_CONTROL);
+                out.push('}');
+            } else {
+                out.push_str(raw);
+            }
+            spans.push(BlockSpan {
+                pos,
+                start,
+                end: out.len(),
+            });
+        }
+    }
+    if open_role.is_some() {
+        out.push_str("]}");
+    }
+    out.push_str("]}");
+    SerializedRequest {
+        body: out,
+        spans,
+        breakpoints,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::Block;
+    use crate::session::{RenderedSystem, ThinkingConfig, ToolsJson};
+
+    fn params() -> CacheSafeParams {
+        CacheSafeParams {
+            model: "claude-sonnet-4-5".into(),
+            system: RenderedSystem::from_stored("sys"),
+            tools: ToolsJson::from_stored("[]").unwrap_or_else(|_| ToolsJson::builtin()),
+            thinking: Some(ThinkingConfig {
+                budget_tokens: 1024,
+            }),
+            max_tokens: 100,
+        }
+    }
+
+    #[test]
+    fn body_is_valid_json_with_breakpoints_spliced() {
+        let conv = Conversation::plain(vec![
+            Message::user(vec![Block::text("a")]),
+            Message::user(vec![Block::text("b")]),
+            Message::assistant(vec![Block::thinking("t", "s")]),
+        ]);
+        let req = serialize(&params(), &conv, true);
+        let value: serde_json::Value = serde_json::from_str(&req.body).unwrap_or_default();
+        assert_eq!(
+            value["messages"].as_array().map(Vec::len),
+            Some(2),
+            "users merged"
+        );
+        // The last block is thinking: the breakpoint moves to... nothing earlier in that message.
+        assert!(req.breakpoints.is_empty());
+        assert_eq!(
+            req.body,
+            r#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"thinking":{"type":"enabled","budget_tokens":1024},"tools":[],"system":[{"type":"text","text":"sys","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"assistant","content":[{"type":"thinking","thinking":"t","signature":"s"}]}]}"#
+        );
+    }
+
+    #[test]
+    fn at_most_four_breakpoints_and_the_last_block_always_gets_one() {
+        let messages: Vec<Message> = (0..6)
+            .map(|i| Message::user(vec![Block::text(&i.to_string())]))
+            .collect();
+        let anchors = (0..5)
+            .map(|m| BlockPos {
+                message: m,
+                block: 0,
+            })
+            .collect();
+        let req = serialize(&params(), &Conversation { messages, anchors }, true);
+        assert_eq!(req.breakpoints.len(), MAX_BREAKPOINTS - 1);
+        assert!(req.breakpoints.contains(&BlockPos {
+            message: 5,
+            block: 0
+        }));
+        assert_eq!(req.body.matches("cache_control").count(), MAX_BREAKPOINTS);
+    }
+}

@@ -1,0 +1,288 @@
+//! Sessions and their cache-safe params: the rendered system prompt, the tool pool, the model and
+//! the thinking config, all fixed when the session is created.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::SessionId;
+use crate::json::{JsonError, RawJson};
+use crate::tools;
+
+/// The inputs of a session's system prompt. Rendered exactly once, at creation; children get the
+/// rendered bytes, never a re-render (a date, a flag or a file may have changed since).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SystemTemplate {
+    /// The client's own system prompt.
+    pub base: String,
+    /// Today's date as the session saw it.
+    pub date: String,
+    pub workspace: String,
+    pub model: String,
+    pub coordinator: bool,
+    /// Further environment facts (platform, shell…), rendered in key order.
+    pub environment: BTreeMap<String, String>,
+}
+
+impl SystemTemplate {
+    pub fn render(&self) -> RenderedSystem {
+        let mut out = String::with_capacity(self.base.len() + 512);
+        out.push_str(self.base.trim_end());
+        out.push_str("\n\n<env>\n");
+        out.push_str(&format!("Working directory: {}\n", self.workspace));
+        out.push_str(&format!("Model: {}\n", self.model));
+        out.push_str(&format!("Today's date: {}\n", self.date));
+        for (key, value) in &self.environment {
+            out.push_str(&format!("{key}: {value}\n"));
+        }
+        out.push_str("</env>\n");
+        if self.coordinator {
+            out.push_str(
+                "\nYou are a coordinator: plan the work and delegate it to typed agents \
+                 (subagent_type). Do not fork.\n",
+            );
+        } else {
+            out.push_str(
+                "\nWhen work splits into independent parts, prefer forking: call the Agent tool \
+                 once per part, without subagent_type, in one message.\n",
+            );
+        }
+        RenderedSystem(Arc::from(out))
+    }
+}
+
+/// The system prompt's final text, as sent. Held by reference; never rebuilt.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RenderedSystem(Arc<str>);
+
+impl RenderedSystem {
+    /// Wraps text that was rendered earlier (read back from the store).
+    pub fn from_stored(text: &str) -> Self {
+        Self(Arc::from(text))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// One tool definition: its name and its exact JSON bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolDef {
+    pub name: String,
+    pub raw: RawJson,
+}
+
+/// A tool definition that is not usable.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ToolDefError {
+    #[error(transparent)]
+    Json(#[from] JsonError),
+    #[error("tool definition has no \"name\"")]
+    MissingName,
+    #[error("tool definitions must not carry \"cache_control\": forkd places breakpoints itself")]
+    CacheControl,
+}
+
+impl ToolDef {
+    /// Ingests an external (MCP) tool definition.
+    pub fn parse(text: &str) -> Result<Self, ToolDefError> {
+        let raw = RawJson::parse(text)?;
+        raw.expect_object()?;
+        let value = raw.value();
+        if value.get("cache_control").is_some() {
+            return Err(ToolDefError::CacheControl);
+        }
+        let name = value
+            .get("name")
+            .and_then(serde_json::Value::as_str)
+            .ok_or(ToolDefError::MissingName)?
+            .to_owned();
+        Ok(Self { name, raw })
+    }
+}
+
+/// The exact tools array of a session, as sent on every request of it and of its fork children.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ToolsJson(RawJson);
+
+impl ToolsJson {
+    /// Assembles the pool once: built-ins sorted by name, then external tools sorted by name,
+    /// duplicates dropped (the first wins, so a built-in is never shadowed).
+    pub fn assemble(mut builtin: Vec<ToolDef>, mut external: Vec<ToolDef>) -> Self {
+        builtin.sort_by(|a, b| a.name.cmp(&b.name));
+        external.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut seen = std::collections::HashSet::new();
+        let mut out = String::from("[");
+        for tool in builtin.iter().chain(external.iter()) {
+            if !seen.insert(tool.name.clone()) {
+                continue;
+            }
+            if out.len() > 1 {
+                out.push(',');
+            }
+            out.push_str(tool.raw.as_str());
+        }
+        out.push(']');
+        // Joining compact JSON objects with commas yields a valid compact array.
+        Self(RawJson::from_stored(&out).unwrap_or_else(|_| RawJson::encode(&[0u8; 0])))
+    }
+
+    /// The pool of forkd's built-in tools only.
+    pub fn builtin() -> Self {
+        Self::assemble(tools::builtin_definitions(), Vec::new())
+    }
+
+    pub fn from_stored(text: &str) -> Result<Self, JsonError> {
+        let raw = RawJson::from_stored(text)?;
+        raw.expect_array()?;
+        Ok(Self(raw))
+    }
+
+    pub fn raw(&self) -> &RawJson {
+        &self.0
+    }
+
+    /// The tool names, in pool order.
+    pub fn names(&self) -> Vec<String> {
+        match self.0.value() {
+            serde_json::Value::Array(items) => items
+                .iter()
+                .filter_map(|t| t.get("name").and_then(|n| n.as_str()).map(str::to_owned))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Extended thinking, part of the cache key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ThinkingConfig {
+    pub budget_tokens: u32,
+}
+
+impl ThinkingConfig {
+    /// The request's `thinking` field, serialized the same way every time.
+    pub fn to_json(self) -> String {
+        format!(
+            r#"{{"type":"enabled","budget_tokens":{}}}"#,
+            self.budget_tokens
+        )
+    }
+}
+
+/// Permission modes (SPEC §5). Stored with the session; enforced by the tool layer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum PermissionMode {
+    #[default]
+    Default,
+    AcceptEdits,
+    Plan,
+    BypassPermissions,
+    DontAsk,
+    Bubble,
+}
+
+impl PermissionMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PermissionMode::Default => "default",
+            PermissionMode::AcceptEdits => "acceptEdits",
+            PermissionMode::Plan => "plan",
+            PermissionMode::BypassPermissions => "bypassPermissions",
+            PermissionMode::DontAsk => "dontAsk",
+            PermissionMode::Bubble => "bubble",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            PermissionMode::Default,
+            PermissionMode::AcceptEdits,
+            PermissionMode::Plan,
+            PermissionMode::BypassPermissions,
+            PermissionMode::DontAsk,
+            PermissionMode::Bubble,
+        ]
+        .into_iter()
+        .find(|m| m.as_str() == s)
+    }
+}
+
+/// Everything that decides a request's cache key, except the messages: one type, so no caller can
+/// assemble a child's request from anything but the parent's stored values.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CacheSafeParams {
+    pub model: String,
+    pub system: RenderedSystem,
+    pub tools: ToolsJson,
+    pub thinking: Option<ThinkingConfig>,
+    pub max_tokens: u32,
+}
+
+/// A parent session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Session {
+    pub id: SessionId,
+    pub params: CacheSafeParams,
+    pub workspace: PathBuf,
+    pub coordinator: bool,
+    pub interactive: bool,
+    pub permission_mode: PermissionMode,
+    pub created_at_ms: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(name: &str, extra: &str) -> ToolDef {
+        let text = format!(r#"{{"name":"{name}","description":"{extra}","input_schema":{{}}}}"#);
+        ToolDef::parse(&text).unwrap_or_else(|_| ToolDef {
+            name: name.into(),
+            raw: RawJson::encode(name),
+        })
+    }
+
+    #[test]
+    fn pool_sorts_each_group_and_keeps_the_first_duplicate() {
+        let pool = ToolsJson::assemble(
+            vec![tool("Write", "b"), tool("Agent", "b")],
+            vec![tool("zeta", "m"), tool("Write", "mcp"), tool("alpha", "m")],
+        );
+        assert_eq!(pool.names(), ["Agent", "Write", "alpha", "zeta"]);
+        assert!(!pool.raw().as_str().contains("mcp"));
+    }
+
+    #[test]
+    fn rendering_is_a_pure_function_of_the_template() {
+        let t = SystemTemplate {
+            base: "You help.".into(),
+            date: "2026-11-29".into(),
+            workspace: "/ws".into(),
+            model: "m".into(),
+            coordinator: false,
+            environment: BTreeMap::from([("Platform".into(), "linux".into())]),
+        };
+        assert_eq!(t.render(), t.clone().render());
+        assert!(t.render().as_str().contains("Platform: linux"));
+    }
+
+    #[test]
+    fn permission_modes_round_trip() {
+        for s in [
+            "default",
+            "acceptEdits",
+            "plan",
+            "bypassPermissions",
+            "dontAsk",
+            "bubble",
+        ] {
+            assert_eq!(PermissionMode::parse(s).map(|m| m.as_str()), Some(s));
+        }
+        assert_eq!(PermissionMode::parse("yolo"), None);
+    }
+}

@@ -1,0 +1,86 @@
+//! Reading agents and their transcripts.
+
+use forkd_core::{Agent, AgentId, AgentKind, Message};
+use forkd_store::AgentFilter;
+
+use crate::Engine;
+use crate::error::{EngineError, Result};
+
+/// One message of an agent's conversation, marked when it was inherited from the parent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TranscriptEntry {
+    pub message: Message,
+    /// True for the parent's history and the fork message: bytes the agent shares with its
+    /// siblings.
+    pub shared: bool,
+}
+
+impl Engine {
+    pub async fn get_agent(&self, id: AgentId) -> Result<Agent> {
+        self.inner
+            .store
+            .get_agent(id)
+            .await?
+            .ok_or_else(|| EngineError::NotFound {
+                kind: "agent",
+                id: id.to_string(),
+            })
+    }
+
+    pub async fn list_agents(&self, filter: &AgentFilter) -> Result<Vec<Agent>> {
+        Ok(self.inner.store.list_agents(filter).await?)
+    }
+
+    /// An agent's conversation as the model sees it. Without `include_shared` it starts at the
+    /// child's own first user message (the placeholders, the boilerplate and its directive).
+    pub async fn transcript(
+        &self,
+        id: AgentId,
+        include_shared: bool,
+    ) -> Result<Vec<TranscriptEntry>> {
+        let agent = self.get_agent(id).await?;
+        let store = &self.inner.store;
+        let mut out = Vec::new();
+        if agent.kind == AgentKind::Fork
+            && let Some(batch_id) = agent.batch_id
+        {
+            let batch = store
+                .get_batch(batch_id)
+                .await?
+                .ok_or_else(|| EngineError::NotFound {
+                    kind: "batch",
+                    id: batch_id.to_string(),
+                })?;
+            if include_shared {
+                for m in store
+                    .session_messages(agent.session_id, Some(batch.fork_point))
+                    .await?
+                {
+                    out.push(TranscriptEntry {
+                        message: m.message,
+                        shared: true,
+                    });
+                }
+                out.push(TranscriptEntry {
+                    message: batch.assistant.clone(),
+                    shared: true,
+                });
+            }
+            let mut first = batch.shared_user_blocks.clone();
+            if let Some(directive) = store.agent_directive_block(id).await? {
+                first.push(directive);
+            }
+            out.push(TranscriptEntry {
+                message: Message::user(first),
+                shared: false,
+            });
+        }
+        for m in store.agent_messages(id).await? {
+            out.push(TranscriptEntry {
+                message: m.message,
+                shared: false,
+            });
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,130 @@
+//! Fork batches: one assistant message of `Agent` tool_uses, N children, and warm-up gating.
+
+use forkd_core::agent::FORK_QUERY_SOURCE;
+use forkd_core::fork::{self, ForkBatch, ForkError};
+use forkd_core::{Agent, AgentId, AgentKind, AgentState, BatchId, Directive, SessionId, Usage};
+use forkd_store::NewChild;
+use tokio::sync::watch;
+
+use crate::error::{EngineError, Result};
+use crate::{Engine, now_ms};
+
+/// A submitted batch: its id and its children in directive order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubmittedBatch {
+    pub batch_id: BatchId,
+    pub agent_ids: Vec<AgentId>,
+}
+
+/// Opens when the first child's response has started (or when the first child ends without
+/// one), releasing its siblings. Dropping the sender opens it too, so no sibling waits forever.
+pub(crate) struct WarmupGate {
+    tx: Option<watch::Sender<bool>>,
+}
+
+impl WarmupGate {
+    pub(crate) fn open(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            tx.send_replace(true);
+        }
+    }
+}
+
+fn invalid_fork(err: ForkError) -> EngineError {
+    EngineError::InvalidArgument(err.to_string())
+}
+
+impl Engine {
+    /// Submits a client's fork batch: appends the `Agent` tool_use message to the parent, stores
+    /// the batch and its children, and starts them (child 1 first under warm-up gating).
+    pub async fn fork_batch(
+        &self,
+        session_id: SessionId,
+        directives: Vec<Directive>,
+        warmup_gating: Option<bool>,
+    ) -> Result<SubmittedBatch> {
+        let cfg = self.config();
+        if directives.len() > cfg.max_children_per_batch {
+            return Err(EngineError::InvalidArgument(format!(
+                "a batch may fork at most {} children; got {}",
+                cfg.max_children_per_batch,
+                directives.len()
+            )));
+        }
+        fork::validate_directives(&directives, cfg.max_directive_bytes).map_err(invalid_fork)?;
+        let session = self.get_session(session_id).await?;
+        if session.coordinator {
+            return Err(EngineError::FailedPrecondition(
+                "a coordinator session never forks: delegate with typed agents (subagent_type)"
+                    .into(),
+            ));
+        }
+
+        let batch_id = BatchId::new();
+        let assistant = fork::client_fork_message(batch_id, &directives);
+        let lock = self.session_lock(session_id);
+        let _guard = lock.lock().await;
+        let fork_point = self.inner.store.session_message_count(session_id).await?;
+        let now = now_ms();
+        let batch = ForkBatch::new(batch_id, session_id, fork_point, assistant, now)
+            .map_err(invalid_fork)?;
+        let children: Vec<NewChild> = fork::fork_directives(&batch.assistant)
+            .into_iter()
+            .enumerate()
+            .map(|(index, (_tool_use_id, directive))| NewChild {
+                directive_block: ForkBatch::directive_block(&directive),
+                agent: Agent {
+                    id: AgentId::new(),
+                    session_id,
+                    batch_id: Some(batch_id),
+                    kind: AgentKind::Fork,
+                    index: index as u32,
+                    state: AgentState::Pending,
+                    directive: Some(directive),
+                    query_source: Some(FORK_QUERY_SOURCE.to_owned()),
+                    usage: Usage::default(),
+                    cost_usd: 0.0,
+                    error: None,
+                    created_at_ms: now,
+                    updated_at_ms: now,
+                },
+            })
+            .collect();
+        let pairs: Vec<(String, AgentId)> = fork::fork_directives(&batch.assistant)
+            .into_iter()
+            .zip(&children)
+            .map(|((tool_use_id, _), child)| (tool_use_id, child.agent.id))
+            .collect();
+        let parent_results = batch.parent_results(&pairs);
+        self.inner
+            .store
+            .create_fork_batch(&batch, &parent_results, &children)
+            .await?;
+        drop(_guard);
+
+        let agent_ids: Vec<AgentId> = children.iter().map(|c| c.agent.id).collect();
+        tracing::info!(
+            session.id = %session_id,
+            batch.id = %batch_id,
+            children = agent_ids.len(),
+            "Fork batch submitted"
+        );
+        self.start_batch(&agent_ids, warmup_gating.unwrap_or(cfg.warmup_gating));
+        Ok(SubmittedBatch {
+            batch_id,
+            agent_ids,
+        })
+    }
+
+    /// Starts a batch's children. Under gating the first child goes alone; the others wait for
+    /// its response to start, so they find the shared prefix already cached.
+    fn start_batch(&self, agent_ids: &[AgentId], gating: bool) {
+        let (tx, rx) = watch::channel(!gating || agent_ids.len() < 2);
+        let mut gate = Some(WarmupGate { tx: Some(tx) });
+        for (i, id) in agent_ids.iter().enumerate() {
+            let own_gate = if i == 0 { gate.take() } else { None };
+            let wait = (i > 0).then(|| rx.clone());
+            self.spawn_agent(*id, own_gate, wait);
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! The engine's settings, with the defaults a daemon runs on.
+
+use std::time::Duration;
+
+use forkd_core::pricing::DEFAULT_MODEL;
+
+/// How model requests that failed with a retryable error are retried.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included.
+    pub max_attempts: u32,
+    /// The first backoff; doubled on each retry, with jitter, capped at `max_delay`.
+    pub base_delay: Duration,
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 5,
+            base_delay: Duration::from_millis(500),
+            max_delay: Duration::from_secs(20),
+        }
+    }
+}
+
+/// The engine's settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Send child 1 first and release its siblings when its response starts, so they read the
+    /// shared prefix from cache instead of all writing it.
+    pub warmup_gating: bool,
+    /// The largest directive (prompt + description), in bytes.
+    pub max_directive_bytes: usize,
+    /// The most children one batch may fork.
+    pub max_children_per_batch: usize,
+    /// An agent that has not ended its turn after this many model requests fails.
+    pub max_turns: u32,
+    pub default_model: String,
+    /// `max_tokens` of each request when the session sets none.
+    pub default_max_tokens: u32,
+    pub retry: RetryPolicy,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            warmup_gating: true,
+            max_directive_bytes: 64 * 1024,
+            max_children_per_batch: 1000,
+            max_turns: 50,
+            default_model: DEFAULT_MODEL.to_owned(),
+            default_max_tokens: 8192,
+            retry: RetryPolicy::default(),
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! The engine: sessions, fork batches, agent runs and task notifications — forkd without the wire.
+//!
+//! The engine owns every agent's life. It never imports tonic (the server converts) and never
+//! speaks SQL (the store does). Each agent run is one task with its own span, tracked by the
+//! engine's [`TaskTracker`] and stopped by its [`CancellationToken`].
+
+mod agents;
+mod batch;
+mod config;
+mod error;
+mod notify;
+mod run;
+mod session;
+mod stats;
+mod tools;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use forkd_core::{Notification, SessionId};
+use forkd_provider::Provider;
+use forkd_store::Store;
+use tokio::sync::{Mutex, broadcast};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use agents::TranscriptEntry;
+pub use batch::SubmittedBatch;
+pub use config::{EngineConfig, RetryPolicy};
+pub use error::EngineError;
+pub use notify::NotificationStream;
+pub use session::{ContextFile, NewSession, context_block};
+pub use stats::{CacheStats, StatsScope};
+
+/// How many live notifications a slow subscriber may fall behind before it catches up from the
+/// store. Bounded so that no subscriber can hold memory or delay the agents.
+const NOTIFICATION_BUFFER: usize = 1024;
+
+/// The running engine. Cheap to clone; all clones share one state.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    provider: Arc<dyn Provider>,
+    config: EngineConfig,
+    /// Live notifications, sent after they are committed to the store.
+    notifications: broadcast::Sender<Notification>,
+    /// One lock per session: appends to a session's transcript (a fork batch, a notification)
+    /// must see the transcript's current length, so they are serialized per session.
+    session_locks: StdMutex<HashMap<SessionId, Arc<Mutex<()>>>>,
+    /// Held across a notification's commit and its broadcast, so live subscribers receive
+    /// notifications in sequence order (they drop anything at or below the last seq they saw).
+    notify_order: Mutex<()>,
+    /// Batch prefixes shared by the running children of each batch.
+    batches: run::BatchCache,
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+impl Engine {
+    pub fn new(store: Arc<dyn Store>, provider: Arc<dyn Provider>, config: EngineConfig) -> Self {
+        let (notifications, _) = broadcast::channel(NOTIFICATION_BUFFER);
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                provider,
+                config,
+                notifications,
+                session_locks: StdMutex::new(HashMap::new()),
+                notify_order: Mutex::new(()),
+                batches: run::BatchCache::default(),
+                tasks: TaskTracker::new(),
+                shutdown: CancellationToken::new(),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// Stops every agent run and waits for them to end, at most `grace`. Agents that were still
+    /// running stay `running` in the store, to be resumed by a later start.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.inner.shutdown.cancel();
+        self.inner.tasks.close();
+        if tokio::time::timeout(grace, self.inner.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                remaining = self.inner.tasks.len(),
+                "Agent runs did not stop within the grace period"
+            );
+        }
+    }
+
+    fn session_lock(&self, id: SessionId) -> Arc<Mutex<()>> {
+        let mut locks = self
+            .inner
+            .session_locks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        locks.entry(id).or_default().clone()
+    }
+}
+
+/// Milliseconds since the Unix epoch, for `*_at_ms` fields.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,227 @@
+//! `forkctl fork`: submit a fork batch and, with `--wait`, follow its children to the end.
+
+use std::collections::HashSet;
+
+use clap::Args;
+use forkd_proto::v1::{
+    Directive, ForkBatchRequest, ForkBatchResponse, Notification, NotificationStatus,
+    SubscribeNotificationsRequest, Usage,
+};
+
+use crate::client::Client;
+use crate::exit::{self, CliError};
+use crate::output::{Printer, fork_json, human, notification_json};
+
+#[derive(Debug, Args)]
+pub struct ForkArgs {
+    /// The parent session whose context the children inherit.
+    pub session_id: String,
+
+    /// A child's directive; repeat for one child each, in order.
+    #[arg(short = 'd', long = "directive", value_name = "TEXT", required = true)]
+    pub directives: Vec<String>,
+
+    /// Start every child at once instead of letting child 1 warm the cache first.
+    #[arg(long)]
+    pub no_gating: bool,
+
+    /// Stream the children's notifications until all have ended; exit 1 if any failed.
+    #[arg(long)]
+    pub wait: bool,
+}
+
+/// The label the Agent tool's `description` gets: the directive's first line, kept short.
+const DESCRIPTION_CHARS: usize = 40;
+
+pub async fn run(args: ForkArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
+    let request = ForkBatchRequest {
+        session_id: args.session_id,
+        directives: args
+            .directives
+            .into_iter()
+            .map(|prompt| Directive {
+                description: human::first_line(&prompt, DESCRIPTION_CHARS),
+                prompt,
+            })
+            .collect(),
+        // Unset leaves the daemon's own setting in force.
+        warmup_gating: args.no_gating.then_some(false),
+    };
+    let batch = client.fork_batch(request).await?.into_inner();
+    if out.is_json() {
+        out.value(&fork_json(&batch))?;
+    } else {
+        out.line(format!("batch {}", batch.batch_id))?;
+        for agent_id in &batch.agent_ids {
+            out.line(format!("agent {agent_id}"))?;
+        }
+    }
+    if !args.wait {
+        return Ok(exit::OK);
+    }
+    wait(&batch, client, out).await
+}
+
+/// Follows the batch's notifications until every child has reported. The subscription replays
+/// from seq 0, filtered by batch, so children that ended before it opened are not missed.
+async fn wait(batch: &ForkBatchResponse, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
+    let mut tally = Tally::new(&batch.agent_ids);
+    if !out.is_json() {
+        eprintln!(
+            "forkctl: waiting for {} children of batch {} (Ctrl-C stops waiting; they keep running)",
+            batch.agent_ids.len(),
+            batch.batch_id
+        );
+    }
+    let request = SubscribeNotificationsRequest {
+        since_seq: 0,
+        batch_id: batch.batch_id.clone(),
+        follow: true,
+        ..Default::default()
+    };
+    let mut stream = client.subscribe_notifications(request).await?.into_inner();
+    while !tally.all_done() {
+        let Some(notification) = stream.message().await? else {
+            return Err(CliError::StreamEnded(format!(
+                "the daemon closed the notification stream with {} of {} children still running; \
+                 follow them with `forkctl watch --batch {}`",
+                tally.pending(),
+                batch.agent_ids.len(),
+                batch.batch_id
+            ))
+            .into());
+        };
+        if !tally.record(&notification) {
+            continue;
+        }
+        if out.is_json() {
+            out.value(&notification_json(&notification))?;
+        } else {
+            out.line(human::notification_line(&notification))?;
+        }
+    }
+    if !out.is_json() {
+        out.line(tally.summary(&batch.batch_id))?;
+    }
+    Ok(if tally.any_failed() {
+        exit::CHILD_FAILED
+    } else {
+        exit::OK
+    })
+}
+
+/// Which children have reported, and what they add up to.
+#[derive(Debug)]
+struct Tally {
+    waiting: HashSet<String>,
+    children: usize,
+    completed: usize,
+    failed: usize,
+    killed: usize,
+    usage: Usage,
+    cost_usd: f64,
+}
+
+impl Tally {
+    fn new(agent_ids: &[String]) -> Self {
+        let waiting: HashSet<String> = agent_ids.iter().cloned().collect();
+        Self {
+            children: waiting.len(),
+            waiting,
+            completed: 0,
+            failed: 0,
+            killed: 0,
+            usage: Usage::default(),
+            cost_usd: 0.0,
+        }
+    }
+
+    /// Counts a notification; false when it is not news (another agent's, or a repeat).
+    fn record(&mut self, n: &Notification) -> bool {
+        if !self.waiting.remove(&n.agent_id) {
+            return false;
+        }
+        match n.status() {
+            NotificationStatus::Completed => self.completed += 1,
+            NotificationStatus::Killed => self.killed += 1,
+            // An unknown status cannot be trusted as a success.
+            NotificationStatus::Failed | NotificationStatus::Unspecified => self.failed += 1,
+        }
+        let u = n.usage.unwrap_or_default();
+        self.usage.input_tokens += u.input_tokens;
+        self.usage.cache_creation_input_tokens += u.cache_creation_input_tokens;
+        self.usage.cache_read_input_tokens += u.cache_read_input_tokens;
+        self.usage.output_tokens += u.output_tokens;
+        self.cost_usd += n.cost_usd;
+        true
+    }
+
+    fn all_done(&self) -> bool {
+        self.waiting.is_empty()
+    }
+
+    fn pending(&self) -> usize {
+        self.waiting.len()
+    }
+
+    fn any_failed(&self) -> bool {
+        self.failed + self.killed > 0
+    }
+
+    fn summary(&self, batch_id: &str) -> String {
+        format!(
+            "batch {batch_id}: {} children, {} completed, {} failed, {} killed  ({}; {})",
+            self.children,
+            self.completed,
+            self.failed,
+            self.killed,
+            human::usage_line(Some(&self.usage)),
+            human::usd(self.cost_usd),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn note(agent: &str, status: NotificationStatus, read: u64, cost: f64) -> Notification {
+        Notification {
+            agent_id: agent.into(),
+            status: status as i32,
+            usage: Some(Usage {
+                cache_read_input_tokens: read,
+                ..Default::default()
+            }),
+            cost_usd: cost,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_tally_ends_when_every_child_reported_once() {
+        let ids = vec!["a".to_owned(), "b".to_owned()];
+        let mut tally = Tally::new(&ids);
+        assert!(tally.record(&note("a", NotificationStatus::Completed, 100, 0.5)));
+        assert!(!tally.record(&note("a", NotificationStatus::Completed, 100, 0.5)));
+        assert!(!tally.record(&note("stranger", NotificationStatus::Failed, 1, 1.0)));
+        assert!(!tally.all_done());
+        assert!(tally.record(&note("b", NotificationStatus::Completed, 50, 0.25)));
+        assert!(tally.all_done());
+        assert!(!tally.any_failed());
+        assert_eq!(
+            tally.summary("B"),
+            "batch B: 2 children, 2 completed, 0 failed, 0 killed  \
+             (in 0 · write 0 · read 150 · out 0; $0.7500)"
+        );
+    }
+
+    #[test]
+    fn a_failed_or_killed_child_fails_the_wait() {
+        let ids = vec!["a".to_owned(), "b".to_owned()];
+        let mut tally = Tally::new(&ids);
+        tally.record(&note("a", NotificationStatus::Killed, 0, 0.0));
+        tally.record(&note("b", NotificationStatus::Completed, 0, 0.0));
+        assert!(tally.any_failed());
+    }
+}

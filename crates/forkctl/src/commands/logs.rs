@@ -1,0 +1,146 @@
+//! `forkctl logs`: an agent's transcript, rendered for reading or as one JSON object per message.
+
+use clap::Args;
+use forkd_proto::v1::{GetTranscriptRequest, TranscriptMessage};
+use serde_json::Value;
+
+use crate::client::Client;
+use crate::exit;
+use crate::output::{Printer, message_json};
+
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// The agent whose transcript to print.
+    pub agent_id: String,
+
+    /// Include the shared prefix the agent inherited (the parent's history and the fork message).
+    #[arg(long)]
+    pub shared: bool,
+}
+
+pub async fn run(args: LogsArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
+    let request = GetTranscriptRequest {
+        agent_id: args.agent_id,
+        include_shared_prefix: args.shared,
+    };
+    let transcript = client.get_transcript(request).await?.into_inner();
+    for message in &transcript.messages {
+        if out.is_json() {
+            out.value(&message_json(message))?;
+        } else {
+            out.line(render_message(message))?;
+        }
+    }
+    Ok(exit::OK)
+}
+
+/// `role:` (marked when inherited), then each block indented beneath it.
+fn render_message(message: &TranscriptMessage) -> String {
+    let shared = if message.shared { " (shared)" } else { "" };
+    let mut out = format!("{}{shared}:\n", message.role);
+    match serde_json::from_str::<Value>(&message.content_json) {
+        Ok(content) => render_content(&content, &mut out),
+        // Not JSON: show it as it is rather than hide it.
+        Err(_) => push_indented(&mut out, &message.content_json),
+    }
+    out
+}
+
+/// The content may be a plain string or an array of blocks (the Messages API allows both).
+fn render_content(content: &Value, out: &mut String) {
+    match content {
+        Value::String(text) => push_indented(out, text),
+        Value::Array(blocks) => blocks.iter().for_each(|b| render_block(b, out)),
+        other => push_indented(out, &other.to_string()),
+    }
+}
+
+fn render_block(block: &Value, out: &mut String) {
+    let field = |name: &str| block.get(name).and_then(Value::as_str).unwrap_or("");
+    match field("type") {
+        "text" => push_indented(out, field("text")),
+        "thinking" => push_indented(out, &format!("[thinking] {}", field("thinking"))),
+        "redacted_thinking" => push_indented(out, "[redacted thinking]"),
+        "tool_use" => {
+            let input = block.get("input").map(Value::to_string).unwrap_or_default();
+            push_indented(
+                out,
+                &format!("→ {} {input}  [{}]", field("name"), field("id")),
+            );
+        }
+        "tool_result" => {
+            let error = block
+                .get("is_error")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            let label = if error { "error" } else { "result" };
+            push_indented(out, &format!("← {label} [{}]", field("tool_use_id")));
+            let mut inner = String::new();
+            if let Some(content) = block.get("content") {
+                render_content(content, &mut inner);
+            }
+            push_indented(out, inner.trim_end());
+        }
+        // Images, documents, server tools: their JSON says more than a guess would.
+        _ => push_indented(out, &block.to_string()),
+    }
+}
+
+fn push_indented(out: &mut String, text: &str) {
+    for line in text.lines() {
+        out.push_str("  ");
+        out.push_str(line);
+        out.push('\n');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(role: &str, content_json: &str, shared: bool) -> TranscriptMessage {
+        TranscriptMessage {
+            role: role.into(),
+            content_json: content_json.into(),
+            shared,
+        }
+    }
+
+    #[test]
+    fn blocks_are_rendered_readably() {
+        let assistant = message(
+            "assistant",
+            r#"[{"type":"thinking","thinking":"look first","signature":"x"},
+                {"type":"text","text":"Reading it.\nThen fixing."},
+                {"type":"tool_use","id":"toolu_1","name":"Read","input":{"file_path":"a.rs"}}]"#,
+            false,
+        );
+        assert_eq!(
+            render_message(&assistant),
+            "assistant:\n  [thinking] look first\n  Reading it.\n  Then fixing.\n  \
+             → Read {\"file_path\":\"a.rs\"}  [toolu_1]\n"
+        );
+        let user = message(
+            "user",
+            r#"[{"type":"tool_result","tool_use_id":"toolu_1","is_error":true,
+                 "content":[{"type":"text","text":"no such file"}]}]"#,
+            true,
+        );
+        assert_eq!(
+            render_message(&user),
+            "user (shared):\n  ← error [toolu_1]\n    no such file\n"
+        );
+    }
+
+    #[test]
+    fn string_content_and_unparsable_content_are_shown_as_they_are() {
+        assert_eq!(
+            render_message(&message("user", r#""hello""#, false)),
+            "user:\n  hello\n"
+        );
+        assert_eq!(
+            render_message(&message("user", "{oops", false)),
+            "user:\n  {oops\n"
+        );
+    }
+}

@@ -1,0 +1,233 @@
+//! `forkctl session create|get|list`: parent sessions, whose context every fork child inherits.
+
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand};
+use forkd_proto::v1::{
+    ContextFile, CreateSessionRequest, GetSessionRequest, ListSessionsRequest, Session,
+};
+use serde_json::json;
+
+use crate::client::Client;
+use crate::exit::{self, CliError};
+use crate::output::{Printer, human, session_json};
+
+#[derive(Debug, Args)]
+pub struct SessionArgs {
+    #[command(subcommand)]
+    pub command: SessionCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// Create a parent session; prints its id.
+    Create(CreateArgs),
+    /// Show one session.
+    Get {
+        /// The session's id.
+        session_id: String,
+    },
+    /// List every session.
+    List,
+}
+
+/// The permission modes of SPEC §5; checked here so a typo is a usage error, not a round trip.
+const PERMISSION_MODES: [&str; 6] = [
+    "default",
+    "acceptEdits",
+    "plan",
+    "bypassPermissions",
+    "dontAsk",
+    "bubble",
+];
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// The system prompt, read from this file (`-` reads stdin).
+    #[arg(long, value_name = "FILE")]
+    pub system_file: PathBuf,
+
+    /// A file placed in the session's first user message; repeat for more, in order.
+    #[arg(long = "context-file", value_name = "FILE")]
+    pub context_files: Vec<PathBuf>,
+
+    /// A model from forkd's price table; the daemon's default when omitted.
+    #[arg(long)]
+    pub model: Option<String>,
+
+    /// The directory the session's tools work in; the daemon's working directory when omitted.
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+
+    /// Coordinator mode: the session delegates to typed agents and never forks.
+    #[arg(long)]
+    pub coordinator: bool,
+
+    /// How tool calls are permitted.
+    #[arg(long, value_name = "MODE", value_parser = PERMISSION_MODES)]
+    pub permission_mode: Option<String>,
+
+    /// Extended-thinking budget in tokens; 0 disables thinking.
+    #[arg(long, value_name = "TOKENS", default_value_t = 0)]
+    pub thinking_budget: u32,
+}
+
+pub async fn run(args: SessionArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
+    match args.command {
+        SessionCommand::Create(create) => run_create(create, client, out).await,
+        SessionCommand::Get { session_id } => {
+            let reply = client
+                .get_session(GetSessionRequest { session_id })
+                .await?
+                .into_inner();
+            let session = reply.session.unwrap_or_default();
+            if out.is_json() {
+                out.value(&session_json(&session))?;
+            } else {
+                out.line(human::session_table(&session))?;
+            }
+            Ok(exit::OK)
+        }
+        SessionCommand::List => run_list(client, out).await,
+    }
+}
+
+async fn run_create(args: CreateArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
+    let request = create_request(args)?;
+    let reply = client.create_session(request).await?.into_inner();
+    let session_id = reply.session.map(|s| s.session_id).unwrap_or_default();
+    if out.is_json() {
+        out.value(&json!({ "session_id": session_id }))?;
+    } else {
+        out.line(session_id)?;
+    }
+    Ok(exit::OK)
+}
+
+/// Reads the files on this side: the daemon may run elsewhere, and the paths are the user's.
+fn create_request(args: CreateArgs) -> Result<CreateSessionRequest, CliError> {
+    let system_prompt = read_text(&args.system_file, "system file")?;
+    let context_files = args
+        .context_files
+        .iter()
+        .map(|path| {
+            Ok(ContextFile {
+                path: path.display().to_string(),
+                content: read_text(path, "context file")?,
+            })
+        })
+        .collect::<Result<_, CliError>>()?;
+    // Relative to the user's shell, not to the daemon's working directory.
+    let workspace = match args.workspace {
+        None => String::new(),
+        Some(dir) => std::path::absolute(&dir)
+            .ok()
+            .and_then(|abs| abs.to_str().map(str::to_owned))
+            .ok_or_else(|| {
+                CliError::InvalidInput(format!(
+                    "cannot use workspace {}: it has no absolute UTF-8 form",
+                    dir.display()
+                ))
+            })?,
+    };
+    Ok(CreateSessionRequest {
+        system_prompt,
+        context_files,
+        model: args.model.unwrap_or_default(),
+        workspace,
+        coordinator: args.coordinator,
+        permission_mode: args.permission_mode.unwrap_or_default(),
+        thinking_budget_tokens: args.thinking_budget,
+        ..Default::default()
+    })
+}
+
+fn read_text(path: &Path, what: &str) -> Result<String, CliError> {
+    let result = if path == Path::new("-") {
+        std::io::read_to_string(std::io::stdin())
+    } else {
+        std::fs::read_to_string(path)
+    };
+    result
+        .map_err(|e| CliError::InvalidInput(format!("cannot read {what} {}: {e}", path.display())))
+}
+
+async fn run_list(client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
+    let mut sessions: Vec<Session> = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let request = ListSessionsRequest {
+            page_size: 0,
+            page_token: page_token.clone(),
+        };
+        let page = client.list_sessions(request).await?.into_inner();
+        if out.is_json() {
+            // Printed page by page, so a long listing starts at once.
+            for session in &page.sessions {
+                out.value(&session_json(session))?;
+            }
+        } else {
+            sessions.extend(page.sessions);
+        }
+        match super::next_token(&page_token, page.next_page_token)? {
+            Some(next) => page_token = next,
+            None => break,
+        }
+    }
+    if !out.is_json() {
+        out.line(human::sessions_table(&sessions))?;
+    }
+    Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(system_file: PathBuf) -> CreateArgs {
+        CreateArgs {
+            system_file,
+            context_files: Vec::new(),
+            model: None,
+            workspace: None,
+            coordinator: false,
+            permission_mode: None,
+            thinking_budget: 0,
+        }
+    }
+
+    #[test]
+    fn files_are_read_here_and_the_workspace_made_absolute() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let system = dir.path().join("system.md");
+        let context = dir.path().join("notes.md");
+        std::fs::write(&system, "You are terse.")?;
+        std::fs::write(&context, "# Notes")?;
+        let mut create = args(system);
+        create.context_files = vec![context.clone()];
+        create.workspace = Some(PathBuf::from("some/dir"));
+        create.model = Some("sim-large".into());
+
+        let request = create_request(create)?;
+        assert_eq!(request.system_prompt, "You are terse.");
+        assert_eq!(request.context_files.len(), 1);
+        assert_eq!(request.context_files[0].path, context.display().to_string());
+        assert_eq!(request.context_files[0].content, "# Notes");
+        assert!(Path::new(&request.workspace).is_absolute());
+        assert!(request.workspace.ends_with("some/dir"));
+        assert_eq!(request.model, "sim-large");
+        Ok(())
+    }
+
+    #[test]
+    fn a_missing_file_is_an_invalid_input() {
+        let result = create_request(args(PathBuf::from("/nonexistent/system.md")));
+        let Err(CliError::InvalidInput(msg)) = result else {
+            panic!("expected InvalidInput, got {result:?}");
+        };
+        assert!(
+            msg.starts_with("cannot read system file /nonexistent/system.md"),
+            "{msg}"
+        );
+    }
+}

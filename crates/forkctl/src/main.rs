@@ -1,0 +1,65 @@
+//! forkctl: parses the command line, connects to forkd, runs one command and turns its outcome
+//! into an exit code (see [`exit`]).
+
+mod cli;
+mod client;
+mod commands;
+mod exit;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+
+use crate::cli::{Cli, Command};
+use crate::client::{Addr, Auth};
+use crate::output::Printer;
+
+fn main() -> ExitCode {
+    // Usage errors exit here with clap's code 2 (and `--help` with 0).
+    let cli = Cli::parse();
+    // One command on one connection: a single thread is all the concurrency forkctl needs.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => return fail(&anyhow::Error::from(err).context("cannot start the runtime")),
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(err) => fail(&err),
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<u8> {
+    let addr = Addr::resolve(cli.addr.as_deref())?;
+    // An unset or non-UTF-8 token both mean "no token"; the daemon then says whether it needs one.
+    let token = std::env::var("FORKD_TOKEN").ok();
+    let auth = Auth::new(token.as_deref())?;
+    let mut client = client::connect(&addr, auth).await?;
+    let out = Printer::new(cli.json);
+    match cli.command {
+        Command::Session(args) => commands::session::run(args, &mut client, &out).await,
+        Command::Fork(args) => commands::fork::run(args, &mut client, &out).await,
+        Command::Watch(args) => commands::watch::run(args, &mut client, &out).await,
+        Command::Ps(args) => commands::ps::run(args, &mut client, &out).await,
+        Command::Logs(args) => commands::logs::run(args, &mut client, &out).await,
+        Command::Stats(args) => commands::stats::run(args, &mut client, &out).await,
+        Command::Calc(args) => commands::calc::run(args, &mut client, &out).await,
+    }
+}
+
+/// Prints `forkctl: <message>` (and a hint on what to do next) to stderr; returns the exit code.
+fn fail(err: &anyhow::Error) -> ExitCode {
+    // Whoever read our stdout has gone (`forkctl watch | head`); there is nobody left to tell.
+    if exit::is_broken_pipe(err) {
+        return ExitCode::from(exit::OK);
+    }
+    let failure = exit::classify(err);
+    eprintln!("forkctl: {}", failure.message);
+    if let Some(hint) = failure.hint {
+        eprintln!("forkctl: hint: {hint}");
+    }
+    ExitCode::from(failure.code)
+}

@@ -1,0 +1,189 @@
+//! What forkctl prints: the `--json` shapes (SPEC §6 fixes their names) and, in [`human`], the
+//! tables and lines for people. Both are built from the proto messages by hand, because the
+//! generated types carry no serde and the wire names are not the JSON names.
+
+pub mod human;
+
+use std::io::Write as _;
+
+use forkd_proto::v1::{
+    Agent, AgentState, EstimateForkCostResponse, ForkBatchResponse, GetCacheStatsResponse,
+    Notification, NotificationStatus, Report, Session, TranscriptMessage, Usage,
+};
+use serde_json::{Value, json};
+
+/// Writes to stdout, one line (or one table) at a time; messages go to stderr elsewhere.
+#[derive(Debug, Clone, Copy)]
+pub struct Printer {
+    json: bool,
+}
+
+impl Printer {
+    pub fn new(json: bool) -> Self {
+        Self { json }
+    }
+
+    /// Whether `--json` was given.
+    pub fn is_json(&self) -> bool {
+        self.json
+    }
+
+    /// One JSON object on one line.
+    pub fn value(&self, value: &Value) -> std::io::Result<()> {
+        self.line(value)
+    }
+
+    /// Text followed by a newline. Errors (a closed pipe) are returned, not panicked on as
+    /// `println!` would. Stdout is line-buffered, so `watch | jq` sees each line at once.
+    pub fn line(&self, text: impl std::fmt::Display) -> std::io::Result<()> {
+        writeln!(std::io::stdout().lock(), "{text}")
+    }
+}
+
+/// `pending`, `running`, `completed`, `failed`, `killed` (or `unspecified`).
+pub fn state_name(state: AgentState) -> &'static str {
+    match state {
+        AgentState::Unspecified => "unspecified",
+        AgentState::Pending => "pending",
+        AgentState::Running => "running",
+        AgentState::Completed => "completed",
+        AgentState::Failed => "failed",
+        AgentState::Killed => "killed",
+    }
+}
+
+/// `completed`, `failed`, `killed` (or `unspecified`).
+pub fn status_name(status: NotificationStatus) -> &'static str {
+    match status {
+        NotificationStatus::Unspecified => "unspecified",
+        NotificationStatus::Completed => "completed",
+        NotificationStatus::Failed => "failed",
+        NotificationStatus::Killed => "killed",
+    }
+}
+
+/// An empty id on the wire means "none"; scripts test for `null` more naturally than for "".
+fn optional_id(id: &str) -> Value {
+    if id.is_empty() {
+        Value::Null
+    } else {
+        json!(id)
+    }
+}
+
+/// The four usage counters, zero when the daemon sent none.
+pub fn usage_json(usage: Option<&Usage>) -> Value {
+    let usage = usage.copied().unwrap_or_default();
+    json!({
+        "input_tokens": usage.input_tokens,
+        "cache_creation_input_tokens": usage.cache_creation_input_tokens,
+        "cache_read_input_tokens": usage.cache_read_input_tokens,
+        "output_tokens": usage.output_tokens,
+    })
+}
+
+fn report_json(report: Option<&Report>) -> Value {
+    let empty = Report::default();
+    let report = report.unwrap_or(&empty);
+    json!({
+        "scope": report.scope,
+        "result": report.result,
+        "key_files": report.key_files,
+        "files_changed": report.files_changed,
+        "issues": report.issues,
+    })
+}
+
+/// A task notification (`watch`, `fork --wait`).
+pub fn notification_json(n: &Notification) -> Value {
+    json!({
+        "seq": n.seq,
+        "session_id": n.session_id,
+        "batch_id": optional_id(&n.batch_id),
+        "agent_id": n.agent_id,
+        "status": status_name(n.status()),
+        "summary": n.summary,
+        "report": report_json(n.report.as_ref()),
+        "usage": usage_json(n.usage.as_ref()),
+        "cost_usd": n.cost_usd,
+    })
+}
+
+/// One agent of `ps`.
+pub fn agent_json(a: &Agent) -> Value {
+    json!({
+        "agent_id": a.agent_id,
+        "session_id": a.session_id,
+        "batch_id": optional_id(&a.batch_id),
+        "kind": a.kind,
+        "state": state_name(a.state()),
+        "usage": usage_json(a.usage.as_ref()),
+        "cost_usd": a.cost_usd,
+        "cache_read_share": a.cache_read_share,
+        "description": a.description,
+        "error": if a.error.is_empty() { Value::Null } else { json!(a.error) },
+    })
+}
+
+/// A session of `session get` / `session list`.
+pub fn session_json(s: &Session) -> Value {
+    json!({
+        "session_id": s.session_id,
+        "model": s.model,
+        "workspace": s.workspace,
+        "coordinator": s.coordinator,
+        "interactive": s.interactive,
+        "permission_mode": s.permission_mode,
+        "thinking_budget_tokens": s.thinking_budget_tokens,
+        "tool_names": s.tool_names,
+        "system_prompt_bytes": s.system_prompt_bytes,
+        "message_count": s.message_count,
+        "created_at": s.created_at.map(|t| t.to_string()),
+    })
+}
+
+/// The reply to `fork`.
+pub fn fork_json(r: &ForkBatchResponse) -> Value {
+    json!({ "batch_id": r.batch_id, "agent_ids": r.agent_ids })
+}
+
+/// `stats`: the usage counters flattened beside the cost figures.
+pub fn stats_json(s: &GetCacheStatsResponse) -> Value {
+    let usage = s.usage.unwrap_or_default();
+    json!({
+        "children": s.children,
+        "shared_prefix_tokens": s.shared_prefix_tokens,
+        "input_tokens": usage.input_tokens,
+        "cache_creation_input_tokens": usage.cache_creation_input_tokens,
+        "cache_read_input_tokens": usage.cache_read_input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cost_usd": s.cost_usd,
+        "independent_cost_usd": s.independent_cost_usd,
+        "saving": s.saving,
+        "cache_read_share": s.cache_read_share,
+        "requests": s.requests,
+    })
+}
+
+/// `calc`: `break_even_children` is `null` when forking never pays.
+pub fn estimate_json(e: &EstimateForkCostResponse) -> Value {
+    json!({
+        "independent_cost_usd": e.independent_cost_usd,
+        "fork_cost_usd": e.fork_cost_usd,
+        "saving": e.saving,
+        "break_even_children": (e.break_even_children != 0).then_some(e.break_even_children),
+        "seed_simplified_saving": e.seed_simplified_saving,
+        "model": e.model,
+    })
+}
+
+/// One transcript message of `logs`: its content parsed, so scripts get structure, not a string.
+/// Content that is not JSON (which the daemon should never send) is passed through as a string.
+pub fn message_json(m: &TranscriptMessage) -> Value {
+    let content = serde_json::from_str::<Value>(&m.content_json)
+        .unwrap_or_else(|_| Value::String(m.content_json.clone()));
+    json!({ "role": m.role, "content": content, "shared": m.shared })
+}
+
+#[cfg(test)]
+mod json_tests;

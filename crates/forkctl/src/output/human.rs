@@ -1,0 +1,223 @@
+//! Human-readable output: comfy-table tables and one-line summaries, with grouped token counts.
+
+use comfy_table::presets::NOTHING;
+use comfy_table::{Cell, CellAlignment, Table};
+use forkd_proto::v1::{
+    Agent, EstimateForkCostResponse, GetCacheStatsResponse, Notification, Session, Usage,
+};
+
+use super::{state_name, status_name};
+
+/// `48500` → `48,500`: token counts are read at a glance, not digit by digit.
+pub fn tokens(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Four decimals: a single child often costs a fraction of a cent.
+pub fn usd(x: f64) -> String {
+    format!("${x:.4}")
+}
+
+/// A share in 0..=1 as a percentage.
+pub fn percent(share: f64) -> String {
+    format!("{:.1}%", share * 100.0)
+}
+
+/// `in 312 · write 0 · read 48,500 · out 210`
+pub fn usage_line(usage: Option<&Usage>) -> String {
+    let u = usage.copied().unwrap_or_default();
+    format!(
+        "in {} · write {} · read {} · out {}",
+        tokens(u.input_tokens),
+        tokens(u.cache_creation_input_tokens),
+        tokens(u.cache_read_input_tokens),
+        tokens(u.output_tokens),
+    )
+}
+
+/// The first line of a possibly multi-line text, cut to `max` characters.
+pub fn first_line(text: &str, max: usize) -> String {
+    let line = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("");
+    if line.chars().count() <= max {
+        return line.to_owned();
+    }
+    let mut cut: String = line.chars().take(max.saturating_sub(1)).collect();
+    cut.truncate(cut.trim_end().len());
+    cut.push('…');
+    cut
+}
+
+/// One notification on one line: seq, agent, status, summary, tokens, cost.
+pub fn notification_line(n: &Notification) -> String {
+    format!(
+        "#{} {} {:<9} {}  ({}; {})",
+        n.seq,
+        n.agent_id,
+        status_name(n.status()),
+        first_line(&n.summary, 80),
+        usage_line(n.usage.as_ref()),
+        usd(n.cost_usd),
+    )
+}
+
+fn table(header: Option<&[&str]>) -> Table {
+    let mut table = Table::new();
+    table.load_style(NOTHING);
+    if let Some(header) = header {
+        table.set_header(header.iter().copied());
+    }
+    table
+}
+
+/// Columns two spaces apart, no borders, no trailing blanks: output that reads like `ps`.
+fn finish(mut table: Table) -> String {
+    for column in table.column_iter_mut() {
+        column.set_padding((0, 2));
+    }
+    table.trim_fmt()
+}
+
+fn right_align(table: &mut Table, columns: std::ops::Range<usize>) {
+    for i in columns {
+        if let Some(column) = table.column_mut(i) {
+            column.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+}
+
+/// `ps`: full ids (scripts copy them), then state, the four token counts, read share and cost.
+pub fn agents_table(agents: &[Agent]) -> String {
+    let header = [
+        "AGENT",
+        "KIND",
+        "STATE",
+        "IN",
+        "WRITE",
+        "READ",
+        "OUT",
+        "READ %",
+        "COST",
+        "DESCRIPTION",
+    ];
+    let mut t = table(Some(&header));
+    for a in agents {
+        let u = a.usage.unwrap_or_default();
+        t.add_row(vec![
+            a.agent_id.clone(),
+            a.kind.clone(),
+            state_name(a.state()).to_owned(),
+            tokens(u.input_tokens),
+            tokens(u.cache_creation_input_tokens),
+            tokens(u.cache_read_input_tokens),
+            tokens(u.output_tokens),
+            percent(a.cache_read_share),
+            usd(a.cost_usd),
+            first_line(&a.description, 40),
+        ]);
+    }
+    right_align(&mut t, 3..9);
+    finish(t)
+}
+
+/// `session list`.
+pub fn sessions_table(sessions: &[Session]) -> String {
+    let header = ["SESSION", "MODEL", "MESSAGES", "CREATED", "WORKSPACE"];
+    let mut t = table(Some(&header));
+    for s in sessions {
+        t.add_row(vec![
+            s.session_id.clone(),
+            s.model.clone(),
+            s.message_count.to_string(),
+            s.created_at.map(|c| c.to_string()).unwrap_or_default(),
+            s.workspace.clone(),
+        ]);
+    }
+    right_align(&mut t, 2..3);
+    finish(t)
+}
+
+fn key_values(rows: Vec<(&str, String)>) -> String {
+    let mut t = table(None);
+    for (key, value) in rows {
+        t.add_row(vec![Cell::new(key), Cell::new(value)]);
+    }
+    finish(t)
+}
+
+/// `session get`.
+pub fn session_table(s: &Session) -> String {
+    key_values(vec![
+        ("session", s.session_id.clone()),
+        ("model", s.model.clone()),
+        ("workspace", s.workspace.clone()),
+        ("permission mode", s.permission_mode.clone()),
+        ("coordinator", s.coordinator.to_string()),
+        ("interactive", s.interactive.to_string()),
+        (
+            "thinking budget",
+            tokens(u64::from(s.thinking_budget_tokens)),
+        ),
+        ("tools", s.tool_names.join(", ")),
+        ("system prompt bytes", tokens(s.system_prompt_bytes)),
+        ("messages", s.message_count.to_string()),
+        (
+            "created",
+            s.created_at.map(|c| c.to_string()).unwrap_or_default(),
+        ),
+    ])
+}
+
+/// `stats`.
+pub fn stats_table(s: &GetCacheStatsResponse) -> String {
+    let u = s.usage.unwrap_or_default();
+    key_values(vec![
+        ("children", s.children.to_string()),
+        ("requests", s.requests.to_string()),
+        ("shared prefix tokens", tokens(s.shared_prefix_tokens)),
+        ("input tokens (uncached)", tokens(u.input_tokens)),
+        ("cache write tokens", tokens(u.cache_creation_input_tokens)),
+        ("cache read tokens", tokens(u.cache_read_input_tokens)),
+        ("output tokens", tokens(u.output_tokens)),
+        ("cache-read share", percent(s.cache_read_share)),
+        ("cost", usd(s.cost_usd)),
+        ("as independent agents", usd(s.independent_cost_usd)),
+        ("saving", percent(s.saving)),
+    ])
+}
+
+/// `calc`: both costs, the saving, break-even N and the seed document's simplified figure.
+pub fn estimate_table(e: &EstimateForkCostResponse, one_hour: bool) -> String {
+    let break_even = match e.break_even_children {
+        0 => "never at these sizes".to_owned(),
+        1 => "1 child".to_owned(),
+        n => format!("{n} children"),
+    };
+    let premium = if one_hour { "2×" } else { "1.25×" };
+    let seed = format!(
+        "{}  for comparison (ignores the {premium} write premium)",
+        percent(e.seed_simplified_saving)
+    );
+    key_values(vec![
+        ("model", e.model.clone()),
+        ("independent agents", usd(e.independent_cost_usd)),
+        ("fork batch", usd(e.fork_cost_usd)),
+        ("saving", percent(e.saving)),
+        ("forking pays from", break_even),
+        ("seed's simplified saving", seed),
+    ])
+}
+
+#[cfg(test)]
+mod tests;

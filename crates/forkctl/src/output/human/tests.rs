@@ -1,0 +1,138 @@
+//! Human output, checked as the exact text a user sees.
+
+use forkd_proto::v1::{AgentState, NotificationStatus};
+
+use super::*;
+
+fn usage() -> Usage {
+    Usage {
+        input_tokens: 210,
+        cache_creation_input_tokens: 0,
+        cache_read_input_tokens: 48_500,
+        output_tokens: 1_234,
+    }
+}
+
+#[test]
+fn numbers_read_at_a_glance() {
+    let cases = [
+        (0, "0"),
+        (999, "999"),
+        (1_000, "1,000"),
+        (48_500, "48,500"),
+        (1_234_567, "1,234,567"),
+    ];
+    for (n, text) in cases {
+        assert_eq!(tokens(n), text);
+    }
+    assert_eq!(usd(0.012_34), "$0.0123");
+    assert_eq!(percent(0.995), "99.5%");
+}
+
+#[test]
+fn first_line_skips_blank_lines_and_cuts_long_ones() {
+    assert_eq!(
+        first_line("\n  Fix the tests  \nthen more", 40),
+        "Fix the tests"
+    );
+    assert_eq!(first_line("abcdef", 6), "abcdef");
+    assert_eq!(first_line("abcdefg", 6), "abcde…");
+    assert_eq!(first_line("ab de fg", 4), "ab…");
+    assert_eq!(first_line("", 6), "");
+}
+
+#[test]
+fn a_notification_is_one_line() {
+    let n = Notification {
+        seq: 12,
+        agent_id: "A1".into(),
+        status: NotificationStatus::Completed as i32,
+        summary: "Fixed the flaky test\nDetails follow".into(),
+        usage: Some(usage()),
+        cost_usd: 0.0021,
+        ..Default::default()
+    };
+    assert_eq!(
+        notification_line(&n),
+        "#12 A1 completed Fixed the flaky test  (in 210 · write 0 · read 48,500 · out 1,234; $0.0021)"
+    );
+}
+
+#[test]
+fn ps_prints_full_ids_and_right_aligned_numbers() {
+    let agent = Agent {
+        agent_id: "0192aaaa-bbbb-7ccc-8ddd-eeeeeeeeeeee".into(),
+        kind: "fork".into(),
+        state: AgentState::Running as i32,
+        usage: Some(usage()),
+        cost_usd: 0.012_34,
+        cache_read_share: 0.995,
+        description: "Fix the tests".into(),
+        ..Default::default()
+    };
+    let expected = [
+        "AGENT                                 KIND  STATE     IN  WRITE    READ    OUT  READ %     COST  DESCRIPTION",
+        "0192aaaa-bbbb-7ccc-8ddd-eeeeeeeeeeee  fork  running  210      0  48,500  1,234   99.5%  $0.0123  Fix the tests",
+    ];
+    assert_eq!(agents_table(&[agent]), expected.join("\n"));
+}
+
+#[test]
+fn calc_shows_both_costs_and_the_seed_figure_with_its_caveat() {
+    let e = EstimateForkCostResponse {
+        independent_cost_usd: 0.7335,
+        fork_cost_usd: 0.2598,
+        saving: 0.646,
+        break_even_children: 2,
+        seed_simplified_saving: 0.72,
+        model: "sim".into(),
+    };
+    let expected = [
+        "model                     sim",
+        "independent agents        $0.7335",
+        "fork batch                $0.2598",
+        "saving                    64.6%",
+        "forking pays from         2 children",
+        "seed's simplified saving  72.0%  for comparison (ignores the 1.25× write premium)",
+    ];
+    assert_eq!(estimate_table(&e, false), expected.join("\n"));
+    let never = EstimateForkCostResponse {
+        break_even_children: 0,
+        ..e
+    };
+    let text = estimate_table(&never, true);
+    assert!(
+        text.contains("forking pays from         never at these sizes"),
+        "{text}"
+    );
+    assert!(text.contains("ignores the 2× write premium"), "{text}");
+}
+
+#[test]
+fn stats_lists_tokens_and_costs() {
+    let s = GetCacheStatsResponse {
+        children: 5,
+        shared_prefix_tokens: 48_500,
+        usage: Some(usage()),
+        cost_usd: 0.5,
+        independent_cost_usd: 1.5,
+        saving: 0.625,
+        requests: 6,
+        cache_read_share: 0.75,
+        input_cost_usd: 0.25,
+    };
+    let text = stats_table(&s);
+    for line in [
+        "children                 5",
+        "shared prefix tokens     48,500",
+        "cache read tokens        48,500",
+        "cache-read share         75.0%",
+        "as independent agents    $1.5000",
+        "saving                   62.5%",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+}

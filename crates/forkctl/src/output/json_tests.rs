@@ -1,0 +1,252 @@
+//! The `--json` shapes, checked whole against SPEC §6: scripts and CI parse these names.
+
+use forkd_proto::v1::{
+    Agent, AgentState, EstimateForkCostResponse, ForkBatchResponse, GetCacheStatsResponse,
+    Notification, NotificationStatus, Report, Session, TranscriptMessage, Usage,
+};
+use serde_json::json;
+
+use super::*;
+
+fn usage() -> Usage {
+    Usage {
+        input_tokens: 210,
+        cache_creation_input_tokens: 0,
+        cache_read_input_tokens: 48_500,
+        output_tokens: 320,
+    }
+}
+
+fn usage_value() -> Value {
+    json!({
+        "input_tokens": 210,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 48_500,
+        "output_tokens": 320,
+    })
+}
+
+#[test]
+fn notification() {
+    let n = Notification {
+        seq: 7,
+        session_id: "S".into(),
+        batch_id: "B".into(),
+        agent_id: "A".into(),
+        status: NotificationStatus::Failed as i32,
+        summary: "could not build".into(),
+        report: Some(Report {
+            scope: "crate x".into(),
+            result: "broken".into(),
+            key_files: vec!["src/lib.rs".into()],
+            files_changed: vec![],
+            issues: "linker".into(),
+        }),
+        usage: Some(usage()),
+        cost_usd: 0.25,
+        created_at: None,
+    };
+    assert_eq!(
+        notification_json(&n),
+        json!({
+            "seq": 7,
+            "session_id": "S",
+            "batch_id": "B",
+            "agent_id": "A",
+            "status": "failed",
+            "summary": "could not build",
+            "report": {
+                "scope": "crate x",
+                "result": "broken",
+                "key_files": ["src/lib.rs"],
+                "files_changed": [],
+                "issues": "linker",
+            },
+            "usage": usage_value(),
+            "cost_usd": 0.25,
+        })
+    );
+}
+
+#[test]
+fn a_notification_without_report_or_usage_keeps_its_shape() {
+    let n = Notification {
+        status: NotificationStatus::Completed as i32,
+        ..Default::default()
+    };
+    let v = notification_json(&n);
+    assert_eq!(v["status"], "completed");
+    assert_eq!(v["batch_id"], Value::Null);
+    assert_eq!(
+        v["report"],
+        json!({"scope": "", "result": "", "key_files": [], "files_changed": [], "issues": ""})
+    );
+    assert_eq!(v["usage"]["cache_read_input_tokens"], 0);
+}
+
+#[test]
+fn agent() {
+    let a = Agent {
+        agent_id: "A".into(),
+        session_id: "S".into(),
+        batch_id: "B".into(),
+        kind: "fork".into(),
+        state: AgentState::Running as i32,
+        description: "fix the tests".into(),
+        prompt: "fix the tests in crate x".into(),
+        usage: Some(usage()),
+        cost_usd: 0.5,
+        cache_read_share: 0.75,
+        ..Default::default()
+    };
+    assert_eq!(
+        agent_json(&a),
+        json!({
+            "agent_id": "A",
+            "session_id": "S",
+            "batch_id": "B",
+            "kind": "fork",
+            "state": "running",
+            "usage": usage_value(),
+            "cost_usd": 0.5,
+            "cache_read_share": 0.75,
+            "description": "fix the tests",
+            "error": null,
+        })
+    );
+    let parent = Agent {
+        kind: "parent".into(),
+        error: "boom".into(),
+        ..a
+    };
+    assert_eq!(agent_json(&parent)["error"], "boom");
+}
+
+#[test]
+fn fork_reply() {
+    let r = ForkBatchResponse {
+        batch_id: "B".into(),
+        agent_ids: vec!["A1".into(), "A2".into()],
+    };
+    assert_eq!(
+        fork_json(&r),
+        json!({"batch_id": "B", "agent_ids": ["A1", "A2"]})
+    );
+}
+
+#[test]
+fn stats() {
+    let s = GetCacheStatsResponse {
+        children: 5,
+        shared_prefix_tokens: 48_500,
+        usage: Some(usage()),
+        cost_usd: 0.5,
+        independent_cost_usd: 1.5,
+        saving: 0.625,
+        requests: 6,
+        cache_read_share: 0.75,
+        input_cost_usd: 0.25,
+    };
+    assert_eq!(
+        stats_json(&s),
+        json!({
+            "children": 5,
+            "shared_prefix_tokens": 48_500,
+            "input_tokens": 210,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 48_500,
+            "output_tokens": 320,
+            "cost_usd": 0.5,
+            "independent_cost_usd": 1.5,
+            "saving": 0.625,
+            "cache_read_share": 0.75,
+            "requests": 6,
+        })
+    );
+}
+
+#[test]
+fn estimate() {
+    let e = EstimateForkCostResponse {
+        independent_cost_usd: 0.75,
+        fork_cost_usd: 0.25,
+        saving: 0.5,
+        break_even_children: 2,
+        seed_simplified_saving: 0.625,
+        model: "sim".into(),
+    };
+    assert_eq!(
+        estimate_json(&e),
+        json!({
+            "independent_cost_usd": 0.75,
+            "fork_cost_usd": 0.25,
+            "saving": 0.5,
+            "break_even_children": 2,
+            "seed_simplified_saving": 0.625,
+            "model": "sim",
+        })
+    );
+    let never = EstimateForkCostResponse {
+        break_even_children: 0,
+        ..e
+    };
+    assert_eq!(estimate_json(&never)["break_even_children"], Value::Null);
+}
+
+#[test]
+fn session() {
+    let s = Session {
+        session_id: "S".into(),
+        model: "sim".into(),
+        workspace: "/w".into(),
+        permission_mode: "default".into(),
+        tool_names: vec!["Agent".into(), "Read".into()],
+        system_prompt_bytes: 1234,
+        message_count: 2,
+        created_at: Some(prost_types::Timestamp {
+            seconds: 0,
+            nanos: 0,
+        }),
+        ..Default::default()
+    };
+    assert_eq!(
+        session_json(&s),
+        json!({
+            "session_id": "S",
+            "model": "sim",
+            "workspace": "/w",
+            "coordinator": false,
+            "interactive": false,
+            "permission_mode": "default",
+            "thinking_budget_tokens": 0,
+            "tool_names": ["Agent", "Read"],
+            "system_prompt_bytes": 1234,
+            "message_count": 2,
+            "created_at": "1970-01-01T00:00:00Z",
+        })
+    );
+}
+
+#[test]
+fn transcript_message_content_is_parsed_in_order() {
+    let m = TranscriptMessage {
+        role: "assistant".into(),
+        content_json: r#"[{"type":"text","text":"hi"}]"#.into(),
+        shared: true,
+    };
+    let v = message_json(&m);
+    assert_eq!(
+        v,
+        json!({"role": "assistant", "content": [{"type": "text", "text": "hi"}], "shared": true})
+    );
+    // Key order is kept (serde_json's `preserve_order`), so output mirrors what the model saw.
+    assert_eq!(
+        v.to_string(),
+        r#"{"role":"assistant","content":[{"type":"text","text":"hi"}],"shared":true}"#
+    );
+    let bad = TranscriptMessage {
+        content_json: "{oops".into(),
+        ..m
+    };
+    assert_eq!(message_json(&bad)["content"], "{oops");
+}

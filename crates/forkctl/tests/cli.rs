@@ -1,0 +1,305 @@
+//! The `forkctl` binary end to end against a fake daemon: what reaches the wire, what reaches
+//! stdout and stderr, and the exit codes.
+
+mod support;
+
+use forkd_proto::v1::{Agent, AgentState, Notification, NotificationStatus, Usage};
+use serde_json::{Value, json};
+use support::{FakeDaemon, Script, TOKEN, forkctl};
+
+fn json_lines(stdout: &str) -> anyhow::Result<Vec<Value>> {
+    stdout
+        .lines()
+        .map(|l| Ok(serde_json::from_str(l)?))
+        .collect()
+}
+
+fn notification(seq: u64, agent: &str, status: NotificationStatus) -> Notification {
+    Notification {
+        seq,
+        session_id: "S1".into(),
+        batch_id: "B1".into(),
+        agent_id: agent.into(),
+        status: status as i32,
+        summary: format!("{agent} done"),
+        usage: Some(Usage {
+            cache_read_input_tokens: 1000,
+            ..Default::default()
+        }),
+        cost_usd: 0.01,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn session_create_sends_the_files_and_the_token() -> anyhow::Result<()> {
+    let daemon = FakeDaemon::start(Script::default())?;
+    let system = daemon.dir.path().join("system.md");
+    std::fs::write(&system, "Be brief.")?;
+    let system = system.display().to_string();
+    let run = forkctl(
+        &daemon.addr(),
+        Some(TOKEN),
+        &[
+            "session",
+            "create",
+            "--system-file",
+            &system,
+            "--json",
+            "--workspace",
+            ".",
+        ],
+    )?;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert_eq!(json_lines(&run.stdout)?, [json!({"session_id": "S1"})]);
+    let recorded = daemon.recorded()?;
+    assert_eq!(recorded.create.len(), 1);
+    assert_eq!(recorded.create[0].system_prompt, "Be brief.");
+    assert!(
+        recorded.create[0].workspace.starts_with('/'),
+        "{:?}",
+        recorded.create[0]
+    );
+    // The fake locks the record on every call: release it before running forkctl again.
+    drop(recorded);
+
+    let human = forkctl(
+        &daemon.addr(),
+        Some(TOKEN),
+        &["session", "create", "--system-file", &system],
+    )?;
+    assert_eq!((human.code, human.stdout.as_str()), (Some(0), "S1\n"));
+    Ok(())
+}
+
+#[test]
+fn fork_wait_streams_until_every_child_reported_and_fails_on_a_failure() -> anyhow::Result<()> {
+    let notifications = vec![
+        notification(1, "A1", NotificationStatus::Completed),
+        notification(2, "OTHER", NotificationStatus::Completed),
+        notification(3, "A2", NotificationStatus::Failed),
+    ];
+    let daemon = FakeDaemon::start(Script {
+        notifications,
+        ..Default::default()
+    })?;
+    let run = forkctl(
+        &daemon.addr(),
+        Some(TOKEN),
+        &[
+            "--json",
+            "fork",
+            "S1",
+            "-d",
+            "@sim say one\nmore",
+            "-d",
+            "two",
+            "--wait",
+            "--no-gating",
+        ],
+    )?;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    let lines = json_lines(&run.stdout)?;
+    assert_eq!(
+        lines[0],
+        json!({"batch_id": "B1", "agent_ids": ["A1", "A2"]})
+    );
+    let agents: Vec<&Value> = lines[1..].iter().map(|l| &l["agent_id"]).collect();
+    assert_eq!(agents, [&json!("A1"), &json!("A2")]);
+    assert_eq!(lines[2]["status"], "failed");
+
+    let recorded = daemon.recorded()?;
+    let fork = &recorded.fork[0];
+    assert_eq!(fork.directives[0].description, "@sim say one");
+    assert_eq!(fork.directives[0].prompt, "@sim say one\nmore");
+    assert_eq!(fork.warmup_gating, Some(false));
+    let subscribe = &recorded.subscribe[0];
+    assert_eq!(
+        (
+            subscribe.since_seq,
+            subscribe.batch_id.as_str(),
+            subscribe.follow
+        ),
+        (0, "B1", true)
+    );
+    Ok(())
+}
+
+#[test]
+fn fork_wait_succeeds_and_summarises_for_people() -> anyhow::Result<()> {
+    let notifications = vec![notification(1, "A1", NotificationStatus::Completed)];
+    let daemon = FakeDaemon::start(Script {
+        notifications,
+        ..Default::default()
+    })?;
+    let run = forkctl(
+        &daemon.addr(),
+        Some(TOKEN),
+        &["fork", "S1", "-d", "one", "--wait"],
+    )?;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(lines[0], "batch B1");
+    assert_eq!(lines[1], "agent A1");
+    assert!(lines[2].starts_with("#1 A1 completed A1 done"), "{lines:?}");
+    assert!(
+        lines[3].starts_with("batch B1: 1 children, 1 completed, 0 failed"),
+        "{lines:?}"
+    );
+    assert!(run.stderr.contains("waiting for 1 children"), "{run:?}");
+    assert_eq!(daemon.recorded()?.fork[0].warmup_gating, None);
+    Ok(())
+}
+
+#[test]
+fn a_stream_that_ends_early_is_reported_as_unavailable() -> anyhow::Result<()> {
+    let notifications = vec![notification(1, "A1", NotificationStatus::Completed)];
+    let script = Script {
+        notifications,
+        close_stream: true,
+        ..Default::default()
+    };
+    let daemon = FakeDaemon::start(script)?;
+    let run = forkctl(
+        &daemon.addr(),
+        Some(TOKEN),
+        &["fork", "S1", "-d", "1", "-d", "2", "--wait"],
+    )?;
+    assert_eq!(run.code, Some(5), "{run:?}");
+    assert!(run.stderr.contains("forkctl watch --batch B1"), "{run:?}");
+    Ok(())
+}
+
+#[test]
+fn ps_pages_through_every_agent() -> anyhow::Result<()> {
+    let agent = |id: &str| Agent {
+        agent_id: id.into(),
+        session_id: "S1".into(),
+        kind: "fork".into(),
+        state: AgentState::Completed as i32,
+        ..Default::default()
+    };
+    let script = Script {
+        agents: vec![agent("A1"), agent("A2"), agent("A3")],
+        ..Default::default()
+    };
+    let daemon = FakeDaemon::start(script)?;
+    let run = forkctl(
+        &daemon.addr(),
+        Some(TOKEN),
+        &["ps", "-a", "--session", "S1", "--json"],
+    )?;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let ids: Vec<Value> = json_lines(&run.stdout)?
+        .iter()
+        .map(|l| l["agent_id"].clone())
+        .collect();
+    assert_eq!(ids, [json!("A1"), json!("A2"), json!("A3")]);
+    let recorded = daemon.recorded()?;
+    assert_eq!(recorded.list_agents.len(), 3);
+    assert!(
+        recorded
+            .list_agents
+            .iter()
+            .all(|r| r.include_ended && r.session_id == "S1")
+    );
+    Ok(())
+}
+
+#[test]
+fn watch_without_follow_ends_after_the_replay() -> anyhow::Result<()> {
+    let notifications = vec![notification(4, "A1", NotificationStatus::Killed)];
+    let daemon = FakeDaemon::start(Script {
+        notifications,
+        ..Default::default()
+    })?;
+    let run = forkctl(
+        &daemon.addr(),
+        Some(TOKEN),
+        &["watch", "--since", "3", "--no-follow", "--json"],
+    )?;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert_eq!(json_lines(&run.stdout)?[0]["status"], "killed");
+    let subscribe = &daemon.recorded()?.subscribe[0];
+    assert_eq!((subscribe.since_seq, subscribe.follow), (3, false));
+    Ok(())
+}
+
+#[test]
+fn errors_map_to_exit_codes_with_a_message_and_a_hint() -> anyhow::Result<()> {
+    let daemon = FakeDaemon::start(Script::default())?;
+    let addr = daemon.addr();
+
+    let run = forkctl(&addr, Some(TOKEN), &["session", "get", "nope"])?;
+    assert_eq!(run.code, Some(3), "{run:?}");
+    assert!(
+        run.stderr
+            .starts_with("forkctl: NOT_FOUND: session nope not found\n"),
+        "{run:?}"
+    );
+    assert!(run.stderr.contains("forkctl: hint: "), "{run:?}");
+    assert!(run.stdout.is_empty());
+
+    let run = forkctl(
+        &addr,
+        None,
+        &[
+            "calc",
+            "--prefix",
+            "1",
+            "--directive",
+            "1",
+            "--children",
+            "2",
+        ],
+    )?;
+    assert_eq!(run.code, Some(6), "{run:?}");
+    assert!(run.stderr.contains("UNAUTHENTICATED"), "{run:?}");
+    assert!(run.stderr.contains("FORKD_TOKEN"), "{run:?}");
+
+    let run = forkctl(
+        &addr,
+        Some(TOKEN),
+        &["calc", "--prefix", "1", "--directive", "1"],
+    )?;
+    assert_eq!(run.code, Some(2), "{run:?}");
+
+    let missing = format!("unix:{}", daemon.dir.path().join("absent.sock").display());
+    let run = forkctl(&missing, None, &["ps"])?;
+    assert_eq!(run.code, Some(5), "{run:?}");
+    assert!(
+        run.stderr
+            .starts_with("forkctl: cannot connect to forkd at unix:"),
+        "{run:?}"
+    );
+    assert!(run.stderr.contains("forkd serve"), "{run:?}");
+
+    let run = forkctl(
+        &addr,
+        Some(TOKEN),
+        &["session", "create", "--system-file", "/nonexistent"],
+    )?;
+    assert_eq!(run.code, Some(4), "{run:?}");
+    Ok(())
+}
+
+#[test]
+fn calc_prints_null_break_even_when_forking_never_pays() -> anyhow::Result<()> {
+    let daemon = FakeDaemon::start(Script::default())?;
+    let args = [
+        "calc",
+        "--prefix",
+        "10",
+        "--directive",
+        "10",
+        "--children",
+        "2",
+        "--json",
+    ];
+    let run = forkctl(&daemon.addr(), Some(TOKEN), &args)?;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let line = &json_lines(&run.stdout)?[0];
+    assert_eq!(line["break_even_children"], Value::Null);
+    assert_eq!(line["fork_cost_usd"], 0.25);
+    Ok(())
+}

@@ -1,0 +1,207 @@
+//! The fake daemon's `Forkd` service: canned answers, a token check, and a record of requests.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use forkd_proto::v1::forkd_server::Forkd;
+use forkd_proto::v1::*;
+use tokio_stream::{Stream, StreamExt as _};
+use tonic::{Request, Response, Status};
+
+/// The token the fake demands when one is configured.
+pub const TOKEN: &str = "t0k3n";
+
+/// What the fake received, for the tests to inspect.
+#[derive(Debug, Default)]
+pub struct Recorded {
+    pub create: Vec<CreateSessionRequest>,
+    pub fork: Vec<ForkBatchRequest>,
+    pub subscribe: Vec<SubscribeNotificationsRequest>,
+    pub list_agents: Vec<ListAgentsRequest>,
+}
+
+/// How the fake answers.
+#[derive(Debug, Default, Clone)]
+pub struct Script {
+    /// Notifications the subscription replays (the fake does not filter them).
+    pub notifications: Vec<Notification>,
+    /// End the notification stream after the replay even when the client asked to follow.
+    pub close_stream: bool,
+    /// Agents of `ListAgents`, served one per page to exercise paging.
+    pub agents: Vec<Agent>,
+}
+
+pub struct Fake {
+    pub script: Script,
+    pub recorded: Arc<Mutex<Recorded>>,
+}
+
+type NotificationStream = Pin<Box<dyn Stream<Item = Result<Notification, Status>> + Send>>;
+
+impl Fake {
+    fn record(&self, f: impl FnOnce(&mut Recorded)) -> Result<(), Status> {
+        let mut recorded = self
+            .recorded
+            .lock()
+            .map_err(|_| Status::internal("poisoned"))?;
+        f(&mut recorded);
+        Ok(())
+    }
+}
+
+fn check_token<T>(request: &Request<T>) -> Result<(), Status> {
+    let header = request
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok());
+    if header == Some(&format!("Bearer {TOKEN}")) {
+        Ok(())
+    } else {
+        Err(Status::unauthenticated("a bearer token is required"))
+    }
+}
+
+fn not_found<T>(what: &str) -> Result<Response<T>, Status> {
+    Err(Status::not_found(format!("{what} not found")))
+}
+
+#[tonic::async_trait]
+impl Forkd for Fake {
+    async fn create_session(
+        &self,
+        request: Request<CreateSessionRequest>,
+    ) -> Result<Response<CreateSessionResponse>, Status> {
+        check_token(&request)?;
+        self.record(|r| r.create.push(request.into_inner()))?;
+        let session = Session {
+            session_id: "S1".into(),
+            ..Default::default()
+        };
+        Ok(Response::new(CreateSessionResponse {
+            session: Some(session),
+        }))
+    }
+
+    async fn get_session(
+        &self,
+        request: Request<GetSessionRequest>,
+    ) -> Result<Response<GetSessionResponse>, Status> {
+        check_token(&request)?;
+        not_found(&format!("session {}", request.get_ref().session_id))
+    }
+
+    async fn list_sessions(
+        &self,
+        request: Request<ListSessionsRequest>,
+    ) -> Result<Response<ListSessionsResponse>, Status> {
+        check_token(&request)?;
+        Ok(Response::new(ListSessionsResponse::default()))
+    }
+
+    async fn fork_batch(
+        &self,
+        request: Request<ForkBatchRequest>,
+    ) -> Result<Response<ForkBatchResponse>, Status> {
+        check_token(&request)?;
+        let request = request.into_inner();
+        let agent_ids = (1..=request.directives.len())
+            .map(|i| format!("A{i}"))
+            .collect();
+        self.record(|r| r.fork.push(request))?;
+        Ok(Response::new(ForkBatchResponse {
+            batch_id: "B1".into(),
+            agent_ids,
+        }))
+    }
+
+    async fn list_agents(
+        &self,
+        request: Request<ListAgentsRequest>,
+    ) -> Result<Response<ListAgentsResponse>, Status> {
+        check_token(&request)?;
+        let request = request.into_inner();
+        // Page tokens are indexes into the list: one agent per page.
+        let index: usize = if request.page_token.is_empty() {
+            0
+        } else {
+            request
+                .page_token
+                .parse()
+                .map_err(|_| Status::invalid_argument("bad page token"))?
+        };
+        self.record(|r| r.list_agents.push(request))?;
+        let agents = self.script.agents.get(index).cloned().into_iter().collect();
+        let next = index + 1;
+        let next_page_token = if next < self.script.agents.len() {
+            next.to_string()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(ListAgentsResponse {
+            agents,
+            next_page_token,
+        }))
+    }
+
+    async fn get_agent(
+        &self,
+        request: Request<GetAgentRequest>,
+    ) -> Result<Response<GetAgentResponse>, Status> {
+        check_token(&request)?;
+        not_found("agent")
+    }
+
+    async fn get_transcript(
+        &self,
+        request: Request<GetTranscriptRequest>,
+    ) -> Result<Response<GetTranscriptResponse>, Status> {
+        check_token(&request)?;
+        not_found("agent")
+    }
+
+    type SubscribeNotificationsStream = NotificationStream;
+
+    async fn subscribe_notifications(
+        &self,
+        request: Request<SubscribeNotificationsRequest>,
+    ) -> Result<Response<NotificationStream>, Status> {
+        check_token(&request)?;
+        let request = request.into_inner();
+        let follow = request.follow && !self.script.close_stream;
+        self.record(|r| r.subscribe.push(request))?;
+        let replay = tokio_stream::iter(self.script.notifications.clone().into_iter().map(Ok));
+        let stream: NotificationStream = if follow {
+            // Following: the stream stays open, as the real daemon's would with no news.
+            Box::pin(replay.chain(tokio_stream::pending()))
+        } else {
+            Box::pin(replay)
+        };
+        Ok(Response::new(stream))
+    }
+
+    async fn get_cache_stats(
+        &self,
+        request: Request<GetCacheStatsRequest>,
+    ) -> Result<Response<GetCacheStatsResponse>, Status> {
+        check_token(&request)?;
+        Ok(Response::new(GetCacheStatsResponse::default()))
+    }
+
+    async fn estimate_fork_cost(
+        &self,
+        request: Request<EstimateForkCostRequest>,
+    ) -> Result<Response<EstimateForkCostResponse>, Status> {
+        check_token(&request)?;
+        if request.get_ref().children == 0 {
+            return Err(Status::invalid_argument("children must be at least 1"));
+        }
+        Ok(Response::new(EstimateForkCostResponse {
+            independent_cost_usd: 0.75,
+            fork_cost_usd: 0.25,
+            saving: 0.5,
+            break_even_children: 0,
+            seed_simplified_saving: 0.625,
+            model: "sim".into(),
+        }))
+    }
+}

@@ -1,0 +1,179 @@
+//! Starting and stopping a daemon on a home directory.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use forkd_engine::{Engine, EngineConfig};
+use forkd_provider::sim::{SimConfig, SimProvider};
+use forkd_server::{Listeners, ServerConfig};
+use forkd_store::{Durability, SqliteStore};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Which model provider the daemon runs its agents on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProviderKind {
+    /// The embedded simulated model (no network).
+    Sim,
+    Anthropic,
+    Openai,
+}
+
+/// Everything a daemon needs to start.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// Holds the database and the socket.
+    pub home: PathBuf,
+    /// An extra TCP listener.
+    pub listen: Option<SocketAddr>,
+    pub provider: ProviderKind,
+    /// The sim's speed factor: 0 is instant, 1 is a realistic pace.
+    pub sim_speed: f64,
+    pub durability: Durability,
+    pub engine: EngineConfig,
+    pub server: ServerConfig,
+}
+
+impl DaemonConfig {
+    pub fn new(home: PathBuf) -> Self {
+        Self {
+            home,
+            listen: None,
+            provider: ProviderKind::Sim,
+            sim_speed: 0.0,
+            durability: Durability::Normal,
+            engine: EngineConfig::default(),
+            server: ServerConfig::default(),
+        }
+    }
+
+    pub fn socket_path(&self) -> PathBuf {
+        self.home.join("forkd.sock")
+    }
+}
+
+/// A started daemon.
+pub struct RunningDaemon {
+    pub socket_path: PathBuf,
+    /// The TCP address actually bound (an ephemeral port resolved).
+    pub tcp_addr: Option<SocketAddr>,
+    pub engine: Engine,
+    shutdown: CancellationToken,
+    server: JoinHandle<Result<(), forkd_server::ServerError>>,
+}
+
+impl RunningDaemon {
+    /// The address clients use: `unix:///…/forkd.sock`.
+    pub fn addr(&self) -> String {
+        format!("unix://{}", self.socket_path.display())
+    }
+
+    /// Stops accepting, lets open calls and agent runs finish within `grace`, and returns.
+    pub async fn shutdown(self, grace: Duration) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        self.engine.shutdown(grace).await;
+        let served = tokio::time::timeout(grace, self.server).await;
+        let _ = std::fs::remove_file(&self.socket_path);
+        match served {
+            Ok(joined) => joined
+                .context("server task panicked")?
+                .context("server failed"),
+            Err(_) => {
+                tracing::warn!("Open calls did not finish within the grace period");
+                Ok(())
+            }
+        }
+    }
+}
+
+fn prepare_home(home: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(home)
+        .with_context(|| format!("cannot create FORKD_HOME {}", home.display()))?;
+    // The home holds every tenant's transcripts: only its owner may enter it.
+    std::fs::set_permissions(home, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("cannot restrict {}", home.display()))?;
+    Ok(())
+}
+
+/// Binds the socket, replacing a stale one but never a live daemon's.
+async fn bind_socket(path: &Path) -> anyhow::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    if path.exists() {
+        if tokio::net::UnixStream::connect(path).await.is_ok() {
+            bail!(
+                "another forkd is already serving on {}; stop it first or use another FORKD_HOME",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
+    }
+    let listener =
+        UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("cannot restrict {}", path.display()))?;
+    Ok(listener)
+}
+
+/// Starts a daemon: opens the store, builds the engine, binds the listeners and serves.
+pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
+    if config.provider != ProviderKind::Sim {
+        bail!(
+            "provider {:?} is not available in this build yet; use FORKD_PROVIDER=sim",
+            config.provider
+        );
+    }
+    if let Some(addr) = config.listen
+        && !addr.ip().is_loopback()
+    {
+        bail!(
+            "refusing to listen on {addr}: TCP off loopback needs bearer tokens, which this build \
+             does not support yet; listen on 127.0.0.1 or use the Unix socket"
+        );
+    }
+    prepare_home(&config.home)?;
+    let db = config.home.join("forkd.db");
+    let store = SqliteStore::open(&db, config.durability)
+        .await
+        .with_context(|| format!("cannot open the database {}", db.display()))?;
+    let provider = SimProvider::new(SimConfig {
+        speed: config.sim_speed,
+    });
+    let engine = Engine::new(Arc::new(store), Arc::new(provider), config.engine.clone());
+
+    let socket_path = config.socket_path();
+    let unix = bind_socket(&socket_path).await?;
+    let (tcp, tcp_addr) = match config.listen {
+        Some(addr) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr}"))?;
+            let bound = listener.local_addr()?;
+            (Some(listener), Some(bound))
+        }
+        None => (None, None),
+    };
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(forkd_server::serve(
+        engine.clone(),
+        Listeners {
+            unix: Some(unix),
+            tcp,
+        },
+        config.server.clone(),
+        shutdown.clone(),
+    ));
+    tracing::info!(socket = %socket_path.display(), tcp = ?tcp_addr, "forkd serving");
+    Ok(RunningDaemon {
+        socket_path,
+        tcp_addr,
+        engine,
+        shutdown,
+        server,
+    })
+}

@@ -1,0 +1,31 @@
+//! `forkd demo --json` keeps its promises: the siblings read the shared prefix from cache, and the
+//! measured cost matches the calculator's prediction.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::Value;
+
+#[tokio::test]
+async fn the_demo_reads_the_prefix_from_cache_and_matches_the_calculator() {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_forkd"))
+        .args(["demo", "--json"])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let children = report["children"].as_array().unwrap();
+    assert_eq!(children.len(), 5);
+    assert!(children.iter().all(|c| c["status"] == "completed"));
+    let prefix = report["shared_prefix_tokens"].as_u64().unwrap();
+    assert!((47_000..=50_000).contains(&prefix), "prefix {prefix}");
+    assert!(report["min_sibling_prefix_read_share"].as_f64().unwrap() >= 0.99);
+    assert!(report["prediction_error"].as_f64().unwrap().abs() < 0.01);
+    let measured = report["measured_input_cost_usd"].as_f64().unwrap();
+    let independent = report["independent_cost_usd"].as_f64().unwrap();
+    assert!(measured < independent / 2.0, "{measured} vs {independent}");
+}

@@ -1,0 +1,310 @@
+//! End-to-end: a real daemon on a temp home, driven through the real gRPC client.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use forkd_proto::v1 as pb;
+use forkd_store::RequestFilter;
+use forkd_test_support::{directives, session_request, spawn_daemon, wait_for_batch};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn usage(n: &pb::Notification) -> pb::Usage {
+    n.usage.unwrap()
+}
+
+#[tokio::test]
+async fn five_children_complete_share_the_prefix_and_replay() {
+    let daemon = spawn_daemon().await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = client
+        .create_session(session_request(daemon.home_path()))
+        .await
+        .unwrap()
+        .into_inner()
+        .session
+        .unwrap();
+    let prompts = ["audit a", "audit b", "audit c", "audit d", "audit e"];
+    let batch = client
+        .fork_batch(pb::ForkBatchRequest {
+            session_id: session.session_id.clone(),
+            directives: directives(&prompts),
+            warmup_gating: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(batch.agent_ids.len(), 5);
+
+    let live = wait_for_batch(&mut client, &batch.batch_id, 5, DEADLINE)
+        .await
+        .unwrap();
+    for n in &live {
+        assert_eq!(n.status, pb::NotificationStatus::Completed as i32, "{n:?}");
+        let report = n.report.as_ref().unwrap();
+        assert!(report.result.starts_with("Done: audit"), "{report:?}");
+        assert!(!report.scope.is_empty());
+    }
+
+    // A replay from seq 0 without following returns exactly those notifications.
+    let mut replay = client
+        .subscribe_notifications(pb::SubscribeNotificationsRequest {
+            session_id: session.session_id.clone(),
+            follow: false,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut replayed = Vec::new();
+    while let Some(n) = replay.message().await.unwrap() {
+        replayed.push(n);
+    }
+    let mut live_sorted = live.clone();
+    live_sorted.sort_by_key(|n| n.seq);
+    assert_eq!(replayed, live_sorted);
+    assert!(replayed.windows(2).all(|w| w[0].seq < w[1].seq));
+
+    // Stats agree with the notifications, and the siblings read the whole shared prefix.
+    let stats = client
+        .get_cache_stats(pb::GetCacheStatsRequest {
+            scope: Some(pb::get_cache_stats_request::Scope::BatchId(
+                batch.batch_id.clone(),
+            )),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let su = stats.usage.unwrap();
+    let sum = |f: fn(&pb::Usage) -> u64| live.iter().map(|n| f(&usage(n))).sum::<u64>();
+    assert_eq!(su.input_tokens, sum(|u| u.input_tokens));
+    assert_eq!(
+        su.cache_creation_input_tokens,
+        sum(|u| u.cache_creation_input_tokens)
+    );
+    assert_eq!(
+        su.cache_read_input_tokens,
+        sum(|u| u.cache_read_input_tokens)
+    );
+    assert_eq!(su.output_tokens, sum(|u| u.output_tokens));
+    let cost: f64 = live.iter().map(|n| n.cost_usd).sum();
+    assert!((stats.cost_usd - cost).abs() < 1e-9);
+    assert_eq!(stats.children, 5);
+    assert!(stats.shared_prefix_tokens > 1024);
+    let first = batch.agent_ids[0].clone();
+    for n in &live {
+        let u = usage(n);
+        if n.agent_id == first {
+            assert_eq!(
+                u.cache_read_input_tokens, 0,
+                "the first child writes the prefix"
+            );
+        } else {
+            assert_eq!(
+                u.cache_read_input_tokens, stats.shared_prefix_tokens,
+                "{n:?}"
+            );
+        }
+    }
+    assert!(stats.saving > 0.5, "saving {}", stats.saving);
+
+    // Every sibling's request carried byte-identical bytes up to its directive.
+    let engine = &daemon.daemon().unwrap().engine;
+    let requests = engine
+        .store()
+        .list_requests(&RequestFilter {
+            batch_id: Some(batch.batch_id.parse().unwrap()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(requests.len(), 5);
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.prefix_fingerprint == requests[0].prefix_fingerprint)
+    );
+
+    // The parent's transcript: first message, the fork message, async_launched results, and one
+    // <task-notification> per child.
+    let session = client
+        .get_session(pb::GetSessionRequest {
+            session_id: session.session_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session
+        .unwrap();
+    assert_eq!(session.message_count, 1 + 2 + 5);
+}
+
+#[tokio::test]
+async fn the_socket_is_private_and_health_and_reflection_answer() {
+    let daemon = spawn_daemon().await.unwrap();
+    let mode = std::fs::metadata(daemon.socket_path())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let channel = tonic::transport::Endpoint::from_shared(daemon.addr())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let status = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "forkd.v1.Forkd".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(
+        status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+}
+
+#[tokio::test]
+async fn a_child_that_tries_to_fork_is_refused_and_carries_on() {
+    let daemon = spawn_daemon().await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = client
+        .create_session(session_request(daemon.home_path()))
+        .await
+        .unwrap()
+        .into_inner()
+        .session
+        .unwrap();
+    let script = "Split this further.\n@sim agent {\"description\":\"x\",\"prompt\":\"grandchild\"}\n@sim say did it myself";
+    let batch = client
+        .fork_batch(pb::ForkBatchRequest {
+            session_id: session.session_id,
+            directives: directives(&[script]),
+            warmup_gating: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let done = wait_for_batch(&mut client, &batch.batch_id, 1, DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(done[0].status, pb::NotificationStatus::Completed as i32);
+    assert_eq!(done[0].report.as_ref().unwrap().result, "did it myself");
+    let transcript = client
+        .get_transcript(pb::GetTranscriptRequest {
+            agent_id: batch.agent_ids[0].clone(),
+            include_shared_prefix: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let refusal = transcript
+        .messages
+        .iter()
+        .find(|m| m.role == "user" && m.content_json.contains("cannot fork"))
+        .expect("the refusal is in the transcript");
+    assert!(refusal.content_json.contains(r#""is_error":true"#));
+    // No grandchild was created.
+    let agents = client
+        .list_agents(pb::ListAgentsRequest {
+            include_ended: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .agents;
+    assert_eq!(agents.len(), 1);
+}
+
+#[tokio::test]
+async fn provider_failures_retry_or_fail_the_child_clearly() {
+    let daemon = spawn_daemon().await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = client
+        .create_session(session_request(daemon.home_path()))
+        .await
+        .unwrap()
+        .into_inner()
+        .session
+        .unwrap();
+    let batch = client
+        .fork_batch(pb::ForkBatchRequest {
+            session_id: session.session_id,
+            directives: directives(&["@sim fail 529 x2\n@sim say recovered", "@sim fail 400"]),
+            warmup_gating: Some(false),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let done = wait_for_batch(&mut client, &batch.batch_id, 2, DEADLINE)
+        .await
+        .unwrap();
+    let by_agent = |id: &str| done.iter().find(|n| n.agent_id == id).unwrap();
+    let ok = by_agent(&batch.agent_ids[0]);
+    assert_eq!(ok.status, pb::NotificationStatus::Completed as i32);
+    assert_eq!(ok.report.as_ref().unwrap().result, "recovered");
+    let failed = by_agent(&batch.agent_ids[1]);
+    assert_eq!(failed.status, pb::NotificationStatus::Failed as i32);
+    assert!(failed.summary.contains("400"), "{failed:?}");
+    let agent = client
+        .get_agent(pb::GetAgentRequest {
+            agent_id: batch.agent_ids[1].clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap();
+    assert_eq!(agent.state, pb::AgentState::Failed as i32);
+    assert!(agent.error.contains("400"));
+}
+
+/// Forks three children on a sim with realistic latency, with or without warm-up gating, and
+/// returns the cache-read tokens of each child in directive order.
+async fn cache_reads(gating: bool) -> Vec<u64> {
+    let daemon = forkd_test_support::spawn_daemon_with(|c| c.sim_speed = 1.0)
+        .await
+        .unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = client
+        .create_session(session_request(daemon.home_path()))
+        .await
+        .unwrap()
+        .into_inner()
+        .session
+        .unwrap();
+    let batch = client
+        .fork_batch(pb::ForkBatchRequest {
+            session_id: session.session_id,
+            directives: directives(&["one", "two", "three"]),
+            warmup_gating: Some(gating),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let done = wait_for_batch(&mut client, &batch.batch_id, 3, DEADLINE)
+        .await
+        .unwrap();
+    batch
+        .agent_ids
+        .iter()
+        .map(|id| usage(done.iter().find(|n| &n.agent_id == id).unwrap()).cache_read_input_tokens)
+        .collect()
+}
+
+#[tokio::test]
+async fn warmup_gating_lets_siblings_read_what_the_first_child_wrote() {
+    let gated = cache_reads(true).await;
+    assert_eq!(gated[0], 0);
+    assert!(gated[1] > 1024 && gated[1] == gated[2], "{gated:?}");
+
+    // Sent in the same instant, every child misses: nothing is readable before a response starts.
+    let ungated = cache_reads(false).await;
+    assert_eq!(ungated, vec![0, 0, 0]);
+}

@@ -1,0 +1,117 @@
+//! Model providers behind one streaming interface, and the embedded simulated model.
+//!
+//! A provider takes a serialized Messages API request body (the exact bytes forkd built) and
+//! returns a stream of events shaped like the Messages API's SSE stream. The engine never looks
+//! inside a provider; the sim never looks inside the engine.
+
+pub mod accumulate;
+pub mod sim;
+pub mod tokens;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use forkd_core::Usage;
+use futures::stream::BoxStream;
+
+pub use accumulate::{Accumulator, Completion};
+
+/// One model request: the body bytes exactly as forkd serialized them.
+#[derive(Debug, Clone)]
+pub struct ModelRequest {
+    pub model: String,
+    /// The JSON body. Shared, because a large prefix is big and the body is not changed again.
+    pub body: Arc<str>,
+}
+
+/// The kind of a content block that starts streaming.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BlockStart {
+    Text,
+    Thinking,
+    ToolUse { id: String, name: String },
+}
+
+/// One event of a streamed response, as in the Messages API's SSE stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamEvent {
+    /// The response has started. Carries the input side of usage (output_tokens is 0 here).
+    MessageStart {
+        message_id: String,
+        usage: Usage,
+    },
+    BlockStart {
+        index: usize,
+        block: BlockStart,
+    },
+    TextDelta {
+        index: usize,
+        text: String,
+    },
+    ThinkingDelta {
+        index: usize,
+        thinking: String,
+    },
+    SignatureDelta {
+        index: usize,
+        signature: String,
+    },
+    InputJsonDelta {
+        index: usize,
+        partial_json: String,
+    },
+    BlockStop {
+        index: usize,
+    },
+    /// The final stop reason and output tokens.
+    MessageDelta {
+        stop_reason: Option<String>,
+        output_tokens: u64,
+    },
+    MessageStop,
+}
+
+/// What went wrong with a request.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ProviderError {
+    /// The provider answered with an error status.
+    #[error("provider returned {status}: {message}")]
+    Status {
+        status: u16,
+        message: String,
+        retry_after: Option<Duration>,
+    },
+    /// The stream broke off or could not be read.
+    #[error("stream failed: {0}")]
+    Stream(String),
+    /// The request was refused before it was sent (malformed body, unknown model).
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+}
+
+impl ProviderError {
+    /// Whether sending the same request again may succeed (429, 529, 5xx, dropped streams).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ProviderError::Status { status, .. } => {
+                *status == 429 || *status == 529 || (500..600).contains(status)
+            }
+            ProviderError::Stream(_) => true,
+            ProviderError::InvalidRequest(_) => false,
+        }
+    }
+}
+
+/// A stream of response events.
+pub type EventStream = BoxStream<'static, Result<StreamEvent, ProviderError>>;
+
+/// A model provider.
+pub trait Provider: Send + Sync + 'static {
+    /// A short name for logs and metrics (`sim`, `anthropic`, …).
+    fn name(&self) -> &'static str;
+
+    /// Sends one request; the stream yields its events, or one error.
+    fn stream(&self, request: ModelRequest) -> EventStream;
+}
+
+pub use sim::{SimConfig, SimProvider};

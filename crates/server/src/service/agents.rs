@@ -1,0 +1,117 @@
+//! Fork batch and agent RPCs.
+
+use forkd_core::{AgentId, BatchId, Directive};
+use forkd_proto::v1 as pb;
+use forkd_store::AgentFilter;
+use tonic::Status;
+
+use super::sessions::parse_session_id;
+use super::{ForkdService, page_size};
+use crate::convert;
+use crate::status::{bad_id, to_status};
+
+pub(crate) fn parse_agent_id(s: &str) -> Result<AgentId, Status> {
+    if s.is_empty() {
+        return Err(Status::invalid_argument("agent_id is required"));
+    }
+    s.parse().map_err(|e| bad_id("agent_id", e))
+}
+
+pub(crate) fn parse_batch_id(s: &str) -> Result<BatchId, Status> {
+    if s.is_empty() {
+        return Err(Status::invalid_argument("batch_id is required"));
+    }
+    s.parse().map_err(|e| bad_id("batch_id", e))
+}
+
+impl ForkdService {
+    pub(super) async fn fork_batch_rpc(
+        &self,
+        req: pb::ForkBatchRequest,
+    ) -> Result<pb::ForkBatchResponse, Status> {
+        let session_id = parse_session_id(&req.session_id)?;
+        let directives = req
+            .directives
+            .into_iter()
+            .map(|d| Directive {
+                description: d.description,
+                prompt: d.prompt,
+            })
+            .collect();
+        let batch = self
+            .engine
+            .fork_batch(session_id, directives, req.warmup_gating)
+            .await
+            .map_err(to_status)?;
+        Ok(pb::ForkBatchResponse {
+            batch_id: batch.batch_id.to_string(),
+            agent_ids: batch.agent_ids.iter().map(ToString::to_string).collect(),
+        })
+    }
+
+    pub(super) async fn list_agents_rpc(
+        &self,
+        req: pb::ListAgentsRequest,
+    ) -> Result<pb::ListAgentsResponse, Status> {
+        let limit = page_size(req.page_size);
+        let filter = AgentFilter {
+            session_id: match req.session_id.as_str() {
+                "" => None,
+                s => Some(parse_session_id(s)?),
+            },
+            batch_id: match req.batch_id.as_str() {
+                "" => None,
+                b => Some(parse_batch_id(b)?),
+            },
+            include_ended: req.include_ended,
+            after: match req.page_token.as_str() {
+                "" => None,
+                t => Some(t.parse().map_err(|e| bad_id("page_token", e))?),
+            },
+            limit,
+        };
+        let agents = self.engine.list_agents(&filter).await.map_err(to_status)?;
+        let next_page_token = match agents.last() {
+            Some(last) if agents.len() as u32 == limit => last.id.to_string(),
+            _ => String::new(),
+        };
+        Ok(pb::ListAgentsResponse {
+            agents: agents.iter().map(convert::agent).collect(),
+            next_page_token,
+        })
+    }
+
+    pub(super) async fn get_agent_rpc(
+        &self,
+        req: pb::GetAgentRequest,
+    ) -> Result<pb::GetAgentResponse, Status> {
+        let id = parse_agent_id(&req.agent_id)?;
+        let agent = self.engine.get_agent(id).await.map_err(to_status)?;
+        Ok(pb::GetAgentResponse {
+            agent: Some(convert::agent(&agent)),
+        })
+    }
+
+    pub(super) async fn get_transcript_rpc(
+        &self,
+        req: pb::GetTranscriptRequest,
+    ) -> Result<pb::GetTranscriptResponse, Status> {
+        let id = parse_agent_id(&req.agent_id)?;
+        let entries = self
+            .engine
+            .transcript(id, req.include_shared_prefix)
+            .await
+            .map_err(to_status)?;
+        Ok(pb::GetTranscriptResponse {
+            agent_id: id.to_string(),
+            messages: entries
+                .into_iter()
+                .map(|e| pb::TranscriptMessage {
+                    role: e.message.role.as_str().to_owned(),
+                    content_json: e.message.content_json(),
+                    shared: e.shared,
+                })
+                .collect(),
+        })
+    }
+}

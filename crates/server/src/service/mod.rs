@@ -1,0 +1,122 @@
+//! The `forkd.v1.Forkd` service. Each RPC parses its request, calls the engine and converts the
+//! answer; the handlers live in one file per resource.
+
+mod agents;
+mod cache;
+mod notifications;
+mod sessions;
+
+use forkd_engine::Engine;
+use forkd_proto::v1 as pb;
+use forkd_proto::v1::forkd_server::Forkd;
+use tonic::{Request, Response, Status};
+
+/// The service: a handle on the engine.
+#[derive(Clone)]
+pub struct ForkdService {
+    engine: Engine,
+}
+
+impl ForkdService {
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+}
+
+type Reply<T> = Result<Response<T>, Status>;
+
+/// Page sizes: the default when a client asks for none, and the most one page holds.
+pub(crate) const DEFAULT_PAGE: u32 = 100;
+pub(crate) const MAX_PAGE: u32 = 1000;
+
+pub(crate) fn page_size(asked: u32) -> u32 {
+    match asked {
+        0 => DEFAULT_PAGE,
+        n => n.min(MAX_PAGE),
+    }
+}
+
+#[tonic::async_trait]
+impl Forkd for ForkdService {
+    async fn create_session(
+        &self,
+        req: Request<pb::CreateSessionRequest>,
+    ) -> Reply<pb::CreateSessionResponse> {
+        self.create_session_rpc(req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn get_session(
+        &self,
+        req: Request<pb::GetSessionRequest>,
+    ) -> Reply<pb::GetSessionResponse> {
+        self.get_session_rpc(req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn list_sessions(
+        &self,
+        req: Request<pb::ListSessionsRequest>,
+    ) -> Reply<pb::ListSessionsResponse> {
+        self.list_sessions_rpc(req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn fork_batch(&self, req: Request<pb::ForkBatchRequest>) -> Reply<pb::ForkBatchResponse> {
+        self.fork_batch_rpc(req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn list_agents(
+        &self,
+        req: Request<pb::ListAgentsRequest>,
+    ) -> Reply<pb::ListAgentsResponse> {
+        self.list_agents_rpc(req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn get_agent(&self, req: Request<pb::GetAgentRequest>) -> Reply<pb::GetAgentResponse> {
+        self.get_agent_rpc(req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn get_transcript(
+        &self,
+        req: Request<pb::GetTranscriptRequest>,
+    ) -> Reply<pb::GetTranscriptResponse> {
+        self.get_transcript_rpc(req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    type SubscribeNotificationsStream = notifications::NotificationStream;
+
+    async fn subscribe_notifications(
+        &self,
+        req: Request<pb::SubscribeNotificationsRequest>,
+    ) -> Reply<Self::SubscribeNotificationsStream> {
+        self.subscribe_rpc(req.into_inner()).map(Response::new)
+    }
+
+    async fn get_cache_stats(
+        &self,
+        req: Request<pb::GetCacheStatsRequest>,
+    ) -> Reply<pb::GetCacheStatsResponse> {
+        self.cache_stats_rpc(req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn estimate_fork_cost(
+        &self,
+        req: Request<pb::EstimateForkCostRequest>,
+    ) -> Reply<pb::EstimateForkCostResponse> {
+        self.estimate_rpc(req.into_inner()).map(Response::new)
+    }
+}

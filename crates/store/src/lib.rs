@@ -1,0 +1,194 @@
+//! forkd's durable state behind one narrow interface, [`Store`], with a SQLite implementation.
+//!
+//! Only this crate speaks SQL. Rows are private structs converted into domain types; the rest of
+//! forkd sees sessions, batches, agents, messages, requests and notifications. The shared prefix of
+//! a batch is stored once (the parent's transcript plus one batch row); each child stores only its
+//! directive block and its own later messages.
+
+mod sqlite;
+
+use async_trait::async_trait;
+use forkd_core::fork::ForkBatch;
+use forkd_core::report::Report;
+use forkd_core::session::Session;
+use forkd_core::{
+    Agent, AgentId, AgentState, BatchId, Block, Message, Notification, NotificationStatus,
+    RequestId, SessionId, Usage,
+};
+
+pub use sqlite::{Durability, SqliteStore};
+
+/// A store operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{kind} {id} not found")]
+    NotFound { kind: &'static str, id: String },
+    /// The write conflicts with what is stored (a transcript that moved on, an agent that ended).
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// Stored bytes that no longer decode: a bug or a damaged database.
+    #[error("corrupt row: {0}")]
+    Corrupt(String),
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// A message of a transcript with its position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredMessage {
+    /// 0-based position in its transcript.
+    pub seq: u64,
+    pub message: Message,
+    pub created_at_ms: i64,
+}
+
+/// A fork child to insert with its batch.
+#[derive(Debug, Clone)]
+pub struct NewChild {
+    pub agent: Agent,
+    /// The child's own directive block: the only bytes of its first request that differ from
+    /// its siblings'.
+    pub directive_block: Block,
+}
+
+/// Which agents to list. Ordered by id (creation order); `after` is the pagination cursor.
+#[derive(Debug, Clone, Default)]
+pub struct AgentFilter {
+    pub session_id: Option<SessionId>,
+    pub batch_id: Option<BatchId>,
+    /// When false, only pending and running agents.
+    pub include_ended: bool,
+    pub after: Option<AgentId>,
+    /// 0 means no limit.
+    pub limit: u32,
+}
+
+/// Which notifications to read.
+#[derive(Debug, Clone, Default)]
+pub struct NotificationFilter {
+    pub session_id: Option<SessionId>,
+    pub batch_id: Option<BatchId>,
+    pub agent_id: Option<AgentId>,
+}
+
+impl NotificationFilter {
+    /// Whether a notification passes the filter (for live events, which skip the database).
+    pub fn matches(&self, n: &Notification) -> bool {
+        self.session_id.is_none_or(|s| s == n.session_id)
+            && self.batch_id.is_none_or(|b| Some(b) == n.batch_id)
+            && self.agent_id.is_none_or(|a| a == n.agent_id)
+    }
+}
+
+/// A notification to store; the store assigns its `seq`.
+#[derive(Debug, Clone)]
+pub struct NewNotification {
+    pub session_id: SessionId,
+    pub batch_id: Option<BatchId>,
+    pub agent_id: AgentId,
+    pub status: NotificationStatus,
+    pub summary: String,
+    pub report: Report,
+    pub usage: Usage,
+    pub cost_usd: f64,
+    pub created_at_ms: i64,
+}
+
+/// One model request, recorded when its response ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestRecord {
+    pub id: RequestId,
+    pub agent_id: AgentId,
+    pub session_id: SessionId,
+    pub batch_id: Option<BatchId>,
+    /// The agent's turn this request served (0-based).
+    pub turn: u32,
+    pub model: String,
+    pub usage: Usage,
+    pub cost_usd: f64,
+    /// Fingerprint of the body up to the child's own first block (its directive): siblings must
+    /// agree on it.
+    pub prefix_fingerprint: String,
+    pub body_bytes: u64,
+    pub stop_reason: Option<String>,
+    pub created_at_ms: i64,
+}
+
+/// Which requests to list; at least one field should be set.
+#[derive(Debug, Clone, Default)]
+pub struct RequestFilter {
+    pub session_id: Option<SessionId>,
+    pub batch_id: Option<BatchId>,
+    pub agent_id: Option<AgentId>,
+}
+
+/// forkd's durable state. Every method is one transaction; a write is durable when it returns.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Stores a new session and its first messages (seq 0..).
+    async fn create_session(&self, session: &Session, first_messages: &[Message]) -> Result<()>;
+    async fn get_session(&self, id: SessionId) -> Result<Option<Session>>;
+    /// Sessions in creation order after the cursor; `limit` 0 means no limit.
+    async fn list_sessions(&self, after: Option<SessionId>, limit: u32) -> Result<Vec<Session>>;
+    /// The number of messages in a session's transcript.
+    async fn session_message_count(&self, id: SessionId) -> Result<u64>;
+    /// A session's transcript in order, only messages with `seq < before` when given.
+    async fn session_messages(
+        &self,
+        id: SessionId,
+        before: Option<u64>,
+    ) -> Result<Vec<StoredMessage>>;
+
+    /// In one transaction: appends the batch's assistant message (at seq `batch.fork_point`, which
+    /// must be the transcript's current length, else `Conflict`) and `parent_results` to the
+    /// session's transcript, and inserts the batch and its children as `pending` agents.
+    async fn create_fork_batch(
+        &self,
+        batch: &ForkBatch,
+        parent_results: &Message,
+        children: &[NewChild],
+    ) -> Result<()>;
+    async fn get_batch(&self, id: BatchId) -> Result<Option<ForkBatch>>;
+
+    async fn get_agent(&self, id: AgentId) -> Result<Option<Agent>>;
+    async fn list_agents(&self, filter: &AgentFilter) -> Result<Vec<Agent>>;
+    /// A fork child's directive block.
+    async fn agent_directive_block(&self, id: AgentId) -> Result<Option<Block>>;
+    /// Moves a non-terminal agent to `state` (`Conflict` if it already ended).
+    async fn set_agent_state(
+        &self,
+        id: AgentId,
+        state: AgentState,
+        error: Option<&str>,
+    ) -> Result<()>;
+    /// Appends one message to an agent's own transcript; returns its seq.
+    async fn append_agent_message(&self, id: AgentId, message: &Message) -> Result<u64>;
+    /// An agent's own transcript (for a fork child: the messages after its first user message).
+    async fn agent_messages(&self, id: AgentId) -> Result<Vec<StoredMessage>>;
+
+    /// Stores a request's record and adds its usage and cost to its agent's totals.
+    async fn record_request(&self, record: &RequestRecord) -> Result<()>;
+    async fn list_requests(&self, filter: &RequestFilter) -> Result<Vec<RequestRecord>>;
+
+    /// In one transaction: ends the agent (`Conflict` if it already ended), stores the
+    /// notification with the next sequence number, and appends its `<task-notification>` text to
+    /// the parent session's transcript as a user message.
+    async fn finish_agent(
+        &self,
+        notification: &NewNotification,
+        error: Option<&str>,
+    ) -> Result<Notification>;
+    /// Stored notifications with `seq > since_seq`, in seq order; `limit` 0 means no limit.
+    async fn notifications(
+        &self,
+        since_seq: u64,
+        filter: &NotificationFilter,
+        limit: u32,
+    ) -> Result<Vec<Notification>>;
+    /// The highest notification seq stored (0 when none).
+    async fn last_notification_seq(&self) -> Result<u64>;
+}

@@ -1,0 +1,303 @@
+//! The SQLite implementation of [`Store`]: WAL, one writer connection, a small reader pool.
+//!
+//! SQLite in WAL mode has exactly one writer at a time, and a deferred transaction that reads and
+//! then writes fails at once with `SQLITE_BUSY_SNAPSHOT` (the busy timeout does not apply) when
+//! another write landed in between. So every write goes through a pool of one connection and
+//! opens its transaction with `BEGIN IMMEDIATE`: writers in this process queue on the pool, and
+//! writers in another process (a second daemon on the same file, a CLI) wait on the busy timeout.
+//! Reads use their own pool and never block on the writer (WAL readers see the last commit).
+
+mod agents;
+mod batches;
+mod convert;
+mod notifications;
+mod requests;
+mod sessions;
+
+use std::path::Path;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use forkd_core::fork::ForkBatch;
+use forkd_core::session::Session;
+use forkd_core::{Agent, AgentId, AgentState, BatchId, Block, Message, Notification, SessionId};
+use sqlx::migrate::Migrator;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{Sqlite, Transaction};
+
+use crate::{
+    AgentFilter, NewChild, NewNotification, NotificationFilter, RequestFilter, RequestRecord,
+    Result, Store, StoreError, StoredMessage,
+};
+
+/// The schema, embedded at build time from the workspace's `migrations/` and applied at open.
+static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
+
+/// How long a statement waits for another process's lock before failing with `SQLITE_BUSY`.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a write waits for its turn on the single writer connection. Write transactions are
+/// short (a handful of rows), so a long queue means the process is overloaded, not just busy.
+const WRITE_QUEUE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Reader connections: enough for concurrent RPCs, few enough to keep file handles modest.
+const READERS: u32 = 4;
+
+/// When a committed write reaches the disk.
+///
+/// Either way a write is committed (and visible to every reader) before the store method returns,
+/// and the database is never corrupted. The choice is only what a *power loss* (or an OS crash)
+/// may take back:
+///
+/// - [`Durability::Normal`] (the default) runs WAL with `synchronous=NORMAL`: a commit is written
+///   to the WAL but only synced to disk at checkpoints. It survives the daemon crashing or being
+///   killed (`kill -9`), because the OS still holds the written pages; a power loss may roll back
+///   the last few commits. forkd's writes are cheap to redo (an agent resumes from its stored
+///   transcript and re-requests what was lost, which the prompt cache serves), so the default
+///   trades that window for not paying an `fsync` per message.
+/// - [`Durability::Full`] runs `synchronous=FULL`: every commit syncs the WAL before returning,
+///   so an acknowledged write survives a power loss too, at one `fsync` per transaction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Durability {
+    #[default]
+    Normal,
+    Full,
+}
+
+impl Durability {
+    fn synchronous(self) -> SqliteSynchronous {
+        match self {
+            Durability::Normal => SqliteSynchronous::Normal,
+            Durability::Full => SqliteSynchronous::Full,
+        }
+    }
+}
+
+/// forkd's store on a SQLite database file. Cheap to clone: clones share the pools.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    /// Exactly one connection: the only writer, so write transactions never race each other.
+    writer: SqlitePool,
+    /// Connections that only read (`query_only`), so a bug cannot write around the writer.
+    reader: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database at `path` and brings its schema up to date.
+    pub async fn open(path: &Path, durability: Durability) -> Result<Self> {
+        let base = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .foreign_keys(true)
+            .busy_timeout(BUSY_TIMEOUT)
+            .synchronous(durability.synchronous());
+        // WAL is a property of the file; switching into it needs an exclusive lock that does not
+        // wait on the busy timeout, so only the writer asks for it, once, before any reader opens.
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            // Keeping the one connection open keeps the WAL and its index in place between writes.
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .acquire_timeout(WRITE_QUEUE_TIMEOUT)
+            .connect_with(base.clone().journal_mode(SqliteJournalMode::Wal))
+            .await?;
+        MIGRATOR.run(&writer).await?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(READERS)
+            .connect_with(base.pragma("query_only", "ON"))
+            .await?;
+        Ok(Self { writer, reader })
+    }
+
+    /// A private database in memory, for tests: one connection serves reads and writes, and the
+    /// database lives as long as the store.
+    pub async fn open_in_memory() -> Result<Self> {
+        let options = SqliteConnectOptions::new()
+            .in_memory(true)
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(1)
+            // Closing the only connection would drop the database.
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .acquire_timeout(WRITE_QUEUE_TIMEOUT)
+            .connect_with(options)
+            .await?;
+        MIGRATOR.run(&pool).await?;
+        Ok(Self {
+            writer: pool.clone(),
+            reader: pool,
+        })
+    }
+
+    /// Closes every connection, waiting for them; the writer goes last so that its close
+    /// checkpoints the WAL into the main file.
+    pub async fn close(&self) {
+        self.reader.close().await;
+        self.writer.close().await;
+    }
+
+    /// Checks the database file and its foreign keys; `Corrupt` lists what is wrong.
+    pub async fn integrity_check(&self) -> Result<()> {
+        let mut problems: Vec<String> = sqlx::query_scalar("PRAGMA integrity_check")
+            .fetch_all(&self.reader)
+            .await?;
+        problems.retain(|p| p != "ok");
+        let fk: Vec<(String, Option<i64>, String)> =
+            sqlx::query_as("SELECT \"table\", rowid, parent FROM pragma_foreign_key_check")
+                .fetch_all(&self.reader)
+                .await?;
+        problems.extend(fk.into_iter().map(|(table, rowid, parent)| {
+            format!("{table} row {rowid:?} references a missing {parent} row")
+        }));
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(StoreError::Corrupt(problems.join("; ")))
+        }
+    }
+
+    /// Stores an agent that is not a fork child (a session's main loop, a typed sub-agent), with
+    /// its directive block if it has one. `NotFound` if its session is missing.
+    ///
+    /// Not part of [`Store`] yet: fork children are inserted by [`Store::create_fork_batch`].
+    pub async fn insert_agent(&self, agent: &Agent, directive_block: Option<&Block>) -> Result<()> {
+        let mut tx = self.begin_write().await?;
+        let session_id = agent.session_id.to_string();
+        if !sessions::exists(&mut tx, &session_id).await? {
+            return Err(StoreError::NotFound {
+                kind: "session",
+                id: session_id,
+            });
+        }
+        agents::insert(&mut tx, agent, directive_block).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// A write transaction that holds the write lock from its first statement (see the module
+    /// docs). Dropping it without `commit` rolls it back.
+    async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>> {
+        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn create_session(&self, session: &Session, first_messages: &[Message]) -> Result<()> {
+        let mut tx = self.begin_write().await?;
+        sessions::create(&mut tx, session, first_messages).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn get_session(&self, id: SessionId) -> Result<Option<Session>> {
+        sessions::get(&self.reader, id).await
+    }
+
+    async fn list_sessions(&self, after: Option<SessionId>, limit: u32) -> Result<Vec<Session>> {
+        sessions::list(&self.reader, after, limit).await
+    }
+
+    async fn session_message_count(&self, id: SessionId) -> Result<u64> {
+        sessions::message_count(&self.reader, id).await
+    }
+
+    async fn session_messages(
+        &self,
+        id: SessionId,
+        before: Option<u64>,
+    ) -> Result<Vec<StoredMessage>> {
+        sessions::messages(&self.reader, id, before).await
+    }
+
+    async fn create_fork_batch(
+        &self,
+        batch: &ForkBatch,
+        parent_results: &Message,
+        children: &[NewChild],
+    ) -> Result<()> {
+        let mut tx = self.begin_write().await?;
+        batches::create(&mut tx, batch, parent_results, children).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn get_batch(&self, id: BatchId) -> Result<Option<ForkBatch>> {
+        batches::get(&self.reader, id).await
+    }
+
+    async fn get_agent(&self, id: AgentId) -> Result<Option<Agent>> {
+        agents::get(&self.reader, id).await
+    }
+
+    async fn list_agents(&self, filter: &AgentFilter) -> Result<Vec<Agent>> {
+        agents::list(&self.reader, filter).await
+    }
+
+    async fn agent_directive_block(&self, id: AgentId) -> Result<Option<Block>> {
+        agents::directive_block(&self.reader, id).await
+    }
+
+    async fn set_agent_state(
+        &self,
+        id: AgentId,
+        state: AgentState,
+        error: Option<&str>,
+    ) -> Result<()> {
+        let mut tx = self.begin_write().await?;
+        agents::set_state(&mut tx, id, state, error).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn append_agent_message(&self, id: AgentId, message: &Message) -> Result<u64> {
+        let mut tx = self.begin_write().await?;
+        let seq = agents::append_message(&mut tx, id, message).await?;
+        tx.commit().await?;
+        Ok(seq)
+    }
+
+    async fn agent_messages(&self, id: AgentId) -> Result<Vec<StoredMessage>> {
+        agents::messages(&self.reader, id).await
+    }
+
+    async fn record_request(&self, record: &RequestRecord) -> Result<()> {
+        let mut tx = self.begin_write().await?;
+        requests::record(&mut tx, record).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn list_requests(&self, filter: &RequestFilter) -> Result<Vec<RequestRecord>> {
+        requests::list(&self.reader, filter).await
+    }
+
+    async fn finish_agent(
+        &self,
+        notification: &NewNotification,
+        error: Option<&str>,
+    ) -> Result<Notification> {
+        let mut tx = self.begin_write().await?;
+        let stored = notifications::finish_agent(&mut tx, notification, error).await?;
+        tx.commit().await?;
+        Ok(stored)
+    }
+
+    async fn notifications(
+        &self,
+        since_seq: u64,
+        filter: &NotificationFilter,
+        limit: u32,
+    ) -> Result<Vec<Notification>> {
+        notifications::list(&self.reader, since_seq, filter, limit).await
+    }
+
+    async fn last_notification_seq(&self) -> Result<u64> {
+        notifications::last_seq(&self.reader).await
+    }
+}

@@ -1,0 +1,124 @@
+//! Fork batches: the shared assistant message, the children's shared user blocks, the children.
+
+use forkd_core::fork::ForkBatch;
+use forkd_core::{BatchId, Message, Role};
+use sqlx::{SqliteConnection, SqlitePool};
+
+use super::convert::{
+    blocks_from_array, conflict_if_duplicate, content_array, corrupt, from_i64,
+    insert_session_message, parse_id, session_len, to_i64,
+};
+use super::{agents, sessions};
+use crate::{NewChild, Result, StoreError};
+
+#[derive(sqlx::FromRow)]
+struct BatchRow {
+    id: String,
+    session_id: String,
+    fork_point: i64,
+    assistant_json: String,
+    shared_user_blocks_json: String,
+    created_at_ms: i64,
+}
+
+impl TryFrom<BatchRow> for ForkBatch {
+    type Error = StoreError;
+
+    /// Rebuilt field by field from the stored bytes, never through [`ForkBatch::new`]: the shared
+    /// blocks are what the children were sent, not what today's code would build.
+    fn try_from(row: BatchRow) -> Result<Self> {
+        Ok(ForkBatch {
+            id: parse_id(&row.id, "batch id")?,
+            session_id: parse_id(&row.session_id, "batch session id")?,
+            fork_point: from_i64(row.fork_point, "fork_point")?,
+            assistant: Message::from_stored(Role::Assistant, &row.assistant_json)
+                .map_err(|e| corrupt("batch assistant message", e))?,
+            shared_user_blocks: blocks_from_array(
+                &row.shared_user_blocks_json,
+                "batch shared user blocks",
+            )?,
+            created_at_ms: row.created_at_ms,
+        })
+    }
+}
+
+/// Runs inside the caller's write transaction, so the transcript check and the appends are atomic.
+pub(super) async fn create(
+    conn: &mut SqliteConnection,
+    batch: &ForkBatch,
+    parent_results: &Message,
+    children: &[NewChild],
+) -> Result<()> {
+    let session_id = batch.session_id.to_string();
+    if !sessions::exists(conn, &session_id).await? {
+        return Err(StoreError::NotFound {
+            kind: "session",
+            id: session_id,
+        });
+    }
+    let fork_point = to_i64(batch.fork_point, "fork_point")?;
+    let len = session_len(conn, &session_id).await?;
+    if len != fork_point {
+        return Err(StoreError::Conflict(format!(
+            "session {session_id} has {len} messages; batch {} forks at {fork_point}",
+            batch.id
+        )));
+    }
+    for child in children {
+        let agent = &child.agent;
+        if agent.session_id != batch.session_id || agent.batch_id != Some(batch.id) {
+            return Err(StoreError::Conflict(format!(
+                "agent {} does not belong to batch {} of session {session_id}",
+                agent.id, batch.id
+            )));
+        }
+    }
+
+    insert_session_message(
+        conn,
+        &session_id,
+        fork_point,
+        &batch.assistant,
+        batch.created_at_ms,
+    )
+    .await?;
+    insert_session_message(
+        conn,
+        &session_id,
+        fork_point + 1,
+        parent_results,
+        batch.created_at_ms,
+    )
+    .await?;
+
+    let id = batch.id.to_string();
+    sqlx::query(
+        "INSERT INTO batches (id, session_id, fork_point, assistant_json, \
+         shared_user_blocks_json, created_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&id)
+    .bind(&session_id)
+    .bind(fork_point)
+    .bind(batch.assistant.content_json())
+    .bind(content_array(&batch.shared_user_blocks))
+    .bind(batch.created_at_ms)
+    .execute(&mut *conn)
+    .await
+    .map_err(|e| conflict_if_duplicate(e, || format!("batch {id} already exists")))?;
+
+    for child in children {
+        agents::insert(conn, &child.agent, Some(&child.directive_block)).await?;
+    }
+    Ok(())
+}
+
+pub(super) async fn get(pool: &SqlitePool, id: BatchId) -> Result<Option<ForkBatch>> {
+    let row: Option<BatchRow> = sqlx::query_as(
+        "SELECT id, session_id, fork_point, assistant_json, shared_user_blocks_json, \
+         created_at_ms FROM batches WHERE id = ?",
+    )
+    .bind(id.to_string())
+    .fetch_optional(pool)
+    .await?;
+    row.map(ForkBatch::try_from).transpose()
+}

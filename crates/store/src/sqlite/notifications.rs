@@ -1,0 +1,170 @@
+//! Task notifications: ending an agent, and reading the notification log.
+
+use forkd_core::{Block, Message, Notification, NotificationStatus};
+use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqlitePool};
+
+use super::agents;
+use super::convert::{
+    UsageRow, conflict_if_duplicate, corrupt, from_i64, insert_session_message, limit_param,
+    opt_id, parse_id, session_len,
+};
+use crate::{NewNotification, NotificationFilter, Result, StoreError};
+
+#[derive(sqlx::FromRow)]
+struct NotificationRow {
+    seq: i64,
+    session_id: String,
+    batch_id: Option<String>,
+    agent_id: String,
+    status: String,
+    summary: String,
+    report_json: String,
+    #[sqlx(flatten)]
+    usage: UsageRow,
+    cost_usd: f64,
+    created_at_ms: i64,
+}
+
+impl TryFrom<NotificationRow> for Notification {
+    type Error = StoreError;
+
+    fn try_from(row: NotificationRow) -> Result<Self> {
+        Ok(Notification {
+            seq: from_i64(row.seq, "notification seq")?,
+            session_id: parse_id(&row.session_id, "notification session id")?,
+            batch_id: row
+                .batch_id
+                .as_deref()
+                .map(|b| parse_id(b, "notification batch id"))
+                .transpose()?,
+            agent_id: parse_id(&row.agent_id, "notification agent id")?,
+            status: NotificationStatus::parse(&row.status).ok_or_else(|| {
+                corrupt("notification status", format!("unknown {:?}", row.status))
+            })?,
+            summary: row.summary,
+            report: serde_json::from_str(&row.report_json)
+                .map_err(|e| corrupt("notification report", e))?,
+            usage: row.usage.into_usage()?,
+            cost_usd: row.cost_usd,
+            created_at_ms: row.created_at_ms,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct Owner {
+    session_id: String,
+    batch_id: Option<String>,
+}
+
+/// Runs inside the caller's write transaction: the agent's end, its notification and the parent's
+/// `<task-notification>` message commit together or not at all.
+pub(super) async fn finish_agent(
+    conn: &mut SqliteConnection,
+    n: &NewNotification,
+    error: Option<&str>,
+) -> Result<Notification> {
+    let agent_id = n.agent_id.to_string();
+    agents::live_state(conn, &agent_id).await?;
+    let owner: Owner = sqlx::query_as("SELECT session_id, batch_id FROM agents WHERE id = ?")
+        .bind(&agent_id)
+        .fetch_one(&mut *conn)
+        .await?;
+    let session_id = n.session_id.to_string();
+    let batch_id = opt_id(n.batch_id);
+    if owner.session_id != session_id || owner.batch_id != batch_id {
+        return Err(StoreError::Conflict(format!(
+            "notification for agent {agent_id} names session {session_id} and batch {batch_id:?}; \
+             the agent belongs to session {} and batch {:?}",
+            owner.session_id, owner.batch_id
+        )));
+    }
+
+    agents::update_state(
+        conn,
+        &agent_id,
+        n.status.agent_state(),
+        error,
+        n.created_at_ms,
+    )
+    .await?;
+
+    let report_json = serde_json::to_string(&n.report).map_err(|e| {
+        StoreError::Database(sqlx::Error::Encode(
+            format!("notification report: {e}").into(),
+        ))
+    })?;
+    let usage = UsageRow::from_usage(&n.usage)?;
+    let seq: i64 = sqlx::query_scalar(
+        "INSERT INTO notifications (session_id, batch_id, agent_id, status, summary, report_json, \
+         input_tokens, cache_creation_input_tokens, cache_read_input_tokens, output_tokens, \
+         cost_usd, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+    )
+    .bind(&session_id)
+    .bind(&batch_id)
+    .bind(&agent_id)
+    .bind(n.status.as_str())
+    .bind(&n.summary)
+    .bind(report_json)
+    .bind(usage.input_tokens)
+    .bind(usage.cache_creation_input_tokens)
+    .bind(usage.cache_read_input_tokens)
+    .bind(usage.output_tokens)
+    .bind(n.cost_usd)
+    .bind(n.created_at_ms)
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(|e| conflict_if_duplicate(e, || format!("agent {agent_id} already notified")))?;
+
+    let notification = Notification {
+        seq: from_i64(seq, "notification seq")?,
+        session_id: n.session_id,
+        batch_id: n.batch_id,
+        agent_id: n.agent_id,
+        status: n.status,
+        summary: n.summary.clone(),
+        report: n.report.clone(),
+        usage: n.usage,
+        cost_usd: n.cost_usd,
+        created_at_ms: n.created_at_ms,
+    };
+    let message = Message::user(vec![Block::text(&notification.to_parent_text())]);
+    let next = session_len(conn, &session_id).await?;
+    insert_session_message(conn, &session_id, next, &message, n.created_at_ms).await?;
+    Ok(notification)
+}
+
+pub(super) async fn list(
+    pool: &SqlitePool,
+    since_seq: u64,
+    filter: &NotificationFilter,
+    limit: u32,
+) -> Result<Vec<Notification>> {
+    let mut q = QueryBuilder::<Sqlite>::new(
+        "SELECT seq, session_id, batch_id, agent_id, status, summary, report_json, input_tokens, \
+         cache_creation_input_tokens, cache_read_input_tokens, output_tokens, cost_usd, \
+         created_at_ms FROM notifications WHERE seq > ",
+    );
+    // A cursor past i64::MAX is past every seq SQLite can assign.
+    q.push_bind(i64::try_from(since_seq).unwrap_or(i64::MAX));
+    if let Some(session_id) = filter.session_id {
+        q.push(" AND session_id = ")
+            .push_bind(session_id.to_string());
+    }
+    if let Some(batch_id) = filter.batch_id {
+        q.push(" AND batch_id = ").push_bind(batch_id.to_string());
+    }
+    if let Some(agent_id) = filter.agent_id {
+        q.push(" AND agent_id = ").push_bind(agent_id.to_string());
+    }
+    q.push(" ORDER BY seq LIMIT ").push_bind(limit_param(limit));
+    let rows: Vec<NotificationRow> = q.build_query_as().fetch_all(pool).await?;
+    rows.into_iter().map(Notification::try_from).collect()
+}
+
+pub(super) async fn last_seq(pool: &SqlitePool) -> Result<u64> {
+    let seq: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM notifications")
+        .fetch_one(pool)
+        .await?;
+    from_i64(seq, "notification seq")
+}

@@ -1,0 +1,323 @@
+//! Agents after their batch is created: lifecycle moves, ending and the notification log, their
+//! own transcripts, request records and listing.
+
+mod support;
+
+use forkd_core::{
+    AgentId, AgentState, Block, Message, NotificationStatus, RequestId, SessionId, Usage,
+};
+use forkd_store::{
+    AgentFilter, NotificationFilter, RequestFilter, RequestRecord, Store, StoreError,
+};
+use support::{TestResult, ended, fork, history, seeded, temp_store};
+
+#[tokio::test]
+async fn an_agent_ends_once_and_tells_its_parent() -> TestResult {
+    let (_dir, store) = temp_store().await?;
+    let (session, fx) = seeded(&store, 2).await?;
+    let child = &fx.children[0].agent;
+
+    store
+        .set_agent_state(child.id, AgentState::Running, None)
+        .await?;
+    let n = store
+        .finish_agent(
+            &ended(child, NotificationStatus::Failed, 5_000),
+            Some("boom"),
+        )
+        .await?;
+    assert_eq!(n.seq, 1);
+
+    let agent = store.get_agent(child.id).await?.ok_or("agent missing")?;
+    assert_eq!(agent.state, AgentState::Failed);
+    assert_eq!(agent.error.as_deref(), Some("boom"));
+    assert_eq!(agent.updated_at_ms, 5_000);
+
+    // The parent's transcript got the <task-notification> as a user text message.
+    let transcript = store.session_messages(session.id, None).await?;
+    let last = transcript.last().ok_or("empty transcript")?;
+    assert_eq!(last.seq, 6);
+    assert_eq!(
+        last.message,
+        Message::user(vec![Block::text(&n.to_parent_text())])
+    );
+
+    let again = store
+        .finish_agent(&ended(child, NotificationStatus::Completed, 6_000), None)
+        .await;
+    assert!(matches!(again, Err(StoreError::Conflict(_))), "{again:?}");
+    let moved = store
+        .set_agent_state(child.id, AgentState::Running, None)
+        .await;
+    assert!(matches!(moved, Err(StoreError::Conflict(_))), "{moved:?}");
+    assert_eq!(store.session_message_count(session.id).await?, 7);
+
+    let mut ghost = ended(child, NotificationStatus::Killed, 0);
+    ghost.agent_id = AgentId::new();
+    assert!(matches!(
+        store.finish_agent(&ghost, None).await,
+        Err(StoreError::NotFound { kind: "agent", .. })
+    ));
+    assert!(matches!(
+        store
+            .set_agent_state(AgentId::new(), AgentState::Running, None)
+            .await,
+        Err(StoreError::NotFound { kind: "agent", .. })
+    ));
+    Ok(())
+}
+
+#[tokio::test]
+async fn notifications_are_sequenced_and_filtered() -> TestResult {
+    let (_dir, store) = temp_store().await?;
+    let (session, first) = seeded(&store, 3).await?;
+    let len = store.session_message_count(session.id).await?;
+    let second = fork(&session, len, 2)?;
+    store
+        .create_fork_batch(&second.batch, &second.parent_results, &second.children)
+        .await?;
+    assert_eq!(store.last_notification_seq().await?, 0);
+
+    let order = [
+        &first.children[1],
+        &second.children[0],
+        &first.children[0],
+        &second.children[1],
+    ];
+    for (i, child) in order.iter().enumerate() {
+        let at = 10_000 + i64::try_from(i)?;
+        store
+            .finish_agent(
+                &ended(&child.agent, NotificationStatus::Completed, at),
+                None,
+            )
+            .await?;
+    }
+
+    let all = store
+        .notifications(0, &NotificationFilter::default(), 0)
+        .await?;
+    assert_eq!(all.len(), 4);
+    assert!(all.windows(2).all(|w| w[0].seq < w[1].seq));
+    let agents: Vec<_> = all.iter().map(|n| n.agent_id).collect();
+    assert_eq!(agents, order.iter().map(|c| c.agent.id).collect::<Vec<_>>());
+    let expect = ended(&order[0].agent, NotificationStatus::Completed, 10_000);
+    let n = &all[0];
+    assert_eq!(
+        (
+            n.session_id,
+            n.batch_id,
+            n.status,
+            &n.summary,
+            &n.report,
+            n.usage,
+            n.cost_usd
+        ),
+        (
+            expect.session_id,
+            expect.batch_id,
+            expect.status,
+            &expect.summary,
+            &expect.report,
+            expect.usage,
+            expect.cost_usd
+        )
+    );
+    assert_eq!(n.created_at_ms, 10_000);
+    assert_eq!(store.last_notification_seq().await?, all[3].seq);
+
+    let since = store
+        .notifications(all[1].seq, &NotificationFilter::default(), 0)
+        .await?;
+    assert_eq!(since, all[2..]);
+    let limited = store
+        .notifications(0, &NotificationFilter::default(), 3)
+        .await?;
+    assert_eq!(limited, all[..3]);
+
+    let by_batch = NotificationFilter {
+        batch_id: Some(second.batch.id),
+        ..NotificationFilter::default()
+    };
+    let second_only = store.notifications(0, &by_batch, 0).await?;
+    assert_eq!(second_only, vec![all[1].clone(), all[3].clone()]);
+    assert!(
+        all.iter()
+            .all(|n| by_batch.matches(n) == second_only.contains(n))
+    );
+
+    let by_agent = NotificationFilter {
+        agent_id: Some(first.children[0].agent.id),
+        session_id: Some(session.id),
+        ..NotificationFilter::default()
+    };
+    assert_eq!(
+        store.notifications(0, &by_agent, 0).await?,
+        vec![all[2].clone()]
+    );
+    let elsewhere = NotificationFilter {
+        session_id: Some(SessionId::new()),
+        ..NotificationFilter::default()
+    };
+    assert!(store.notifications(0, &elsewhere, 0).await?.is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn agents_list_by_filter_and_page_by_id() -> TestResult {
+    let (_dir, store) = temp_store().await?;
+    let (session, fx) = seeded(&store, 5).await?;
+    let ids: Vec<AgentId> = fx.children.iter().map(|c| c.agent.id).collect();
+    let listed = |filter: AgentFilter| {
+        let store = store.clone();
+        async move {
+            let agents = store.list_agents(&filter).await?;
+            Ok::<_, StoreError>(agents.into_iter().map(|a| a.id).collect::<Vec<_>>())
+        }
+    };
+    let everything = AgentFilter {
+        session_id: Some(session.id),
+        include_ended: true,
+        ..AgentFilter::default()
+    };
+    assert_eq!(listed(everything.clone()).await?, ids);
+
+    let mut pages = Vec::new();
+    let mut after = None;
+    loop {
+        let page = listed(AgentFilter {
+            after,
+            limit: 2,
+            ..everything.clone()
+        })
+        .await?;
+        let Some(last) = page.last().copied() else {
+            break;
+        };
+        after = Some(last);
+        pages.push(page);
+    }
+    assert_eq!(pages.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2, 1]);
+    assert_eq!(pages.concat(), ids);
+
+    store
+        .finish_agent(
+            &ended(&fx.children[1].agent, NotificationStatus::Killed, 1),
+            None,
+        )
+        .await?;
+    let live = AgentFilter {
+        batch_id: Some(fx.batch.id),
+        ..AgentFilter::default()
+    };
+    assert_eq!(listed(live).await?, [ids[0], ids[2], ids[3], ids[4]]);
+    let other = AgentFilter {
+        batch_id: Some(forkd_core::BatchId::new()),
+        include_ended: true,
+        ..AgentFilter::default()
+    };
+    assert!(listed(other).await?.is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn agent_transcripts_append_in_order() -> TestResult {
+    let (_dir, store) = temp_store().await?;
+    let (_, fx) = seeded(&store, 1).await?;
+    let id = fx.children[0].agent.id;
+    assert!(store.agent_messages(id).await?.is_empty());
+    let messages = history()?;
+    for (i, m) in messages.iter().enumerate() {
+        assert_eq!(store.append_agent_message(id, m).await?, u64::try_from(i)?);
+    }
+    let back = store.agent_messages(id).await?;
+    assert_eq!(
+        back.iter().map(|m| &m.message).collect::<Vec<_>>(),
+        messages.iter().collect::<Vec<_>>()
+    );
+    for (b, m) in back.iter().zip(&messages) {
+        assert_eq!(b.message.content_json(), m.content_json());
+    }
+    let missing = AgentId::new();
+    assert!(matches!(
+        store.append_agent_message(missing, &messages[0]).await,
+        Err(StoreError::NotFound { kind: "agent", .. })
+    ));
+    assert!(matches!(
+        store.agent_messages(missing).await,
+        Err(StoreError::NotFound { kind: "agent", .. })
+    ));
+    Ok(())
+}
+
+fn request(agent: &forkd_core::Agent, turn: u32, usage: Usage, cost: f64) -> RequestRecord {
+    RequestRecord {
+        id: RequestId::new(),
+        agent_id: agent.id,
+        session_id: agent.session_id,
+        batch_id: agent.batch_id,
+        turn,
+        model: "claude-test-1".into(),
+        usage,
+        cost_usd: cost,
+        prefix_fingerprint: "sha256:abc".into(),
+        body_bytes: 123_456,
+        stop_reason: Some("tool_use".into()),
+        created_at_ms: 42 + i64::from(turn),
+    }
+}
+
+#[tokio::test]
+async fn requests_are_recorded_and_add_up_on_their_agent() -> TestResult {
+    let (_dir, store) = temp_store().await?;
+    let (session, fx) = seeded(&store, 2).await?;
+    let (a, b) = (&fx.children[0].agent, &fx.children[1].agent);
+    let u = |n| Usage {
+        input_tokens: n,
+        cache_creation_input_tokens: 2 * n,
+        cache_read_input_tokens: 3 * n,
+        output_tokens: 4 * n,
+    };
+    let records = [
+        request(a, 0, u(1), 0.25),
+        request(a, 1, u(10), 0.5),
+        request(b, 0, u(100), 1.0),
+    ];
+    for r in &records {
+        store.record_request(r).await?;
+    }
+    let totals = store.get_agent(a.id).await?.ok_or("agent missing")?;
+    assert_eq!(totals.usage, u(11));
+    assert!((totals.cost_usd - 0.75).abs() < 1e-12);
+
+    let by_agent = RequestFilter {
+        agent_id: Some(a.id),
+        ..RequestFilter::default()
+    };
+    assert_eq!(store.list_requests(&by_agent).await?, records[..2]);
+    let by_batch = RequestFilter {
+        batch_id: Some(fx.batch.id),
+        ..RequestFilter::default()
+    };
+    assert_eq!(store.list_requests(&by_batch).await?, records);
+    let by_session = RequestFilter {
+        session_id: Some(session.id),
+        ..RequestFilter::default()
+    };
+    assert_eq!(store.list_requests(&by_session).await?.len(), 3);
+
+    assert!(matches!(
+        store.record_request(&records[0]).await,
+        Err(StoreError::Conflict(_))
+    ));
+    let mut ghost = request(a, 0, u(1), 0.0);
+    ghost.agent_id = AgentId::new();
+    assert!(matches!(
+        store.record_request(&ghost).await,
+        Err(StoreError::NotFound { kind: "agent", .. })
+    ));
+    // The failed writes left the totals alone.
+    let after = store.get_agent(a.id).await?.ok_or("agent missing")?;
+    assert_eq!(after.usage, u(11));
+    Ok(())
+}

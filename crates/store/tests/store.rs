@@ -1,0 +1,204 @@
+//! The store's sessions and fork batches on a real database file: byte-exact round trips,
+//! pagination and the fork batch's transcript check.
+
+mod support;
+
+use forkd_core::agent::Directive;
+use forkd_core::{AgentId, AgentState, Role, SessionId, Usage};
+use forkd_store::{SqliteStore, Store, StoreError};
+use support::{TestResult, fork, history, seeded, session, temp_store};
+
+#[tokio::test]
+async fn sessions_and_transcripts_round_trip_byte_for_byte() -> TestResult {
+    let (_dir, store) = temp_store().await?;
+    let session = session()?;
+    let history = history()?;
+    store.create_session(&session, &history).await?;
+
+    let back = store
+        .get_session(session.id)
+        .await?
+        .ok_or("session missing")?;
+    assert_eq!(back, session);
+    assert_eq!(back.params.system.as_str(), session.params.system.as_str());
+    assert_eq!(
+        back.params.tools.raw().as_str(),
+        session.params.tools.raw().as_str()
+    );
+
+    let stored = store.session_messages(session.id, None).await?;
+    assert_eq!(stored.len(), history.len());
+    for (i, (s, m)) in stored.iter().zip(&history).enumerate() {
+        assert_eq!(s.seq, u64::try_from(i)?);
+        assert_eq!(&s.message, m);
+        assert_eq!(s.message.content_json(), m.content_json());
+        assert_eq!(s.created_at_ms, session.created_at_ms);
+    }
+    assert_eq!(store.session_message_count(session.id).await?, 4);
+    let first_two = store.session_messages(session.id, Some(2)).await?;
+    assert_eq!(first_two.len(), 2);
+
+    assert_eq!(store.get_session(SessionId::new()).await?, None);
+    assert!(matches!(
+        store.session_message_count(SessionId::new()).await,
+        Err(StoreError::NotFound {
+            kind: "session",
+            ..
+        })
+    ));
+    assert!(matches!(
+        store.create_session(&session, &[]).await,
+        Err(StoreError::Conflict(_))
+    ));
+    store.integrity_check().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn sessions_page_in_creation_order() -> TestResult {
+    let (_dir, store) = temp_store().await?;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let s = session()?;
+        store.create_session(&s, &[]).await?;
+        ids.push(s.id);
+    }
+    let page = |after, limit| {
+        let store = store.clone();
+        async move {
+            let sessions = store.list_sessions(after, limit).await?;
+            Ok::<_, StoreError>(sessions.into_iter().map(|s| s.id).collect::<Vec<_>>())
+        }
+    };
+    assert_eq!(page(None, 0).await?, ids);
+    assert_eq!(page(None, 2).await?, ids[..2]);
+    assert_eq!(page(Some(ids[1]), 2).await?, ids[2..4]);
+    assert_eq!(page(Some(ids[4]), 2).await?, Vec::<SessionId>::new());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_fork_batch_stores_its_shared_prefix_once_and_its_children() -> TestResult {
+    let (_dir, store) = temp_store().await?;
+    let (session, fx) = seeded(&store, 3).await?;
+
+    let batch = store.get_batch(fx.batch.id).await?.ok_or("batch missing")?;
+    assert_eq!(batch, fx.batch);
+    for (a, b) in batch
+        .shared_user_blocks
+        .iter()
+        .zip(&fx.batch.shared_user_blocks)
+    {
+        assert_eq!(a.raw().as_str(), b.raw().as_str());
+    }
+    assert_eq!(
+        batch.assistant.content_json(),
+        fx.batch.assistant.content_json()
+    );
+
+    // The parent's transcript gained A at the fork point, then the results.
+    let transcript = store.session_messages(session.id, None).await?;
+    assert_eq!(transcript.len(), 6);
+    assert_eq!(transcript[4].message, fx.batch.assistant);
+    assert_eq!(transcript[5].message, fx.parent_results);
+    assert_eq!(transcript[5].message.role, Role::User);
+
+    for child in &fx.children {
+        let agent = store
+            .get_agent(child.agent.id)
+            .await?
+            .ok_or("agent missing")?;
+        assert_eq!(agent, child.agent);
+        let block = store.agent_directive_block(child.agent.id).await?;
+        assert_eq!(
+            block.map(|b| b.raw().as_str().to_owned()),
+            Some(child.directive_block.raw().as_str().to_owned())
+        );
+    }
+    assert_eq!(store.agent_directive_block(AgentId::new()).await?, None);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_fork_batch_conflicts_when_the_transcript_moved_on() -> TestResult {
+    let (_dir, store) = temp_store().await?;
+    let session = session()?;
+    store.create_session(&session, &history()?).await?;
+
+    let stale = fork(&session, 3, 2)?;
+    let err = store
+        .create_fork_batch(&stale.batch, &stale.parent_results, &stale.children)
+        .await;
+    assert!(matches!(err, Err(StoreError::Conflict(_))), "{err:?}");
+    // Nothing of the failed batch was written.
+    assert_eq!(store.session_message_count(session.id).await?, 4);
+    assert_eq!(store.get_batch(stale.batch.id).await?, None);
+    assert_eq!(store.get_agent(stale.children[0].agent.id).await?, None);
+
+    let mut orphan = fork(&session, 4, 1)?;
+    orphan.batch.session_id = SessionId::new();
+    let err = store
+        .create_fork_batch(&orphan.batch, &orphan.parent_results, &orphan.children)
+        .await;
+    assert!(
+        matches!(
+            err,
+            Err(StoreError::NotFound {
+                kind: "session",
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+
+    // A second batch at the same point, after the first one landed, is stale too.
+    let first = fork(&session, 4, 1)?;
+    store
+        .create_fork_batch(&first.batch, &first.parent_results, &first.children)
+        .await?;
+    let racing = fork(&session, 4, 1)?;
+    let err = store
+        .create_fork_batch(&racing.batch, &racing.parent_results, &racing.children)
+        .await;
+    assert!(matches!(err, Err(StoreError::Conflict(_))), "{err:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn other_agents_can_be_inserted_beside_the_trait() -> TestResult {
+    let store = SqliteStore::open_in_memory().await?;
+    let session = session()?;
+    store.create_session(&session, &[]).await?;
+    let typed = forkd_core::Agent {
+        id: AgentId::new(),
+        session_id: session.id,
+        batch_id: None,
+        kind: forkd_core::AgentKind::Typed,
+        index: 0,
+        state: AgentState::Running,
+        directive: Some(Directive {
+            description: "explore".into(),
+            prompt: "Map the crate.".into(),
+        }),
+        query_source: None,
+        usage: Usage::default(),
+        cost_usd: 0.0,
+        error: None,
+        created_at_ms: 1,
+        updated_at_ms: 1,
+    };
+    store.insert_agent(&typed, None).await?;
+    assert_eq!(store.get_agent(typed.id).await?, Some(typed.clone()));
+    assert!(matches!(
+        store.insert_agent(&typed, None).await,
+        Err(StoreError::Conflict(_))
+    ));
+
+    // A batch on an in-memory store behaves like on a file.
+    let fx = fork(&session, 0, 1)?;
+    store
+        .create_fork_batch(&fx.batch, &fx.parent_results, &fx.children)
+        .await?;
+    assert_eq!(store.session_message_count(session.id).await?, 2);
+    Ok(())
+}

@@ -1,0 +1,148 @@
+//! Test helpers: [`spawn_daemon`] starts the real daemon (the same `forkd::daemon::start` that
+//! `forkd serve` runs) on a temporary `FORKD_HOME` and socket, and hands out connected clients.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use forkd::daemon::{self, DaemonConfig, RunningDaemon};
+use forkd_proto::v1 as pb;
+use forkd_proto::v1::forkd_client::ForkdClient;
+use tempfile::TempDir;
+use tonic::transport::{Channel, Endpoint};
+
+pub use forkd::daemon::DaemonConfig as Config;
+
+/// A daemon on a temporary home. Dropping it without [`TestDaemon::stop`] leaves the runtime to
+/// tear it down, which tests that only read results may do.
+pub struct TestDaemon {
+    pub home: TempDir,
+    daemon: Option<RunningDaemon>,
+}
+
+impl TestDaemon {
+    pub fn home_path(&self) -> &Path {
+        self.home.path()
+    }
+
+    pub fn socket_path(&self) -> PathBuf {
+        self.home.path().join("forkd.sock")
+    }
+
+    /// `unix:///…/forkd.sock`, as `forkctl --addr` takes it.
+    pub fn addr(&self) -> String {
+        format!("unix://{}", self.socket_path().display())
+    }
+
+    /// A new client on its own connection.
+    pub async fn client(&self) -> anyhow::Result<ForkdClient<Channel>> {
+        connect(&self.addr()).await
+    }
+
+    pub fn daemon(&self) -> Option<&RunningDaemon> {
+        self.daemon.as_ref()
+    }
+
+    /// Shuts the daemon down gracefully, keeping its home (and database) for inspection.
+    pub async fn stop(&mut self) -> anyhow::Result<()> {
+        if let Some(d) = self.daemon.take() {
+            d.shutdown(Duration::from_secs(5)).await?;
+        }
+        Ok(())
+    }
+
+    /// Starts a daemon again on the same home (after [`TestDaemon::stop`]).
+    pub async fn restart(&mut self, tweak: impl FnOnce(&mut DaemonConfig)) -> anyhow::Result<()> {
+        self.stop().await?;
+        let mut config = DaemonConfig::new(self.home.path().to_path_buf());
+        tweak(&mut config);
+        self.daemon = Some(daemon::start(config).await?);
+        Ok(())
+    }
+}
+
+/// Connects a client to `addr` (`unix:///path` or `http://host:port`).
+pub async fn connect(addr: &str) -> anyhow::Result<ForkdClient<Channel>> {
+    let channel = Endpoint::from_shared(addr.to_owned())?
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {addr}"))?;
+    Ok(ForkdClient::new(channel))
+}
+
+/// Starts a daemon with the default test settings: the sim at speed 0, fast retries.
+pub async fn spawn_daemon() -> anyhow::Result<TestDaemon> {
+    spawn_daemon_with(|_| {}).await
+}
+
+/// Starts a daemon after `tweak` adjusts its settings.
+pub async fn spawn_daemon_with(
+    tweak: impl FnOnce(&mut DaemonConfig),
+) -> anyhow::Result<TestDaemon> {
+    let home = tempfile::Builder::new().prefix("forkd-test-").tempdir()?;
+    let mut config = DaemonConfig::new(home.path().to_path_buf());
+    config.engine.retry.base_delay = Duration::from_millis(5);
+    config.engine.retry.max_delay = Duration::from_millis(50);
+    tweak(&mut config);
+    let daemon = daemon::start(config).await?;
+    Ok(TestDaemon {
+        home,
+        daemon: Some(daemon),
+    })
+}
+
+/// A session request with a small context, ready for forks.
+pub fn session_request(workspace: &Path) -> pb::CreateSessionRequest {
+    pb::CreateSessionRequest {
+        system_prompt: "You are a careful engineer.".into(),
+        context_files: vec![pb::ContextFile {
+            path: "notes.md".into(),
+            content: "The project is forkd. ".repeat(400),
+        }],
+        workspace: workspace.display().to_string(),
+        permission_mode: "dontAsk".into(),
+        ..Default::default()
+    }
+}
+
+/// Directives with the given prompts.
+pub fn directives(prompts: &[&str]) -> Vec<pb::Directive> {
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| pb::Directive {
+            description: format!("part {}", i + 1),
+            prompt: (*p).to_owned(),
+        })
+        .collect()
+}
+
+/// Reads notifications of a batch until `n` have arrived (replaying from seq 0).
+pub async fn wait_for_batch(
+    client: &mut ForkdClient<Channel>,
+    batch_id: &str,
+    n: usize,
+    deadline: Duration,
+) -> anyhow::Result<Vec<pb::Notification>> {
+    let mut stream = client
+        .subscribe_notifications(pb::SubscribeNotificationsRequest {
+            batch_id: batch_id.to_owned(),
+            follow: true,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let mut out = Vec::new();
+    tokio::time::timeout(deadline, async {
+        while out.len() < n {
+            match stream.message().await? {
+                Some(msg) => out.push(msg),
+                None => anyhow::bail!("stream ended after {} notifications", out.len()),
+            }
+        }
+        Ok(())
+    })
+    .await
+    .context("timed out waiting for the batch's notifications")??;
+    Ok(out)
+}
