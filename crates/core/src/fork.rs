@@ -9,7 +9,7 @@ use crate::agent::{Directive, FORK_QUERY_SOURCE};
 use crate::ids::{AgentId, BatchId, SessionId};
 use crate::json::RawJson;
 use crate::message::{Block, BlockKind, Message, Role};
-use crate::request::{BlockPos, Conversation};
+use crate::request::{BlockPos, Conversation, positions_between};
 use crate::tools::AGENT_TOOL;
 
 /// The tool_result every child sees for every tool_use of the fork message: constant, so the
@@ -42,6 +42,28 @@ pub fn boilerplate_text() -> String {
          Issues: <problems, risks or open questions, or none>\n\
          </{BOILERPLATE_TAG}>"
     )
+}
+
+/// How many positions a provider's cache lookup checks back from a breakpoint, itself included.
+pub const LOOKBACK_POSITIONS: usize = 20;
+
+/// The last block of the first `len` messages.
+fn last_block(messages: &[Message], len: usize) -> Option<BlockPos> {
+    let m = messages[..len].iter().rposition(|m| !m.blocks.is_empty())?;
+    Some(BlockPos {
+        message: m,
+        block: messages[m].blocks.len() - 1,
+    })
+}
+
+/// The history's end as an earlier fork batch saw it: the last block before the most recent
+/// assistant message that forked. That batch's children wrote a cache entry there; after many
+/// `<task-notification>` blocks it can lie beyond the lookback of this batch's history end.
+fn prior_fork_anchor(history: &[Message]) -> Option<BlockPos> {
+    let fork = history
+        .iter()
+        .rposition(|m| m.role == Role::Assistant && !fork_directives(m).is_empty())?;
+    last_block(history, fork)
 }
 
 /// A fork batch that cannot be built.
@@ -206,17 +228,20 @@ impl ForkBatch {
         let u_index = messages.len() - 1;
         messages.extend_from_slice(own);
 
-        let mut anchors = Vec::new();
-        if let Some(last) = history.iter().rposition(|m| !m.blocks.is_empty()) {
-            anchors.push(BlockPos {
-                message: last,
-                block: history[last].blocks.len() - 1,
-            });
-        }
-        anchors.push(BlockPos {
+        // In priority order: the boilerplate (the siblings' shared entry), the history's end (the
+        // parent's own entry), and an earlier batch's history end when the lookback cannot reach it.
+        let mut anchors = vec![BlockPos {
             message: u_index,
             block: self.shared_user_blocks.len() - 1,
-        });
+        }];
+        if let Some(end) = last_block(history, history.len()) {
+            anchors.push(end);
+            if let Some(prior) = prior_fork_anchor(history)
+                && positions_between(history, prior, end) >= LOOKBACK_POSITIONS
+            {
+                anchors.push(prior);
+            }
+        }
         Conversation { messages, anchors }
     }
 

@@ -59,7 +59,8 @@ macro_rules! id_type {
             fn from_str(s: &str) -> Result<Self, Self::Err> {
                 Uuid::parse_str(s.trim()).map(Self).map_err(|_| InvalidId {
                     kind: $kind,
-                    value: s.to_owned(),
+                    // Clipped: the value is echoed in errors, and a client may send megabytes.
+                    value: s.chars().take(64).collect(),
                 })
             }
         }
@@ -100,6 +101,12 @@ mod tests {
             err.as_deref(),
             Some("invalid session id \"nope\": expected a UUID")
         );
+        let long = "x"
+            .repeat(10_000)
+            .parse::<AgentId>()
+            .err()
+            .map(|e| e.to_string());
+        assert!(long.is_some_and(|e| e.len() < 120));
     }
 
     #[test]

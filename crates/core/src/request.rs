@@ -54,8 +54,10 @@ pub struct SerializedRequest {
     pub body: String,
     /// Every message block's byte range in `body`.
     pub spans: Vec<BlockSpan>,
-    /// Blocks that carry a breakpoint (the system prompt's is implied).
+    /// Message blocks that carry a breakpoint.
     pub breakpoints: Vec<BlockPos>,
+    /// Whether the system prompt carries one (when a slot was left for it).
+    pub system_breakpoint: bool,
 }
 
 impl SerializedRequest {
@@ -77,22 +79,23 @@ pub fn fingerprint(bytes: &[u8]) -> String {
     hex::encode(&Sha256::digest(bytes)[..16])
 }
 
-/// Picks the breakpoints: the anchors in order, then the last block, each moved back past
-/// thinking blocks (which cannot carry one), deduplicated, at most `MAX_BREAKPOINTS - 1` (the
-/// system prompt holds the other).
-fn plan_breakpoints(conv: &Conversation) -> Vec<BlockPos> {
-    let carrier = |mut pos: BlockPos| -> Option<BlockPos> {
-        loop {
-            let block = conv.messages.get(pos.message)?.blocks.get(pos.block)?;
-            if block.can_carry_breakpoint() {
-                return Some(pos);
-            }
-            if pos.block == 0 {
-                return None;
-            }
-            pos.block -= 1;
+/// The block that carries a breakpoint meant for `pos`: `pos` itself, or the nearest earlier block
+/// of its message when `pos` is a thinking block (which cannot carry one).
+fn carrier(messages: &[Message], mut pos: BlockPos) -> Option<BlockPos> {
+    loop {
+        let block = messages.get(pos.message)?.blocks.get(pos.block)?;
+        if block.can_carry_breakpoint() {
+            return Some(pos);
         }
-    };
+        pos.block = pos.block.checked_sub(1)?;
+    }
+}
+
+/// Picks the message breakpoints: the last block first (so the cap never drops the breakpoint of
+/// the request's own prefix), then the anchors in priority order, at most `MAX_BREAKPOINTS`.
+/// The system prompt gets a breakpoint only if a slot is left: any message breakpoint's prefix
+/// contains the system prompt, so it is the least valuable one.
+fn plan_breakpoints(conv: &Conversation) -> (Vec<BlockPos>, bool) {
     let last = conv
         .messages
         .iter()
@@ -102,17 +105,49 @@ fn plan_breakpoints(conv: &Conversation) -> Vec<BlockPos> {
             block: conv.messages[m].blocks.len() - 1,
         });
     let mut picked: Vec<BlockPos> = Vec::new();
-    // The last block first, so the cap never drops the breakpoint of the child's own prefix.
     for pos in last.into_iter().chain(conv.anchors.iter().copied()) {
-        if let Some(p) = carrier(pos)
+        if let Some(p) = carrier(&conv.messages, pos)
             && !picked.contains(&p)
-            && picked.len() < MAX_BREAKPOINTS - 1
+            && picked.len() < MAX_BREAKPOINTS
         {
             picked.push(p);
         }
     }
     picked.sort();
-    picked
+    let system = picked.len() < MAX_BREAKPOINTS;
+    (picked, system)
+}
+
+/// How many lookback positions lie after `from` up to and including `to`: block boundaries, where
+/// a run of consecutive tool_use blocks (or tool_result blocks) counts once. A breakpoint at `to`
+/// finds an entry at `from` only if this is below the provider's lookback (20).
+pub fn positions_between(messages: &[Message], from: BlockPos, to: BlockPos) -> usize {
+    let blocks: Vec<(BlockPos, &crate::message::Block)> = messages
+        .iter()
+        .enumerate()
+        .flat_map(|(mi, m)| {
+            m.blocks.iter().enumerate().map(move |(bi, b)| {
+                (
+                    BlockPos {
+                        message: mi,
+                        block: bi,
+                    },
+                    b,
+                )
+            })
+        })
+        .collect();
+    blocks
+        .iter()
+        .enumerate()
+        .filter(|(_, (pos, _))| *pos > from && *pos <= to)
+        .filter(|(i, (pos, block))| {
+            *pos == to
+                || blocks
+                    .get(i + 1)
+                    .is_none_or(|(_, next)| !block.same_run(next))
+        })
+        .count()
 }
 
 fn push_json_str(out: &mut String, s: &str) {
@@ -122,7 +157,7 @@ fn push_json_str(out: &mut String, s: &str) {
 
 /// Serializes a request body. `stream` decides the `stream` field (true for forkd's own runs).
 pub fn serialize(params: &CacheSafeParams, conv: &Conversation, stream: bool) -> SerializedRequest {
-    let breakpoints = plan_breakpoints(conv);
+    let (breakpoints, system_breakpoint) = plan_breakpoints(conv);
     let approx = params.system.as_str().len()
         + params.tools.raw().len()
         + conv
@@ -149,7 +184,9 @@ pub fn serialize(params: &CacheSafeParams, conv: &Conversation, stream: bool) ->
     out.push_str(params.tools.raw().as_str());
     out.push_str(r#","system":[{"type":"text","text":"#);
     push_json_str(&mut out, params.system.as_str());
-    out.push_str(CACHE_CONTROL);
+    if system_breakpoint {
+        out.push_str(CACHE_CONTROL);
+    }
     out.push_str(r#"}],"messages":["#);
 
     let mut spans = Vec::new();
@@ -204,6 +241,7 @@ pub fn serialize(params: &CacheSafeParams, conv: &Conversation, stream: bool) ->
         body: out,
         spans,
         breakpoints,
+        system_breakpoint,
     }
 }
 
@@ -258,12 +296,49 @@ mod tests {
                 block: 0,
             })
             .collect();
-        let req = serialize(&params(), &Conversation { messages, anchors }, true);
-        assert_eq!(req.breakpoints.len(), MAX_BREAKPOINTS - 1);
+        let conv = Conversation {
+            messages: messages.clone(),
+            anchors,
+        };
+        let req = serialize(&params(), &conv, true);
+        assert_eq!(req.breakpoints.len(), MAX_BREAKPOINTS);
+        assert!(!req.system_breakpoint, "the system prompt yields its slot");
         assert!(req.breakpoints.contains(&BlockPos {
             message: 5,
             block: 0
         }));
         assert_eq!(req.body.matches("cache_control").count(), MAX_BREAKPOINTS);
+
+        // With a slot free, the system prompt takes it.
+        let req = serialize(&params(), &Conversation::plain(messages), true);
+        assert!(req.system_breakpoint);
+        assert_eq!(req.body.matches("cache_control").count(), 2);
+    }
+
+    #[test]
+    fn tool_runs_count_as_one_lookback_position() {
+        let input =
+            crate::json::RawJson::parse("{}").unwrap_or_else(|_| crate::json::RawJson::encode(&()));
+        let uses: Vec<Block> = (0..30)
+            .filter_map(|i| Block::tool_use(&format!("t{i}"), "Read", &input).ok())
+            .collect();
+        let results: Vec<Block> = (0..30)
+            .map(|i| Block::tool_result(&format!("t{i}"), "r", false))
+            .collect();
+        let messages = vec![
+            Message::user(vec![Block::text("a")]),
+            Message::assistant(uses),
+            Message::user(results),
+            Message::user((0..5).map(|i| Block::text(&i.to_string())).collect()),
+        ];
+        let from = BlockPos {
+            message: 0,
+            block: 0,
+        };
+        let to = BlockPos {
+            message: 3,
+            block: 4,
+        };
+        assert_eq!(positions_between(&messages, from, to), 2 + 5);
     }
 }

@@ -1,6 +1,7 @@
 //! Reading agents and their transcripts.
 
-use forkd_core::{Agent, AgentId, AgentKind, Message};
+use forkd_core::fork::ForkBatch;
+use forkd_core::{Agent, AgentId, AgentKind, BatchId, Message, NotificationStatus};
 use forkd_store::AgentFilter;
 
 use crate::Engine;
@@ -16,6 +17,34 @@ pub struct TranscriptEntry {
 }
 
 impl Engine {
+    /// Ends, as failed, every agent that a previous daemon left pending or running, so that no
+    /// client waits forever on an agent nothing runs. Returns how many there were.
+    ///
+    /// Resuming them from their transcripts instead is the lifecycle work that follows; until
+    /// it lands, failing them clearly is the honest outcome.
+    pub async fn fail_interrupted(&self) -> Result<usize> {
+        let live = self
+            .inner
+            .store
+            .list_agents(&AgentFilter::default())
+            .await?;
+        for agent in &live {
+            tracing::warn!(agent.id = %agent.id, state = agent.state.as_str(), "Failing an agent left live by a previous daemon");
+            self.finish_with_retries(
+                agent.id,
+                NotificationStatus::Failed,
+                None,
+                Some(
+                    "the daemon stopped before this agent ended, and resuming agents after a \
+                     restart is not implemented yet; fork it again"
+                        .to_owned(),
+                ),
+            )
+            .await;
+        }
+        Ok(live.len())
+    }
+
     pub async fn get_agent(&self, id: AgentId) -> Result<Agent> {
         self.inner
             .store
@@ -23,6 +52,17 @@ impl Engine {
             .await?
             .ok_or_else(|| EngineError::NotFound {
                 kind: "agent",
+                id: id.to_string(),
+            })
+    }
+
+    pub async fn get_batch(&self, id: BatchId) -> Result<ForkBatch> {
+        self.inner
+            .store
+            .get_batch(id)
+            .await?
+            .ok_or_else(|| EngineError::NotFound {
+                kind: "batch",
                 id: id.to_string(),
             })
     }

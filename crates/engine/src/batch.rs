@@ -34,6 +34,33 @@ fn invalid_fork(err: ForkError) -> EngineError {
     EngineError::InvalidArgument(err.to_string())
 }
 
+fn child(
+    session_id: SessionId,
+    batch_id: BatchId,
+    index: usize,
+    directive: Directive,
+    now: i64,
+) -> NewChild {
+    NewChild {
+        directive_block: ForkBatch::directive_block(&directive),
+        agent: Agent {
+            id: AgentId::new(),
+            session_id,
+            batch_id: Some(batch_id),
+            kind: AgentKind::Fork,
+            index: index as u32,
+            state: AgentState::Pending,
+            directive: Some(directive),
+            query_source: Some(FORK_QUERY_SOURCE.to_owned()),
+            usage: Usage::default(),
+            cost_usd: 0.0,
+            error: None,
+            created_at_ms: now,
+            updated_at_ms: now,
+        },
+    }
+}
+
 impl Engine {
     /// Submits a client's fork batch: appends the `Agent` tool_use message to the parent, stores
     /// the batch and its children, and starts them (child 1 first under warm-up gating).
@@ -59,57 +86,63 @@ impl Engine {
                     .into(),
             ));
         }
+        let gating = warmup_gating.unwrap_or(cfg.warmup_gating);
+        // Storing and starting happen in a task of their own: if the caller goes away (a client
+        // deadline, a reset stream) after the commit, the children still start. A committed
+        // batch whose children never run would be work that silently vanished.
+        let engine = self.clone();
+        self.inner
+            .tasks
+            .spawn(async move {
+                engine
+                    .commit_and_start(session_id, directives, gating)
+                    .await
+            })
+            .await
+            .map_err(|e| EngineError::Internal(format!("fork batch task failed: {e}")))?
+    }
 
+    async fn commit_and_start(
+        &self,
+        session_id: SessionId,
+        directives: Vec<Directive>,
+        gating: bool,
+    ) -> Result<SubmittedBatch> {
         let batch_id = BatchId::new();
         let assistant = fork::client_fork_message(batch_id, &directives);
         let lock = self.session_lock(session_id);
-        let _guard = lock.lock().await;
+        let guard = lock.lock().await;
         let fork_point = self.inner.store.session_message_count(session_id).await?;
         let now = now_ms();
         let batch = ForkBatch::new(batch_id, session_id, fork_point, assistant, now)
             .map_err(invalid_fork)?;
-        let children: Vec<NewChild> = fork::fork_directives(&batch.assistant)
-            .into_iter()
+        let forks = fork::fork_directives(&batch.assistant);
+        let children: Vec<NewChild> = forks
+            .iter()
             .enumerate()
-            .map(|(index, (_tool_use_id, directive))| NewChild {
-                directive_block: ForkBatch::directive_block(&directive),
-                agent: Agent {
-                    id: AgentId::new(),
-                    session_id,
-                    batch_id: Some(batch_id),
-                    kind: AgentKind::Fork,
-                    index: index as u32,
-                    state: AgentState::Pending,
-                    directive: Some(directive),
-                    query_source: Some(FORK_QUERY_SOURCE.to_owned()),
-                    usage: Usage::default(),
-                    cost_usd: 0.0,
-                    error: None,
-                    created_at_ms: now,
-                    updated_at_ms: now,
-                },
-            })
+            .map(|(i, (_, d))| child(session_id, batch_id, i, d.clone(), now))
             .collect();
-        let pairs: Vec<(String, AgentId)> = fork::fork_directives(&batch.assistant)
+        let pairs: Vec<(String, AgentId)> = forks
             .into_iter()
             .zip(&children)
-            .map(|((tool_use_id, _), child)| (tool_use_id, child.agent.id))
+            .map(|((tool_use_id, _), c)| (tool_use_id, c.agent.id))
             .collect();
         let parent_results = batch.parent_results(&pairs);
         self.inner
             .store
             .create_fork_batch(&batch, &parent_results, &children)
             .await?;
-        drop(_guard);
+        drop(guard);
 
         let agent_ids: Vec<AgentId> = children.iter().map(|c| c.agent.id).collect();
         tracing::info!(
             session.id = %session_id,
             batch.id = %batch_id,
             children = agent_ids.len(),
+            gating,
             "Fork batch submitted"
         );
-        self.start_batch(&agent_ids, warmup_gating.unwrap_or(cfg.warmup_gating));
+        self.start_batch(&agent_ids, gating);
         Ok(SubmittedBatch {
             batch_id,
             agent_ids,

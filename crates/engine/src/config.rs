@@ -32,6 +32,9 @@ pub struct EngineConfig {
     pub warmup_gating: bool,
     /// The largest directive (prompt + description), in bytes.
     pub max_directive_bytes: usize,
+    /// The largest session (system prompt, context files and external tools), in bytes. Every
+    /// child of every batch carries it, so it bounds the work one request can cause.
+    pub max_session_bytes: usize,
     /// The most children one batch may fork.
     pub max_children_per_batch: usize,
     /// An agent that has not ended its turn after this many model requests fails.
@@ -47,6 +50,7 @@ impl Default for EngineConfig {
         Self {
             warmup_gating: true,
             max_directive_bytes: 64 * 1024,
+            max_session_bytes: 8 * 1024 * 1024,
             max_children_per_batch: 1000,
             max_turns: 50,
             default_model: DEFAULT_MODEL.to_owned(),

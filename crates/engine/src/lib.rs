@@ -87,8 +87,8 @@ impl Engine {
         &self.inner.store
     }
 
-    /// Stops every agent run and waits for them to end, at most `grace`. Agents that were still
-    /// running stay `running` in the store, to be resumed by a later start.
+    /// Cancels every agent run (at its next await point) and waits at most `grace` for the
+    /// tasks to wind down. Agents that were still running stay `running` in the store.
     pub async fn shutdown(&self, grace: Duration) {
         self.inner.shutdown.cancel();
         self.inner.tasks.close();

@@ -25,7 +25,27 @@ const SUBSCRIBER_QUEUE: usize = 256;
 impl Engine {
     /// Subscribes to notifications with `seq > since_seq` that pass `filter`. With `follow` the
     /// stream stays open for live notifications; without it the stream ends after the replay.
-    pub fn subscribe(
+    /// A filter naming a session, batch or agent that does not exist is `NotFound`: following
+    /// a typo would otherwise wait forever.
+    pub async fn subscribe(
+        &self,
+        since_seq: u64,
+        filter: NotificationFilter,
+        follow: bool,
+    ) -> Result<NotificationStream, EngineError> {
+        if let Some(id) = filter.session_id {
+            self.get_session(id).await?;
+        }
+        if let Some(id) = filter.batch_id {
+            self.get_batch(id).await?;
+        }
+        if let Some(id) = filter.agent_id {
+            self.get_agent(id).await?;
+        }
+        Ok(self.subscribe_unchecked(since_seq, filter, follow))
+    }
+
+    fn subscribe_unchecked(
         &self,
         since_seq: u64,
         filter: NotificationFilter,

@@ -32,6 +32,9 @@ pub(crate) struct BatchContext {
     pub history: Vec<Message>,
 }
 
+/// How often an agent's end is attempted before giving up (about a minute in all).
+const FINISH_ATTEMPTS: u32 = 16;
+
 /// Live batch contexts; entries die with the last child that holds them.
 #[derive(Default)]
 pub(crate) struct BatchCache(std::sync::Mutex<HashMap<BatchId, Weak<BatchContext>>>);
@@ -68,6 +71,8 @@ impl Engine {
         self.inner.tasks.spawn(
             async move {
                 tokio::select! {
+                    // Shutdown first: a run released at the same moment must not start writing.
+                    biased;
                     // On shutdown the agent stays `running` in the store: a later start resumes it.
                     () = token.cancelled() => tracing::debug!("Agent run stopped by shutdown"),
                     () = engine.run_agent(id, gate, wait) => {}
@@ -98,8 +103,33 @@ impl Engine {
                 (NotificationStatus::Failed, None, Some(failure.to_string()))
             }
         };
-        if let Err(e) = self.finish(id, status, text, error).await {
-            tracing::error!(error = %e, "Could not record the agent's end");
+        self.finish_with_retries(id, status, text, error).await;
+    }
+
+    /// Records an agent's end, retrying a store that is briefly unavailable (a busy database):
+    /// an agent whose end is never recorded would keep its subscribers waiting forever.
+    pub(crate) async fn finish_with_retries(
+        &self,
+        id: AgentId,
+        status: NotificationStatus,
+        text: Option<String>,
+        error: Option<String>,
+    ) {
+        let mut delay = Duration::from_millis(100);
+        for attempt in 1..=FINISH_ATTEMPTS {
+            match self.finish(id, status, text.clone(), error.clone()).await {
+                Ok(()) => return,
+                // Already ended (by an earlier attempt that committed, or a kill): nothing to do.
+                Err(EngineError::Store(forkd_store::StoreError::Conflict(_))) => return,
+                Err(e) if attempt < FINISH_ATTEMPTS => {
+                    tracing::warn!(attempt, error = %e, "Could not record the agent's end; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "Could not record the agent's end; it stays live in the store")
+                }
+            }
         }
     }
 
@@ -373,12 +403,40 @@ fn backoff(policy: &crate::RetryPolicy, attempt: u32, err: &ProviderError) -> Du
         .base_delay
         .saturating_mul(1 << attempt.saturating_sub(1).min(16));
     let capped = exp.min(policy.max_delay);
-    // Full jitter between half and all of the delay, from the clock's low bits: retries of many
-    // children must not line up, and the exact spread does not matter.
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let fraction = 0.5 + f64::from(nanos % 1000) / 2000.0;
+    // Jitter between half and all of the delay: retries of many children must not line up.
+    let fraction = 0.5 + fastrand::f64() / 2.0;
     capped.mul_f64(fraction)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RetryPolicy;
+
+    fn status(retry_after: Option<Duration>) -> ProviderError {
+        ProviderError::Status {
+            status: 529,
+            message: "overloaded".into(),
+            retry_after,
+        }
+    }
+
+    #[test]
+    fn backoff_grows_with_jitter_caps_and_honours_retry_after() {
+        let policy = RetryPolicy {
+            max_attempts: 10,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(1),
+        };
+        for attempt in 1..=3u32 {
+            let full = Duration::from_millis(100 * (1 << (attempt - 1)));
+            let d = backoff(&policy, attempt, &status(None));
+            assert!(d >= full / 2 && d <= full, "attempt {attempt}: {d:?}");
+        }
+        assert!(backoff(&policy, 9, &status(None)) <= Duration::from_secs(1));
+        let after = backoff(&policy, 1, &status(Some(Duration::from_millis(700))));
+        assert_eq!(after, Duration::from_millis(700));
+        let capped = backoff(&policy, 1, &status(Some(Duration::from_secs(60))));
+        assert_eq!(capped, Duration::from_secs(1));
+    }
 }

@@ -2,7 +2,7 @@
 //! stored as the exact bytes every request of the session and of its forks will carry.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use forkd_core::pricing;
 use forkd_core::session::{
@@ -44,7 +44,9 @@ const MIN_THINKING_BUDGET: u32 = 1024;
 pub fn context_block(file: &ContextFile) -> Block {
     Block::text(&format!(
         "<context path=\"{}\">\n{}\n</context>",
-        file.path, file.content
+        // The path sits in an attribute: a quote in it must not end the attribute early.
+        file.path.replace('"', "&quot;"),
+        file.content
     ))
 }
 
@@ -57,99 +59,130 @@ fn first_message(files: &[ContextFile]) -> Message {
     Message::user(files.iter().map(context_block).collect())
 }
 
+fn invalid(msg: String) -> EngineError {
+    EngineError::InvalidArgument(msg)
+}
+
+/// At most `max` characters of a client's value, for error messages: a huge bogus value echoed
+/// whole would not fit in the status trailer.
+pub(crate) fn clip(value: &str, max: usize) -> String {
+    match value.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &value[..cut]),
+        None => value.to_owned(),
+    }
+}
+
+fn check_model(model: &str) -> Result<()> {
+    match pricing::model(model) {
+        Some(_) => Ok(()),
+        None => Err(invalid(format!(
+            "unknown model {:?}; known models: {}",
+            clip(model, 64),
+            pricing::model_names()
+        ))),
+    }
+}
+
+/// The workspace as a canonical directory, so every later path check compares against the same
+/// root. Required: a daemon's own working directory (often `/` under a service manager) is never
+/// a sensible default.
+fn check_workspace(dir: Option<&Path>) -> Result<PathBuf> {
+    let dir = dir.ok_or_else(|| {
+        invalid("a workspace directory is required (forkctl sends its current directory)".into())
+    })?;
+    let shown = clip(&dir.display().to_string(), 200);
+    let canonical = std::fs::canonicalize(dir)
+        .map_err(|e| invalid(format!("workspace {shown} is not usable: {e}")))?;
+    if !canonical.is_dir() {
+        return Err(invalid(format!("workspace {shown} is not a directory")));
+    }
+    Ok(canonical)
+}
+
+fn check_thinking(budget: Option<u32>, max_tokens: u32) -> Result<Option<ThinkingConfig>> {
+    match budget {
+        None | Some(0) => Ok(None),
+        Some(b) if b < MIN_THINKING_BUDGET => Err(invalid(format!(
+            "thinking budget {b} is below the minimum of {MIN_THINKING_BUDGET} tokens"
+        ))),
+        Some(b) if b >= max_tokens => Err(invalid(format!(
+            "thinking budget {b} must be below max_tokens {max_tokens}"
+        ))),
+        Some(b) => Ok(Some(ThinkingConfig { budget_tokens: b })),
+    }
+}
+
+fn session_bytes(req: &NewSession) -> usize {
+    req.system_prompt.len()
+        + req
+            .context_files
+            .iter()
+            .map(|f| f.path.len() + f.content.len())
+            .sum::<usize>()
+        + req.external_tools.iter().map(String::len).sum::<usize>()
+}
+
+fn template(req: &NewSession, workspace: &Path, model: &str) -> SystemTemplate {
+    SystemTemplate {
+        base: req.system_prompt.clone(),
+        date: humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+            .to_string()
+            .chars()
+            .take("YYYY-MM-DD".len())
+            .collect(),
+        workspace: workspace.display().to_string(),
+        model: model.to_owned(),
+        coordinator: req.coordinator,
+        environment: BTreeMap::from([
+            ("Platform".to_owned(), std::env::consts::OS.to_owned()),
+            ("forkd".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
+        ]),
+    }
+}
+
 impl Engine {
     /// Creates a session: validates the request, renders the system prompt and assembles the tool
     /// pool once, and stores them with the session's first message.
     pub async fn create_session(&self, req: NewSession) -> Result<Session> {
         let cfg = self.config();
+        let size = session_bytes(&req);
+        if size > cfg.max_session_bytes {
+            return Err(invalid(format!(
+                "the session's system prompt, context files and tools come to {size} bytes; the \
+                 limit is {}",
+                cfg.max_session_bytes
+            )));
+        }
         let model = req
             .model
+            .clone()
             .filter(|m| !m.is_empty())
             .unwrap_or_else(|| cfg.default_model.clone());
-        if pricing::model(&model).is_none() {
-            return Err(EngineError::InvalidArgument(format!(
-                "unknown model {model:?}; known models: {}",
-                pricing::model_names()
-            )));
-        }
-        let workspace = match req.workspace {
-            Some(dir) => dir,
-            None => std::env::current_dir().map_err(|e| {
-                EngineError::InvalidArgument(format!("no workspace given and no current dir: {e}"))
-            })?,
-        };
-        // Canonical once, so every later path check compares against the same root.
-        let workspace = std::fs::canonicalize(&workspace).map_err(|e| {
-            EngineError::InvalidArgument(format!(
-                "workspace {} is not usable: {e}",
-                workspace.display()
-            ))
-        })?;
-        if !workspace.is_dir() {
-            return Err(EngineError::InvalidArgument(format!(
-                "workspace {} is not a directory",
-                workspace.display()
-            )));
-        }
+        check_model(&model)?;
+        let workspace = check_workspace(req.workspace.as_deref())?;
         if req.permission_mode == PermissionMode::Bubble && !req.interactive {
-            return Err(EngineError::InvalidArgument(
+            return Err(invalid(
                 "permission mode bubble needs an interactive session: no client could answer its \
                  prompts; use dontAsk, acceptEdits or bypassPermissions"
                     .into(),
             ));
         }
-        let thinking = match req.thinking_budget {
-            None | Some(0) => None,
-            Some(b) if b < MIN_THINKING_BUDGET => {
-                return Err(EngineError::InvalidArgument(format!(
-                    "thinking budget {b} is below the minimum of {MIN_THINKING_BUDGET} tokens"
-                )));
-            }
-            Some(b) => Some(ThinkingConfig { budget_tokens: b }),
-        };
         let max_tokens = req
             .max_tokens
             .filter(|m| *m > 0)
             .unwrap_or(cfg.default_max_tokens);
-        if let Some(t) = thinking
-            && t.budget_tokens >= max_tokens
-        {
-            return Err(EngineError::InvalidArgument(format!(
-                "thinking budget {} must be below max_tokens {max_tokens}",
-                t.budget_tokens
-            )));
-        }
+        let thinking = check_thinking(req.thinking_budget, max_tokens)?;
         let external = req
             .external_tools
             .iter()
             .enumerate()
-            .map(|(i, t)| {
-                ToolDef::parse(t)
-                    .map_err(|e| EngineError::InvalidArgument(format!("external tool {i}: {e}")))
-            })
+            .map(|(i, t)| ToolDef::parse(t).map_err(|e| invalid(format!("external tool {i}: {e}"))))
             .collect::<Result<Vec<_>>>()?;
-
-        let now = now_ms();
-        let template = SystemTemplate {
-            base: req.system_prompt,
-            date: humantime::format_rfc3339_seconds(std::time::SystemTime::now())
-                .to_string()
-                .chars()
-                .take(10)
-                .collect(),
-            workspace: workspace.display().to_string(),
-            model: model.clone(),
-            coordinator: req.coordinator,
-            environment: BTreeMap::from([
-                ("Platform".to_owned(), std::env::consts::OS.to_owned()),
-                ("forkd".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
-            ]),
-        };
         let session = Session {
             id: SessionId::new(),
             params: CacheSafeParams {
+                system: template(&req, &workspace, &model).render(),
                 model,
-                system: template.render(),
                 tools: ToolsJson::assemble(builtin_definitions(), external),
                 thinking,
                 max_tokens,
@@ -158,7 +191,7 @@ impl Engine {
             coordinator: req.coordinator,
             interactive: req.interactive,
             permission_mode: req.permission_mode,
-            created_at_ms: now,
+            created_at_ms: now_ms(),
         };
         self.inner
             .store

@@ -91,10 +91,21 @@ impl RunningDaemon {
 }
 
 fn prepare_home(home: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(home)
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if home.is_dir() {
+        // An existing directory is the operator's: warn about loose permissions, change nothing.
+        let mode = std::fs::metadata(home)?.permissions().mode();
+        if mode & 0o077 != 0 {
+            tracing::warn!(home = %home.display(), mode = format!("{:o}", mode & 0o777), "FORKD_HOME is readable by others; transcripts are stored there");
+        }
+        return Ok(());
+    }
+    // The home holds every client's transcripts: only its owner may enter it.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(home)
         .with_context(|| format!("cannot create FORKD_HOME {}", home.display()))?;
-    // The home holds every tenant's transcripts: only its owner may enter it.
     std::fs::set_permissions(home, std::fs::Permissions::from_mode(0o700))
         .with_context(|| format!("cannot restrict {}", home.display()))?;
     Ok(())
@@ -145,6 +156,13 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
         speed: config.sim_speed,
     });
     let engine = Engine::new(Arc::new(store), Arc::new(provider), config.engine.clone());
+    let interrupted = engine.fail_interrupted().await?;
+    if interrupted > 0 {
+        tracing::warn!(
+            interrupted,
+            "Agents left live by a previous daemon were failed"
+        );
+    }
 
     let socket_path = config.socket_path();
     let unix = bind_socket(&socket_path).await?;

@@ -185,3 +185,126 @@ async fn bad_requests_get_precise_codes_and_the_daemon_keeps_serving() {
         .into_inner();
     assert_eq!(listed.sessions.len(), 2);
 }
+
+/// `GetSessionRequest` with its string field as raw bytes, to send what a well-behaved client
+/// cannot: a session id that is not UTF-8.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawGetSession {
+    #[prost(bytes = "vec", tag = "1")]
+    session_id: Vec<u8>,
+}
+
+#[tokio::test]
+async fn a_string_that_is_not_utf8_is_invalid_argument() {
+    let daemon = spawn_daemon().await.unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(daemon.addr())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let status = grpc
+        .unary(
+            tonic::Request::new(RawGetSession {
+                session_id: vec![0xff, 0xfe, b'x'],
+            }),
+            tonic::codegen::http::uri::PathAndQuery::from_static("/forkd.v1.Forkd/GetSession"),
+            tonic_prost::ProstCodec::<RawGetSession, pb::GetSessionResponse>::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+
+    // Still serving.
+    let mut client = daemon.client().await.unwrap();
+    client
+        .list_sessions(pb::ListSessionsRequest::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn following_an_unknown_id_is_not_found_instead_of_a_silent_wait() {
+    let daemon = spawn_daemon().await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let requests = [
+        pb::SubscribeNotificationsRequest {
+            session_id: UNKNOWN.into(),
+            follow: true,
+            ..Default::default()
+        },
+        pb::SubscribeNotificationsRequest {
+            batch_id: UNKNOWN.into(),
+            follow: true,
+            ..Default::default()
+        },
+        pb::SubscribeNotificationsRequest {
+            agent_id: UNKNOWN.into(),
+            follow: true,
+            ..Default::default()
+        },
+    ];
+    for req in requests {
+        let status = client.subscribe_notifications(req).await.unwrap_err();
+        assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    }
+}
+
+#[tokio::test]
+async fn agents_a_stopped_daemon_left_running_fail_clearly_at_the_next_start() {
+    let mut daemon = spawn_daemon().await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = client
+        .create_session(session_request(daemon.home_path()))
+        .await
+        .unwrap()
+        .into_inner()
+        .session
+        .unwrap();
+    let batch = client
+        .fork_batch(pb::ForkBatchRequest {
+            session_id: session.session_id,
+            directives: directives(&["@sim sleep 60s\n@sim say slow"]),
+            warmup_gating: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    // Wait until the child runs, then stop the daemon under it.
+    let agent_id = batch.agent_ids[0].clone();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let agent = client
+            .get_agent(pb::GetAgentRequest {
+                agent_id: agent_id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .agent
+            .unwrap();
+        if agent.state == pb::AgentState::Running as i32 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the child never ran"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    drop(client);
+    daemon.restart(|_| {}).await.unwrap();
+
+    let mut client = daemon.client().await.unwrap();
+    let done = forkd_test_support::wait_for_batch(
+        &mut client,
+        &batch.batch_id,
+        1,
+        std::time::Duration::from_secs(20),
+    )
+    .await
+    .unwrap();
+    assert_eq!(done[0].status, pb::NotificationStatus::Failed as i32);
+    assert!(done[0].summary.contains("daemon stopped"), "{:?}", done[0]);
+}

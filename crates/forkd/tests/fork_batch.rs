@@ -308,3 +308,51 @@ async fn warmup_gating_lets_siblings_read_what_the_first_child_wrote() {
     let ungated = cache_reads(false).await;
     assert_eq!(ungated, vec![0, 0, 0]);
 }
+
+/// After a batch of 20 children, the parent's transcript holds 20 `<task-notification>` blocks:
+/// the next batch's history end lies beyond the provider's 20-position lookback from the entry
+/// the first batch wrote. Its first child must still read the shared history from cache.
+#[tokio::test]
+async fn a_later_batch_still_reads_the_history_cached_by_an_earlier_one() {
+    let daemon = spawn_daemon().await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = client
+        .create_session(session_request(daemon.home_path()))
+        .await
+        .unwrap()
+        .into_inner()
+        .session
+        .unwrap();
+    let prompts: Vec<String> = (0..20).map(|i| format!("first batch {i}")).collect();
+    let refs: Vec<&str> = prompts.iter().map(String::as_str).collect();
+    let first = client
+        .fork_batch(pb::ForkBatchRequest {
+            session_id: session.session_id.clone(),
+            directives: directives(&refs),
+            warmup_gating: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    wait_for_batch(&mut client, &first.batch_id, 20, DEADLINE)
+        .await
+        .unwrap();
+
+    let second = client
+        .fork_batch(pb::ForkBatchRequest {
+            session_id: session.session_id,
+            directives: directives(&["second batch"]),
+            warmup_gating: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let done = wait_for_batch(&mut client, &second.batch_id, 1, DEADLINE)
+        .await
+        .unwrap();
+    let read = usage(&done[0]).cache_read_input_tokens;
+    // The session's history (tools and system prompt, ~1k tokens, and the context file, ~2k)
+    // comes from the first batch's entry. Without it the child could read the tools and system
+    // prompt at best.
+    assert!(read > 2_500, "read {read}");
+}

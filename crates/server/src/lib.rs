@@ -15,6 +15,8 @@ use forkd_proto::v1::forkd_server::ForkdServer;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tokio_util::sync::CancellationToken;
+use tonic::codegen::http;
+use tower::util::MapResponseLayer;
 
 pub use service::ForkdService;
 
@@ -53,20 +55,31 @@ pub enum ServerError {
     Join(#[from] tokio::task::JoinError),
 }
 
-fn router(
-    engine: &Engine,
-    config: &ServerConfig,
-) -> Result<tonic::transport::server::Router, ServerError> {
-    let forkd = ForkdServer::new(ForkdService::new(engine.clone()))
+/// Serves the API on one stream of connections until `stop` is cancelled.
+async fn serve_incoming<I, IO, IE>(
+    engine: Engine,
+    config: ServerConfig,
+    incoming: I,
+    stop: CancellationToken,
+) -> Result<(), ServerError>
+where
+    I: futures::Stream<Item = Result<IO, IE>>,
+    IO: tokio::io::AsyncRead
+        + tokio::io::AsyncWrite
+        + tonic::transport::server::Connected
+        + Unpin
+        + Send
+        + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let forkd = ForkdServer::new(ForkdService::new(engine))
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
     let (health_reporter, health) = tonic_health::server::health_reporter();
     // Nothing else sets it: the service serves as long as the process does.
-    tokio::spawn(async move {
-        health_reporter
-            .set_serving::<ForkdServer<ForkdService>>()
-            .await;
-    });
+    health_reporter
+        .set_serving::<ForkdServer<ForkdService>>()
+        .await;
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(forkd_proto::v1::FILE_DESCRIPTOR_SET)
@@ -75,12 +88,38 @@ fn router(
     // Both reflection versions: older grpcurl speaks only v1alpha.
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
-    Ok(tonic::transport::Server::builder()
+    tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .layer(MapResponseLayer::new(decode_errors_are_invalid_argument))
         .add_service(forkd)
         .add_service(health)
         .add_service(reflection_v1)
-        .add_service(reflection_v1alpha))
+        .add_service(reflection_v1alpha)
+        .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
+        .await?;
+    Ok(())
+}
+
+/// A request that does not decode (a string field that is not UTF-8, a truncated message) is the
+/// client's error, but tonic's codec reports it as `INTERNAL`, which clients read as a server
+/// fault and retry. This rewrites exactly those responses to `INVALID_ARGUMENT`.
+fn decode_errors_are_invalid_argument<B>(mut res: http::Response<B>) -> http::Response<B> {
+    let headers = res.headers();
+    let internal = headers
+        .get("grpc-status")
+        .is_some_and(|s| s.as_bytes() == b"13");
+    let decode = headers
+        .get("grpc-message")
+        .and_then(|m| m.to_str().ok())
+        .is_some_and(|m| {
+            m.replace("%20", " ")
+                .starts_with("failed to decode Protobuf message")
+        });
+    if internal && decode {
+        res.headers_mut()
+            .insert("grpc-status", http::HeaderValue::from_static("3"));
+    }
+    res
 }
 
 /// Serves until `shutdown` is cancelled, then stops accepting and lets open calls finish.
@@ -95,28 +134,28 @@ pub async fn serve(
     }
     let mut servers = tokio::task::JoinSet::new();
     if let Some(unix) = listeners.unix {
-        let router = router(&engine, &config)?;
-        let stop = shutdown.clone();
-        servers.spawn(async move {
-            router
-                .serve_with_incoming_shutdown(UnixListenerStream::new(unix), stop.cancelled_owned())
-                .await
-        });
+        let incoming = UnixListenerStream::new(unix);
+        servers.spawn(serve_incoming(
+            engine.clone(),
+            config.clone(),
+            incoming,
+            shutdown.clone(),
+        ));
     }
     if let Some(tcp) = listeners.tcp {
-        let router = router(&engine, &config)?;
-        let stop = shutdown.clone();
-        servers.spawn(async move {
-            router
-                .serve_with_incoming_shutdown(TcpListenerStream::new(tcp), stop.cancelled_owned())
-                .await
-        });
+        let incoming = TcpListenerStream::new(tcp);
+        servers.spawn(serve_incoming(
+            engine.clone(),
+            config.clone(),
+            incoming,
+            shutdown.clone(),
+        ));
     }
     while let Some(done) = servers.join_next().await {
         if let Err(e) = done? {
             // One listener failing stops the others too: a half-served daemon is worse.
             shutdown.cancel();
-            return Err(e.into());
+            return Err(e);
         }
     }
     Ok(())

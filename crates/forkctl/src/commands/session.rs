@@ -55,7 +55,7 @@ pub struct CreateArgs {
     #[arg(long)]
     pub model: Option<String>,
 
-    /// The directory the session's tools work in; the daemon's working directory when omitted.
+    /// The directory the session's tools work in; the current directory when omitted.
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
 
@@ -118,9 +118,9 @@ fn create_request(args: CreateArgs) -> Result<CreateSessionRequest, CliError> {
         })
         .collect::<Result<_, CliError>>()?;
     // Relative to the user's shell, not to the daemon's working directory.
-    let workspace = match args.workspace {
-        None => String::new(),
-        Some(dir) => std::path::absolute(&dir)
+    let dir = args.workspace.unwrap_or_else(|| PathBuf::from("."));
+    let workspace = {
+        std::path::absolute(&dir)
             .ok()
             .and_then(|abs| abs.to_str().map(str::to_owned))
             .ok_or_else(|| {
@@ -128,7 +128,7 @@ fn create_request(args: CreateArgs) -> Result<CreateSessionRequest, CliError> {
                     "cannot use workspace {}: it has no absolute UTF-8 form",
                     dir.display()
                 ))
-            })?,
+            })?
     };
     Ok(CreateSessionRequest {
         system_prompt,

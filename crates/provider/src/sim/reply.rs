@@ -84,10 +84,6 @@ fn locate(messages: &[SimMessage]) -> Located<'_> {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// A tool_use id that depends only on the script, the step and the call's place in the turn, so
 /// replaying a request reproduces it.
 fn tool_id(script_text: &str, step: usize, index: usize) -> String {
@@ -95,7 +91,7 @@ fn tool_id(script_text: &str, step: usize, index: usize) -> String {
     h.update(script_text.as_bytes());
     h.update((step as u64).to_le_bytes());
     h.update((index as u64).to_le_bytes());
-    format!("toolu_sim_{}", hex(&h.finalize()[..12]))
+    format!("toolu_sim_{}", hex::encode(&h.finalize()[..12]))
 }
 
 /// The reply to a conversation.

@@ -101,7 +101,9 @@ impl Forkd for ForkdService {
         &self,
         req: Request<pb::SubscribeNotificationsRequest>,
     ) -> Reply<Self::SubscribeNotificationsStream> {
-        self.subscribe_rpc(req.into_inner()).map(Response::new)
+        self.subscribe_rpc(req.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn get_cache_stats(

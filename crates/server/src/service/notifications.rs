@@ -16,7 +16,7 @@ use crate::status::to_status;
 pub type NotificationStream = Pin<Box<dyn Stream<Item = Result<pb::Notification, Status>> + Send>>;
 
 impl ForkdService {
-    pub(super) fn subscribe_rpc(
+    pub(super) async fn subscribe_rpc(
         &self,
         req: pb::SubscribeNotificationsRequest,
     ) -> Result<NotificationStream, Status> {
@@ -37,6 +37,8 @@ impl ForkdService {
         let stream = self
             .engine
             .subscribe(req.since_seq, filter, req.follow)
+            .await
+            .map_err(to_status)?
             .map(|item| item.map(|n| convert::notification(&n)).map_err(to_status));
         Ok(Box::pin(stream))
     }

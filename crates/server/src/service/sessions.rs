@@ -26,8 +26,9 @@ impl ForkdService {
             "" => PermissionMode::Default,
             other => PermissionMode::parse(other).ok_or_else(|| {
                 Status::invalid_argument(format!(
-                    "unknown permission_mode {other:?}; use default, acceptEdits, plan, \
-                     bypassPermissions, dontAsk or bubble"
+                    "unknown permission_mode {:?}; use default, acceptEdits, plan, \
+                     bypassPermissions, dontAsk or bubble",
+                    other.chars().take(64).collect::<String>()
                 ))
             })?,
         };

@@ -1,0 +1,119 @@
+//! The engine's notification streams: every notification exactly once, in sequence order, for
+//! subscribers that join before, during and after a batch.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use forkd_core::Directive;
+use forkd_core::session::PermissionMode;
+use forkd_engine::{ContextFile, Engine, EngineConfig, NewSession, NotificationStream};
+use forkd_provider::{SimConfig, SimProvider};
+use forkd_store::{Durability, NotificationFilter, SqliteStore};
+use futures::StreamExt;
+
+async fn engine(dir: &std::path::Path) -> Engine {
+    let store = SqliteStore::open(&dir.join("forkd.db"), Durability::Normal)
+        .await
+        .unwrap();
+    Engine::new(
+        Arc::new(store),
+        Arc::new(SimProvider::new(SimConfig { speed: 0.0 })),
+        EngineConfig::default(),
+    )
+}
+
+fn session(dir: &std::path::Path) -> NewSession {
+    NewSession {
+        system_prompt: "Sys.".into(),
+        context_files: vec![ContextFile {
+            path: "a.md".into(),
+            content: "context ".repeat(600),
+        }],
+        workspace: Some(dir.to_path_buf()),
+        permission_mode: PermissionMode::DontAsk,
+        ..NewSession::default()
+    }
+}
+
+async fn take_seqs(stream: &mut NotificationStream, n: usize) -> Vec<u64> {
+    let mut seqs = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while seqs.len() < n {
+            let note = stream.next().await.unwrap().unwrap();
+            seqs.push(note.seq);
+        }
+    })
+    .await
+    .expect("notifications arrive");
+    seqs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_see_every_notification_once_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(dir.path()).await;
+    let s = engine.create_session(session(dir.path())).await.unwrap();
+    let directives: Vec<Directive> = (0..40)
+        .map(|i| Directive {
+            description: format!("d{i}"),
+            prompt: format!("part {i}"),
+        })
+        .collect();
+
+    let mut early = engine
+        .subscribe(0, NotificationFilter::default(), true)
+        .await
+        .unwrap();
+    let batch = engine
+        .fork_batch(s.id, directives.clone(), Some(false))
+        .await
+        .unwrap();
+    // Joins while the batch runs: part replay, part live.
+    let mut middle = engine
+        .subscribe(0, NotificationFilter::default(), true)
+        .await
+        .unwrap();
+    let early_seqs = take_seqs(&mut early, 40).await;
+    let middle_seqs = take_seqs(&mut middle, 40).await;
+    let expected: Vec<u64> = (1..=40).collect();
+    assert_eq!(early_seqs, expected);
+    assert_eq!(middle_seqs, expected);
+
+    // After the batch: a replay without follow ends, and `since_seq` skips what was seen.
+    let replay: Vec<u64> = engine
+        .subscribe(25, NotificationFilter::default(), false)
+        .await
+        .unwrap()
+        .map(|n| n.unwrap().seq)
+        .collect()
+        .await;
+    assert_eq!(replay, (26..=40).collect::<Vec<_>>());
+
+    // A second batch reaches the long-lived subscriber, and the batch filter holds.
+    let second = engine
+        .fork_batch(s.id, directives[..3].to_vec(), None)
+        .await
+        .unwrap();
+    let more = take_seqs(&mut early, 3).await;
+    assert_eq!(more, vec![41, 42, 43]);
+    let filtered: BTreeSet<_> = engine
+        .subscribe(
+            0,
+            NotificationFilter {
+                batch_id: Some(second.batch_id),
+                ..NotificationFilter::default()
+            },
+            false,
+        )
+        .await
+        .unwrap()
+        .map(|n| n.unwrap().agent_id)
+        .collect()
+        .await;
+    assert_eq!(filtered, second.agent_ids.iter().copied().collect());
+    assert_ne!(batch.batch_id, second.batch_id);
+    engine.shutdown(Duration::from_secs(5)).await;
+}
