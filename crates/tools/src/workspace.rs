@@ -1,0 +1,213 @@
+//! Workspace confinement: every path a tool touches is resolved here, and nothing outside the
+//! session's workspace root comes back.
+//!
+//! The check runs on *canonical* paths (symlinks and `..` resolved by the kernel) and compares
+//! them component by component with `Path::starts_with`, so `/ws-secret` is never "inside" `/ws`.
+//! A path that does not exist yet is checked through its deepest existing ancestor; the missing
+//! components below it must be plain names (a `..` there cannot be checked, so it is refused).
+//!
+//! TOCTOU caveat: the check and the later open are two system calls. A process that swaps a
+//! checked directory for a symlink in between can still redirect the open. Tools narrow the
+//! window where it is cheap: writes open the final component with `O_NOFOLLOW` (see
+//! `fsutil::write_file`), and Write re-checks freshly created parent directories. A workspace
+//! shared with a hostile concurrent process needs OS-level isolation, not this module.
+
+use std::fs;
+use std::path::{Component, Path, PathBuf};
+
+use crate::error::ToolError;
+
+/// What the caller means to do with a path, which decides whether it must already exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// The path must exist.
+    Read,
+    /// The path may not exist yet, nor may its parent directories.
+    Write,
+}
+
+/// A canonical workspace root that paths are resolved against and confined to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workspace {
+    root: PathBuf,
+}
+
+impl Workspace {
+    /// Canonicalizes `root` once; every later check compares against this canonical form.
+    pub fn new(root: impl AsRef<Path>) -> Result<Workspace, ToolError> {
+        let given = root.as_ref();
+        let root = fs::canonicalize(given).map_err(|source| ToolError::BadRoot {
+            root: given.to_path_buf(),
+            source,
+        })?;
+        if !root.is_dir() {
+            return Err(ToolError::BadRoot {
+                root,
+                source: std::io::Error::other("not a directory"),
+            });
+        }
+        Ok(Workspace { root })
+    }
+
+    /// The canonical root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Resolves `path` (relative to the root, or absolute) to a canonical path inside the
+    /// workspace. With [`Access::Write`] the result may not exist yet: it is then the canonical
+    /// deepest existing ancestor joined with the missing plain components.
+    pub fn resolve(&self, path: &str, intent: Access) -> Result<PathBuf, ToolError> {
+        if path.is_empty() {
+            return Err(ToolError::EmptyPath);
+        }
+        if path.contains('\0') {
+            return Err(ToolError::NulByte {
+                path: path.to_owned(),
+            });
+        }
+        // `join` replaces the root when `path` is absolute, which is what we want.
+        let joined = self.root.join(path);
+        let (existing, missing) = split_existing(&joined);
+        let canonical = fs::canonicalize(existing).map_err(|source| ToolError::Unresolvable {
+            path: path.to_owned(),
+            source,
+        })?;
+        if !canonical.starts_with(&self.root) {
+            return Err(ToolError::OutsideWorkspace {
+                path: path.to_owned(),
+                resolved: canonical.join(missing),
+                root: self.root.clone(),
+            });
+        }
+        let plain = missing
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+        if !plain {
+            return Err(ToolError::UncheckableDotDot {
+                path: path.to_owned(),
+                root: self.root.clone(),
+            });
+        }
+        if missing.as_os_str().is_empty() {
+            // Not `join("")`, which would append a trailing `/` and make a file look like a
+            // directory to `open`.
+            return Ok(canonical);
+        }
+        if intent == Access::Read {
+            return Err(ToolError::NotFound {
+                path: path.to_owned(),
+            });
+        }
+        Ok(canonical.join(missing))
+    }
+
+    /// `path` relative to the root for display and for `files_changed` (`.` for the root
+    /// itself); a path outside the root is shown whole.
+    pub fn relative(&self, path: &Path) -> String {
+        match path.strip_prefix(&self.root) {
+            Ok(rel) if rel.as_os_str().is_empty() => ".".to_owned(),
+            Ok(rel) => rel.to_string_lossy().into_owned(),
+            Err(_) => path.to_string_lossy().into_owned(),
+        }
+    }
+}
+
+/// Splits `path` into its deepest ancestor that exists (as an entry, possibly a dangling
+/// symlink, which canonicalization then refuses) and the components below it.
+fn split_existing(path: &Path) -> (&Path, &Path) {
+    for ancestor in path.ancestors() {
+        // lstat, not stat: a dangling symlink must count as existing, or a write "through" it
+        // would be checked against its parent and then follow the link anywhere.
+        if fs::symlink_metadata(ancestor).is_ok() {
+            let missing = path.strip_prefix(ancestor).unwrap_or(Path::new(""));
+            return (ancestor, missing);
+        }
+    }
+    // Unreachable for absolute paths (`/` exists); canonicalization reports anything else.
+    (path, Path::new(""))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn ws() -> (tempfile::TempDir, Workspace) {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = Workspace::new(dir.path()).unwrap();
+        (dir, ws)
+    }
+
+    #[test]
+    fn relative_and_absolute_paths_inside_resolve_to_the_same_place() {
+        let (_dir, ws) = ws();
+        fs::write(ws.root().join("a.txt"), "x").unwrap();
+        let rel = ws.resolve("a.txt", Access::Read).unwrap();
+        let abs = ws
+            .resolve(ws.root().join("a.txt").to_str().unwrap(), Access::Read)
+            .unwrap();
+        assert_eq!(rel, abs);
+        assert_eq!(rel.as_os_str(), ws.root().join("a.txt").as_os_str());
+        assert_eq!(ws.relative(&rel), "a.txt");
+        assert_eq!(ws.relative(ws.root()), ".");
+    }
+
+    #[test]
+    fn a_write_may_create_missing_directories() {
+        let (_dir, ws) = ws();
+        let path = ws.resolve("new/deeper/file.rs", Access::Write).unwrap();
+        assert_eq!(path, ws.root().join("new/deeper/file.rs"));
+        let err = ws.resolve("new/deeper/file.rs", Access::Read).unwrap_err();
+        assert!(matches!(err, ToolError::NotFound { .. }), "{err}");
+    }
+
+    #[test]
+    fn dot_dot_below_a_missing_directory_is_refused() {
+        let (_dir, ws) = ws();
+        let err = ws.resolve("missing/../x", Access::Write).unwrap_err();
+        assert!(matches!(err, ToolError::UncheckableDotDot { .. }), "{err}");
+    }
+
+    #[test]
+    fn dot_dot_that_stays_inside_is_fine() {
+        let (_dir, ws) = ws();
+        fs::create_dir(ws.root().join("sub")).unwrap();
+        let path = ws.resolve("sub/../top.txt", Access::Write).unwrap();
+        assert_eq!(path, ws.root().join("top.txt"));
+    }
+
+    #[test]
+    fn empty_and_nul_paths_are_refused() {
+        let (_dir, ws) = ws();
+        assert!(matches!(
+            ws.resolve("", Access::Write),
+            Err(ToolError::EmptyPath)
+        ));
+        assert!(matches!(
+            ws.resolve("a\0b", Access::Write),
+            Err(ToolError::NulByte { .. })
+        ));
+    }
+
+    #[test]
+    fn a_dangling_symlink_is_refused_rather_than_written_through() {
+        let (_dir, ws) = ws();
+        std::os::unix::fs::symlink("/nonexistent-forkd-target", ws.root().join("dangling"))
+            .unwrap();
+        let err = ws.resolve("dangling", Access::Write).unwrap_err();
+        assert!(matches!(err, ToolError::Unresolvable { .. }), "{err}");
+    }
+
+    #[test]
+    fn the_root_must_be_a_directory() {
+        let (dir, _ws) = ws();
+        let file = dir.path().join("f");
+        fs::write(&file, "").unwrap();
+        assert!(matches!(
+            Workspace::new(&file),
+            Err(ToolError::BadRoot { .. })
+        ));
+        assert!(Workspace::new(dir.path().join("missing")).is_err());
+    }
+}
