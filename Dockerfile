@@ -5,6 +5,10 @@ COPY . .
 RUN cargo build --release --locked --bin forkd --bin forkctl
 
 FROM debian:bookworm-slim
+# The anthropic and openai providers verify TLS against the system's roots.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates \
+    && rm -rf /var/lib/apt/lists/*
 RUN useradd --system --create-home --home-dir /var/lib/forkd forkd
 COPY --from=build /src/target/release/forkd /src/target/release/forkctl /usr/local/bin/
 USER forkd

@@ -248,22 +248,35 @@ impl ForkBatch {
     /// The results the parent's own transcript gets for `A`'s tool_uses: `async_launched` for each
     /// child, and the placeholder for anything else `A` called.
     pub fn parent_results(&self, children: &[(String, AgentId)]) -> Message {
+        self.parent_results_with(children, &[])
+    }
+
+    /// Like [`ForkBatch::parent_results`], with the real results of `A`'s other tool calls (a
+    /// parent model may call other tools in the message that forks).
+    pub fn parent_results_with(
+        &self,
+        children: &[(String, AgentId)],
+        others: &[(String, Block)],
+    ) -> Message {
         let blocks = self
             .assistant
             .tool_uses()
-            .map(
-                |(tool_use_id, _, _)| match children.iter().find(|(id, _)| id == tool_use_id) {
-                    Some((_, agent)) => Block::tool_result(
+            .map(|(tool_use_id, _, _)| {
+                if let Some((_, agent)) = children.iter().find(|(id, _)| id == tool_use_id) {
+                    return Block::tool_result(
                         tool_use_id,
                         &format!(
                             "async_launched: fork child {agent} is working in the background; \
                              its <task-notification> will arrive when it ends."
                         ),
                         false,
-                    ),
+                    );
+                }
+                match others.iter().find(|(id, _)| id == tool_use_id) {
+                    Some((_, result)) => result.clone(),
                     None => Block::tool_result(tool_use_id, FORK_PLACEHOLDER_RESULT, false),
-                },
-            )
+                }
+            })
             .collect();
         Message::user(blocks)
     }

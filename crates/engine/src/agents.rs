@@ -1,7 +1,7 @@
 //! Reading agents and their transcripts.
 
 use forkd_core::fork::ForkBatch;
-use forkd_core::{Agent, AgentId, AgentKind, BatchId, Message, NotificationStatus};
+use forkd_core::{Agent, AgentId, AgentKind, AgentState, BatchId, Message, NotificationStatus};
 use forkd_store::AgentFilter;
 
 use crate::Engine;
@@ -28,6 +28,15 @@ impl Engine {
             .store
             .list_agents(&AgentFilter::default())
             .await?;
+        let (parents, live): (Vec<_>, Vec<_>) =
+            live.into_iter().partition(|a| a.kind == AgentKind::Parent);
+        for parent in &parents {
+            // A parent has no end to report: its interrupted turn simply ended.
+            self.inner
+                .store
+                .set_agent_state(parent.id, AgentState::Pending, None)
+                .await?;
+        }
         for agent in &live {
             tracing::warn!(agent.id = %agent.id, state = agent.state.as_str(), "Failing an agent left live by a previous daemon");
             self.finish_with_retries(
@@ -81,6 +90,18 @@ impl Engine {
         let agent = self.get_agent(id).await?;
         let store = &self.inner.store;
         let mut out = Vec::new();
+        if agent.kind == AgentKind::Parent {
+            // A session's main loop speaks in the session's own transcript.
+            return Ok(store
+                .session_messages(agent.session_id, None)
+                .await?
+                .into_iter()
+                .map(|m| TranscriptEntry {
+                    message: m.message,
+                    shared: false,
+                })
+                .collect());
+        }
         if agent.kind == AgentKind::Fork
             && let Some(batch_id) = agent.batch_id
         {

@@ -16,6 +16,17 @@ pub struct SubmittedBatch {
     pub agent_ids: Vec<AgentId>,
 }
 
+/// A batch about to be stored: its fork message, the children it forks (tool_use id and
+/// directive, in order), and the real results of the message's other tool calls.
+pub(crate) struct BatchStart {
+    pub session_id: SessionId,
+    pub batch_id: BatchId,
+    pub assistant: forkd_core::Message,
+    pub forks: Vec<(String, Directive)>,
+    pub others: Vec<(String, forkd_core::Block)>,
+    pub gating: bool,
+}
+
 /// Opens when the first child's response has started (or when the first child ends without
 /// one), releasing its siblings. Dropping the sender opens it too, so no sibling waits forever.
 pub(crate) struct WarmupGate {
@@ -94,29 +105,40 @@ impl Engine {
         self.inner
             .tasks
             .spawn(async move {
-                engine
-                    .commit_and_start(session_id, directives, gating)
-                    .await
+                let batch_id = BatchId::new();
+                let assistant = fork::client_fork_message(batch_id, &directives);
+                let forks = fork::fork_directives(&assistant);
+                let start = BatchStart {
+                    session_id,
+                    batch_id,
+                    assistant,
+                    forks,
+                    others: Vec::new(),
+                    gating,
+                };
+                engine.commit_and_start(start).await
             })
             .await
             .map_err(|e| EngineError::Internal(format!("fork batch task failed: {e}")))?
     }
 
-    async fn commit_and_start(
-        &self,
-        session_id: SessionId,
-        directives: Vec<Directive>,
-        gating: bool,
-    ) -> Result<SubmittedBatch> {
-        let batch_id = BatchId::new();
-        let assistant = fork::client_fork_message(batch_id, &directives);
+    /// Appends the fork message and the parent's results to the session, stores the batch and
+    /// its children, and starts them. One code path for client and model batches.
+    pub(crate) async fn commit_and_start(&self, start: BatchStart) -> Result<SubmittedBatch> {
+        let BatchStart {
+            session_id,
+            batch_id,
+            assistant,
+            forks,
+            others,
+            gating,
+        } = start;
         let lock = self.session_lock(session_id);
         let guard = lock.lock().await;
         let fork_point = self.inner.store.session_message_count(session_id).await?;
         let now = now_ms();
         let batch = ForkBatch::new(batch_id, session_id, fork_point, assistant, now)
             .map_err(invalid_fork)?;
-        let forks = fork::fork_directives(&batch.assistant);
         let children: Vec<NewChild> = forks
             .iter()
             .enumerate()
@@ -127,7 +149,7 @@ impl Engine {
             .zip(&children)
             .map(|((tool_use_id, _), c)| (tool_use_id, c.agent.id))
             .collect();
-        let parent_results = batch.parent_results(&pairs);
+        let parent_results = batch.parent_results_with(&pairs, &others);
         self.inner
             .store
             .create_fork_batch(&batch, &parent_results, &children)

@@ -8,7 +8,9 @@ mod agents;
 mod batch;
 mod config;
 mod error;
+mod model;
 mod notify;
+mod parent;
 mod run;
 mod session;
 mod stats;
@@ -30,6 +32,7 @@ pub use batch::SubmittedBatch;
 pub use config::{EngineConfig, RetryPolicy};
 pub use error::EngineError;
 pub use notify::NotificationStream;
+pub use parent::{ParentEvent, ParentEventStream};
 pub use session::{ContextFile, NewSession, context_block};
 pub use stats::{CacheStats, StatsScope};
 
@@ -52,6 +55,8 @@ struct Inner {
     /// One lock per session: appends to a session's transcript (a fork batch, a notification)
     /// must see the transcript's current length, so they are serialized per session.
     session_locks: StdMutex<HashMap<SessionId, Arc<Mutex<()>>>>,
+    /// One parent turn per session at a time (held for the whole turn, unlike the session lock).
+    turn_locks: StdMutex<HashMap<SessionId, Arc<Mutex<()>>>>,
     /// Held across a notification's commit and its broadcast, so live subscribers receive
     /// notifications in sequence order (they drop anything at or below the last seq they saw).
     notify_order: Mutex<()>,
@@ -71,6 +76,7 @@ impl Engine {
                 config,
                 notifications,
                 session_locks: StdMutex::new(HashMap::new()),
+                turn_locks: StdMutex::new(HashMap::new()),
                 notify_order: Mutex::new(()),
                 batches: run::BatchCache::default(),
                 tasks: TaskTracker::new(),
@@ -101,6 +107,15 @@ impl Engine {
                 "Agent runs did not stop within the grace period"
             );
         }
+    }
+
+    fn turn_lock(&self, id: SessionId) -> Arc<Mutex<()>> {
+        let mut locks = self
+            .inner
+            .turn_locks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        locks.entry(id).or_default().clone()
     }
 
     fn session_lock(&self, id: SessionId) -> Arc<Mutex<()>> {

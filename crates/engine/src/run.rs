@@ -13,15 +13,19 @@ use forkd_core::pricing::{self, CacheTtl};
 use forkd_core::report::Report;
 use forkd_core::request::{self, BlockPos};
 use forkd_core::session::Session;
-use forkd_core::{Agent, AgentId, AgentState, BatchId, Message, NotificationStatus, RequestId};
-use forkd_provider::{Accumulator, Completion, ModelRequest, ProviderError, StreamEvent};
+use forkd_core::{
+    Agent, AgentId, AgentState, BatchId, Block, Message, NotificationStatus, RequestId, Role,
+};
+use forkd_provider::{Completion, ModelRequest, ProviderError, StreamEvent};
 use forkd_store::{NewNotification, RequestRecord};
-use futures::StreamExt;
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use tokio_util::sync::CancellationToken;
+
 use crate::batch::WarmupGate;
 use crate::error::EngineError;
+use crate::tools::ToolTurn;
 use crate::{Engine, now_ms};
 
 /// What the children of one batch share, loaded once and held by reference: the prefix is
@@ -38,6 +42,14 @@ const FINISH_ATTEMPTS: u32 = 16;
 /// Live batch contexts; entries die with the last child that holds them.
 #[derive(Default)]
 pub(crate) struct BatchCache(std::sync::Mutex<HashMap<BatchId, Weak<BatchContext>>>);
+
+/// A fork child's run, loaded from the store.
+struct ChildRun {
+    agent: Agent,
+    ctx: Arc<BatchContext>,
+    directive: Block,
+    own: Vec<Message>,
+}
 
 /// Why a run ended without completing.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +69,12 @@ impl From<forkd_store::StoreError> for RunFailure {
 }
 
 impl Engine {
+    /// Starts a new run of an existing agent: it rebuilds its conversation from the store and
+    /// continues from wherever its transcript stands.
+    pub fn start_agent(&self, id: AgentId) {
+        self.spawn_agent(id, None, None);
+    }
+
     /// Spawns an agent's run on the engine's tracker. `gate` is held by a batch's first child;
     /// `wait` makes a sibling wait for that gate.
     pub(crate) fn spawn_agent(
@@ -66,6 +84,8 @@ impl Engine {
         wait: Option<watch::Receiver<bool>>,
     ) {
         let engine = self.clone();
+        // The run's own token: cancelled on shutdown, and what its tool calls (a Bash process
+        // group) watch so they stop with it.
         let token = self.inner.shutdown.child_token();
         let span = tracing::info_span!("agent", agent.id = %id);
         self.inner.tasks.spawn(
@@ -75,7 +95,7 @@ impl Engine {
                     biased;
                     // On shutdown the agent stays `running` in the store: a later start resumes it.
                     () = token.cancelled() => tracing::debug!("Agent run stopped by shutdown"),
-                    () = engine.run_agent(id, gate, wait) => {}
+                    () = engine.run_agent(id, gate, wait, &token) => {}
                 }
             }
             .instrument(span),
@@ -87,12 +107,13 @@ impl Engine {
         id: AgentId,
         mut gate: Option<WarmupGate>,
         wait: Option<watch::Receiver<bool>>,
+        cancel: &CancellationToken,
     ) {
         if let Some(mut rx) = wait {
             // A closed gate (its sender dropped) releases the sibling too.
             let _ = rx.wait_for(|open| *open).await;
         }
-        let outcome = self.drive(id, &mut gate).await;
+        let outcome = self.drive(id, &mut gate, cancel).await;
         if let Some(g) = gate.as_mut() {
             g.open();
         }
@@ -189,21 +210,11 @@ impl Engine {
         cache.get(&id).and_then(Weak::upgrade)
     }
 
-    /// Runs the agent's turns; returns its final text.
-    async fn drive(
-        &self,
-        id: AgentId,
-        gate: &mut Option<WarmupGate>,
-    ) -> Result<String, RunFailure> {
-        let store = self.inner.store.clone();
-        let agent = store
-            .get_agent(id)
-            .await?
-            .ok_or_else(|| EngineError::NotFound {
-                kind: "agent",
-                id: id.to_string(),
-            })?;
-        store.set_agent_state(id, AgentState::Running, None).await?;
+    /// Loads what a run of a fork child needs: the agent, its batch's shared context, its
+    /// directive block and its own messages so far.
+    async fn load_child(&self, id: AgentId) -> Result<ChildRun, RunFailure> {
+        let store = &self.inner.store;
+        let agent = self.get_agent(id).await?;
         let ctx = self.batch_context(&agent).await?;
         let directive =
             store
@@ -213,19 +224,63 @@ impl Engine {
                     kind: "directive of agent",
                     id: id.to_string(),
                 })?;
-        let mut own: Vec<Message> = store
+        let own = store
             .agent_messages(id)
             .await?
             .into_iter()
             .map(|m| m.message)
             .collect();
+        Ok(ChildRun {
+            agent,
+            ctx,
+            directive,
+            own,
+        })
+    }
+
+    /// Runs the agent's turns from wherever its transcript stands; returns its final text.
+    async fn drive(
+        &self,
+        id: AgentId,
+        gate: &mut Option<WarmupGate>,
+        cancel: &CancellationToken,
+    ) -> Result<String, RunFailure> {
+        let ChildRun {
+            agent,
+            ctx,
+            directive,
+            mut own,
+        } = self.load_child(id).await?;
+        let store = self.inner.store.clone();
+        store.set_agent_state(id, AgentState::Running, None).await?;
         let params = &ctx.session.params;
         let directive_pos = BlockPos {
             message: ctx.history.len() + 1,
             block: ctx.batch.shared_user_blocks.len(),
         };
         let max_turns = self.config().max_turns;
-        for turn in 0..max_turns {
+        // Turns already taken (a later run of the same agent continues the count).
+        let mut turn = own.iter().filter(|m| m.role == Role::Assistant).count() as u32;
+        loop {
+            if let Some(last) = own.last().filter(|m| m.role == Role::Assistant) {
+                if last.tool_uses().next().is_none() {
+                    return Ok(last.text());
+                }
+                // Answer the model's tool calls, including those a previous run left open.
+                let conv = ctx.batch.child_conversation(&ctx.history, &directive, &own);
+                let tool_turn = ToolTurn {
+                    agent: &agent,
+                    session: &ctx.session,
+                    conversation: &conv.messages,
+                    cancel: cancel.clone(),
+                };
+                let results = self.run_tools(&tool_turn, last).await?;
+                store.append_agent_message(id, &results).await?;
+                own.push(results);
+            }
+            if turn >= max_turns {
+                return Err(RunFailure::TurnLimit(max_turns));
+            }
             let conv = ctx.batch.child_conversation(&ctx.history, &directive, &own);
             let body = request::serialize(params, &conv, true);
             let fingerprint = body.prefix_fingerprint(directive_pos).unwrap_or_default();
@@ -234,7 +289,15 @@ impl Engine {
                 model: params.model.clone(),
                 body: body.body.into(),
             };
-            let completion = self.request_with_retries(req, gate).await?;
+            let completion = self
+                .request_with_retries(req, &mut |event| {
+                    if matches!(event, StreamEvent::MessageStart { .. })
+                        && let Some(g) = gate.as_mut()
+                    {
+                        g.open();
+                    }
+                })
+                .await?;
             store.append_agent_message(id, &completion.message).await?;
             self.record(
                 &agent,
@@ -245,18 +308,9 @@ impl Engine {
                 body_bytes,
             )
             .await?;
-            let wants_tools = completion.message.tool_uses().next().is_some();
             own.push(completion.message);
-            if !wants_tools {
-                return Ok(own.last().map(Message::text).unwrap_or_default());
-            }
-            let mut all = conv.messages;
-            all.extend(own.last().cloned());
-            let results = self.run_tools(&agent, &all, own.last());
-            store.append_agent_message(id, &results).await?;
-            own.push(results);
+            turn += 1;
         }
-        Err(RunFailure::TurnLimit(max_turns))
     }
 
     async fn record(
@@ -287,48 +341,6 @@ impl Engine {
         };
         self.inner.store.record_request(&record).await?;
         Ok(())
-    }
-
-    /// Sends a request, retrying what may succeed on a second try (429, 529, 5xx, dropped
-    /// streams) with jittered exponential backoff that honours `retry-after`.
-    async fn request_with_retries(
-        &self,
-        req: ModelRequest,
-        gate: &mut Option<WarmupGate>,
-    ) -> Result<Completion, ProviderError> {
-        let policy = &self.config().retry;
-        let mut attempt = 1;
-        loop {
-            match self.request_once(req.clone(), gate).await {
-                Ok(c) => return Ok(c),
-                Err(e) if e.is_retryable() && attempt < policy.max_attempts => {
-                    let delay = backoff(policy, attempt, &e);
-                    tracing::info!(attempt, error = %e, ?delay, "Retrying model request");
-                    tokio::time::sleep(delay).await;
-                    attempt += 1;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    async fn request_once(
-        &self,
-        req: ModelRequest,
-        gate: &mut Option<WarmupGate>,
-    ) -> Result<Completion, ProviderError> {
-        let mut stream = self.inner.provider.stream(req);
-        let mut acc = Accumulator::default();
-        while let Some(event) = stream.next().await {
-            let event = event?;
-            if matches!(event, StreamEvent::MessageStart { .. })
-                && let Some(g) = gate.as_mut()
-            {
-                g.open();
-            }
-            acc.push(&event)?;
-        }
-        acc.finish()
     }
 
     /// Records the agent's end: its state, its notification (stored, appended to the parent's
@@ -388,55 +400,5 @@ impl Engine {
         // No receiver is fine: subscribers replay from the store.
         let _ = self.inner.notifications.send(stored);
         Ok(())
-    }
-}
-
-fn backoff(policy: &crate::RetryPolicy, attempt: u32, err: &ProviderError) -> Duration {
-    if let ProviderError::Status {
-        retry_after: Some(after),
-        ..
-    } = err
-    {
-        return (*after).min(policy.max_delay);
-    }
-    let exp = policy
-        .base_delay
-        .saturating_mul(1 << attempt.saturating_sub(1).min(16));
-    let capped = exp.min(policy.max_delay);
-    // Jitter between half and all of the delay: retries of many children must not line up.
-    let fraction = 0.5 + fastrand::f64() / 2.0;
-    capped.mul_f64(fraction)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::RetryPolicy;
-
-    fn status(retry_after: Option<Duration>) -> ProviderError {
-        ProviderError::Status {
-            status: 529,
-            message: "overloaded".into(),
-            retry_after,
-        }
-    }
-
-    #[test]
-    fn backoff_grows_with_jitter_caps_and_honours_retry_after() {
-        let policy = RetryPolicy {
-            max_attempts: 10,
-            base_delay: Duration::from_millis(100),
-            max_delay: Duration::from_secs(1),
-        };
-        for attempt in 1..=3u32 {
-            let full = Duration::from_millis(100 * (1 << (attempt - 1)));
-            let d = backoff(&policy, attempt, &status(None));
-            assert!(d >= full / 2 && d <= full, "attempt {attempt}: {d:?}");
-        }
-        assert!(backoff(&policy, 9, &status(None)) <= Duration::from_secs(1));
-        let after = backoff(&policy, 1, &status(Some(Duration::from_millis(700))));
-        assert_eq!(after, Duration::from_millis(700));
-        let capped = backoff(&policy, 1, &status(Some(Duration::from_secs(60))));
-        assert_eq!(capped, Duration::from_secs(1));
     }
 }

@@ -1,56 +1,193 @@
-//! Tool calls of this build: the `Agent` tool's recursion guard. The workspace tools (Read,
-//! Write, Edit, Glob, Grep, Bash) and typed agents are not implemented yet; a call to one gets a
-//! clear tool error, so the model can carry on without it.
+//! Tool calls of the agent loop: each call's intent is stored before it runs and its result
+//! after, and the model sees exactly the stored results.
+//!
+//! Calls run one after another, in the order the model wrote them: a later call may depend on
+//! an earlier one's effect (write, then run). A call whose intent was stored but whose result
+//! was not (the daemon died, the run was handed over) is never blindly run again: a read-only
+//! call is re-run, a mutating one gets an explicit "interrupted" error.
+
+use std::collections::HashMap;
 
 use forkd_core::fork::fork_refusal;
+use forkd_core::session::Session;
 use forkd_core::tools::AGENT_TOOL;
 use forkd_core::{Agent, Block, Message};
+use forkd_store::ToolCall;
+use forkd_tools::{Decision, Policy, ToolContext, ToolOutput, Workspace};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
-use crate::Engine;
+use crate::error::{EngineError, Result};
+use crate::{Engine, now_ms};
+
+/// Outputs longer than this (in bytes) are stored whole but shown to the model shortened.
+pub(crate) const REPLACEMENT_THRESHOLD: usize = 50_000;
+/// How much of a replaced output the model still sees.
+const REPLACEMENT_HEAD: usize = 4_000;
+
+/// What the model is told about a mutating call that was cut off before its result was stored.
+const INTERRUPTED: &str = "Interrupted: this call was started but its result was never recorded \
+     (the agent was interrupted). It may or may not have taken effect — check the state before \
+     retrying.";
+
+/// The context of one turn's tool calls.
+pub(crate) struct ToolTurn<'a> {
+    pub agent: &'a Agent,
+    pub session: &'a Session,
+    /// The conversation so far, the assistant message included (for the recursion guard).
+    pub conversation: &'a [Message],
+    pub cancel: CancellationToken,
+}
+
+/// The model-facing form of an output: whole, or its head with a note when it is too long. The
+/// decision is made once, when the call finishes, and stored with the result.
+fn shown(tool_use_id: &str, output: &ToolOutput) -> (Block, Option<String>) {
+    let content = &output.content;
+    if content.len() <= REPLACEMENT_THRESHOLD {
+        return (
+            Block::tool_result(tool_use_id, content, output.is_error),
+            None,
+        );
+    }
+    let cut = (0..=REPLACEMENT_HEAD)
+        .rev()
+        .find(|i| content.is_char_boundary(*i))
+        .unwrap_or(0);
+    let text = format!(
+        "{}\n[… output truncated: {} bytes in all, of which the first {cut} are shown. The whole \
+         output is stored with this call; narrow the request (Read's offset and limit, a more \
+         specific Grep) to see more.]",
+        &content[..cut],
+        content.len()
+    );
+    (
+        Block::tool_result(tool_use_id, &text, output.is_error),
+        Some(content.clone()),
+    )
+}
 
 impl Engine {
-    /// Answers every tool_use of `assistant` with one tool_result each, in order.
-    pub(crate) fn run_tools(
+    /// Answers every tool_use of `assistant`, in order, with one tool_result each.
+    pub(crate) async fn run_tools(
         &self,
-        agent: &Agent,
-        conversation: &[Message],
-        assistant: Option<&Message>,
-    ) -> Message {
-        let Some(assistant) = assistant else {
-            return Message::user(Vec::new());
-        };
-        let blocks = assistant
-            .tool_uses()
-            .map(|(id, name, block)| {
-                if name == AGENT_TOOL {
-                    let typed = block
-                        .tool_input()
-                        .and_then(|i| i.get("subagent_type").cloned())
-                        .is_some_and(|t| !t.is_null());
-                    if !typed
-                        && let Some(refusal) =
-                            fork_refusal(agent.query_source.as_deref(), conversation)
-                    {
-                        tracing::info!(?refusal, "Refused a fork from a fork child");
-                        return Block::tool_result(id, refusal.message(), true);
-                    }
-                    return Block::tool_result(
-                        id,
-                        "The Agent tool is not available to this agent in this forkd build; do \
-                         the work yourself.",
-                        true,
-                    );
-                }
-                Block::tool_result(
-                    id,
-                    &format!(
-                        "Tool {name} is not available in this forkd build yet; continue without \
-                         it and say so in your report's Issues."
-                    ),
-                    true,
-                )
-            })
+        turn: &ToolTurn<'_>,
+        assistant: &Message,
+    ) -> Result<Message> {
+        let store = &self.inner.store;
+        let done: HashMap<String, ToolCall> = store
+            .tool_calls(turn.agent.id)
+            .await?
+            .into_iter()
+            .map(|c| (c.tool_use_id.clone(), c))
             .collect();
-        Message::user(blocks)
+        let workspace = Workspace::new(&turn.session.workspace).map_err(|e| {
+            EngineError::FailedPrecondition(format!("the session's workspace is unusable: {e}"))
+        })?;
+        let ctx = ToolContext::new(workspace, turn.cancel.clone());
+        let policy = Policy::new(turn.session.permission_mode);
+        let mut results = Vec::new();
+        for (id, name, block) in assistant.tool_uses() {
+            let input = block.tool_input().unwrap_or(Value::Null);
+            let result = match done.get(id) {
+                Some(ToolCall {
+                    result: Some(result),
+                    ..
+                }) => result.clone(),
+                Some(call) if !call.read_only => {
+                    let result = Block::tool_result(id, INTERRUPTED, true);
+                    store
+                        .finish_tool_call(turn.agent.id, id, &result, None, now_ms())
+                        .await?;
+                    result
+                }
+                _ => self.call(turn, id, name, &input, &ctx, &policy).await?,
+            };
+            results.push(result);
+        }
+        Ok(Message::user(results))
+    }
+
+    /// Stores the intent, runs the call, stores the result; returns what the model sees.
+    async fn call(
+        &self,
+        turn: &ToolTurn<'_>,
+        id: &str,
+        name: &str,
+        input: &Value,
+        ctx: &ToolContext,
+        policy: &Policy,
+    ) -> Result<Block> {
+        let store = &self.inner.store;
+        store
+            .begin_tool_call(&ToolCall {
+                agent_id: turn.agent.id,
+                tool_use_id: id.to_owned(),
+                name: name.to_owned(),
+                input_json: input.to_string(),
+                read_only: forkd_tools::is_read_only(name),
+                result: None,
+                full_output: None,
+                started_at_ms: now_ms(),
+                finished_at_ms: None,
+            })
+            .await?;
+        let output = if name == AGENT_TOOL {
+            agent_call(turn, input)
+        } else {
+            match policy.decide(name, input, &ctx.workspace) {
+                Decision::Allow => forkd_tools::run_tool(name, input, ctx).await,
+                Decision::Deny(reason) => ToolOutput::error(format!("Permission denied: {reason}")),
+                Decision::Ask(what) => ToolOutput::error(format!(
+                    "Permission denied: {what} needs a person's approval, and no client can \
+                     answer permission prompts for this agent. Work without it and say so in \
+                     your report's Issues."
+                )),
+            }
+        };
+        tracing::debug!(
+            tool = name,
+            is_error = output.is_error,
+            "Tool call finished"
+        );
+        let (result, full) = shown(id, &output);
+        store
+            .finish_tool_call(turn.agent.id, id, &result, full.as_deref(), now_ms())
+            .await?;
+        Ok(result)
+    }
+}
+
+/// The `Agent` tool inside an agent run: a fork attempt from a fork child is refused by the
+/// recursion guard; typed agents from inside a run are not available yet.
+fn agent_call(turn: &ToolTurn<'_>, input: &Value) -> ToolOutput {
+    let typed = input.get("subagent_type").is_some_and(|t| !t.is_null());
+    if !typed
+        && let Some(refusal) = fork_refusal(turn.agent.query_source.as_deref(), turn.conversation)
+    {
+        tracing::info!(?refusal, "Refused a fork from a fork child");
+        return ToolOutput::error(refusal.message());
+    }
+    ToolOutput::error("The Agent tool is not available to this agent yet; do the work yourself.")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_outputs_are_shown_shortened_and_kept_whole() {
+        let short = ToolOutput::ok("fine".to_owned());
+        let (block, full) = shown("t", &short);
+        assert_eq!(block, Block::tool_result("t", "fine", false));
+        assert!(full.is_none());
+
+        let long = ToolOutput::ok("é".repeat(REPLACEMENT_THRESHOLD));
+        let (block, full) = shown("t", &long);
+        assert_eq!(full.as_deref(), Some(long.content.as_str()));
+        let text = block.raw().as_str();
+        assert!(text.len() < REPLACEMENT_HEAD + 400, "{}", text.len());
+        assert!(text.contains("output truncated"));
+        // The same output always gets the same form: siblings cloning it agree byte for byte.
+        assert_eq!(shown("t", &long).0, block);
     }
 }

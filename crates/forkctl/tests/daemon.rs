@@ -159,3 +159,48 @@ async fn a_failed_child_fails_the_wait_and_unknown_ids_exit_3() {
     let out = forkctl(&daemon, &["fork", &sid]).await;
     assert_ne!(out.status.code(), Some(0));
 }
+
+#[tokio::test]
+async fn session_send_streams_a_parent_turn_that_forks() {
+    let daemon = spawn_daemon().await.unwrap();
+    let system = daemon.home_path().join("system.md");
+    std::fs::write(&system, "Sys.").unwrap();
+    let workspace = daemon.home_path().display().to_string();
+    let out = forkctl(
+        &daemon,
+        &[
+            "session",
+            "create",
+            "--system-file",
+            system.to_str().unwrap(),
+            "--workspace",
+            &workspace,
+        ],
+    )
+    .await;
+    let sid = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let script = "Split it.\n@sim agent {\"description\":\"a\",\"prompt\":\"do a\"}\n@sim agent {\"description\":\"b\",\"prompt\":\"do b\"}";
+    let out = forkctl(&daemon, &["--json", "session", "send", &sid, script]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let events = json_lines(&out);
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert!(kinds.contains(&"fork_launched"), "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| **k == "tool_call").count(), 2);
+    assert_eq!(kinds.last(), Some(&"turn_ended"));
+    let launched = events
+        .iter()
+        .find(|e| e["event"] == "fork_launched")
+        .unwrap();
+    assert_eq!(launched["agent_ids"].as_array().unwrap().len(), 2);
+
+    let batch = launched["batch_id"].as_str().unwrap();
+    let out = forkctl(&daemon, &["--json", "ps", "-a", "--batch", batch]).await;
+    assert_eq!(json_lines(&out).len(), 2);
+}

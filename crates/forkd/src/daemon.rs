@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use forkd_engine::{Engine, EngineConfig};
-use forkd_provider::sim::{SimConfig, SimProvider};
+use forkd_provider::{
+    AnthropicConfig, AnthropicProvider, OpenAiConfig, OpenAiProvider, Provider, SimConfig,
+    SimProvider,
+};
 use forkd_server::{Listeners, ServerConfig};
 use forkd_store::{Durability, SqliteStore};
 use tokio::net::{TcpListener, UnixListener};
@@ -31,6 +34,8 @@ pub struct DaemonConfig {
     /// An extra TCP listener.
     pub listen: Option<SocketAddr>,
     pub provider: ProviderKind,
+    /// The `anthropic` provider's settings; read from `ANTHROPIC_*` when unset.
+    pub anthropic: Option<AnthropicConfig>,
     /// The sim's speed factor: 0 is instant, 1 is a realistic pace.
     pub sim_speed: f64,
     pub durability: Durability,
@@ -44,6 +49,7 @@ impl DaemonConfig {
             home,
             listen: None,
             provider: ProviderKind::Sim,
+            anthropic: None,
             sim_speed: 0.0,
             durability: Durability::Normal,
             engine: EngineConfig::default(),
@@ -131,14 +137,28 @@ async fn bind_socket(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
+/// The configured model provider. Real providers read their keys and base URLs from the
+/// environment (`ANTHROPIC_*`, `OPENAI_*`).
+fn provider(config: &DaemonConfig) -> anyhow::Result<Arc<dyn Provider>> {
+    Ok(match config.provider {
+        ProviderKind::Sim => Arc::new(SimProvider::new(SimConfig {
+            speed: config.sim_speed,
+        })),
+        ProviderKind::Anthropic => {
+            let settings = match &config.anthropic {
+                Some(settings) => settings.clone(),
+                None => AnthropicConfig::from_env().context("FORKD_PROVIDER=anthropic")?,
+            };
+            Arc::new(AnthropicProvider::new(settings)?)
+        }
+        ProviderKind::Openai => Arc::new(OpenAiProvider::new(
+            OpenAiConfig::from_env().context("FORKD_PROVIDER=openai")?,
+        )?),
+    })
+}
+
 /// Starts a daemon: opens the store, builds the engine, binds the listeners and serves.
 pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
-    if config.provider != ProviderKind::Sim {
-        bail!(
-            "provider {:?} is not available in this build yet; use FORKD_PROVIDER=sim",
-            config.provider
-        );
-    }
     if let Some(addr) = config.listen
         && !addr.ip().is_loopback()
     {
@@ -152,10 +172,8 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     let store = SqliteStore::open(&db, config.durability)
         .await
         .with_context(|| format!("cannot open the database {}", db.display()))?;
-    let provider = SimProvider::new(SimConfig {
-        speed: config.sim_speed,
-    });
-    let engine = Engine::new(Arc::new(store), Arc::new(provider), config.engine.clone());
+    let provider = provider(&config)?;
+    let engine = Engine::new(Arc::new(store), provider, config.engine.clone());
     let interrupted = engine.fail_interrupted().await?;
     if interrupted > 0 {
         tracing::warn!(

@@ -54,6 +54,18 @@ enum Command {
         #[arg(long, default_value = "10s", value_parser = humantime_duration)]
         grace: Duration,
     },
+    /// Serve the simulated model over HTTP, speaking the Anthropic Messages API (so the
+    /// `anthropic` provider and any Anthropic SDK can talk to it).
+    SimServer {
+        /// The address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8787")]
+        listen: SocketAddr,
+        #[arg(long, env = "FORKD_SIM_SPEED", default_value_t = 1.0)]
+        sim_speed: f64,
+        /// Require this API key (as x-api-key or Authorization: Bearer); any key when unset.
+        #[arg(long, env = "FORKD_SIM_API_KEY")]
+        api_key: Option<String>,
+    },
     /// Fork 5 directives from a ~48.5k-token context on a temporary daemon and print the savings.
     Demo {
         /// One JSON object on stdout instead of tables.
@@ -117,6 +129,28 @@ async fn main() -> anyhow::Result<()> {
             wait_for_signal().await?;
             tracing::info!("Shutting down");
             running.shutdown(grace).await
+        }
+        Command::SimServer {
+            listen,
+            sim_speed,
+            api_key,
+        } => {
+            init_tracing(cli.log_format);
+            let listener = tokio::net::TcpListener::bind(listen).await?;
+            tracing::info!(addr = %listener.local_addr()?, "forkd sim-server serving the Anthropic Messages API");
+            let sim =
+                forkd_provider::SimProvider::new(forkd_provider::SimConfig { speed: sim_speed });
+            let config = forkd_sim_server::SimServerConfig {
+                api_key,
+                ..Default::default()
+            };
+            let shutdown = async {
+                if let Err(e) = wait_for_signal().await {
+                    tracing::error!(error = %e, "Cannot wait for signals");
+                }
+            };
+            forkd_sim_server::serve(listener, sim, config, shutdown).await?;
+            Ok(())
         }
         Command::Demo {
             json,

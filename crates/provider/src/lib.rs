@@ -5,6 +5,8 @@
 //! inside a provider; the sim never looks inside the engine.
 
 pub mod accumulate;
+pub mod anthropic;
+pub mod openai;
 pub mod sim;
 pub mod tokens;
 
@@ -114,4 +116,6 @@ pub trait Provider: Send + Sync + 'static {
     fn stream(&self, request: ModelRequest) -> EventStream;
 }
 
+pub use anthropic::{AnthropicConfig, AnthropicProvider, ConfigError, RetryPolicy};
+pub use openai::{OpenAiConfig, OpenAiProvider};
 pub use sim::{SimConfig, SimProvider};

@@ -118,6 +118,24 @@ pub struct RequestRecord {
     pub created_at_ms: i64,
 }
 
+/// One tool call: its intent (stored before it runs) and its result (stored after).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    pub agent_id: AgentId,
+    pub tool_use_id: String,
+    pub name: String,
+    /// The tool_use block's input, as the model wrote it.
+    pub input_json: String,
+    /// Read-only calls may run again after an interruption; mutating ones never blindly do.
+    pub read_only: bool,
+    /// The tool_result block the model sees; `None` while the call runs or if it was cut off.
+    pub result: Option<Block>,
+    /// The whole output when the model was shown a shortened form.
+    pub full_output: Option<String>,
+    pub started_at_ms: i64,
+    pub finished_at_ms: Option<i64>,
+}
+
 /// Which requests to list; at least one field should be set.
 #[derive(Debug, Clone, Default)]
 pub struct RequestFilter {
@@ -142,6 +160,18 @@ pub trait Store: Send + Sync + 'static {
         id: SessionId,
         before: Option<u64>,
     ) -> Result<Vec<StoredMessage>>;
+
+    /// Appends one message to a session's transcript (a parent turn); returns its seq.
+    async fn append_session_message(
+        &self,
+        id: SessionId,
+        message: &Message,
+        at_ms: i64,
+    ) -> Result<u64>;
+
+    /// Inserts an agent that is not a fork child (a session's own main loop, a typed agent),
+    /// with its directive block if it has one. `NotFound` if its session is missing.
+    async fn insert_agent(&self, agent: &Agent, directive_block: Option<&Block>) -> Result<()>;
 
     /// In one transaction: appends the batch's assistant message (at seq `batch.fork_point`, which
     /// must be the transcript's current length, else `Conflict`) and `parent_results` to the
@@ -169,6 +199,20 @@ pub trait Store: Send + Sync + 'static {
     async fn append_agent_message(&self, id: AgentId, message: &Message) -> Result<u64>;
     /// An agent's own transcript (for a fork child: the messages after its first user message).
     async fn agent_messages(&self, id: AgentId) -> Result<Vec<StoredMessage>>;
+
+    /// Records a tool call's intent before it runs (a repeat keeps the first intent).
+    async fn begin_tool_call(&self, call: &ToolCall) -> Result<()>;
+    /// Records a tool call's result (`Conflict` if no open intent).
+    async fn finish_tool_call(
+        &self,
+        agent: AgentId,
+        tool_use_id: &str,
+        result: &Block,
+        full_output: Option<&str>,
+        at_ms: i64,
+    ) -> Result<()>;
+    /// An agent's tool calls in the order they started.
+    async fn tool_calls(&self, agent: AgentId) -> Result<Vec<ToolCall>>;
 
     /// Stores a request's record and adds its usage and cost to its agent's totals.
     async fn record_request(&self, record: &RequestRecord) -> Result<()>;

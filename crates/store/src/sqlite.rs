@@ -13,6 +13,7 @@ mod convert;
 mod notifications;
 mod requests;
 mod sessions;
+mod tool_calls;
 
 use std::path::Path;
 use std::time::Duration;
@@ -29,7 +30,7 @@ use sqlx::{Sqlite, Transaction};
 
 use crate::{
     AgentFilter, NewChild, NewNotification, NotificationFilter, RequestFilter, RequestRecord,
-    Result, Store, StoreError, StoredMessage,
+    Result, Store, StoreError, StoredMessage, ToolCall,
 };
 
 /// The schema, embedded at build time from the workspace's `migrations/` and applied at open.
@@ -161,24 +162,6 @@ impl SqliteStore {
         }
     }
 
-    /// Stores an agent that is not a fork child (a session's main loop, a typed sub-agent), with
-    /// its directive block if it has one. `NotFound` if its session is missing.
-    ///
-    /// Not part of [`Store`] yet: fork children are inserted by [`Store::create_fork_batch`].
-    pub async fn insert_agent(&self, agent: &Agent, directive_block: Option<&Block>) -> Result<()> {
-        let mut tx = self.begin_write().await?;
-        let session_id = agent.session_id.to_string();
-        if !sessions::exists(&mut tx, &session_id).await? {
-            return Err(StoreError::NotFound {
-                kind: "session",
-                id: session_id,
-            });
-        }
-        agents::insert(&mut tx, agent, directive_block).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
     /// A write transaction that holds the write lock from its first statement (see the module
     /// docs). Dropping it without `commit` rolls it back.
     async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>> {
@@ -264,6 +247,65 @@ impl Store for SqliteStore {
 
     async fn agent_messages(&self, id: AgentId) -> Result<Vec<StoredMessage>> {
         agents::messages(&self.reader, id).await
+    }
+
+    async fn insert_agent(&self, agent: &Agent, directive_block: Option<&Block>) -> Result<()> {
+        let mut tx = self.begin_write().await?;
+        let session_id = agent.session_id.to_string();
+        if !sessions::exists(&mut tx, &session_id).await? {
+            return Err(StoreError::NotFound {
+                kind: "session",
+                id: session_id,
+            });
+        }
+        agents::insert(&mut tx, agent, directive_block).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn append_session_message(
+        &self,
+        id: SessionId,
+        message: &Message,
+        at_ms: i64,
+    ) -> Result<u64> {
+        let mut tx = self.begin_write().await?;
+        let session_id = id.to_string();
+        if !sessions::exists(&mut tx, &session_id).await? {
+            return Err(StoreError::NotFound {
+                kind: "session",
+                id: session_id,
+            });
+        }
+        let seq = convert::session_len(&mut tx, &session_id).await?;
+        convert::insert_session_message(&mut tx, &session_id, seq, message, at_ms).await?;
+        tx.commit().await?;
+        convert::from_i64(seq, "session message seq")
+    }
+
+    async fn begin_tool_call(&self, call: &ToolCall) -> Result<()> {
+        let mut tx = self.begin_write().await?;
+        tool_calls::begin(&mut tx, call).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn finish_tool_call(
+        &self,
+        agent: AgentId,
+        tool_use_id: &str,
+        result: &Block,
+        full_output: Option<&str>,
+        at_ms: i64,
+    ) -> Result<()> {
+        let mut tx = self.begin_write().await?;
+        tool_calls::finish(&mut tx, agent, tool_use_id, result, full_output, at_ms).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn tool_calls(&self, agent: AgentId) -> Result<Vec<ToolCall>> {
+        tool_calls::list(&self.reader, agent).await
     }
 
     async fn record_request(&self, record: &RequestRecord) -> Result<()> {

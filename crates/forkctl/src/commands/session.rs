@@ -1,10 +1,12 @@
-//! `forkctl session create|get|list`: parent sessions, whose context every fork child inherits.
+//! `forkctl session create|get|list|send`: parent sessions, whose context every fork child inherits.
 
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
+use forkd_proto::v1::session_event::Event;
 use forkd_proto::v1::{
-    ContextFile, CreateSessionRequest, GetSessionRequest, ListSessionsRequest, Session,
+    ContextFile, CreateSessionRequest, GetSessionRequest, ListSessionsRequest, SendMessageRequest,
+    Session,
 };
 use serde_json::json;
 
@@ -29,6 +31,13 @@ pub enum SessionCommand {
     },
     /// List every session.
     List,
+    /// Run one parent turn on a message, streaming it (text, tool calls, forks, the end).
+    Send {
+        /// The session's id.
+        session_id: String,
+        /// The message (`-` reads stdin).
+        text: String,
+    },
 }
 
 /// The permission modes of SPEC §5; checked here so a typo is a usage error, not a round trip.
@@ -89,6 +98,102 @@ pub async fn run(args: SessionArgs, client: &mut Client, out: &Printer) -> anyho
             Ok(exit::OK)
         }
         SessionCommand::List => run_list(client, out).await,
+        SessionCommand::Send { session_id, text } => {
+            let text = if text == "-" {
+                read_text(Path::new("-"), "message")?
+            } else {
+                text
+            };
+            run_send(session_id, text, client, out).await
+        }
+    }
+}
+
+/// Streams a parent turn: text as it arrives, one line per tool call, result and fork.
+async fn run_send(
+    session_id: String,
+    text: String,
+    client: &mut Client,
+    out: &Printer,
+) -> anyhow::Result<u8> {
+    let request = SendMessageRequest { session_id, text };
+    let mut stream = client.send_message(request).await?.into_inner();
+    let mut ended = false;
+    while let Some(event) = stream.message().await? {
+        let Some(event) = event.event else { continue };
+        ended |= matches!(event, Event::TurnEnded(_));
+        if out.is_json() {
+            out.value(&session_event_json(&event))?;
+        } else {
+            print_event(&event, out)?;
+        }
+    }
+    if !ended {
+        return Err(
+            CliError::StreamEnded("the turn's stream ended before the turn did".into()).into(),
+        );
+    }
+    Ok(exit::OK)
+}
+
+fn print_event(event: &Event, out: &Printer) -> std::io::Result<()> {
+    use std::io::Write;
+    match event {
+        Event::TextDelta(text) => {
+            let mut stdout = std::io::stdout().lock();
+            stdout.write_all(text.as_bytes())?;
+            stdout.flush()
+        }
+        Event::ToolCall(c) => out.line(format!("\n→ {} {}", c.name, c.input_json)),
+        Event::ToolResult(r) => {
+            let first = r.content.lines().next().unwrap_or("");
+            let mark = if r.is_error { "✗" } else { "←" };
+            out.line(format!("{mark} {first}"))
+        }
+        Event::ForkLaunched(f) => out.line(format!(
+            "⑂ forked batch {} with {} children: {}",
+            f.batch_id,
+            f.agent_ids.len(),
+            f.agent_ids.join(" ")
+        )),
+        Event::TurnEnded(end) => {
+            let u = end.usage.unwrap_or_default();
+            out.line(format!(
+                "\n— turn ended ({}): in {} write {} read {} out {}, ${:.4}",
+                if end.stop_reason.is_empty() {
+                    "unknown"
+                } else {
+                    &end.stop_reason
+                },
+                u.input_tokens,
+                u.cache_creation_input_tokens,
+                u.cache_read_input_tokens,
+                u.output_tokens,
+                end.cost_usd
+            ))
+        }
+    }
+}
+
+/// One JSON object per event: `{"event": "text_delta" | "tool_call" | …, …}`.
+fn session_event_json(event: &Event) -> serde_json::Value {
+    match event {
+        Event::TextDelta(text) => json!({"event": "text_delta", "text": text}),
+        Event::ToolCall(c) => json!({
+            "event": "tool_call", "tool_use_id": c.tool_use_id, "name": c.name,
+            "input": serde_json::from_str::<serde_json::Value>(&c.input_json).unwrap_or_default(),
+        }),
+        Event::ToolResult(r) => json!({
+            "event": "tool_result", "tool_use_id": r.tool_use_id, "content": r.content,
+            "is_error": r.is_error,
+        }),
+        Event::ForkLaunched(f) => json!({
+            "event": "fork_launched", "batch_id": f.batch_id, "agent_ids": f.agent_ids,
+        }),
+        Event::TurnEnded(end) => json!({
+            "event": "turn_ended", "stop_reason": end.stop_reason, "text": end.text,
+            "usage": crate::output::usage_json(end.usage.as_ref()), "cost_usd": end.cost_usd,
+        }),
     }
 }
 

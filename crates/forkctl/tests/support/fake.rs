@@ -98,6 +98,18 @@ impl Forkd for Fake {
         Ok(Response::new(ListSessionsResponse::default()))
     }
 
+    type SendMessageStream = Pin<Box<dyn Stream<Item = Result<SessionEvent, Status>> + Send>>;
+
+    async fn send_message(
+        &self,
+        request: Request<SendMessageRequest>,
+    ) -> Result<Response<Self::SendMessageStream>, Status> {
+        check_token(&request)?;
+        Err(Status::unimplemented(
+            "the fake daemon runs no parent turns",
+        ))
+    }
+
     async fn fork_batch(
         &self,
         request: Request<ForkBatchRequest>,

@@ -65,6 +65,17 @@ impl Forkd for ForkdService {
             .map(Response::new)
     }
 
+    type SendMessageStream = sessions::SessionEventStream;
+
+    async fn send_message(
+        &self,
+        req: Request<pb::SendMessageRequest>,
+    ) -> Reply<Self::SendMessageStream> {
+        self.send_message_rpc(req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
     async fn fork_batch(&self, req: Request<pb::ForkBatchRequest>) -> Reply<pb::ForkBatchResponse> {
         self.fork_batch_rpc(req.into_inner())
             .await

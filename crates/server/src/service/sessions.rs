@@ -113,3 +113,66 @@ impl ForkdService {
         })
     }
 }
+
+pub type SessionEventStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::SessionEvent, Status>> + Send>>;
+
+fn session_event(event: forkd_engine::ParentEvent) -> pb::SessionEvent {
+    use forkd_engine::ParentEvent as E;
+    use pb::session_event::Event;
+    let event = match event {
+        E::TextDelta(text) => Event::TextDelta(text),
+        E::ToolCall {
+            tool_use_id,
+            name,
+            input_json,
+        } => Event::ToolCall(pb::ToolCall {
+            tool_use_id,
+            name,
+            input_json,
+        }),
+        E::ToolResult {
+            tool_use_id,
+            content,
+            is_error,
+        } => Event::ToolResult(pb::ToolResult {
+            tool_use_id,
+            content,
+            is_error,
+        }),
+        E::ForkLaunched(batch) => Event::ForkLaunched(pb::ForkLaunched {
+            batch_id: batch.batch_id.to_string(),
+            agent_ids: batch.agent_ids.iter().map(ToString::to_string).collect(),
+        }),
+        E::TurnEnded {
+            stop_reason,
+            usage,
+            cost_usd,
+            text,
+        } => Event::TurnEnded(pb::TurnEnded {
+            stop_reason: stop_reason.unwrap_or_default(),
+            usage: Some(convert::usage(&usage)),
+            cost_usd,
+            text,
+        }),
+    };
+    pb::SessionEvent { event: Some(event) }
+}
+
+impl ForkdService {
+    pub(super) async fn send_message_rpc(
+        &self,
+        req: pb::SendMessageRequest,
+    ) -> Result<SessionEventStream, Status> {
+        use futures::StreamExt;
+        let id = parse_session_id(&req.session_id)?;
+        let events = self
+            .engine
+            .send_message(id, req.text)
+            .await
+            .map_err(to_status)?;
+        Ok(Box::pin(
+            events.map(|e| e.map(session_event).map_err(to_status)),
+        ))
+    }
+}

@@ -1,0 +1,103 @@
+//! Fork children that do real work in the workspace, end to end through the daemon.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use forkd_proto::v1 as pb;
+use forkd_test_support::{directives, session_request, spawn_daemon, wait_for_batch};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn children_read_write_and_edit_the_workspace_and_report_it() {
+    let daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("notes.txt"), "alpha\nbeta needle\ngamma\n").unwrap();
+    std::fs::write(ws.path().join("../forkd-secret-outside.txt"), "secret").ok();
+    let mut client = daemon.client().await.unwrap();
+    let session = client
+        .create_session(pb::CreateSessionRequest {
+            permission_mode: "acceptEdits".into(),
+            ..session_request(ws.path())
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session
+        .unwrap();
+    let writer = r#"Write the greeting.
+@sim tool Write {"file_path":"out/greeting.txt","content":"hello"}
+@sim tool Edit {"file_path":"out/greeting.txt","old_string":"hello","new_string":"hello world"}
+@sim tool Bash {"command":"rm -rf out"}
+@sim say wrote the greeting"#;
+    let reader = r#"Find the needle.
+@sim tool Read {"file_path":"notes.txt"}
+@sim tool Grep {"pattern":"needle","output_mode":"content"}
+@sim tool Read {"file_path":"../forkd-secret-outside.txt"}
+@sim say found it"#;
+    let batch = client
+        .fork_batch(pb::ForkBatchRequest {
+            session_id: session.session_id,
+            directives: directives(&[writer, reader]),
+            warmup_gating: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let done = wait_for_batch(&mut client, &batch.batch_id, 2, DEADLINE)
+        .await
+        .unwrap();
+    let of = |i: usize| {
+        done.iter()
+            .find(|n| n.agent_id == batch.agent_ids[i])
+            .unwrap()
+    };
+
+    // The writer's file exists, edited; Bash asked for permission and was denied (acceptEdits).
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("out/greeting.txt")).unwrap(),
+        "hello world"
+    );
+    let report = of(0).report.clone().unwrap();
+    assert_eq!(report.result, "wrote the greeting");
+    assert_eq!(report.files_changed, vec!["out/greeting.txt".to_owned()]);
+
+    let transcript = |agent: &str| {
+        let mut client = client.clone();
+        let agent = agent.to_owned();
+        async move {
+            client
+                .get_transcript(pb::GetTranscriptRequest {
+                    agent_id: agent,
+                    include_shared_prefix: false,
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .messages
+                .into_iter()
+                .map(|m| m.content_json)
+                .collect::<Vec<_>>()
+                .join("\n")
+        }
+    };
+    let writer_log = transcript(&batch.agent_ids[0]).await;
+    for tool in ["\"Write\"", "\"Edit\"", "\"Bash\""] {
+        assert!(
+            writer_log.contains(tool),
+            "{tool} missing from the transcript"
+        );
+    }
+    assert!(writer_log.contains("Permission denied"), "{writer_log}");
+
+    // The reader saw the file and the match, and the escape was refused as a tool error.
+    let reader_log = transcript(&batch.agent_ids[1]).await;
+    assert!(reader_log.contains("beta needle"), "{reader_log}");
+    assert!(
+        reader_log.contains("notes.txt:2:beta needle"),
+        "{reader_log}"
+    );
+    assert!(reader_log.contains("outside the workspace"), "{reader_log}");
+    assert_eq!(of(1).report.clone().unwrap().result, "found it");
+}

@@ -1,0 +1,445 @@
+//! The real `AnthropicProvider` over HTTP on loopback: against `forkd-sim-server` (the sim's
+//! cache and scripts behind the Messages wire protocol) and against wiremock for the error
+//! shapes and stream oddities the sim does not produce.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use forkd_core::fork::{ForkBatch, client_fork_message};
+use forkd_core::request::serialize;
+use forkd_core::session::{CacheSafeParams, RenderedSystem, ToolsJson};
+use forkd_core::{BatchId, Block, Directive, Message, SessionId};
+use forkd_provider::{
+    AnthropicConfig, AnthropicProvider, Completion, Provider, ProviderError, RetryPolicy,
+    SimConfig, SimProvider, StreamEvent,
+};
+use forkd_sim_server::{SimServerConfig, StreamCuts, serve};
+use futures::StreamExt;
+use serde_json::json;
+use tokio::sync::oneshot;
+use wiremock::matchers::{header, method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+/// Every test is bounded: a hang fails instead of stalling the suite.
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// A sim-server on loopback; dropping it shuts the server down.
+struct Server {
+    base: String,
+    cuts: StreamCuts,
+    _stop: oneshot::Sender<()>,
+}
+
+async fn start(api_key: Option<&str>) -> Server {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let cuts = StreamCuts::new();
+    let config = SimServerConfig {
+        api_key: api_key.map(str::to_owned),
+        cuts: cuts.clone(),
+    };
+    let (stop, stopped) = oneshot::channel::<()>();
+    let sim = SimProvider::new(SimConfig::default());
+    tokio::spawn(serve(listener, sim, config, async {
+        let _ = stopped.await;
+    }));
+    Server {
+        base,
+        cuts,
+        _stop: stop,
+    }
+}
+
+/// A provider with fast retries, so tests that retry take milliseconds.
+fn provider(base: &str, key: &str, max_retries: u32) -> AnthropicProvider {
+    let mut config = AnthropicConfig::new(key);
+    config.base_url = base.to_owned();
+    config.read_timeout = Duration::from_secs(10);
+    config.retry = RetryPolicy {
+        max_retries,
+        backoff_base: Duration::from_millis(2),
+        backoff_cap: Duration::from_millis(10),
+        max_retry_after: Duration::from_secs(5),
+    };
+    AnthropicProvider::new(config).unwrap()
+}
+
+async fn bounded(provider: &impl Provider, body: &str) -> Result<Completion, ProviderError> {
+    tokio::time::timeout(LIMIT, run(provider, request(MODEL, body)))
+        .await
+        .expect("the request finished in time")
+}
+
+fn base() -> Body {
+    Body::default()
+        .tool(json!({"name": "Read", "description": "Read a file", "input_schema": {"type": "object"}}))
+        .system(&prose(1500))
+        .user(&[text("Summarise the repository.")])
+}
+
+/// Five fork children of one batch, serialized by forkd as the engine would.
+fn fork_children() -> Vec<String> {
+    let params = CacheSafeParams {
+        model: MODEL.into(),
+        system: RenderedSystem::from_stored(&prose(2000)),
+        tools: ToolsJson::builtin(),
+        thinking: None,
+        max_tokens: 4096,
+    };
+    let history = vec![Message::user(vec![Block::text("Audit every module.")])];
+    let directives: Vec<Directive> = (0..5)
+        .map(|i| Directive {
+            description: format!("module {i}"),
+            prompt: format!("Audit module {i}.\n@sim tool Read {{\"file_path\": \"m{i}.rs\"}}"),
+        })
+        .collect();
+    let id = BatchId::new();
+    let message = client_fork_message(id, &directives);
+    let batch = ForkBatch::new(id, SessionId::new(), 1, message, 0).unwrap();
+    directives
+        .iter()
+        .map(|d| {
+            let block = ForkBatch::directive_block(d);
+            let conv = batch.child_conversation(&history, &block, &[]);
+            serialize(&params, &conv, true).body
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn usage_over_http_matches_the_in_process_sim() {
+    let server = start(None).await;
+    let remote = provider(&server.base, "test", 0);
+    let local = SimProvider::new(SimConfig::default());
+    let body = base().cache_at(1).cache_at(-1);
+    let mut bodies = vec![body.json(), body.json()];
+    bodies.extend(fork_children());
+    for (i, body) in bodies.iter().enumerate() {
+        let over_http = bounded(&remote, body).await.unwrap();
+        let in_process = bounded(&local, body).await.unwrap();
+        assert_eq!(over_http.usage, in_process.usage, "request {i}");
+        assert_eq!(over_http.message, in_process.message, "request {i}");
+        assert_eq!(over_http.stop_reason, in_process.stop_reason, "request {i}");
+    }
+    // The second identical request read the whole prefix; children 2..5 read the shared one.
+    let second = bounded(&remote, &bodies[1]).await.unwrap();
+    assert_eq!(input_side(&second), usage(0, 0, body.total()));
+    let child = bounded(&remote, &bodies[4]).await.unwrap();
+    assert!(child.usage.cache_read_share() > 0.9, "{:?}", child.usage);
+}
+
+#[tokio::test]
+async fn overloaded_and_server_errors_are_retried() {
+    let server = start(None).await;
+    let flaky = base().user(&[text("Flaky.\n@sim fail 529 x2")]).json();
+    let done = bounded(&provider(&server.base, "test", 2), &flaky).await;
+    assert_eq!(done.map(|c| c.stop_reason), Ok(Some("end_turn".into())));
+
+    // One retry is not enough for two failures: the caller gets the last one.
+    let flaky = base().user(&[text("Flakier.\n@sim fail 503 x2")]).json();
+    let failed = bounded(&provider(&server.base, "test", 1), &flaky).await;
+    assert!(
+        matches!(failed, Err(ProviderError::Status { status: 503, .. })),
+        "{failed:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_rate_limit_waits_for_retry_after() {
+    let server = start(None).await;
+    // The sim asks for one second.
+    let limited = base().user(&[text("Busy.\n@sim fail 429")]).json();
+    let started = Instant::now();
+    let done = bounded(&provider(&server.base, "test", 1), &limited).await;
+    assert!(done.is_ok(), "{done:?}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "waited {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_bad_request_is_not_retried() {
+    let server = start(None).await;
+    // With a retry, the second attempt would succeed: the error proves there was none.
+    let bad = base().user(&[text("Bad.\n@sim fail 400")]).json();
+    let failed = bounded(&provider(&server.base, "test", 3), &bad).await;
+    assert!(
+        matches!(failed, Err(ProviderError::Status { status: 400, ref message, retry_after: None }) if message.contains("scripted failure")),
+        "{failed:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_cut_before_any_event_is_retried() {
+    let server = start(None).await;
+    server.cuts.cut_next(0);
+    let done = bounded(&provider(&server.base, "test", 2), &base().json()).await;
+    assert!(done.is_ok(), "{done:?}");
+    assert_eq!(server.cuts.streams(), 2, "the cut stream and its retry");
+}
+
+#[tokio::test]
+async fn a_stream_cut_after_events_is_the_callers_and_the_rerequest_hits_the_cache() {
+    let server = start(None).await;
+    let provider = provider(&server.base, "test", 3);
+    let body = base().cache_at(-1);
+    server.cuts.cut_next(3);
+    let mut stream = provider.stream(body.request());
+    let mut events = Vec::new();
+    let error = tokio::time::timeout(LIMIT, async {
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(ev) => events.push(ev),
+                Err(e) => return Some(e),
+            }
+        }
+        None
+    })
+    .await
+    .unwrap();
+    assert!(matches!(error, Some(ProviderError::Stream(_))), "{error:?}");
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert!(matches!(events[0], StreamEvent::MessageStart { .. }));
+    assert_eq!(server.cuts.streams(), 1, "not retried inside the provider");
+
+    // The engine's re-request: the cut response had started, so its prefix is cached.
+    let again = bounded(&provider, &body.json()).await.unwrap();
+    assert_eq!(input_side(&again), usage(0, 0, body.total()));
+}
+
+#[tokio::test]
+async fn keys_are_checked_and_bearer_tokens_accepted() {
+    let server = start(Some("secret")).await;
+    assert!(
+        bounded(&provider(&server.base, "secret", 0), &base().json())
+            .await
+            .is_ok()
+    );
+    let refused = bounded(&provider(&server.base, "wrong", 3), &base().json()).await;
+    assert!(
+        matches!(refused, Err(ProviderError::Status { status: 401, .. })),
+        "{refused:?}"
+    );
+    // Current SDKs send the key as a bearer token.
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/messages", server.base))
+        .header("authorization", "Bearer secret")
+        .header("anthropic-version", "2023-06-01")
+        .body(base().json())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+}
+
+// ---- wiremock: what the sim does not produce ----
+
+const START: &str = r#"{"type":"message_start","message":{"id":"msg_w","type":"message","role":"assistant","model":"m","content":[],"usage":{"input_tokens":12,"output_tokens":1}}}"#;
+
+/// An SSE body from (event, data) pairs.
+fn sse(frames: &[(&str, &str)]) -> String {
+    frames
+        .iter()
+        .map(|(e, d)| format!("event: {e}\ndata: {d}\n\n"))
+        .collect()
+}
+
+fn hello() -> String {
+    sse(&[
+        ("message_start", START),
+        ("ping", r#"{"type": "ping"}"#),
+        (
+            "content_block_start",
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+        ),
+        (
+            "content_block_delta",
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hello"}}"#,
+        ),
+        (
+            "content_block_stop",
+            r#"{"type":"content_block_stop","index":0}"#,
+        ),
+        ("some_new_event", r#"{"type":"some_new_event"}"#),
+        (
+            "message_delta",
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":2}}"#,
+        ),
+        ("message_stop", r#"{"type":"message_stop"}"#),
+    ])
+}
+
+fn events(body: String) -> ResponseTemplate {
+    ResponseTemplate::new(200).set_body_raw(body, "text/event-stream")
+}
+
+#[tokio::test]
+async fn the_body_is_sent_byte_for_byte_with_the_api_headers() {
+    let mock = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/messages"))
+        .and(header("x-api-key", "k"))
+        .and(header("anthropic-version", "2023-06-01"))
+        .and(header("content-type", "application/json"))
+        .respond_with(events(hello()))
+        .expect(1)
+        .mount(&mock)
+        .await;
+    // Odd spacing and key order that any re-encoding would change.
+    let body = "{\"model\":\"m\",  \"stream\":true,\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"\\u00e9\"}]}";
+    let done = bounded(&provider(&mock.uri(), "k", 0), body).await.unwrap();
+    assert_eq!(done.message.text(), "hello");
+    // Absent cache fields are zero; ping and unknown events are skipped.
+    assert_eq!(done.usage.input_tokens, 12);
+    assert_eq!(done.usage.cache_read_input_tokens, 0);
+    assert_eq!(done.usage.output_tokens, 2);
+    let received = mock.received_requests().await.unwrap();
+    assert_eq!(received[0].body, body.as_bytes());
+}
+
+#[tokio::test]
+async fn error_bodies_of_either_shape_give_the_message() {
+    // (status, content type, body, expected message)
+    let cases = [
+        (
+            400,
+            "application/json",
+            r#"{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: too big"}}"#,
+            "max_tokens: too big",
+        ),
+        (
+            529,
+            "application/json",
+            r#"{"error":{"message":"upstream overloaded"}}"#,
+            "upstream overloaded",
+        ),
+        (
+            502,
+            "text/html",
+            "<html>Bad Gateway</html>",
+            "<html>Bad Gateway</html>",
+        ),
+        (500, "application/json", "", "Internal Server Error"),
+    ];
+    for (status, content_type, body, expected) in cases {
+        let mock = MockServer::start().await;
+        Mock::given(method("POST"))
+            .respond_with(ResponseTemplate::new(status).set_body_raw(body, content_type))
+            .mount(&mock)
+            .await;
+        let failed = bounded(&provider(&mock.uri(), "k", 0), &base().json()).await;
+        match failed {
+            Err(ProviderError::Status {
+                status: got,
+                message,
+                ..
+            }) => {
+                assert_eq!((got, message.as_str()), (status, expected));
+            }
+            other => panic!("{status}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn retries_follow_statuses_and_retry_after() {
+    let mock = MockServer::start().await;
+    let overloaded =
+        r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(529).set_body_raw(overloaded, "application/json"))
+        .up_to_n_times(1)
+        .expect(1)
+        .mount(&mock)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "0"))
+        .up_to_n_times(1)
+        .expect(1)
+        .mount(&mock)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(events(hello()))
+        .expect(1)
+        .mount(&mock)
+        .await;
+    let done = bounded(&provider(&mock.uri(), "k", 3), &base().json()).await;
+    assert!(done.is_ok(), "{done:?}");
+
+    // A retry-after beyond the policy's limit is the caller's to wait for, at once.
+    let slow = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "120"))
+        .expect(1)
+        .mount(&slow)
+        .await;
+    let started = Instant::now();
+    let failed = bounded(&provider(&slow.uri(), "k", 3), &base().json()).await;
+    assert!(
+        matches!(failed, Err(ProviderError::Status { status: 429, retry_after: Some(d), .. }) if d == Duration::from_secs(120)),
+        "{failed:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn stream_oddities() {
+    // An error event before any content is retried like the status it stands for.
+    let overloaded = sse(&[(
+        "error",
+        r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+    )]);
+    let mock = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(events(overloaded))
+        .up_to_n_times(1)
+        .mount(&mock)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(events(hello()))
+        .mount(&mock)
+        .await;
+    assert!(
+        bounded(&provider(&mock.uri(), "k", 1), &base().json())
+            .await
+            .is_ok()
+    );
+
+    // A body that ends without message_stop after events is a stream error for the caller.
+    let truncated: String = hello().split_inclusive("\n\n").take(4).collect();
+    // A JSON answer where a stream was expected cannot be read as one.
+    let json_reply = ResponseTemplate::new(200).set_body_raw("{}", "application/json");
+    // (response, whether the error is a stream error, else an invalid request)
+    let cases = [(events(truncated), true), (json_reply, false)];
+    for (response, is_stream) in cases {
+        let mock = MockServer::start().await;
+        Mock::given(method("POST"))
+            .respond_with(response)
+            .mount(&mock)
+            .await;
+        let failed = bounded(&provider(&mock.uri(), "k", 0), &base().json()).await;
+        match (failed, is_stream) {
+            (Err(ProviderError::Stream(_)), true)
+            | (Err(ProviderError::InvalidRequest(_)), false) => {}
+            (other, _) => panic!("{other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_retried_then_reported() {
+    // A port that was just free: nothing listens there.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let failed = bounded(&provider(&url, "k", 2), &base().json()).await;
+    assert!(
+        matches!(failed, Err(ProviderError::Stream(_))),
+        "{failed:?}"
+    );
+}

@@ -1,0 +1,62 @@
+//! Tool calls: the intent is stored before the call runs, the result after, and a result is final.
+
+mod support;
+
+use forkd_core::Block;
+use forkd_store::{Store, StoreError, ToolCall};
+use support::{TestResult, seeded, temp_store};
+
+fn intent(agent: forkd_core::AgentId, id: &str, read_only: bool, at: i64) -> ToolCall {
+    ToolCall {
+        agent_id: agent,
+        tool_use_id: id.into(),
+        name: if read_only { "Read" } else { "Write" }.into(),
+        input_json: r#"{"file_path":"a.txt"}"#.into(),
+        read_only,
+        result: None,
+        full_output: None,
+        started_at_ms: at,
+        finished_at_ms: None,
+    }
+}
+
+#[tokio::test]
+async fn intents_then_results_in_order_and_results_are_final() -> TestResult {
+    let (_dir, store) = temp_store().await?;
+    let (_session, fx) = seeded(&store, 1).await?;
+    let agent = fx.children[0].agent.id;
+
+    store
+        .begin_tool_call(&intent(agent, "t1", true, 10))
+        .await?;
+    store
+        .begin_tool_call(&intent(agent, "t2", false, 11))
+        .await?;
+    // Re-recording an intent (a read-only call re-run after an interruption) keeps the first.
+    store
+        .begin_tool_call(&intent(agent, "t1", true, 99))
+        .await?;
+
+    let result = Block::tool_result("t1", "1\tline", false);
+    store
+        .finish_tool_call(agent, "t1", &result, Some("full"), 20)
+        .await?;
+    let again = store.finish_tool_call(agent, "t1", &result, None, 21).await;
+    assert!(matches!(again, Err(StoreError::Conflict(_))), "{again:?}");
+    let unknown = store
+        .finish_tool_call(agent, "nope", &result, None, 21)
+        .await;
+    assert!(matches!(unknown, Err(StoreError::Conflict(_))));
+
+    let calls = store.tool_calls(agent).await?;
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[0].tool_use_id, "t1");
+    assert_eq!(calls[0].started_at_ms, 10);
+    assert_eq!(calls[0].result.as_ref(), Some(&result));
+    assert_eq!(calls[0].full_output.as_deref(), Some("full"));
+    assert_eq!(calls[0].finished_at_ms, Some(20));
+    // The mutating call's intent stands without a result: it was interrupted.
+    assert_eq!(calls[1].result, None);
+    assert!(!calls[1].read_only);
+    Ok(())
+}
