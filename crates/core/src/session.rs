@@ -145,6 +145,20 @@ impl ToolsJson {
         &self.0
     }
 
+    /// The pool's tool definitions, each keeping its bytes (to build a typed agent's subset).
+    pub fn defs(&self) -> Vec<ToolDef> {
+        let items: Vec<&serde_json::value::RawValue> =
+            serde_json::from_str(self.0.as_str()).unwrap_or_default();
+        items
+            .into_iter()
+            .filter_map(|item| {
+                let raw = RawJson::from_stored(item.get()).ok()?;
+                let name = raw.value().get("name")?.as_str()?.to_owned();
+                Some(ToolDef { name, raw })
+            })
+            .collect()
+    }
+
     /// The tool names, in pool order.
     pub fn names(&self) -> Vec<String> {
         match self.0.value() {

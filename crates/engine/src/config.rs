@@ -43,6 +43,9 @@ pub struct EngineConfig {
     /// `max_tokens` of each request when the session sets none.
     pub default_max_tokens: u32,
     pub retry: RetryPolicy,
+    /// Folders of custom agent type definitions (`$FORKD_HOME/agents`); a session's
+    /// `<workspace>/.forkd/agents` is read after these and wins.
+    pub agent_dirs: Vec<std::path::PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -56,6 +59,7 @@ impl Default for EngineConfig {
             default_model: DEFAULT_MODEL.to_owned(),
             default_max_tokens: 8192,
             retry: RetryPolicy::default(),
+            agent_dirs: Vec::new(),
         }
     }
 }

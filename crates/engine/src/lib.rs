@@ -4,6 +4,7 @@
 //! speaks SQL (the store does). Each agent run is one task with its own span, tracked by the
 //! engine's [`TaskTracker`] and stopped by its [`CancellationToken`].
 
+pub mod agent_types;
 mod agents;
 mod batch;
 mod config;
@@ -15,6 +16,7 @@ mod run;
 mod session;
 mod stats;
 mod tools;
+mod typed;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};

@@ -55,7 +55,10 @@ type Events = mpsc::Sender<Result<ParentEvent>>;
 /// (a typed agent, an invalid fork call, any other tool) get results of their own.
 struct ForkPlan {
     forks: Vec<(String, Directive)>,
-    refused: Vec<(String, Block)>,
+    /// Typed agent calls: tool_use id, type, directive. Run before the reply's other tools.
+    typed: Vec<(String, String, Directive)>,
+    /// Calls answered without running a tool: typed agents' reports and refusals.
+    answered: Vec<(String, Block)>,
 }
 
 impl Engine {
@@ -143,7 +146,7 @@ impl Engine {
                     created_at_ms: now,
                     updated_at_ms: now,
                 };
-                store.insert_agent(&agent, None).await?;
+                store.insert_agent(&agent, None, None).await?;
                 agent
             }
         };
@@ -313,16 +316,34 @@ impl Engine {
         events: &Events,
         cancel: &CancellationToken,
     ) -> Result<Message> {
-        let plan = self.fork_plan(session, &reply);
+        let mut plan = self.fork_plan(session, &reply);
+        for (id, ty, directive) in std::mem::take(&mut plan.typed) {
+            let result = match self.run_typed(session.id, &ty, directive).await {
+                Ok(note) => Block::tool_result(
+                    &id,
+                    &format!(
+                        "Agent {} ({ty}) {}:\n{}",
+                        note.agent_id,
+                        note.status.as_str(),
+                        note.report.to_text()
+                    ),
+                    note.status != forkd_core::NotificationStatus::Completed,
+                ),
+                Err(e) => {
+                    Block::tool_result(&id, &format!("The {ty} agent could not run: {e}"), true)
+                }
+            };
+            plan.answered.push((id, result));
+        }
         if plan.forks.is_empty() {
             self.append_to_session(session, &reply).await?;
             let results = self
-                .run_parent_tools(session, parent, &reply, &plan.refused, cancel)
+                .run_parent_tools(session, parent, &reply, &plan.answered, cancel)
                 .await?;
             self.append_to_session(session, &results).await?;
             return Ok(results);
         }
-        let mut others = plan.refused;
+        let mut others = plan.answered;
         let non_agent = Message::assistant(
             reply
                 .blocks
@@ -360,7 +381,7 @@ impl Engine {
             .unwrap_or_else(|| Message::user(Vec::new())))
     }
 
-    /// Runs the parent's non-fork tool calls, answering the `refused` ones with their errors.
+    /// Runs the parent's non-fork tool calls; the calls in `refused` are already answered.
     async fn run_parent_tools(
         &self,
         session: &Session,
@@ -386,6 +407,8 @@ impl Engine {
         let turn = ToolTurn {
             agent: parent,
             session,
+            permission_mode: session.permission_mode,
+            offered: session.params.tools.names(),
             conversation: &conversation,
             cancel: cancel.clone(),
         };
@@ -412,35 +435,37 @@ impl Engine {
         let max = self.config().max_directive_bytes;
         let mut plan = ForkPlan {
             forks: Vec::new(),
-            refused: Vec::new(),
+            typed: Vec::new(),
+            answered: Vec::new(),
         };
         for (id, name, block) in reply.tool_uses() {
             if name != AGENT_TOOL {
                 continue;
             }
             let input = block.tool_input().unwrap_or_default();
-            let typed = input.get("subagent_type").is_some_and(|t| !t.is_null());
-            let error = if typed {
-                Some(
-                    "Typed agents (subagent_type) are not available in this forkd build yet."
-                        .to_owned(),
-                )
-            } else if session.coordinator {
+            let text = |k: &str| {
+                input
+                    .get(k)
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("")
+                    .to_owned()
+            };
+            if let Some(ty) = input.get("subagent_type").and_then(|t| t.as_str()) {
+                let directive = Directive {
+                    description: text("description"),
+                    prompt: text("prompt"),
+                };
+                plan.typed.push((id.to_owned(), ty.to_owned(), directive));
+                continue;
+            }
+            let error = if session.coordinator {
                 Some("A coordinator never forks: delegate with subagent_type instead.".to_owned())
             } else if let Some(refusal) = fork_refusal(None, std::slice::from_ref(reply)) {
                 Some(refusal.message().to_owned())
             } else {
                 let directive = Directive {
-                    description: input
-                        .get("description")
-                        .and_then(|v| v.as_str())
-                        .unwrap_or("")
-                        .to_owned(),
-                    prompt: input
-                        .get("prompt")
-                        .and_then(|v| v.as_str())
-                        .unwrap_or("")
-                        .to_owned(),
+                    description: text("description"),
+                    prompt: text("prompt"),
                 };
                 match fork::validate_directives(std::slice::from_ref(&directive), max) {
                     Ok(()) => {
@@ -453,7 +478,7 @@ impl Engine {
                 }
             };
             if let Some(error) = error {
-                plan.refused
+                plan.answered
                     .push((id.to_owned(), Block::tool_result(id, &error, true)));
             }
         }

@@ -11,10 +11,12 @@ use std::time::Duration;
 use forkd_core::fork::ForkBatch;
 use forkd_core::pricing::{self, CacheTtl};
 use forkd_core::report::Report;
+use forkd_core::request::Conversation;
 use forkd_core::request::{self, BlockPos};
-use forkd_core::session::Session;
+use forkd_core::session::{CacheSafeParams, PermissionMode, Session};
 use forkd_core::{
-    Agent, AgentId, AgentState, BatchId, Block, Message, NotificationStatus, RequestId, Role,
+    Agent, AgentId, AgentKind, AgentState, BatchId, Block, Message, NotificationStatus, RequestId,
+    Role,
 };
 use forkd_provider::{Completion, ModelRequest, ProviderError, StreamEvent};
 use forkd_store::{NewNotification, RequestRecord};
@@ -43,12 +45,54 @@ const FINISH_ATTEMPTS: u32 = 16;
 #[derive(Default)]
 pub(crate) struct BatchCache(std::sync::Mutex<HashMap<BatchId, Weak<BatchContext>>>);
 
-/// A fork child's run, loaded from the store.
-struct ChildRun {
+/// What an agent's conversation is made of besides its own messages.
+enum Shape {
+    /// A fork child: the batch's shared prefix, then its directive block.
+    Fork { ctx: Arc<BatchContext> },
+    /// A typed agent: its own params; its conversation starts with its directive.
+    Typed,
+}
+
+/// An agent's run, loaded from the store.
+struct AgentRun {
     agent: Agent,
-    ctx: Arc<BatchContext>,
+    session: Session,
+    params: CacheSafeParams,
+    permission_mode: PermissionMode,
+    shape: Shape,
     directive: Block,
     own: Vec<Message>,
+}
+
+impl AgentRun {
+    fn conversation(&self) -> Conversation {
+        match &self.shape {
+            Shape::Fork { ctx } => {
+                ctx.batch
+                    .child_conversation(&ctx.history, &self.directive, &self.own)
+            }
+            Shape::Typed => {
+                let mut messages = Vec::with_capacity(1 + self.own.len());
+                messages.push(Message::user(vec![self.directive.clone()]));
+                messages.extend_from_slice(&self.own);
+                Conversation::plain(messages)
+            }
+        }
+    }
+
+    /// The agent's own first block: request fingerprints cover everything before it.
+    fn directive_pos(&self) -> BlockPos {
+        match &self.shape {
+            Shape::Fork { ctx } => BlockPos {
+                message: ctx.history.len() + 1,
+                block: ctx.batch.shared_user_blocks.len(),
+            },
+            Shape::Typed => BlockPos {
+                message: 0,
+                block: 0,
+            },
+        }
+    }
 }
 
 /// Why a run ended without completing.
@@ -210,12 +254,11 @@ impl Engine {
         cache.get(&id).and_then(Weak::upgrade)
     }
 
-    /// Loads what a run of a fork child needs: the agent, its batch's shared context, its
+    /// Loads what a run needs: the agent, its params, what its conversation shares, its
     /// directive block and its own messages so far.
-    async fn load_child(&self, id: AgentId) -> Result<ChildRun, RunFailure> {
+    async fn load_run(&self, id: AgentId) -> Result<AgentRun, RunFailure> {
         let store = &self.inner.store;
         let agent = self.get_agent(id).await?;
-        let ctx = self.batch_context(&agent).await?;
         let directive =
             store
                 .agent_directive_block(id)
@@ -230,9 +273,44 @@ impl Engine {
             .into_iter()
             .map(|m| m.message)
             .collect();
-        Ok(ChildRun {
+        let (session, params, permission_mode, shape) = match agent.kind {
+            AgentKind::Fork => {
+                let ctx = self.batch_context(&agent).await?;
+                let session = ctx.session.clone();
+                let params = session.params.clone();
+                let mode = session.permission_mode;
+                (session, params, mode, Shape::Fork { ctx })
+            }
+            AgentKind::Typed => {
+                let own_params =
+                    store
+                        .agent_params(id)
+                        .await?
+                        .ok_or_else(|| EngineError::NotFound {
+                            kind: "params of typed agent",
+                            id: id.to_string(),
+                        })?;
+                let session = self.get_session(agent.session_id).await?;
+                (
+                    session,
+                    own_params.params,
+                    own_params.permission_mode,
+                    Shape::Typed,
+                )
+            }
+            AgentKind::Parent => {
+                return Err(EngineError::FailedPrecondition(
+                    "a session's main loop runs through SendMessage".into(),
+                )
+                .into());
+            }
+        };
+        Ok(AgentRun {
             agent,
-            ctx,
+            session,
+            params,
+            permission_mode,
+            shape,
             directive,
             own,
         })
@@ -245,48 +323,41 @@ impl Engine {
         gate: &mut Option<WarmupGate>,
         cancel: &CancellationToken,
     ) -> Result<String, RunFailure> {
-        let ChildRun {
-            agent,
-            ctx,
-            directive,
-            mut own,
-        } = self.load_child(id).await?;
+        let mut run = self.load_run(id).await?;
         let store = self.inner.store.clone();
         store.set_agent_state(id, AgentState::Running, None).await?;
-        let params = &ctx.session.params;
-        let directive_pos = BlockPos {
-            message: ctx.history.len() + 1,
-            block: ctx.batch.shared_user_blocks.len(),
-        };
+        let directive_pos = run.directive_pos();
         let max_turns = self.config().max_turns;
         // Turns already taken (a later run of the same agent continues the count).
-        let mut turn = own.iter().filter(|m| m.role == Role::Assistant).count() as u32;
+        let mut turn = run.own.iter().filter(|m| m.role == Role::Assistant).count() as u32;
         loop {
-            if let Some(last) = own.last().filter(|m| m.role == Role::Assistant) {
+            if let Some(last) = run.own.last().filter(|m| m.role == Role::Assistant) {
                 if last.tool_uses().next().is_none() {
                     return Ok(last.text());
                 }
                 // Answer the model's tool calls, including those a previous run left open.
-                let conv = ctx.batch.child_conversation(&ctx.history, &directive, &own);
+                let conv = run.conversation();
                 let tool_turn = ToolTurn {
-                    agent: &agent,
-                    session: &ctx.session,
+                    agent: &run.agent,
+                    session: &run.session,
+                    permission_mode: run.permission_mode,
+                    offered: run.params.tools.names(),
                     conversation: &conv.messages,
                     cancel: cancel.clone(),
                 };
                 let results = self.run_tools(&tool_turn, last).await?;
                 store.append_agent_message(id, &results).await?;
-                own.push(results);
+                run.own.push(results);
             }
             if turn >= max_turns {
                 return Err(RunFailure::TurnLimit(max_turns));
             }
-            let conv = ctx.batch.child_conversation(&ctx.history, &directive, &own);
-            let body = request::serialize(params, &conv, true);
+            let conv = run.conversation();
+            let body = request::serialize(&run.params, &conv, true);
             let fingerprint = body.prefix_fingerprint(directive_pos).unwrap_or_default();
             let body_bytes = body.body.len() as u64;
             let req = ModelRequest {
-                model: params.model.clone(),
+                model: run.params.model.clone(),
                 body: body.body.into(),
             };
             let completion = self
@@ -300,15 +371,15 @@ impl Engine {
                 .await?;
             store.append_agent_message(id, &completion.message).await?;
             self.record(
-                &agent,
+                &run.agent,
                 turn,
-                &ctx.session,
+                &run.params.model,
                 &completion,
                 fingerprint,
                 body_bytes,
             )
             .await?;
-            own.push(completion.message);
+            run.own.push(completion.message);
             turn += 1;
         }
     }
@@ -317,12 +388,12 @@ impl Engine {
         &self,
         agent: &Agent,
         turn: u32,
-        session: &Session,
+        model: &str,
         completion: &Completion,
         prefix_fingerprint: String,
         body_bytes: u64,
     ) -> Result<(), RunFailure> {
-        let cost_usd = pricing::model(&session.params.model)
+        let cost_usd = pricing::model(model)
             .map(|m| completion.usage.cost_usd(m, CacheTtl::FiveMinutes))
             .unwrap_or(0.0);
         let record = RequestRecord {
@@ -331,7 +402,7 @@ impl Engine {
             session_id: agent.session_id,
             batch_id: agent.batch_id,
             turn,
-            model: session.params.model.clone(),
+            model: model.to_owned(),
             usage: completion.usage,
             cost_usd,
             prefix_fingerprint,

@@ -122,14 +122,19 @@ fn session_bytes(req: &NewSession) -> usize {
         + req.external_tools.iter().map(String::len).sum::<usize>()
 }
 
+/// Today's date (UTC) as `YYYY-MM-DD`, for rendered system prompts.
+pub(crate) fn today() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+        .to_string()
+        .chars()
+        .take("YYYY-MM-DD".len())
+        .collect()
+}
+
 fn template(req: &NewSession, workspace: &Path, model: &str) -> SystemTemplate {
     SystemTemplate {
         base: req.system_prompt.clone(),
-        date: humantime::format_rfc3339_seconds(std::time::SystemTime::now())
-            .to_string()
-            .chars()
-            .take("YYYY-MM-DD".len())
-            .collect(),
+        date: today(),
         workspace: workspace.display().to_string(),
         model: model.to_owned(),
         coordinator: req.coordinator,

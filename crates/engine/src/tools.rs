@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use forkd_core::fork::fork_refusal;
-use forkd_core::session::Session;
+use forkd_core::session::{PermissionMode, Session};
 use forkd_core::tools::AGENT_TOOL;
 use forkd_core::{Agent, Block, Message};
 use forkd_store::ToolCall;
@@ -34,6 +34,10 @@ const INTERRUPTED: &str = "Interrupted: this call was started but its result was
 pub(crate) struct ToolTurn<'a> {
     pub agent: &'a Agent,
     pub session: &'a Session,
+    /// The agent's permission mode (a typed agent may have its own).
+    pub permission_mode: PermissionMode,
+    /// The tools the agent was offered; a call to any other is refused.
+    pub offered: Vec<String>,
     /// The conversation so far, the assistant message included (for the recursion guard).
     pub conversation: &'a [Message],
     pub cancel: CancellationToken,
@@ -84,7 +88,7 @@ impl Engine {
             EngineError::FailedPrecondition(format!("the session's workspace is unusable: {e}"))
         })?;
         let ctx = ToolContext::new(workspace, turn.cancel.clone());
-        let policy = Policy::new(turn.session.permission_mode);
+        let policy = Policy::new(turn.permission_mode);
         let mut results = Vec::new();
         for (id, name, block) in assistant.tool_uses() {
             let input = block.tool_input().unwrap_or(Value::Null);
@@ -131,7 +135,12 @@ impl Engine {
                 finished_at_ms: None,
             })
             .await?;
-        let output = if name == AGENT_TOOL {
+        let output = if !turn.offered.iter().any(|t| t == name) {
+            ToolOutput::error(format!(
+                "Tool {name} is not available to this agent; its tools are: {}.",
+                turn.offered.join(", ")
+            ))
+        } else if name == AGENT_TOOL {
             agent_call(turn, input)
         } else {
             match policy.decide(name, input, &ctx.workspace) {

@@ -173,7 +173,9 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
         .await
         .with_context(|| format!("cannot open the database {}", db.display()))?;
     let provider = provider(&config)?;
-    let engine = Engine::new(Arc::new(store), provider, config.engine.clone());
+    let mut engine_config = config.engine.clone();
+    engine_config.agent_dirs.push(config.home.join("agents"));
+    let engine = Engine::new(Arc::new(store), provider, engine_config);
     let interrupted = engine.fail_interrupted().await?;
     if interrupted > 0 {
         tracing::warn!(

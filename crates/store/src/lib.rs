@@ -118,6 +118,13 @@ pub struct RequestRecord {
     pub created_at_ms: i64,
 }
 
+/// The cache-safe params and permission mode of an agent that does not share its session's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentParams {
+    pub params: forkd_core::session::CacheSafeParams,
+    pub permission_mode: forkd_core::session::PermissionMode,
+}
+
 /// One tool call: its intent (stored before it runs) and its result (stored after).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolCall {
@@ -170,8 +177,16 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<u64>;
 
     /// Inserts an agent that is not a fork child (a session's own main loop, a typed agent),
-    /// with its directive block if it has one. `NotFound` if its session is missing.
-    async fn insert_agent(&self, agent: &Agent, directive_block: Option<&Block>) -> Result<()>;
+    /// with its directive block and its own params if it has them. `NotFound` if its session is
+    /// missing.
+    async fn insert_agent(
+        &self,
+        agent: &Agent,
+        directive_block: Option<&Block>,
+        params: Option<&AgentParams>,
+    ) -> Result<()>;
+    /// The params of an agent that has its own (a typed agent); `None` for the others.
+    async fn agent_params(&self, id: AgentId) -> Result<Option<AgentParams>>;
 
     /// In one transaction: appends the batch's assistant message (at seq `batch.fork_point`, which
     /// must be the transcript's current length, else `Conflict`) and `parent_results` to the

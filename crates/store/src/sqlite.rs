@@ -7,6 +7,7 @@
 //! writers in another process (a second daemon on the same file, a CLI) wait on the busy timeout.
 //! Reads use their own pool and never block on the writer (WAL readers see the last commit).
 
+mod agent_params;
 mod agents;
 mod batches;
 mod convert;
@@ -29,8 +30,8 @@ use sqlx::sqlite::{
 use sqlx::{Sqlite, Transaction};
 
 use crate::{
-    AgentFilter, NewChild, NewNotification, NotificationFilter, RequestFilter, RequestRecord,
-    Result, Store, StoreError, StoredMessage, ToolCall,
+    AgentFilter, AgentParams, NewChild, NewNotification, NotificationFilter, RequestFilter,
+    RequestRecord, Result, Store, StoreError, StoredMessage, ToolCall,
 };
 
 /// The schema, embedded at build time from the workspace's `migrations/` and applied at open.
@@ -249,7 +250,12 @@ impl Store for SqliteStore {
         agents::messages(&self.reader, id).await
     }
 
-    async fn insert_agent(&self, agent: &Agent, directive_block: Option<&Block>) -> Result<()> {
+    async fn insert_agent(
+        &self,
+        agent: &Agent,
+        directive_block: Option<&Block>,
+        params: Option<&AgentParams>,
+    ) -> Result<()> {
         let mut tx = self.begin_write().await?;
         let session_id = agent.session_id.to_string();
         if !sessions::exists(&mut tx, &session_id).await? {
@@ -259,8 +265,15 @@ impl Store for SqliteStore {
             });
         }
         agents::insert(&mut tx, agent, directive_block).await?;
+        if let Some(params) = params {
+            agent_params::insert(&mut tx, agent.id, params).await?;
+        }
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn agent_params(&self, id: AgentId) -> Result<Option<AgentParams>> {
+        agent_params::get(&self.reader, id).await
     }
 
     async fn append_session_message(

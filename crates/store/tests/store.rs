@@ -187,10 +187,28 @@ async fn other_agents_can_be_inserted_beside_the_trait() -> TestResult {
         created_at_ms: 1,
         updated_at_ms: 1,
     };
-    store.insert_agent(&typed, None).await?;
+    let own = forkd_store::AgentParams {
+        params: forkd_core::session::CacheSafeParams {
+            model: "claude-haiku-4-5".into(),
+            system: forkd_core::session::RenderedSystem::from_stored("You explore. ünï 🦀\n"),
+            tools: forkd_core::session::ToolsJson::from_stored(r#"[{"name":"Read"}]"#)?,
+            thinking: None,
+            max_tokens: 4096,
+        },
+        permission_mode: forkd_core::session::PermissionMode::Plan,
+    };
+    store
+        .insert_agent(
+            &typed,
+            Some(&forkd_core::Block::text("Map the crate.")),
+            Some(&own),
+        )
+        .await?;
     assert_eq!(store.get_agent(typed.id).await?, Some(typed.clone()));
+    assert_eq!(store.agent_params(typed.id).await?, Some(own));
+    assert_eq!(store.agent_params(AgentId::new()).await?, None);
     assert!(matches!(
-        store.insert_agent(&typed, None).await,
+        store.insert_agent(&typed, None, None).await,
         Err(StoreError::Conflict(_))
     ));
 

@@ -110,6 +110,16 @@ impl Forkd for Fake {
         ))
     }
 
+    async fn spawn_agent(
+        &self,
+        request: Request<SpawnAgentRequest>,
+    ) -> Result<Response<SpawnAgentResponse>, Status> {
+        check_token(&request)?;
+        Err(Status::unimplemented(
+            "the fake daemon runs no typed agents",
+        ))
+    }
+
     async fn fork_batch(
         &self,
         request: Request<ForkBatchRequest>,

@@ -49,6 +49,31 @@ impl ForkdService {
         })
     }
 
+    pub(super) async fn spawn_agent_rpc(
+        &self,
+        req: pb::SpawnAgentRequest,
+    ) -> Result<pb::SpawnAgentResponse, Status> {
+        let session_id = parse_session_id(&req.session_id)?;
+        if req.subagent_type.is_empty() {
+            return Err(Status::invalid_argument(
+                "subagent_type is required (general-purpose, Explore, Plan or a custom type); \
+                 to fork, use ForkBatch",
+            ));
+        }
+        let directive = Directive {
+            description: req.description,
+            prompt: req.prompt,
+        };
+        let id = self
+            .engine
+            .spawn_typed(session_id, &req.subagent_type, directive)
+            .await
+            .map_err(to_status)?;
+        Ok(pb::SpawnAgentResponse {
+            agent_id: id.to_string(),
+        })
+    }
+
     pub(super) async fn list_agents_rpc(
         &self,
         req: pb::ListAgentsRequest,

@@ -82,6 +82,15 @@ impl Forkd for ForkdService {
             .map(Response::new)
     }
 
+    async fn spawn_agent(
+        &self,
+        req: Request<pb::SpawnAgentRequest>,
+    ) -> Reply<pb::SpawnAgentResponse> {
+        self.spawn_agent_rpc(req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
     async fn list_agents(
         &self,
         req: Request<pb::ListAgentsRequest>,
