@@ -246,7 +246,16 @@ pub struct Session {
     pub coordinator: bool,
     pub interactive: bool,
     pub permission_mode: PermissionMode,
+    /// Allow and deny rules (`Bash(cargo test:*)`, `Write(src/**)`); deny wins.
+    pub rules: PermissionRules,
     pub created_at_ms: i64,
+}
+
+/// A session's permission rules, as the rule strings the client gave (checked at creation).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PermissionRules {
+    pub allow: Vec<String>,
+    pub deny: Vec<String>,
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 use forkd_core::pricing;
 use forkd_core::session::{
-    CacheSafeParams, PermissionMode, Session, SystemTemplate, ThinkingConfig, ToolDef, ToolsJson,
+    CacheSafeParams, PermissionMode, PermissionRules, Session, SystemTemplate, ThinkingConfig,
+    ToolDef, ToolsJson,
 };
 use forkd_core::tools::builtin_definitions;
 use forkd_core::{Block, Message, SessionId};
@@ -35,6 +36,9 @@ pub struct NewSession {
     /// External (MCP) tool definitions as JSON objects.
     pub external_tools: Vec<String>,
     pub max_tokens: Option<u32>,
+    /// Permission rules such as `Bash(cargo test:*)` or `Write(src/**)`.
+    pub allow_rules: Vec<String>,
+    pub deny_rules: Vec<String>,
 }
 
 /// The smallest thinking budget the Messages API accepts.
@@ -112,6 +116,17 @@ fn check_thinking(budget: Option<u32>, max_tokens: u32) -> Result<Option<Thinkin
     }
 }
 
+/// Checks every rule now, so a typo is the client's error at creation, not a surprise later.
+fn check_rules(allow: Vec<String>, deny: Vec<String>) -> Result<PermissionRules> {
+    for (kind, rules) in [("allow", &allow), ("deny", &deny)] {
+        for rule in rules {
+            forkd_tools::Rule::parse(rule)
+                .map_err(|e| invalid(format!("{kind} rule {:?}: {e}", clip(rule, 100))))?;
+        }
+    }
+    Ok(PermissionRules { allow, deny })
+}
+
 fn session_bytes(req: &NewSession) -> usize {
     req.system_prompt.len()
         + req
@@ -183,6 +198,7 @@ impl Engine {
             .enumerate()
             .map(|(i, t)| ToolDef::parse(t).map_err(|e| invalid(format!("external tool {i}: {e}"))))
             .collect::<Result<Vec<_>>>()?;
+        let rules = check_rules(req.allow_rules.clone(), req.deny_rules.clone())?;
         let session = Session {
             id: SessionId::new(),
             params: CacheSafeParams {
@@ -196,6 +212,7 @@ impl Engine {
             coordinator: req.coordinator,
             interactive: req.interactive,
             permission_mode: req.permission_mode,
+            rules,
             created_at_ms: now_ms(),
         };
         self.inner

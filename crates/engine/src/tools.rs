@@ -9,11 +9,11 @@
 use std::collections::HashMap;
 
 use forkd_core::fork::fork_refusal;
-use forkd_core::session::{PermissionMode, Session};
+use forkd_core::session::{PermissionMode, PermissionRules, Session};
 use forkd_core::tools::AGENT_TOOL;
 use forkd_core::{Agent, Block, Message};
 use forkd_store::ToolCall;
-use forkd_tools::{Decision, Policy, ToolContext, ToolOutput, Workspace};
+use forkd_tools::{Decision, Policy, Rule, ToolContext, ToolOutput, Workspace};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -41,6 +41,17 @@ pub(crate) struct ToolTurn<'a> {
     /// The conversation so far, the assistant message included (for the recursion guard).
     pub conversation: &'a [Message],
     pub cancel: CancellationToken,
+}
+
+/// The agent's permission policy: its mode and its session's rules (checked when the session
+/// was created, so none fails to parse here).
+fn policy(mode: PermissionMode, rules: &PermissionRules) -> Policy {
+    let parse = |rules: &[String]| rules.iter().filter_map(|r| Rule::parse(r).ok()).collect();
+    Policy {
+        mode,
+        allow: parse(&rules.allow),
+        deny: parse(&rules.deny),
+    }
 }
 
 /// The model-facing form of an output: whole, or its head with a note when it is too long. The
@@ -88,7 +99,7 @@ impl Engine {
             EngineError::FailedPrecondition(format!("the session's workspace is unusable: {e}"))
         })?;
         let ctx = ToolContext::new(workspace, turn.cancel.clone());
-        let policy = Policy::new(turn.permission_mode);
+        let policy = policy(turn.permission_mode, &turn.session.rules);
         let mut results = Vec::new();
         for (id, name, block) in assistant.tool_uses() {
             let input = block.tool_input().unwrap_or(Value::Null);

@@ -101,3 +101,73 @@ async fn children_read_write_and_edit_the_workspace_and_report_it() {
     assert!(reader_log.contains("outside the workspace"), "{reader_log}");
     assert_eq!(of(1).report.clone().unwrap().result, "found it");
 }
+
+#[tokio::test]
+async fn session_rules_allow_and_deny_before_the_mode() {
+    let daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    // A typo in a rule is the client's error at creation.
+    let status = client
+        .create_session(pb::CreateSessionRequest {
+            allow_rules: vec!["Bash(echo:*".into()],
+            ..session_request(ws.path())
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+
+    let session = client
+        .create_session(pb::CreateSessionRequest {
+            permission_mode: "acceptEdits".into(),
+            allow_rules: vec!["Bash(echo:*)".into()],
+            deny_rules: vec!["Write(secrets/**)".into()],
+            ..session_request(ws.path())
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session
+        .unwrap();
+    assert_eq!(session.deny_rules, vec!["Write(secrets/**)".to_owned()]);
+    let script = r#"Try the rules.
+@sim tool Bash {"command":"echo allowed-by-rule"}
+@sim tool Bash {"command":"touch asked"}
+@sim tool Write {"file_path":"secrets/key","content":"k"}
+@sim tool Write {"file_path":"open/note","content":"n"}
+@sim say done"#;
+    let batch = client
+        .fork_batch(pb::ForkBatchRequest {
+            session_id: session.session_id,
+            directives: directives(&[script]),
+            warmup_gating: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    wait_for_batch(&mut client, &batch.batch_id, 1, DEADLINE)
+        .await
+        .unwrap();
+    assert!(!ws.path().join("secrets/key").exists(), "denied by rule");
+    assert!(
+        !ws.path().join("asked").exists(),
+        "acceptEdits asks for Bash; nobody can answer"
+    );
+    assert!(
+        ws.path().join("open/note").exists(),
+        "acceptEdits allows edits"
+    );
+    let log: String = client
+        .get_transcript(pb::GetTranscriptRequest {
+            agent_id: batch.agent_ids[0].clone(),
+            include_shared_prefix: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .messages
+        .into_iter()
+        .map(|m| m.content_json)
+        .collect();
+    assert!(log.contains("allowed-by-rule"), "{log}");
+}

@@ -36,6 +36,8 @@ pub(crate) fn session(s: &Session, message_count: u64) -> pb::Session {
         system_prompt_bytes: s.params.system.as_str().len() as u64,
         message_count,
         created_at: Some(timestamp(s.created_at_ms)),
+        allow_rules: s.rules.allow.clone(),
+        deny_rules: s.rules.deny.clone(),
     }
 }
 

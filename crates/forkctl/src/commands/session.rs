@@ -79,6 +79,14 @@ pub struct CreateArgs {
     /// Extended-thinking budget in tokens; 0 disables thinking.
     #[arg(long, value_name = "TOKENS", default_value_t = 0)]
     pub thinking_budget: u32,
+
+    /// Allow a tool call without asking, e.g. `Bash(cargo test:*)` or `Write(src/**)`; repeat.
+    #[arg(long = "allow", value_name = "RULE")]
+    pub allow_rules: Vec<String>,
+
+    /// Refuse a tool call whatever the mode, e.g. `Bash(rm:*)`; repeat. Deny wins over allow.
+    #[arg(long = "deny", value_name = "RULE")]
+    pub deny_rules: Vec<String>,
 }
 
 pub async fn run(args: SessionArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
@@ -243,6 +251,8 @@ fn create_request(args: CreateArgs) -> Result<CreateSessionRequest, CliError> {
         coordinator: args.coordinator,
         permission_mode: args.permission_mode.unwrap_or_default(),
         thinking_budget_tokens: args.thinking_budget,
+        allow_rules: args.allow_rules,
+        deny_rules: args.deny_rules,
         ..Default::default()
     })
 }
@@ -298,6 +308,8 @@ mod tests {
             coordinator: false,
             permission_mode: None,
             thinking_budget: 0,
+            allow_rules: Vec::new(),
+            deny_rules: Vec::new(),
         }
     }
 

@@ -52,6 +52,8 @@ impl ForkdService {
             thinking_budget: Some(req.thinking_budget_tokens).filter(|b| *b > 0),
             external_tools: req.external_tools_json,
             max_tokens: Some(req.max_tokens).filter(|m| *m > 0),
+            allow_rules: req.allow_rules,
+            deny_rules: req.deny_rules,
         };
         let session = self.engine.create_session(new).await.map_err(to_status)?;
         let count = self

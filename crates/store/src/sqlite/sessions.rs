@@ -1,7 +1,8 @@
 //! Sessions and their transcripts.
 
 use forkd_core::session::{
-    CacheSafeParams, PermissionMode, RenderedSystem, Session, ThinkingConfig, ToolsJson,
+    CacheSafeParams, PermissionMode, PermissionRules, RenderedSystem, Session, ThinkingConfig,
+    ToolsJson,
 };
 use forkd_core::{Message, SessionId};
 use sqlx::{SqliteConnection, SqlitePool};
@@ -15,7 +16,7 @@ use crate::{Result, StoreError, StoredMessage};
 macro_rules! session_columns {
     () => {
         "id, model, system_prompt, tools_json, thinking_budget, max_tokens, workspace, \
-         coordinator, interactive, permission_mode, created_at_ms"
+         coordinator, interactive, permission_mode, created_at_ms, allow_rules, deny_rules"
     };
 }
 
@@ -32,6 +33,8 @@ struct SessionRow {
     interactive: bool,
     permission_mode: String,
     created_at_ms: i64,
+    allow_rules: String,
+    deny_rules: String,
 }
 
 impl TryFrom<SessionRow> for Session {
@@ -65,6 +68,12 @@ impl TryFrom<SessionRow> for Session {
             coordinator: row.coordinator,
             interactive: row.interactive,
             permission_mode,
+            rules: PermissionRules {
+                allow: serde_json::from_str(&row.allow_rules)
+                    .map_err(|e| corrupt("allow rules", e))?,
+                deny: serde_json::from_str(&row.deny_rules)
+                    .map_err(|e| corrupt("deny rules", e))?,
+            },
             created_at_ms: row.created_at_ms,
         })
     }
@@ -91,7 +100,7 @@ pub(super) async fn create(
     sqlx::query(concat!(
         "INSERT INTO sessions (",
         session_columns!(),
-        ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     ))
     .bind(&id)
     .bind(&p.model)
@@ -104,6 +113,8 @@ pub(super) async fn create(
     .bind(session.interactive)
     .bind(session.permission_mode.as_str())
     .bind(session.created_at_ms)
+    .bind(serde_json::to_string(&session.rules.allow).unwrap_or_else(|_| "[]".into()))
+    .bind(serde_json::to_string(&session.rules.deny).unwrap_or_else(|_| "[]".into()))
     .execute(&mut *conn)
     .await
     .map_err(|e| conflict_if_duplicate(e, || format!("session {id} already exists")))?;

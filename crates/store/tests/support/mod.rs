@@ -53,6 +53,10 @@ pub fn session() -> TestResult<Session> {
         coordinator: false,
         interactive: true,
         permission_mode: PermissionMode::AcceptEdits,
+        rules: forkd_core::session::PermissionRules {
+            allow: vec!["Bash(cargo test:*)".into()],
+            deny: vec!["Write(secrets/**)".into(), "Read(ünï/**)".into()],
+        },
         created_at_ms: 1_700_000_000_000,
     })
 }
