@@ -12,6 +12,7 @@ mod error;
 mod model;
 mod notify;
 mod parent;
+mod permissions;
 mod run;
 mod session;
 mod stats;
@@ -35,6 +36,7 @@ pub use config::{EngineConfig, RetryPolicy};
 pub use error::EngineError;
 pub use notify::NotificationStream;
 pub use parent::{ParentEvent, ParentEventStream};
+pub use permissions::{PermissionAnswer, PermissionPrompt, PromptStream};
 pub use session::{ContextFile, NewSession, context_block};
 pub use stats::{CacheStats, StatsScope};
 
@@ -62,6 +64,8 @@ struct Inner {
     /// Held across a notification's commit and its broadcast, so live subscribers receive
     /// notifications in sequence order (they drop anything at or below the last seq they saw).
     notify_order: Mutex<()>,
+    /// Permission prompts waiting for an interactive client's answer.
+    prompts: permissions::Prompts,
     /// Batch prefixes shared by the running children of each batch.
     batches: run::BatchCache,
     tasks: TaskTracker,
@@ -81,6 +85,7 @@ impl Engine {
                 turn_locks: StdMutex::new(HashMap::new()),
                 notify_order: Mutex::new(()),
                 batches: run::BatchCache::default(),
+                prompts: permissions::Prompts::default(),
                 tasks: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
             }),

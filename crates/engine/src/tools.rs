@@ -18,6 +18,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{EngineError, Result};
+use crate::permissions::{PermissionAnswer, PermissionPrompt};
 use crate::{Engine, now_ms};
 
 /// Outputs longer than this (in bytes) are stored whole but shown to the model shortened.
@@ -157,11 +158,10 @@ impl Engine {
             match policy.decide(name, input, &ctx.workspace) {
                 Decision::Allow => forkd_tools::run_tool(name, input, ctx).await,
                 Decision::Deny(reason) => ToolOutput::error(format!("Permission denied: {reason}")),
-                Decision::Ask(what) => ToolOutput::error(format!(
-                    "Permission denied: {what} needs a person's approval, and no client can \
-                     answer permission prompts for this agent. Work without it and say so in \
-                     your report's Issues."
-                )),
+                Decision::Ask(what) => match self.ask_person(turn, name, input, what).await {
+                    Ok(()) => forkd_tools::run_tool(name, input, ctx).await,
+                    Err(denied) => ToolOutput::error(denied),
+                },
             }
         };
         tracing::debug!(
@@ -174,6 +174,46 @@ impl Engine {
             .finish_tool_call(turn.agent.id, id, &result, full.as_deref(), now_ms())
             .await?;
         Ok(result)
+    }
+}
+
+impl Engine {
+    /// A call that needs a person's approval: in an interactive session it is put to the
+    /// session's clients and the agent waits; otherwise it is denied with a clear error.
+    async fn ask_person(
+        &self,
+        turn: &ToolTurn<'_>,
+        name: &str,
+        input: &Value,
+        what: String,
+    ) -> Result<(), String> {
+        let session = turn.session;
+        if self.always_allowed(session.id, name) {
+            return Ok(());
+        }
+        if !session.interactive {
+            return Err(format!(
+                "Permission denied: {what} needs a person's approval, and no client can answer \
+                 permission prompts for this agent. Work without it and say so in your \
+                 report's Issues."
+            ));
+        }
+        let prompt = PermissionPrompt {
+            id: String::new(),
+            session_id: session.id,
+            agent_id: turn.agent.id,
+            tool: name.to_owned(),
+            input_json: input.to_string(),
+            question: what,
+        };
+        match self.ask(prompt, &turn.cancel).await {
+            Some(PermissionAnswer::AllowOnce | PermissionAnswer::AllowAlways) => Ok(()),
+            Some(PermissionAnswer::Deny(reason)) => Err(format!(
+                "Permission denied by the user{}. Do not retry this call; work without it.",
+                reason.map(|r| format!(": {r}")).unwrap_or_default()
+            )),
+            None => Err("Permission was not answered: the agent was stopped.".to_owned()),
+        }
     }
 }
 

@@ -72,6 +72,11 @@ pub struct CreateArgs {
     #[arg(long)]
     pub coordinator: bool,
 
+    /// A client will answer permission prompts (SubscribePermissions / AnswerPermission); needed
+    /// for `--permission-mode bubble`.
+    #[arg(long)]
+    pub interactive: bool,
+
     /// How tool calls are permitted.
     #[arg(long, value_name = "MODE", value_parser = PERMISSION_MODES)]
     pub permission_mode: Option<String>,
@@ -249,6 +254,7 @@ fn create_request(args: CreateArgs) -> Result<CreateSessionRequest, CliError> {
         model: args.model.unwrap_or_default(),
         workspace,
         coordinator: args.coordinator,
+        interactive: args.interactive,
         permission_mode: args.permission_mode.unwrap_or_default(),
         thinking_budget_tokens: args.thinking_budget,
         allow_rules: args.allow_rules,
@@ -306,6 +312,7 @@ mod tests {
             model: None,
             workspace: None,
             coordinator: false,
+            interactive: false,
             permission_mode: None,
             thinking_budget: 0,
             allow_rules: Vec::new(),

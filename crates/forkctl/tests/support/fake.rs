@@ -120,6 +120,25 @@ impl Forkd for Fake {
         ))
     }
 
+    type SubscribePermissionsStream =
+        Pin<Box<dyn Stream<Item = Result<PermissionPrompt, Status>> + Send>>;
+
+    async fn subscribe_permissions(
+        &self,
+        request: Request<SubscribePermissionsRequest>,
+    ) -> Result<Response<Self::SubscribePermissionsStream>, Status> {
+        check_token(&request)?;
+        Err(Status::unimplemented("the fake daemon asks nothing"))
+    }
+
+    async fn answer_permission(
+        &self,
+        request: Request<AnswerPermissionRequest>,
+    ) -> Result<Response<AnswerPermissionResponse>, Status> {
+        check_token(&request)?;
+        Err(Status::unimplemented("the fake daemon asks nothing"))
+    }
+
     async fn fork_batch(
         &self,
         request: Request<ForkBatchRequest>,

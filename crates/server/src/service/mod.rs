@@ -4,6 +4,7 @@
 mod agents;
 mod cache;
 mod notifications;
+mod permissions;
 mod sessions;
 
 use forkd_engine::Engine;
@@ -123,6 +124,25 @@ impl Forkd for ForkdService {
     ) -> Reply<Self::SubscribeNotificationsStream> {
         self.subscribe_rpc(req.into_inner())
             .await
+            .map(Response::new)
+    }
+
+    type SubscribePermissionsStream = permissions::PromptStream;
+
+    async fn subscribe_permissions(
+        &self,
+        req: Request<pb::SubscribePermissionsRequest>,
+    ) -> Reply<Self::SubscribePermissionsStream> {
+        self.subscribe_permissions_rpc(req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn answer_permission(
+        &self,
+        req: Request<pb::AnswerPermissionRequest>,
+    ) -> Reply<pb::AnswerPermissionResponse> {
+        self.answer_permission_rpc(req.into_inner())
             .map(Response::new)
     }
 
