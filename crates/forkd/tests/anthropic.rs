@@ -9,7 +9,9 @@ use forkd::daemon::ProviderKind;
 use forkd_proto::v1 as pb;
 use forkd_provider::{AnthropicConfig, SimConfig, SimProvider};
 use forkd_sim_server::{SimServerConfig, StreamCuts};
-use forkd_test_support::{directives, session_request, spawn_daemon_with, wait_for_batch};
+use forkd_test_support::{
+    create_session, directives, session_request, spawn_daemon_with, wait_for_batch,
+};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -47,12 +49,8 @@ async fn batch(
     .await
     .unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = client
-        .create_session(session_request(workspace))
+    let session = create_session(&mut client, session_request(workspace))
         .await
-        .unwrap()
-        .into_inner()
-        .session
         .unwrap();
     let submitted = client
         .fork_batch(pb::ForkBatchRequest {

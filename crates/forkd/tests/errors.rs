@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use forkd_proto::v1 as pb;
-use forkd_test_support::{directives, session_request, spawn_daemon};
+use forkd_test_support::{create_session, directives, session_request, spawn_daemon};
 use tonic::Code;
 
 const UNKNOWN: &str = "01a22937-0000-7000-8000-000000000000";
@@ -12,12 +12,8 @@ const UNKNOWN: &str = "01a22937-0000-7000-8000-000000000000";
 async fn bad_requests_get_precise_codes_and_the_daemon_keeps_serving() {
     let daemon = spawn_daemon().await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = client
-        .create_session(session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(daemon.home_path()))
         .await
-        .unwrap()
-        .into_inner()
-        .session
         .unwrap();
     let sid = session.session_id.clone();
 
@@ -161,16 +157,15 @@ async fn bad_requests_get_precise_codes_and_the_daemon_keeps_serving() {
     );
 
     // A coordinator never forks.
-    let coordinator = client
-        .create_session(pb::CreateSessionRequest {
+    let coordinator = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
             coordinator: true,
             ..session_request(daemon.home_path())
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session
-        .unwrap();
+        },
+    )
+    .await
+    .unwrap();
     let status = client
         .fork_batch(fork(&coordinator.session_id, directives(&["x"])))
         .await
@@ -255,12 +250,8 @@ async fn following_an_unknown_id_is_not_found_instead_of_a_silent_wait() {
 async fn agents_a_stopped_daemon_left_running_fail_clearly_at_the_next_start() {
     let mut daemon = spawn_daemon().await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = client
-        .create_session(session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(daemon.home_path()))
         .await
-        .unwrap()
-        .into_inner()
-        .session
         .unwrap();
     let batch = client
         .fork_batch(pb::ForkBatchRequest {

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use forkd_proto::v1 as pb;
 use forkd_store::RequestFilter;
-use forkd_test_support::{directives, session_request, spawn_daemon, wait_for_batch};
+use forkd_test_support::{
+    create_session, directives, session_request, spawn_daemon, wait_for_batch,
+};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -19,12 +21,8 @@ fn usage(n: &pb::Notification) -> pb::Usage {
 async fn five_children_complete_share_the_prefix_and_replay() {
     let daemon = spawn_daemon().await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = client
-        .create_session(session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(daemon.home_path()))
         .await
-        .unwrap()
-        .into_inner()
-        .session
         .unwrap();
     let prompts = ["audit a", "audit b", "audit c", "audit d", "audit e"];
     let batch = client
@@ -173,12 +171,8 @@ async fn the_socket_is_private_and_health_and_reflection_answer() {
 async fn a_child_that_tries_to_fork_is_refused_and_carries_on() {
     let daemon = spawn_daemon().await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = client
-        .create_session(session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(daemon.home_path()))
         .await
-        .unwrap()
-        .into_inner()
-        .session
         .unwrap();
     let script = "Split this further.\n@sim agent {\"description\":\"x\",\"prompt\":\"grandchild\"}\n@sim say did it myself";
     let batch = client
@@ -226,12 +220,8 @@ async fn a_child_that_tries_to_fork_is_refused_and_carries_on() {
 async fn provider_failures_retry_or_fail_the_child_clearly() {
     let daemon = spawn_daemon().await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = client
-        .create_session(session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(daemon.home_path()))
         .await
-        .unwrap()
-        .into_inner()
-        .session
         .unwrap();
     let batch = client
         .fork_batch(pb::ForkBatchRequest {
@@ -272,12 +262,8 @@ async fn cache_reads(gating: bool) -> Vec<u64> {
         .await
         .unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = client
-        .create_session(session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(daemon.home_path()))
         .await
-        .unwrap()
-        .into_inner()
-        .session
         .unwrap();
     let batch = client
         .fork_batch(pb::ForkBatchRequest {
@@ -316,12 +302,8 @@ async fn warmup_gating_lets_siblings_read_what_the_first_child_wrote() {
 async fn a_later_batch_still_reads_the_history_cached_by_an_earlier_one() {
     let daemon = spawn_daemon().await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = client
-        .create_session(session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(daemon.home_path()))
         .await
-        .unwrap()
-        .into_inner()
-        .session
         .unwrap();
     let prompts: Vec<String> = (0..20).map(|i| format!("first batch {i}")).collect();
     let refs: Vec<&str> = prompts.iter().map(String::as_str).collect();

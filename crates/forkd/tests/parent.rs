@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use forkd_proto::v1 as pb;
 use forkd_proto::v1::session_event::Event;
-use forkd_test_support::{session_request, spawn_daemon, wait_for_batch};
+use forkd_test_support::{create_session, session_request, spawn_daemon, wait_for_batch};
 
 async fn send(
     client: &mut forkd_proto::v1::forkd_client::ForkdClient<tonic::transport::Channel>,
@@ -37,12 +37,8 @@ async fn send(
 async fn a_parent_reply_that_calls_agent_forks_and_hears_back() {
     let daemon = spawn_daemon().await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = client
-        .create_session(session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(daemon.home_path()))
         .await
-        .unwrap()
-        .into_inner()
-        .session
         .unwrap();
     let sid = session.session_id.clone();
     let script = concat!(
@@ -150,16 +146,15 @@ async fn a_parent_reply_that_calls_agent_forks_and_hears_back() {
 async fn a_coordinator_parent_is_refused_a_fork_and_told_to_delegate() {
     let daemon = spawn_daemon().await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = client
-        .create_session(pb::CreateSessionRequest {
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
             coordinator: true,
             ..session_request(daemon.home_path())
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session
-        .unwrap();
+        },
+    )
+    .await
+    .unwrap();
     let script = r#"Plan it.
 @sim agent {"description":"x","prompt":"do x"}"#;
     let events = send(&mut client, &session.session_id, script).await;

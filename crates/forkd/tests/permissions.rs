@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use forkd_proto::v1 as pb;
-use forkd_test_support::{directives, session_request, spawn_daemon, wait_for_batch};
+use forkd_test_support::{
+    create_session, directives, session_request, spawn_daemon, transcript_text, wait_for_batch,
+};
 use tonic::Code;
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -28,17 +30,16 @@ async fn bubble_prompts_reach_the_client_and_answers_are_honoured() {
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
 
-    let session = client
-        .create_session(pb::CreateSessionRequest {
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
             permission_mode: "bubble".into(),
             interactive: true,
             ..session_request(ws.path())
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session
-        .unwrap();
+        },
+    )
+    .await
+    .unwrap();
     let mut prompts = client
         .subscribe_permissions(pb::SubscribePermissionsRequest {
             session_id: session.session_id.clone(),
@@ -106,18 +107,9 @@ async fn bubble_prompts_reach_the_client_and_answers_are_honoured() {
     assert!(ws.path().join("one.txt").exists());
     assert!(ws.path().join("two.txt").exists());
     assert!(!ws.path().join("three.txt").exists());
-    let log: String = client
-        .get_transcript(pb::GetTranscriptRequest {
-            agent_id: batch.agent_ids[0].clone(),
-            include_shared_prefix: false,
-        })
+    let log = transcript_text(&mut client, &batch.agent_ids[0])
         .await
-        .unwrap()
-        .into_inner()
-        .messages
-        .into_iter()
-        .map(|m| m.content_json)
-        .collect();
+        .unwrap();
     assert!(log.contains("denied by the user: not today"), "{log}");
 }
 

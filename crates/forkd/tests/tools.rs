@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use forkd_proto::v1 as pb;
-use forkd_test_support::{directives, session_request, spawn_daemon, wait_for_batch};
+use forkd_test_support::{
+    create_session, directives, session_request, spawn_daemon, transcript_text, wait_for_batch,
+};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -16,16 +18,15 @@ async fn children_read_write_and_edit_the_workspace_and_report_it() {
     std::fs::write(ws.path().join("notes.txt"), "alpha\nbeta needle\ngamma\n").unwrap();
     std::fs::write(ws.path().join("../forkd-secret-outside.txt"), "secret").ok();
     let mut client = daemon.client().await.unwrap();
-    let session = client
-        .create_session(pb::CreateSessionRequest {
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
             permission_mode: "acceptEdits".into(),
             ..session_request(ws.path())
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session
-        .unwrap();
+        },
+    )
+    .await
+    .unwrap();
     let writer = r#"Write the greeting.
 @sim tool Write {"file_path":"out/greeting.txt","content":"hello"}
 @sim tool Edit {"file_path":"out/greeting.txt","old_string":"hello","new_string":"hello world"}
@@ -63,26 +64,9 @@ async fn children_read_write_and_edit_the_workspace_and_report_it() {
     assert_eq!(report.result, "wrote the greeting");
     assert_eq!(report.files_changed, vec!["out/greeting.txt".to_owned()]);
 
-    let transcript = |agent: &str| {
-        let mut client = client.clone();
-        let agent = agent.to_owned();
-        async move {
-            client
-                .get_transcript(pb::GetTranscriptRequest {
-                    agent_id: agent,
-                    include_shared_prefix: false,
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .messages
-                .into_iter()
-                .map(|m| m.content_json)
-                .collect::<Vec<_>>()
-                .join("\n")
-        }
-    };
-    let writer_log = transcript(&batch.agent_ids[0]).await;
+    let writer_log = transcript_text(&mut client, &batch.agent_ids[0])
+        .await
+        .unwrap();
     for tool in ["\"Write\"", "\"Edit\"", "\"Bash\""] {
         assert!(
             writer_log.contains(tool),
@@ -92,7 +76,9 @@ async fn children_read_write_and_edit_the_workspace_and_report_it() {
     assert!(writer_log.contains("Permission denied"), "{writer_log}");
 
     // The reader saw the file and the match, and the escape was refused as a tool error.
-    let reader_log = transcript(&batch.agent_ids[1]).await;
+    let reader_log = transcript_text(&mut client, &batch.agent_ids[1])
+        .await
+        .unwrap();
     assert!(reader_log.contains("beta needle"), "{reader_log}");
     assert!(
         reader_log.contains("notes.txt:2:beta needle"),
@@ -117,18 +103,17 @@ async fn session_rules_allow_and_deny_before_the_mode() {
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
 
-    let session = client
-        .create_session(pb::CreateSessionRequest {
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
             permission_mode: "acceptEdits".into(),
             allow_rules: vec!["Bash(echo:*)".into()],
             deny_rules: vec!["Write(secrets/**)".into()],
             ..session_request(ws.path())
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session
-        .unwrap();
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(session.deny_rules, vec!["Write(secrets/**)".to_owned()]);
     let script = r#"Try the rules.
 @sim tool Bash {"command":"echo allowed-by-rule"}
@@ -157,17 +142,8 @@ async fn session_rules_allow_and_deny_before_the_mode() {
         ws.path().join("open/note").exists(),
         "acceptEdits allows edits"
     );
-    let log: String = client
-        .get_transcript(pb::GetTranscriptRequest {
-            agent_id: batch.agent_ids[0].clone(),
-            include_shared_prefix: false,
-        })
+    let log = transcript_text(&mut client, &batch.agent_ids[0])
         .await
-        .unwrap()
-        .into_inner()
-        .messages
-        .into_iter()
-        .map(|m| m.content_json)
-        .collect();
+        .unwrap();
     assert!(log.contains("allowed-by-rule"), "{log}");
 }

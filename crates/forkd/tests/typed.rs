@@ -8,7 +8,7 @@ use std::time::Duration;
 use forkd_proto::v1 as pb;
 use forkd_proto::v1::session_event::Event;
 use forkd_store::RequestFilter;
-use forkd_test_support::{session_request, spawn_daemon};
+use forkd_test_support::{create_session, session_request, spawn_daemon, transcript_text};
 use futures::StreamExt;
 use tonic::Code;
 
@@ -44,16 +44,15 @@ async fn typed_agents_have_their_own_prompt_tools_and_model() {
     )
     .unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = client
-        .create_session(pb::CreateSessionRequest {
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
             permission_mode: "acceptEdits".into(),
             ..session_request(ws.path())
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session
-        .unwrap();
+        },
+    )
+    .await
+    .unwrap();
     let spawn = |ty: &str, prompt: &str| pb::SpawnAgentRequest {
         session_id: session.session_id.clone(),
         subagent_type: ty.to_owned(),
@@ -73,18 +72,9 @@ async fn typed_agents_have_their_own_prompt_tools_and_model() {
     let note = ended(&mut client, &explore.agent_id).await;
     assert_eq!(note.status, pb::NotificationStatus::Completed as i32);
     assert!(!ws.path().join("x.txt").exists());
-    let log: String = client
-        .get_transcript(pb::GetTranscriptRequest {
-            agent_id: explore.agent_id.clone(),
-            include_shared_prefix: true,
-        })
+    let log = transcript_text(&mut client, &explore.agent_id)
         .await
-        .unwrap()
-        .into_inner()
-        .messages
-        .into_iter()
-        .map(|m| m.content_json)
-        .collect();
+        .unwrap();
     assert!(log.contains("fn main()"), "{log}");
     assert!(log.contains("not available to this agent"), "{log}");
 
@@ -123,16 +113,15 @@ async fn typed_agents_have_their_own_prompt_tools_and_model() {
 async fn a_coordinator_delegates_to_typed_agents_instead_of_forking() {
     let daemon = spawn_daemon().await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = client
-        .create_session(pb::CreateSessionRequest {
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
             coordinator: true,
             ..session_request(daemon.home_path())
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .session
-        .unwrap();
+        },
+    )
+    .await
+    .unwrap();
     let script = concat!(
         "Plan the work.\n",
         r#"@sim agent {"description":"plan","prompt":"Plan it.\n@sim say step 1, step 2","subagent_type":"Plan"}"#,

@@ -146,3 +146,36 @@ pub async fn wait_for_batch(
     .context("timed out waiting for the batch's notifications")??;
     Ok(out)
 }
+
+/// Creates a session and returns it.
+pub async fn create_session(
+    client: &mut ForkdClient<Channel>,
+    request: pb::CreateSessionRequest,
+) -> anyhow::Result<pb::Session> {
+    client
+        .create_session(request)
+        .await?
+        .into_inner()
+        .session
+        .context("the daemon returned no session")
+}
+
+/// An agent's whole transcript (shared prefix included) as one string of content arrays, for
+/// tests that look for what the agent saw.
+pub async fn transcript_text(
+    client: &mut ForkdClient<Channel>,
+    agent_id: &str,
+) -> anyhow::Result<String> {
+    Ok(client
+        .get_transcript(pb::GetTranscriptRequest {
+            agent_id: agent_id.to_owned(),
+            include_shared_prefix: true,
+        })
+        .await?
+        .into_inner()
+        .messages
+        .into_iter()
+        .map(|m| m.content_json)
+        .collect::<Vec<_>>()
+        .join("\n"))
+}
