@@ -11,7 +11,8 @@ use crate::{BlockStart, ProviderError, StreamEvent};
 pub struct Completion {
     /// The assistant message, its blocks in index order.
     pub message: Message,
-    /// Input side from `message_start`, `output_tokens` from `message_delta`.
+    /// The usage `message_delta` reported whole when it did; else the input side from
+    /// `message_start` and `output_tokens` from `message_delta`.
     pub usage: Usage,
     pub stop_reason: Option<String>,
     pub message_id: String,
@@ -125,9 +126,13 @@ impl Accumulator {
             StreamEvent::MessageDelta {
                 stop_reason,
                 output_tokens,
+                usage,
             } => {
                 self.stop_reason = stop_reason.clone();
-                self.usage.output_tokens = *output_tokens;
+                match usage {
+                    Some(usage) => self.usage = *usage,
+                    None => self.usage.output_tokens = *output_tokens,
+                }
             }
             StreamEvent::MessageStop => self.stopped = true,
         }
@@ -264,6 +269,7 @@ mod tests {
             MessageDelta {
                 stop_reason: Some("tool_use".into()),
                 output_tokens: 42,
+                usage: None,
             },
             MessageStop,
         ]
@@ -290,6 +296,25 @@ mod tests {
                 ..usage()
             }
         );
+        Ok(())
+    }
+
+    #[test]
+    fn usage_in_message_delta_supersedes_message_start() -> Result<(), ProviderError> {
+        let mut events = full();
+        let end = Usage {
+            input_tokens: 176,
+            cache_creation_input_tokens: 0,
+            cache_read_input_tokens: 1024,
+            output_tokens: 9,
+        };
+        let n = events.len();
+        events[n - 2] = StreamEvent::MessageDelta {
+            stop_reason: Some("tool_use".into()),
+            output_tokens: 9,
+            usage: Some(end),
+        };
+        assert_eq!(run(&events)?.usage, end);
         Ok(())
     }
 

@@ -37,7 +37,9 @@ pub enum BlockStart {
 /// One event of a streamed response, as in the Messages API's SSE stream.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StreamEvent {
-    /// The response has started. Carries the input side of usage (output_tokens is 0 here).
+    /// The response has started. Carries the input side of usage as known at the start
+    /// (output_tokens is 0 here); a provider that learns usage only at the end (chat
+    /// completions) says zero here and the whole usage in [`StreamEvent::MessageDelta`].
     MessageStart {
         message_id: String,
         usage: Usage,
@@ -69,6 +71,10 @@ pub enum StreamEvent {
     MessageDelta {
         stop_reason: Option<String>,
         output_tokens: u64,
+        /// The response's complete usage (input, cache writes and reads, output), when the
+        /// provider reports it at the end; it supersedes what `MessageStart` said, and its
+        /// `output_tokens` is the response's. `None`: `MessageStart`'s input side stands.
+        usage: Option<Usage>,
     },
     MessageStop,
 }

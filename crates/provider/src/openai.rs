@@ -9,18 +9,23 @@
 //! forkd and those bytes, and bring its own retry policy besides the one shared with the
 //! `anthropic` provider.
 //!
-//! The response is read whole before its events are yielded (see `chunks`), so every failure,
-//! a stream cut mid-answer included, is retried inside the provider under the same rules.
+//! Events are yielded as the chunks arrive (see `chunks`): `MessageStart` with the first chunk,
+//! with zero usage, and the whole usage in the closing `MessageDelta`, since chat completions
+//! report it last. As in the `anthropic` provider, a request is retried inside the provider only
+//! while nothing was yielded (error statuses, refused connections, a body that ends or fails
+//! before its first chunk); a failure after that goes to the caller, which re-requests: a cut or
+//! unreadable stream as [`ProviderError::Stream`], an error chunk as the status it names.
 
 mod chunks;
 mod convert;
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use eventsource_stream::{EventStreamError, Eventsource};
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
 
 use crate::anthropic::{ConfigError, RetryPolicy, http, retrying};
@@ -121,8 +126,8 @@ impl OpenAiProvider {
         })
     }
 
-    /// Converts, sends with retries, and reads the whole response.
-    async fn complete(&self, body: &str) -> Result<Vec<StreamEvent>, ProviderError> {
+    /// Converts, then sends with retries until the response yields its first events.
+    async fn open(&self, body: &str) -> Result<(Vec<StreamEvent>, Reader), ProviderError> {
         let options = convert::Options {
             model: self.config.model.clone(),
             prompt_cache_key: self.config.prompt_cache_key,
@@ -134,7 +139,8 @@ impl OpenAiProvider {
         .await
     }
 
-    async fn attempt(&self, body: Bytes) -> Result<Vec<StreamEvent>, ProviderError> {
+    /// One attempt: send, check the status, read up to the first events.
+    async fn attempt(&self, body: Bytes) -> Result<(Vec<StreamEvent>, Reader), ProviderError> {
         let mut request = self
             .client
             .post(&self.endpoint)
@@ -152,22 +158,69 @@ impl OpenAiProvider {
             return Err(http::status_error(response).await);
         }
         http::expect_event_stream(&response)?;
-        let mut events = response.bytes_stream().eventsource();
-        let mut draft = chunks::Draft::default();
-        while !draft.complete() {
-            let Some(item) = events.next().await else {
-                return Err(ProviderError::Stream(
-                    "the response ended before it was complete".into(),
-                ));
-            };
-            let event = item.map_err(|e| match e {
-                EventStreamError::Transport(e) => http::transport_error(&e),
-                other => ProviderError::Stream(format!("malformed event stream: {other}")),
-            })?;
-            draft.push(&event.data)?;
+        let mut reader = Reader {
+            events: Box::pin(response.bytes_stream().eventsource()),
+            draft: chunks::Draft::default(),
+        };
+        match reader.next().await? {
+            Some(first) => Ok((first, reader)),
+            None => Err(ProviderError::Stream(
+                "the response ended before its first event".into(),
+            )),
         }
-        Ok(draft.into_events())
     }
+}
+
+type Events = Pin<
+    Box<
+        dyn Stream<Item = Result<eventsource_stream::Event, EventStreamError<reqwest::Error>>>
+            + Send,
+    >,
+>;
+
+/// One response's events, as its chunks arrive.
+struct Reader {
+    events: Events,
+    draft: chunks::Draft,
+}
+
+impl Reader {
+    /// The events that the next chunks make known (never none); `Ok(None)` once the response
+    /// is complete.
+    async fn next(&mut self) -> Result<Option<Vec<StreamEvent>>, ProviderError> {
+        while !self.draft.finished() {
+            let events = match self.events.next().await {
+                Some(item) => {
+                    let event = item.map_err(|e| match e {
+                        EventStreamError::Transport(e) => http::transport_error(&e),
+                        other => ProviderError::Stream(format!("malformed event stream: {other}")),
+                    })?;
+                    self.draft.push(&event.data)?
+                }
+                None => self.draft.end()?,
+            };
+            if !events.is_empty() {
+                return Ok(Some(events));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// The rest of a response after its first events, up to `MessageStop` or the error that ended
+/// it. Nothing is retried here: the caller has already seen events.
+fn rest(reader: Reader) -> EventStream {
+    futures::stream::unfold(Some(reader), |reader| async move {
+        let mut reader = reader?;
+        let (items, next) = match reader.next().await {
+            Ok(Some(events)) => (events.into_iter().map(Ok).collect(), Some(reader)),
+            Ok(None) => return None,
+            Err(e) => (vec![Err(e)], None),
+        };
+        Some((futures::stream::iter::<Vec<_>>(items), next))
+    })
+    .flatten()
+    .boxed()
 }
 
 impl Provider for OpenAiProvider {
@@ -178,9 +231,11 @@ impl Provider for OpenAiProvider {
     fn stream(&self, request: ModelRequest) -> EventStream {
         let this = self.clone();
         // Lazy: nothing is sent until the stream is polled, and dropping it cancels the request.
-        futures::stream::once(async move { this.complete(&request.body).await })
-            .flat_map(|done| match done {
-                Ok(events) => futures::stream::iter(events.into_iter().map(Ok)).boxed(),
+        futures::stream::once(async move { this.open(&request.body).await })
+            .flat_map(|opened| match opened {
+                Ok((first, reader)) => futures::stream::iter(first.into_iter().map(Ok))
+                    .chain(rest(reader))
+                    .boxed(),
                 Err(e) => futures::stream::once(async move { Err(e) }).boxed(),
             })
             .boxed()

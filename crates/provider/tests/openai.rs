@@ -1,6 +1,7 @@
 //! The real `OpenAiProvider` over HTTP on loopback, against wiremock playing an
 //! OpenAI-compatible chat-completions server: the request it sends, the chunks it reads (text,
-//! tool calls, cached-token usage), errors and retries.
+//! tool calls, cached-token usage), errors and retries; and against a bare TCP server that holds
+//! its body open, to see events arrive before the response ends.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -9,8 +10,14 @@ use std::time::Duration;
 
 use common::*;
 use forkd_core::Usage;
-use forkd_provider::{Completion, OpenAiConfig, OpenAiProvider, ProviderError, RetryPolicy};
+use forkd_provider::{
+    Accumulator, BlockStart, Completion, OpenAiConfig, OpenAiProvider, Provider, ProviderError,
+    RetryPolicy, StreamEvent,
+};
+use futures::StreamExt;
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
 use wiremock::matchers::{header, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
@@ -201,14 +208,13 @@ async fn client_errors_are_final_and_server_errors_retried() {
         "{failed:?}"
     );
 
-    // 503, then a 429 asking for 20 ms, then a stream cut short (no finish, no usage, no
-    // [DONE]): all retried, because nothing was yielded yet.
+    // 503, then a 429 asking for 20 ms, then a stream that ends before its first chunk: all
+    // retried, because nothing was yielded yet.
     let mock = MockServer::start().await;
-    let cut = format!("data: {}\n\n", delta(json!({"content": "par"}), None));
     let failures = [
         ResponseTemplate::new(503),
         ResponseTemplate::new(429).insert_header("retry-after-ms", "20"),
-        ResponseTemplate::new(200).set_body_raw(cut, "text/event-stream"),
+        ResponseTemplate::new(200).set_body_raw(": keep-alive\n\n", "text/event-stream"),
     ];
     for response in failures {
         Mock::given(method("POST"))
@@ -227,8 +233,105 @@ async fn client_errors_are_final_and_server_errors_retried() {
     assert_eq!(done.map(|c| c.message.text()), Ok("whole".into()));
 }
 
+/// Every event of one request, up to the first error.
+async fn events(
+    provider: &OpenAiProvider,
+    body: &str,
+) -> (Vec<StreamEvent>, Option<ProviderError>) {
+    let collect = async {
+        let mut stream = provider.stream(request(MODEL, body));
+        let mut events = Vec::new();
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(ev) => events.push(ev),
+                Err(e) => return (events, Some(e)),
+            }
+        }
+        (events, None)
+    };
+    tokio::time::timeout(LIMIT, collect)
+        .await
+        .expect("the request finished in time")
+}
+
+#[tokio::test]
+async fn a_stream_cut_after_its_first_events_goes_to_the_caller() {
+    // No finish, no usage, no [DONE]: the text was already yielded, so the provider does not
+    // retry; the engine re-requests.
+    let mock = MockServer::start().await;
+    let cut = format!("data: {}\n\n", delta(json!({"content": "par"}), None));
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200).set_body_raw(cut, "text/event-stream"))
+        .up_to_n_times(1)
+        .expect(1)
+        .mount(&mock)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(answer("never"))
+        .expect(0)
+        .mount(&mock)
+        .await;
+    let (events, error) = events(&provider(&mock.uri(), 3), &conversation().json()).await;
+    assert!(matches!(error, Some(ProviderError::Stream(_))), "{error:?}");
+    assert!(matches!(
+        events.as_slice(),
+        [
+            StreamEvent::MessageStart { .. },
+            StreamEvent::BlockStart { .. },
+            StreamEvent::TextDelta { text, .. },
+        ] if text == "par"
+    ));
+}
+
+#[tokio::test]
+async fn usage_comes_whole_in_the_closing_message_delta() {
+    let mock = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(answer("cached"))
+        .mount(&mock)
+        .await;
+    let (events, error) = events(&provider(&mock.uri(), 0), &conversation().json()).await;
+    assert_eq!(error, None);
+    let end = Usage {
+        input_tokens: 52,
+        cache_creation_input_tokens: 0,
+        cache_read_input_tokens: 2048,
+        output_tokens: 9,
+    };
+    assert_eq!(
+        events,
+        [
+            StreamEvent::MessageStart {
+                message_id: "chatcmpl-7".into(),
+                usage: Usage::default(),
+            },
+            StreamEvent::BlockStart {
+                index: 0,
+                block: BlockStart::Text,
+            },
+            StreamEvent::TextDelta {
+                index: 0,
+                text: "cached".into(),
+            },
+            StreamEvent::BlockStop { index: 0 },
+            StreamEvent::MessageDelta {
+                stop_reason: Some("end_turn".into()),
+                output_tokens: 9,
+                usage: Some(end),
+            },
+            StreamEvent::MessageStop,
+        ]
+    );
+    let mut acc = Accumulator::default();
+    for ev in &events {
+        acc.push(ev).unwrap();
+    }
+    assert_eq!(acc.finish().unwrap().usage, end);
+}
+
 #[tokio::test]
 async fn an_error_chunk_is_a_status_error() {
+    // After text was yielded: the error goes to the caller as it is, without a retry here.
     let mock = MockServer::start().await;
     let body = sse(&[
         delta(json!({"content": "par"}), None),
@@ -236,13 +339,119 @@ async fn an_error_chunk_is_a_status_error() {
     ]);
     Mock::given(method("POST"))
         .respond_with(ResponseTemplate::new(200).set_body_raw(body, "text/event-stream"))
-        .expect(2)
+        .expect(1)
         .mount(&mock)
         .await;
     let failed = bounded(&provider(&mock.uri(), 1), &conversation().json()).await;
     assert!(
         matches!(failed, Err(ProviderError::Status { status: 500, ref message, .. }) if message == "engine died"),
         "{failed:?}"
+    );
+
+    // As the first chunk, nothing was yielded: retried.
+    let mock = MockServer::start().await;
+    let body = sse(&[json!({"error": {"message": "engine died", "code": 503}})]);
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200).set_body_raw(body, "text/event-stream"))
+        .expect(2)
+        .mount(&mock)
+        .await;
+    let failed = bounded(&provider(&mock.uri(), 1), &conversation().json()).await;
+    assert!(
+        matches!(failed, Err(ProviderError::Status { status: 503, .. })),
+        "{failed:?}"
+    );
+}
+
+/// Reads one HTTP request (headers, then a body of `content-length` bytes).
+async fn read_request(socket: &mut tokio::net::TcpStream) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = socket.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "the client closed before its request was whole");
+        buf.extend_from_slice(&chunk[..n]);
+        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        if buf.len() >= end + 4 + length {
+            return;
+        }
+    }
+}
+
+#[tokio::test]
+async fn events_are_yielded_while_the_body_is_still_open() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (go_on, resume) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        read_request(&mut socket).await;
+        let data = |chunks: &[Value]| -> String {
+            chunks.iter().map(|c| format!("data: {c}\n\n")).collect()
+        };
+        // A body delimited by the connection's close, sent in two parts.
+        let head =
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+        let first = data(&[
+            delta(json!({"role": "assistant", "content": ""}), None),
+            delta(json!({"content": "Hel"}), None),
+        ]);
+        socket.write_all(head.as_bytes()).await.unwrap();
+        socket.write_all(first.as_bytes()).await.unwrap();
+        socket.flush().await.unwrap();
+        // The rest only once the client has seen the first text.
+        resume.await.unwrap();
+        let rest = sse(&[
+            delta(json!({"content": "lo"}), None),
+            delta(json!({}), Some("stop")),
+            usage_chunk(1500, 1024, 2),
+        ]);
+        socket.write_all(rest.as_bytes()).await.unwrap();
+        socket.shutdown().await.unwrap();
+    });
+
+    let provider = provider(&base, 0);
+    let mut stream = provider.stream(request(MODEL, &conversation().json()));
+    let mut acc = Accumulator::default();
+    let first_text = async {
+        loop {
+            let ev = stream.next().await.expect("an event").unwrap();
+            acc.push(&ev).unwrap();
+            if let StreamEvent::TextDelta { text, .. } = ev {
+                return text;
+            }
+        }
+    };
+    // A provider that waited for the whole body would wait here for ever.
+    let text = tokio::time::timeout(LIMIT, first_text)
+        .await
+        .expect("the first text came while the body was open");
+    assert_eq!(text, "Hel");
+    go_on.send(()).unwrap();
+    let rest = async {
+        while let Some(ev) = stream.next().await {
+            acc.push(&ev.unwrap()).unwrap();
+        }
+    };
+    tokio::time::timeout(LIMIT, rest).await.unwrap();
+    server.await.unwrap();
+    let done = acc.finish().unwrap();
+    assert_eq!(done.message.text(), "Hello");
+    assert_eq!(
+        done.usage,
+        Usage {
+            input_tokens: 476,
+            cache_creation_input_tokens: 0,
+            cache_read_input_tokens: 1024,
+            output_tokens: 2,
+        }
     );
 }
 

@@ -75,12 +75,19 @@ pub(crate) fn event_frame(event: &StreamEvent, model: &str) -> String {
         StreamEvent::MessageDelta {
             stop_reason,
             output_tokens,
-        } => frame(
-            "message_delta",
-            &json!({"type": "message_delta",
-                    "delta": {"stop_reason": stop_reason, "stop_sequence": null},
-                    "usage": {"output_tokens": output_tokens}}),
-        ),
+            usage,
+        } => {
+            // The API's current shape repeats the whole usage here; the older one only output.
+            let usage = usage
+                .as_ref()
+                .map_or_else(|| json!({"output_tokens": output_tokens}), usage_json);
+            frame(
+                "message_delta",
+                &json!({"type": "message_delta",
+                        "delta": {"stop_reason": stop_reason, "stop_sequence": null},
+                        "usage": usage}),
+            )
+        }
         StreamEvent::MessageStop => frame("message_stop", &json!({"type": "message_stop"})),
     }
 }
@@ -139,8 +146,22 @@ mod tests {
                 StreamEvent::MessageDelta {
                     stop_reason: Some("end_turn".into()),
                     output_tokens: 3,
+                    usage: None,
                 },
                 "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":3}}\n\n",
+            ),
+            (
+                StreamEvent::MessageDelta {
+                    stop_reason: Some("end_turn".into()),
+                    output_tokens: 3,
+                    usage: Some(forkd_core::Usage {
+                        input_tokens: 1,
+                        cache_creation_input_tokens: 2,
+                        cache_read_input_tokens: 4,
+                        output_tokens: 3,
+                    }),
+                },
+                "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"input_tokens\":1,\"cache_creation_input_tokens\":2,\"cache_read_input_tokens\":4,\"output_tokens\":3}}\n\n",
             ),
             (
                 StreamEvent::MessageStop,

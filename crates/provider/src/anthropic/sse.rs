@@ -135,10 +135,30 @@ struct WireStop {
     stop_reason: Option<String>,
 }
 
+/// `message_delta`'s usage: output tokens, and (in the API's current shape) the whole usage
+/// again, cumulative.
 #[derive(Deserialize)]
 struct WireOutput {
     #[serde(default)]
     output_tokens: Option<u64>,
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+}
+
+impl WireOutput {
+    /// The whole usage, when the event carries its input side.
+    fn whole(&self) -> Option<Usage> {
+        Some(Usage {
+            input_tokens: self.input_tokens?,
+            cache_creation_input_tokens: self.cache_creation_input_tokens.unwrap_or(0),
+            cache_read_input_tokens: self.cache_read_input_tokens.unwrap_or(0),
+            output_tokens: self.output_tokens.unwrap_or(0),
+        })
+    }
 }
 
 #[derive(Deserialize)]
@@ -177,7 +197,8 @@ pub(crate) fn parse(data: &str) -> Result<Option<StreamEvent>, ProviderError> {
         Wire::ContentBlockStop { index } => StreamEvent::BlockStop { index },
         Wire::MessageDelta { delta, usage } => StreamEvent::MessageDelta {
             stop_reason: delta.stop_reason,
-            output_tokens: usage.and_then(|u| u.output_tokens).unwrap_or(0),
+            output_tokens: usage.as_ref().and_then(|u| u.output_tokens).unwrap_or(0),
+            usage: usage.as_ref().and_then(WireOutput::whole),
         },
         Wire::MessageStop => StreamEvent::MessageStop,
         Wire::Error { error } => {
@@ -279,6 +300,18 @@ mod tests {
                 Some(StreamEvent::MessageDelta {
                     stop_reason: Some("end_turn".into()),
                     output_tokens: 15,
+                    usage: None,
+                }),
+            ),
+            (
+                r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"input_tokens":3,"cache_creation_input_tokens":null,"cache_read_input_tokens":7,"output_tokens":15}}"#,
+                Some(StreamEvent::MessageDelta {
+                    stop_reason: Some("tool_use".into()),
+                    output_tokens: 15,
+                    usage: Some(Usage {
+                        output_tokens: 15,
+                        ..usage(3, 0, 7)
+                    }),
                 }),
             ),
             (r#"{"type":"message_stop"}"#, Some(StreamEvent::MessageStop)),

@@ -121,9 +121,14 @@ pub(crate) fn plan(reply: &Reply, message_id: String, usage: Usage, speed: f64) 
         }
         events.push(StreamEvent::BlockStop { index });
     }
+    // As the Messages API does now, `message_delta` repeats the whole usage.
     events.push(StreamEvent::MessageDelta {
         stop_reason: Some(reply.stop_reason.to_owned()),
         output_tokens,
+        usage: Some(Usage {
+            output_tokens,
+            ..usage
+        }),
     });
     events.push(StreamEvent::MessageStop);
 
