@@ -64,6 +64,8 @@ struct Inner {
     /// Held across a notification's commit and its broadcast, so live subscribers receive
     /// notifications in sequence order (they drop anything at or below the last seq they saw).
     notify_order: Mutex<()>,
+    /// The token of every agent run in progress, to kill one.
+    runs: StdMutex<HashMap<forkd_core::AgentId, CancellationToken>>,
     /// Permission prompts waiting for an interactive client's answer.
     prompts: permissions::Prompts,
     /// Batch prefixes shared by the running children of each batch.
@@ -86,6 +88,7 @@ impl Engine {
                 notify_order: Mutex::new(()),
                 batches: run::BatchCache::default(),
                 prompts: permissions::Prompts::default(),
+                runs: StdMutex::new(HashMap::new()),
                 tasks: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
             }),

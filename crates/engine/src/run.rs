@@ -128,22 +128,83 @@ impl Engine {
         wait: Option<watch::Receiver<bool>>,
     ) {
         let engine = self.clone();
-        // The run's own token: cancelled on shutdown, and what its tool calls (a Bash process
-        // group) watch so they stop with it.
+        // The run's own token: cancelled on shutdown or by a kill, and what its tool calls (a
+        // Bash process group) watch so they stop with it.
         let token = self.inner.shutdown.child_token();
+        self.runs().insert(id, token.clone());
         let span = tracing::info_span!("agent", agent.id = %id);
         self.inner.tasks.spawn(
             async move {
                 tokio::select! {
-                    // Shutdown first: a run released at the same moment must not start writing.
+                    // Cancellation first: a run released at the same moment must not start writing.
                     biased;
-                    // On shutdown the agent stays `running` in the store: a later start resumes it.
-                    () = token.cancelled() => tracing::debug!("Agent run stopped by shutdown"),
+                    () = token.cancelled() => {
+                        if engine.inner.shutdown.is_cancelled() {
+                            // The agent stays `running` in the store for a later start.
+                            tracing::debug!("Agent run stopped by shutdown");
+                        } else {
+                            engine.record_kill(id).await;
+                        }
+                    }
                     () = engine.run_agent(id, gate, wait, &token) => {}
                 }
+                engine.runs().remove(&id);
             }
             .instrument(span),
         );
+    }
+
+    fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, CancellationToken>> {
+        self.inner.runs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Kills an agent: its run stops at once (its Bash process group with it), and it ends
+    /// `killed`, with a notification carrying whatever it had said so far.
+    pub async fn kill(&self, id: AgentId) -> Result<(), EngineError> {
+        let agent = self.get_agent(id).await?;
+        if agent.kind == AgentKind::Parent {
+            return Err(EngineError::FailedPrecondition(
+                "a session's main loop is not an agent that can be killed".into(),
+            ));
+        }
+        if agent.state.is_terminal() {
+            return Err(EngineError::FailedPrecondition(format!(
+                "agent {id} already ended ({})",
+                agent.state.as_str()
+            )));
+        }
+        let run = self.runs().get(&id).cloned();
+        match run {
+            Some(token) => token.cancel(),
+            // Nothing runs it (it never started here): record the kill directly.
+            None => self.record_kill(id).await,
+        }
+        tracing::info!(agent.id = %id, "Agent killed");
+        Ok(())
+    }
+
+    /// Ends a killed agent with its partial result: the text of its last reply, if any.
+    async fn record_kill(&self, id: AgentId) {
+        let partial = match self.inner.store.agent_messages(id).await {
+            Ok(messages) => messages
+                .into_iter()
+                .rev()
+                .map(|m| m.message)
+                .find(|m| m.role == Role::Assistant)
+                .map(|m| m.text())
+                .filter(|t| !t.trim().is_empty()),
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot read the killed agent's transcript");
+                None
+            }
+        };
+        self.finish_with_retries(
+            id,
+            NotificationStatus::Killed,
+            partial,
+            Some("killed by a client before it finished".to_owned()),
+        )
+        .await;
     }
 
     async fn run_agent(
@@ -439,7 +500,10 @@ impl Engine {
                     .as_ref()
                     .map(|d| d.description.clone())
                     .unwrap_or_default(),
-                result: format!("Failed: {err}"),
+                result: match status {
+                    NotificationStatus::Killed => format!("Killed: {err}"),
+                    _ => format!("Failed: {err}"),
+                },
                 issues: err.clone(),
                 ..Report::default()
             },

@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
-use crate::commands::{calc, fork, logs, ps, session, stats, watch};
+use crate::commands::{calc, fork, kill, logs, ps, session, stats, watch};
 
 /// forkctl: a thin client of the forkd daemon.
 ///
@@ -37,6 +37,8 @@ pub enum Command {
     Ps(ps::PsArgs),
     /// Print an agent's transcript.
     Logs(logs::LogsArgs),
+    /// Stop an agent at once; it ends `killed` with its partial result.
+    Kill(kill::KillArgs),
     /// Cache efficiency of a batch or session: tokens, reads, writes, cost vs independent agents.
     Stats(stats::StatsArgs),
     /// The fork cost calculator: a batch of forks against as many independent agents.

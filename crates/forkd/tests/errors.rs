@@ -299,3 +299,72 @@ async fn agents_a_stopped_daemon_left_running_fail_clearly_at_the_next_start() {
     assert_eq!(done[0].status, pb::NotificationStatus::Failed as i32);
     assert!(done[0].summary.contains("daemon stopped"), "{:?}", done[0]);
 }
+
+#[tokio::test]
+async fn a_killed_agent_stops_at_once_with_its_process_group() {
+    let daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
+            permission_mode: "bypassPermissions".into(),
+            ..session_request(ws.path())
+        },
+    )
+    .await
+    .unwrap();
+    // The child runs a long Bash command that leaves its pid behind.
+    let script = r#"Wait.
+@sim tool Bash {"command":"echo $$ > pid; sleep 60","timeout":120}
+@sim say never"#;
+    let batch = client
+        .fork_batch(pb::ForkBatchRequest {
+            session_id: session.session_id,
+            directives: directives(&[script]),
+            warmup_gating: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let pid_file = ws.path().join("pid");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !pid_file.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the command never started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let pid = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .to_owned();
+
+    let agent_id = batch.agent_ids[0].clone();
+    let killed_at = std::time::Instant::now();
+    client
+        .kill(pb::KillRequest {
+            agent_id: agent_id.clone(),
+        })
+        .await
+        .unwrap();
+    let done = forkd_test_support::wait_for_batch(
+        &mut client,
+        &batch.batch_id,
+        1,
+        std::time::Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    assert!(killed_at.elapsed() < std::time::Duration::from_secs(1));
+    assert_eq!(done[0].status, pb::NotificationStatus::Killed as i32);
+    // The shell is gone (its group was killed), and a second kill is refused.
+    let alive = std::path::Path::new("/proc").join(&pid).join("status");
+    let gone = std::fs::read_to_string(&alive)
+        .map(|s| s.contains("State:\tZ"))
+        .unwrap_or(true);
+    assert!(gone, "process {pid} survived the kill");
+    let status = client.kill(pb::KillRequest { agent_id }).await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+}

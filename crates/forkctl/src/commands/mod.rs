@@ -2,6 +2,7 @@
 
 pub mod calc;
 pub mod fork;
+pub mod kill;
 pub mod logs;
 pub mod ps;
 pub mod session;

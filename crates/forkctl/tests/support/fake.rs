@@ -139,6 +139,11 @@ impl Forkd for Fake {
         Err(Status::unimplemented("the fake daemon asks nothing"))
     }
 
+    async fn kill(&self, request: Request<KillRequest>) -> Result<Response<KillResponse>, Status> {
+        check_token(&request)?;
+        not_found(&format!("agent {}", request.get_ref().agent_id))
+    }
+
     async fn fork_batch(
         &self,
         request: Request<ForkBatchRequest>,

@@ -117,6 +117,14 @@ impl ForkdService {
         })
     }
 
+    pub(super) async fn kill_rpc(&self, req: pb::KillRequest) -> Result<pb::KillResponse, Status> {
+        let id = parse_agent_id(&req.agent_id)?;
+        self.engine.kill(id).await.map_err(to_status)?;
+        Ok(pb::KillResponse {
+            agent_id: id.to_string(),
+        })
+    }
+
     pub(super) async fn get_transcript_rpc(
         &self,
         req: pb::GetTranscriptRequest,

@@ -116,6 +116,10 @@ impl Forkd for ForkdService {
             .map(Response::new)
     }
 
+    async fn kill(&self, req: Request<pb::KillRequest>) -> Reply<pb::KillResponse> {
+        self.kill_rpc(req.into_inner()).await.map(Response::new)
+    }
+
     type SubscribeNotificationsStream = notifications::NotificationStream;
 
     async fn subscribe_notifications(
