@@ -1,7 +1,7 @@
 //! Reading agents and their transcripts.
 
 use forkd_core::fork::ForkBatch;
-use forkd_core::{Agent, AgentId, AgentKind, AgentState, BatchId, Message, NotificationStatus};
+use forkd_core::{Agent, AgentId, AgentKind, AgentState, BatchId, Message};
 use forkd_store::AgentFilter;
 
 use crate::Engine;
@@ -17,41 +17,30 @@ pub struct TranscriptEntry {
 }
 
 impl Engine {
-    /// Ends, as failed, every agent that a previous daemon left pending or running, so that no
-    /// client waits forever on an agent nothing runs. Returns how many there were.
-    ///
-    /// Resuming them from their transcripts instead is the lifecycle work that follows; until
-    /// it lands, failing them clearly is the honest outcome.
-    pub async fn fail_interrupted(&self) -> Result<usize> {
+    /// Resumes every agent a previous daemon left pending or running, each under its own id
+    /// from its stored transcript (its requests carry the same bytes as before, so they read
+    /// the cache). A tool call that was cut off is re-run only if it is read-only. Parents
+    /// whose turn was cut off simply go back to idle. Returns how many agents were resumed.
+    pub async fn resume_interrupted(&self) -> Result<usize> {
         let live = self
             .inner
             .store
             .list_agents(&AgentFilter::default())
             .await?;
-        let (parents, live): (Vec<_>, Vec<_>) =
-            live.into_iter().partition(|a| a.kind == AgentKind::Parent);
-        for parent in &parents {
-            // A parent has no end to report: its interrupted turn simply ended.
-            self.inner
-                .store
-                .set_agent_state(parent.id, AgentState::Pending, None)
-                .await?;
-        }
+        let mut resumed = 0;
         for agent in &live {
-            tracing::warn!(agent.id = %agent.id, state = agent.state.as_str(), "Failing an agent left live by a previous daemon");
-            self.finish_with_retries(
-                agent.id,
-                NotificationStatus::Failed,
-                None,
-                Some(
-                    "the daemon stopped before this agent ended, and resuming agents after a \
-                     restart is not implemented yet; fork it again"
-                        .to_owned(),
-                ),
-            )
-            .await;
+            if agent.kind == AgentKind::Parent {
+                self.inner
+                    .store
+                    .set_agent_state(agent.id, AgentState::Pending, None)
+                    .await?;
+                continue;
+            }
+            tracing::info!(agent.id = %agent.id, state = agent.state.as_str(), "Resuming an agent");
+            self.start_agent(agent.id);
+            resumed += 1;
         }
-        Ok(live.len())
+        Ok(resumed)
     }
 
     pub async fn get_agent(&self, id: AgentId) -> Result<Agent> {

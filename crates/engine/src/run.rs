@@ -115,7 +115,13 @@ impl From<forkd_store::StoreError> for RunFailure {
 impl Engine {
     /// Starts a new run of an existing agent: it rebuilds its conversation from the store and
     /// continues from wherever its transcript stands.
+    /// Does nothing if a run of the agent is already in progress: two runs of one agent would
+    /// write one transcript twice.
     pub fn start_agent(&self, id: AgentId) {
+        if self.runs().contains_key(&id) {
+            tracing::debug!(agent.id = %id, "Agent already running; not starting another run");
+            return;
+        }
         self.spawn_agent(id, None, None);
     }
 

@@ -176,12 +176,9 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     let mut engine_config = config.engine.clone();
     engine_config.agent_dirs.push(config.home.join("agents"));
     let engine = Engine::new(Arc::new(store), provider, engine_config);
-    let interrupted = engine.fail_interrupted().await?;
-    if interrupted > 0 {
-        tracing::warn!(
-            interrupted,
-            "Agents left live by a previous daemon were failed"
-        );
+    let resumed = engine.resume_interrupted().await?;
+    if resumed > 0 {
+        tracing::info!(resumed, "Resumed agents a previous daemon left running");
     }
 
     let socket_path = config.socket_path();

@@ -247,60 +247,6 @@ async fn following_an_unknown_id_is_not_found_instead_of_a_silent_wait() {
 }
 
 #[tokio::test]
-async fn agents_a_stopped_daemon_left_running_fail_clearly_at_the_next_start() {
-    let mut daemon = spawn_daemon().await.unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
-        .await
-        .unwrap();
-    let batch = client
-        .fork_batch(pb::ForkBatchRequest {
-            session_id: session.session_id,
-            directives: directives(&["@sim sleep 60s\n@sim say slow"]),
-            warmup_gating: None,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    // Wait until the child runs, then stop the daemon under it.
-    let agent_id = batch.agent_ids[0].clone();
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let agent = client
-            .get_agent(pb::GetAgentRequest {
-                agent_id: agent_id.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .agent
-            .unwrap();
-        if agent.state == pb::AgentState::Running as i32 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the child never ran"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    drop(client);
-    daemon.restart(|_| {}).await.unwrap();
-
-    let mut client = daemon.client().await.unwrap();
-    let done = forkd_test_support::wait_for_batch(
-        &mut client,
-        &batch.batch_id,
-        1,
-        std::time::Duration::from_secs(20),
-    )
-    .await
-    .unwrap();
-    assert_eq!(done[0].status, pb::NotificationStatus::Failed as i32);
-    assert!(done[0].summary.contains("daemon stopped"), "{:?}", done[0]);
-}
-
-#[tokio::test]
 async fn a_killed_agent_stops_at_once_with_its_process_group() {
     let daemon = spawn_daemon().await.unwrap();
     let ws = tempfile::tempdir().unwrap();

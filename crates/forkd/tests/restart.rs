@@ -1,0 +1,82 @@
+//! Agents survive a daemon restart: each resumes under its own id from its transcript, a
+//! mutating tool call that was cut off is reported as interrupted (never run twice), and the
+//! parent hears from each child exactly once.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use forkd_proto::v1 as pb;
+use forkd_test_support::{
+    create_session, directives, session_request, spawn_daemon, transcript_text, wait_for_batch,
+};
+
+#[tokio::test]
+async fn a_restart_resumes_a_child_cut_off_in_a_tool_call() {
+    let mut daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
+            permission_mode: "bypassPermissions".into(),
+            ..session_request(ws.path())
+        },
+    )
+    .await
+    .unwrap();
+    let script = r#"Count the runs.
+@sim tool Bash {"command":"echo run >> runs.txt; sleep 30"}
+@sim tool Read {"file_path":"runs.txt"}
+@sim say resumed"#;
+    let batch = client
+        .fork_batch(pb::ForkBatchRequest {
+            session_id: session.session_id.clone(),
+            directives: directives(&[script, "a quick sibling"]),
+            warmup_gating: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    // Stop the daemon while the Bash call is in flight.
+    let runs = ws.path().join("runs.txt");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !runs.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the command never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(client);
+    daemon.restart(|_| {}).await.unwrap();
+
+    let mut client = daemon.client().await.unwrap();
+    let done = wait_for_batch(&mut client, &batch.batch_id, 2, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let child = done
+        .iter()
+        .find(|n| n.agent_id == batch.agent_ids[0])
+        .unwrap();
+    assert_eq!(child.status, pb::NotificationStatus::Completed as i32);
+    assert_eq!(child.report.clone().unwrap().result, "resumed");
+    // The mutating call was not run again; the model was told it was interrupted.
+    assert_eq!(std::fs::read_to_string(&runs).unwrap(), "run\n");
+    let log = transcript_text(&mut client, &batch.agent_ids[0])
+        .await
+        .unwrap();
+    assert!(log.contains("Interrupted: this call was started"), "{log}");
+    // Each child's notification reached the parent exactly once: its first message, the fork
+    // message, the async_launched results, and two notifications.
+    let session = client
+        .get_session(pb::GetSessionRequest {
+            session_id: session.session_id,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session
+        .unwrap();
+    assert_eq!(session.message_count, 1 + 2 + 2);
+}
