@@ -46,6 +46,8 @@ pub struct EngineConfig {
     /// Folders of custom agent type definitions (`$FORKD_HOME/agents`); a session's
     /// `<workspace>/.forkd/agents` is read after these and wins.
     pub agent_dirs: Vec<std::path::PathBuf>,
+    /// An attached client is handed to the background after this long (`None`: never).
+    pub auto_background: Option<Duration>,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +62,7 @@ impl Default for EngineConfig {
             default_max_tokens: 8192,
             retry: RetryPolicy::default(),
             agent_dirs: Vec::new(),
+            auto_background: Some(Duration::from_secs(120)),
         }
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod agent_types;
 mod agents;
+mod attach;
 mod batch;
 mod config;
 mod error;
@@ -31,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use agents::TranscriptEntry;
+pub use attach::{AgentEvent, AgentEventStream, auto_background};
 pub use batch::SubmittedBatch;
 pub use config::{EngineConfig, RetryPolicy};
 pub use error::EngineError;
@@ -64,6 +66,10 @@ struct Inner {
     /// Held across a notification's commit and its broadcast, so live subscribers receive
     /// notifications in sequence order (they drop anything at or below the last seq they saw).
     notify_order: Mutex<()>,
+    /// Messages as they are stored, for attached clients.
+    messages: broadcast::Sender<attach::Published>,
+    /// Requests to hand an agent's attached clients to the background.
+    backgrounds: broadcast::Sender<forkd_core::AgentId>,
     /// The token of every agent run in progress, to kill one.
     runs: StdMutex<HashMap<forkd_core::AgentId, CancellationToken>>,
     /// Permission prompts waiting for an interactive client's answer.
@@ -89,6 +95,8 @@ impl Engine {
                 batches: run::BatchCache::default(),
                 prompts: permissions::Prompts::default(),
                 runs: StdMutex::new(HashMap::new()),
+                messages: broadcast::channel(NOTIFICATION_BUFFER).0,
+                backgrounds: broadcast::channel(64).0,
                 tasks: TaskTracker::new(),
                 shutdown: CancellationToken::new(),
             }),

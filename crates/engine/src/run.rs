@@ -413,7 +413,7 @@ impl Engine {
                     cancel: cancel.clone(),
                 };
                 let results = self.run_tools(&tool_turn, last).await?;
-                store.append_agent_message(id, &results).await?;
+                self.append_own(id, &results).await?;
                 run.own.push(results);
             }
             if turn >= max_turns {
@@ -436,7 +436,7 @@ impl Engine {
                     }
                 })
                 .await?;
-            store.append_agent_message(id, &completion.message).await?;
+            self.append_own(id, &completion.message).await?;
             self.record(
                 &run.agent,
                 turn,

@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
-use crate::commands::{calc, fork, kill, logs, ps, session, stats, watch};
+use crate::commands::{attach, calc, fork, kill, logs, ps, session, stats, watch};
 
 /// forkctl: a thin client of the forkd daemon.
 ///
@@ -37,6 +37,10 @@ pub enum Command {
     Ps(ps::PsArgs),
     /// Print an agent's transcript.
     Logs(logs::LogsArgs),
+    /// Follow an agent: its messages as they come, until it ends or is handed to the background.
+    Attach(attach::AttachArgs),
+    /// Hand an agent's attached clients to the background; the agent goes on.
+    Bg(attach::BgArgs),
     /// Stop an agent at once; it ends `killed` with its partial result.
     Kill(kill::KillArgs),
     /// Cache efficiency of a batch or session: tokens, reads, writes, cost vs independent agents.

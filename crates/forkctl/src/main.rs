@@ -45,6 +45,8 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Watch(args) => commands::watch::run(args, &mut client, &out).await,
         Command::Ps(args) => commands::ps::run(args, &mut client, &out).await,
         Command::Logs(args) => commands::logs::run(args, &mut client, &out).await,
+        Command::Attach(args) => commands::attach::run(args, &mut client, &out).await,
+        Command::Bg(args) => commands::attach::run_bg(args, &mut client, &out).await,
         Command::Kill(args) => commands::kill::run(args, &mut client, &out).await,
         Command::Stats(args) => commands::stats::run(args, &mut client, &out).await,
         Command::Calc(args) => commands::calc::run(args, &mut client, &out).await,

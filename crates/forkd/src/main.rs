@@ -50,6 +50,9 @@ enum Command {
         /// Send every child of a batch at once instead of warming the cache with the first.
         #[arg(long)]
         no_warmup_gating: bool,
+        /// Hand an attached client to the background after this many seconds (0: never).
+        #[arg(long, env = "FORKD_AUTO_BACKGROUND_SECS", default_value_t = 120)]
+        auto_background_secs: u64,
         /// How long running tool calls and requests may take to finish on shutdown.
         #[arg(long, default_value = "10s", value_parser = humantime_duration)]
         grace: Duration,
@@ -111,6 +114,7 @@ async fn main() -> anyhow::Result<()> {
             sim_speed,
             fsync_every_commit,
             no_warmup_gating,
+            auto_background_secs,
             grace,
         } => {
             init_tracing(cli.log_format);
@@ -122,6 +126,7 @@ async fn main() -> anyhow::Result<()> {
             config.provider = provider;
             config.sim_speed = sim_speed;
             config.engine.warmup_gating = !no_warmup_gating;
+            config.engine.auto_background = forkd_engine::auto_background(auto_background_secs);
             if fsync_every_commit {
                 config.durability = Durability::Full;
             }

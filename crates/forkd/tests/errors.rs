@@ -303,7 +303,8 @@ async fn a_killed_agent_stops_at_once_with_its_process_group() {
     )
     .await
     .unwrap();
-    assert!(killed_at.elapsed() < std::time::Duration::from_secs(1));
+    // Well before the 60-second command would end (loose: machines here are noisy).
+    assert!(killed_at.elapsed() < std::time::Duration::from_secs(10));
     assert_eq!(done[0].status, pb::NotificationStatus::Killed as i32);
     // The shell is gone (its group was killed), and a second kill is refused.
     let alive = std::path::Path::new("/proc").join(&pid).join("status");

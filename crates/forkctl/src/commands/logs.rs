@@ -16,26 +16,41 @@ pub struct LogsArgs {
     /// Include the shared prefix the agent inherited (the parent's history and the fork message).
     #[arg(long)]
     pub shared: bool,
+
+    /// Follow: after the transcript so far, print the agent's messages as they come, until it
+    /// ends or is handed to the background.
+    #[arg(short = 'f', long)]
+    pub follow: bool,
 }
 
 pub async fn run(args: LogsArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
     let request = GetTranscriptRequest {
-        agent_id: args.agent_id,
+        agent_id: args.agent_id.clone(),
         include_shared_prefix: args.shared,
     };
     let transcript = client.get_transcript(request).await?.into_inner();
-    for message in &transcript.messages {
+    // Following prints the agent's own messages through attach, which numbers and streams them;
+    // the transcript call then contributes only what comes before them.
+    let before_own = |m: &&TranscriptMessage| !args.follow || m.shared;
+    for message in transcript.messages.iter().filter(before_own) {
         if out.is_json() {
             out.value(&message_json(message))?;
         } else {
             out.line(render_message(message))?;
         }
     }
-    Ok(exit::OK)
+    if !args.follow {
+        return Ok(exit::OK);
+    }
+    let attach = super::attach::AttachArgs {
+        agent_id: args.agent_id,
+        since: 0,
+    };
+    super::attach::run(attach, client, out).await
 }
 
 /// `role:` (marked when inherited), then each block indented beneath it.
-fn render_message(message: &TranscriptMessage) -> String {
+pub(crate) fn render_message(message: &TranscriptMessage) -> String {
     let shared = if message.shared { " (shared)" } else { "" };
     let mut out = format!("{}{shared}:\n", message.role);
     match serde_json::from_str::<Value>(&message.content_json) {

@@ -1,5 +1,6 @@
 //! One module per subcommand: its clap arguments and an async `run` that returns the exit code.
 
+pub mod attach;
 pub mod calc;
 pub mod fork;
 pub mod kill;

@@ -139,6 +139,24 @@ impl Forkd for Fake {
         Err(Status::unimplemented("the fake daemon asks nothing"))
     }
 
+    type AttachStream = Pin<Box<dyn Stream<Item = Result<AgentEvent, Status>> + Send>>;
+
+    async fn attach(
+        &self,
+        request: Request<AttachRequest>,
+    ) -> Result<Response<Self::AttachStream>, Status> {
+        check_token(&request)?;
+        not_found(&format!("agent {}", request.get_ref().agent_id))
+    }
+
+    async fn background(
+        &self,
+        request: Request<BackgroundRequest>,
+    ) -> Result<Response<BackgroundResponse>, Status> {
+        check_token(&request)?;
+        not_found(&format!("agent {}", request.get_ref().agent_id))
+    }
+
     async fn kill(&self, request: Request<KillRequest>) -> Result<Response<KillResponse>, Status> {
         check_token(&request)?;
         not_found(&format!("agent {}", request.get_ref().agent_id))

@@ -117,6 +117,35 @@ impl ForkdService {
         })
     }
 
+    pub(super) async fn attach_rpc(
+        &self,
+        req: pb::AttachRequest,
+    ) -> Result<AgentEventStream, Status> {
+        use futures::StreamExt;
+        let id = parse_agent_id(&req.agent_id)?;
+        let events = self
+            .engine
+            .attach(id, req.since_seq)
+            .await
+            .map_err(to_status)?;
+        let agent_id = id.to_string();
+        Ok(Box::pin(events.map(move |e| {
+            e.map(|e| agent_event(e, &agent_id)).map_err(to_status)
+        })))
+    }
+
+    pub(super) async fn background_rpc(
+        &self,
+        req: pb::BackgroundRequest,
+    ) -> Result<pb::BackgroundResponse, Status> {
+        let id = parse_agent_id(&req.agent_id)?;
+        self.engine.background(id).await.map_err(to_status)?;
+        Ok(pb::BackgroundResponse {
+            agent_id: id.to_string(),
+            status: "async_launched".into(),
+        })
+    }
+
     pub(super) async fn kill_rpc(&self, req: pb::KillRequest) -> Result<pb::KillResponse, Status> {
         let id = parse_agent_id(&req.agent_id)?;
         self.engine.kill(id).await.map_err(to_status)?;
@@ -147,4 +176,24 @@ impl ForkdService {
                 .collect(),
         })
     }
+}
+
+pub type AgentEventStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::AgentEvent, Status>> + Send>>;
+
+fn agent_event(event: forkd_engine::AgentEvent, agent_id: &str) -> pb::AgentEvent {
+    use forkd_engine::AgentEvent as E;
+    use pb::agent_event::Event;
+    let event = match event {
+        E::Message { seq, message } => Event::Message(pb::TranscriptEvent {
+            seq,
+            role: message.role.as_str().to_owned(),
+            content_json: message.content_json(),
+        }),
+        E::Ended(n) => Event::Ended(convert::notification(&n)),
+        E::AsyncLaunched => Event::AsyncLaunched(pb::AsyncLaunched {
+            agent_id: agent_id.to_owned(),
+        }),
+    };
+    pb::AgentEvent { event: Some(event) }
 }

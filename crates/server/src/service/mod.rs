@@ -116,6 +116,21 @@ impl Forkd for ForkdService {
             .map(Response::new)
     }
 
+    type AttachStream = agents::AgentEventStream;
+
+    async fn attach(&self, req: Request<pb::AttachRequest>) -> Reply<Self::AttachStream> {
+        self.attach_rpc(req.into_inner()).await.map(Response::new)
+    }
+
+    async fn background(
+        &self,
+        req: Request<pb::BackgroundRequest>,
+    ) -> Reply<pb::BackgroundResponse> {
+        self.background_rpc(req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
     async fn kill(&self, req: Request<pb::KillRequest>) -> Reply<pb::KillResponse> {
         self.kill_rpc(req.into_inner()).await.map(Response::new)
     }

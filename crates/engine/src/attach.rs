@@ -1,0 +1,212 @@
+//! Attaching to an agent: its stored transcript from a sequence number, then its messages as
+//! they are stored, until it ends or the client is handed to the background.
+//!
+//! A run never depends on an attached client: handing a client to the background ends the
+//! client's stream with `AsyncLaunched`, and the agent carries on under the same id (the same
+//! run, which rebuilds nothing because it never stopped; a later run after a restart rebuilds
+//! from the store). Every attach stream subscribes to the live channels before it replays the
+//! store, and drops what it has already sent, so nothing falls in the seam.
+
+use std::time::Duration;
+
+use forkd_core::{AgentId, Message, Notification};
+use forkd_store::NotificationFilter;
+use futures::stream::BoxStream;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::Engine;
+use crate::error::{EngineError, Result};
+
+/// One event of an attached agent.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AgentEvent {
+    /// A message of the agent's own transcript, with its position.
+    Message { seq: u64, message: Message },
+    /// The agent ended; its notification.
+    Ended(Box<Notification>),
+    /// The client was handed to the background (by a request, or after the auto-background
+    /// delay); the agent goes on.
+    AsyncLaunched,
+}
+
+pub type AgentEventStream = BoxStream<'static, Result<AgentEvent>>;
+
+/// A message stored for an agent, as published to attached clients.
+#[derive(Debug, Clone)]
+pub(crate) struct Published {
+    pub agent: AgentId,
+    pub seq: u64,
+    pub message: Message,
+}
+
+type Events = mpsc::Sender<Result<AgentEvent>>;
+
+impl Engine {
+    /// Appends a message to an agent's transcript and publishes it to attached clients.
+    pub(crate) async fn append_own(&self, agent: AgentId, message: &Message) -> Result<u64> {
+        let seq = self
+            .inner
+            .store
+            .append_agent_message(agent, message)
+            .await?;
+        let _ = self.inner.messages.send(Published {
+            agent,
+            seq,
+            message: message.clone(),
+        });
+        Ok(seq)
+    }
+
+    /// Hands the agent's attached clients to the background: their streams end with
+    /// `AsyncLaunched` at once; the agent carries on.
+    pub async fn background(&self, id: AgentId) -> Result<()> {
+        let agent = self.get_agent(id).await?;
+        if agent.state.is_terminal() {
+            return Err(EngineError::FailedPrecondition(format!(
+                "agent {id} already ended ({})",
+                agent.state.as_str()
+            )));
+        }
+        let _ = self.inner.backgrounds.send(id);
+        Ok(())
+    }
+
+    /// Streams the agent's messages with `seq >= since_seq`, then live ones, then its end.
+    pub async fn attach(&self, id: AgentId, since_seq: u64) -> Result<AgentEventStream> {
+        self.get_agent(id).await?;
+        // Live channels first, so nothing stored during the replay is missed.
+        let live = Live {
+            messages: self.inner.messages.subscribe(),
+            ended: self.inner.notifications.subscribe(),
+            backgrounds: self.inner.backgrounds.subscribe(),
+        };
+        let (tx, rx) = mpsc::channel(256);
+        let engine = self.clone();
+        let shutdown = self.inner.shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = engine.feed_attached(id, since_seq, live, &tx) => {}
+                () = shutdown.cancelled() => {}
+                () = tx.closed() => {}
+            }
+        });
+        Ok(Box::pin(ReceiverStream::new(rx)))
+    }
+
+    async fn feed_attached(&self, id: AgentId, since_seq: u64, mut live: Live, tx: &Events) {
+        let mut next = since_seq;
+        if !self.replay_messages(id, &mut next, tx).await {
+            return;
+        }
+        if self.send_end_if_ended(id, &mut next, tx).await {
+            return;
+        }
+        let auto = self.config().auto_background;
+        let deadline = async {
+            match auto {
+                Some(after) => tokio::time::sleep(after).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                msg = live.messages.recv() => match msg {
+                    Ok(p) if p.agent == id && p.seq >= next => {
+                        next = p.seq + 1;
+                        if tx.send(Ok(AgentEvent::Message { seq: p.seq, message: p.message })).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        if !self.replay_messages(id, &mut next, tx).await {
+                            return;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+                note = live.ended.recv() => match note {
+                    Ok(n) if n.agent_id == id => {
+                        let _ = self.send_end_if_ended(id, &mut next, tx).await;
+                        return;
+                    }
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        if self.send_end_if_ended(id, &mut next, tx).await {
+                            return;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+                bg = live.backgrounds.recv() => {
+                    if matches!(bg, Ok(agent) if agent == id) {
+                        let _ = tx.send(Ok(AgentEvent::AsyncLaunched)).await;
+                        return;
+                    }
+                }
+                () = &mut deadline => {
+                    let _ = tx.send(Ok(AgentEvent::AsyncLaunched)).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Sends stored messages from `next` on; false when the client is gone or the store failed.
+    async fn replay_messages(&self, id: AgentId, next: &mut u64, tx: &Events) -> bool {
+        let stored = match self.inner.store.agent_messages(id).await {
+            Ok(stored) => stored,
+            Err(e) => {
+                let _ = tx.send(Err(e.into())).await;
+                return false;
+            }
+        };
+        let from = *next;
+        for m in stored.into_iter().filter(|m| m.seq >= from) {
+            *next = m.seq + 1;
+            let event = AgentEvent::Message {
+                seq: m.seq,
+                message: m.message,
+            };
+            if tx.send(Ok(event)).await.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// If the agent has ended: sends what is left of its transcript and its notification, and
+    /// returns true.
+    async fn send_end_if_ended(&self, id: AgentId, next: &mut u64, tx: &Events) -> bool {
+        let filter = NotificationFilter {
+            agent_id: Some(id),
+            ..NotificationFilter::default()
+        };
+        let ended = match self.inner.store.notifications(0, &filter, 1).await {
+            Ok(mut found) => found.pop(),
+            Err(e) => {
+                let _ = tx.send(Err(e.into())).await;
+                return true;
+            }
+        };
+        let Some(note) = ended else { return false };
+        if self.replay_messages(id, next, tx).await {
+            let _ = tx.send(Ok(AgentEvent::Ended(Box::new(note)))).await;
+        }
+        true
+    }
+}
+
+/// The live channels an attach stream follows.
+struct Live {
+    messages: broadcast::Receiver<Published>,
+    ended: broadcast::Receiver<Notification>,
+    backgrounds: broadcast::Receiver<AgentId>,
+}
+
+/// The auto-background delay from a number of seconds; 0 means never.
+pub fn auto_background(secs: u64) -> Option<Duration> {
+    (secs > 0).then(|| Duration::from_secs(secs))
+}

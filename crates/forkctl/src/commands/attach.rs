@@ -1,0 +1,96 @@
+//! `forkctl attach AGENT` (follow an agent: its messages, then its end) and `forkctl bg AGENT`
+//! (hand the agent's attached clients to the background; the agent goes on).
+
+use clap::Args;
+use forkd_proto::v1::agent_event::Event;
+use forkd_proto::v1::{AttachRequest, BackgroundRequest, TranscriptMessage};
+use serde_json::json;
+
+use crate::client::Client;
+use crate::commands::logs::render_message;
+use crate::exit::{self, CliError};
+use crate::output::{Printer, human, message_json, notification_json};
+
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// The agent's id.
+    pub agent_id: String,
+    /// Start at this message of the agent's own transcript (0: from the start).
+    #[arg(long, default_value_t = 0)]
+    pub since: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct BgArgs {
+    /// The agent's id.
+    pub agent_id: String,
+}
+
+/// Follows the agent until it ends (exit 0, or 1 when it failed or was killed) or is handed to
+/// the background (exit 0).
+pub async fn run(args: AttachArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
+    let request = AttachRequest {
+        agent_id: args.agent_id,
+        since_seq: args.since,
+    };
+    let mut stream = client.attach(request).await?.into_inner();
+    while let Some(event) = stream.message().await? {
+        match event.event {
+            Some(Event::Message(m)) => {
+                let message = TranscriptMessage {
+                    role: m.role,
+                    content_json: m.content_json,
+                    shared: false,
+                };
+                if out.is_json() {
+                    let mut value = message_json(&message);
+                    value["seq"] = json!(m.seq);
+                    out.value(&value)?;
+                } else {
+                    out.line(render_message(&message))?;
+                }
+            }
+            Some(Event::Ended(n)) => {
+                if out.is_json() {
+                    out.value(&notification_json(&n))?;
+                } else {
+                    out.line(human::notification_line(&n))?;
+                }
+                let completed = n.status == forkd_proto::v1::NotificationStatus::Completed as i32;
+                return Ok(if completed {
+                    exit::OK
+                } else {
+                    exit::CHILD_FAILED
+                });
+            }
+            Some(Event::AsyncLaunched(a)) => {
+                if out.is_json() {
+                    out.value(&json!({"status": "async_launched", "agent_id": a.agent_id}))?;
+                } else {
+                    out.line(format!(
+                        "async_launched: {} goes on in the background (forkctl attach {} to follow it again)",
+                        a.agent_id, a.agent_id
+                    ))?;
+                }
+                return Ok(exit::OK);
+            }
+            None => {}
+        }
+    }
+    Err(CliError::StreamEnded("the attach stream ended before the agent did".into()).into())
+}
+
+pub async fn run_bg(args: BgArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
+    let reply = client
+        .background(BackgroundRequest {
+            agent_id: args.agent_id,
+        })
+        .await?
+        .into_inner();
+    if out.is_json() {
+        out.value(&json!({"status": reply.status, "agent_id": reply.agent_id}))?;
+    } else {
+        out.line(format!("{}: {}", reply.status, reply.agent_id))?;
+    }
+    Ok(exit::OK)
+}
