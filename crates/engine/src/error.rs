@@ -15,6 +15,9 @@ pub enum EngineError {
     ResourceExhausted(String),
     #[error(transparent)]
     Store(StoreError),
+    /// The daemon is shutting down and starts no new work.
+    #[error("forkd is shutting down")]
+    Draining,
     /// A bug or a broken invariant inside forkd; the message is for the log.
     #[error("internal error: {0}")]
     Internal(String),

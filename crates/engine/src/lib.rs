@@ -77,6 +77,8 @@ struct Inner {
     /// Batch prefixes shared by the running children of each batch.
     batches: run::BatchCache,
     tasks: TaskTracker,
+    /// Cancelled when shutdown begins: runs finish the call in flight and start no other.
+    draining: CancellationToken,
     shutdown: CancellationToken,
 }
 
@@ -98,6 +100,7 @@ impl Engine {
                 messages: broadcast::channel(NOTIFICATION_BUFFER).0,
                 backgrounds: broadcast::channel(64).0,
                 tasks: TaskTracker::new(),
+                draining: CancellationToken::new(),
                 shutdown: CancellationToken::new(),
             }),
         }
@@ -114,7 +117,9 @@ impl Engine {
     /// Cancels every agent run (at its next await point) and waits at most `grace` for the
     /// tasks to wind down. Agents that were still running stay `running` in the store.
     pub async fn shutdown(&self, grace: Duration) {
-        self.inner.shutdown.cancel();
+        // First drain: runs start no new model request or tool call, and those in flight may
+        // finish (and be stored) within the grace period. Then whatever is left is cancelled.
+        self.inner.draining.cancel();
         self.inner.tasks.close();
         if tokio::time::timeout(grace, self.inner.tasks.wait())
             .await
@@ -122,9 +127,17 @@ impl Engine {
         {
             tracing::warn!(
                 remaining = self.inner.tasks.len(),
-                "Agent runs did not stop within the grace period"
+                "Agent runs did not finish their calls within the grace period; cancelling them"
             );
         }
+        self.inner.shutdown.cancel();
+        // Cancelled runs stop at their next await point; give them a moment to unwind.
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.tasks.wait()).await;
+    }
+
+    /// Whether the engine is draining for shutdown: runs start nothing new.
+    pub(crate) fn draining(&self) -> bool {
+        self.inner.draining.is_cancelled()
     }
 
     fn turn_lock(&self, id: SessionId) -> Arc<Mutex<()>> {

@@ -168,6 +168,9 @@ impl Engine {
             .await?;
         let (mut usage, mut cost) = (Usage::default(), 0.0);
         for turn in 0..self.config().max_turns {
+            if self.draining() {
+                return Err(EngineError::Draining);
+            }
             let completion = self.parent_request(session, parent, turn, events).await?;
             usage += completion.usage;
             cost += self.cost(session, &completion.usage);

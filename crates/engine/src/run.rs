@@ -103,7 +103,20 @@ enum RunFailure {
     #[error("no final answer after {0} turns")]
     TurnLimit(u32),
     #[error("{0}")]
-    Engine(#[from] EngineError),
+    Engine(EngineError),
+    /// The daemon is shutting down: the run stopped between calls, and the agent stays
+    /// `running` for the next start to resume.
+    #[error("stopped for shutdown")]
+    Draining,
+}
+
+impl From<EngineError> for RunFailure {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Draining => RunFailure::Draining,
+            other => RunFailure::Engine(other),
+        }
+    }
 }
 
 impl From<forkd_store::StoreError> for RunFailure {
@@ -141,18 +154,17 @@ impl Engine {
         let span = tracing::info_span!("agent", agent.id = %id);
         self.inner.tasks.spawn(
             async move {
-                tokio::select! {
+                let killed = tokio::select! {
                     // Cancellation first: a run released at the same moment must not start writing.
                     biased;
-                    () = token.cancelled() => {
-                        if engine.inner.shutdown.is_cancelled() {
-                            // The agent stays `running` in the store for a later start.
-                            tracing::debug!("Agent run stopped by shutdown");
-                        } else {
-                            engine.record_kill(id).await;
-                        }
-                    }
-                    () = engine.run_agent(id, gate, wait, &token) => {}
+                    // On shutdown the agent stays `running` in the store for a later start.
+                    () = token.cancelled() => !engine.inner.shutdown.is_cancelled(),
+                    () = engine.run_agent(id, gate, wait, &token) => false,
+                };
+                // Recorded only now that the run (and any process group it started) is gone, so
+                // a killed notification means the agent has stopped.
+                if killed {
+                    engine.record_kill(id).await;
                 }
                 engine.runs().remove(&id);
             }
@@ -230,6 +242,10 @@ impl Engine {
         }
         let (status, text, error) = match outcome {
             Ok(text) => (NotificationStatus::Completed, Some(text), None),
+            Err(RunFailure::Draining) => {
+                tracing::info!("Agent run paused for shutdown; it resumes at the next start");
+                return;
+            }
             Err(failure) => {
                 tracing::warn!(error = %failure, "Agent failed");
                 (NotificationStatus::Failed, None, Some(failure.to_string()))
@@ -398,6 +414,9 @@ impl Engine {
         // Turns already taken (a later run of the same agent continues the count).
         let mut turn = run.own.iter().filter(|m| m.role == Role::Assistant).count() as u32;
         loop {
+            if self.draining() {
+                return Err(RunFailure::Draining);
+            }
             if let Some(last) = run.own.last().filter(|m| m.role == Role::Assistant) {
                 if last.tool_uses().next().is_none() {
                     return Ok(last.text());
@@ -418,6 +437,9 @@ impl Engine {
             }
             if turn >= max_turns {
                 return Err(RunFailure::TurnLimit(max_turns));
+            }
+            if self.draining() {
+                return Err(RunFailure::Draining);
             }
             let conv = run.conversation();
             let body = request::serialize(&run.params, &conv, true);

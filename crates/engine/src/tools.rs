@@ -103,6 +103,10 @@ impl Engine {
         let policy = policy(turn.permission_mode, &turn.session.rules);
         let mut results = Vec::new();
         for (id, name, block) in assistant.tool_uses() {
+            if self.draining() {
+                // Shutting down: the calls not started yet run at the next start.
+                return Err(EngineError::Draining);
+            }
             let input = block.tool_input().unwrap_or(Value::Null);
             let result = match done.get(id) {
                 Some(ToolCall {

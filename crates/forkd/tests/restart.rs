@@ -80,3 +80,60 @@ async fn a_restart_resumes_a_child_cut_off_in_a_tool_call() {
         .unwrap();
     assert_eq!(session.message_count, 1 + 2 + 2);
 }
+
+#[tokio::test]
+async fn a_graceful_stop_lets_the_tool_call_in_flight_finish_and_the_agent_resumes() {
+    let mut daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
+            permission_mode: "bypassPermissions".into(),
+            ..session_request(ws.path())
+        },
+    )
+    .await
+    .unwrap();
+    let script = r#"Finish what you start.
+@sim tool Bash {"command":"touch started; sleep 1; echo run >> finished.txt"}
+@sim tool Read {"file_path":"finished.txt"}
+@sim say finished"#;
+    let batch = client
+        .fork_batch(pb::ForkBatchRequest {
+            session_id: session.session_id,
+            directives: directives(&[script]),
+            warmup_gating: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let started = ws.path().join("started");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !started.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the command never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(client);
+    // A graceful stop (5 s of grace): the Bash call in flight finishes and is stored.
+    daemon.stop().await.unwrap();
+    let finished = ws.path().join("finished.txt");
+    assert_eq!(std::fs::read_to_string(&finished).unwrap(), "run\n");
+
+    daemon.restart(|_| {}).await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let done = wait_for_batch(&mut client, &batch.batch_id, 1, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(done[0].status, pb::NotificationStatus::Completed as i32);
+    assert_eq!(done[0].report.clone().unwrap().result, "finished");
+    // Run exactly once, and its stored result was what the model saw (no interruption).
+    assert_eq!(std::fs::read_to_string(&finished).unwrap(), "run\n");
+    let log = transcript_text(&mut client, &batch.agent_ids[0])
+        .await
+        .unwrap();
+    assert!(!log.contains("Interrupted"), "{log}");
+}
