@@ -74,7 +74,12 @@ impl Engine {
 
     /// Streams the agent's messages with `seq >= since_seq`, then live ones, then its end.
     pub async fn attach(&self, id: AgentId, since_seq: u64) -> Result<AgentEventStream> {
-        self.get_agent(id).await?;
+        let agent = self.get_agent(id).await?;
+        if agent.kind == forkd_core::AgentKind::Parent {
+            return Err(EngineError::FailedPrecondition(
+                "a session's main loop streams through SendMessage; attach to its children".into(),
+            ));
+        }
         // Live channels first, so nothing stored during the replay is missed.
         let live = Live {
             messages: self.inner.messages.subscribe(),

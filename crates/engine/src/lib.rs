@@ -72,6 +72,8 @@ struct Inner {
     backgrounds: broadcast::Sender<forkd_core::AgentId>,
     /// The token of every agent run in progress, to kill one.
     runs: StdMutex<HashMap<forkd_core::AgentId, CancellationToken>>,
+    /// Runs cancelled by a kill rather than by shutdown.
+    killed: StdMutex<std::collections::HashSet<forkd_core::AgentId>>,
     /// Permission prompts waiting for an interactive client's answer.
     prompts: permissions::Prompts,
     /// Batch prefixes shared by the running children of each batch.
@@ -97,6 +99,7 @@ impl Engine {
                 batches: run::BatchCache::default(),
                 prompts: permissions::Prompts::default(),
                 runs: StdMutex::new(HashMap::new()),
+                killed: StdMutex::default(),
                 messages: broadcast::channel(NOTIFICATION_BUFFER).0,
                 backgrounds: broadcast::channel(64).0,
                 tasks: TaskTracker::new(),

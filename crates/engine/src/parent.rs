@@ -191,7 +191,11 @@ impl Engine {
                 .await;
             }
             if reply.tool_uses().next().is_none() {
-                self.append_to_session(session, &reply).await?;
+                // An empty reply is not stored: the API refuses empty assistant content anywhere
+                // but at the end, so it would break every later turn.
+                if !reply.blocks.is_empty() {
+                    self.append_to_session(session, &reply).await?;
+                }
                 send(
                     events,
                     ParentEvent::TurnEnded {
@@ -308,6 +312,25 @@ impl Engine {
             .await?)
     }
 
+    /// Appends a reply and its tool results with nothing in between.
+    async fn append_pair_to_session(
+        &self,
+        session: &Session,
+        reply: &Message,
+        results: &Message,
+    ) -> Result<()> {
+        let lock = self.session_lock(session.id);
+        let _guard = lock.lock().await;
+        let store = &self.inner.store;
+        store
+            .append_session_message(session.id, reply, now_ms())
+            .await?;
+        store
+            .append_session_message(session.id, results, now_ms())
+            .await?;
+        Ok(())
+    }
+
     /// Answers the tool calls of a parent reply. A reply that forks is stored as a fork batch
     /// (which appends it and the parent's results to the transcript); any other reply is
     /// appended, its tools run, and their results appended.
@@ -339,11 +362,14 @@ impl Engine {
             plan.answered.push((id, result));
         }
         if plan.forks.is_empty() {
-            self.append_to_session(session, &reply).await?;
+            // The reply is stored only with its results, in one step under the session lock: a
+            // notification landing between a tool_use and its tool_result (or a reply left
+            // without results by a crash) would make every later request invalid.
             let results = self
                 .run_parent_tools(session, parent, &reply, &plan.answered, cancel)
                 .await?;
-            self.append_to_session(session, &results).await?;
+            self.append_pair_to_session(session, &reply, &results)
+                .await?;
             return Ok(results);
         }
         let mut others = plan.answered;

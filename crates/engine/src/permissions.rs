@@ -64,6 +64,17 @@ impl Prompts {
     }
 }
 
+struct PendingGuard<'a> {
+    prompts: &'a Prompts,
+    id: String,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        self.prompts.state().pending.remove(&self.id);
+    }
+}
+
 /// A stream of prompts for one session.
 pub type PromptStream = BoxStream<'static, PermissionPrompt>;
 
@@ -95,11 +106,16 @@ impl Engine {
         tracing::info!(prompt.id = %prompt.id, tool = %prompt.tool, "Waiting for a permission answer");
         // No subscriber yet is fine: a client that subscribes later gets the pending prompts.
         let _ = prompts.bus.send(prompt.clone());
+        // Removes the prompt however the wait ends, a dropped future (a kill) included, so no
+        // stale prompt is shown to clients that subscribe later.
+        let _pending = PendingGuard {
+            prompts,
+            id: prompt.id.clone(),
+        };
         let answer = tokio::select! {
             answer = rx => answer.ok(),
             () = cancel.cancelled() => None,
         };
-        prompts.state().pending.remove(&prompt.id);
         if answer == Some(PermissionAnswer::AllowAlways) {
             prompts
                 .state()
@@ -127,21 +143,25 @@ impl Engine {
         })
     }
 
-    /// The session's prompts: those pending now, then new ones as they come.
-    pub async fn subscribe_prompts(&self, session_id: SessionId) -> Result<PromptStream> {
-        self.get_session(session_id).await?;
-        let mut live = self.inner.prompts.bus.subscribe();
-        let pending: Vec<PermissionPrompt> = self
-            .inner
+    fn pending_prompts(&self, session_id: SessionId) -> Vec<PermissionPrompt> {
+        self.inner
             .prompts
             .state()
             .pending
             .values()
             .map(|(p, _)| p.clone())
             .filter(|p| p.session_id == session_id)
-            .collect();
+            .collect()
+    }
+
+    /// The session's prompts: those pending now, then new ones as they come.
+    pub async fn subscribe_prompts(&self, session_id: SessionId) -> Result<PromptStream> {
+        self.get_session(session_id).await?;
+        let mut live = self.inner.prompts.bus.subscribe();
+        let pending = self.pending_prompts(session_id);
         let (tx, rx) = mpsc::channel(64);
         let shutdown = self.inner.shutdown.clone();
+        let engine = self.clone();
         tokio::spawn(async move {
             let mut seen: HashSet<String> = HashSet::new();
             for p in pending {
@@ -162,7 +182,15 @@ impl Engine {
                             return;
                         }
                     }
-                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Ok(_) => {}
+                    // Fell behind: send whatever is still pending and was not seen yet.
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        for p in engine.pending_prompts(session_id) {
+                            if seen.insert(p.id.clone()) && tx.send(p).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
                     Err(broadcast::error::RecvError::Closed) => return,
                 }
             }

@@ -154,22 +154,40 @@ impl Engine {
         let span = tracing::info_span!("agent", agent.id = %id);
         self.inner.tasks.spawn(
             async move {
-                let killed = tokio::select! {
+                // Only the run itself is raced against cancellation; its end is recorded after,
+                // outside the race, so a kill can never cut a finish in half.
+                let outcome = tokio::select! {
                     // Cancellation first: a run released at the same moment must not start writing.
                     biased;
-                    // On shutdown the agent stays `running` in the store for a later start.
-                    () = token.cancelled() => !engine.inner.shutdown.is_cancelled(),
-                    () = engine.run_agent(id, gate, wait, &token) => false,
+                    () = token.cancelled() => None,
+                    outcome = engine.run_agent(id, gate, wait, &token) => Some(outcome),
                 };
-                // Recorded only now that the run (and any process group it started) is gone, so
-                // a killed notification means the agent has stopped.
-                if killed {
-                    engine.record_kill(id).await;
+                match outcome {
+                    Some(Some((status, text, error))) => {
+                        engine.finish_with_retries(id, status, text, error).await;
+                    }
+                    // Paused by the shutdown drain: stays `running` for the next start.
+                    Some(None) => {}
+                    // Recorded only now that the run (and any process group it started) is
+                    // gone, so a killed notification means the agent has stopped. A run
+                    // cancelled by shutdown stays `running` for the next start.
+                    None if engine.take_killed(id) => engine.record_kill(id).await,
+                    None => tracing::debug!("Agent run stopped by shutdown"),
                 }
+                engine.take_killed(id);
                 engine.runs().remove(&id);
             }
             .instrument(span),
         );
+    }
+
+    fn killed(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<AgentId>> {
+        self.inner.killed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the agent's run was cancelled by a kill (and forgets it).
+    fn take_killed(&self, id: AgentId) -> bool {
+        self.killed().remove(&id)
     }
 
     fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, CancellationToken>> {
@@ -193,7 +211,10 @@ impl Engine {
         }
         let run = self.runs().get(&id).cloned();
         match run {
-            Some(token) => token.cancel(),
+            Some(token) => {
+                self.killed().insert(id);
+                token.cancel();
+            }
             // Nothing runs it (it never started here): record the kill directly.
             None => self.record_kill(id).await,
         }
@@ -231,7 +252,7 @@ impl Engine {
         mut gate: Option<WarmupGate>,
         wait: Option<watch::Receiver<bool>>,
         cancel: &CancellationToken,
-    ) {
+    ) -> Option<(NotificationStatus, Option<String>, Option<String>)> {
         if let Some(mut rx) = wait {
             // A closed gate (its sender dropped) releases the sibling too.
             let _ = rx.wait_for(|open| *open).await;
@@ -240,18 +261,17 @@ impl Engine {
         if let Some(g) = gate.as_mut() {
             g.open();
         }
-        let (status, text, error) = match outcome {
-            Ok(text) => (NotificationStatus::Completed, Some(text), None),
+        match outcome {
+            Ok(text) => Some((NotificationStatus::Completed, Some(text), None)),
             Err(RunFailure::Draining) => {
                 tracing::info!("Agent run paused for shutdown; it resumes at the next start");
-                return;
+                None
             }
             Err(failure) => {
                 tracing::warn!(error = %failure, "Agent failed");
-                (NotificationStatus::Failed, None, Some(failure.to_string()))
+                Some((NotificationStatus::Failed, None, Some(failure.to_string())))
             }
-        };
-        self.finish_with_retries(id, status, text, error).await;
+        }
     }
 
     /// Records an agent's end, retrying a store that is briefly unavailable (a busy database):
@@ -414,13 +434,15 @@ impl Engine {
         // Turns already taken (a later run of the same agent continues the count).
         let mut turn = run.own.iter().filter(|m| m.role == Role::Assistant).count() as u32;
         loop {
+            if let Some(last) = run.own.last().filter(|m| m.role == Role::Assistant)
+                && last.tool_uses().next().is_none()
+            {
+                return Ok(last.text());
+            }
             if self.draining() {
                 return Err(RunFailure::Draining);
             }
             if let Some(last) = run.own.last().filter(|m| m.role == Role::Assistant) {
-                if last.tool_uses().next().is_none() {
-                    return Ok(last.text());
-                }
                 // Answer the model's tool calls, including those a previous run left open.
                 let conv = run.conversation();
                 let tool_turn = ToolTurn {

@@ -176,13 +176,16 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     let mut engine_config = config.engine.clone();
     engine_config.agent_dirs.push(config.home.join("agents"));
     let engine = Engine::new(Arc::new(store), provider, engine_config);
+
+    let socket_path = config.socket_path();
+    // Binding the socket is what proves no other daemon serves this home: only then may this
+    // one resume the agents it finds running.
+    let unix = bind_socket(&socket_path).await?;
     let resumed = engine.resume_interrupted().await?;
     if resumed > 0 {
         tracing::info!(resumed, "Resumed agents a previous daemon left running");
     }
 
-    let socket_path = config.socket_path();
-    let unix = bind_socket(&socket_path).await?;
     let (tcp, tcp_addr) = match config.listen {
         Some(addr) => {
             let listener = TcpListener::bind(addr)

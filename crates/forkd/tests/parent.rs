@@ -172,3 +172,77 @@ async fn a_coordinator_parent_is_refused_a_fork_and_told_to_delegate() {
         "{refusal:?}"
     );
 }
+
+/// A child's notification that lands while the parent's own tool call runs must not come
+/// between the parent's tool_use and its tool_result (the API would refuse every later turn).
+#[tokio::test]
+async fn notifications_never_split_a_parent_tool_call_from_its_result() {
+    let daemon = spawn_daemon().await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = forkd_test_support::create_session(
+        &mut client,
+        pb::CreateSessionRequest {
+            permission_mode: "bypassPermissions".into(),
+            ..session_request(daemon.home_path())
+        },
+    )
+    .await
+    .unwrap();
+    let script = concat!(
+        "Fork, then keep working.\n",
+        r#"@sim agent {"description":"quick","prompt":"be quick"}"#,
+        "\n",
+        r#"@sim tool Bash {"command":"sleep 1"}"#,
+        "\n@sim say worked on",
+    );
+    let events = send(&mut client, &session.session_id, script).await;
+    assert!(matches!(events.last(), Some(Event::TurnEnded(_))));
+    let parent = client
+        .list_agents(pb::ListAgentsRequest {
+            session_id: session.session_id.clone(),
+            include_ended: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .agents
+        .into_iter()
+        .find(|a| a.kind == "parent")
+        .unwrap();
+    let log = client
+        .get_transcript(pb::GetTranscriptRequest {
+            agent_id: parent.agent_id,
+            include_shared_prefix: true,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .messages;
+    assert!(
+        log.iter()
+            .any(|m| m.content_json.contains("<task-notification>\\n<agent-id>")),
+        "the child's notification arrived during the turn"
+    );
+    for (i, m) in log.iter().enumerate() {
+        let blocks: Vec<serde_json::Value> = serde_json::from_str(&m.content_json).unwrap();
+        let uses: Vec<&str> = blocks
+            .iter()
+            .filter(|b| b["type"] == "tool_use")
+            .map(|b| b["id"].as_str().unwrap())
+            .collect();
+        if m.role != "assistant" || uses.is_empty() {
+            continue;
+        }
+        let next: Vec<serde_json::Value> = serde_json::from_str(&log[i + 1].content_json).unwrap();
+        let answered: Vec<&str> = next
+            .iter()
+            .filter(|b| b["type"] == "tool_result")
+            .map(|b| b["tool_use_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            answered, uses,
+            "message {i}'s calls are answered right after it"
+        );
+    }
+}
