@@ -101,7 +101,7 @@ impl Engine {
                 runs: StdMutex::new(HashMap::new()),
                 killed: StdMutex::default(),
                 messages: broadcast::channel(NOTIFICATION_BUFFER).0,
-                backgrounds: broadcast::channel(64).0,
+                backgrounds: broadcast::channel(NOTIFICATION_BUFFER).0,
                 tasks: TaskTracker::new(),
                 draining: CancellationToken::new(),
                 shutdown: CancellationToken::new(),

@@ -511,6 +511,16 @@ impl Engine {
                     .push((id.to_owned(), Block::tool_result(id, &error, true)));
             }
         }
+        // The same cap as a client's batch: the calls beyond it are refused, not dropped.
+        let cap = self.config().max_children_per_batch;
+        if plan.forks.len() > cap {
+            for (id, _) in plan.forks.split_off(cap) {
+                let error =
+                    format!("This fork call was refused: a batch may fork at most {cap} children.");
+                plan.answered
+                    .push((id.clone(), Block::tool_result(&id, &error, true)));
+            }
+        }
         plan
     }
 }

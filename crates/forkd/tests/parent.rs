@@ -246,3 +246,41 @@ async fn notifications_never_split_a_parent_tool_call_from_its_result() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_model_written_batch_obeys_the_child_cap() {
+    let daemon = forkd_test_support::spawn_daemon_with(|c| c.engine.max_children_per_batch = 2)
+        .await
+        .unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session =
+        forkd_test_support::create_session(&mut client, session_request(daemon.home_path()))
+            .await
+            .unwrap();
+    let script = concat!(
+        "Split in three.\n",
+        r#"@sim agent {"description":"a","prompt":"do a"}"#,
+        "\n",
+        r#"@sim agent {"description":"b","prompt":"do b"}"#,
+        "\n",
+        r#"@sim agent {"description":"c","prompt":"do c"}"#,
+    );
+    let events = send(&mut client, &session.session_id, script).await;
+    let launched = events
+        .iter()
+        .find_map(|e| match e {
+            Event::ForkLaunched(l) => Some(l.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(launched.agent_ids.len(), 2);
+    let refused = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ToolResult(r) if r.is_error => Some(r.content.clone()),
+            _ => None,
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(refused.len(), 1, "{events:?}");
+    assert!(refused[0].contains("at most 2 children"), "{refused:?}");
+}
