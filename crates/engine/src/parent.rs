@@ -38,6 +38,9 @@ pub enum ParentEvent {
         is_error: bool,
     },
     ForkLaunched(SubmittedBatch),
+    /// The turn was handed to the background; it goes on without this client. Carries the
+    /// session's main-loop agent (what `Background` names).
+    AsyncLaunched(AgentId),
     TurnEnded {
         stop_reason: Option<String>,
         usage: Usage,
@@ -86,7 +89,9 @@ impl Engine {
             ))
         })?;
         let parent = self.parent_agent(&session).await?;
+        let parent_id = parent.id;
         let (tx, rx) = mpsc::channel(256);
+        let backgrounds = self.inner.backgrounds.subscribe();
         let engine = self.clone();
         let cancel = self.inner.shutdown.child_token();
         let span =
@@ -111,7 +116,53 @@ impl Engine {
             },
             span,
         ));
-        Ok(Box::pin(ReceiverStream::new(rx)))
+        Ok(self.foreground(parent_id, rx, backgrounds))
+    }
+
+    /// The client's view of a turn: its events until the turn ends, or until the turn is handed
+    /// to the background (`Background` on the parent agent, or the auto-background delay) — then
+    /// `AsyncLaunched`, and the turn goes on without the client.
+    fn foreground(
+        &self,
+        parent: AgentId,
+        mut turn: mpsc::Receiver<Result<ParentEvent>>,
+        mut backgrounds: tokio::sync::broadcast::Receiver<AgentId>,
+    ) -> ParentEventStream {
+        let (tx, rx) = mpsc::channel(256);
+        let auto = self.config().auto_background;
+        tokio::spawn(async move {
+            let deadline = async {
+                match auto {
+                    Some(after) => tokio::time::sleep(after).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    event = turn.recv() => match event {
+                        Some(event) => {
+                            if tx.send(event).await.is_err() {
+                                return;
+                            }
+                        }
+                        None => return,
+                    },
+                    bg = backgrounds.recv() => {
+                        if matches!(bg, Ok(id) if id == parent) {
+                            let _ = tx.send(Ok(ParentEvent::AsyncLaunched(parent))).await;
+                            return;
+                        }
+                    }
+                    () = &mut deadline => {
+                        let _ = tx.send(Ok(ParentEvent::AsyncLaunched(parent))).await;
+                        return;
+                    }
+                    () = tx.closed() => return,
+                }
+            }
+        });
+        Box::pin(ReceiverStream::new(rx))
     }
 
     /// The session's own main-loop agent, created on its first turn. It carries the parent's

@@ -132,3 +132,54 @@ async fn an_attached_client_is_handed_to_the_background_after_the_delay() {
         .unwrap();
     assert_eq!(done[0].status, pb::NotificationStatus::Completed as i32);
 }
+
+#[tokio::test]
+async fn a_parent_turn_is_handed_to_the_background_and_goes_on() {
+    let daemon = spawn_daemon_with(|c| c.engine.auto_background = Some(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(&mut client, session_request(daemon.home_path()))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut stream = client
+        .send_message(pb::SendMessageRequest {
+            session_id: session.session_id.clone(),
+            text: "Think slowly.\n@sim sleep 3s\n@sim say thought it through".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut last = None;
+    while let Some(e) = stream.message().await.unwrap() {
+        last = e.event;
+    }
+    match last {
+        Some(pb::session_event::Event::AsyncLaunched(a)) => assert!(!a.agent_id.is_empty()),
+        other => panic!("expected async_launched, got {other:?}"),
+    }
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    // The turn goes on: its reply lands in the session's transcript.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let count = client
+            .get_session(pb::GetSessionRequest {
+                session_id: session.session_id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .session
+            .unwrap()
+            .message_count;
+        if count == 3 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the turn never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -134,7 +134,7 @@ async fn run_send(
     let mut ended = false;
     while let Some(event) = stream.message().await? {
         let Some(event) = event.event else { continue };
-        ended |= matches!(event, Event::TurnEnded(_));
+        ended |= matches!(event, Event::TurnEnded(_) | Event::AsyncLaunched(_));
         if out.is_json() {
             out.value(&session_event_json(&event))?;
         } else {
@@ -169,6 +169,11 @@ fn print_event(event: &Event, out: &Printer) -> std::io::Result<()> {
             f.agent_ids.len(),
             f.agent_ids.join(" ")
         )),
+        Event::AsyncLaunched(a) => out.line(format!(
+            "\nasync_launched: the turn of {} goes on in the background; its results land in \
+             the session's transcript",
+            a.agent_id
+        )),
         Event::TurnEnded(end) => {
             let u = end.usage.unwrap_or_default();
             out.line(format!(
@@ -202,6 +207,9 @@ fn session_event_json(event: &Event) -> serde_json::Value {
         }),
         Event::ForkLaunched(f) => json!({
             "event": "fork_launched", "batch_id": f.batch_id, "agent_ids": f.agent_ids,
+        }),
+        Event::AsyncLaunched(a) => json!({
+            "event": "async_launched", "status": "async_launched", "agent_id": a.agent_id,
         }),
         Event::TurnEnded(end) => json!({
             "event": "turn_ended", "stop_reason": end.stop_reason, "text": end.text,

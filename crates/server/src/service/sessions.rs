@@ -142,6 +142,9 @@ fn session_event(event: forkd_engine::ParentEvent) -> pb::SessionEvent {
             content,
             is_error,
         }),
+        E::AsyncLaunched(agent) => Event::AsyncLaunched(pb::AsyncLaunched {
+            agent_id: agent.to_string(),
+        }),
         E::ForkLaunched(batch) => Event::ForkLaunched(pb::ForkLaunched {
             batch_id: batch.batch_id.to_string(),
             agent_ids: batch.agent_ids.iter().map(ToString::to_string).collect(),
