@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use forkd_proto::v1 as pb;
 use forkd_proto::v1::agent_event::Event;
 use forkd_test_support::{
-    create_session, directives, session_request, spawn_daemon_with, wait_for_batch,
+    create_session, fork, session_request, spawn_daemon_with, wait_for_batch,
 };
 
 const SLOW: &str = "Take your time.\n@sim tool Read {\"file_path\":\"notes.md\"}\n@sim sleep 3s\n@sim say took my time";
@@ -29,15 +29,9 @@ async fn slow_child(
     let session = create_session(&mut client, session_request(daemon.home_path()))
         .await
         .unwrap();
-    let batch = client
-        .fork_batch(pb::ForkBatchRequest {
-            session_id: session.session_id,
-            directives: directives(&[SLOW]),
-            warmup_gating: None,
-        })
+    let batch = fork(&mut client, &session.session_id, &[SLOW], None)
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     (daemon, client, batch)
 }
 

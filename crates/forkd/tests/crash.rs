@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use forkd_proto::v1 as pb;
 use forkd_store::{Durability, RequestFilter, SqliteStore, Store};
-use forkd_test_support::{connect, create_session, directives, session_request};
+use forkd_test_support::{connect, create_session, fork, session_request};
 
 const CHILDREN: usize = 6;
 const CRASHES: usize = 3;
@@ -100,15 +100,9 @@ async fn crash_run(seed: u64) {
     .unwrap();
     let prompts: Vec<String> = (0..CHILDREN).map(script).collect();
     let refs: Vec<&str> = prompts.iter().map(String::as_str).collect();
-    let batch = c
-        .fork_batch(pb::ForkBatchRequest {
-            session_id: session.session_id.clone(),
-            directives: directives(&refs),
-            warmup_gating: None,
-        })
+    let batch = fork(&mut c, &session.session_id, &refs, None)
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
 
     let mut seen: Vec<pb::Notification> = Vec::new();
     for _ in 0..CRASHES {

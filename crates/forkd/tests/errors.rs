@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use forkd_proto::v1 as pb;
-use forkd_test_support::{create_session, directives, session_request, spawn_daemon};
+use forkd_test_support::{create_session, directives, fork, session_request, spawn_daemon};
 use tonic::Code;
 
 const UNKNOWN: &str = "01a22937-0000-7000-8000-000000000000";
@@ -264,15 +264,9 @@ async fn a_killed_agent_stops_at_once_with_its_process_group() {
     let script = r#"Wait.
 @sim tool Bash {"command":"echo $$ > pid; sleep 60","timeout":120}
 @sim say never"#;
-    let batch = client
-        .fork_batch(pb::ForkBatchRequest {
-            session_id: session.session_id,
-            directives: directives(&[script]),
-            warmup_gating: None,
-        })
+    let batch = fork(&mut client, &session.session_id, &[script], None)
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     let pid_file = ws.path().join("pid");
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
     while !pid_file.exists() {

@@ -7,9 +7,7 @@ use std::time::Duration;
 
 use forkd_proto::v1 as pb;
 use forkd_store::RequestFilter;
-use forkd_test_support::{
-    create_session, directives, session_request, spawn_daemon, wait_for_batch,
-};
+use forkd_test_support::{create_session, fork, session_request, spawn_daemon, wait_for_batch};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -25,15 +23,9 @@ async fn five_children_complete_share_the_prefix_and_replay() {
         .await
         .unwrap();
     let prompts = ["audit a", "audit b", "audit c", "audit d", "audit e"];
-    let batch = client
-        .fork_batch(pb::ForkBatchRequest {
-            session_id: session.session_id.clone(),
-            directives: directives(&prompts),
-            warmup_gating: None,
-        })
+    let batch = fork(&mut client, &session.session_id, &prompts, None)
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     assert_eq!(batch.agent_ids.len(), 5);
 
     let live = wait_for_batch(&mut client, &batch.batch_id, 5, DEADLINE)
@@ -175,15 +167,9 @@ async fn a_child_that_tries_to_fork_is_refused_and_carries_on() {
         .await
         .unwrap();
     let script = "Split this further.\n@sim agent {\"description\":\"x\",\"prompt\":\"grandchild\"}\n@sim say did it myself";
-    let batch = client
-        .fork_batch(pb::ForkBatchRequest {
-            session_id: session.session_id,
-            directives: directives(&[script]),
-            warmup_gating: None,
-        })
+    let batch = fork(&mut client, &session.session_id, &[script], None)
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     let done = wait_for_batch(&mut client, &batch.batch_id, 1, DEADLINE)
         .await
         .unwrap();
@@ -223,15 +209,14 @@ async fn provider_failures_retry_or_fail_the_child_clearly() {
     let session = create_session(&mut client, session_request(daemon.home_path()))
         .await
         .unwrap();
-    let batch = client
-        .fork_batch(pb::ForkBatchRequest {
-            session_id: session.session_id,
-            directives: directives(&["@sim fail 529 x2\n@sim say recovered", "@sim fail 400"]),
-            warmup_gating: Some(false),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let batch = fork(
+        &mut client,
+        &session.session_id,
+        &["@sim fail 529 x2\n@sim say recovered", "@sim fail 400"],
+        Some(false),
+    )
+    .await
+    .unwrap();
     let done = wait_for_batch(&mut client, &batch.batch_id, 2, DEADLINE)
         .await
         .unwrap();
@@ -265,15 +250,14 @@ async fn cache_reads(gating: bool) -> Vec<u64> {
     let session = create_session(&mut client, session_request(daemon.home_path()))
         .await
         .unwrap();
-    let batch = client
-        .fork_batch(pb::ForkBatchRequest {
-            session_id: session.session_id,
-            directives: directives(&["one", "two", "three"]),
-            warmup_gating: Some(gating),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let batch = fork(
+        &mut client,
+        &session.session_id,
+        &["one", "two", "three"],
+        Some(gating),
+    )
+    .await
+    .unwrap();
     let done = wait_for_batch(&mut client, &batch.batch_id, 3, DEADLINE)
         .await
         .unwrap();
@@ -307,28 +291,16 @@ async fn a_later_batch_still_reads_the_history_cached_by_an_earlier_one() {
         .unwrap();
     let prompts: Vec<String> = (0..20).map(|i| format!("first batch {i}")).collect();
     let refs: Vec<&str> = prompts.iter().map(String::as_str).collect();
-    let first = client
-        .fork_batch(pb::ForkBatchRequest {
-            session_id: session.session_id.clone(),
-            directives: directives(&refs),
-            warmup_gating: None,
-        })
+    let first = fork(&mut client, &session.session_id, &refs, None)
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     wait_for_batch(&mut client, &first.batch_id, 20, DEADLINE)
         .await
         .unwrap();
 
-    let second = client
-        .fork_batch(pb::ForkBatchRequest {
-            session_id: session.session_id,
-            directives: directives(&["second batch"]),
-            warmup_gating: None,
-        })
+    let second = fork(&mut client, &session.session_id, &["second batch"], None)
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     let done = wait_for_batch(&mut client, &second.batch_id, 1, DEADLINE)
         .await
         .unwrap();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use forkd_proto::v1 as pb;
 use forkd_test_support::{
-    create_session, directives, session_request, spawn_daemon, transcript_text, wait_for_batch,
+    create_session, fork, session_request, spawn_daemon, transcript_text, wait_for_batch,
 };
 use tonic::Code;
 
@@ -52,15 +52,9 @@ async fn bubble_prompts_reach_the_client_and_answers_are_honoured() {
 @sim tool Write {"file_path":"two.txt","content":"2"}
 @sim tool Bash {"command":"touch three.txt"}
 @sim say done"#;
-    let batch = client
-        .fork_batch(pb::ForkBatchRequest {
-            session_id: session.session_id.clone(),
-            directives: directives(&[script]),
-            warmup_gating: None,
-        })
+    let batch = fork(&mut client, &session.session_id, &[script], None)
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
 
     // The first Write asks; the child waits until the answer, which allows Write from now on.
     let first = next(&mut prompts).await;

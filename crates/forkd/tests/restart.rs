@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use forkd_proto::v1 as pb;
 use forkd_test_support::{
-    create_session, directives, session_request, spawn_daemon, transcript_text, wait_for_batch,
+    create_session, fork, session_request, spawn_daemon, transcript_text, wait_for_batch,
 };
 
 #[tokio::test]
@@ -29,15 +29,14 @@ async fn a_restart_resumes_a_child_cut_off_in_a_tool_call() {
 @sim tool Bash {"command":"echo run >> runs.txt; sleep 30"}
 @sim tool Read {"file_path":"runs.txt"}
 @sim say resumed"#;
-    let batch = client
-        .fork_batch(pb::ForkBatchRequest {
-            session_id: session.session_id.clone(),
-            directives: directives(&[script, "a quick sibling"]),
-            warmup_gating: None,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let batch = fork(
+        &mut client,
+        &session.session_id,
+        &[script, "a quick sibling"],
+        None,
+    )
+    .await
+    .unwrap();
     // Stop the daemon while the Bash call is in flight.
     let runs = ws.path().join("runs.txt");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -99,15 +98,9 @@ async fn a_graceful_stop_lets_the_tool_call_in_flight_finish_and_the_agent_resum
 @sim tool Bash {"command":"touch started; sleep 1; echo run >> finished.txt"}
 @sim tool Read {"file_path":"finished.txt"}
 @sim say finished"#;
-    let batch = client
-        .fork_batch(pb::ForkBatchRequest {
-            session_id: session.session_id,
-            directives: directives(&[script]),
-            warmup_gating: None,
-        })
+    let batch = fork(&mut client, &session.session_id, &[script], None)
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     let started = ws.path().join("started");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while !started.exists() {

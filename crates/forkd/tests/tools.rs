@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use forkd_proto::v1 as pb;
 use forkd_test_support::{
-    create_session, directives, session_request, spawn_daemon, transcript_text, wait_for_batch,
+    create_session, fork, session_request, spawn_daemon, transcript_text, wait_for_batch,
 };
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -37,15 +37,9 @@ async fn children_read_write_and_edit_the_workspace_and_report_it() {
 @sim tool Grep {"pattern":"needle","output_mode":"content"}
 @sim tool Read {"file_path":"../forkd-secret-outside.txt"}
 @sim say found it"#;
-    let batch = client
-        .fork_batch(pb::ForkBatchRequest {
-            session_id: session.session_id,
-            directives: directives(&[writer, reader]),
-            warmup_gating: None,
-        })
+    let batch = fork(&mut client, &session.session_id, &[writer, reader], None)
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     let done = wait_for_batch(&mut client, &batch.batch_id, 2, DEADLINE)
         .await
         .unwrap();
@@ -121,15 +115,9 @@ async fn session_rules_allow_and_deny_before_the_mode() {
 @sim tool Write {"file_path":"secrets/key","content":"k"}
 @sim tool Write {"file_path":"open/note","content":"n"}
 @sim say done"#;
-    let batch = client
-        .fork_batch(pb::ForkBatchRequest {
-            session_id: session.session_id,
-            directives: directives(&[script]),
-            warmup_gating: None,
-        })
+    let batch = fork(&mut client, &session.session_id, &[script], None)
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     wait_for_batch(&mut client, &batch.batch_id, 1, DEADLINE)
         .await
         .unwrap();

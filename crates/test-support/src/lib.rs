@@ -179,3 +179,32 @@ pub async fn transcript_text(
         .collect::<Vec<_>>()
         .join("\n"))
 }
+
+/// Submits a fork batch of `prompts` (see [`directives`]).
+pub async fn fork(
+    client: &mut ForkdClient<Channel>,
+    session_id: &str,
+    prompts: &[&str],
+    warmup_gating: Option<bool>,
+) -> anyhow::Result<pb::ForkBatchResponse> {
+    Ok(client
+        .fork_batch(pb::ForkBatchRequest {
+            session_id: session_id.to_owned(),
+            directives: directives(prompts),
+            warmup_gating,
+        })
+        .await?
+        .into_inner())
+}
+
+/// Waits (polling, at most 20 s) until `path` exists: a tool call's side effect, say.
+pub async fn wait_for_path(path: &Path) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !path.exists() {
+        if tokio::time::Instant::now() >= deadline {
+            anyhow::bail!("{} never appeared", path.display());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
