@@ -85,6 +85,23 @@ pub struct Directive {
     pub prompt: String,
 }
 
+impl Directive {
+    /// The directive an `Agent` tool call's input describes (missing fields read as empty).
+    pub fn from_agent_input(input: &serde_json::Value) -> Self {
+        let text = |k: &str| {
+            input
+                .get(k)
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .to_owned()
+        };
+        Directive {
+            description: text("description"),
+            prompt: text("prompt"),
+        }
+    }
+}
+
 /// The query source of fork children: the first of the two recursion checks.
 pub const FORK_QUERY_SOURCE: &str = "agent:builtin:fork";
 

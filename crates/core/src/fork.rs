@@ -155,20 +155,7 @@ pub fn fork_directives(assistant: &Message) -> Vec<(String, Directive)> {
             if input.get("subagent_type").is_some_and(|t| !t.is_null()) {
                 return None;
             }
-            let text = |k: &str| {
-                input
-                    .get(k)
-                    .and_then(|v| v.as_str())
-                    .unwrap_or("")
-                    .to_owned()
-            };
-            Some((
-                id.to_owned(),
-                Directive {
-                    description: text("description"),
-                    prompt: text("prompt"),
-                },
-            ))
+            Some((id.to_owned(), Directive::from_agent_input(&input)))
         })
         .collect()
 }

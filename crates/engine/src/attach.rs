@@ -107,13 +107,7 @@ impl Engine {
         if self.send_end_if_ended(id, &mut next, tx).await {
             return;
         }
-        let auto = self.config().auto_background;
-        let deadline = async {
-            match auto {
-                Some(after) => tokio::time::sleep(after).await,
-                None => std::future::pending().await,
-            }
-        };
+        let deadline = after(self.config().auto_background);
         tokio::pin!(deadline);
         loop {
             tokio::select! {
@@ -209,6 +203,14 @@ struct Live {
     messages: broadcast::Receiver<Published>,
     ended: broadcast::Receiver<Notification>,
     backgrounds: broadcast::Receiver<AgentId>,
+}
+
+/// Resolves after `delay`, or never when there is none: the auto-background deadline.
+pub(crate) async fn after(delay: Option<Duration>) {
+    match delay {
+        Some(delay) => tokio::time::sleep(delay).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The auto-background delay from a number of seconds; 0 means never.

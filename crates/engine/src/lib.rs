@@ -144,22 +144,20 @@ impl Engine {
     }
 
     fn turn_lock(&self, id: SessionId) -> Arc<Mutex<()>> {
-        let mut locks = self
-            .inner
-            .turn_locks
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        locks.entry(id).or_default().clone()
+        lock_for(&self.inner.turn_locks, id)
     }
 
     fn session_lock(&self, id: SessionId) -> Arc<Mutex<()>> {
-        let mut locks = self
-            .inner
-            .session_locks
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        locks.entry(id).or_default().clone()
+        lock_for(&self.inner.session_locks, id)
     }
+}
+
+/// The async lock of one session in a map of them, created on first use.
+fn lock_for(locks: &StdMutex<HashMap<SessionId, Arc<Mutex<()>>>>, id: SessionId) -> Arc<Mutex<()>> {
+    let mut locks = locks
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    locks.entry(id).or_default().clone()
 }
 
 /// Milliseconds since the Unix epoch, for `*_at_ms` fields.

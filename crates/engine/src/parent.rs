@@ -131,12 +131,7 @@ impl Engine {
         let (tx, rx) = mpsc::channel(256);
         let auto = self.config().auto_background;
         tokio::spawn(async move {
-            let deadline = async {
-                match auto {
-                    Some(after) => tokio::time::sleep(after).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let deadline = crate::attach::after(auto);
             tokio::pin!(deadline);
             loop {
                 tokio::select! {
@@ -523,18 +518,8 @@ impl Engine {
                 continue;
             }
             let input = block.tool_input().unwrap_or_default();
-            let text = |k: &str| {
-                input
-                    .get(k)
-                    .and_then(|v| v.as_str())
-                    .unwrap_or("")
-                    .to_owned()
-            };
+            let directive = Directive::from_agent_input(&input);
             if let Some(ty) = input.get("subagent_type").and_then(|t| t.as_str()) {
-                let directive = Directive {
-                    description: text("description"),
-                    prompt: text("prompt"),
-                };
                 plan.typed.push((id.to_owned(), ty.to_owned(), directive));
                 continue;
             }
@@ -543,10 +528,6 @@ impl Engine {
             } else if let Some(refusal) = fork_refusal(None, std::slice::from_ref(reply)) {
                 Some(refusal.message().to_owned())
             } else {
-                let directive = Directive {
-                    description: text("description"),
-                    prompt: text("prompt"),
-                };
                 match fork::validate_directives(std::slice::from_ref(&directive), max) {
                     Ok(()) => {
                         plan.forks.push((id.to_owned(), directive));
