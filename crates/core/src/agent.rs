@@ -102,6 +102,34 @@ impl Directive {
     }
 }
 
+/// Where an agent's report goes when it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReportTo {
+    /// Its `<task-notification>` is appended to the parent's transcript (forks, spawned agents).
+    #[default]
+    Transcript,
+    /// A parent turn waits for it and puts the report in the calling `Agent` tool_use's result,
+    /// so the transcript must not carry it a second time. Should that turn never store its
+    /// reply (a cancelled turn, a restart), the report goes to the transcript after all.
+    Caller,
+}
+
+impl ReportTo {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReportTo::Transcript => "transcript",
+            ReportTo::Caller => "caller",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [ReportTo::Transcript, ReportTo::Caller]
+            .into_iter()
+            .find(|r| r.as_str() == s)
+    }
+}
+
 /// The query source of fork children: the first of the two recursion checks.
 pub const FORK_QUERY_SOURCE: &str = "agent:builtin:fork";
 
@@ -118,6 +146,7 @@ pub struct Agent {
     pub directive: Option<Directive>,
     /// `agent:builtin:fork` for fork children; may be absent (the tag scan still catches forks).
     pub query_source: Option<String>,
+    pub report_to: ReportTo,
     pub usage: Usage,
     pub cost_usd: f64,
     pub error: Option<String>,

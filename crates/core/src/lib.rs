@@ -16,7 +16,9 @@ pub mod session;
 pub mod tools;
 pub mod usage;
 
-pub use agent::{Agent, AgentKind, AgentState, Directive, Notification, NotificationStatus};
+pub use agent::{
+    Agent, AgentKind, AgentState, Directive, Notification, NotificationStatus, ReportTo,
+};
 pub use ids::{AgentId, BatchId, RequestId, SessionId};
 pub use json::RawJson;
 pub use message::{Block, BlockKind, Message, Role};

@@ -19,21 +19,29 @@ pub struct TranscriptEntry {
 impl Engine {
     /// Resumes every agent a previous daemon left pending or running, each under its own id
     /// from its stored transcript (its requests carry the same bytes as before, so they read
-    /// the cache). A tool call that was cut off is re-run only if it is read-only. Parents
-    /// whose turn was cut off simply go back to idle. Returns how many agents were resumed.
+    /// the cache). A tool call that was cut off is re-run only if it is read-only. A parent's
+    /// turn that was cut off continues from its transcript. Reports that a parent turn was
+    /// waiting to deliver go to the transcript: that turn's reply was never stored. Returns how
+    /// many agents were resumed.
     pub async fn resume_interrupted(&self) -> Result<usize> {
-        let live = self
-            .inner
-            .store
-            .list_agents(&AgentFilter::default())
-            .await?;
+        let store = &self.inner.store;
+        let undelivered = store.caller_reports().await?;
+        if !undelivered.is_empty() {
+            let appended = store.redirect_reports(&undelivered).await?;
+            tracing::info!(
+                agents = undelivered.len(),
+                appended,
+                "Reports of an interrupted parent turn go to the transcript"
+            );
+        }
+        let live = store.list_agents(&AgentFilter::default()).await?;
         let mut resumed = 0;
         for agent in &live {
             if agent.kind == AgentKind::Parent {
-                self.inner
-                    .store
-                    .set_agent_state(agent.id, AgentState::Pending, None)
-                    .await?;
+                if agent.state == AgentState::Running {
+                    self.resume_turn(agent.clone()).await?;
+                    resumed += 1;
+                }
                 continue;
             }
             tracing::info!(agent.id = %agent.id, state = agent.state.as_str(), "Resuming an agent");

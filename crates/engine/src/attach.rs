@@ -44,14 +44,18 @@ type Events = mpsc::Sender<Result<AgentEvent>>;
 
 impl Engine {
     /// Appends a message to an agent's transcript and publishes it to attached clients.
-    pub(crate) async fn append_own(&self, agent: AgentId, message: &Message) -> Result<u64> {
+    pub(crate) async fn append_own(
+        &self,
+        lease: &forkd_store::Lease,
+        message: &Message,
+    ) -> Result<u64> {
         let seq = self
             .inner
             .store
-            .append_agent_message(agent, message)
+            .append_agent_message(lease, message)
             .await?;
         let _ = self.inner.messages.send(Published {
-            agent,
+            agent: lease.agent_id,
             seq,
             message: message.clone(),
         });

@@ -25,6 +25,9 @@ pub(crate) struct BatchStart {
     pub forks: Vec<(String, Directive)>,
     pub others: Vec<(String, forkd_core::Block)>,
     pub gating: bool,
+    /// The parent turn that forks (its lease, checked on commit) and the typed agents whose
+    /// reports `others` carries; `None` for a client's batch.
+    pub turn: Option<(forkd_store::Lease, Vec<AgentId>)>,
 }
 
 /// Opens when the first child's response has started (or when the first child ends without
@@ -63,6 +66,7 @@ fn child(
             state: AgentState::Pending,
             directive: Some(directive),
             query_source: Some(FORK_QUERY_SOURCE.to_owned()),
+            report_to: forkd_core::ReportTo::Transcript,
             usage: Usage::default(),
             cost_usd: 0.0,
             error: None,
@@ -115,6 +119,7 @@ impl Engine {
                     forks,
                     others: Vec::new(),
                     gating,
+                    turn: None,
                 };
                 engine.commit_and_start(start).await
             })
@@ -132,6 +137,7 @@ impl Engine {
             forks,
             others,
             gating,
+            turn,
         } = start;
         let lock = self.session_lock(session_id);
         let guard = lock.lock().await;
@@ -152,7 +158,13 @@ impl Engine {
         let parent_results = batch.parent_results_with(&pairs, &others);
         self.inner
             .store
-            .create_fork_batch(&batch, &parent_results, &children)
+            .create_fork_batch(
+                &batch,
+                &parent_results,
+                &children,
+                turn.as_ref()
+                    .map(|(lease, delivered)| (lease, delivered.as_slice())),
+            )
             .await?;
         drop(guard);
 

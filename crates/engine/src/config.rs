@@ -48,6 +48,11 @@ pub struct EngineConfig {
     pub agent_dirs: Vec<std::path::PathBuf>,
     /// An attached client is handed to the background after this long (`None`: never).
     pub auto_background: Option<Duration>,
+    /// A parent's fork children run in the background and the parent's turn goes on at once,
+    /// with placeholder results (`FORKD_FORK_ALWAYS_ASYNC`, the default). When false, a parent
+    /// turn that forks waits for its children and continues with their notifications in its
+    /// transcript. A client's `ForkBatch` is asynchronous either way.
+    pub fork_always_async: bool,
 }
 
 impl Default for EngineConfig {
@@ -63,6 +68,7 @@ impl Default for EngineConfig {
             retry: RetryPolicy::default(),
             agent_dirs: Vec::new(),
             auto_background: Some(Duration::from_secs(120)),
+            fork_always_async: true,
         }
     }
 }

@@ -15,6 +15,9 @@ pub enum EngineError {
     ResourceExhausted(String),
     #[error(transparent)]
     Store(StoreError),
+    /// The operation was stopped by a client (a parent turn cancelled with `Kill`).
+    #[error("{0}")]
+    Cancelled(String),
     /// The daemon is shutting down and starts no new work.
     #[error("forkd is shutting down")]
     Draining,

@@ -12,9 +12,10 @@ use forkd_core::{
     Agent, AgentId, AgentKind, AgentState, BatchId, Block, Message, RequestId, Usage,
 };
 use forkd_provider::{Completion, ModelRequest, StreamEvent};
-use forkd_store::{AgentFilter, RequestRecord};
+use forkd_store::{AgentFilter, Lease, NotificationFilter, RequestRecord, StoreError};
+use futures::StreamExt;
 use futures::stream::BoxStream;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedMutexGuard, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
@@ -54,6 +55,18 @@ pub type ParentEventStream = BoxStream<'static, Result<ParentEvent>>;
 
 type Events = mpsc::Sender<Result<ParentEvent>>;
 
+/// Typed agents a turn started and waits on: their reports belong in the turn's tool results.
+/// Whatever the turn does not deliver (it was cancelled, or failed) goes to the transcript.
+type Waited = std::sync::Arc<std::sync::Mutex<Vec<AgentId>>>;
+
+/// What a turn holds while it runs.
+struct Turn {
+    session: Session,
+    parent: Agent,
+    lease: Lease,
+    waited: Waited,
+}
+
 /// What the parent's reply forks: valid fork calls become children; the reply's other tool calls
 /// (a typed agent, an invalid fork call, any other tool) get results of their own.
 struct ForkPlan {
@@ -90,33 +103,128 @@ impl Engine {
         })?;
         let parent = self.parent_agent(&session).await?;
         let parent_id = parent.id;
-        let (tx, rx) = mpsc::channel(256);
+        let lease = self.inner.store.claim_agent(parent.id).await?;
         let backgrounds = self.inner.backgrounds.subscribe();
+        let rx = self.spawn_turn(session, parent, lease, Some(text), guard);
+        Ok(self.foreground(parent_id, rx, backgrounds))
+    }
+
+    /// Continues a parent turn that a previous daemon left running: the parent's transcript is
+    /// a valid conversation at every commit (a reply is stored only with its tool results), so
+    /// the turn re-requests from where it stands, with the same bytes, and reads the cache.
+    pub(crate) async fn resume_turn(&self, parent: Agent) -> Result<()> {
+        let session = self.get_session(parent.session_id).await?;
+        let Ok(guard) = self.turn_lock(session.id).try_lock_owned() else {
+            return Ok(());
+        };
+        let lease = self.inner.store.claim_agent(parent.id).await?;
+        let last = self
+            .inner
+            .store
+            .session_messages(session.id, None)
+            .await?
+            .pop()
+            .map(|m| m.message);
+        if last.is_none_or(|m| m.role == forkd_core::Role::Assistant) {
+            // The turn had ended; only its state was left behind.
+            self.inner
+                .store
+                .release_agent(&lease, AgentState::Pending)
+                .await?;
+            return Ok(());
+        }
+        tracing::info!(session.id = %session.id, agent.id = %parent.id, "Resuming a parent turn");
+        // Nobody listens to a resumed turn; its results land in the transcript.
+        drop(self.spawn_turn(session, parent, lease, None, guard));
+        Ok(())
+    }
+
+    /// Runs a parent turn in a task of its own (it goes on whether or not anyone reads its
+    /// events); `text` is the user's message, `None` to continue a stored turn. `Kill` on the
+    /// parent agent cancels it.
+    fn spawn_turn(
+        &self,
+        session: Session,
+        parent: Agent,
+        lease: Lease,
+        text: Option<String>,
+        guard: OwnedMutexGuard<()>,
+    ) -> mpsc::Receiver<Result<ParentEvent>> {
+        let (tx, rx) = mpsc::channel(256);
         let engine = self.clone();
         let cancel = self.inner.shutdown.child_token();
+        self.runs().insert(parent.id, cancel.clone());
         let span =
-            tracing::info_span!("parent_turn", session.id = %session_id, agent.id = %parent.id);
+            tracing::info_span!("parent_turn", session.id = %session.id, agent.id = %parent.id);
+        let turn = Turn {
+            session,
+            parent,
+            lease,
+            waited: Waited::default(),
+        };
         self.inner.tasks.spawn(tracing::Instrument::instrument(
             async move {
                 let _turn = guard;
                 let outcome = tokio::select! {
                     biased;
-                    () = cancel.cancelled() => return,
-                    outcome = engine.parent_turn(&session, &parent, text, &tx, &cancel) => outcome,
+                    () = cancel.cancelled() => None,
+                    outcome = engine.parent_turn(&turn, text, &tx, &cancel) => Some(outcome),
                 };
-                if let Err(e) = outcome {
-                    tracing::warn!(error = %e, "Parent turn failed");
-                    let _ = tx.send(Err(e)).await;
+                let parent = turn.parent.id;
+                let killed = engine.take_killed(parent);
+                engine.runs().remove(&parent);
+                engine.hand_back_reports(&turn).await;
+                let outcome = match outcome {
+                    Some(outcome) => outcome,
+                    None if killed => Err(EngineError::Cancelled(
+                        "the turn was cancelled by a client".into(),
+                    )),
+                    // Shutdown: the turn stays `running` and resumes at the next start.
+                    None => return,
+                };
+                match outcome {
+                    Ok(()) => {}
+                    Err(EngineError::Draining) => return,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Parent turn ended without a reply");
+                        let _ = tx.send(Err(e)).await;
+                    }
                 }
-                let _ = engine
+                match engine
                     .inner
                     .store
-                    .set_agent_state(parent.id, AgentState::Pending, None)
-                    .await;
+                    .release_agent(&turn.lease, AgentState::Pending)
+                    .await
+                {
+                    Ok(()) | Err(StoreError::Superseded { .. }) => {}
+                    Err(e) => tracing::warn!(error = %e, "Cannot mark the parent idle"),
+                }
             },
             span,
         ));
-        Ok(self.foreground(parent_id, rx, backgrounds))
+        rx
+    }
+
+    /// Sends the reports of typed agents the turn waited on but never delivered (it was
+    /// cancelled or failed before storing their results) to the transcript instead.
+    async fn hand_back_reports(&self, turn: &Turn) {
+        // Those whose reports the turn stored already report to the transcript: no-ops.
+        let waited = std::mem::take(&mut *turn.waited.lock().unwrap_or_else(|p| p.into_inner()));
+        if waited.is_empty() {
+            return;
+        }
+        let lock = self.session_lock(turn.session.id);
+        let _guard = lock.lock().await;
+        match self.inner.store.redirect_reports(&waited).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                reports = n,
+                "Undelivered typed-agent reports appended to the transcript"
+            ),
+            Err(e) => {
+                tracing::error!(error = %e, "Cannot hand typed-agent reports back to the transcript")
+            }
+        }
     }
 
     /// The client's view of a turn: its events until the turn ends, or until the turn is handed
@@ -186,6 +294,7 @@ impl Engine {
                     state: AgentState::Pending,
                     directive: None,
                     query_source: None,
+                    report_to: forkd_core::ReportTo::Transcript,
                     usage: Usage::default(),
                     cost_usd: 0.0,
                     error: None,
@@ -196,28 +305,29 @@ impl Engine {
                 agent
             }
         };
-        store
-            .set_agent_state(agent.id, AgentState::Running, None)
-            .await?;
         Ok(agent)
     }
 
     async fn parent_turn(
         &self,
-        session: &Session,
-        parent: &Agent,
-        text: String,
+        turn: &Turn,
+        text: Option<String>,
         events: &Events,
         cancel: &CancellationToken,
     ) -> Result<()> {
-        self.append_to_session(session, &Message::user(vec![Block::text(&text)]))
-            .await?;
+        let (session, parent) = (&turn.session, &turn.parent);
+        if let Some(text) = text {
+            self.append_to_session(turn, &[Message::user(vec![Block::text(&text)])], &[])
+                .await?;
+        }
         let (mut usage, mut cost) = (Usage::default(), 0.0);
-        for turn in 0..self.config().max_turns {
+        for request in 0..self.config().max_turns {
             if self.draining() {
                 return Err(EngineError::Draining);
             }
-            let completion = self.parent_request(session, parent, turn, events).await?;
+            let completion = self
+                .parent_request(session, parent, request, events)
+                .await?;
             usage += completion.usage;
             cost += self.cost(session, &completion.usage);
             let reply = completion.message;
@@ -240,7 +350,8 @@ impl Engine {
                 // An empty reply is not stored: the API refuses empty assistant content anywhere
                 // but at the end, so it would break every later turn.
                 if !reply.blocks.is_empty() {
-                    self.append_to_session(session, &reply).await?;
+                    self.append_to_session(turn, std::slice::from_ref(&reply), &[])
+                        .await?;
                 }
                 send(
                     events,
@@ -254,9 +365,7 @@ impl Engine {
                 .await;
                 return Ok(());
             }
-            let results = self
-                .parent_tools(session, parent, reply, events, cancel)
-                .await?;
+            let results = self.parent_tools(turn, reply, events, cancel).await?;
             for block in &results.blocks {
                 if let forkd_core::BlockKind::ToolResult {
                     tool_use_id,
@@ -348,32 +457,40 @@ impl Engine {
             .unwrap_or(0.0)
     }
 
-    async fn append_to_session(&self, session: &Session, message: &Message) -> Result<u64> {
-        let lock = self.session_lock(session.id);
+    /// Appends the turn's messages to the transcript in one transaction, with nothing in
+    /// between (a reply and its tool results must be adjacent); `delivered` are the typed agents
+    /// whose reports those messages carry.
+    async fn append_to_session(
+        &self,
+        turn: &Turn,
+        messages: &[Message],
+        delivered: &[AgentId],
+    ) -> Result<u64> {
+        let lock = self.session_lock(turn.session.id);
         let _guard = lock.lock().await;
         Ok(self
             .inner
             .store
-            .append_session_message(session.id, message, now_ms())
+            .append_turn(&turn.lease, turn.session.id, messages, delivered, now_ms())
             .await?)
     }
 
-    /// Appends a reply and its tool results with nothing in between.
-    async fn append_pair_to_session(
-        &self,
-        session: &Session,
-        reply: &Message,
-        results: &Message,
-    ) -> Result<()> {
-        let lock = self.session_lock(session.id);
-        let _guard = lock.lock().await;
-        let store = &self.inner.store;
-        store
-            .append_session_message(session.id, reply, now_ms())
-            .await?;
-        store
-            .append_session_message(session.id, results, now_ms())
-            .await?;
+    /// Waits until every child of a batch the parent forked has ended (their notifications are
+    /// then in the transcript): forks that are not always asynchronous.
+    async fn wait_for_children(&self, batch: &SubmittedBatch) -> Result<()> {
+        let filter = NotificationFilter {
+            batch_id: Some(batch.batch_id),
+            ..NotificationFilter::default()
+        };
+        let mut ended = self.subscribe(0, filter, true).await?;
+        let mut left = batch.agent_ids.len();
+        while left > 0 {
+            match ended.next().await {
+                Some(Ok(_)) => left -= 1,
+                Some(Err(e)) => return Err(e),
+                None => return Err(EngineError::Draining),
+            }
+        }
         Ok(())
     }
 
@@ -382,25 +499,33 @@ impl Engine {
     /// appended, its tools run, and their results appended.
     async fn parent_tools(
         &self,
-        session: &Session,
-        parent: &Agent,
+        turn: &Turn,
         reply: Message,
         events: &Events,
         cancel: &CancellationToken,
     ) -> Result<Message> {
+        let session = &turn.session;
         let mut plan = self.fork_plan(session, &reply);
+        // Typed agents whose reports these results carry.
+        let mut delivered = Vec::new();
         for (id, ty, directive) in std::mem::take(&mut plan.typed) {
-            let result = match self.run_typed(session.id, &ty, directive).await {
-                Ok(note) => Block::tool_result(
-                    &id,
-                    &format!(
-                        "Agent {} ({ty}) {}:\n{}",
-                        note.agent_id,
-                        note.status.as_str(),
-                        note.report.to_text()
-                    ),
-                    note.status != forkd_core::NotificationStatus::Completed,
-                ),
+            let result = match self
+                .run_typed(session.id, &ty, directive, &turn.waited)
+                .await
+            {
+                Ok(note) => {
+                    delivered.push(note.agent_id);
+                    Block::tool_result(
+                        &id,
+                        &format!(
+                            "Agent {} ({ty}) {}:\n{}",
+                            note.agent_id,
+                            note.status.as_str(),
+                            note.report.to_text()
+                        ),
+                        note.status != forkd_core::NotificationStatus::Completed,
+                    )
+                }
                 Err(e) => {
                     Block::tool_result(&id, &format!("The {ty} agent could not run: {e}"), true)
                 }
@@ -412,9 +537,9 @@ impl Engine {
             // notification landing between a tool_use and its tool_result (or a reply left
             // without results by a crash) would make every later request invalid.
             let results = self
-                .run_parent_tools(session, parent, &reply, &plan.answered, cancel)
+                .run_parent_tools(turn, &reply, &plan.answered, cancel)
                 .await?;
-            self.append_pair_to_session(session, &reply, &results)
+            self.append_to_session(turn, &[reply, results.clone()], &delivered)
                 .await?;
             return Ok(results);
         }
@@ -427,9 +552,7 @@ impl Engine {
                 .cloned()
                 .collect(),
         );
-        let ran = self
-            .run_parent_tools(session, parent, &non_agent, &[], cancel)
-            .await?;
+        let ran = self.run_parent_tools(turn, &non_agent, &[], cancel).await?;
         for block in ran.blocks {
             if let forkd_core::BlockKind::ToolResult { tool_use_id, .. } = block.kind() {
                 others.push((tool_use_id.clone(), block.clone()));
@@ -444,14 +567,24 @@ impl Engine {
                 forks: plan.forks,
                 others,
                 gating: self.config().warmup_gating,
+                turn: Some((turn.lease, delivered)),
             })
             .await?;
-        send(events, ParentEvent::ForkLaunched(submitted)).await;
-        let messages = self.inner.store.session_messages(session.id, None).await?;
+        send(events, ParentEvent::ForkLaunched(submitted.clone())).await;
+        if !self.config().fork_always_async {
+            self.wait_for_children(&submitted).await?;
+        }
+        // The parent's results sit right after the fork message.
+        let fork_point = self.get_batch(submitted.batch_id).await?.fork_point;
+        let messages = self
+            .inner
+            .store
+            .session_messages(session.id, Some(fork_point + 2))
+            .await?;
         Ok(messages
             .into_iter()
-            .rev()
-            .find(|m| m.message.role == forkd_core::Role::User)
+            .next_back()
+            .filter(|m| m.seq == fork_point + 1)
             .map(|m| m.message)
             .unwrap_or_else(|| Message::user(Vec::new())))
     }
@@ -459,8 +592,7 @@ impl Engine {
     /// Runs the parent's non-fork tool calls; the calls in `refused` are already answered.
     async fn run_parent_tools(
         &self,
-        session: &Session,
-        parent: &Agent,
+        turn: &Turn,
         reply: &Message,
         refused: &[(String, Block)],
         cancel: &CancellationToken,
@@ -479,8 +611,10 @@ impl Engine {
                 .collect(),
         );
         let conversation = [reply.clone()];
+        let (session, parent) = (&turn.session, &turn.parent);
         let turn = ToolTurn {
             agent: parent,
+            lease: &turn.lease,
             session,
             permission_mode: session.permission_mode,
             offered: session.params.tools.names(),

@@ -15,11 +15,10 @@ use forkd_core::request::Conversation;
 use forkd_core::request::{self, BlockPos};
 use forkd_core::session::{CacheSafeParams, PermissionMode, Session};
 use forkd_core::{
-    Agent, AgentId, AgentKind, AgentState, BatchId, Block, Message, NotificationStatus, RequestId,
-    Role,
+    Agent, AgentId, AgentKind, BatchId, Block, Message, NotificationStatus, RequestId, Role,
 };
 use forkd_provider::{Completion, ModelRequest, ProviderError, StreamEvent};
-use forkd_store::{NewNotification, RequestRecord};
+use forkd_store::{Lease, NewNotification, RequestRecord, StoreError};
 use tokio::sync::watch;
 use tracing::Instrument;
 
@@ -108,22 +107,30 @@ enum RunFailure {
     /// `running` for the next start to resume.
     #[error("stopped for shutdown")]
     Draining,
+    /// A newer run claimed the agent: this one stops without a word, the newer one goes on.
+    #[error("superseded by a newer run of the agent")]
+    Superseded,
 }
 
 impl From<EngineError> for RunFailure {
     fn from(e: EngineError) -> Self {
         match e {
             EngineError::Draining => RunFailure::Draining,
+            EngineError::Store(StoreError::Superseded { .. }) => RunFailure::Superseded,
             other => RunFailure::Engine(other),
         }
     }
 }
 
-impl From<forkd_store::StoreError> for RunFailure {
-    fn from(e: forkd_store::StoreError) -> Self {
-        RunFailure::Engine(e.into())
+impl From<StoreError> for RunFailure {
+    fn from(e: StoreError) -> Self {
+        EngineError::from(e).into()
     }
 }
+
+/// How a run ended: its end to record, or nothing to record (paused for shutdown, superseded,
+/// never claimed).
+type RunOutcome = Option<(Lease, NotificationStatus, Option<String>, Option<String>)>;
 
 impl Engine {
     /// Starts a new run of an existing agent: it rebuilds its conversation from the store and
@@ -163,10 +170,13 @@ impl Engine {
                     outcome = engine.run_agent(id, gate, wait, &token) => Some(outcome),
                 };
                 match outcome {
-                    Some(Some((status, text, error))) => {
-                        engine.finish_with_retries(id, status, text, error).await;
+                    Some(Some((lease, status, text, error))) => {
+                        engine
+                            .finish_with_retries(&lease, status, text, error)
+                            .await;
                     }
-                    // Paused by the shutdown drain: stays `running` for the next start.
+                    // Paused by the shutdown drain (stays `running` for the next start), or
+                    // superseded by a newer run, which records the end.
                     Some(None) => {}
                     // Recorded only now that the run (and any process group it started) is
                     // gone, so a killed notification means the agent has stopped. A run
@@ -181,27 +191,38 @@ impl Engine {
         );
     }
 
-    fn killed(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<AgentId>> {
+    pub(crate) fn killed(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<AgentId>> {
         self.inner.killed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether the agent's run was cancelled by a kill (and forgets it).
-    fn take_killed(&self, id: AgentId) -> bool {
+    pub(crate) fn take_killed(&self, id: AgentId) -> bool {
         self.killed().remove(&id)
     }
 
-    fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, CancellationToken>> {
+    pub(crate) fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, CancellationToken>> {
         self.inner.runs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Kills an agent: its run stops at once (its Bash process group with it), and it ends
     /// `killed`, with a notification carrying whatever it had said so far.
+    ///
+    /// A session's main loop is never killed (the session lives on): killing it cancels the
+    /// turn it is running. The turn's stored messages stay; its unfinished reply is dropped.
     pub async fn kill(&self, id: AgentId) -> Result<(), EngineError> {
         let agent = self.get_agent(id).await?;
         if agent.kind == AgentKind::Parent {
-            return Err(EngineError::FailedPrecondition(
-                "a session's main loop is not an agent that can be killed".into(),
-            ));
+            let turn = self.runs().get(&id).cloned();
+            let Some(token) = turn else {
+                return Err(EngineError::FailedPrecondition(format!(
+                    "session {} is not running a turn; there is nothing to cancel",
+                    agent.session_id
+                )));
+            };
+            self.killed().insert(id);
+            token.cancel();
+            tracing::info!(agent.id = %id, "Parent turn cancelled");
+            return Ok(());
         }
         if agent.state.is_terminal() {
             return Err(EngineError::FailedPrecondition(format!(
@@ -222,8 +243,19 @@ impl Engine {
         Ok(())
     }
 
-    /// Ends a killed agent with its partial result: the text of its last reply, if any.
+    /// Ends a killed agent with its partial result: the text of its last reply, if any. It
+    /// claims the agent first, so a run still alive anywhere (another daemon on the same
+    /// database) is fenced off before the agent is marked killed.
     async fn record_kill(&self, id: AgentId) {
+        let lease = match self.inner.store.claim_agent(id).await {
+            Ok(lease) => lease,
+            // Ended meanwhile: its own end stands.
+            Err(StoreError::Conflict(_)) => return,
+            Err(e) => {
+                tracing::error!(error = %e, "Cannot claim the killed agent; it stays live in the store");
+                return;
+            }
+        };
         let partial = match self.inner.store.agent_messages(id).await {
             Ok(messages) => messages
                 .into_iter()
@@ -238,7 +270,7 @@ impl Engine {
             }
         };
         self.finish_with_retries(
-            id,
+            &lease,
             NotificationStatus::Killed,
             partial,
             Some("killed by a client before it finished".to_owned()),
@@ -252,24 +284,50 @@ impl Engine {
         mut gate: Option<WarmupGate>,
         wait: Option<watch::Receiver<bool>>,
         cancel: &CancellationToken,
-    ) -> Option<(NotificationStatus, Option<String>, Option<String>)> {
+    ) -> RunOutcome {
         if let Some(mut rx) = wait {
             // A closed gate (its sender dropped) releases the sibling too.
             let _ = rx.wait_for(|open| *open).await;
         }
-        let outcome = self.drive(id, &mut gate, cancel).await;
+        // Claimed before the transcript is read: from here on an older run cannot write, so
+        // what this run loads is final.
+        let lease = match self.inner.store.claim_agent(id).await {
+            Ok(lease) => Some(lease),
+            Err(StoreError::Conflict(reason)) => {
+                tracing::debug!(%reason, "Agent not run");
+                None
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "Cannot claim the agent; it stays live for the next start");
+                None
+            }
+        };
+        let outcome = match &lease {
+            Some(lease) => Some(self.drive(lease, &mut gate, cancel).await),
+            None => None,
+        };
         if let Some(g) = gate.as_mut() {
             g.open();
         }
+        let (lease, outcome) = lease.zip(outcome)?;
         match outcome {
-            Ok(text) => Some((NotificationStatus::Completed, Some(text), None)),
+            Ok(text) => Some((lease, NotificationStatus::Completed, Some(text), None)),
             Err(RunFailure::Draining) => {
                 tracing::info!("Agent run paused for shutdown; it resumes at the next start");
                 None
             }
+            Err(RunFailure::Superseded) => {
+                tracing::info!("A newer run of the agent took over; this one stops");
+                None
+            }
             Err(failure) => {
                 tracing::warn!(error = %failure, "Agent failed");
-                Some((NotificationStatus::Failed, None, Some(failure.to_string())))
+                Some((
+                    lease,
+                    NotificationStatus::Failed,
+                    None,
+                    Some(failure.to_string()),
+                ))
             }
         }
     }
@@ -278,17 +336,23 @@ impl Engine {
     /// an agent whose end is never recorded would keep its subscribers waiting forever.
     pub(crate) async fn finish_with_retries(
         &self,
-        id: AgentId,
+        lease: &Lease,
         status: NotificationStatus,
         text: Option<String>,
         error: Option<String>,
     ) {
         let mut delay = Duration::from_millis(100);
         for attempt in 1..=FINISH_ATTEMPTS {
-            match self.finish(id, status, text.clone(), error.clone()).await {
+            match self
+                .finish(lease, status, text.clone(), error.clone())
+                .await
+            {
                 Ok(()) => return,
-                // Already ended (by an earlier attempt that committed, or a kill): nothing to do.
-                Err(EngineError::Store(forkd_store::StoreError::Conflict(_))) => return,
+                // Already ended (by an earlier attempt that committed, or a kill), or taken over
+                // by a newer run, which records its own end: nothing to do.
+                Err(EngineError::Store(
+                    StoreError::Conflict(_) | StoreError::Superseded { .. },
+                )) => return,
                 Err(e) if attempt < FINISH_ATTEMPTS => {
                     tracing::warn!(attempt, error = %e, "Could not record the agent's end; retrying");
                     tokio::time::sleep(delay).await;
@@ -422,13 +486,11 @@ impl Engine {
     /// Runs the agent's turns from wherever its transcript stands; returns its final text.
     async fn drive(
         &self,
-        id: AgentId,
+        lease: &Lease,
         gate: &mut Option<WarmupGate>,
         cancel: &CancellationToken,
     ) -> Result<String, RunFailure> {
-        let mut run = self.load_run(id).await?;
-        let store = self.inner.store.clone();
-        store.set_agent_state(id, AgentState::Running, None).await?;
+        let mut run = self.load_run(lease.agent_id).await?;
         let directive_pos = run.directive_pos();
         let max_turns = self.config().max_turns;
         // Turns already taken (a later run of the same agent continues the count).
@@ -447,6 +509,7 @@ impl Engine {
                 let conv = run.conversation();
                 let tool_turn = ToolTurn {
                     agent: &run.agent,
+                    lease,
                     session: &run.session,
                     permission_mode: run.permission_mode,
                     offered: run.params.tools.names(),
@@ -454,7 +517,7 @@ impl Engine {
                     cancel: cancel.clone(),
                 };
                 let results = self.run_tools(&tool_turn, last).await?;
-                self.append_own(id, &results).await?;
+                self.append_own(lease, &results).await?;
                 run.own.push(results);
             }
             if turn >= max_turns {
@@ -480,7 +543,7 @@ impl Engine {
                     }
                 })
                 .await?;
-            self.append_own(id, &completion.message).await?;
+            self.append_own(lease, &completion.message).await?;
             self.record(
                 &run.agent,
                 turn,
@@ -529,12 +592,13 @@ impl Engine {
     /// transcript, then pushed to subscribers, in that order).
     async fn finish(
         &self,
-        id: AgentId,
+        lease: &Lease,
         status: NotificationStatus,
         final_text: Option<String>,
         error: Option<String>,
     ) -> Result<(), EngineError> {
         let store = &self.inner.store;
+        let id = lease.agent_id;
         let agent = store
             .get_agent(id)
             .await?
@@ -575,7 +639,9 @@ impl Engine {
         let _session = lock.lock().await;
         // Commit and broadcast under one lock, so subscribers see notifications in seq order.
         let _order = self.inner.notify_order.lock().await;
-        let stored = store.finish_agent(&notification, error.as_deref()).await?;
+        let stored = store
+            .finish_agent(lease, &notification, error.as_deref())
+            .await?;
         tracing::info!(
             status = status.as_str(),
             seq = stored.seq,

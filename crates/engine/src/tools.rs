@@ -34,6 +34,8 @@ const INTERRUPTED: &str = "Interrupted: this call was started but its result was
 /// The context of one turn's tool calls.
 pub(crate) struct ToolTurn<'a> {
     pub agent: &'a Agent,
+    /// The run's claim on the agent: every tool call it stores checks it.
+    pub lease: &'a forkd_store::Lease,
     pub session: &'a Session,
     /// The agent's permission mode (a typed agent may have its own).
     pub permission_mode: PermissionMode,
@@ -116,7 +118,7 @@ impl Engine {
                 Some(call) if !call.read_only => {
                     let result = Block::tool_result(id, INTERRUPTED, true);
                     store
-                        .finish_tool_call(turn.agent.id, id, &result, None, now_ms())
+                        .finish_tool_call(turn.lease, id, &result, None, now_ms())
                         .await?;
                     result
                 }
@@ -139,17 +141,20 @@ impl Engine {
     ) -> Result<Block> {
         let store = &self.inner.store;
         store
-            .begin_tool_call(&ToolCall {
-                agent_id: turn.agent.id,
-                tool_use_id: id.to_owned(),
-                name: name.to_owned(),
-                input_json: input.to_string(),
-                read_only: forkd_tools::is_read_only(name),
-                result: None,
-                full_output: None,
-                started_at_ms: now_ms(),
-                finished_at_ms: None,
-            })
+            .begin_tool_call(
+                turn.lease,
+                &ToolCall {
+                    agent_id: turn.agent.id,
+                    tool_use_id: id.to_owned(),
+                    name: name.to_owned(),
+                    input_json: input.to_string(),
+                    read_only: forkd_tools::is_read_only(name),
+                    result: None,
+                    full_output: None,
+                    started_at_ms: now_ms(),
+                    finished_at_ms: None,
+                },
+            )
             .await?;
         let output = if !turn.offered.iter().any(|t| t == name) {
             ToolOutput::error(format!(
@@ -175,7 +180,7 @@ impl Engine {
         );
         let (result, full) = shown(id, &output);
         store
-            .finish_tool_call(turn.agent.id, id, &result, full.as_deref(), now_ms())
+            .finish_tool_call(turn.lease, id, &result, full.as_deref(), now_ms())
             .await?;
         Ok(result)
     }

@@ -9,7 +9,8 @@ use std::time::Duration;
 use forkd_core::pricing;
 use forkd_core::session::{CacheSafeParams, RenderedSystem, ToolsJson};
 use forkd_core::{
-    Agent, AgentId, AgentKind, AgentState, Block, Directive, Notification, SessionId, Usage,
+    Agent, AgentId, AgentKind, AgentState, Block, Directive, Notification, ReportTo, SessionId,
+    Usage,
 };
 use forkd_store::{AgentParams, NotificationFilter};
 use futures::StreamExt;
@@ -52,6 +53,17 @@ impl Engine {
         session_id: SessionId,
         subagent_type: &str,
         directive: Directive,
+    ) -> Result<AgentId> {
+        self.create_typed(session_id, subagent_type, directive, ReportTo::Transcript)
+            .await
+    }
+
+    async fn create_typed(
+        &self,
+        session_id: SessionId,
+        subagent_type: &str,
+        directive: Directive,
+        report_to: ReportTo,
     ) -> Result<AgentId> {
         if directive.prompt.trim().is_empty() {
             return Err(EngineError::InvalidArgument(
@@ -108,6 +120,7 @@ impl Engine {
             index: 0,
             state: AgentState::Pending,
             query_source: Some(format!("agent:{}", ty.name)),
+            report_to,
             directive: Some(directive.clone()),
             usage: Usage::default(),
             cost_usd: 0.0,
@@ -126,16 +139,20 @@ impl Engine {
     }
 
     /// Runs a typed agent for a parent's `Agent` call and waits for it: the call's result is
-    /// the agent's report.
+    /// the agent's report, so the transcript does not get it a second time. The agent is added
+    /// to `waited` before it starts: should the turn not deliver its report, the turn's end
+    /// hands it back to the transcript.
     pub(crate) async fn run_typed(
         &self,
         session_id: SessionId,
         subagent_type: &str,
         directive: Directive,
+        waited: &std::sync::Mutex<Vec<AgentId>>,
     ) -> Result<Notification> {
         let id = self
-            .spawn_typed(session_id, subagent_type, directive)
+            .create_typed(session_id, subagent_type, directive, ReportTo::Caller)
             .await?;
+        waited.lock().unwrap_or_else(|p| p.into_inner()).push(id);
         let filter = NotificationFilter {
             agent_id: Some(id),
             ..NotificationFilter::default()

@@ -66,6 +66,7 @@ async fn fork_and_run(query_source: Option<&str>) -> (NotificationStatus, String
         state: AgentState::Pending,
         directive: Some(directive.clone()),
         query_source: query_source.map(str::to_owned),
+        report_to: forkd_core::ReportTo::Transcript,
         usage: Usage::default(),
         cost_usd: 0.0,
         error: None,
@@ -79,7 +80,7 @@ async fn fork_and_run(query_source: Option<&str>) -> (NotificationStatus, String
         directive_block: ForkBatch::directive_block(&directive),
     };
     store
-        .create_fork_batch(&batch, &results, &[child])
+        .create_fork_batch(&batch, &results, &[child], None)
         .await
         .unwrap();
 

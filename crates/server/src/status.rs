@@ -11,6 +11,7 @@ pub(crate) fn to_status(err: EngineError) -> Status {
         EngineError::InvalidArgument(msg) => Status::invalid_argument(msg),
         EngineError::FailedPrecondition(msg) => Status::failed_precondition(msg),
         EngineError::ResourceExhausted(msg) => Status::resource_exhausted(msg),
+        EngineError::Cancelled(msg) => Status::cancelled(msg),
         EngineError::Draining => Status::unavailable("forkd is shutting down; retry shortly"),
         EngineError::Internal(msg) => {
             tracing::error!(error = %msg, "Internal error");

@@ -26,6 +26,16 @@ pub enum StoreError {
     /// The write conflicts with what is stored (a transcript that moved on, an agent that ended).
     #[error("conflict: {0}")]
     Conflict(String),
+    /// A newer run claimed the agent after the run making this write: the write was refused, and
+    /// the older run must stop (the newer one owns the transcript now).
+    #[error(
+        "agent {agent} was claimed by a newer run (generation {current}; this run holds {held})"
+    )]
+    Superseded {
+        agent: AgentId,
+        held: u64,
+        current: u64,
+    },
     /// Stored bytes that no longer decode: a bug or a damaged database.
     #[error("corrupt row: {0}")]
     Corrupt(String),
@@ -36,6 +46,19 @@ pub enum StoreError {
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// A run's claim on an agent: the agent's generation when the run claimed it.
+///
+/// Claiming increments the generation, so the newest claim wins: every write a run makes on the
+/// agent's behalf (its messages, tool calls, state, end) checks the generation inside the write's
+/// transaction and fails with [`StoreError::Superseded`] once another run has claimed the agent.
+/// Two runs of one agent can therefore never interleave their writes, whether they are in one
+/// daemon (a handoff) or in two processes sharing the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Lease {
+    pub agent_id: AgentId,
+    pub generation: u64,
+}
 
 /// A message of a transcript with its position.
 #[derive(Debug, Clone, PartialEq)]
@@ -168,11 +191,15 @@ pub trait Store: Send + Sync + 'static {
         before: Option<u64>,
     ) -> Result<Vec<StoredMessage>>;
 
-    /// Appends one message to a session's transcript (a parent turn); returns its seq.
-    async fn append_session_message(
+    /// Appends a parent turn's messages to its session's transcript in one transaction, checking
+    /// the parent's lease; the agents in `delivered` (reporting to their caller) are marked as
+    /// delivered, since their reports are in these messages. Returns the first message's seq.
+    async fn append_turn(
         &self,
-        id: SessionId,
-        message: &Message,
+        lease: &Lease,
+        session: SessionId,
+        messages: &[Message],
+        delivered: &[AgentId],
         at_ms: i64,
     ) -> Result<u64>;
 
@@ -190,12 +217,15 @@ pub trait Store: Send + Sync + 'static {
 
     /// In one transaction: appends the batch's assistant message (at seq `batch.fork_point`, which
     /// must be the transcript's current length, else `Conflict`) and `parent_results` to the
-    /// session's transcript, and inserts the batch and its children as `pending` agents.
+    /// session's transcript, and inserts the batch and its children as `pending` agents. A batch
+    /// a parent's turn forks passes that turn's lease (checked) and the agents whose reports
+    /// `parent_results` carries (see [`Store::append_turn`]).
     async fn create_fork_batch(
         &self,
         batch: &ForkBatch,
         parent_results: &Message,
         children: &[NewChild],
+        turn: Option<(&Lease, &[AgentId])>,
     ) -> Result<()>;
     async fn get_batch(&self, id: BatchId) -> Result<Option<ForkBatch>>;
 
@@ -203,24 +233,31 @@ pub trait Store: Send + Sync + 'static {
     async fn list_agents(&self, filter: &AgentFilter) -> Result<Vec<Agent>>;
     /// A fork child's directive block.
     async fn agent_directive_block(&self, id: AgentId) -> Result<Option<Block>>;
-    /// Moves a non-terminal agent to `state` (`Conflict` if it already ended).
+    /// Moves a non-terminal agent to `state` (`Conflict` if it already ended). This also fences
+    /// any run of the agent (its lease is superseded), like a claim that nobody holds.
     async fn set_agent_state(
         &self,
         id: AgentId,
         state: AgentState,
         error: Option<&str>,
     ) -> Result<()>;
-    /// Appends one message to an agent's own transcript; returns its seq.
-    async fn append_agent_message(&self, id: AgentId, message: &Message) -> Result<u64>;
+    /// Claims a live agent for a new run (`Conflict` if it already ended): increments its
+    /// generation, sets it `running`, and returns the lease every later write of the run checks.
+    async fn claim_agent(&self, id: AgentId) -> Result<Lease>;
+    /// Moves the leased agent to a live `state` (a parent back to `pending` between turns).
+    async fn release_agent(&self, lease: &Lease, state: AgentState) -> Result<()>;
+    /// Appends one message to the leased agent's own transcript; returns its seq.
+    async fn append_agent_message(&self, lease: &Lease, message: &Message) -> Result<u64>;
     /// An agent's own transcript (for a fork child: the messages after its first user message).
     async fn agent_messages(&self, id: AgentId) -> Result<Vec<StoredMessage>>;
 
-    /// Records a tool call's intent before it runs (a repeat keeps the first intent).
-    async fn begin_tool_call(&self, call: &ToolCall) -> Result<()>;
+    /// Records a tool call's intent before it runs (a repeat keeps the first intent). The call
+    /// must be the leased agent's.
+    async fn begin_tool_call(&self, lease: &Lease, call: &ToolCall) -> Result<()>;
     /// Records a tool call's result (`Conflict` if no open intent).
     async fn finish_tool_call(
         &self,
-        agent: AgentId,
+        lease: &Lease,
         tool_use_id: &str,
         result: &Block,
         full_output: Option<&str>,
@@ -229,18 +266,28 @@ pub trait Store: Send + Sync + 'static {
     /// An agent's tool calls in the order they started.
     async fn tool_calls(&self, agent: AgentId) -> Result<Vec<ToolCall>>;
 
-    /// Stores a request's record and adds its usage and cost to its agent's totals.
+    /// Stores a request's record and adds its usage and cost to its agent's totals. Not fenced
+    /// by a lease: a request that a superseded run made was still billed, and totals must say so.
     async fn record_request(&self, record: &RequestRecord) -> Result<()>;
     async fn list_requests(&self, filter: &RequestFilter) -> Result<Vec<RequestRecord>>;
 
-    /// In one transaction: ends the agent (`Conflict` if it already ended), stores the
-    /// notification with the next sequence number, and appends its `<task-notification>` text to
-    /// the parent session's transcript as a user message.
+    /// In one transaction: ends the leased agent (`Conflict` if it already ended), stores the
+    /// notification with the next sequence number, and — unless the agent reports to its caller
+    /// — appends its `<task-notification>` text to the parent session's transcript as a user
+    /// message.
     async fn finish_agent(
         &self,
+        lease: &Lease,
         notification: &NewNotification,
         error: Option<&str>,
     ) -> Result<Notification>;
+    /// Agents whose report still waits for a caller to deliver it.
+    async fn caller_reports(&self) -> Result<Vec<AgentId>>;
+    /// Hands the reports of agents that report to a caller back to the transcript: for an agent
+    /// that already ended, its `<task-notification>` is appended now; a live one will append it
+    /// when it ends. Agents that report to the transcript already are left alone. Returns how
+    /// many notifications were appended.
+    async fn redirect_reports(&self, agents: &[AgentId]) -> Result<usize>;
     /// Stored notifications with `seq > since_seq`, in seq order; `limit` 0 means no limit.
     async fn notifications(
         &self,

@@ -30,7 +30,7 @@ use sqlx::sqlite::{
 use sqlx::{Sqlite, Transaction};
 
 use crate::{
-    AgentFilter, AgentParams, NewChild, NewNotification, NotificationFilter, RequestFilter,
+    AgentFilter, AgentParams, Lease, NewChild, NewNotification, NotificationFilter, RequestFilter,
     RequestRecord, Result, Store, StoreError, StoredMessage, ToolCall,
 };
 
@@ -204,9 +204,10 @@ impl Store for SqliteStore {
         batch: &ForkBatch,
         parent_results: &Message,
         children: &[NewChild],
+        turn: Option<(&Lease, &[AgentId])>,
     ) -> Result<()> {
         let mut tx = self.begin_write().await?;
-        batches::create(&mut tx, batch, parent_results, children).await?;
+        batches::create(&mut tx, batch, parent_results, children, turn).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -239,9 +240,23 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    async fn append_agent_message(&self, id: AgentId, message: &Message) -> Result<u64> {
+    async fn claim_agent(&self, id: AgentId) -> Result<Lease> {
         let mut tx = self.begin_write().await?;
-        let seq = agents::append_message(&mut tx, id, message).await?;
+        let lease = agents::claim(&mut tx, id).await?;
+        tx.commit().await?;
+        Ok(lease)
+    }
+
+    async fn release_agent(&self, lease: &Lease, state: AgentState) -> Result<()> {
+        let mut tx = self.begin_write().await?;
+        agents::release(&mut tx, lease, state).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn append_agent_message(&self, lease: &Lease, message: &Message) -> Result<u64> {
+        let mut tx = self.begin_write().await?;
+        let seq = agents::append_message(&mut tx, lease, message).await?;
         tx.commit().await?;
         Ok(seq)
     }
@@ -276,43 +291,49 @@ impl Store for SqliteStore {
         agent_params::get(&self.reader, id).await
     }
 
-    async fn append_session_message(
+    async fn append_turn(
         &self,
-        id: SessionId,
-        message: &Message,
+        lease: &Lease,
+        session: SessionId,
+        messages: &[Message],
+        delivered: &[AgentId],
         at_ms: i64,
     ) -> Result<u64> {
         let mut tx = self.begin_write().await?;
-        let session_id = id.to_string();
+        agents::check_lease(&mut tx, lease).await?;
+        let session_id = session.to_string();
         if !sessions::exists(&mut tx, &session_id).await? {
             return Err(StoreError::NotFound {
                 kind: "session",
                 id: session_id,
             });
         }
-        let seq = convert::session_len(&mut tx, &session_id).await?;
-        convert::insert_session_message(&mut tx, &session_id, seq, message, at_ms).await?;
+        let first = convert::session_len(&mut tx, &session_id).await?;
+        for (seq, message) in (first..).zip(messages) {
+            convert::insert_session_message(&mut tx, &session_id, seq, message, at_ms).await?;
+        }
+        agents::mark_delivered(&mut tx, delivered).await?;
         tx.commit().await?;
-        convert::from_i64(seq, "session message seq")
+        convert::from_i64(first, "session message seq")
     }
 
-    async fn begin_tool_call(&self, call: &ToolCall) -> Result<()> {
+    async fn begin_tool_call(&self, lease: &Lease, call: &ToolCall) -> Result<()> {
         let mut tx = self.begin_write().await?;
-        tool_calls::begin(&mut tx, call).await?;
+        tool_calls::begin(&mut tx, lease, call).await?;
         tx.commit().await?;
         Ok(())
     }
 
     async fn finish_tool_call(
         &self,
-        agent: AgentId,
+        lease: &Lease,
         tool_use_id: &str,
         result: &Block,
         full_output: Option<&str>,
         at_ms: i64,
     ) -> Result<()> {
         let mut tx = self.begin_write().await?;
-        tool_calls::finish(&mut tx, agent, tool_use_id, result, full_output, at_ms).await?;
+        tool_calls::finish(&mut tx, lease, tool_use_id, result, full_output, at_ms).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -334,13 +355,25 @@ impl Store for SqliteStore {
 
     async fn finish_agent(
         &self,
+        lease: &Lease,
         notification: &NewNotification,
         error: Option<&str>,
     ) -> Result<Notification> {
         let mut tx = self.begin_write().await?;
-        let stored = notifications::finish_agent(&mut tx, notification, error).await?;
+        let stored = notifications::finish_agent(&mut tx, lease, notification, error).await?;
         tx.commit().await?;
         Ok(stored)
+    }
+
+    async fn caller_reports(&self) -> Result<Vec<AgentId>> {
+        notifications::caller_reports(&self.reader).await
+    }
+
+    async fn redirect_reports(&self, agents: &[AgentId]) -> Result<usize> {
+        let mut tx = self.begin_write().await?;
+        let appended = notifications::redirect_reports(&mut tx, agents).await?;
+        tx.commit().await?;
+        Ok(appended)
     }
 
     async fn notifications(

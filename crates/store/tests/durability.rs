@@ -5,9 +5,9 @@ mod support;
 use std::sync::Arc;
 
 use forkd_core::{AgentState, Block, Message, NotificationStatus};
-use forkd_store::{AgentFilter, Durability, NotificationFilter, SqliteStore, Store};
+use forkd_store::{AgentFilter, Durability, NotificationFilter, SqliteStore, Store, StoreError};
 use sqlx::Connection;
-use support::{TestResult, db_path, ended, seeded, temp_store};
+use support::{TestResult, db_path, ended, finish, seeded, temp_store};
 
 /// Everything a daemon needs after a restart: sessions, transcripts, batches, agents, their
 /// transcripts and the notification log.
@@ -19,21 +19,19 @@ async fn a_reopened_database_keeps_everything() -> TestResult {
         let store = SqliteStore::open(&path, durability).await?;
         let (session, fx) = seeded(&store, 3).await?;
         let child = &fx.children[0].agent;
-        store
-            .set_agent_state(child.id, AgentState::Running, None)
-            .await?;
+        let lease = store.claim_agent(child.id).await?;
         store
             .append_agent_message(
-                child.id,
+                &lease,
                 &Message::assistant(vec![Block::text("working — ✓")]),
             )
             .await?;
-        let n = store
-            .finish_agent(
-                &ended(&fx.children[1].agent, NotificationStatus::Completed, 9),
-                None,
-            )
-            .await?;
+        let n = finish(
+            &store,
+            &ended(&fx.children[1].agent, NotificationStatus::Completed, 9),
+            None,
+        )
+        .await?;
         let transcript = store.session_messages(session.id, None).await?;
         let agents = store
             .list_agents(&AgentFilter {
@@ -70,12 +68,12 @@ async fn a_reopened_database_keeps_everything() -> TestResult {
         // An orderly close, then a third open: the seq after a restart still goes up.
         store.close().await;
         let store = SqliteStore::open(&path, durability).await?;
-        let next = store
-            .finish_agent(
-                &ended(&fx.children[2].agent, NotificationStatus::Killed, 10),
-                None,
-            )
-            .await?;
+        let next = finish(
+            &store,
+            &ended(&fx.children[2].agent, NotificationStatus::Killed, 10),
+            None,
+        )
+        .await?;
         assert!(next.seq > n.seq);
         store.close().await;
 
@@ -104,6 +102,7 @@ async fn many_concurrent_writers_never_see_busy() -> TestResult {
     // One more child than tasks: the last one's transcript is the one they all append to.
     let (session, fx) = seeded(&store, TASKS + 1).await?;
     let shared = fx.children[TASKS].agent.id;
+    let shared_lease = store.claim_agent(shared).await?;
     let store = Arc::new(store);
 
     let mut handles = Vec::new();
@@ -113,14 +112,13 @@ async fn many_concurrent_writers_never_see_busy() -> TestResult {
         handles.push(tokio::spawn(async move {
             let text = format!("message {i}");
             let seq = store
-                .append_agent_message(shared, &Message::user(vec![Block::text(&text)]))
+                .append_agent_message(&shared_lease, &Message::user(vec![Block::text(&text)]))
                 .await?;
+            let own_lease = store.claim_agent(own).await?;
             store
-                .append_agent_message(own, &Message::assistant(vec![Block::text(&text)]))
+                .append_agent_message(&own_lease, &Message::assistant(vec![Block::text(&text)]))
                 .await?;
-            store
-                .set_agent_state(own, AgentState::Running, None)
-                .await?;
+            store.release_agent(&own_lease, AgentState::Running).await?;
             // Reads interleave with the writes and never block on them.
             store.session_messages(session.id, None).await?;
             Ok::<u64, forkd_store::StoreError>(seq)
@@ -138,7 +136,8 @@ async fn many_concurrent_writers_never_see_busy() -> TestResult {
         .iter()
         .filter(|a| a.state == AgentState::Running)
         .count();
-    assert_eq!(running, TASKS);
+    // Every task's own agent, and the shared one they all appended to.
+    assert_eq!(running, TASKS + 1);
     store.integrity_check().await?;
     Ok(())
 }
@@ -151,17 +150,18 @@ async fn two_stores_on_one_file_share_the_write_lock() -> TestResult {
     let path = db_path(&dir);
     let one = SqliteStore::open(&path, Durability::Normal).await?;
     let two = SqliteStore::open(&path, Durability::Normal).await?;
-    let (_, fx) = seeded(&one, 2).await?;
-    let (a, b) = (fx.children[0].agent.id, fx.children[1].agent.id);
+    let (_, fx) = seeded(&one, 3).await?;
+    let [a, b, c] = [0, 1, 2].map(|i| fx.children[i].agent.id);
 
     let write = |store: SqliteStore, id| {
         tokio::spawn(async move {
+            let lease = store.claim_agent(id).await?;
             for i in 0..100 {
                 let m = Message::user(vec![Block::text(&format!("{i}"))]);
-                store.append_agent_message(id, &m).await?;
+                store.append_agent_message(&lease, &m).await?;
                 // Read-then-write inside one transaction: the case that fails with
                 // SQLITE_BUSY_SNAPSHOT under a deferred BEGIN.
-                store.set_agent_state(id, AgentState::Running, None).await?;
+                store.release_agent(&lease, AgentState::Running).await?;
             }
             Ok::<_, forkd_store::StoreError>(())
         })
@@ -169,13 +169,78 @@ async fn two_stores_on_one_file_share_the_write_lock() -> TestResult {
     let (r1, r2, r3) = tokio::join!(
         write(one.clone(), a),
         write(two.clone(), b),
-        write(two.clone(), a)
+        write(one.clone(), c)
     );
     r1??;
     r2??;
     r3??;
-    assert_eq!(one.agent_messages(a).await?.len(), 200);
-    assert_eq!(two.agent_messages(b).await?.len(), 100);
+    for id in [a, b, c] {
+        assert_eq!(two.agent_messages(id).await?.len(), 100);
+    }
     one.integrity_check().await?;
+    Ok(())
+}
+
+/// Two runs of one agent in two processes (two stores on one file): the newer claim fences the
+/// older run, whose writes are all refused from then on, so the transcript is never interleaved.
+#[tokio::test]
+async fn a_newer_claim_fences_the_older_run_across_stores() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = db_path(&dir);
+    let one = SqliteStore::open(&path, Durability::Normal).await?;
+    let two = SqliteStore::open(&path, Durability::Normal).await?;
+    let (_, fx) = seeded(&one, 1).await?;
+    let child = &fx.children[0].agent;
+    let m = |text: &str| Message::assistant(vec![Block::text(text)]);
+
+    let old = one.claim_agent(child.id).await?;
+    one.append_agent_message(&old, &m("old run, turn 1"))
+        .await?;
+    let new = two.claim_agent(child.id).await?;
+    assert!(new.generation > old.generation);
+
+    let superseded = |r: Result<(), StoreError>| {
+        matches!(r, Err(StoreError::Superseded { held, current, .. })
+            if held == old.generation && current == new.generation)
+    };
+    assert!(superseded(
+        one.append_agent_message(&old, &m("old run, turn 2"))
+            .await
+            .map(|_| ())
+    ));
+    let call = forkd_store::ToolCall {
+        agent_id: child.id,
+        tool_use_id: "t1".into(),
+        name: "Bash".into(),
+        input_json: "{}".into(),
+        read_only: false,
+        result: None,
+        full_output: None,
+        started_at_ms: 1,
+        finished_at_ms: None,
+    };
+    assert!(superseded(one.begin_tool_call(&old, &call).await));
+    assert!(superseded(
+        one.release_agent(&old, AgentState::Pending).await
+    ));
+    let n = ended(child, NotificationStatus::Completed, 5);
+    assert!(superseded(
+        one.finish_agent(&old, &n, None).await.map(|_| ())
+    ));
+
+    two.append_agent_message(&new, &m("new run")).await?;
+    two.finish_agent(&new, &n, None).await?;
+    let texts: Vec<String> = one
+        .agent_messages(child.id)
+        .await?
+        .into_iter()
+        .map(|s| s.message.text())
+        .collect();
+    assert_eq!(texts, ["old run, turn 1", "new run"]);
+    // An ended agent cannot be claimed again.
+    assert!(matches!(
+        one.claim_agent(child.id).await,
+        Err(StoreError::Conflict(_))
+    ));
     Ok(())
 }

@@ -9,7 +9,7 @@ use forkd_core::{
 use forkd_store::{
     AgentFilter, NotificationFilter, RequestFilter, RequestRecord, Store, StoreError,
 };
-use support::{TestResult, ended, fork, history, seeded, temp_store};
+use support::{TestResult, ended, finish, fork, history, seeded, temp_store};
 
 #[tokio::test]
 async fn an_agent_ends_once_and_tells_its_parent() -> TestResult {
@@ -20,12 +20,12 @@ async fn an_agent_ends_once_and_tells_its_parent() -> TestResult {
     store
         .set_agent_state(child.id, AgentState::Running, None)
         .await?;
-    let n = store
-        .finish_agent(
-            &ended(child, NotificationStatus::Failed, 5_000),
-            Some("boom"),
-        )
-        .await?;
+    let n = finish(
+        &store,
+        &ended(child, NotificationStatus::Failed, 5_000),
+        Some("boom"),
+    )
+    .await?;
     assert_eq!(n.seq, 1);
 
     let agent = store.get_agent(child.id).await?.ok_or("agent missing")?;
@@ -42,9 +42,12 @@ async fn an_agent_ends_once_and_tells_its_parent() -> TestResult {
         Message::user(vec![Block::text(&n.to_parent_text())])
     );
 
-    let again = store
-        .finish_agent(&ended(child, NotificationStatus::Completed, 6_000), None)
-        .await;
+    let again = finish(
+        &store,
+        &ended(child, NotificationStatus::Completed, 6_000),
+        None,
+    )
+    .await;
     assert!(matches!(again, Err(StoreError::Conflict(_))), "{again:?}");
     let moved = store
         .set_agent_state(child.id, AgentState::Running, None)
@@ -55,7 +58,7 @@ async fn an_agent_ends_once_and_tells_its_parent() -> TestResult {
     let mut ghost = ended(child, NotificationStatus::Killed, 0);
     ghost.agent_id = AgentId::new();
     assert!(matches!(
-        store.finish_agent(&ghost, None).await,
+        finish(&store, &ghost, None).await,
         Err(StoreError::NotFound { kind: "agent", .. })
     ));
     assert!(matches!(
@@ -74,7 +77,12 @@ async fn notifications_are_sequenced_and_filtered() -> TestResult {
     let len = store.session_message_count(session.id).await?;
     let second = fork(&session, len, 2)?;
     store
-        .create_fork_batch(&second.batch, &second.parent_results, &second.children)
+        .create_fork_batch(
+            &second.batch,
+            &second.parent_results,
+            &second.children,
+            None,
+        )
         .await?;
     assert_eq!(store.last_notification_seq().await?, 0);
 
@@ -86,12 +94,12 @@ async fn notifications_are_sequenced_and_filtered() -> TestResult {
     ];
     for (i, child) in order.iter().enumerate() {
         let at = 10_000 + i64::try_from(i)?;
-        store
-            .finish_agent(
-                &ended(&child.agent, NotificationStatus::Completed, at),
-                None,
-            )
-            .await?;
+        finish(
+            &store,
+            &ended(&child.agent, NotificationStatus::Completed, at),
+            None,
+        )
+        .await?;
     }
 
     let all = store
@@ -200,12 +208,12 @@ async fn agents_list_by_filter_and_page_by_id() -> TestResult {
     assert_eq!(pages.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2, 1]);
     assert_eq!(pages.concat(), ids);
 
-    store
-        .finish_agent(
-            &ended(&fx.children[1].agent, NotificationStatus::Killed, 1),
-            None,
-        )
-        .await?;
+    finish(
+        &store,
+        &ended(&fx.children[1].agent, NotificationStatus::Killed, 1),
+        None,
+    )
+    .await?;
     let live = AgentFilter {
         batch_id: Some(fx.batch.id),
         ..AgentFilter::default()
@@ -227,8 +235,12 @@ async fn agent_transcripts_append_in_order() -> TestResult {
     let id = fx.children[0].agent.id;
     assert!(store.agent_messages(id).await?.is_empty());
     let messages = history()?;
+    let lease = store.claim_agent(id).await?;
     for (i, m) in messages.iter().enumerate() {
-        assert_eq!(store.append_agent_message(id, m).await?, u64::try_from(i)?);
+        assert_eq!(
+            store.append_agent_message(&lease, m).await?,
+            u64::try_from(i)?
+        );
     }
     let back = store.agent_messages(id).await?;
     assert_eq!(
@@ -240,7 +252,15 @@ async fn agent_transcripts_append_in_order() -> TestResult {
     }
     let missing = AgentId::new();
     assert!(matches!(
-        store.append_agent_message(missing, &messages[0]).await,
+        store
+            .append_agent_message(
+                &forkd_store::Lease {
+                    agent_id: missing,
+                    generation: 1
+                },
+                &messages[0]
+            )
+            .await,
         Err(StoreError::NotFound { kind: "agent", .. })
     ));
     assert!(matches!(

@@ -127,7 +127,7 @@ async fn a_fork_batch_conflicts_when_the_transcript_moved_on() -> TestResult {
 
     let stale = fork(&session, 3, 2)?;
     let err = store
-        .create_fork_batch(&stale.batch, &stale.parent_results, &stale.children)
+        .create_fork_batch(&stale.batch, &stale.parent_results, &stale.children, None)
         .await;
     assert!(matches!(err, Err(StoreError::Conflict(_))), "{err:?}");
     // Nothing of the failed batch was written.
@@ -138,7 +138,12 @@ async fn a_fork_batch_conflicts_when_the_transcript_moved_on() -> TestResult {
     let mut orphan = fork(&session, 4, 1)?;
     orphan.batch.session_id = SessionId::new();
     let err = store
-        .create_fork_batch(&orphan.batch, &orphan.parent_results, &orphan.children)
+        .create_fork_batch(
+            &orphan.batch,
+            &orphan.parent_results,
+            &orphan.children,
+            None,
+        )
         .await;
     assert!(
         matches!(
@@ -154,11 +159,16 @@ async fn a_fork_batch_conflicts_when_the_transcript_moved_on() -> TestResult {
     // A second batch at the same point, after the first one landed, is stale too.
     let first = fork(&session, 4, 1)?;
     store
-        .create_fork_batch(&first.batch, &first.parent_results, &first.children)
+        .create_fork_batch(&first.batch, &first.parent_results, &first.children, None)
         .await?;
     let racing = fork(&session, 4, 1)?;
     let err = store
-        .create_fork_batch(&racing.batch, &racing.parent_results, &racing.children)
+        .create_fork_batch(
+            &racing.batch,
+            &racing.parent_results,
+            &racing.children,
+            None,
+        )
         .await;
     assert!(matches!(err, Err(StoreError::Conflict(_))), "{err:?}");
     Ok(())
@@ -181,6 +191,7 @@ async fn other_agents_can_be_inserted_beside_the_trait() -> TestResult {
             prompt: "Map the crate.".into(),
         }),
         query_source: None,
+        report_to: forkd_core::ReportTo::Transcript,
         usage: Usage::default(),
         cost_usd: 0.0,
         error: None,
@@ -215,7 +226,7 @@ async fn other_agents_can_be_inserted_beside_the_trait() -> TestResult {
     // A batch on an in-memory store behaves like on a file.
     let fx = fork(&session, 0, 1)?;
     store
-        .create_fork_batch(&fx.batch, &fx.parent_results, &fx.children)
+        .create_fork_batch(&fx.batch, &fx.parent_results, &fx.children, None)
         .await?;
     assert_eq!(store.session_message_count(session.id).await?, 2);
     Ok(())

@@ -25,26 +25,29 @@ async fn intents_then_results_in_order_and_results_are_final() -> TestResult {
     let (_dir, store) = temp_store().await?;
     let (_session, fx) = seeded(&store, 1).await?;
     let agent = fx.children[0].agent.id;
+    let lease = store.claim_agent(agent).await?;
 
     store
-        .begin_tool_call(&intent(agent, "t1", true, 10))
+        .begin_tool_call(&lease, &intent(agent, "t1", true, 10))
         .await?;
     store
-        .begin_tool_call(&intent(agent, "t2", false, 11))
+        .begin_tool_call(&lease, &intent(agent, "t2", false, 11))
         .await?;
     // Re-recording an intent (a read-only call re-run after an interruption) keeps the first.
     store
-        .begin_tool_call(&intent(agent, "t1", true, 99))
+        .begin_tool_call(&lease, &intent(agent, "t1", true, 99))
         .await?;
 
     let result = Block::tool_result("t1", "1\tline", false);
     store
-        .finish_tool_call(agent, "t1", &result, Some("full"), 20)
+        .finish_tool_call(&lease, "t1", &result, Some("full"), 20)
         .await?;
-    let again = store.finish_tool_call(agent, "t1", &result, None, 21).await;
+    let again = store
+        .finish_tool_call(&lease, "t1", &result, None, 21)
+        .await;
     assert!(matches!(again, Err(StoreError::Conflict(_))), "{again:?}");
     let unknown = store
-        .finish_tool_call(agent, "nope", &result, None, 21)
+        .finish_tool_call(&lease, "nope", &result, None, 21)
         .await;
     assert!(matches!(unknown, Err(StoreError::Conflict(_))));
 

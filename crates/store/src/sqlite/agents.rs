@@ -1,18 +1,18 @@
 //! Agents: their rows, lifecycle moves and own (sidechain) transcripts.
 
 use forkd_core::agent::Directive;
-use forkd_core::{Agent, AgentId, AgentKind, AgentState, Block, Message};
+use forkd_core::{Agent, AgentId, AgentKind, AgentState, Block, Message, ReportTo};
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqlitePool};
 
 use super::convert::{
     MessageRow, UsageRow, conflict_if_duplicate, corrupt, from_i64, limit_param, now_ms, opt_id,
     parse_id, stored_messages, to_i64,
 };
-use crate::{AgentFilter, Result, StoreError, StoredMessage};
+use crate::{AgentFilter, Lease, Result, StoreError, StoredMessage};
 
 macro_rules! agent_columns {
     () => {
-        "id, session_id, batch_id, kind, idx, state, description, prompt, query_source, \
+        "id, session_id, batch_id, kind, idx, state, description, prompt, query_source, report_to, \
          input_tokens, cache_creation_input_tokens, cache_read_input_tokens, output_tokens, \
          cost_usd, error, created_at_ms, updated_at_ms"
     };
@@ -29,6 +29,7 @@ struct AgentRow {
     description: Option<String>,
     prompt: Option<String>,
     query_source: Option<String>,
+    report_to: String,
     #[sqlx(flatten)]
     usage: UsageRow,
     cost_usd: f64,
@@ -68,6 +69,9 @@ impl TryFrom<AgentRow> for Agent {
             state: parse_state(&row.state)?,
             directive,
             query_source: row.query_source,
+            report_to: ReportTo::parse(&row.report_to).ok_or_else(|| {
+                corrupt("agent report_to", format!("unknown {:?}", row.report_to))
+            })?,
             usage: row.usage.into_usage()?,
             cost_usd: row.cost_usd,
             error: row.error,
@@ -88,7 +92,7 @@ pub(super) async fn insert(
     sqlx::query(concat!(
         "INSERT INTO agents (",
         agent_columns!(),
-        ", directive_block_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        ", directive_block_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     ))
     .bind(&id)
     .bind(agent.session_id.to_string())
@@ -99,6 +103,7 @@ pub(super) async fn insert(
     .bind(agent.directive.as_ref().map(|d| d.description.as_str()))
     .bind(agent.directive.as_ref().map(|d| d.prompt.as_str()))
     .bind(agent.query_source.as_deref())
+    .bind(agent.report_to.as_str())
     .bind(usage.input_tokens)
     .bind(usage.cache_creation_input_tokens)
     .bind(usage.cache_read_input_tokens)
@@ -204,6 +209,7 @@ pub(super) async fn update_state(
     Ok(())
 }
 
+/// Sets a live agent's state; bumps its generation, fencing whatever run held it.
 pub(super) async fn set_state(
     conn: &mut SqliteConnection,
     id: AgentId,
@@ -212,15 +218,84 @@ pub(super) async fn set_state(
 ) -> Result<()> {
     let id = id.to_string();
     live_state(conn, &id).await?;
+    bump_generation(conn, &id).await?;
     update_state(conn, &id, state, error, now_ms()).await
 }
 
+async fn bump_generation(conn: &mut SqliteConnection, id: &str) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "UPDATE agents SET generation = generation + 1 WHERE id = ? RETURNING generation",
+    )
+    .bind(id)
+    .fetch_one(conn)
+    .await?)
+}
+
+/// Claims a live agent for a new run: a new generation, and the state `running`.
+pub(super) async fn claim(conn: &mut SqliteConnection, id: AgentId) -> Result<Lease> {
+    let key = id.to_string();
+    live_state(conn, &key).await?;
+    let generation = bump_generation(conn, &key).await?;
+    update_state(conn, &key, AgentState::Running, None, now_ms()).await?;
+    Ok(Lease {
+        agent_id: id,
+        generation: from_i64(generation, "agent generation")?,
+    })
+}
+
+/// Checks that `lease` is still the agent's newest claim; `Superseded` when a newer run claimed
+/// it, `NotFound` when there is no such agent.
+pub(super) async fn check_lease(conn: &mut SqliteConnection, lease: &Lease) -> Result<()> {
+    let current: Option<i64> = sqlx::query_scalar("SELECT generation FROM agents WHERE id = ?")
+        .bind(lease.agent_id.to_string())
+        .fetch_optional(conn)
+        .await?;
+    let current: u64 = from_i64(
+        current.ok_or_else(|| not_found(lease.agent_id))?,
+        "agent generation",
+    )?;
+    if current != lease.generation {
+        return Err(StoreError::Superseded {
+            agent: lease.agent_id,
+            held: lease.generation,
+            current,
+        });
+    }
+    Ok(())
+}
+
+/// Moves the leased (live) agent to another live state.
+pub(super) async fn release(
+    conn: &mut SqliteConnection,
+    lease: &Lease,
+    state: AgentState,
+) -> Result<()> {
+    check_lease(conn, lease).await?;
+    let id = lease.agent_id.to_string();
+    live_state(conn, &id).await?;
+    update_state(conn, &id, state, None, now_ms()).await
+}
+
+/// Marks agents whose reports their caller has delivered: they report to the transcript again
+/// (and, having ended, never will).
+pub(super) async fn mark_delivered(conn: &mut SqliteConnection, agents: &[AgentId]) -> Result<()> {
+    for id in agents {
+        sqlx::query("UPDATE agents SET report_to = 'transcript' WHERE id = ?")
+            .bind(id.to_string())
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Appends a message to the leased agent's own transcript.
 pub(super) async fn append_message(
     conn: &mut SqliteConnection,
-    id: AgentId,
+    lease: &Lease,
     message: &Message,
 ) -> Result<u64> {
-    let id = id.to_string();
+    check_lease(conn, lease).await?;
+    let id = lease.agent_id.to_string();
     // Agents are never deleted, so a NULL here means there is no such agent.
     let next: Option<i64> = sqlx::query_scalar(
         "SELECT (SELECT COALESCE(MAX(seq) + 1, 0) FROM agent_messages WHERE agent_id = a.id) \

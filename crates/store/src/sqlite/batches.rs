@@ -9,7 +9,8 @@ use super::convert::{
     insert_session_message, parse_id, session_len, to_i64,
 };
 use super::{agents, sessions};
-use crate::{NewChild, Result, StoreError};
+use crate::{Lease, NewChild, Result, StoreError};
+use forkd_core::AgentId;
 
 #[derive(sqlx::FromRow)]
 struct BatchRow {
@@ -48,7 +49,12 @@ pub(super) async fn create(
     batch: &ForkBatch,
     parent_results: &Message,
     children: &[NewChild],
+    turn: Option<(&Lease, &[AgentId])>,
 ) -> Result<()> {
+    if let Some((lease, delivered)) = turn {
+        agents::check_lease(conn, lease).await?;
+        agents::mark_delivered(conn, delivered).await?;
+    }
     let session_id = batch.session_id.to_string();
     if !sessions::exists(conn, &session_id).await? {
         return Err(StoreError::NotFound {

@@ -8,7 +8,8 @@ use super::convert::{
     UsageRow, conflict_if_duplicate, corrupt, from_i64, insert_session_message, limit_param,
     opt_id, parse_id, session_len,
 };
-use crate::{NewNotification, NotificationFilter, Result, StoreError};
+use crate::{Lease, NewNotification, NotificationFilter, Result, StoreError};
+use forkd_core::{AgentId, ReportTo};
 
 #[derive(sqlx::FromRow)]
 struct NotificationRow {
@@ -55,21 +56,39 @@ impl TryFrom<NotificationRow> for Notification {
 struct Owner {
     session_id: String,
     batch_id: Option<String>,
+    report_to: String,
+}
+
+macro_rules! notification_columns {
+    () => {
+        "seq, session_id, batch_id, agent_id, status, summary, report_json, input_tokens, \
+         cache_creation_input_tokens, cache_read_input_tokens, output_tokens, cost_usd, \
+         created_at_ms"
+    };
 }
 
 /// Runs inside the caller's write transaction: the agent's end, its notification and the parent's
 /// `<task-notification>` message commit together or not at all.
 pub(super) async fn finish_agent(
     conn: &mut SqliteConnection,
+    lease: &Lease,
     n: &NewNotification,
     error: Option<&str>,
 ) -> Result<Notification> {
     let agent_id = n.agent_id.to_string();
+    if lease.agent_id != n.agent_id {
+        return Err(StoreError::Conflict(format!(
+            "notification for agent {agent_id} under a lease on agent {}",
+            lease.agent_id
+        )));
+    }
     agents::live_state(conn, &agent_id).await?;
-    let owner: Owner = sqlx::query_as("SELECT session_id, batch_id FROM agents WHERE id = ?")
-        .bind(&agent_id)
-        .fetch_one(&mut *conn)
-        .await?;
+    agents::check_lease(conn, lease).await?;
+    let owner: Owner =
+        sqlx::query_as("SELECT session_id, batch_id, report_to FROM agents WHERE id = ?")
+            .bind(&agent_id)
+            .fetch_one(&mut *conn)
+            .await?;
     let session_id = n.session_id.to_string();
     let batch_id = opt_id(n.batch_id);
     if owner.session_id != session_id || owner.batch_id != batch_id {
@@ -128,10 +147,67 @@ pub(super) async fn finish_agent(
         cost_usd: n.cost_usd,
         created_at_ms: n.created_at_ms,
     };
+    // A caller that waits for the report carries it in its own tool result.
+    if ReportTo::parse(&owner.report_to) != Some(ReportTo::Caller) {
+        append_to_parent(conn, &notification).await?;
+    }
+    Ok(notification)
+}
+
+/// Appends a notification's `<task-notification>` text to its session's transcript.
+async fn append_to_parent(conn: &mut SqliteConnection, notification: &Notification) -> Result<()> {
+    let session_id = notification.session_id.to_string();
     let message = Message::user(vec![Block::text(&notification.to_parent_text())]);
     let next = session_len(conn, &session_id).await?;
-    insert_session_message(conn, &session_id, next, &message, n.created_at_ms).await?;
-    Ok(notification)
+    insert_session_message(
+        conn,
+        &session_id,
+        next,
+        &message,
+        notification.created_at_ms,
+    )
+    .await
+}
+
+pub(super) async fn caller_reports(pool: &SqlitePool) -> Result<Vec<AgentId>> {
+    let ids: Vec<String> =
+        sqlx::query_scalar("SELECT id FROM agents WHERE report_to = 'caller' ORDER BY id")
+            .fetch_all(pool)
+            .await?;
+    ids.iter().map(|id| parse_id(id, "agent id")).collect()
+}
+
+/// Runs inside the caller's write transaction (see `Store::redirect_reports`).
+pub(super) async fn redirect_reports(
+    conn: &mut SqliteConnection,
+    agents: &[AgentId],
+) -> Result<usize> {
+    let mut appended = 0;
+    for id in agents {
+        let key = id.to_string();
+        let redirected = sqlx::query(
+            "UPDATE agents SET report_to = 'transcript' WHERE id = ? AND report_to = 'caller'",
+        )
+        .bind(&key)
+        .execute(&mut *conn)
+        .await?;
+        if redirected.rows_affected() == 0 {
+            continue;
+        }
+        let row: Option<NotificationRow> = sqlx::query_as(concat!(
+            "SELECT ",
+            notification_columns!(),
+            " FROM notifications WHERE agent_id = ?"
+        ))
+        .bind(&key)
+        .fetch_optional(&mut *conn)
+        .await?;
+        if let Some(row) = row {
+            append_to_parent(conn, &Notification::try_from(row)?).await?;
+            appended += 1;
+        }
+    }
+    Ok(appended)
 }
 
 pub(super) async fn list(
@@ -140,11 +216,11 @@ pub(super) async fn list(
     filter: &NotificationFilter,
     limit: u32,
 ) -> Result<Vec<Notification>> {
-    let mut q = QueryBuilder::<Sqlite>::new(
-        "SELECT seq, session_id, batch_id, agent_id, status, summary, report_json, input_tokens, \
-         cache_creation_input_tokens, cache_read_input_tokens, output_tokens, cost_usd, \
-         created_at_ms FROM notifications WHERE seq > ",
-    );
+    let mut q = QueryBuilder::<Sqlite>::new(concat!(
+        "SELECT ",
+        notification_columns!(),
+        " FROM notifications WHERE seq > "
+    ));
     // A cursor past i64::MAX is past every seq SQLite can assign.
     q.push_bind(i64::try_from(since_seq).unwrap_or(i64::MAX));
     if let Some(session_id) = filter.session_id {

@@ -3,8 +3,9 @@
 use forkd_core::{AgentId, Block};
 use sqlx::{SqliteConnection, SqlitePool};
 
+use super::agents;
 use super::convert::{corrupt, parse_id};
-use crate::{Result, StoreError, ToolCall};
+use crate::{Lease, Result, StoreError, ToolCall};
 
 #[derive(sqlx::FromRow)]
 struct ToolCallRow {
@@ -44,7 +45,18 @@ impl TryFrom<ToolCallRow> for ToolCall {
 
 /// Records a call's intent. Recording it again (a read-only call re-run after an interruption)
 /// keeps the first intent.
-pub(super) async fn begin(conn: &mut SqliteConnection, call: &ToolCall) -> Result<()> {
+pub(super) async fn begin(
+    conn: &mut SqliteConnection,
+    lease: &Lease,
+    call: &ToolCall,
+) -> Result<()> {
+    if call.agent_id != lease.agent_id {
+        return Err(StoreError::Conflict(format!(
+            "tool call {} belongs to agent {}, not to the leased agent {}",
+            call.tool_use_id, call.agent_id, lease.agent_id
+        )));
+    }
+    agents::check_lease(conn, lease).await?;
     sqlx::query(
         "INSERT INTO tool_calls (agent_id, tool_use_id, name, input_json, read_only, \
          started_at_ms) VALUES (?, ?, ?, ?, ?, ?) \
@@ -64,12 +76,14 @@ pub(super) async fn begin(conn: &mut SqliteConnection, call: &ToolCall) -> Resul
 /// Records a call's result; the call's intent must have been recorded, and a result is final.
 pub(super) async fn finish(
     conn: &mut SqliteConnection,
-    agent: AgentId,
+    lease: &Lease,
     tool_use_id: &str,
     result: &Block,
     full_output: Option<&str>,
     at_ms: i64,
 ) -> Result<()> {
+    agents::check_lease(conn, lease).await?;
+    let agent = lease.agent_id;
     let done = sqlx::query(
         "UPDATE tool_calls SET result_json = ?, full_output = ?, finished_at_ms = ? \
          WHERE agent_id = ? AND tool_use_id = ? AND result_json IS NULL",

@@ -114,6 +114,7 @@ pub fn fork(session: &Session, fork_point: u64, n: usize) -> TestResult<Fixture>
             state: AgentState::Pending,
             directive: Some(directive.clone()),
             query_source: Some(FORK_QUERY_SOURCE.into()),
+            report_to: forkd_core::ReportTo::Transcript,
             usage: Usage::default(),
             cost_usd: 0.0,
             error: None,
@@ -141,7 +142,7 @@ pub async fn seeded(store: &SqliteStore, n: usize) -> TestResult<(Session, Fixtu
     store.create_session(&session, &history).await?;
     let fx = fork(&session, u64::try_from(history.len())?, n)?;
     store
-        .create_fork_batch(&fx.batch, &fx.parent_results, &fx.children)
+        .create_fork_batch(&fx.batch, &fx.parent_results, &fx.children, None)
         .await?;
     Ok((session, fx))
 }
@@ -171,4 +172,14 @@ pub fn ended(child: &Agent, status: NotificationStatus, at_ms: i64) -> NewNotifi
         cost_usd: 0.0125,
         created_at_ms: at_ms,
     }
+}
+
+/// Ends an agent the way a run does: claims it, then finishes under that lease.
+pub async fn finish(
+    store: &SqliteStore,
+    n: &NewNotification,
+    error: Option<&str>,
+) -> Result<forkd_core::Notification, forkd_store::StoreError> {
+    let lease = store.claim_agent(n.agent_id).await?;
+    store.finish_agent(&lease, n, error).await
 }

@@ -1,0 +1,341 @@
+//! Parent turns and agent runs across their lifecycle: typed-agent reports delivered once,
+//! cancelling a turn, forks that are not always asynchronous, a turn resumed by a new engine,
+//! and two engines on one database fencing each other's runs.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use forkd_core::session::{PermissionMode, Session};
+use forkd_core::{AgentId, AgentKind, AgentState, Directive, NotificationStatus, Role};
+use forkd_engine::{ContextFile, Engine, EngineConfig, EngineError, NewSession, ParentEvent};
+use forkd_provider::{SimConfig, SimProvider};
+use forkd_store::{AgentFilter, Durability, NotificationFilter, SqliteStore};
+use futures::StreamExt;
+
+async fn engine_with(dir: &Path, config: EngineConfig) -> Engine {
+    let store = SqliteStore::open(&dir.join("forkd.db"), Durability::Normal)
+        .await
+        .unwrap();
+    Engine::new(
+        Arc::new(store),
+        Arc::new(SimProvider::new(SimConfig { speed: 0.0 })),
+        config,
+    )
+}
+
+async fn engine(dir: &Path) -> Engine {
+    engine_with(dir, EngineConfig::default()).await
+}
+
+async fn session(engine: &Engine, dir: &Path) -> Session {
+    engine
+        .create_session(NewSession {
+            system_prompt: "Sys.".into(),
+            context_files: vec![ContextFile {
+                path: "a.md".into(),
+                content: "context ".repeat(600),
+            }],
+            workspace: Some(dir.to_path_buf()),
+            permission_mode: PermissionMode::DontAsk,
+            ..NewSession::default()
+        })
+        .await
+        .unwrap()
+}
+
+/// Every event of a turn, until its stream ends.
+async fn turn(
+    engine: &Engine,
+    session: &Session,
+    text: &str,
+) -> Vec<Result<ParentEvent, EngineError>> {
+    let stream = engine.send_message(session.id, text.into()).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(60), stream.collect())
+        .await
+        .expect("the turn ends")
+}
+
+async fn transcript_texts(engine: &Engine, session: &Session) -> Vec<(Role, String)> {
+    engine
+        .store()
+        .session_messages(session.id, None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| (m.message.role, m.message.content_json()))
+        .collect()
+}
+
+async fn agents_of(engine: &Engine, session: &Session, kind: AgentKind) -> Vec<forkd_core::Agent> {
+    engine
+        .list_agents(&AgentFilter {
+            session_id: Some(session.id),
+            include_ended: true,
+            ..AgentFilter::default()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.kind == kind)
+        .collect()
+}
+
+/// Waits for the agent's notification (replayed from the store or live).
+async fn ended(engine: &Engine, agent: AgentId) -> forkd_core::Notification {
+    let filter = NotificationFilter {
+        agent_id: Some(agent),
+        ..NotificationFilter::default()
+    };
+    let mut stream = engine.subscribe(0, filter, true).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(60), stream.next())
+        .await
+        .expect("the agent ends")
+        .unwrap()
+        .unwrap()
+}
+
+/// What only a `<task-notification>` message holds (fork placeholders name the tag too).
+const NOTIFICATION: &str = "<agent-id>";
+
+fn mentions(messages: &[(Role, String)], needle: &str) -> usize {
+    messages.iter().filter(|(_, m)| m.contains(needle)).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typed_agent_called_in_a_turn_reports_once_in_the_tool_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(dir.path()).await;
+    let s = session(&engine, dir.path()).await;
+    let script = concat!(
+        "Plan it.\n",
+        r#"@sim agent {"description":"plan","prompt":"Plan it.\n@sim say step 1, step 2","subagent_type":"Plan"}"#,
+        "\n@sim say delegated",
+    );
+    let events = turn(&engine, &s, script).await;
+    assert!(
+        events.iter().any(
+            |e| matches!(e, Ok(ParentEvent::TurnEnded { text, .. }) if text.contains("delegated"))
+        ),
+        "{events:?}"
+    );
+    let typed = agents_of(&engine, &s, AgentKind::Typed).await;
+    assert_eq!(typed.len(), 1);
+    let id = typed[0].id.to_string();
+
+    let messages = transcript_texts(&engine, &s).await;
+    // The report is in the Agent call's tool_result, and nowhere else in the transcript.
+    assert_eq!(mentions(&messages, &id), 1, "{messages:#?}");
+    assert_eq!(mentions(&messages, NOTIFICATION), 0, "{messages:#?}");
+    // The user's script, the Agent call's input and its tool_result.
+    assert_eq!(mentions(&messages, "step 1, step 2"), 3);
+    // Subscribers still hear of it.
+    assert_eq!(
+        ended(&engine, typed[0].id).await.status,
+        NotificationStatus::Completed
+    );
+    assert!(engine.store().caller_reports().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_parent_cancels_its_turn_and_the_report_it_waited_for_reaches_the_transcript() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(dir.path()).await;
+    let s = session(&engine, dir.path()).await;
+    let script = concat!(
+        "Take your time.\n",
+        r#"@sim agent {"description":"slow","prompt":"Slowly.\n@sim sleep 2s\n@sim say slow but done","subagent_type":"general-purpose"}"#,
+        "\n@sim say never said",
+    );
+    let mut stream = engine.send_message(s.id, script.into()).await.unwrap();
+    // Wait until the turn is waiting on its typed agent.
+    let typed = loop {
+        if let Some(a) = agents_of(&engine, &s, AgentKind::Typed).await.pop() {
+            break a;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let parent = agents_of(&engine, &s, AgentKind::Parent)
+        .await
+        .pop()
+        .unwrap();
+    engine.kill(parent.id).await.unwrap();
+
+    let rest: Vec<_> = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut rest = Vec::new();
+        while let Some(e) = stream.next().await {
+            rest.push(e);
+        }
+        rest
+    })
+    .await
+    .expect("the turn stops at once");
+    assert!(
+        matches!(rest.last(), Some(Err(EngineError::Cancelled(_)))),
+        "{rest:?}"
+    );
+    let parent = engine.get_agent(parent.id).await.unwrap();
+    assert_eq!(parent.state, AgentState::Pending);
+    assert!(matches!(
+        engine.kill(parent.id).await,
+        Err(EngineError::FailedPrecondition(_))
+    ));
+
+    // The typed agent goes on; its report, which no turn will deliver, reaches the transcript.
+    let note = ended(&engine, typed.id).await;
+    assert_eq!(note.status, NotificationStatus::Completed);
+    let messages = transcript_texts(&engine, &s).await;
+    assert_eq!(mentions(&messages, NOTIFICATION), 1, "{messages:#?}");
+    // The user's script, and the notification; the cancelled reply was never stored.
+    assert_eq!(mentions(&messages, "slow but done"), 2);
+    assert_eq!(
+        mentions(&messages, "never said"),
+        1,
+        "only the user's script says it"
+    );
+    // The session takes its next turn.
+    let events = turn(&engine, &s, "Again.\n@sim say back").await;
+    assert!(events.iter().all(|e| e.is_ok()), "{events:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_that_forks_waits_for_its_children_when_forks_are_not_always_async() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = EngineConfig {
+        fork_always_async: false,
+        ..EngineConfig::default()
+    };
+    let engine = engine_with(dir.path(), config).await;
+    let s = session(&engine, dir.path()).await;
+    let script = concat!(
+        "Split it.\n",
+        r#"@sim agent {"description":"a","prompt":"Do a.\n@sim sleep 1s\n@sim say a done"}"#,
+        "\n",
+        r#"@sim agent {"description":"b","prompt":"Do b.\n@sim sleep 1s\n@sim say b done"}"#,
+        "\n@sim say summarized",
+    );
+    let events = turn(&engine, &s, script).await;
+    assert!(events.iter().all(|e| e.is_ok()), "{events:?}");
+    let messages = transcript_texts(&engine, &s).await;
+    // user, fork message, placeholder results, two notifications, then the reply that read them.
+    let roles: Vec<Role> = messages.iter().map(|(r, _)| *r).collect();
+    assert_eq!(
+        roles[roles.len() - 5..],
+        [
+            Role::Assistant,
+            Role::User,
+            Role::User,
+            Role::User,
+            Role::Assistant
+        ],
+        "{messages:#?}"
+    );
+    let n = messages.len();
+    for (_, m) in &messages[n - 3..n - 1] {
+        assert!(m.contains(NOTIFICATION), "{m}");
+    }
+    assert!(messages[n - 1].1.contains("summarized"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_engine_resumes_a_parent_turn_cut_off_mid_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = engine(dir.path()).await;
+    let s = session(&first, dir.path()).await;
+    let stream = first
+        .send_message(
+            s.id,
+            "Think slowly.\n@sim sleep 3s\n@sim say resumed fine".into(),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The daemon stops mid-request: nothing of the reply was stored.
+    first.shutdown(Duration::ZERO).await;
+    drop(stream);
+    let parent = agents_of(&first, &s, AgentKind::Parent)
+        .await
+        .pop()
+        .unwrap();
+    assert_eq!(parent.state, AgentState::Running);
+    let before = transcript_texts(&first, &s).await.len();
+
+    let second = engine(dir.path()).await;
+    assert_eq!(second.resume_interrupted().await.unwrap(), 1);
+    let done = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let parent = second.get_agent(parent.id).await.unwrap();
+            if parent.state == AgentState::Pending {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(done.is_ok(), "the resumed turn ends");
+    let messages = transcript_texts(&second, &s).await;
+    assert_eq!(messages.len(), before + 1, "{messages:#?}");
+    let (role, reply) = messages.last().unwrap();
+    assert_eq!(*role, Role::Assistant);
+    assert!(reply.contains("resumed fine"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_engine_that_claims_an_agent_fences_the_first_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = engine(dir.path()).await;
+    let s = session(&first, dir.path()).await;
+    let batch = first
+        .fork_batch(
+            s.id,
+            vec![Directive {
+                description: "slow".into(),
+                prompt: "Slowly.\n@sim sleep 2s\n@sim say done once".into(),
+            }],
+            None,
+        )
+        .await
+        .unwrap();
+    let child = batch.agent_ids[0];
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // A second daemon on the same database resumes the child while the first still runs it.
+    let second = engine(dir.path()).await;
+    assert_eq!(second.resume_interrupted().await.unwrap(), 1);
+    let note = ended(&second, child).await;
+    assert_eq!(note.status, NotificationStatus::Completed);
+    // Let the first run's response arrive: its write is refused.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let own = second.store().agent_messages(child).await.unwrap();
+    let replies = own
+        .iter()
+        .filter(|m| m.message.role == Role::Assistant)
+        .count();
+    assert_eq!(
+        replies,
+        1,
+        "{:#?}",
+        own.iter()
+            .map(|m| m.message.content_json())
+            .collect::<Vec<_>>()
+    );
+    let notes: Vec<_> = second
+        .subscribe(
+            0,
+            NotificationFilter {
+                agent_id: Some(child),
+                ..NotificationFilter::default()
+            },
+            false,
+        )
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    assert_eq!(notes.len(), 1);
+    let transcript = transcript_texts(&second, &s).await;
+    assert_eq!(mentions(&transcript, NOTIFICATION), 1);
+}
