@@ -241,6 +241,8 @@ pub struct CacheSafeParams {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Session {
     pub id: SessionId,
+    /// Who owns the session, and with it its agents, transcripts and notifications.
+    pub tenant: String,
     pub params: CacheSafeParams,
     pub workspace: PathBuf,
     pub coordinator: bool,
@@ -250,6 +252,9 @@ pub struct Session {
     pub rules: PermissionRules,
     pub created_at_ms: i64,
 }
+
+/// The tenant of callers that present no token on the daemon's Unix socket.
+pub const LOCAL_TENANT: &str = "local";
 
 /// A session's permission rules, as the rule strings the client gave (checked at creation).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

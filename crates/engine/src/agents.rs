@@ -39,8 +39,15 @@ impl Engine {
         for agent in &live {
             if agent.kind == AgentKind::Parent {
                 if agent.state == AgentState::Running {
-                    self.resume_turn(agent.clone()).await?;
-                    resumed += 1;
+                    // One session's broken turn must not keep the others from resuming.
+                    match self.resume_turn(agent.clone()).await {
+                        Ok(()) => resumed += 1,
+                        Err(e) => tracing::error!(
+                            agent.id = %agent.id,
+                            error = %e,
+                            "Cannot resume the parent's turn; it stays running for the next start"
+                        ),
+                    }
                 }
                 continue;
             }

@@ -3,11 +3,22 @@
 use forkd_core::agent::FORK_QUERY_SOURCE;
 use forkd_core::fork::{self, ForkBatch, ForkError};
 use forkd_core::{Agent, AgentId, AgentKind, AgentState, BatchId, Directive, SessionId, Usage};
-use forkd_store::NewChild;
+use forkd_store::{AgentFilter, BatchExtras, Budget, IdempotencyRecord, IdempotentCall, NewChild};
 use tokio::sync::watch;
 
 use crate::error::{EngineError, Result};
+use crate::tenancy::Idempotent;
 use crate::{Engine, now_ms};
+
+/// How a client's batch is submitted, besides its session and directives.
+#[derive(Debug, Clone, Default)]
+pub struct BatchOptions {
+    /// `None`: the daemon's setting.
+    pub warmup_gating: Option<bool>,
+    /// A retry with the same key and parameters returns the first call's batch.
+    pub idempotency_key: Option<String>,
+    pub budget: Budget,
+}
 
 /// A submitted batch: its id and its children in directive order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +36,8 @@ pub(crate) struct BatchStart {
     pub forks: Vec<(String, Directive)>,
     pub others: Vec<(String, forkd_core::Block)>,
     pub gating: bool,
+    pub idempotency: Option<IdempotencyRecord>,
+    pub budget: Budget,
     /// The parent turn that forks (its lease, checked on commit) and the typed agents whose
     /// reports `others` carries; `None` for a client's batch.
     pub turn: Option<(forkd_store::Lease, Vec<AgentId>)>,
@@ -83,7 +96,7 @@ impl Engine {
         &self,
         session_id: SessionId,
         directives: Vec<Directive>,
-        warmup_gating: Option<bool>,
+        options: BatchOptions,
     ) -> Result<SubmittedBatch> {
         let cfg = self.config();
         if directives.len() > cfg.max_children_per_batch {
@@ -101,7 +114,38 @@ impl Engine {
                     .into(),
             ));
         }
-        let gating = warmup_gating.unwrap_or(cfg.warmup_gating);
+        let gating = options.warmup_gating.unwrap_or(cfg.warmup_gating);
+        for (what, bad) in [
+            (
+                "budget_usd",
+                options
+                    .budget
+                    .usd
+                    .is_some_and(|u| !(u > 0.0 && u.is_finite())),
+            ),
+            ("budget_tokens", options.budget.tokens == Some(0)),
+        ] {
+            if bad {
+                return Err(EngineError::InvalidArgument(format!(
+                    "{what} must be positive when set"
+                )));
+            }
+        }
+        let key = options.idempotency_key.clone().filter(|k| !k.is_empty());
+        let digest = key.as_ref().map(|_| {
+            let canonical = serde_json::json!([
+                session_id.to_string(),
+                directives
+                    .iter()
+                    .map(|d| (&d.description, &d.prompt))
+                    .collect::<Vec<_>>(),
+                options.warmup_gating,
+                options.budget.usd,
+                options.budget.tokens,
+            ]);
+            forkd_core::request::fingerprint(canonical.to_string().as_bytes())
+        });
+        let tenant = self.session_owner(session_id).await?;
         // Storing and starting happen in a task of their own: if the caller goes away (a client
         // deadline, a reset stream) after the commit, the children still start. A committed
         // batch whose children never run would be work that silently vanished.
@@ -119,12 +163,58 @@ impl Engine {
                     forks,
                     others: Vec::new(),
                     gating,
+                    idempotency: None,
+                    budget: options.budget,
                     turn: None,
                 };
-                engine.commit_and_start(start).await
+                let (Some(key), Some(digest)) = (key, digest) else {
+                    return engine.commit_and_start(start).await;
+                };
+                let outcome = engine
+                    .idempotent(
+                        &tenant,
+                        &key,
+                        IdempotentCall::ForkBatch,
+                        digest,
+                        batch_id.to_string(),
+                        |record| {
+                            engine.commit_and_start(BatchStart {
+                                idempotency: Some(record),
+                                ..start
+                            })
+                        },
+                    )
+                    .await?;
+                match outcome {
+                    Idempotent::Created(batch) => Ok(batch),
+                    Idempotent::Earlier(id) => engine.submitted(&id).await,
+                }
             })
             .await
             .map_err(|e| EngineError::Internal(format!("fork batch task failed: {e}")))?
+    }
+
+    /// The batch an earlier call submitted, by its stored id.
+    async fn submitted(&self, id: &str) -> Result<SubmittedBatch> {
+        let batch_id: BatchId = id.parse().map_err(|e| {
+            EngineError::Internal(format!("stored batch id {id:?} does not parse: {e}"))
+        })?;
+        let agent_ids = self
+            .inner
+            .store
+            .list_agents(&AgentFilter {
+                batch_id: Some(batch_id),
+                include_ended: true,
+                ..AgentFilter::default()
+            })
+            .await?
+            .into_iter()
+            .map(|a| a.id)
+            .collect();
+        Ok(SubmittedBatch {
+            batch_id,
+            agent_ids,
+        })
     }
 
     /// Appends the fork message and the parent's results to the session, stores the batch and
@@ -137,6 +227,8 @@ impl Engine {
             forks,
             others,
             gating,
+            idempotency,
+            budget,
             turn,
         } = start;
         let lock = self.session_lock(session_id);
@@ -162,8 +254,13 @@ impl Engine {
                 &batch,
                 &parent_results,
                 &children,
-                turn.as_ref()
-                    .map(|(lease, delivered)| (lease, delivered.as_slice())),
+                &BatchExtras {
+                    turn: turn
+                        .as_ref()
+                        .map(|(lease, delivered)| (lease, delivered.as_slice())),
+                    idempotency: idempotency.as_ref(),
+                    budget,
+                },
             )
             .await?;
         drop(guard);

@@ -53,6 +53,13 @@ pub struct EngineConfig {
     /// turn that forks waits for its children and continues with their notifications in its
     /// transcript. A client's `ForkBatch` is asynchronous either way.
     pub fork_always_async: bool,
+    /// The most agents running at once (`None`: no cap). The others wait as `pending`, and
+    /// start in the order they were started.
+    pub max_running_agents: Option<usize>,
+    /// The most model requests in flight at once (`None`: no cap); more wait their turn.
+    pub max_concurrent_requests: Option<usize>,
+    /// Spending limits per tenant (by name); an agent of a tenant over its budget fails.
+    pub tenant_budgets: std::collections::HashMap<String, forkd_store::Budget>,
 }
 
 impl Default for EngineConfig {
@@ -69,6 +76,9 @@ impl Default for EngineConfig {
             agent_dirs: Vec::new(),
             auto_background: Some(Duration::from_secs(120)),
             fork_always_async: true,
+            tenant_budgets: std::collections::HashMap::new(),
+            max_running_agents: Some(256),
+            max_concurrent_requests: Some(64),
         }
     }
 }

@@ -9,7 +9,9 @@ mod agents;
 mod attach;
 mod batch;
 mod config;
+mod diagnose;
 mod error;
+pub mod metrics;
 mod model;
 mod notify;
 mod parent;
@@ -17,6 +19,7 @@ mod permissions;
 mod run;
 mod session;
 mod stats;
+mod tenancy;
 mod tools;
 mod typed;
 
@@ -33,8 +36,9 @@ use tokio_util::task::TaskTracker;
 
 pub use agents::TranscriptEntry;
 pub use attach::{AgentEvent, AgentEventStream, auto_background};
-pub use batch::SubmittedBatch;
+pub use batch::{BatchOptions, SubmittedBatch};
 pub use config::{EngineConfig, RetryPolicy};
+pub use diagnose::{CacheExplanation, Divergence, first_differing_part};
 pub use error::EngineError;
 pub use notify::NotificationStream;
 pub use parent::{ParentEvent, ParentEventStream};
@@ -60,9 +64,9 @@ struct Inner {
     notifications: broadcast::Sender<Notification>,
     /// One lock per session: appends to a session's transcript (a fork batch, a notification)
     /// must see the transcript's current length, so they are serialized per session.
-    session_locks: StdMutex<HashMap<SessionId, Arc<Mutex<()>>>>,
+    session_locks: LockMap<SessionId>,
     /// One parent turn per session at a time (held for the whole turn, unlike the session lock).
-    turn_locks: StdMutex<HashMap<SessionId, Arc<Mutex<()>>>>,
+    turn_locks: LockMap<SessionId>,
     /// Held across a notification's commit and its broadcast, so live subscribers receive
     /// notifications in sequence order (they drop anything at or below the last seq they saw).
     notify_order: Mutex<()>,
@@ -78,6 +82,16 @@ struct Inner {
     prompts: permissions::Prompts,
     /// Batch prefixes shared by the running children of each batch.
     batches: run::BatchCache,
+    /// Slots for running agents when their number is capped, and the queue of runs waiting for
+    /// one (its dispatcher starts with the first run).
+    run_slots: Option<Arc<tokio::sync::Semaphore>>,
+    run_queue: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<run::Queued>>,
+    /// Slots for model requests in flight when their number is capped.
+    request_slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// Session owners and per-key locks of idempotent calls.
+    tenancy: tenancy::Tenancy,
+    /// Sibling prefix divergences seen (also counted in the metrics).
+    divergences: std::sync::atomic::AtomicU64,
     tasks: TaskTracker,
     /// Cancelled when shutdown begins: runs finish the call in flight and start no other.
     draining: CancellationToken,
@@ -87,8 +101,13 @@ struct Inner {
 impl Engine {
     pub fn new(store: Arc<dyn Store>, provider: Arc<dyn Provider>, config: EngineConfig) -> Self {
         let (notifications, _) = broadcast::channel(NOTIFICATION_BUFFER);
+        let slots =
+            |cap: Option<usize>| cap.map(|n| Arc::new(tokio::sync::Semaphore::new(n.max(1))));
         Self {
             inner: Arc::new(Inner {
+                run_slots: slots(config.max_running_agents),
+                run_queue: std::sync::OnceLock::new(),
+                request_slots: slots(config.max_concurrent_requests),
                 store,
                 provider,
                 config,
@@ -97,6 +116,8 @@ impl Engine {
                 turn_locks: StdMutex::new(HashMap::new()),
                 notify_order: Mutex::new(()),
                 batches: run::BatchCache::default(),
+                tenancy: tenancy::Tenancy::default(),
+                divergences: std::sync::atomic::AtomicU64::new(0),
                 prompts: permissions::Prompts::default(),
                 runs: StdMutex::new(HashMap::new()),
                 killed: StdMutex::default(),
@@ -152,12 +173,15 @@ impl Engine {
     }
 }
 
-/// The async lock of one session in a map of them, created on first use.
-fn lock_for(locks: &StdMutex<HashMap<SessionId, Arc<Mutex<()>>>>, id: SessionId) -> Arc<Mutex<()>> {
+/// Async locks by key (a session, an idempotency key), created on first use.
+type LockMap<K> = StdMutex<HashMap<K, Arc<Mutex<()>>>>;
+
+/// The async lock of one key in a map of them, created on first use.
+fn lock_for<K: std::hash::Hash + Eq>(locks: &LockMap<K>, key: K) -> Arc<Mutex<()>> {
     let mut locks = locks
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    locks.entry(id).or_default().clone()
+    locks.entry(key).or_default().clone()
 }
 
 /// Milliseconds since the Unix epoch, for `*_at_ms` fields.

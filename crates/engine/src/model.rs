@@ -17,11 +17,24 @@ impl Engine {
         on_event: &mut (dyn FnMut(&StreamEvent) + Send),
     ) -> Result<Completion, ProviderError> {
         let policy = &self.config().retry;
+        // A provider that retries before the first event has done so already: only a stream
+        // cut off after events arrived is worth another request here.
+        let provider_retried = self.inner.provider.retries_before_first_event();
         let mut attempt = 1;
         loop {
-            match self.request_once(req.clone(), on_event).await {
+            let mut saw_event = false;
+            let mut watch = |event: &StreamEvent| {
+                saw_event = true;
+                on_event(event);
+            };
+            let outcome = self.request_once(req.clone(), &mut watch).await;
+            match outcome {
                 Ok(c) => return Ok(c),
-                Err(e) if e.is_retryable() && attempt < policy.max_attempts => {
+                Err(e)
+                    if e.is_retryable()
+                        && (saw_event || !provider_retried)
+                        && attempt < policy.max_attempts =>
+                {
                     let delay = backoff(policy, attempt, &e);
                     tracing::info!(attempt, error = %e, ?delay, "Retrying model request");
                     tokio::time::sleep(delay).await;
@@ -37,6 +50,11 @@ impl Engine {
         req: ModelRequest,
         on_event: &mut (dyn FnMut(&StreamEvent) + Send),
     ) -> Result<Completion, ProviderError> {
+        // Held for the whole response: the cap is on requests in flight, streams included.
+        let _slot = match &self.inner.request_slots {
+            Some(slots) => slots.clone().acquire_owned().await.ok(),
+            None => None,
+        };
         let mut stream = self.inner.provider.stream(req);
         let mut acc = Accumulator::default();
         while let Some(event) = stream.next().await {
@@ -67,7 +85,68 @@ fn backoff(policy: &RetryPolicy, attempt: u32, err: &ProviderError) -> Duration 
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use forkd_provider::{EventStream, Provider};
+
     use super::*;
+    use crate::EngineConfig;
+
+    /// Answers every request with a 529 before any event, counting the requests.
+    struct Overloaded {
+        calls: AtomicU32,
+        retries_itself: bool,
+    }
+
+    impl Provider for Overloaded {
+        fn name(&self) -> &'static str {
+            "overloaded"
+        }
+
+        fn stream(&self, _: ModelRequest) -> EventStream {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            Box::pin(futures::stream::once(async { Err(status(None)) }))
+        }
+
+        fn retries_before_first_event(&self) -> bool {
+            self.retries_itself
+        }
+    }
+
+    async fn attempts(retries_itself: bool) -> u32 {
+        let provider = Arc::new(Overloaded {
+            calls: AtomicU32::new(0),
+            retries_itself,
+        });
+        let store = forkd_store::SqliteStore::open_in_memory().await.unwrap();
+        let config = EngineConfig {
+            retry: RetryPolicy {
+                max_attempts: 4,
+                base_delay: Duration::from_millis(1),
+                max_delay: Duration::from_millis(2),
+            },
+            ..EngineConfig::default()
+        };
+        let engine = Engine::new(Arc::new(store), provider.clone(), config);
+        let req = ModelRequest {
+            model: "m".into(),
+            body: "{}".into(),
+        };
+        let outcome = engine.request_with_retries(req, &mut |_| {}).await;
+        assert!(outcome.is_err());
+        provider.calls.load(Ordering::SeqCst)
+    }
+
+    /// A provider that retried before the first event already is not retried again on top
+    /// (a persistent 529 would otherwise cost its retries times the engine's).
+    #[tokio::test]
+    async fn errors_before_the_first_event_are_retried_once_not_twice_over() {
+        assert_eq!(attempts(true).await, 1);
+        assert_eq!(attempts(false).await, 4);
+    }
 
     fn status(retry_after: Option<Duration>) -> ProviderError {
         ProviderError::Status {

@@ -81,7 +81,12 @@ impl Engine {
         loop {
             match live.recv().await {
                 Ok(n) => {
-                    if n.seq <= last || !filter.matches(&n) {
+                    if n.seq <= last
+                        || !filter.matches(&n)
+                        || !self
+                            .visible_to(filter.tenant.as_deref(), n.session_id)
+                            .await
+                    {
                         continue;
                     }
                     last = n.seq;

@@ -18,6 +18,7 @@ use futures::stream::BoxStream;
 use tokio::sync::{OwnedMutexGuard, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::batch::{BatchStart, SubmittedBatch};
 use crate::error::{EngineError, Result};
@@ -325,6 +326,7 @@ impl Engine {
             if self.draining() {
                 return Err(EngineError::Draining);
             }
+            self.check_budgets(session.id, None).await?;
             let completion = self
                 .parent_request(session, parent, request, events)
                 .await?;
@@ -416,12 +418,17 @@ impl Engine {
         let body = request::serialize(&session.params, &Conversation::plain(history), true);
         let prefix = body.spans.last().map_or(body.body.len(), |s| s.start);
         let record_fingerprint = fingerprint(&body.body.as_bytes()[..prefix]);
+        let prefix_parts =
+            crate::diagnose::prefix_parts(&body, session.params.tools.raw().len(), prefix);
         let body_bytes = body.body.len() as u64;
+        let request_id = RequestId::new();
+        let span = tracing::info_span!("model_request", request.id = %request_id, turn, body_bytes);
         let req = ModelRequest {
             model: session.params.model.clone(),
             body: body.body.into(),
         };
         let tx = events.clone();
+        let started = std::time::Instant::now();
         let completion = self
             .request_with_retries(req, &mut |event| {
                 if let StreamEvent::TextDelta { text, .. } = event {
@@ -429,25 +436,36 @@ impl Engine {
                     let _ = tx.try_send(Ok(ParentEvent::TextDelta(text.clone())));
                 }
             })
+            .instrument(span)
             .await
             .map_err(|e| EngineError::FailedPrecondition(format!("model request failed: {e}")))?;
+        let took = started.elapsed();
+        let cost_usd = self.cost(session, &completion.usage);
         self.inner
             .store
             .record_request(&RequestRecord {
-                id: RequestId::new(),
+                id: request_id,
                 agent_id: parent.id,
                 session_id: session.id,
                 batch_id: None,
                 turn,
                 model: session.params.model.clone(),
                 usage: completion.usage,
-                cost_usd: self.cost(session, &completion.usage),
+                cost_usd,
                 prefix_fingerprint: record_fingerprint,
+                prefix_parts,
                 body_bytes,
                 stop_reason: completion.stop_reason.clone(),
                 created_at_ms: now_ms(),
             })
             .await?;
+        crate::metrics::request(
+            &session.params.model,
+            parent.kind.as_str(),
+            &completion.usage,
+            cost_usd,
+            took,
+        );
         Ok(completion)
     }
 
@@ -567,6 +585,8 @@ impl Engine {
                 forks: plan.forks,
                 others,
                 gating: self.config().warmup_gating,
+                idempotency: None,
+                budget: forkd_store::Budget::default(),
                 turn: Some((turn.lease, delivered)),
             })
             .await?;

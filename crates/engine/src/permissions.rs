@@ -127,6 +127,16 @@ impl Engine {
         answer
     }
 
+    /// The session a pending prompt belongs to.
+    pub fn prompt_session(&self, id: &str) -> Option<SessionId> {
+        self.inner
+            .prompts
+            .state()
+            .pending
+            .get(id)
+            .map(|(prompt, _)| prompt.session_id)
+    }
+
     /// Answers a pending prompt. `NotFound` when there is none by that id (already answered,
     /// or its agent stopped waiting).
     pub fn answer_prompt(&self, id: &str, answer: PermissionAnswer) -> Result<()> {

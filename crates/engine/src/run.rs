@@ -19,7 +19,7 @@ use forkd_core::{
 };
 use forkd_provider::{Completion, ModelRequest, ProviderError, StreamEvent};
 use forkd_store::{Lease, NewNotification, RequestRecord, StoreError};
-use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tracing::Instrument;
 
 use tokio_util::sync::CancellationToken;
@@ -35,10 +35,21 @@ pub(crate) struct BatchContext {
     pub session: Session,
     pub batch: ForkBatch,
     pub history: Vec<Message>,
+    /// The batch's first recorded turn-0 request, which every sibling's first request is
+    /// compared with (loaded from the store when a restart lost it).
+    pub first_request: std::sync::Mutex<Option<RequestRecord>>,
 }
 
 /// How often an agent's end is attempted before giving up (about a minute in all).
 const FINISH_ATTEMPTS: u32 = 16;
+
+/// A run waiting for a slot under the cap on running agents.
+pub(crate) struct Queued {
+    id: AgentId,
+    gate: Option<WarmupGate>,
+    wait: Option<watch::Receiver<bool>>,
+    token: CancellationToken,
+}
 
 /// Live batch contexts; entries die with the last child that holds them.
 #[derive(Default)]
@@ -53,18 +64,18 @@ enum Shape {
 }
 
 /// An agent's run, loaded from the store.
-struct AgentRun {
+pub(crate) struct AgentRun {
     agent: Agent,
     session: Session,
-    params: CacheSafeParams,
+    pub(crate) params: CacheSafeParams,
     permission_mode: PermissionMode,
     shape: Shape,
     directive: Block,
-    own: Vec<Message>,
+    pub(crate) own: Vec<Message>,
 }
 
 impl AgentRun {
-    fn conversation(&self) -> Conversation {
+    pub(crate) fn conversation(&self) -> Conversation {
         match &self.shape {
             Shape::Fork { ctx } => {
                 ctx.batch
@@ -80,7 +91,7 @@ impl AgentRun {
     }
 
     /// The agent's own first block: request fingerprints cover everything before it.
-    fn directive_pos(&self) -> BlockPos {
+    pub(crate) fn directive_pos(&self) -> BlockPos {
         match &self.shape {
             Shape::Fork { ctx } => BlockPos {
                 message: ctx.history.len() + 1,
@@ -96,7 +107,7 @@ impl AgentRun {
 
 /// Why a run ended without completing.
 #[derive(Debug, thiserror::Error)]
-enum RunFailure {
+pub(crate) enum RunFailure {
     #[error("model request failed: {0}")]
     Provider(#[from] ProviderError),
     #[error("no final answer after {0} turns")]
@@ -146,21 +157,81 @@ impl Engine {
     }
 
     /// Spawns an agent's run on the engine's tracker. `gate` is held by a batch's first child;
-    /// `wait` makes a sibling wait for that gate.
+    /// `wait` makes a sibling wait for that gate. Under a cap on running agents the run waits
+    /// its turn first, in the order agents were started, staying `pending` until then.
     pub(crate) fn spawn_agent(
         &self,
         id: AgentId,
         gate: Option<WarmupGate>,
         wait: Option<watch::Receiver<bool>>,
     ) {
-        let engine = self.clone();
         // The run's own token: cancelled on shutdown or by a kill, and what its tool calls (a
-        // Bash process group) watch so they stop with it.
+        // Bash process group) watch so they stop with it. Registered at once, so a kill reaches
+        // an agent still waiting for a slot.
         let token = self.inner.shutdown.child_token();
         self.runs().insert(id, token.clone());
+        let queued = Queued {
+            id,
+            gate,
+            wait,
+            token,
+        };
+        match &self.inner.run_slots {
+            None => self.spawn_run(queued, None),
+            Some(slots) => {
+                let queue = self
+                    .inner
+                    .run_queue
+                    .get_or_init(|| self.dispatch(slots.clone()));
+                if let Err(refused) = queue.send(queued) {
+                    // The dispatcher stopped for shutdown: the agent stays pending for the next
+                    // start.
+                    self.runs().remove(&refused.0.id);
+                }
+            }
+        }
+    }
+
+    /// The dispatcher of a capped engine: hands out run slots in the order runs were queued.
+    fn dispatch(&self, slots: Arc<Semaphore>) -> mpsc::UnboundedSender<Queued> {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Queued>();
+        let engine = self.clone();
+        let draining = self.inner.draining.clone();
+        tokio::spawn(async move {
+            loop {
+                let queued = tokio::select! {
+                    next = rx.recv() => match next {
+                        Some(q) => q,
+                        None => return,
+                    },
+                    () = draining.cancelled() => return,
+                };
+                let permit = tokio::select! {
+                    biased;
+                    // Killed (or shut down) while waiting: its run ends at once, without a slot.
+                    () = queued.token.cancelled() => None,
+                    permit = slots.clone().acquire_owned() => permit.ok(),
+                    () = draining.cancelled() => return,
+                };
+                engine.spawn_run(queued, permit);
+            }
+        });
+        tx
+    }
+
+    fn spawn_run(&self, queued: Queued, slot: Option<OwnedSemaphorePermit>) {
+        let Queued {
+            id,
+            gate,
+            wait,
+            token,
+        } = queued;
+        let engine = self.clone();
         let span = tracing::info_span!("agent", agent.id = %id);
         self.inner.tasks.spawn(
             async move {
+                let _slot = slot;
+                let _counted = crate::metrics::RunGauge::start();
                 // Only the run itself is raced against cancellation; its end is recorded after,
                 // outside the race, so a kill can never cut a finish in half.
                 let outcome = tokio::select! {
@@ -395,6 +466,7 @@ impl Engine {
             session,
             batch,
             history,
+            first_request: std::sync::Mutex::new(None),
         });
         let mut cache = self
             .inner
@@ -423,7 +495,7 @@ impl Engine {
 
     /// Loads what a run needs: the agent, its params, what its conversation shares, its
     /// directive block and its own messages so far.
-    async fn load_run(&self, id: AgentId) -> Result<AgentRun, RunFailure> {
+    pub(crate) async fn load_run(&self, id: AgentId) -> Result<AgentRun, RunFailure> {
         let store = &self.inner.store;
         let agent = self.get_agent(id).await?;
         let directive =
@@ -526,14 +598,23 @@ impl Engine {
             if self.draining() {
                 return Err(RunFailure::Draining);
             }
+            self.check_budgets(run.agent.session_id, run.agent.batch_id)
+                .await?;
             let conv = run.conversation();
             let body = request::serialize(&run.params, &conv, true);
+            let prefix_end = body.span(directive_pos).map_or(0, |s| s.start);
             let fingerprint = body.prefix_fingerprint(directive_pos).unwrap_or_default();
+            let parts =
+                crate::diagnose::prefix_parts(&body, run.params.tools.raw().len(), prefix_end);
             let body_bytes = body.body.len() as u64;
+            let request_id = RequestId::new();
+            let span =
+                tracing::info_span!("model_request", request.id = %request_id, turn, body_bytes);
             let req = ModelRequest {
                 model: run.params.model.clone(),
                 body: body.body.into(),
             };
+            let started = std::time::Instant::now();
             let completion = self
                 .request_with_retries(req, &mut |event| {
                     if matches!(event, StreamEvent::MessageStart { .. })
@@ -542,36 +623,85 @@ impl Engine {
                         g.open();
                     }
                 })
+                .instrument(span.clone())
                 .await?;
+            let took = started.elapsed();
             self.append_own(lease, &completion.message).await?;
-            self.record(
-                &run.agent,
-                turn,
+            let record = self
+                .record(
+                    request_id,
+                    &run.agent,
+                    turn,
+                    &run.params.model,
+                    &completion,
+                    (fingerprint, parts),
+                    body_bytes,
+                )
+                .instrument(span)
+                .await?;
+            crate::metrics::request(
                 &run.params.model,
-                &completion,
-                fingerprint,
-                body_bytes,
-            )
-            .await?;
+                run.agent.kind.as_str(),
+                &record.usage,
+                record.cost_usd,
+                took,
+            );
+            if turn == 0
+                && let Shape::Fork { ctx } = &run.shape
+            {
+                self.check_first_request(ctx, &record).await;
+            }
             run.own.push(completion.message);
             turn += 1;
         }
     }
 
+    /// A fork child's first request against its batch's first one: a different prefix is
+    /// warned about and counted. The batch's first request is held in its context, so the store
+    /// is asked once per batch (and again only after a restart).
+    async fn check_first_request(&self, ctx: &BatchContext, record: &RequestRecord) {
+        let held = ctx
+            .first_request
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let first = match held {
+            Some(first) => Some(first),
+            None => self
+                .first_sibling_request(ctx.batch.id, 0, record.agent_id)
+                .await
+                .unwrap_or_else(|e| {
+                    tracing::debug!(error = %e, "Cannot read the batch's first request");
+                    None
+                }),
+        };
+        {
+            let mut slot = ctx.first_request.lock().unwrap_or_else(|p| p.into_inner());
+            if slot.is_none() {
+                *slot = Some(first.clone().unwrap_or_else(|| record.clone()));
+            }
+        }
+        if let Some(first) = first.filter(|f| f.agent_id != record.agent_id) {
+            self.compare_prefix(&first, record);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
     async fn record(
         &self,
+        id: RequestId,
         agent: &Agent,
         turn: u32,
         model: &str,
         completion: &Completion,
-        prefix_fingerprint: String,
+        (prefix_fingerprint, prefix_parts): (String, Vec<forkd_store::PrefixPart>),
         body_bytes: u64,
-    ) -> Result<(), RunFailure> {
+    ) -> Result<RequestRecord, RunFailure> {
         let cost_usd = pricing::model(model)
             .map(|m| completion.usage.cost_usd(m, CacheTtl::FiveMinutes))
             .unwrap_or(0.0);
         let record = RequestRecord {
-            id: RequestId::new(),
+            id,
             agent_id: agent.id,
             session_id: agent.session_id,
             batch_id: agent.batch_id,
@@ -580,12 +710,13 @@ impl Engine {
             usage: completion.usage,
             cost_usd,
             prefix_fingerprint,
+            prefix_parts,
             body_bytes,
             stop_reason: completion.stop_reason.clone(),
             created_at_ms: now_ms(),
         };
         self.inner.store.record_request(&record).await?;
-        Ok(())
+        Ok(record)
     }
 
     /// Records the agent's end: its state, its notification (stored, appended to the parent's
@@ -639,6 +770,7 @@ impl Engine {
         let _session = lock.lock().await;
         // Commit and broadcast under one lock, so subscribers see notifications in seq order.
         let _order = self.inner.notify_order.lock().await;
+        let committing = std::time::Instant::now();
         let stored = store
             .finish_agent(lease, &notification, error.as_deref())
             .await?;
@@ -650,6 +782,7 @@ impl Engine {
         );
         // No receiver is fine: subscribers replay from the store.
         let _ = self.inner.notifications.send(stored);
+        crate::metrics::notification(status.as_str(), committing.elapsed());
         Ok(())
     }
 }

@@ -12,7 +12,11 @@ use forkd_core::session::{
 use forkd_core::tools::builtin_definitions;
 use forkd_core::{Block, Message, SessionId};
 
+use forkd_core::session::LOCAL_TENANT;
+use forkd_store::{IdempotencyRecord, IdempotentCall};
+
 use crate::error::{EngineError, Result};
+use crate::tenancy::Idempotent;
 use crate::{Engine, now_ms};
 
 /// A file placed in the session's first message.
@@ -39,6 +43,37 @@ pub struct NewSession {
     /// Permission rules such as `Bash(cargo test:*)` or `Write(src/**)`.
     pub allow_rules: Vec<String>,
     pub deny_rules: Vec<String>,
+    /// The owner; empty for the local tenant.
+    pub tenant: String,
+    /// A retry with the same key and parameters returns the first call's session.
+    pub idempotency_key: Option<String>,
+}
+
+impl NewSession {
+    /// A digest of everything that shapes the session: a retry under one idempotency key must
+    /// ask for the same session.
+    fn digest(&self) -> String {
+        let files: Vec<(&str, &str)> = self
+            .context_files
+            .iter()
+            .map(|f| (f.path.as_str(), f.content.as_str()))
+            .collect();
+        let canonical = serde_json::json!([
+            self.system_prompt,
+            files,
+            self.model,
+            self.workspace.as_ref().map(|w| w.to_string_lossy()),
+            self.coordinator,
+            self.interactive,
+            self.permission_mode.as_str(),
+            self.thinking_budget,
+            self.external_tools,
+            self.max_tokens,
+            self.allow_rules,
+            self.deny_rules,
+        ]);
+        forkd_core::request::fingerprint(canonical.to_string().as_bytes())
+    }
 }
 
 /// The smallest thinking budget the Messages API accepts.
@@ -162,8 +197,45 @@ fn template(req: &NewSession, workspace: &Path, model: &str) -> SystemTemplate {
 
 impl Engine {
     /// Creates a session: validates the request, renders the system prompt and assembles the tool
-    /// pool once, and stores them with the session's first message.
+    /// pool once, and stores them with the session's first message. With an idempotency key, a
+    /// retry returns the session the key first created.
     pub async fn create_session(&self, req: NewSession) -> Result<Session> {
+        let tenant = if req.tenant.is_empty() {
+            LOCAL_TENANT.to_owned()
+        } else {
+            req.tenant.clone()
+        };
+        let Some(key) = req.idempotency_key.clone().filter(|k| !k.is_empty()) else {
+            return self.new_session(req, tenant, None).await;
+        };
+        let id = SessionId::new();
+        let outcome = self
+            .idempotent(
+                &tenant,
+                &key,
+                IdempotentCall::CreateSession,
+                req.digest(),
+                id.to_string(),
+                |record| self.new_session(req, tenant.clone(), Some((id, record))),
+            )
+            .await?;
+        match outcome {
+            Idempotent::Created(session) => Ok(session),
+            Idempotent::Earlier(id) => {
+                let id = id.parse().map_err(|e| {
+                    EngineError::Internal(format!("stored session id {id:?} does not parse: {e}"))
+                })?;
+                self.get_session(id).await
+            }
+        }
+    }
+
+    async fn new_session(
+        &self,
+        req: NewSession,
+        tenant: String,
+        keyed: Option<(SessionId, IdempotencyRecord)>,
+    ) -> Result<Session> {
         let cfg = self.config();
         let size = session_bytes(&req);
         if size > cfg.max_session_bytes {
@@ -200,7 +272,8 @@ impl Engine {
             .collect::<Result<Vec<_>>>()?;
         let rules = check_rules(req.allow_rules.clone(), req.deny_rules.clone())?;
         let session = Session {
-            id: SessionId::new(),
+            id: keyed.as_ref().map_or_else(SessionId::new, |(id, _)| *id),
+            tenant,
             params: CacheSafeParams {
                 system: template(&req, &workspace, &model).render(),
                 model,
@@ -217,7 +290,11 @@ impl Engine {
         };
         self.inner
             .store
-            .create_session(&session, &[first_message(&req.context_files)])
+            .create_session(
+                &session,
+                &[first_message(&req.context_files)],
+                keyed.as_ref().map(|(_, record)| record),
+            )
             .await?;
         tracing::info!(session.id = %session.id, model = %session.params.model, "Session created");
         Ok(session)
@@ -234,12 +311,14 @@ impl Engine {
             })
     }
 
+    /// Sessions of one tenant (or of all, for `None`), in creation order after the cursor.
     pub async fn list_sessions(
         &self,
+        tenant: Option<&str>,
         after: Option<SessionId>,
         limit: u32,
     ) -> Result<Vec<Session>> {
-        Ok(self.inner.store.list_sessions(after, limit).await?)
+        Ok(self.inner.store.list_sessions(tenant, after, limit).await?)
     }
 
     pub async fn session_message_count(&self, id: SessionId) -> Result<u64> {

@@ -68,7 +68,14 @@ async fn subscribers_see_every_notification_once_in_order() {
         .await
         .unwrap();
     let batch = engine
-        .fork_batch(s.id, directives.clone(), Some(false))
+        .fork_batch(
+            s.id,
+            directives.clone(),
+            forkd_engine::BatchOptions {
+                warmup_gating: Some(false),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     // Joins while the batch runs: part replay, part live.
@@ -94,7 +101,7 @@ async fn subscribers_see_every_notification_once_in_order() {
 
     // A second batch reaches the long-lived subscriber, and the batch filter holds.
     let second = engine
-        .fork_batch(s.id, directives[..3].to_vec(), None)
+        .fork_batch(s.id, directives[..3].to_vec(), Default::default())
         .await
         .unwrap();
     let more = take_seqs(&mut early, 3).await;

@@ -80,7 +80,12 @@ async fn fork_and_run(query_source: Option<&str>) -> (NotificationStatus, String
         directive_block: ForkBatch::directive_block(&directive),
     };
     store
-        .create_fork_batch(&batch, &results, &[child], None)
+        .create_fork_batch(
+            &batch,
+            &results,
+            &[child],
+            &forkd_store::BatchExtras::default(),
+        )
         .await
         .unwrap();
 

@@ -294,7 +294,7 @@ async fn a_second_engine_that_claims_an_agent_fences_the_first_run() {
                 description: "slow".into(),
                 prompt: "Slowly.\n@sim sleep 2s\n@sim say done once".into(),
             }],
-            None,
+            Default::default(),
         )
         .await
         .unwrap();
@@ -338,4 +338,59 @@ async fn a_second_engine_that_claims_an_agent_fences_the_first_run() {
     assert_eq!(notes.len(), 1);
     let transcript = transcript_texts(&second, &s).await;
     assert_eq!(mentions(&transcript, NOTIFICATION), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_cap_agents_wait_as_pending_and_start_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = EngineConfig {
+        max_running_agents: Some(2),
+        ..EngineConfig::default()
+    };
+    let engine = engine_with(dir.path(), config).await;
+    let s = session(&engine, dir.path()).await;
+    let directives = (0..6)
+        .map(|i| Directive {
+            description: format!("child {i}"),
+            prompt: format!("Child {i}.\n@sim sleep 300ms\n@sim say {i} done"),
+        })
+        .collect();
+    let options = forkd_engine::BatchOptions {
+        warmup_gating: Some(false),
+        ..Default::default()
+    };
+    let batch = engine.fork_batch(s.id, directives, options).await.unwrap();
+    let filter = NotificationFilter {
+        batch_id: Some(batch.batch_id),
+        ..NotificationFilter::default()
+    };
+    let mut notes = engine.subscribe(0, filter, true).await.unwrap();
+    let mut most_running = 0;
+    let mut ended = Vec::new();
+    while ended.len() < 6 {
+        tokio::select! {
+            note = notes.next() => ended.push(note.unwrap().unwrap().agent_id),
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+        let running = engine
+            .list_agents(&AgentFilter {
+                batch_id: Some(batch.batch_id),
+                ..AgentFilter::default()
+            })
+            .await
+            .unwrap()
+            .iter()
+            .filter(|a| a.state == AgentState::Running)
+            .count();
+        most_running = most_running.max(running);
+    }
+    assert!(most_running <= 2, "{most_running} ran at once");
+    assert!(most_running >= 1);
+    // Equal work, started in order, two at a time: they end in order too.
+    let first_two: std::collections::HashSet<_> = ended[..2].iter().collect();
+    assert_eq!(
+        first_two,
+        batch.agent_ids[..2].iter().collect(),
+        "the first two started first"
+    );
 }

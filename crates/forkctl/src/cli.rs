@@ -2,20 +2,26 @@
 
 use clap::{Parser, Subcommand};
 
-use crate::commands::{attach, calc, fork, kill, logs, ps, session, stats, watch};
+use crate::commands::{attach, cache, calc, fork, kill, logs, ps, run, session, stats, top, watch};
 
 /// forkctl: a thin client of the forkd daemon.
 ///
 /// Data goes to stdout (with `--json`, one JSON object per line), messages to stderr.
-/// Exit codes: 0 ok, 1 a child failed (`fork --wait`), 2 usage error, 3 not found,
+/// Exit codes: 0 ok, 1 a child failed (`fork --wait`, `run --wait`), 2 usage error, 3 not found,
 /// 4 invalid argument, 5 daemon unavailable, 6 any other error.
 #[derive(Debug, Parser)]
 #[command(name = "forkctl", version, propagate_version = true)]
 pub struct Cli {
-    /// The daemon's address: `unix:/path/forkd.sock` or `http://host:port`.
+    /// The daemon's address: `unix:/path/forkd.sock`, `http://host:port` or `https://host:port`.
     /// Default: `unix:$FORKD_HOME/forkd.sock` (FORKD_HOME defaults to `~/.forkd`).
+    /// The bearer token, if any, comes from FORKD_TOKEN.
     #[arg(long, global = true, env = "FORKD_ADDR", value_name = "ADDR")]
     pub addr: Option<String>,
+
+    /// For `https://` addresses: trust this PEM CA certificate (a private CA) instead of the
+    /// system's roots.
+    #[arg(long, global = true, env = "FORKD_CA_CERT", value_name = "FILE")]
+    pub ca_cert: Option<std::path::PathBuf>,
 
     /// Print one JSON object per line instead of human-readable text.
     #[arg(long, global = true)]
@@ -31,10 +37,15 @@ pub enum Command {
     Session(session::SessionArgs),
     /// Submit a fork batch: one child per directive, all sharing the session's context.
     Fork(fork::ForkArgs),
+    /// The CI form: create a session and fork a batch from one YAML file, idempotent by its key.
+    Run(run::RunArgs),
     /// Follow task notifications.
     Watch(watch::WatchArgs),
     /// List agents with their state, tokens, cache-read share and cost.
     Ps(ps::PsArgs),
+    /// A live view of the agents: sessions → batches → children, with state, tokens, cache-read
+    /// share and cost. Off a terminal, or with `--json`, prints one snapshot and exits.
+    Top(top::TopArgs),
     /// Print an agent's transcript.
     Logs(logs::LogsArgs),
     /// Follow an agent: its messages as they come, until it ends or is handed to the background.
@@ -45,6 +56,8 @@ pub enum Command {
     Kill(kill::KillArgs),
     /// Cache efficiency of a batch or session: tokens, reads, writes, cost vs independent agents.
     Stats(stats::StatsArgs),
+    /// Cache diagnostics: where two requests' bodies part (`explain`), recorded requests.
+    Cache(cache::CacheArgs),
     /// The fork cost calculator: a batch of forks against as many independent agents.
     Calc(calc::CalcArgs),
 }
@@ -67,6 +80,9 @@ mod tests {
             panic!("expected ps, got {:?}", cli.command);
         };
         assert!(ps.all);
+        assert_eq!(cli.ca_cert, None);
+        let cli = parse(&["ps", "--ca-cert", "ca.pem"])?;
+        assert_eq!(cli.ca_cert.as_deref(), Some(std::path::Path::new("ca.pem")));
         Ok(())
     }
 

@@ -1,4 +1,5 @@
-//! The connection to forkd: address parsing, the gRPC channel and the bearer-token interceptor.
+//! The connection to forkd: address parsing, the gRPC channel (TLS for `https://`) and the
+//! bearer-token interceptor.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -7,10 +8,12 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use forkd_proto::v1::forkd_client::ForkdClient;
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject as _;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::exit::CliError;
 
@@ -32,10 +35,13 @@ pub enum Addr {
     Unix(PathBuf),
     /// An `http://host:port` URI.
     Http(String),
+    /// An `https://host:port` URI: TLS, verified against the system's roots or `--ca-cert`.
+    Https(String),
 }
 
 impl Addr {
-    /// Parses `unix:/path`, `unix:///path`, `unix:relative/path` or `http://host:port`.
+    /// Parses `unix:/path`, `unix:///path`, `unix:relative/path`, `http://host:port` or
+    /// `https://host:port`.
     pub fn parse(s: &str) -> Result<Self, CliError> {
         let invalid = |why: &str| CliError::InvalidInput(format!("invalid address `{s}`: {why}"));
         if let Some(rest) = s.strip_prefix("unix:") {
@@ -61,13 +67,14 @@ impl Addr {
             }
             return Ok(Self::Http(s.to_owned()));
         }
-        if s.starts_with("https://") {
-            return Err(invalid(
-                "this forkctl speaks plain http only; terminate TLS in front of it or use a Unix socket",
-            ));
+        if let Some(authority) = s.strip_prefix("https://") {
+            if authority.is_empty() {
+                return Err(invalid("the host is missing"));
+            }
+            return Ok(Self::Https(s.to_owned()));
         }
         Err(invalid(
-            "expected `unix:/path/forkd.sock` or `http://host:port`",
+            "expected `unix:/path/forkd.sock`, `http://host:port` or `https://host:port`",
         ))
     }
 
@@ -104,7 +111,7 @@ impl fmt::Display for Addr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Unix(path) => write!(f, "unix:{}", path.display()),
-            Self::Http(uri) => f.write_str(uri),
+            Self::Http(uri) | Self::Https(uri) => f.write_str(uri),
         }
     }
 }
@@ -150,8 +157,48 @@ impl Interceptor for Auth {
     }
 }
 
+/// TLS settings for an `https://` address: only `ca_cert` is trusted when given (a private CA),
+/// else the system's roots.
+fn tls_config(ca_cert: Option<&Path>) -> Result<ClientTlsConfig, CliError> {
+    let Some(path) = ca_cert else {
+        return Ok(ClientTlsConfig::new().with_native_roots());
+    };
+    let pem = std::fs::read(path).map_err(|e| {
+        CliError::InvalidInput(format!(
+            "cannot read the CA certificate {}: {e}",
+            path.display()
+        ))
+    })?;
+    let no_certificate = |why: String| {
+        CliError::InvalidInput(format!(
+            "the CA certificate {} holds no PEM certificate (`-----BEGIN CERTIFICATE-----`){why}",
+            path.display()
+        ))
+    };
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| no_certificate(format!(": {e}")))?;
+    if certs.is_empty() {
+        return Err(no_certificate(String::new()));
+    }
+    Ok(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)))
+}
+
+/// An error and its sources joined with `: ` (tonic's own text only says "transport error").
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// Connects eagerly, so that a daemon that is not running is reported before any work starts.
-pub async fn connect(addr: &Addr, auth: Auth) -> anyhow::Result<Client> {
+/// `ca_cert` is used for `https://` addresses only.
+pub async fn connect(addr: &Addr, auth: Auth, ca_cert: Option<&Path>) -> anyhow::Result<Client> {
     let endpoint = match addr {
         // tonic 0.14 dials `unix:` endpoints itself (over `tokio::net::UnixStream`).
         Addr::Unix(path) => {
@@ -160,10 +207,20 @@ pub async fn connect(addr: &Addr, auth: Auth) -> anyhow::Result<Client> {
             })?;
             Endpoint::from_shared(format!("unix:{path}"))
         }
-        Addr::Http(uri) => Endpoint::from_shared(uri.clone()),
+        Addr::Http(uri) | Addr::Https(uri) => Endpoint::from_shared(uri.clone()),
     }
     .map_err(|e| CliError::InvalidInput(format!("invalid address `{addr}`: {e}")))?
     .connect_timeout(CONNECT_TIMEOUT);
+    let endpoint = match addr {
+        Addr::Https(_) => endpoint.tls_config(tls_config(ca_cert)?).map_err(|e| {
+            CliError::InvalidInput(format!(
+                "cannot set up TLS for {addr}: {}; pass --ca-cert (or FORKD_CA_CERT) to trust \
+                 the daemon's CA",
+                chain(&e)
+            ))
+        })?,
+        Addr::Unix(_) | Addr::Http(_) => endpoint,
+    };
     let channel = endpoint
         .connect()
         .await
@@ -204,12 +261,41 @@ mod tests {
     }
 
     #[test]
+    fn https_addresses_are_kept_whole() -> Result<(), CliError> {
+        let addr = Addr::parse("https://forkd.example:7070")?;
+        assert_eq!(addr, Addr::Https("https://forkd.example:7070".into()));
+        assert_eq!(addr.to_string(), "https://forkd.example:7070");
+        Ok(())
+    }
+
+    #[test]
+    fn a_ca_certificate_must_hold_a_pem_certificate() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let missing = dir.path().join("missing.pem");
+        let err = tls_config(Some(&missing)).err().map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.starts_with("cannot read the CA certificate")),
+            "{err:?}"
+        );
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a certificate")?;
+        let err = tls_config(Some(&junk)).err().map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("junk.pem holds no PEM certificate")),
+            "{err:?}"
+        );
+        Ok(())
+    }
+
+    #[test]
     fn bad_addresses_say_what_is_expected() {
         for bad in [
             "unix:",
             "unix://relative.sock",
             "http://",
-            "https://h:1",
+            "https://",
             "localhost:7070",
         ] {
             let err = Addr::parse(bad)

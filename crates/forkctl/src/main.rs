@@ -37,18 +37,21 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
     // An unset or non-UTF-8 token both mean "no token"; the daemon then says whether it needs one.
     let token = std::env::var("FORKD_TOKEN").ok();
     let auth = Auth::new(token.as_deref())?;
-    let mut client = client::connect(&addr, auth).await?;
+    let mut client = client::connect(&addr, auth, cli.ca_cert.as_deref()).await?;
     let out = Printer::new(cli.json);
     match cli.command {
         Command::Session(args) => commands::session::run(args, &mut client, &out).await,
         Command::Fork(args) => commands::fork::run(args, &mut client, &out).await,
+        Command::Run(args) => commands::run::run(args, &mut client, &out).await,
         Command::Watch(args) => commands::watch::run(args, &mut client, &out).await,
         Command::Ps(args) => commands::ps::run(args, &mut client, &out).await,
+        Command::Top(args) => commands::top::run(args, &mut client, &out).await,
         Command::Logs(args) => commands::logs::run(args, &mut client, &out).await,
         Command::Attach(args) => commands::attach::run(args, &mut client, &out).await,
         Command::Bg(args) => commands::attach::run_bg(args, &mut client, &out).await,
         Command::Kill(args) => commands::kill::run(args, &mut client, &out).await,
         Command::Stats(args) => commands::stats::run(args, &mut client, &out).await,
+        Command::Cache(args) => commands::cache::run(args, &mut client, &out).await,
         Command::Calc(args) => commands::calc::run(args, &mut client, &out).await,
     }
 }

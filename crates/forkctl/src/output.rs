@@ -38,6 +38,15 @@ impl Printer {
     pub fn line(&self, text: impl std::fmt::Display) -> std::io::Result<()> {
         writeln!(std::io::stdout().lock(), "{text}")
     }
+
+    /// A task notification: its JSON shape, or one line for people (`watch`, `fork`, `run`).
+    pub fn notification(&self, n: &Notification) -> std::io::Result<()> {
+        if self.json {
+            self.value(&notification_json(n))
+        } else {
+            self.line(human::notification_line(n))
+        }
+    }
 }
 
 /// `pending`, `running`, `completed`, `failed`, `killed` (or `unspecified`).
@@ -63,7 +72,7 @@ pub fn status_name(status: NotificationStatus) -> &'static str {
 }
 
 /// An empty id on the wire means "none"; scripts test for `null` more naturally than for "".
-fn optional_id(id: &str) -> Value {
+pub(crate) fn optional_id(id: &str) -> Value {
     if id.is_empty() {
         Value::Null
     } else {

@@ -3,32 +3,15 @@
 
 mod support;
 
-use forkd_proto::v1::{Agent, AgentState, Notification, NotificationStatus, Usage};
+use forkd_proto::v1::{Agent, AgentState, NotificationStatus};
 use serde_json::{Value, json};
-use support::{FakeDaemon, Script, TOKEN, forkctl};
+use support::{FakeDaemon, Script, TOKEN, forkctl, notification};
 
 fn json_lines(stdout: &str) -> anyhow::Result<Vec<Value>> {
     stdout
         .lines()
         .map(|l| Ok(serde_json::from_str(l)?))
         .collect()
-}
-
-fn notification(seq: u64, agent: &str, status: NotificationStatus) -> Notification {
-    Notification {
-        seq,
-        session_id: "S1".into(),
-        batch_id: "B1".into(),
-        agent_id: agent.into(),
-        status: status as i32,
-        summary: format!("{agent} done"),
-        usage: Some(Usage {
-            cache_read_input_tokens: 1000,
-            ..Default::default()
-        }),
-        cost_usd: 0.01,
-        ..Default::default()
-    }
 }
 
 #[test]

@@ -24,51 +24,80 @@ fn json_lines(out: &Output) -> Vec<Value> {
         .collect()
 }
 
+/// Fails the test with forkctl's stderr unless it exited 0.
+fn assert_ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `session create` in the daemon's home, with a ~1,500-token context file when `context` is
+/// set (enough for the children to share a cached prefix); returns the session's id.
+async fn create_session(daemon: &TestDaemon, context: bool) -> String {
+    let system = daemon.home_path().join("system.md");
+    std::fs::write(&system, "You are a reviewer.").unwrap();
+    let workspace = daemon.home_path().display().to_string();
+    let mut args = vec![
+        "--json".to_owned(),
+        "session".into(),
+        "create".into(),
+        "--system-file".into(),
+        system.display().to_string(),
+        "--workspace".into(),
+        workspace,
+    ];
+    if context {
+        let file = daemon.home_path().join("context.md");
+        std::fs::write(&file, "forkd forks agents. ".repeat(300)).unwrap();
+        args.extend(["--context-file".into(), file.display().to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = forkctl(daemon, &args).await;
+    assert_ok(&out);
+    json_lines(&out)[0]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// `fork --wait --json`: the reply, then one notification per child.
+async fn fork_and_wait(daemon: &TestDaemon, sid: &str, directives: &[&str]) -> Vec<Value> {
+    let mut args = vec!["--json", "fork", sid, "--wait"];
+    for d in directives {
+        args.extend(["-d", d]);
+    }
+    let out = forkctl(daemon, &args).await;
+    assert_ok(&out);
+    json_lines(&out)
+}
+
+/// `total`'s four token counts (in `total`'s `usage` object, or flattened into `total`) and its
+/// cost are the sums of `parts`'.
+fn assert_adds_up(total: &Value, parts: &[Value]) {
+    let usage = total.get("usage").unwrap_or(total);
+    for key in [
+        "input_tokens",
+        "cache_creation_input_tokens",
+        "cache_read_input_tokens",
+        "output_tokens",
+    ] {
+        let sum: u64 = parts
+            .iter()
+            .map(|p| p["usage"][key].as_u64().unwrap())
+            .sum();
+        assert_eq!(usage[key].as_u64().unwrap(), sum, "{key}");
+    }
+    let cost: f64 = parts.iter().map(|p| p["cost_usd"].as_f64().unwrap()).sum();
+    assert!((total["cost_usd"].as_f64().unwrap() - cost).abs() < 1e-9);
+}
+
 #[tokio::test]
 async fn create_fork_wait_watch_and_stats_agree() {
     let daemon = spawn_daemon().await.unwrap();
-    let system = daemon.home_path().join("system.md");
-    std::fs::write(&system, "You are a reviewer.").unwrap();
-    let context = daemon.home_path().join("context.md");
-    std::fs::write(&context, "forkd forks agents. ".repeat(300)).unwrap();
-    let workspace = daemon.home_path().display().to_string();
-
-    let out = forkctl(
-        &daemon,
-        &[
-            "--json",
-            "session",
-            "create",
-            "--system-file",
-            system.to_str().unwrap(),
-            "--context-file",
-            context.to_str().unwrap(),
-            "--workspace",
-            &workspace,
-        ],
-    )
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let sid = json_lines(&out)[0]["session_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-
-    let mut args = vec!["--json", "fork", sid.as_str(), "--wait"];
-    for d in ["one", "two", "three", "four", "five"] {
-        args.extend(["-d", d]);
-    }
-    let out = forkctl(&daemon, &args).await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines = json_lines(&out);
+    let sid = create_session(&daemon, true).await;
+    let lines = fork_and_wait(&daemon, &sid, &["one", "two", "three", "four", "five"]).await;
     let batch_id = lines[0]["batch_id"].as_str().unwrap().to_owned();
     assert_eq!(lines[0]["agent_ids"].as_array().unwrap().len(), 5);
     let notifications = &lines[1..];
@@ -101,20 +130,7 @@ async fn create_fork_wait_watch_and_stats_agree() {
     let out = forkctl(&daemon, &["--json", "stats", "--batch", &batch_id]).await;
     assert!(out.status.success());
     let stats = &json_lines(&out)[0];
-    for key in [
-        "input_tokens",
-        "cache_creation_input_tokens",
-        "cache_read_input_tokens",
-        "output_tokens",
-    ] {
-        let sum: u64 = waited
-            .iter()
-            .map(|n| n["usage"][key].as_u64().unwrap())
-            .sum();
-        assert_eq!(stats[key].as_u64().unwrap(), sum, "{key}");
-    }
-    let cost: f64 = waited.iter().map(|n| n["cost_usd"].as_f64().unwrap()).sum();
-    assert!((stats["cost_usd"].as_f64().unwrap() - cost).abs() < 1e-9);
+    assert_adds_up(stats, &waited);
     assert_eq!(stats["children"], 5);
 
     let out = forkctl(&daemon, &["--json", "ps", "-a", "--session", &sid]).await;
@@ -124,22 +140,7 @@ async fn create_fork_wait_watch_and_stats_agree() {
 #[tokio::test]
 async fn a_failed_child_fails_the_wait_and_unknown_ids_exit_3() {
     let daemon = spawn_daemon().await.unwrap();
-    let system = daemon.home_path().join("system.md");
-    std::fs::write(&system, "Sys.").unwrap();
-    let workspace = daemon.home_path().display().to_string();
-    let out = forkctl(
-        &daemon,
-        &[
-            "session",
-            "create",
-            "--system-file",
-            system.to_str().unwrap(),
-            "--workspace",
-            &workspace,
-        ],
-    )
-    .await;
-    let sid = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let sid = create_session(&daemon, false).await;
     let out = forkctl(
         &daemon,
         &["fork", &sid, "-d", "fine", "-d", "@sim fail 400", "--wait"],
@@ -163,22 +164,7 @@ async fn a_failed_child_fails_the_wait_and_unknown_ids_exit_3() {
 #[tokio::test]
 async fn session_send_streams_a_parent_turn_that_forks() {
     let daemon = spawn_daemon().await.unwrap();
-    let system = daemon.home_path().join("system.md");
-    std::fs::write(&system, "Sys.").unwrap();
-    let workspace = daemon.home_path().display().to_string();
-    let out = forkctl(
-        &daemon,
-        &[
-            "session",
-            "create",
-            "--system-file",
-            system.to_str().unwrap(),
-            "--workspace",
-            &workspace,
-        ],
-    )
-    .await;
-    let sid = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let sid = create_session(&daemon, false).await;
     let script = "Split it.\n@sim agent {\"description\":\"a\",\"prompt\":\"do a\"}\n@sim agent {\"description\":\"b\",\"prompt\":\"do b\"}";
     let out = forkctl(&daemon, &["--json", "session", "send", &sid, script]).await;
     assert!(
@@ -203,4 +189,61 @@ async fn session_send_streams_a_parent_turn_that_forks() {
     let batch = launched["batch_id"].as_str().unwrap();
     let out = forkctl(&daemon, &["--json", "ps", "-a", "--batch", batch]).await;
     assert_eq!(json_lines(&out).len(), 2);
+}
+
+#[tokio::test]
+async fn top_prints_a_snapshot_of_the_tree_off_a_terminal() {
+    let daemon = spawn_daemon().await.unwrap();
+    let sid = create_session(&daemon, true).await;
+    let lines = fork_and_wait(&daemon, &sid, &["one", "two", "three"]).await;
+    let batch_id = lines[0]["batch_id"].as_str().unwrap();
+    let ps = json_lines(&forkctl(&daemon, &["--json", "ps", "-a", "--session", &sid]).await);
+    assert_eq!(ps.len(), 3);
+
+    // Stdout is a pipe here, so even without --json `top` prints one snapshot and exits.
+    for args in [&["top", "--session", &sid][..], &["--json", "top"][..]] {
+        let out = forkctl(&daemon, args).await;
+        assert_ok(&out);
+        let rows = json_lines(&out);
+        let kinds: Vec<&str> = rows.iter().map(|r| r["kind"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            ["session", "batch", "fork", "fork", "fork"],
+            "{rows:#?}"
+        );
+        let (session, batch, children) = (&rows[0], &rows[1], &rows[2..]);
+        assert_eq!(session["session_id"], sid.as_str());
+        assert_eq!(session["state"], "ended");
+        assert_eq!(session["agents"]["ended"], 3);
+        assert_eq!(batch["batch_id"], batch_id);
+        assert_eq!(batch["agent_id"], Value::Null);
+        // The children's rows are `ps`'s agents; the groups add them up.
+        for child in children {
+            let agent = ps.iter().find(|a| a["agent_id"] == child["agent_id"]);
+            let agent = agent.unwrap_or_else(|| panic!("{child} is not in ps"));
+            assert_eq!(child["state"], "completed");
+            assert_eq!(child["batch_id"], batch_id);
+            assert_eq!(child["depth"], 2);
+            for key in [
+                "session_id",
+                "usage",
+                "cost_usd",
+                "cache_read_share",
+                "description",
+            ] {
+                assert_eq!(child[key], agent[key], "{key}");
+            }
+        }
+        assert_adds_up(session, children);
+        assert_adds_up(batch, children);
+        // Siblings 2 and 3 read the shared prefix that sibling 1 wrote.
+        assert!(batch["cache_read_share"].as_f64().unwrap() > 0.5, "{batch}");
+    }
+
+    let out = forkctl(
+        &daemon,
+        &["top", "--session", "01a22937-0000-7000-8000-000000000000"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(3));
 }

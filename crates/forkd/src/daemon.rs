@@ -11,14 +11,15 @@ use forkd_provider::{
     AnthropicConfig, AnthropicProvider, OpenAiConfig, OpenAiProvider, Provider, SimConfig,
     SimProvider,
 };
-use forkd_server::{Listeners, ServerConfig};
+use forkd_server::{Listeners, ServerConfig, TlsConfig, TokenStore};
 use forkd_store::{Durability, SqliteStore};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// Which model provider the daemon runs its agents on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ProviderKind {
     /// The embedded simulated model (no network).
     Sim,
@@ -31,11 +32,19 @@ pub enum ProviderKind {
 pub struct DaemonConfig {
     /// Holds the database and the socket.
     pub home: PathBuf,
-    /// An extra TCP listener.
+    /// An extra TCP listener. Off loopback it needs at least one bearer token in
+    /// `home/tokens.json`, or the daemon refuses to start.
     pub listen: Option<SocketAddr>,
+    /// Serve Prometheus metrics (`GET /metrics`, plain HTTP) on this address. One process has
+    /// one metrics recorder: a second daemon in the same process asking for it fails to start.
+    pub metrics_listen: Option<SocketAddr>,
+    /// TLS on the TCP listener (needs `listen`).
+    pub tls: Option<TlsFiles>,
     pub provider: ProviderKind,
     /// The `anthropic` provider's settings; read from `ANTHROPIC_*` when unset.
     pub anthropic: Option<AnthropicConfig>,
+    /// The `openai` provider's settings; read from `OPENAI_*` when unset.
+    pub openai: Option<OpenAiConfig>,
     /// The sim's speed factor: 0 is instant, 1 is a realistic pace.
     pub sim_speed: f64,
     pub durability: Durability,
@@ -48,8 +57,11 @@ impl DaemonConfig {
         Self {
             home,
             listen: None,
+            metrics_listen: None,
+            tls: None,
             provider: ProviderKind::Sim,
             anthropic: None,
+            openai: None,
             sim_speed: 0.0,
             durability: Durability::Normal,
             engine: EngineConfig::default(),
@@ -60,6 +72,15 @@ impl DaemonConfig {
     pub fn socket_path(&self) -> PathBuf {
         self.home.join("forkd.sock")
     }
+}
+
+/// The PEM files of the TCP listener's TLS certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// The certificate's private key.
+    pub key: PathBuf,
 }
 
 /// A started daemon.
@@ -96,7 +117,8 @@ impl RunningDaemon {
     }
 }
 
-fn prepare_home(home: &Path) -> anyhow::Result<()> {
+/// Creates the home (mode 0700) if it is missing; warns when an existing one is open to others.
+pub fn prepare_home(home: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     if home.is_dir() {
         // An existing directory is the operator's: warn about loose permissions, change nothing.
@@ -151,21 +173,71 @@ fn provider(config: &DaemonConfig) -> anyhow::Result<Arc<dyn Provider>> {
             };
             Arc::new(AnthropicProvider::new(settings)?)
         }
-        ProviderKind::Openai => Arc::new(OpenAiProvider::new(
-            OpenAiConfig::from_env().context("FORKD_PROVIDER=openai")?,
-        )?),
+        ProviderKind::Openai => {
+            let settings = match &config.openai {
+                Some(settings) => settings.clone(),
+                None => OpenAiConfig::from_env().context("FORKD_PROVIDER=openai")?,
+            };
+            Arc::new(OpenAiProvider::new(settings)?)
+        }
     })
+}
+
+/// Installs the Prometheus recorder and serves it over HTTP on `addr` (any path answers with
+/// the metrics; `/metrics` is the convention).
+fn install_metrics(addr: SocketAddr) -> anyhow::Result<()> {
+    if !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "Serving metrics off loopback: the endpoint has no authentication");
+    }
+    let (recorder, exporter) = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .build()
+        .with_context(|| format!("cannot serve metrics on {addr}"))?;
+    metrics::set_global_recorder(recorder).map_err(|_| {
+        anyhow::anyhow!(
+            "cannot serve metrics on {addr}: this process already has a metrics recorder"
+        )
+    })?;
+    tokio::spawn(async move {
+        if exporter.await.is_err() {
+            tracing::error!("The metrics listener stopped");
+        }
+    });
+    forkd_engine::metrics::describe();
+    tracing::info!(%addr, "Serving Prometheus metrics at /metrics");
+    Ok(())
 }
 
 /// Starts a daemon: opens the store, builds the engine, binds the listeners and serves.
 pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
+    // Read (and so validated) now: a broken token file is a start-up error, not a surprise at
+    // the first call. The server re-reads it when it changes.
+    let tokens = TokenStore::in_home(&config.home);
+    let has_tokens = tokens.has_tokens()?;
     if let Some(addr) = config.listen
         && !addr.ip().is_loopback()
     {
-        bail!(
-            "refusing to listen on {addr}: TCP off loopback needs bearer tokens, which this build \
-             does not support yet; listen on 127.0.0.1 or use the Unix socket"
-        );
+        if !has_tokens {
+            bail!(
+                "refusing to listen on {addr} without bearer tokens: TCP off loopback would let \
+                 anyone on the network in. Create one with `forkd token create NAME` (clients send \
+                 it as FORKD_TOKEN), or listen on 127.0.0.1"
+            );
+        }
+        if config.tls.is_none() {
+            tracing::warn!(%addr, "Serving TCP off loopback without TLS: bearer tokens cross the network in clear text; set --tls-cert and --tls-key");
+        }
+    }
+    let tls = match &config.tls {
+        Some(_) if config.listen.is_none() => bail!(
+            "TLS applies to the TCP listener, and there is none: set --listen (or FORKD_LISTEN, \
+             or listen in config.toml) too"
+        ),
+        Some(files) => Some(TlsConfig::from_files(&files.cert, &files.key)?),
+        None => None,
+    };
+    if let Some(addr) = config.metrics_listen {
+        install_metrics(addr)?;
     }
     prepare_home(&config.home)?;
     let db = config.home.join("forkd.db");
@@ -197,16 +269,20 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
         None => (None, None),
     };
     let shutdown = CancellationToken::new();
+    let mut server_config = config.server.clone();
+    server_config.tokens = Some(tokens);
+    server_config.tls = tls;
+    let tls_on = server_config.tls.is_some();
     let server = tokio::spawn(forkd_server::serve(
         engine.clone(),
         Listeners {
             unix: Some(unix),
             tcp,
         },
-        config.server.clone(),
+        server_config,
         shutdown.clone(),
     ));
-    tracing::info!(socket = %socket_path.display(), tcp = ?tcp_addr, "forkd serving");
+    tracing::info!(socket = %socket_path.display(), tcp = ?tcp_addr, tls = tls_on, "forkd serving");
     Ok(RunningDaemon {
         socket_path,
         tcp_addr,

@@ -239,6 +239,7 @@ async fn drive(
                 })
                 .collect(),
             warmup_gating: Some(opts.warmup_gating),
+            ..Default::default()
         })
         .await?
         .into_inner();

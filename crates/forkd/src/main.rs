@@ -1,13 +1,16 @@
-//! `forkd`: the daemon. Parses arguments, sets up logging, and runs `serve` or `demo`.
+//! `forkd`: the daemon. Parses arguments, sets up logging, and runs `serve`, `token`,
+//! `sim-server` or `demo`.
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
-use forkd::daemon::{self, DaemonConfig, ProviderKind};
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use forkd::config::{FileConfig, LogFormat, ServeFlags, Settings};
+use forkd::daemon;
 use forkd::demo::{self, DemoOptions};
-use forkd_store::Durability;
+use forkd_server::TokenStore;
 
 #[derive(Parser)]
 #[command(
@@ -16,46 +19,35 @@ use forkd_store::Durability;
     about = "Runs LLM agents and forks them with byte-identical, cache-friendly prefixes"
 )]
 struct Cli {
-    /// Log format on stderr.
-    #[arg(long, global = true, value_enum, default_value = "text")]
-    log_format: LogFormat,
+    /// Log format on stderr (`serve`: env FORKD_LOG_FORMAT, or log_format in config.toml)
+    /// [default: text].
+    #[arg(long, global = true, value_enum)]
+    log_format: Option<LogFormat>,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Serve the gRPC API on $FORKD_HOME/forkd.sock (and TCP with --listen).
+    ///
+    /// Each setting comes from its flag, else its environment variable, else
+    /// $FORKD_HOME/config.toml, else its default.
     Serve {
-        /// Home of the database and the socket [default: ~/.forkd].
+        /// Home of the database, the socket, config.toml and tokens.json [default: ~/.forkd].
         #[arg(long, env = "FORKD_HOME")]
         home: Option<PathBuf>,
-        /// Also listen on TCP (loopback only in this build).
-        #[arg(long)]
-        listen: Option<SocketAddr>,
-        #[arg(long, env = "FORKD_PROVIDER", value_enum, default_value = "sim")]
-        provider: ProviderKind,
-        /// The simulated model's pace: 0 is instant, 1 is realistic.
-        #[arg(long, env = "FORKD_SIM_SPEED", default_value_t = 1.0)]
-        sim_speed: f64,
-        /// Sync every commit to disk (survives power loss) instead of every checkpoint.
-        #[arg(long)]
-        fsync_every_commit: bool,
-        /// Send every child of a batch at once instead of warming the cache with the first.
-        #[arg(long)]
-        no_warmup_gating: bool,
-        /// Hand an attached client to the background after this many seconds (0: never).
-        #[arg(long, env = "FORKD_AUTO_BACKGROUND_SECS", default_value_t = 120)]
-        auto_background_secs: u64,
-        /// How long running tool calls and requests may take to finish on shutdown.
-        #[arg(long, default_value = "10s", value_parser = humantime_duration)]
-        grace: Duration,
+        #[command(flatten)]
+        flags: ServeFlags,
+    },
+    /// Manage the bearer tokens that clients present (FORKD_TOKEN); a token's name is its
+    /// tenant. A running daemon sees changes at its next call.
+    Token {
+        /// Home of tokens.json [default: ~/.forkd].
+        #[arg(long, env = "FORKD_HOME", global = true)]
+        home: Option<PathBuf>,
+        #[command(subcommand)]
+        action: TokenAction,
     },
     /// Serve the simulated model over HTTP, speaking the Anthropic Messages API (so the
     /// `anthropic` provider and any Anthropic SDK can talk to it).
@@ -81,13 +73,31 @@ enum Command {
     },
 }
 
-fn humantime_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| e.to_string())
+#[derive(Subcommand)]
+enum TokenAction {
+    /// Create a token for tenant NAME; prints its secret once, alone on stdout
+    /// (`TOKEN=$(forkd token create ci)`). Only its SHA-256 is stored.
+    Create {
+        /// 1 to 64 ASCII letters, digits, `-`, `_` or `.`.
+        name: String,
+    },
+    /// List tokens: names and creation times, never secrets.
+    List {
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke the token NAME: calls presenting it fail from the next one on.
+    Revoke { name: String },
 }
 
 fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    init_tracing_with(filter, format);
+}
+
+fn init_tracing_with(filter: tracing_subscriber::EnvFilter, format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -106,41 +116,39 @@ fn default_home() -> anyhow::Result<PathBuf> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    let log_format = cli.log_format.unwrap_or_default();
     match cli.command {
-        Command::Serve {
-            home,
-            listen,
-            provider,
-            sim_speed,
-            fsync_every_commit,
-            no_warmup_gating,
-            auto_background_secs,
-            grace,
-        } => {
-            init_tracing(cli.log_format);
-            let mut config = DaemonConfig::new(match home {
+        Command::Serve { home, mut flags } => {
+            let home = match home {
                 Some(h) => h,
                 None => default_home()?,
-            });
-            config.listen = listen;
-            config.provider = provider;
-            config.sim_speed = sim_speed;
-            config.engine.warmup_gating = !no_warmup_gating;
-            config.engine.auto_background = forkd_engine::auto_background(auto_background_secs);
-            if fsync_every_commit {
-                config.durability = Durability::Full;
-            }
-            let running = daemon::start(config).await?;
+            };
+            flags.log_format = cli.log_format;
+            let file = FileConfig::load(&home)?;
+            let settings =
+                Settings::resolve(&flags, |name| std::env::var(name).ok(), &file, &home)?;
+            let filter = tracing_subscriber::EnvFilter::try_new(&settings.log)
+                .with_context(|| format!("invalid log filter `{}`", settings.log))?;
+            init_tracing_with(filter, settings.log_format);
+            let running = daemon::start(settings.daemon_config(home)?).await?;
             wait_for_signal().await?;
             tracing::info!("Shutting down");
-            running.shutdown(grace).await
+            running.shutdown(settings.grace).await
+        }
+        Command::Token { home, action } => {
+            init_tracing_with(tracing_subscriber::EnvFilter::new("warn"), log_format);
+            let home = match home {
+                Some(h) => h,
+                None => default_home()?,
+            };
+            token(&home, action)
         }
         Command::SimServer {
             listen,
             sim_speed,
             api_key,
         } => {
-            init_tracing(cli.log_format);
+            init_tracing(log_format);
             let listener = tokio::net::TcpListener::bind(listen).await?;
             tracing::info!(addr = %listener.local_addr()?, "forkd sim-server serving the Anthropic Messages API");
             let sim =
@@ -166,7 +174,7 @@ async fn main() -> anyhow::Result<()> {
             if std::env::var_os("RUST_LOG").is_none() {
                 init_tracing_filter("warn");
             } else {
-                init_tracing(cli.log_format);
+                init_tracing(log_format);
             }
             demo::run(DemoOptions {
                 json,
@@ -176,6 +184,46 @@ async fn main() -> anyhow::Result<()> {
             .await
         }
     }
+}
+
+/// `forkd token …`: only the secret of `create` goes to stdout; everything else people read goes
+/// to stderr.
+fn token(home: &std::path::Path, action: TokenAction) -> anyhow::Result<()> {
+    let tokens = TokenStore::in_home(home);
+    let mut stdout = std::io::stdout().lock();
+    match action {
+        TokenAction::Create { name } => {
+            daemon::prepare_home(home)?;
+            let secret = tokens.create(&name)?;
+            writeln!(stdout, "{}", secret.expose())?;
+            stdout.flush()?;
+            eprintln!(
+                "forkd: created token `{name}` (tenant `{name}`); it is shown only this once. \
+                 Clients send it as FORKD_TOKEN."
+            );
+        }
+        TokenAction::List { json } => {
+            let list = tokens.list()?;
+            if list.is_empty() && !json {
+                eprintln!("forkd: no tokens in {}", tokens.path().display());
+            }
+            let width = list.iter().map(|t| t.name.len()).max().unwrap_or(0);
+            for token in list {
+                if json {
+                    let line =
+                        serde_json::json!({"name": token.name, "created_at": token.created_at});
+                    writeln!(stdout, "{line}")?;
+                } else {
+                    writeln!(stdout, "{:width$}  {}", token.name, token.created_at)?;
+                }
+            }
+        }
+        TokenAction::Revoke { name } => {
+            tokens.revoke(&name)?;
+            eprintln!("forkd: revoked token `{name}`");
+        }
+    }
+    Ok(())
 }
 
 fn init_tracing_filter(filter: &str) {

@@ -21,6 +21,7 @@ async fn bad_requests_get_precise_codes_and_the_daemon_keeps_serving() {
         session_id: session_id.to_owned(),
         directives: ds,
         warmup_gating: None,
+        ..Default::default()
     };
     let cases: Vec<(&str, Code, Result<(), tonic::Status>)> = vec![
         (

@@ -7,6 +7,16 @@
 //! provider with jittered exponential backoff, honouring `retry-after`; a stream cut after events
 //! were yielded is a [`ProviderError::Stream`] for the caller, which re-requests the turn.
 //!
+//! Servers that emulate the API are spoken to as they are. llama.cpp's `llama-server`, for one,
+//! answers as its own model whatever the request names (logged once, and kept in
+//! [`AnthropicProvider::served_model`]; prices and statistics stay with the session's model),
+//! never reports `cache_creation_input_tokens` (zero), sends its error bodies in the OpenAI shape
+//! and its stream errors as bare error objects (both read, see `http` and `sse`), and answers 500
+//! to a request it cannot template (retried only a little, see [`RetryPolicy`]).
+//!
+//! [`Provider::count_tokens`] asks the server's `/v1/messages/count_tokens`; where the server
+//! has none (404, 405, 501), the local estimate answers, and the endpoint is not asked again.
+//!
 //! The HTTP plumbing and the retry policy in this module's children are shared with the
 //! `openai` provider.
 
@@ -14,16 +24,24 @@ pub(crate) mod http;
 mod retry;
 mod sse;
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
 use reqwest::header::{ACCEPT, CONTENT_TYPE};
+use serde::Deserialize;
+use serde_json::value::RawValue;
 
 pub use retry::RetryPolicy;
 pub(crate) use retry::retrying;
 
-use crate::{EventStream, ModelRequest, Provider, ProviderError, StreamEvent};
+use crate::{
+    CountSource, EventStream, ModelRequest, Provider, ProviderError, StreamEvent, TokenCount,
+};
 
 /// Where the API is when `ANTHROPIC_BASE_URL` is unset.
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
@@ -101,12 +119,41 @@ impl AnthropicConfig {
     }
 }
 
-/// The Messages API provider. Clones share one connection pool.
+/// The Messages API provider. Clones share one connection pool, and what they learned about the
+/// server.
 #[derive(Debug, Clone)]
 pub struct AnthropicProvider {
     client: reqwest::Client,
     endpoint: String,
-    config: std::sync::Arc<AnthropicConfig>,
+    count_endpoint: String,
+    config: Arc<AnthropicConfig>,
+    server: Arc<ServerFacts>,
+}
+
+/// What the responses told about the server.
+#[derive(Debug, Default)]
+struct ServerFacts {
+    /// The model the last response named, when it differed from the request's.
+    served_model: Mutex<Option<String>>,
+    /// The server answered `count_tokens` with "no such endpoint": estimate locally from now on.
+    no_count_endpoint: AtomicBool,
+}
+
+/// The fields of a Messages request that `count_tokens` takes; the API refuses the others
+/// (`max_tokens`, `stream`, `temperature`, `metadata`, …).
+const COUNT_FIELDS: [&str; 7] = [
+    "model",
+    "messages",
+    "system",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "mcp_servers",
+];
+
+#[derive(Deserialize)]
+struct CountReply {
+    input_tokens: u64,
 }
 
 impl AnthropicProvider {
@@ -115,28 +162,73 @@ impl AnthropicProvider {
         Ok(Self {
             client: http::client(config.connect_timeout, config.read_timeout)?,
             endpoint: format!("{base}/v1/messages"),
-            config: std::sync::Arc::new(config),
+            count_endpoint: format!("{base}/v1/messages/count_tokens"),
+            config: Arc::new(config),
+            server: Arc::default(),
         })
     }
 
+    /// The model the server last said answered, when that was not the model requested (a
+    /// local server serves its own model under its own name); `None` while they agree.
+    pub fn served_model(&self) -> Option<String> {
+        self.server
+            .served_model
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Notes the model a response named. A different name than requested is fine (the server
+    /// decides what runs); it is logged once per name, since costs and cache statistics are
+    /// still reckoned with the requested model's prices.
+    fn note_model(&self, requested: &str, served: Option<&str>) {
+        let Some(served) = served.filter(|s| !s.is_empty() && *s != requested) else {
+            return;
+        };
+        let mut last = self
+            .server
+            .served_model
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if last.as_deref() != Some(served) {
+            tracing::info!(
+                requested,
+                served,
+                "The server answers with another model than requested; prices and cache \
+                 statistics use the requested model's"
+            );
+            *last = Some(served.to_owned());
+        }
+    }
+
     /// Sends the request, retrying, until its response yields a first event.
-    async fn open(&self, body: Bytes) -> Result<(StreamEvent, sse::Reader), ProviderError> {
-        retrying("anthropic", &self.config.retry, || {
+    async fn open(
+        &self,
+        model: &str,
+        body: Bytes,
+    ) -> Result<(StreamEvent, sse::Reader), ProviderError> {
+        let opened = retrying("anthropic", &self.config.retry, || {
             self.attempt(body.clone())
         })
-        .await
+        .await?;
+        self.note_model(model, opened.1.model());
+        Ok(opened)
+    }
+
+    fn post(&self, url: &str, body: Bytes) -> reqwest::RequestBuilder {
+        self.client
+            .post(url)
+            .header("x-api-key", &self.config.api_key)
+            .header("anthropic-version", &self.config.version)
+            .header(CONTENT_TYPE, "application/json")
+            .body(body)
     }
 
     /// One attempt: send, check the status, read up to the first event.
     async fn attempt(&self, body: Bytes) -> Result<(StreamEvent, sse::Reader), ProviderError> {
         let response = self
-            .client
-            .post(&self.endpoint)
-            .header("x-api-key", &self.config.api_key)
-            .header("anthropic-version", &self.config.version)
-            .header(CONTENT_TYPE, "application/json")
+            .post(&self.endpoint, body)
             .header(ACCEPT, "text/event-stream")
-            .body(body)
             .send()
             .await
             .map_err(|e| http::transport_error(&e))?;
@@ -152,6 +244,61 @@ impl AnthropicProvider {
             )),
         }
     }
+
+    /// The server's count of a request's input tokens; `Ok(None)` when it has no such endpoint.
+    async fn count_remote(&self, body: &str) -> Result<Option<u64>, ProviderError> {
+        if self.server.no_count_endpoint.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let count_body = Bytes::from(count_body(body)?);
+        retrying("anthropic", &self.config.retry, || {
+            self.count_attempt(count_body.clone())
+        })
+        .await
+    }
+
+    async fn count_attempt(&self, body: Bytes) -> Result<Option<u64>, ProviderError> {
+        let response = self
+            .post(&self.count_endpoint, body)
+            .header(ACCEPT, "application/json")
+            .send()
+            .await
+            .map_err(|e| http::transport_error(&e))?;
+        let status = response.status().as_u16();
+        if matches!(status, 404 | 405 | 501) {
+            tracing::info!(
+                status,
+                endpoint = %self.count_endpoint,
+                "The server does not count tokens; forkd estimates them locally"
+            );
+            self.server.no_count_endpoint.store(true, Ordering::Relaxed);
+            return Ok(None);
+        }
+        if !response.status().is_success() {
+            return Err(http::status_error(response).await);
+        }
+        let text = response
+            .text()
+            .await
+            .map_err(|e| http::transport_error(&e))?;
+        let reply: CountReply = serde_json::from_str(&text).map_err(|e| {
+            ProviderError::Stream(format!("unreadable count_tokens answer {text:?}: {e}"))
+        })?;
+        Ok(Some(reply.input_tokens))
+    }
+}
+
+/// A Messages request body cut down to what `count_tokens` accepts. Each kept field's bytes are
+/// copied as they are; only the object around them is new (this request is not cached).
+fn count_body(body: &str) -> Result<String, ProviderError> {
+    let fields: BTreeMap<String, &RawValue> = serde_json::from_str(body)
+        .map_err(|e| ProviderError::InvalidRequest(format!("the request body: {e}")))?;
+    let kept: BTreeMap<&str, &RawValue> = fields
+        .iter()
+        .filter(|(k, _)| COUNT_FIELDS.contains(&k.as_str()))
+        .map(|(k, v)| (k.as_str(), *v))
+        .collect();
+    serde_json::to_string(&kept).map_err(|e| ProviderError::InvalidRequest(e.to_string()))
 }
 
 /// The rest of a response after its first event: every event up to `message_stop`, or the
@@ -179,6 +326,10 @@ fn rest(first: StreamEvent, reader: sse::Reader) -> EventStream {
 }
 
 impl Provider for AnthropicProvider {
+    fn retries_before_first_event(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "anthropic"
     }
@@ -187,12 +338,31 @@ impl Provider for AnthropicProvider {
         let this = self.clone();
         let body = http::body_bytes(&request.body);
         // Lazy: nothing is sent until the stream is polled, and dropping it cancels the request.
-        futures::stream::once(async move { this.open(body).await })
+        futures::stream::once(async move { this.open(&request.model, body).await })
             .flat_map(|opened| match opened {
                 Ok((first, reader)) => rest(first, reader),
                 Err(e) => futures::stream::once(async move { Err(e) }).boxed(),
             })
             .boxed()
+    }
+
+    /// The server's count (`/v1/messages/count_tokens`: the model's own tokenizer and chat
+    /// template), or the local estimate where the server has no such endpoint.
+    fn count_tokens(
+        &self,
+        request: ModelRequest,
+    ) -> BoxFuture<'static, Result<TokenCount, ProviderError>> {
+        let this = self.clone();
+        async move {
+            match this.count_remote(&request.body).await? {
+                Some(input_tokens) => Ok(TokenCount {
+                    input_tokens,
+                    source: CountSource::Provider,
+                }),
+                None => crate::estimate(&request),
+            }
+        }
+        .boxed()
     }
 }
 
@@ -230,5 +400,20 @@ mod tests {
             ("ANTHROPIC_BASE_URL", "api.anthropic.com"),
         ]));
         assert!(matches!(bad, Err(ConfigError::BadUrl { .. })));
+    }
+
+    #[test]
+    fn count_bodies_keep_only_what_count_tokens_takes() {
+        let body = r#"{"model":"m","max_tokens":9,"stream":true,"system":[{"type":"text","text":"S"}],"tools":[],"messages":[{"role":"user","content":"hi  there"}],"temperature":0.5}"#;
+        assert_eq!(
+            count_body(body).as_deref(),
+            Ok(
+                r#"{"messages":[{"role":"user","content":"hi  there"}],"model":"m","system":[{"type":"text","text":"S"}],"tools":[]}"#
+            )
+        );
+        assert!(matches!(
+            count_body("[1]"),
+            Err(ProviderError::InvalidRequest(_))
+        ));
     }
 }

@@ -14,6 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use forkd_core::Usage;
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 
 pub use accumulate::{Accumulator, Completion};
@@ -99,10 +101,14 @@ pub enum ProviderError {
 
 impl ProviderError {
     /// Whether sending the same request again may succeed (429, 529, 5xx, dropped streams).
+    /// 501 (not implemented) and 505 (HTTP version not supported) say the server cannot do what
+    /// was asked: asking again cannot help.
     pub fn is_retryable(&self) -> bool {
         match self {
             ProviderError::Status { status, .. } => {
-                *status == 429 || *status == 529 || (500..600).contains(status)
+                *status == 429
+                    || *status == 529
+                    || ((500..600).contains(status) && !matches!(status, 501 | 505))
             }
             ProviderError::Stream(_) => true,
             ProviderError::InvalidRequest(_) => false,
@@ -113,6 +119,24 @@ impl ProviderError {
 /// A stream of response events.
 pub type EventStream = BoxStream<'static, Result<StreamEvent, ProviderError>>;
 
+/// Who counted a request's input tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CountSource {
+    /// The provider's own count (`/v1/messages/count_tokens`): the model's tokenizer, with
+    /// whatever the server adds around the blocks (a chat template, a tools preamble).
+    Provider,
+    /// forkd's local estimate ([`tokens::request_input_tokens`], o200k_base): deterministic, and
+    /// what the sim reports as usage, but not the model's tokenizer.
+    Estimate,
+}
+
+/// A request's input tokens, before it is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenCount {
+    pub input_tokens: u64,
+    pub source: CountSource,
+}
+
 /// A model provider.
 pub trait Provider: Send + Sync + 'static {
     /// A short name for logs and metrics (`sim`, `anthropic`, …).
@@ -120,6 +144,32 @@ pub trait Provider: Send + Sync + 'static {
 
     /// Sends one request; the stream yields its events, or one error.
     fn stream(&self, request: ModelRequest) -> EventStream;
+
+    /// Whether the provider already retries what fails before the first event (a 429, a 529, a
+    /// refused connection), so that its caller should retry only streams cut off after events
+    /// arrived. Retrying again on top would multiply the attempts.
+    fn retries_before_first_event(&self) -> bool {
+        false
+    }
+
+    /// Counts the input tokens a request would have, without running it. A provider that can
+    /// ask its server does (the `anthropic` provider, through `/v1/messages/count_tokens`, when
+    /// the server has that endpoint); the default is the local estimate, which for the sim is
+    /// exactly the usage it would report.
+    fn count_tokens(
+        &self,
+        request: ModelRequest,
+    ) -> BoxFuture<'static, Result<TokenCount, ProviderError>> {
+        futures::future::ready(estimate(&request)).boxed()
+    }
+}
+
+/// The local estimate of a request's input tokens.
+pub(crate) fn estimate(request: &ModelRequest) -> Result<TokenCount, ProviderError> {
+    tokens::request_input_tokens(&request.body).map(|input_tokens| TokenCount {
+        input_tokens,
+        source: CountSource::Estimate,
+    })
 }
 
 pub use anthropic::{AnthropicConfig, AnthropicProvider, ConfigError, RetryPolicy};

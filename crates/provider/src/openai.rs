@@ -224,6 +224,10 @@ fn rest(reader: Reader) -> EventStream {
 }
 
 impl Provider for OpenAiProvider {
+    fn retries_before_first_event(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "openai"
     }

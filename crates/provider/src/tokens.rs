@@ -7,8 +7,12 @@
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex, PoisonError};
 
+use serde::Deserialize;
+use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use tiktoken_rs::CoreBPE;
+
+use crate::ProviderError;
 
 /// Texts shorter than this are counted directly: hashing them costs about as much as counting.
 const MEMO_MIN_BYTES: usize = 256;
@@ -51,6 +55,74 @@ pub fn block_tokens(block_json: &str) -> u64 {
     count(block_json)
 }
 
+/// The input tokens of a Messages API request body, counted block by block as the sim counts
+/// them (a tool definition's or a content block's compact JSON without its `cache_control`, a
+/// system block's text), so for the sim this is exactly the input side of the usage the request
+/// would report. The model is not checked: any body of the API's shape can be counted.
+pub fn request_input_tokens(body: &str) -> Result<u64, ProviderError> {
+    #[derive(Deserialize)]
+    struct Body {
+        #[serde(default)]
+        tools: Vec<Value>,
+        #[serde(default)]
+        system: Option<Value>,
+        messages: Vec<BodyMessage>,
+    }
+    #[derive(Deserialize)]
+    struct BodyMessage {
+        content: Value,
+    }
+    let invalid = |what: String| ProviderError::InvalidRequest(what);
+    let body: Body =
+        serde_json::from_str(body).map_err(|e| invalid(format!("the request body: {e}")))?;
+    let mut total = 0;
+    for (i, tool) in body.tools.iter().enumerate() {
+        total += block_tokens(
+            &identity(tool).ok_or_else(|| invalid(format!("tools[{i}] is not an object")))?,
+        );
+    }
+    match &body.system {
+        None | Some(Value::Null) => {}
+        Some(Value::String(text)) => total += count(text),
+        Some(Value::Array(blocks)) => {
+            for block in blocks {
+                total += count(block.get("text").and_then(Value::as_str).unwrap_or(""));
+            }
+        }
+        Some(_) => return Err(invalid("system is not a string or a list of blocks".into())),
+    }
+    for (i, message) in body.messages.iter().enumerate() {
+        match &message.content {
+            Value::String(text) => {
+                let block = serde_json::json!({"type": "text", "text": text});
+                total += block_tokens(&block.to_string());
+            }
+            Value::Array(blocks) => {
+                for (j, block) in blocks.iter().enumerate() {
+                    let json = identity(block).ok_or_else(|| {
+                        invalid(format!("messages[{i}].content[{j}] is not an object"))
+                    })?;
+                    total += block_tokens(&json);
+                }
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "messages[{i}].content is not a string or a list"
+                )));
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// A block's compact JSON without its breakpoint (a breakpoint costs no tokens); the keys keep
+/// their order, so a block forkd built compactly is its own bytes.
+fn identity(block: &Value) -> Option<String> {
+    let mut map: Map<String, Value> = block.as_object()?.clone();
+    map.shift_remove("cache_control");
+    serde_json::to_string(&map).ok()
+}
+
 fn memo() -> std::sync::MutexGuard<'static, HashMap<[u8; 32], u64>> {
     // The map holds plain numbers, so a panic elsewhere cannot leave it inconsistent.
     MEMO.lock().unwrap_or_else(PoisonError::into_inner)
@@ -80,6 +152,46 @@ mod tests {
     #[test]
     fn special_token_markers_are_plain_text() {
         assert!(count("<|endoftext|>") > 1);
+    }
+
+    #[test]
+    fn request_bodies_are_counted_block_by_block() {
+        let tool =
+            r#"{"name":"Read","description":"Read a file","input_schema":{"type":"object"}}"#;
+        let block = r#"{"type":"text","text":"Summarise the repository."}"#;
+        let body = format!(
+            r#"{{"model":"any-model","max_tokens":9,"stream":true,
+                "tools":[{tool_cc}],
+                "system":[{{"type":"text","text":"You help.","cache_control":{{"type":"ephemeral"}}}}],
+                "messages":[{{"role":"user","content":[{block}]}},
+                            {{"role":"assistant","content":"Hello there."}}]}}"#,
+            tool_cc = r#"{"name":"Read","description":"Read a file","input_schema":{"type":"object"},"cache_control":{"type":"ephemeral"}}"#,
+        );
+        let expected = block_tokens(tool)
+            + count("You help.")
+            + block_tokens(block)
+            + block_tokens(r#"{"type":"text","text":"Hello there."}"#);
+        assert_eq!(request_input_tokens(&body), Ok(expected));
+        let plain_system = r#"{"system":"You help.","messages":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(
+            request_input_tokens(plain_system),
+            Ok(count("You help.") + block_tokens(r#"{"type":"text","text":"hi"}"#))
+        );
+        for bad in [
+            "{not json",
+            r#"{"model":"m"}"#,
+            r#"{"messages":[{"role":"user","content":7}]}"#,
+            r#"{"system":7,"messages":[]}"#,
+            r#"{"tools":[1],"messages":[]}"#,
+        ] {
+            assert!(
+                matches!(
+                    request_input_tokens(bad),
+                    Err(ProviderError::InvalidRequest(_))
+                ),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -12,9 +12,10 @@ use forkd_core::fork::{ForkBatch, client_fork_message};
 use forkd_core::request::serialize;
 use forkd_core::session::{CacheSafeParams, RenderedSystem, ToolsJson};
 use forkd_core::{BatchId, Block, Directive, Message, SessionId};
+use forkd_provider::tokens::request_input_tokens;
 use forkd_provider::{
-    AnthropicConfig, AnthropicProvider, Completion, Provider, ProviderError, RetryPolicy,
-    SimConfig, SimProvider, StreamEvent,
+    AnthropicConfig, AnthropicProvider, Completion, CountSource, Provider, ProviderError,
+    RetryPolicy, SimConfig, SimProvider, StreamEvent, TokenCount,
 };
 use forkd_sim_server::{SimServerConfig, StreamCuts, serve};
 use futures::StreamExt;
@@ -63,6 +64,7 @@ fn provider(base: &str, key: &str, max_retries: u32) -> AnthropicProvider {
         backoff_base: Duration::from_millis(2),
         backoff_cap: Duration::from_millis(10),
         max_retry_after: Duration::from_secs(5),
+        max_server_error_retries: 2,
     };
     AnthropicProvider::new(config).unwrap()
 }
@@ -310,7 +312,7 @@ async fn error_bodies_of_either_shape_give_the_message() {
             400,
             "application/json",
             r#"{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: too big"}}"#,
-            "max_tokens: too big",
+            "max_tokens: too big (invalid_request_error)",
         ),
         (
             529,
@@ -325,6 +327,19 @@ async fn error_bodies_of_either_shape_give_the_message() {
             "<html>Bad Gateway</html>",
         ),
         (500, "application/json", "", "Internal Server Error"),
+        // llama.cpp's server speaks the OpenAI shape, with a numeric code.
+        (
+            500,
+            "application/json",
+            r#"{"error":{"code":500,"message":"'messages' is required","type":"server_error"}}"#,
+            "'messages' is required (server_error)",
+        ),
+        (
+            400,
+            "application/json",
+            r#"{"error":{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error","n_prompt_tokens":40000,"n_ctx":32768}}"#,
+            "the request exceeds the available context size (exceed_context_size_error)",
+        ),
     ];
     for (status, content_type, body, expected) in cases {
         let mock = MockServer::start().await;
@@ -442,4 +457,320 @@ async fn a_refused_connection_is_retried_then_reported() {
         matches!(failed, Err(ProviderError::Stream(_))),
         "{failed:?}"
     );
+}
+
+// ---- llama.cpp's server (`llama-server`), as its source and a real run show it ----
+
+/// The model the sessions name; the local server answers as its own.
+const REQUESTED: &str = "claude-sonnet-4-5";
+
+/// A response as llama-server streams it: its own model name, `input_tokens` counting only the
+/// uncached tokens, `cache_read_input_tokens`, and no `cache_creation_input_tokens` anywhere;
+/// `message_delta` carries only `output_tokens`; keep-alive comments between events.
+fn llama_stream(model: &str, input: u64, read: u64) -> String {
+    let start = format!(
+        r#"{{"type":"message_start","message":{{"id":"chatcmpl-7","type":"message","role":"assistant","content":[],"model":"{model}","stop_reason":null,"stop_sequence":null,"usage":{{"cache_read_input_tokens":{read},"input_tokens":{input},"output_tokens":0}}}}}}"#
+    );
+    let mut body = sse(&[
+        ("message_start", &start),
+        (
+            "content_block_start",
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+        ),
+        (
+            "content_block_delta",
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Scope: the"}}"#,
+        ),
+    ]);
+    body.push_str(":\n\n");
+    body.push_str(&sse(&[
+        (
+            "content_block_delta",
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":" store"}}"#,
+        ),
+        (
+            "content_block_stop",
+            r#"{"type":"content_block_stop","index":0}"#,
+        ),
+        (
+            "message_delta",
+            r#"{"type":"message_delta","delta":{"stop_reason":"max_tokens","stop_sequence":null},"usage":{"output_tokens":3}}"#,
+        ),
+        ("message_stop", r#"{"type":"message_stop"}"#),
+    ]));
+    body
+}
+
+fn local_body() -> String {
+    base().model(REQUESTED).cache_at(-1).json()
+}
+
+#[tokio::test]
+async fn a_local_server_answering_as_its_own_model_without_cache_writes() {
+    let mock = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/messages"))
+        .respond_with(events(llama_stream("gemma-3-270m", 12, 2905)))
+        .expect(2)
+        .mount(&mock)
+        .await;
+    let provider = provider(&mock.uri(), "local", 0);
+    assert_eq!(provider.served_model(), None);
+    let done = bounded(&provider, &local_body()).await.unwrap();
+    assert_eq!(done.message.text(), "Scope: the store");
+    assert_eq!(done.stop_reason.as_deref(), Some("max_tokens"));
+    // No cache_creation_input_tokens: zero. Uncached and read tokens as the server said.
+    assert_eq!(
+        done.usage,
+        forkd_core::Usage {
+            output_tokens: 3,
+            ..usage(12, 0, 2905)
+        }
+    );
+    // The request went out naming the session's model; the answer's other name is kept, not
+    // an error.
+    let sent = &mock.received_requests().await.unwrap()[0];
+    assert!(String::from_utf8_lossy(&sent.body).contains(REQUESTED));
+    assert_eq!(provider.served_model().as_deref(), Some("gemma-3-270m"));
+    // Clones share what was learned.
+    let clone = provider.clone();
+    assert!(bounded(&clone, &local_body()).await.is_ok());
+    assert_eq!(clone.served_model().as_deref(), Some("gemma-3-270m"));
+
+    // A server that names the requested model leaves nothing to note.
+    let same = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(events(llama_stream(REQUESTED, 12, 0)))
+        .mount(&same)
+        .await;
+    let provider = self::provider(&same.uri(), "local", 0);
+    assert!(bounded(&provider, &local_body()).await.is_ok());
+    assert_eq!(provider.served_model(), None);
+}
+
+/// llama.cpp's server answers 500 to a request it cannot template or parse, every time.
+const LLAMA_500: &str = r#"{"error":{"code":500,"message":"Conversation roles must alternate user/assistant/user/assistant/...","type":"server_error"}}"#;
+
+#[tokio::test]
+async fn a_500_for_a_malformed_request_is_retried_a_little_then_reported() {
+    let mock = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(500).set_body_raw(LLAMA_500, "application/json"))
+        .mount(&mock)
+        .await;
+    // Five retries allowed for overloads, two for a 500: three requests in all.
+    let failed = bounded(&provider(&mock.uri(), "k", 5), &local_body()).await;
+    match failed {
+        Err(ProviderError::Status {
+            status: 500,
+            ref message,
+            retry_after: None,
+        }) => assert_eq!(
+            message,
+            "Conversation roles must alternate user/assistant/user/assistant/... (server_error)"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(mock.received_requests().await.unwrap().len(), 3);
+    assert_eq!(
+        failed.unwrap_err().to_string(),
+        "provider returned 500: Conversation roles must alternate \
+         user/assistant/user/assistant/... (server_error)"
+    );
+
+    // The default policy is bounded the same way.
+    let policy = RetryPolicy::default();
+    assert!(policy.max_server_error_retries < policy.max_retries);
+
+    // (status, body, the status reported, requests made): a 5xx whose body blames the request,
+    // and "not implemented", are final at once, for the engine too (not retryable).
+    let cases = [
+        (
+            500,
+            r#"{"error":{"message":"tools[0]: invalid schema","type":"invalid_request_error","code":null}}"#,
+            400,
+            1,
+        ),
+        (
+            501,
+            r#"{"error":{"code":501,"message":"This server does not support tools","type":"not_supported_error"}}"#,
+            501,
+            1,
+        ),
+        // An overload is worth all five retries.
+        (
+            503,
+            r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#,
+            503,
+            6,
+        ),
+    ];
+    for (status, body, reported, requests) in cases {
+        let mock = MockServer::start().await;
+        Mock::given(method("POST"))
+            .respond_with(ResponseTemplate::new(status).set_body_raw(body, "application/json"))
+            .mount(&mock)
+            .await;
+        let failed = bounded(&provider(&mock.uri(), "k", 5), &local_body()).await;
+        match &failed {
+            Err(e @ ProviderError::Status { status: got, .. }) => {
+                assert_eq!(*got, reported, "{body}");
+                assert_eq!(
+                    e.is_retryable(),
+                    (500..600).contains(&reported) && reported != 501
+                );
+            }
+            other => panic!("{body}: {other:?}"),
+        }
+        assert_eq!(
+            mock.received_requests().await.unwrap().len(),
+            requests,
+            "{body}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn llama_server_error_events_carry_their_message() {
+    // Before any event: retried like the status it stands for, then the message is the caller's.
+    let error_event = "event: error\ndata: {\"code\":500,\"message\":\"failed to decode the batch\",\"type\":\"server_error\"}\n\n";
+    let mock = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(events(error_event.to_owned()))
+        .mount(&mock)
+        .await;
+    let failed = bounded(&provider(&mock.uri(), "k", 5), &local_body()).await;
+    assert_eq!(
+        failed.map(|c| c.stop_reason),
+        Err(ProviderError::Status {
+            status: 500,
+            message: "failed to decode the batch (server_error)".into(),
+            retry_after: None,
+        })
+    );
+    assert_eq!(mock.received_requests().await.unwrap().len(), 3);
+
+    // After events: the caller gets the server's message, not a bare "stream ended".
+    let cut: String = llama_stream("gemma-3-270m", 12, 0)
+        .split_inclusive("\n\n")
+        .take(3)
+        .collect::<String>()
+        + error_event;
+    let mock = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(events(cut))
+        .mount(&mock)
+        .await;
+    let failed = bounded(&provider(&mock.uri(), "k", 5), &local_body()).await;
+    assert!(
+        matches!(failed, Err(ProviderError::Status { status: 500, ref message, .. }) if message.starts_with("failed to decode")),
+        "{failed:?}"
+    );
+    assert_eq!(mock.received_requests().await.unwrap().len(), 1);
+}
+
+// ---- token counting ----
+
+async fn count(provider: &impl Provider, body: &str) -> Result<TokenCount, ProviderError> {
+    tokio::time::timeout(LIMIT, provider.count_tokens(request(REQUESTED, body)))
+        .await
+        .expect("counted in time")
+}
+
+#[tokio::test]
+async fn tokens_are_counted_by_the_server_where_it_can() {
+    let mock = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/messages/count_tokens"))
+        .and(header("x-api-key", "k"))
+        .and(header("anthropic-version", "2023-06-01"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_raw(r#"{"input_tokens":3517}"#, "application/json"),
+        )
+        .expect(1)
+        .mount(&mock)
+        .await;
+    let body = local_body();
+    let counted = count(&provider(&mock.uri(), "k", 0), &body).await;
+    assert_eq!(
+        counted,
+        Ok(TokenCount {
+            input_tokens: 3517,
+            source: CountSource::Provider,
+        })
+    );
+    // count_tokens takes no max_tokens or stream: the body sent has only what it accepts, each
+    // field's bytes as they were.
+    let sent: serde_json::Value =
+        serde_json::from_slice(&mock.received_requests().await.unwrap()[0].body).unwrap();
+    let original: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let keys: Vec<&str> = sent
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(keys, ["messages", "model", "system", "tools"]);
+    for key in keys {
+        assert_eq!(sent[key], original[key], "{key}");
+    }
+}
+
+#[tokio::test]
+async fn without_a_count_endpoint_the_local_estimate_answers() {
+    for status in [404, 405, 501] {
+        let mock = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/v1/messages/count_tokens"))
+            .respond_with(ResponseTemplate::new(status).set_body_raw("Not Found", "text/plain"))
+            .expect(1)
+            .mount(&mock)
+            .await;
+        let provider = provider(&mock.uri(), "k", 3);
+        let body = local_body();
+        let estimate = TokenCount {
+            input_tokens: request_input_tokens(&body).unwrap(),
+            source: CountSource::Estimate,
+        };
+        assert_eq!(count(&provider, &body).await, Ok(estimate), "{status}");
+        // The endpoint is not asked again (`expect(1)`), by this provider or its clones.
+        assert_eq!(count(&provider.clone(), &body).await, Ok(estimate));
+    }
+
+    // Other failures are errors, not estimates.
+    let mock = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(401).set_body_raw(
+            r#"{"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key"}}"#,
+            "application/json",
+        ))
+        .mount(&mock)
+        .await;
+    let refused = count(&provider(&mock.uri(), "k", 3), &local_body()).await;
+    assert!(
+        matches!(refused, Err(ProviderError::Status { status: 401, ref message, .. }) if message.contains("invalid x-api-key")),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        count(&provider(&mock.uri(), "k", 3), "{not json").await,
+        Err(ProviderError::InvalidRequest(_))
+    ));
+}
+
+#[tokio::test]
+async fn the_sim_counts_what_it_bills_over_http_and_in_process() {
+    let server = start(None).await;
+    let remote = provider(&server.base, "test", 0);
+    let local = SimProvider::new(SimConfig::default());
+    let mut bodies = vec![base().cache_at(-1).json()];
+    bodies.extend(fork_children());
+    for body in &bodies {
+        let in_process = count(&local, body).await.unwrap();
+        let over_http = count(&remote, body).await.unwrap();
+        let billed = bounded(&local, body).await.unwrap().usage.total_input();
+        assert_eq!(in_process.source, CountSource::Estimate);
+        assert_eq!(over_http.source, CountSource::Provider);
+        assert_eq!(in_process.input_tokens, billed);
+        assert_eq!(over_http.input_tokens, billed);
+    }
 }

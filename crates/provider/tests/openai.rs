@@ -34,6 +34,7 @@ fn provider(base: &str, max_retries: u32) -> OpenAiProvider {
             backoff_base: Duration::from_millis(2),
             backoff_cap: Duration::from_millis(10),
             max_retry_after: Duration::from_secs(5),
+            max_server_error_retries: 2,
         },
         ..OpenAiConfig::default()
     })

@@ -119,6 +119,23 @@ pub(crate) fn cache_stats(s: &CacheStats) -> pb::GetCacheStatsResponse {
     }
 }
 
+pub(crate) fn request_record(r: &forkd_store::RequestRecord) -> pb::ModelRequestRecord {
+    pb::ModelRequestRecord {
+        request_id: r.id.to_string(),
+        agent_id: r.agent_id.to_string(),
+        session_id: r.session_id.to_string(),
+        batch_id: r.batch_id.map(|b| b.to_string()).unwrap_or_default(),
+        turn: r.turn,
+        model: r.model.clone(),
+        usage: Some(usage(&r.usage)),
+        cost_usd: r.cost_usd,
+        prefix_fingerprint: r.prefix_fingerprint.clone(),
+        body_bytes: r.body_bytes,
+        stop_reason: r.stop_reason.clone().unwrap_or_default(),
+        created_at: Some(timestamp(r.created_at_ms)),
+    }
+}
+
 pub(crate) fn estimate(e: &ForkCostEstimate, model: &str) -> pb::EstimateForkCostResponse {
     pb::EstimateForkCostResponse {
         independent_cost_usd: e.independent_cost_usd,

@@ -1,12 +1,15 @@
 //! forkd's gRPC front: the `forkd.v1.Forkd` service, health and reflection, on a Unix socket
-//! and optionally TCP.
+//! and optionally TCP (with optional TLS).
 //!
 //! This is the only crate besides the generated `forkd-proto` that knows protobuf: it converts
-//! between the wire and the engine and maps engine errors to status codes in one place.
+//! between the wire and the engine and maps engine errors to status codes in one place. Every
+//! `forkd.v1` call is authenticated by [`auth`]'s layer, which hands handlers a [`Tenant`].
 
+pub mod auth;
 mod convert;
 mod service;
 mod status;
+mod tls;
 
 use std::time::Duration;
 
@@ -18,12 +21,18 @@ use tokio_util::sync::CancellationToken;
 use tonic::codegen::http;
 use tower::util::MapResponseLayer;
 
+use crate::auth::{AuthLayer, Transport};
+
+pub use auth::{Tenant, TokenStore, tenant};
 pub use service::ForkdService;
+pub use tls::{TlsConfig, TlsError};
 
 /// Listeners the daemon serves on; the caller binds them, so tests can use ephemeral ones.
 #[derive(Debug, Default)]
 pub struct Listeners {
+    /// The Unix socket (mode 0600): callers without a token are [`Tenant::LOCAL`].
     pub unix: Option<UnixListener>,
+    /// TCP: off loopback every call needs a token; on loopback, once any token exists.
     pub tcp: Option<TcpListener>,
 }
 
@@ -32,12 +41,18 @@ pub struct Listeners {
 pub struct ServerConfig {
     /// The largest message accepted or sent, in bytes (tonic's default only bounds receiving).
     pub max_message_bytes: usize,
+    /// The bearer tokens calls are checked against; `None` when no token can exist.
+    pub tokens: Option<TokenStore>,
+    /// TLS for the TCP listener (the Unix socket never uses it).
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             max_message_bytes: 16 * 1024 * 1024,
+            tokens: None,
+            tls: None,
         }
     }
 }
@@ -47,6 +62,8 @@ impl Default for ServerConfig {
 pub enum ServerError {
     #[error("no listener to serve on")]
     NoListener,
+    #[error("cannot read the TCP listener's address: {0}")]
+    ListenerAddr(std::io::Error),
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("transport: {0}")]
@@ -55,10 +72,13 @@ pub enum ServerError {
     Join(#[from] tokio::task::JoinError),
 }
 
-/// Serves the API on one stream of connections until `stop` is cancelled.
+/// Serves the API on one stream of connections until `stop` is cancelled: `auth` decides who
+/// each call is for, and `tls`, when set, is spoken on every connection.
 async fn serve_incoming<I, IO, IE>(
     engine: Engine,
     config: ServerConfig,
+    auth: AuthLayer,
+    tls: Option<tonic::transport::ServerTlsConfig>,
     incoming: I,
     stop: CancellationToken,
 ) -> Result<(), ServerError>
@@ -88,9 +108,14 @@ where
     // Both reflection versions: older grpcurl speaks only v1alpha.
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    builder
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .layer(MapResponseLayer::new(decode_errors_are_invalid_argument))
+        .layer(auth)
         .add_service(forkd)
         .add_service(health)
         .add_service(reflection_v1)
@@ -123,6 +148,9 @@ fn decode_errors_are_invalid_argument<B>(mut res: http::Response<B>) -> http::Re
 }
 
 /// Serves until `shutdown` is cancelled, then stops accepting and lets open calls finish.
+///
+/// Every `forkd.v1` call on either listener passes the [`auth`] layer first; TLS, when
+/// configured, applies to the TCP listener.
 pub async fn serve(
     engine: Engine,
     listeners: Listeners,
@@ -135,18 +163,26 @@ pub async fn serve(
     let mut servers = tokio::task::JoinSet::new();
     if let Some(unix) = listeners.unix {
         let incoming = UnixListenerStream::new(unix);
+        let auth = AuthLayer::new(config.tokens.clone(), Transport::Unix);
         servers.spawn(serve_incoming(
             engine.clone(),
             config.clone(),
+            auth,
+            None,
             incoming,
             shutdown.clone(),
         ));
     }
     if let Some(tcp) = listeners.tcp {
+        let local = tcp.local_addr().map_err(ServerError::ListenerAddr)?;
+        let auth = AuthLayer::new(config.tokens.clone(), Transport::tcp(local));
+        let tls = config.tls.as_ref().map(TlsConfig::server_config);
         let incoming = TcpListenerStream::new(tcp);
         servers.spawn(serve_incoming(
             engine.clone(),
             config.clone(),
+            auth,
+            tls,
             incoming,
             shutdown.clone(),
         ));

@@ -47,6 +47,76 @@ pub enum StoreError {
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+/// What a call made with an idempotency key created. Written in the same transaction as what it
+/// names, so a key never points at nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyRecord {
+    pub tenant: String,
+    pub key: String,
+    /// `session` or `batch`: one key names one call.
+    pub kind: IdempotentCall,
+    /// A digest of the call's parameters: a retry must carry the same.
+    pub request_sha256: String,
+    /// The session or batch id the call created.
+    pub resource_id: String,
+    pub created_at_ms: i64,
+}
+
+/// The calls that take an idempotency key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IdempotentCall {
+    CreateSession,
+    ForkBatch,
+}
+
+impl IdempotentCall {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdempotentCall::CreateSession => "session",
+            IdempotentCall::ForkBatch => "batch",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [IdempotentCall::CreateSession, IdempotentCall::ForkBatch]
+            .into_iter()
+            .find(|k| k.as_str() == s)
+    }
+}
+
+/// Optional spending limits; `None` for no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Budget {
+    pub usd: Option<f64>,
+    /// All tokens: input, cache writes, cache reads and output.
+    pub tokens: Option<u64>,
+}
+
+/// What agents have spent so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Spend {
+    pub usd: f64,
+    pub tokens: u64,
+}
+
+/// Whose spending to add up.
+#[derive(Debug, Clone, Copy)]
+pub enum SpendScope<'a> {
+    Batch(BatchId),
+    Tenant(&'a str),
+}
+
+/// What a fork batch is stored with besides its messages and children.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BatchExtras<'a> {
+    /// The parent turn that forks: its lease (checked) and the typed agents whose reports the
+    /// parent's results carry (marked delivered, see [`Store::append_turn`]).
+    pub turn: Option<(&'a Lease, &'a [AgentId])>,
+    /// The client's idempotency key, stored with the batch.
+    pub idempotency: Option<&'a IdempotencyRecord>,
+    pub budget: Budget,
+}
+
 /// A run's claim on an agent: the agent's generation when the run claimed it.
 ///
 /// Claiming increments the generation, so the newest claim wins: every write a run makes on the
@@ -81,6 +151,8 @@ pub struct NewChild {
 /// Which agents to list. Ordered by id (creation order); `after` is the pagination cursor.
 #[derive(Debug, Clone, Default)]
 pub struct AgentFilter {
+    /// Only agents of this tenant's sessions.
+    pub tenant: Option<String>,
     pub session_id: Option<SessionId>,
     pub batch_id: Option<BatchId>,
     /// When false, only pending and running agents.
@@ -93,6 +165,9 @@ pub struct AgentFilter {
 /// Which notifications to read.
 #[derive(Debug, Clone, Default)]
 pub struct NotificationFilter {
+    /// Only notifications of this tenant's sessions. [`NotificationFilter::matches`] cannot see a
+    /// notification's tenant: whoever matches live notifications checks it.
+    pub tenant: Option<String>,
     pub session_id: Option<SessionId>,
     pub batch_id: Option<BatchId>,
     pub agent_id: Option<AgentId>,
@@ -136,9 +211,28 @@ pub struct RequestRecord {
     /// Fingerprint of the body up to the child's own first block (its directive): siblings must
     /// agree on it.
     pub prefix_fingerprint: String,
+    /// The prefix's parts with their digests (empty for records made before they were kept):
+    /// what `ExplainCache` compares to find where two requests part.
+    pub prefix_parts: Vec<PrefixPart>,
     pub body_bytes: u64,
     pub stop_reason: Option<String>,
     pub created_at_ms: i64,
+}
+
+/// One part of a request body's prefix: the request head (model, max_tokens, stream, thinking),
+/// the tools array, the system prompt, or one message block (with the bytes that open its message).
+/// Parts are contiguous: each runs from its offset to the next one's.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PrefixPart {
+    /// `head`, `tools`, `system` or `message N` (0-based positions in the conversation).
+    #[serde(rename = "l")]
+    pub label: String,
+    /// Where the part starts in the body, in bytes.
+    #[serde(rename = "o")]
+    pub offset: u64,
+    /// A short hex digest of the part's bytes.
+    #[serde(rename = "d")]
+    pub digest: String,
 }
 
 /// The cache-safe params and permission mode of an agent that does not share its session's.
@@ -177,11 +271,25 @@ pub struct RequestFilter {
 /// forkd's durable state. Every method is one transaction; a write is durable when it returns.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// Stores a new session and its first messages (seq 0..).
-    async fn create_session(&self, session: &Session, first_messages: &[Message]) -> Result<()>;
+    /// Stores a new session and its first messages (seq 0..), and the idempotency key it was
+    /// created with (`Conflict` if the key is taken).
+    async fn create_session(
+        &self,
+        session: &Session,
+        first_messages: &[Message],
+        idempotency: Option<&IdempotencyRecord>,
+    ) -> Result<()>;
     async fn get_session(&self, id: SessionId) -> Result<Option<Session>>;
-    /// Sessions in creation order after the cursor; `limit` 0 means no limit.
-    async fn list_sessions(&self, after: Option<SessionId>, limit: u32) -> Result<Vec<Session>>;
+    /// Sessions in creation order after the cursor, of one tenant or all; `limit` 0 means no
+    /// limit.
+    async fn list_sessions(
+        &self,
+        tenant: Option<&str>,
+        after: Option<SessionId>,
+        limit: u32,
+    ) -> Result<Vec<Session>>;
+    /// What a tenant's idempotency key created, if it was used.
+    async fn idempotency_key(&self, tenant: &str, key: &str) -> Result<Option<IdempotencyRecord>>;
     /// The number of messages in a session's transcript.
     async fn session_message_count(&self, id: SessionId) -> Result<u64>;
     /// A session's transcript in order, only messages with `seq < before` when given.
@@ -217,17 +325,20 @@ pub trait Store: Send + Sync + 'static {
 
     /// In one transaction: appends the batch's assistant message (at seq `batch.fork_point`, which
     /// must be the transcript's current length, else `Conflict`) and `parent_results` to the
-    /// session's transcript, and inserts the batch and its children as `pending` agents. A batch
-    /// a parent's turn forks passes that turn's lease (checked) and the agents whose reports
-    /// `parent_results` carries (see [`Store::append_turn`]).
+    /// session's transcript, and inserts the batch and its children as `pending` agents, with
+    /// its [`BatchExtras`].
     async fn create_fork_batch(
         &self,
         batch: &ForkBatch,
         parent_results: &Message,
         children: &[NewChild],
-        turn: Option<(&Lease, &[AgentId])>,
+        extras: &BatchExtras<'_>,
     ) -> Result<()>;
     async fn get_batch(&self, id: BatchId) -> Result<Option<ForkBatch>>;
+    /// The budget a batch was forked with.
+    async fn batch_budget(&self, id: BatchId) -> Result<Budget>;
+    /// What the agents of a batch, or of a tenant's sessions, have spent so far.
+    async fn spend(&self, scope: SpendScope<'_>) -> Result<Spend>;
 
     async fn get_agent(&self, id: AgentId) -> Result<Option<Agent>>;
     async fn list_agents(&self, filter: &AgentFilter) -> Result<Vec<Agent>>;
@@ -270,6 +381,7 @@ pub trait Store: Send + Sync + 'static {
     /// by a lease: a request that a superseded run made was still billed, and totals must say so.
     async fn record_request(&self, record: &RequestRecord) -> Result<()>;
     async fn list_requests(&self, filter: &RequestFilter) -> Result<Vec<RequestRecord>>;
+    async fn get_request(&self, id: RequestId) -> Result<Option<RequestRecord>>;
 
     /// In one transaction: ends the leased agent (`Conflict` if it already ended), stores the
     /// notification with the next sequence number, and — unless the agent reports to its caller

@@ -11,6 +11,7 @@ mod agent_params;
 mod agents;
 mod batches;
 mod convert;
+mod idempotency;
 mod notifications;
 mod requests;
 mod sessions;
@@ -30,8 +31,9 @@ use sqlx::sqlite::{
 use sqlx::{Sqlite, Transaction};
 
 use crate::{
-    AgentFilter, AgentParams, Lease, NewChild, NewNotification, NotificationFilter, RequestFilter,
-    RequestRecord, Result, Store, StoreError, StoredMessage, ToolCall,
+    AgentFilter, AgentParams, BatchExtras, Budget, IdempotencyRecord, Lease, NewChild,
+    NewNotification, NotificationFilter, RequestFilter, RequestRecord, Result, Spend, SpendScope,
+    Store, StoreError, StoredMessage, ToolCall,
 };
 
 /// The schema, embedded at build time from the workspace's `migrations/` and applied at open.
@@ -172,9 +174,17 @@ impl SqliteStore {
 
 #[async_trait]
 impl Store for SqliteStore {
-    async fn create_session(&self, session: &Session, first_messages: &[Message]) -> Result<()> {
+    async fn create_session(
+        &self,
+        session: &Session,
+        first_messages: &[Message],
+        idempotency: Option<&IdempotencyRecord>,
+    ) -> Result<()> {
         let mut tx = self.begin_write().await?;
         sessions::create(&mut tx, session, first_messages).await?;
+        if let Some(record) = idempotency {
+            idempotency::insert(&mut tx, record).await?;
+        }
         tx.commit().await?;
         Ok(())
     }
@@ -183,8 +193,17 @@ impl Store for SqliteStore {
         sessions::get(&self.reader, id).await
     }
 
-    async fn list_sessions(&self, after: Option<SessionId>, limit: u32) -> Result<Vec<Session>> {
-        sessions::list(&self.reader, after, limit).await
+    async fn list_sessions(
+        &self,
+        tenant: Option<&str>,
+        after: Option<SessionId>,
+        limit: u32,
+    ) -> Result<Vec<Session>> {
+        sessions::list(&self.reader, tenant, after, limit).await
+    }
+
+    async fn idempotency_key(&self, tenant: &str, key: &str) -> Result<Option<IdempotencyRecord>> {
+        idempotency::get(&self.reader, tenant, key).await
     }
 
     async fn session_message_count(&self, id: SessionId) -> Result<u64> {
@@ -204,16 +223,27 @@ impl Store for SqliteStore {
         batch: &ForkBatch,
         parent_results: &Message,
         children: &[NewChild],
-        turn: Option<(&Lease, &[AgentId])>,
+        extras: &BatchExtras<'_>,
     ) -> Result<()> {
         let mut tx = self.begin_write().await?;
-        batches::create(&mut tx, batch, parent_results, children, turn).await?;
+        batches::create(&mut tx, batch, parent_results, children, extras).await?;
+        if let Some(record) = extras.idempotency {
+            idempotency::insert(&mut tx, record).await?;
+        }
         tx.commit().await?;
         Ok(())
     }
 
     async fn get_batch(&self, id: BatchId) -> Result<Option<ForkBatch>> {
         batches::get(&self.reader, id).await
+    }
+
+    async fn batch_budget(&self, id: BatchId) -> Result<Budget> {
+        batches::budget(&self.reader, id).await
+    }
+
+    async fn spend(&self, scope: SpendScope<'_>) -> Result<Spend> {
+        idempotency::spend(&self.reader, scope).await
     }
 
     async fn get_agent(&self, id: AgentId) -> Result<Option<Agent>> {
@@ -351,6 +381,10 @@ impl Store for SqliteStore {
 
     async fn list_requests(&self, filter: &RequestFilter) -> Result<Vec<RequestRecord>> {
         requests::list(&self.reader, filter).await
+    }
+
+    async fn get_request(&self, id: forkd_core::RequestId) -> Result<Option<RequestRecord>> {
+        requests::get(&self.reader, id).await
     }
 
     async fn finish_agent(

@@ -81,7 +81,7 @@ async fn notifications_are_sequenced_and_filtered() -> TestResult {
             &second.batch,
             &second.parent_results,
             &second.children,
-            None,
+            &forkd_store::BatchExtras::default(),
         )
         .await?;
     assert_eq!(store.last_notification_seq().await?, 0);
@@ -281,6 +281,18 @@ fn request(agent: &forkd_core::Agent, turn: u32, usage: Usage, cost: f64) -> Req
         usage,
         cost_usd: cost,
         prefix_fingerprint: "sha256:abc".into(),
+        prefix_parts: vec![
+            forkd_store::PrefixPart {
+                label: "tools".into(),
+                offset: 60,
+                digest: "00ff".into(),
+            },
+            forkd_store::PrefixPart {
+                label: "system".into(),
+                offset: 900,
+                digest: "ab12".into(),
+            },
+        ],
         body_bytes: 123_456,
         stop_reason: Some("tool_use".into()),
         created_at_ms: 42 + i64::from(turn),
@@ -325,6 +337,12 @@ async fn requests_are_recorded_and_add_up_on_their_agent() -> TestResult {
         ..RequestFilter::default()
     };
     assert_eq!(store.list_requests(&by_session).await?.len(), 3);
+    // One request by id, its prefix parts read back as they were written.
+    assert_eq!(
+        store.get_request(records[2].id).await?.as_ref(),
+        Some(&records[2])
+    );
+    assert_eq!(store.get_request(RequestId::new()).await?, None);
 
     assert!(matches!(
         store.record_request(&records[0]).await,
@@ -339,5 +357,58 @@ async fn requests_are_recorded_and_add_up_on_their_agent() -> TestResult {
     // The failed writes left the totals alone.
     let after = store.get_agent(a.id).await?.ok_or("agent missing")?;
     assert_eq!(after.usage, u(11));
+    Ok(())
+}
+
+/// An agent that reports to its caller adds nothing to the transcript when it ends; handing its
+/// report back appends its notification then (ended) or at its end (live), exactly once.
+#[tokio::test]
+async fn caller_reports_reach_the_transcript_only_when_handed_back() -> TestResult {
+    let (_dir, store) = temp_store().await?;
+    let session = support::session()?;
+    store.create_session(&session, &history()?, None).await?;
+    let mut fx = fork(&session, 4, 2)?;
+    for child in &mut fx.children {
+        child.agent.report_to = forkd_core::ReportTo::Caller;
+    }
+    store
+        .create_fork_batch(
+            &fx.batch,
+            &fx.parent_results,
+            &fx.children,
+            &forkd_store::BatchExtras::default(),
+        )
+        .await?;
+    let (ended_one, live_one) = (&fx.children[0].agent, &fx.children[1].agent);
+    let len = store.session_message_count(session.id).await?;
+    finish(
+        &store,
+        &ended(ended_one, NotificationStatus::Completed, 7),
+        None,
+    )
+    .await?;
+    assert_eq!(store.session_message_count(session.id).await?, len);
+    assert_eq!(
+        store.caller_reports().await?,
+        vec![ended_one.id, live_one.id]
+    );
+
+    let appended = store.redirect_reports(&[ended_one.id, live_one.id]).await?;
+    assert_eq!(
+        appended, 1,
+        "only the ended agent has a report to append now"
+    );
+    assert_eq!(store.session_message_count(session.id).await?, len + 1);
+    assert!(store.caller_reports().await?.is_empty());
+    // Handing back twice appends nothing more.
+    assert_eq!(store.redirect_reports(&[ended_one.id]).await?, 0);
+    // The live one appends its own when it ends.
+    finish(
+        &store,
+        &ended(live_one, NotificationStatus::Failed, 8),
+        Some("x"),
+    )
+    .await?;
+    assert_eq!(store.session_message_count(session.id).await?, len + 2);
     Ok(())
 }

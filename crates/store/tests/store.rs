@@ -13,7 +13,7 @@ async fn sessions_and_transcripts_round_trip_byte_for_byte() -> TestResult {
     let (_dir, store) = temp_store().await?;
     let session = session()?;
     let history = history()?;
-    store.create_session(&session, &history).await?;
+    store.create_session(&session, &history, None).await?;
 
     let back = store
         .get_session(session.id)
@@ -47,7 +47,7 @@ async fn sessions_and_transcripts_round_trip_byte_for_byte() -> TestResult {
         })
     ));
     assert!(matches!(
-        store.create_session(&session, &[]).await,
+        store.create_session(&session, &[], None).await,
         Err(StoreError::Conflict(_))
     ));
     store.integrity_check().await?;
@@ -60,13 +60,13 @@ async fn sessions_page_in_creation_order() -> TestResult {
     let mut ids = Vec::new();
     for _ in 0..5 {
         let s = session()?;
-        store.create_session(&s, &[]).await?;
+        store.create_session(&s, &[], None).await?;
         ids.push(s.id);
     }
     let page = |after, limit| {
         let store = store.clone();
         async move {
-            let sessions = store.list_sessions(after, limit).await?;
+            let sessions = store.list_sessions(None, after, limit).await?;
             Ok::<_, StoreError>(sessions.into_iter().map(|s| s.id).collect::<Vec<_>>())
         }
     };
@@ -123,11 +123,16 @@ async fn a_fork_batch_stores_its_shared_prefix_once_and_its_children() -> TestRe
 async fn a_fork_batch_conflicts_when_the_transcript_moved_on() -> TestResult {
     let (_dir, store) = temp_store().await?;
     let session = session()?;
-    store.create_session(&session, &history()?).await?;
+    store.create_session(&session, &history()?, None).await?;
 
     let stale = fork(&session, 3, 2)?;
     let err = store
-        .create_fork_batch(&stale.batch, &stale.parent_results, &stale.children, None)
+        .create_fork_batch(
+            &stale.batch,
+            &stale.parent_results,
+            &stale.children,
+            &forkd_store::BatchExtras::default(),
+        )
         .await;
     assert!(matches!(err, Err(StoreError::Conflict(_))), "{err:?}");
     // Nothing of the failed batch was written.
@@ -142,7 +147,7 @@ async fn a_fork_batch_conflicts_when_the_transcript_moved_on() -> TestResult {
             &orphan.batch,
             &orphan.parent_results,
             &orphan.children,
-            None,
+            &forkd_store::BatchExtras::default(),
         )
         .await;
     assert!(
@@ -159,7 +164,12 @@ async fn a_fork_batch_conflicts_when_the_transcript_moved_on() -> TestResult {
     // A second batch at the same point, after the first one landed, is stale too.
     let first = fork(&session, 4, 1)?;
     store
-        .create_fork_batch(&first.batch, &first.parent_results, &first.children, None)
+        .create_fork_batch(
+            &first.batch,
+            &first.parent_results,
+            &first.children,
+            &forkd_store::BatchExtras::default(),
+        )
         .await?;
     let racing = fork(&session, 4, 1)?;
     let err = store
@@ -167,7 +177,7 @@ async fn a_fork_batch_conflicts_when_the_transcript_moved_on() -> TestResult {
             &racing.batch,
             &racing.parent_results,
             &racing.children,
-            None,
+            &forkd_store::BatchExtras::default(),
         )
         .await;
     assert!(matches!(err, Err(StoreError::Conflict(_))), "{err:?}");
@@ -178,7 +188,7 @@ async fn a_fork_batch_conflicts_when_the_transcript_moved_on() -> TestResult {
 async fn other_agents_can_be_inserted_beside_the_trait() -> TestResult {
     let store = SqliteStore::open_in_memory().await?;
     let session = session()?;
-    store.create_session(&session, &[]).await?;
+    store.create_session(&session, &[], None).await?;
     let typed = forkd_core::Agent {
         id: AgentId::new(),
         session_id: session.id,
@@ -226,7 +236,12 @@ async fn other_agents_can_be_inserted_beside_the_trait() -> TestResult {
     // A batch on an in-memory store behaves like on a file.
     let fx = fork(&session, 0, 1)?;
     store
-        .create_fork_batch(&fx.batch, &fx.parent_results, &fx.children, None)
+        .create_fork_batch(
+            &fx.batch,
+            &fx.parent_results,
+            &fx.children,
+            &forkd_store::BatchExtras::default(),
+        )
         .await?;
     assert_eq!(store.session_message_count(session.id).await?, 2);
     Ok(())

@@ -11,7 +11,7 @@ use forkd_proto::v1::forkd_client::ForkdClient;
 use tempfile::TempDir;
 use tonic::transport::{Channel, Endpoint};
 
-pub use forkd::daemon::DaemonConfig as Config;
+pub use forkd::daemon::{DaemonConfig as Config, TlsFiles};
 
 /// A daemon on a temporary home. Dropping it without [`TestDaemon::stop`] leaves the runtime to
 /// tear it down, which tests that only read results may do.
@@ -41,6 +41,18 @@ impl TestDaemon {
 
     pub fn daemon(&self) -> Option<&RunningDaemon> {
         self.daemon.as_ref()
+    }
+
+    /// The TCP address the daemon bound for `config.listen` (an ephemeral port resolved), while
+    /// it runs.
+    pub fn tcp_addr(&self) -> Option<std::net::SocketAddr> {
+        self.daemon.as_ref().and_then(|d| d.tcp_addr)
+    }
+
+    /// The daemon's tokens (`tokens.json` in its home): tokens created or revoked here are seen
+    /// by the running daemon at its next call.
+    pub fn tokens(&self) -> forkd_server::TokenStore {
+        forkd_server::TokenStore::in_home(self.home.path())
     }
 
     /// Shuts the daemon down gracefully, keeping its home (and database) for inspection.
@@ -192,9 +204,50 @@ pub async fn fork(
             session_id: session_id.to_owned(),
             directives: directives(prompts),
             warmup_gating,
+            ..Default::default()
         })
         .await?
         .into_inner())
+}
+
+/// PEM files for TLS tests: a private CA, and a server certificate it signed for `localhost` and
+/// `127.0.0.1` with its key.
+#[derive(Debug, Clone)]
+pub struct TestCerts {
+    /// The CA's certificate: what clients trust (`forkctl --ca-cert`).
+    pub ca: PathBuf,
+    /// The server's certificate (`forkd serve --tls-cert`).
+    pub cert: PathBuf,
+    /// The server's private key (`forkd serve --tls-key`).
+    pub key: PathBuf,
+}
+
+/// Generates a private CA and a server certificate into `dir` (as `ca.pem`, `cert.pem` and
+/// `key.pem`).
+pub fn write_test_certs(dir: &Path) -> anyhow::Result<TestCerts> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair,
+        KeyUsagePurpose,
+    };
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "forkd test CA");
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+    let key = KeyPair::generate()?;
+    let cert = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])?
+        .signed_by(&key, &ca)?;
+    let certs = TestCerts {
+        ca: dir.join("ca.pem"),
+        cert: dir.join("cert.pem"),
+        key: dir.join("key.pem"),
+    };
+    std::fs::write(&certs.ca, ca.pem())?;
+    std::fs::write(&certs.cert, cert.pem())?;
+    std::fs::write(&certs.key, key.serialize_pem())?;
+    Ok(certs)
 }
 
 /// Waits (polling, at most 20 s) until `path` exists: a tool call's side effect, say.

@@ -7,10 +7,11 @@ use forkd_proto::v1::{
     Directive, ForkBatchRequest, ForkBatchResponse, Notification, NotificationStatus,
     SubscribeNotificationsRequest, Usage,
 };
+use tonic::Streaming;
 
 use crate::client::Client;
 use crate::exit::{self, CliError};
-use crate::output::{Printer, fork_json, human, notification_json};
+use crate::output::{Printer, fork_json, human};
 
 #[derive(Debug, Args)]
 pub struct ForkArgs {
@@ -33,28 +34,27 @@ pub struct ForkArgs {
 /// The label the Agent tool's `description` gets: the directive's first line, kept short.
 const DESCRIPTION_CHARS: usize = 40;
 
+/// A directive whose description is derived from its prompt.
+pub(crate) fn directive(prompt: String) -> Directive {
+    Directive {
+        description: human::first_line(&prompt, DESCRIPTION_CHARS),
+        prompt,
+    }
+}
+
 pub async fn run(args: ForkArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
     let request = ForkBatchRequest {
         session_id: args.session_id,
-        directives: args
-            .directives
-            .into_iter()
-            .map(|prompt| Directive {
-                description: human::first_line(&prompt, DESCRIPTION_CHARS),
-                prompt,
-            })
-            .collect(),
+        directives: args.directives.into_iter().map(directive).collect(),
         // Unset leaves the daemon's own setting in force.
         warmup_gating: args.no_gating.then_some(false),
+        ..Default::default()
     };
     let batch = client.fork_batch(request).await?.into_inner();
     if out.is_json() {
         out.value(&fork_json(&batch))?;
     } else {
-        out.line(format!("batch {}", batch.batch_id))?;
-        for agent_id in &batch.agent_ids {
-            out.line(format!("agent {agent_id}"))?;
-        }
+        print_batch(&batch, out)?;
     }
     if !args.wait {
         return Ok(exit::OK);
@@ -62,68 +62,108 @@ pub async fn run(args: ForkArgs, client: &mut Client, out: &Printer) -> anyhow::
     wait(&batch, client, out).await
 }
 
-/// Follows the batch's notifications until every child has reported. The subscription replays
-/// from seq 0, filtered by batch, so children that ended before it opened are not missed.
-async fn wait(batch: &ForkBatchResponse, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
-    let mut tally = Tally::new(&batch.agent_ids);
-    if !out.is_json() {
-        eprintln!(
-            "forkctl: waiting for {} children of batch {} (Ctrl-C stops waiting; they keep running)",
-            batch.agent_ids.len(),
-            batch.batch_id
-        );
+/// `batch ID`, then `agent ID` for each child: the human form of the reply.
+pub(crate) fn print_batch(batch: &ForkBatchResponse, out: &Printer) -> std::io::Result<()> {
+    out.line(format!("batch {}", batch.batch_id))?;
+    for agent_id in &batch.agent_ids {
+        out.line(format!("agent {agent_id}"))?;
     }
-    let request = SubscribeNotificationsRequest {
-        since_seq: 0,
-        batch_id: batch.batch_id.clone(),
-        follow: true,
-        ..Default::default()
-    };
-    let mut stream = client.subscribe_notifications(request).await?.into_inner();
-    while !tally.all_done() {
-        let Some(notification) = stream.message().await? else {
-            return Err(CliError::StreamEnded(format!(
-                "the daemon closed the notification stream with {} of {} children still running; \
-                 follow them with `forkctl watch --batch {}`",
-                tally.pending(),
+    Ok(())
+}
+
+/// Follows the batch's notifications until every child has reported.
+async fn wait(batch: &ForkBatchResponse, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
+    let mut follower = Follower::subscribe(batch, client, out).await?;
+    while let Some(notification) = follower.next().await? {
+        out.notification(&notification)?;
+    }
+    if !out.is_json() {
+        out.line(follower.tally().summary(&batch.batch_id))?;
+    }
+    Ok(follower.tally().exit_code())
+}
+
+/// A batch's notification stream, read until every child has reported once.
+pub(crate) struct Follower {
+    stream: Streaming<Notification>,
+    tally: Tally,
+    batch_id: String,
+}
+
+impl Follower {
+    /// Subscribes from seq 0, filtered by batch, so that children that ended before the
+    /// subscription opened are not missed. Tells people (not `--json` readers) what it waits for.
+    pub(crate) async fn subscribe(
+        batch: &ForkBatchResponse,
+        client: &mut Client,
+        out: &Printer,
+    ) -> anyhow::Result<Self> {
+        if !out.is_json() {
+            eprintln!(
+                "forkctl: waiting for {} children of batch {} (Ctrl-C stops waiting; they keep \
+                 running)",
                 batch.agent_ids.len(),
                 batch.batch_id
-            ))
-            .into());
+            );
+        }
+        let request = SubscribeNotificationsRequest {
+            since_seq: 0,
+            batch_id: batch.batch_id.clone(),
+            follow: true,
+            ..Default::default()
         };
-        if !tally.record(&notification) {
-            continue;
-        }
-        if out.is_json() {
-            out.value(&notification_json(&notification))?;
-        } else {
-            out.line(human::notification_line(&notification))?;
-        }
+        let stream = client.subscribe_notifications(request).await?.into_inner();
+        Ok(Self {
+            stream,
+            tally: Tally::new(&batch.agent_ids),
+            batch_id: batch.batch_id.clone(),
+        })
     }
-    if !out.is_json() {
-        out.line(tally.summary(&batch.batch_id))?;
+
+    /// The next child's notification; `None` once every child has reported. Repeats and other
+    /// agents' notifications are skipped. Cancel-safe: a notification is counted only once read.
+    pub(crate) async fn next(&mut self) -> anyhow::Result<Option<Notification>> {
+        while !self.tally.all_done() {
+            let Some(notification) = self.stream.message().await? else {
+                return Err(CliError::StreamEnded(format!(
+                    "the daemon closed the notification stream with {} of {} children still \
+                     running; follow them with `forkctl watch --batch {}`",
+                    self.tally.pending(),
+                    self.tally.children,
+                    self.batch_id
+                ))
+                .into());
+            };
+            if self.tally.record(&notification) {
+                return Ok(Some(notification));
+            }
+        }
+        Ok(None)
     }
-    Ok(if tally.any_failed() {
-        exit::CHILD_FAILED
-    } else {
-        exit::OK
-    })
+
+    pub(crate) fn tally(&self) -> &Tally {
+        &self.tally
+    }
+
+    pub(crate) fn into_tally(self) -> Tally {
+        self.tally
+    }
 }
 
 /// Which children have reported, and what they add up to.
 #[derive(Debug)]
-struct Tally {
+pub(crate) struct Tally {
     waiting: HashSet<String>,
-    children: usize,
-    completed: usize,
-    failed: usize,
-    killed: usize,
-    usage: Usage,
-    cost_usd: f64,
+    pub(crate) children: usize,
+    pub(crate) completed: usize,
+    pub(crate) failed: usize,
+    pub(crate) killed: usize,
+    pub(crate) usage: Usage,
+    pub(crate) cost_usd: f64,
 }
 
 impl Tally {
-    fn new(agent_ids: &[String]) -> Self {
+    pub(crate) fn new(agent_ids: &[String]) -> Self {
         let waiting: HashSet<String> = agent_ids.iter().cloned().collect();
         Self {
             children: waiting.len(),
@@ -137,7 +177,7 @@ impl Tally {
     }
 
     /// Counts a notification; false when it is not news (another agent's, or a repeat).
-    fn record(&mut self, n: &Notification) -> bool {
+    pub(crate) fn record(&mut self, n: &Notification) -> bool {
         if !self.waiting.remove(&n.agent_id) {
             return false;
         }
@@ -168,7 +208,16 @@ impl Tally {
         self.failed + self.killed > 0
     }
 
-    fn summary(&self, batch_id: &str) -> String {
+    /// 0 when every child completed; [`exit::CHILD_FAILED`] when one failed or was killed.
+    pub(crate) fn exit_code(&self) -> u8 {
+        if self.any_failed() {
+            exit::CHILD_FAILED
+        } else {
+            exit::OK
+        }
+    }
+
+    pub(crate) fn summary(&self, batch_id: &str) -> String {
         format!(
             "batch {batch_id}: {} children, {} completed, {} failed, {} killed  ({}; {})",
             self.children,
@@ -223,5 +272,6 @@ mod tests {
         tally.record(&note("a", NotificationStatus::Killed, 0, 0.0));
         tally.record(&note("b", NotificationStatus::Completed, 0, 0.0));
         assert!(tally.any_failed());
+        assert_eq!(tally.exit_code(), exit::CHILD_FAILED);
     }
 }

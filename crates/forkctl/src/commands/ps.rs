@@ -23,32 +23,46 @@ pub struct PsArgs {
 }
 
 pub async fn run(args: PsArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
+    let filter = ListAgentsRequest {
+        session_id: args.session.unwrap_or_default(),
+        batch_id: args.batch.unwrap_or_default(),
+        include_ended: args.all,
+        ..Default::default()
+    };
     let mut agents: Vec<Agent> = Vec::new();
-    let mut page_token = String::new();
-    loop {
-        let request = ListAgentsRequest {
-            session_id: args.session.clone().unwrap_or_default(),
-            batch_id: args.batch.clone().unwrap_or_default(),
-            include_ended: args.all,
-            page_size: 0,
-            page_token: page_token.clone(),
-        };
-        let page = client.list_agents(request).await?.into_inner();
+    list_agents(client, filter, |page| {
         if out.is_json() {
             // Printed page by page, so a long listing starts at once.
-            for agent in &page.agents {
+            for agent in &page {
                 out.value(&agent_json(agent))?;
             }
         } else {
-            agents.extend(page.agents);
+            agents.extend(page);
         }
-        match super::next_token(&page_token, page.next_page_token)? {
-            Some(next) => page_token = next,
-            None => break,
-        }
-    }
+        Ok(())
+    })
+    .await?;
     if !out.is_json() {
         out.line(human::agents_table(&agents))?;
     }
     Ok(exit::OK)
+}
+
+/// Every agent `filter` matches, following the pages; `each_page` gets each page as it arrives.
+pub(crate) async fn list_agents(
+    client: &mut Client,
+    filter: ListAgentsRequest,
+    each_page: impl FnMut(Vec<Agent>) -> std::io::Result<()>,
+) -> anyhow::Result<()> {
+    super::paged(client, each_page, |mut client, page_token| {
+        let request = ListAgentsRequest {
+            page_token,
+            ..filter.clone()
+        };
+        async move {
+            let page = client.list_agents(request).await?.into_inner();
+            Ok((page.agents, page.next_page_token))
+        }
+    })
+    .await
 }

@@ -41,7 +41,7 @@ pub enum SessionCommand {
 }
 
 /// The permission modes of SPEC §5; checked here so a typo is a usage error, not a round trip.
-const PERMISSION_MODES: [&str; 6] = [
+pub(crate) const PERMISSION_MODES: [&str; 6] = [
     "default",
     "acceptEdits",
     "plan",
@@ -245,17 +245,7 @@ fn create_request(args: CreateArgs) -> Result<CreateSessionRequest, CliError> {
         .collect::<Result<_, CliError>>()?;
     // Relative to the user's shell, not to the daemon's working directory.
     let dir = args.workspace.unwrap_or_else(|| PathBuf::from("."));
-    let workspace = {
-        std::path::absolute(&dir)
-            .ok()
-            .and_then(|abs| abs.to_str().map(str::to_owned))
-            .ok_or_else(|| {
-                CliError::InvalidInput(format!(
-                    "cannot use workspace {}: it has no absolute UTF-8 form",
-                    dir.display()
-                ))
-            })?
-    };
+    let workspace = absolute_workspace(&dir)?;
     Ok(CreateSessionRequest {
         system_prompt,
         context_files,
@@ -271,7 +261,22 @@ fn create_request(args: CreateArgs) -> Result<CreateSessionRequest, CliError> {
     })
 }
 
-fn read_text(path: &Path, what: &str) -> Result<String, CliError> {
+/// The workspace the daemon gets: an absolute UTF-8 path, since the daemon's working directory
+/// is not the user's.
+pub(crate) fn absolute_workspace(dir: &Path) -> Result<String, CliError> {
+    std::path::absolute(dir)
+        .ok()
+        .and_then(|abs| abs.to_str().map(str::to_owned))
+        .ok_or_else(|| {
+            CliError::InvalidInput(format!(
+                "cannot use workspace {}: it has no absolute UTF-8 form",
+                dir.display()
+            ))
+        })
+}
+
+/// Reads a text file (`-`: stdin); `what` names it in the error.
+pub(crate) fn read_text(path: &Path, what: &str) -> Result<String, CliError> {
     let result = if path == Path::new("-") {
         std::io::read_to_string(std::io::stdin())
     } else {
@@ -283,30 +288,38 @@ fn read_text(path: &Path, what: &str) -> Result<String, CliError> {
 
 async fn run_list(client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
     let mut sessions: Vec<Session> = Vec::new();
-    let mut page_token = String::new();
-    loop {
-        let request = ListSessionsRequest {
-            page_size: 0,
-            page_token: page_token.clone(),
-        };
-        let page = client.list_sessions(request).await?.into_inner();
+    list_sessions(client, |page| {
         if out.is_json() {
             // Printed page by page, so a long listing starts at once.
-            for session in &page.sessions {
+            for session in &page {
                 out.value(&session_json(session))?;
             }
         } else {
-            sessions.extend(page.sessions);
+            sessions.extend(page);
         }
-        match super::next_token(&page_token, page.next_page_token)? {
-            Some(next) => page_token = next,
-            None => break,
-        }
-    }
+        Ok(())
+    })
+    .await?;
     if !out.is_json() {
         out.line(human::sessions_table(&sessions))?;
     }
     Ok(exit::OK)
+}
+
+/// Every session, following the pages; `each_page` gets each page as it arrives.
+pub(crate) async fn list_sessions(
+    client: &mut Client,
+    each_page: impl FnMut(Vec<Session>) -> std::io::Result<()>,
+) -> anyhow::Result<()> {
+    super::paged(client, each_page, |mut client, page_token| async move {
+        let request = ListSessionsRequest {
+            page_size: 0,
+            page_token,
+        };
+        let page = client.list_sessions(request).await?.into_inner();
+        Ok((page.sessions, page.next_page_token))
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use forkd_proto::v1::SubscribeNotificationsRequest;
 
 use crate::client::Client;
 use crate::exit;
-use crate::output::{Printer, human, notification_json};
+use crate::output::Printer;
 
 #[derive(Debug, Args)]
 pub struct WatchArgs {
@@ -41,11 +41,7 @@ pub async fn run(args: WatchArgs, client: &mut Client, out: &Printer) -> anyhow:
     };
     let mut stream = client.subscribe_notifications(request).await?.into_inner();
     while let Some(notification) = stream.message().await? {
-        if out.is_json() {
-            out.value(&notification_json(&notification))?;
-        } else {
-            out.line(human::notification_line(&notification))?;
-        }
+        out.notification(&notification)?;
     }
     Ok(exit::OK)
 }

@@ -72,7 +72,7 @@ pub fn notification_line(n: &Notification) -> String {
     )
 }
 
-fn table(header: Option<&[&str]>) -> Table {
+pub(crate) fn table(header: Option<&[&str]>) -> Table {
     let mut table = Table::new();
     table.load_style(NOTHING);
     if let Some(header) = header {
@@ -82,14 +82,14 @@ fn table(header: Option<&[&str]>) -> Table {
 }
 
 /// Columns two spaces apart, no borders, no trailing blanks: output that reads like `ps`.
-fn finish(mut table: Table) -> String {
+pub(crate) fn finish(mut table: Table) -> String {
     for column in table.column_iter_mut() {
         column.set_padding((0, 2));
     }
     table.trim_fmt()
 }
 
-fn right_align(table: &mut Table, columns: std::ops::Range<usize>) {
+pub(crate) fn right_align(table: &mut Table, columns: std::ops::Range<usize>) {
     for i in columns {
         if let Some(column) = table.column_mut(i) {
             column.set_cell_alignment(CellAlignment::Right);

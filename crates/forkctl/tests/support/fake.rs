@@ -11,6 +11,24 @@ use tonic::{Request, Response, Status};
 /// The token the fake demands when one is configured.
 pub const TOKEN: &str = "t0k3n";
 
+/// A notification of batch `B1` of session `S1`: 1,000 tokens read from the cache, $0.01.
+pub fn notification(seq: u64, agent: &str, status: NotificationStatus) -> Notification {
+    Notification {
+        seq,
+        session_id: "S1".into(),
+        batch_id: "B1".into(),
+        agent_id: agent.into(),
+        status: status as i32,
+        summary: format!("{agent} done"),
+        usage: Some(Usage {
+            cache_read_input_tokens: 1000,
+            ..Default::default()
+        }),
+        cost_usd: 0.01,
+        ..Default::default()
+    }
+}
+
 /// What the fake received, for the tests to inspect.
 #[derive(Debug, Default)]
 pub struct Recorded {
@@ -266,6 +284,43 @@ impl Forkd for Fake {
             break_even_children: 0,
             seed_simplified_saving: 0.625,
             model: "sim".into(),
+        }))
+    }
+
+    async fn list_requests(
+        &self,
+        request: Request<ListRequestsRequest>,
+    ) -> Result<Response<ListRequestsResponse>, Status> {
+        check_token(&request)?;
+        Err(Status::unimplemented("the fake daemon records no requests"))
+    }
+
+    async fn explain_cache(
+        &self,
+        request: Request<ExplainCacheRequest>,
+    ) -> Result<Response<ExplainCacheResponse>, Status> {
+        check_token(&request)?;
+        let req = request.into_inner();
+        if req.request_id != "r-2" {
+            return Err(Status::not_found(format!(
+                "request {} not found",
+                req.request_id
+            )));
+        }
+        Ok(Response::new(ExplainCacheResponse {
+            request_id: req.request_id,
+            other_request_id: match req.other_request_id.as_str() {
+                "" => "r-1".into(),
+                other => other.into(),
+            },
+            same_prefix: false,
+            part: "system".into(),
+            kind: "system".into(),
+            byte: 1234,
+            exact: true,
+            excerpt: "You review code. Be brief!".into(),
+            other_excerpt: "You review code. Be brief.".into(),
+            note: String::new(),
         }))
     }
 }

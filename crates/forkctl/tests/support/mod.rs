@@ -13,7 +13,7 @@ use anyhow::{Context as _, anyhow};
 use forkd_proto::v1::forkd_server::ForkdServer;
 
 use fake::Fake;
-pub use fake::{Recorded, Script, TOKEN};
+pub use fake::{Recorded, Script, TOKEN, notification};
 /// A running fake daemon; dropping it stops the server.
 pub struct FakeDaemon {
     pub dir: tempfile::TempDir,

@@ -98,45 +98,150 @@ pub(crate) fn expect_event_stream(response: &reqwest::Response) -> Result<(), Pr
 
 /// The error for a response with an error status, its body read for the message.
 pub(crate) async fn status_error(response: reqwest::Response) -> ProviderError {
-    let status = response.status();
+    let status = response.status().as_u16();
     let retry_after = retry_after(response.headers());
     let body = response.text().await.unwrap_or_default();
-    let message = error_message(&body).unwrap_or_else(|| {
-        status
-            .canonical_reason()
-            .unwrap_or("no error message")
-            .to_owned()
-    });
-    ProviderError::Status {
-        status: status.as_u16(),
-        message,
-        retry_after,
+    error_from_body(status, &body, retry_after)
+}
+
+/// The error an error response stands for: its JSON error (either shape) or its text, else the
+/// status's reason phrase.
+pub(crate) fn error_from_body(
+    status: u16,
+    body: &str,
+    retry_after: Option<Duration>,
+) -> ProviderError {
+    match ApiError::parse(body) {
+        Some(error) => error.into_provider_error(status, retry_after),
+        None => ProviderError::Status {
+            status,
+            message: short_text(body).unwrap_or_else(|| {
+                reqwest::StatusCode::from_u16(status)
+                    .ok()
+                    .and_then(|s| s.canonical_reason())
+                    .unwrap_or("no error message")
+                    .to_owned()
+            }),
+            retry_after,
+        },
     }
 }
 
+/// An error body: Anthropic's `{"type":"error","error":{"type","message"}}`, the OpenAI shape
+/// `{"error":{"message","type","code"}}` (llama.cpp's server, vLLM, proxies), `{"error":"..."}`,
+/// or, inside an SSE `error` event from llama.cpp's server, the bare `{"code","message","type"}`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ApiError {
+    pub message: String,
+    /// `invalid_request_error`, `server_error`, …; empty when the body names none.
+    pub kind: String,
+    /// OpenAI's `code` (a string such as `context_length_exceeded`, or a number), as text.
+    pub code: Option<String>,
+}
+
 #[derive(Deserialize)]
-struct ErrorBody {
-    error: ErrorDetail,
+struct Wrapped {
+    error: Detail,
 }
 
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum ErrorDetail {
-    /// Anthropic (`{"type":"error","error":{"type","message"}}`) and OpenAI
-    /// (`{"error":{"message","type","code"}}`) both nest an object with a message.
-    Object { message: String },
-    /// Some OpenAI-compatible servers answer `{"error":"..."}`.
+enum Detail {
+    Object(Bare),
     Text(String),
 }
 
-/// The message of an error body: the JSON error's message, or the body's text, shortened.
-pub(crate) fn error_message(body: &str) -> Option<String> {
-    if let Ok(parsed) = serde_json::from_str::<ErrorBody>(body) {
-        return Some(match parsed.error {
-            ErrorDetail::Object { message } | ErrorDetail::Text(message) => message,
-        });
+#[derive(Deserialize)]
+struct Bare {
+    message: String,
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(default)]
+    code: Option<serde_json::Value>,
+}
+
+impl From<Bare> for ApiError {
+    fn from(bare: Bare) -> Self {
+        let code = match bare.code {
+            Some(serde_json::Value::String(s)) if !s.is_empty() => Some(s),
+            Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+            _ => None,
+        };
+        Self {
+            message: bare.message,
+            kind: bare.kind.unwrap_or_default(),
+            code,
+        }
     }
-    let text = body.trim();
+}
+
+impl ApiError {
+    /// The error a JSON body describes, wrapped in `error` or bare; `None` for anything else.
+    pub(crate) fn parse(body: &str) -> Option<Self> {
+        if let Ok(wrapped) = serde_json::from_str::<Wrapped>(body) {
+            return Some(match wrapped.error {
+                Detail::Object(bare) => bare.into(),
+                Detail::Text(message) => Self {
+                    message,
+                    kind: String::new(),
+                    code: None,
+                },
+            });
+        }
+        serde_json::from_str::<Bare>(body).ok().map(Self::from)
+    }
+
+    /// The status error this stands for. A 5xx whose body says the request itself is at fault
+    /// (`invalid_request_error`, `exceed_context_size_error`, …) takes the 4xx its type stands
+    /// for: sending the same request again cannot help, so it must not be retried. The message
+    /// keeps the server's words and says what kind of error it was.
+    pub(crate) fn into_provider_error(
+        self,
+        http_status: u16,
+        retry_after: Option<Duration>,
+    ) -> ProviderError {
+        let typed = status_of_error_type(&self.kind);
+        let blames_request = (400..500).contains(&typed) && !self.kind.is_empty();
+        let status = if http_status >= 500 && blames_request {
+            typed
+        } else {
+            http_status
+        };
+        let mut message = self.describe(status);
+        if status != http_status {
+            message.push_str(&format!("; the server answered HTTP {http_status}"));
+        }
+        ProviderError::Status {
+            status,
+            message,
+            retry_after,
+        }
+    }
+
+    /// `message (type, code X)`: the server's words, then what kind of error it called it. A
+    /// numeric code equal to the status adds nothing and is left out.
+    pub(crate) fn describe(&self, status: u16) -> String {
+        let mut message = short_text(&self.message).unwrap_or_else(|| "no error message".into());
+        let mut notes = Vec::new();
+        if !self.kind.is_empty() {
+            notes.push(self.kind.clone());
+        }
+        if let Some(code) = self.code.as_deref()
+            && code != self.kind
+            && code != status.to_string()
+        {
+            notes.push(format!("code {code}"));
+        }
+        if !notes.is_empty() {
+            message.push_str(&format!(" ({})", notes.join(", ")));
+        }
+        message
+    }
+}
+
+/// A text trimmed and cut to [`MAX_MESSAGE_CHARS`]; `None` when it is blank.
+fn short_text(text: &str) -> Option<String> {
+    let text = text.trim();
     if text.is_empty() {
         return None;
     }
@@ -166,7 +271,8 @@ pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     number("retry-after").and_then(|s| Duration::try_from_secs_f64(s).ok())
 }
 
-/// The HTTP status an Anthropic error type stands for, for errors that arrive inside a stream.
+/// The HTTP status an error type stands for (Anthropic's types, and llama.cpp's server's), for
+/// errors that arrive inside a stream and for error bodies whose status contradicts their type.
 pub(crate) fn status_of_error_type(error_type: &str) -> u16 {
     match error_type {
         "invalid_request_error" => 400,
@@ -176,6 +282,10 @@ pub(crate) fn status_of_error_type(error_type: &str) -> u16 {
         "request_too_large" => 413,
         "rate_limit_error" => 429,
         "overloaded_error" => 529,
+        // llama.cpp's server.
+        "exceed_context_size_error" => 400,
+        "not_supported_error" => 501,
+        "unavailable_error" => 503,
         _ => 500,
     }
 }
@@ -186,32 +296,90 @@ mod tests {
     use reqwest::header::HeaderValue;
 
     #[test]
-    fn error_messages_of_both_shapes() {
-        // (body, expected message)
+    fn error_bodies_of_every_shape() {
+        // (HTTP status, body, expected status, expected message)
         let cases = [
             (
+                400,
                 r#"{"type":"error","error":{"type":"invalid_request_error","message":"bad"}}"#,
-                Some("bad"),
+                400,
+                "bad (invalid_request_error)",
+            ),
+            // OpenAI's shape; a string code is worth showing.
+            (
+                429,
+                r#"{"error":{"message":"slow down","type":"requests","code":"rate_limit_exceeded"}}"#,
+                429,
+                "slow down (requests, code rate_limit_exceeded)",
+            ),
+            // llama.cpp's server: a numeric code that repeats the status adds nothing.
+            (
+                500,
+                r#"{"error":{"code":500,"message":"'messages' is required","type":"server_error"}}"#,
+                500,
+                "'messages' is required (server_error)",
             ),
             (
-                r#"{"error":{"message":"slow down","type":"requests","code":null}}"#,
-                Some("slow down"),
+                400,
+                r#"{"error":{"code":400,"message":"request (40000 tokens) exceeds the available context size (32768 tokens)","type":"exceed_context_size_error","n_prompt_tokens":40000,"n_ctx":32768}}"#,
+                400,
+                "request (40000 tokens) exceeds the available context size (32768 tokens) \
+                 (exceed_context_size_error)",
             ),
-            (r#"{"error":"model not loaded"}"#, Some("model not loaded")),
+            // A 5xx whose body blames the request is that request's 4xx: not worth retrying.
             (
+                500,
+                r#"{"error":{"message":"tools: invalid schema","type":"invalid_request_error","code":null}}"#,
+                400,
+                "tools: invalid schema (invalid_request_error); the server answered HTTP 500",
+            ),
+            (
+                529,
+                r#"{"error":{"message":"upstream overloaded"}}"#,
+                529,
+                "upstream overloaded",
+            ),
+            (
+                503,
+                r#"{"error":"model not loaded"}"#,
+                503,
+                "model not loaded",
+            ),
+            (
+                502,
                 "<html>Bad Gateway</html>\n",
-                Some("<html>Bad Gateway</html>"),
+                502,
+                "<html>Bad Gateway</html>",
             ),
-            ("  ", None),
+            (500, "  ", 500, "Internal Server Error"),
         ];
-        for (body, expected) in cases {
-            assert_eq!(error_message(body).as_deref(), expected, "{body}");
+        for (http_status, body, expected_status, expected) in cases {
+            match error_from_body(http_status, body, None) {
+                ProviderError::Status {
+                    status, message, ..
+                } => assert_eq!(
+                    (status, message.as_str()),
+                    (expected_status, expected),
+                    "{body}"
+                ),
+                other => panic!("{body}: {other:?}"),
+            }
         }
         let long = "x".repeat(2000);
+        assert!(matches!(
+            error_from_body(500, &long, None),
+            ProviderError::Status { message, .. } if message.chars().count() == MAX_MESSAGE_CHARS + 1
+        ));
+        // The bare error object llama.cpp's server puts in an SSE `error` event.
         assert_eq!(
-            error_message(&long).map(|m| m.chars().count()),
-            Some(MAX_MESSAGE_CHARS + 1)
+            ApiError::parse(r#"{"code":500,"message":"boom","type":"server_error"}"#),
+            Some(ApiError {
+                message: "boom".into(),
+                kind: "server_error".into(),
+                code: Some("500".into()),
+            })
         );
+        assert_eq!(ApiError::parse(r#"{"type":"ping"}"#), None);
     }
 
     #[test]

@@ -22,17 +22,23 @@ pub struct RetryPolicy {
     /// A `retry-after` longer than this is not waited out: the error goes to the caller, which
     /// knows better whether a long wait is worth it.
     pub max_retry_after: Duration,
+    /// Retries, at most, for a 500 (or another 5xx that is not an overload or gateway status:
+    /// 429, 502, 503, 504, 529 may use all of `max_retries`). The Anthropic API's 500s pass, but
+    /// a self-hosted server (llama.cpp's) answers 500 to a request its template or parser
+    /// cannot handle, every time: a few tries tell the two apart without hammering the server.
+    pub max_server_error_retries: u32,
 }
 
 impl Default for RetryPolicy {
     /// Five retries from 0.5 s, capped at 30 s: about a minute of trying in all, which rides
-    /// out a short overload without hiding an outage.
+    /// out a short overload without hiding an outage; two for a plain 500.
     fn default() -> Self {
         Self {
             max_retries: 5,
             backoff_base: Duration::from_millis(500),
             backoff_cap: Duration::from_secs(30),
             max_retry_after: Duration::from_secs(60),
+            max_server_error_retries: 2,
         }
     }
 }
@@ -50,6 +56,12 @@ impl RetryPolicy {
     /// error is final: not retryable, retries used up, or a `retry-after` too long to wait.
     pub fn delay(&self, retry: u32, error: &ProviderError) -> Option<Duration> {
         if retry >= self.max_retries || !error.is_retryable() {
+            return None;
+        }
+        if let ProviderError::Status { status, .. } = error
+            && !is_overload(*status)
+            && retry >= self.max_server_error_retries
+        {
             return None;
         }
         match error {
@@ -71,6 +83,12 @@ impl RetryPolicy {
         let half = step / 2;
         half + half.mul_f64(fastrand::f64())
     }
+}
+
+/// Statuses that say "busy, try again" rather than "this failed": rate limits, overload, and a
+/// gateway that could not reach or wait for the server.
+fn is_overload(status: u16) -> bool {
+    matches!(status, 429 | 502 | 503 | 504 | 529)
 }
 
 /// Runs `attempt` until it succeeds or `policy` says the error is final.
@@ -123,14 +141,20 @@ mod tests {
             backoff_base: Duration::from_millis(100),
             backoff_cap: Duration::from_millis(300),
             max_retry_after: Duration::from_secs(2),
+            max_server_error_retries: 1,
         };
         let secs = Duration::from_secs;
         // (retry number, error, the wait's bounds or None for a final error)
         let cases = [
             (0, status(529, None), Some((50, 100))),
-            (1, status(500, None), Some((100, 200))),
+            (0, status(500, None), Some((50, 100))),
+            // A 500 has fewer retries than an overload.
+            (1, status(500, None), None),
+            (1, status(503, None), Some((100, 200))),
+            (2, status(502, None), Some((150, 300))),
             (2, ProviderError::Stream("cut".into()), Some((150, 300))),
             (3, status(529, None), None),
+            (0, status(501, None), None),
             (0, status(400, None), None),
             (0, ProviderError::InvalidRequest("x".into()), None),
             (0, status(429, Some(secs(1))), Some((1000, 1000))),

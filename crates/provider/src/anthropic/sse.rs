@@ -2,7 +2,9 @@
 //!
 //! Events are told apart by their data's `type` field (the `event:` line says the same, but a
 //! proxy may drop it). `ping` and event types this build does not know are skipped; an `error`
-//! event becomes the error its type stands for.
+//! event becomes the error its type stands for, whether its data is the API's
+//! `{"type":"error","error":{…}}` or the bare `{"code","message","type"}` that llama.cpp's server
+//! sends (or an OpenAI-shaped `{"error":{…}}`).
 
 use std::pin::Pin;
 
@@ -11,7 +13,7 @@ use forkd_core::Usage;
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
 
-use super::http::{status_of_error_type, transport_error};
+use super::http::{ApiError, status_of_error_type, transport_error};
 use crate::{BlockStart, ProviderError, StreamEvent};
 
 type Events = Pin<
@@ -24,13 +26,20 @@ type Events = Pin<
 /// The events of one response body.
 pub(crate) struct Reader {
     events: Events,
+    model: Option<String>,
 }
 
 impl Reader {
     pub(crate) fn new(response: reqwest::Response) -> Self {
         Self {
             events: Box::pin(response.bytes_stream().eventsource()),
+            model: None,
         }
+    }
+
+    /// The model the response says answered (`message_start`'s `message.model`), once known.
+    pub(crate) fn model(&self) -> Option<&str> {
+        self.model.as_deref()
     }
 
     /// The next event of the response; `Ok(None)` when the body ended.
@@ -40,12 +49,25 @@ impl Reader {
                 EventStreamError::Transport(e) => transport_error(&e),
                 other => ProviderError::Stream(format!("malformed event stream: {other}")),
             })?;
-            if let Some(ev) = parse(&event.data)? {
+            let parsed = parse_event(&event.event, &event.data)?;
+            if parsed.model.is_some() {
+                self.model = parsed.model;
+            }
+            if let Some(ev) = parsed.event {
                 return Ok(Some(ev));
             }
         }
         Ok(None)
     }
+}
+
+/// One SSE event, read.
+#[derive(Debug, Default)]
+pub(crate) struct Parsed {
+    /// `None` for events to skip.
+    pub event: Option<StreamEvent>,
+    /// The model `message_start` named.
+    pub model: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -82,6 +104,9 @@ enum Wire {
 #[derive(Deserialize)]
 struct WireMessage {
     id: String,
+    /// The model that answered: a local server names its own, whatever the request asked for.
+    #[serde(default)]
+    model: Option<String>,
     usage: WireUsage,
 }
 
@@ -169,20 +194,71 @@ struct WireError {
     message: String,
 }
 
+/// The error an `error` event (or an error object where an event was expected) stands for: the
+/// status its type names, else its numeric code, else 500.
+fn stream_error(error: ApiError) -> ProviderError {
+    let by_type = status_of_error_type(&error.kind);
+    let by_code = error
+        .code
+        .as_deref()
+        .and_then(|c| c.parse::<u16>().ok())
+        .filter(|c| (400..600).contains(c));
+    let status = match by_code {
+        Some(code) if by_type == 500 => code,
+        _ => by_type,
+    };
+    ProviderError::Status {
+        status,
+        message: error.describe(status),
+        retry_after: None,
+    }
+}
+
 /// One event's data as a [`StreamEvent`]; `None` for events to skip.
+#[cfg(test)]
 pub(crate) fn parse(data: &str) -> Result<Option<StreamEvent>, ProviderError> {
-    let wire: Wire = serde_json::from_str(data)
-        .map_err(|e| ProviderError::Stream(format!("malformed event {data:?}: {e}")))?;
-    Ok(Some(match wire {
-        Wire::MessageStart { message } => StreamEvent::MessageStart {
-            message_id: message.id,
-            usage: Usage {
-                input_tokens: message.usage.input_tokens.unwrap_or(0),
-                cache_creation_input_tokens: message.usage.cache_creation_input_tokens.unwrap_or(0),
-                cache_read_input_tokens: message.usage.cache_read_input_tokens.unwrap_or(0),
-                output_tokens: 0,
-            },
-        },
+    parse_event("", data).map(|p| p.event)
+}
+
+/// One event, by its name (`event:`, possibly empty) and data.
+pub(crate) fn parse_event(name: &str, data: &str) -> Result<Parsed, ProviderError> {
+    let wire: Wire = match serde_json::from_str(data) {
+        Ok(Wire::Other) if name == "error" => {
+            // llama.cpp's server: `event: error` with the bare error object as data.
+            return Err(stream_error(ApiError::parse(data).unwrap_or_else(|| {
+                ApiError {
+                    message: data.to_owned(),
+                    kind: String::new(),
+                    code: None,
+                }
+            })));
+        }
+        Ok(wire) => wire,
+        Err(e) => {
+            // `{"error":{…}}` without a `type`: an error, however the server framed it.
+            return Err(match ApiError::parse(data) {
+                Some(error) => stream_error(error),
+                None => ProviderError::Stream(format!("malformed event {data:?}: {e}")),
+            });
+        }
+    };
+    let mut model = None;
+    let event = match wire {
+        Wire::MessageStart { message } => {
+            model = message.model;
+            StreamEvent::MessageStart {
+                message_id: message.id,
+                usage: Usage {
+                    input_tokens: message.usage.input_tokens.unwrap_or(0),
+                    cache_creation_input_tokens: message
+                        .usage
+                        .cache_creation_input_tokens
+                        .unwrap_or(0),
+                    cache_read_input_tokens: message.usage.cache_read_input_tokens.unwrap_or(0),
+                    output_tokens: 0,
+                },
+            }
+        }
         Wire::ContentBlockStart {
             index,
             content_block,
@@ -192,7 +268,7 @@ pub(crate) fn parse(data: &str) -> Result<Option<StreamEvent>, ProviderError> {
         },
         Wire::ContentBlockDelta { index, delta } => match block_delta(index, delta) {
             Some(event) => event,
-            None => return Ok(None),
+            None => return Ok(Parsed::default()),
         },
         Wire::ContentBlockStop { index } => StreamEvent::BlockStop { index },
         Wire::MessageDelta { delta, usage } => StreamEvent::MessageDelta {
@@ -202,14 +278,18 @@ pub(crate) fn parse(data: &str) -> Result<Option<StreamEvent>, ProviderError> {
         },
         Wire::MessageStop => StreamEvent::MessageStop,
         Wire::Error { error } => {
-            return Err(ProviderError::Status {
-                status: status_of_error_type(&error.kind),
+            return Err(stream_error(ApiError {
                 message: error.message,
-                retry_after: None,
-            });
+                kind: error.kind,
+                code: None,
+            }));
         }
-        Wire::Other => return Ok(None),
-    }))
+        Wire::Other => return Ok(Parsed::default()),
+    };
+    Ok(Parsed {
+        event: Some(event),
+        model,
+    })
 }
 
 fn block_start(index: usize, block: WireBlock, data: &str) -> Result<BlockStart, ProviderError> {
@@ -325,6 +405,19 @@ mod tests {
         for (data, expected) in cases {
             assert_eq!(parse(data), Ok(expected), "{data}");
         }
+        // llama.cpp's server: its own model name, no cache_creation_input_tokens at all.
+        let local = r#"{"type":"message_start","message":{"id":"chatcmpl-1","type":"message","role":"assistant","content":[],"model":"gemma-3-270m","stop_reason":null,"stop_sequence":null,"usage":{"cache_read_input_tokens":2905,"input_tokens":12,"output_tokens":0}}}"#;
+        let parsed = parse_event("message_start", local).map(|p| (p.model, p.event));
+        assert_eq!(
+            parsed,
+            Ok((
+                Some("gemma-3-270m".into()),
+                Some(StreamEvent::MessageStart {
+                    message_id: "chatcmpl-1".into(),
+                    usage: usage(12, 0, 2905),
+                })
+            ))
+        );
     }
 
     #[test]
@@ -333,7 +426,37 @@ mod tests {
             r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
         assert!(matches!(
             parse(overloaded),
-            Err(ProviderError::Status { status: 529, ref message, .. }) if message == "Overloaded"
+            Err(ProviderError::Status { status: 529, ref message, .. }) if message == "Overloaded (overloaded_error)"
+        ));
+        // llama.cpp's server: `event: error` with the bare error object.
+        let bare = r#"{"code":500,"message":"slot unavailable","type":"server_error"}"#;
+        assert_eq!(
+            parse_event("error", bare).map(|p| p.event),
+            Err(ProviderError::Status {
+                status: 500,
+                message: "slot unavailable (server_error)".into(),
+                retry_after: None,
+            })
+        );
+        let unavailable = r#"{"code":503,"message":"Loading model","type":"unavailable_error"}"#;
+        assert!(matches!(
+            parse_event("error", unavailable),
+            Err(ProviderError::Status { status: 503, .. })
+        ));
+        // An OpenAI-shaped error object where an event was expected, with a numeric code.
+        let openai = r#"{"error":{"message":"context overflow","code":400}}"#;
+        assert_eq!(
+            parse(openai),
+            Err(ProviderError::Status {
+                status: 400,
+                message: "context overflow".into(),
+                retry_after: None,
+            })
+        );
+        // Not JSON at all in an error event.
+        assert!(matches!(
+            parse_event("error", "boom"),
+            Err(ProviderError::Stream(_))
         ));
         let redacted = r#"{"type":"content_block_start","index":0,"content_block":{"type":"redacted_thinking","data":"x"}}"#;
         assert!(matches!(parse(redacted), Err(ProviderError::Stream(_))));

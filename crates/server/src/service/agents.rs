@@ -1,12 +1,14 @@
 //! Fork batch and agent RPCs.
 
 use forkd_core::{AgentId, BatchId, Directive};
+use forkd_engine::BatchOptions;
 use forkd_proto::v1 as pb;
-use forkd_store::AgentFilter;
+use forkd_store::{AgentFilter, Budget};
 use tonic::Status;
 
 use super::sessions::parse_session_id;
 use super::{ForkdService, page_size};
+use crate::auth::Tenant;
 use crate::convert;
 use crate::status::{bad_id, to_status};
 
@@ -27,9 +29,14 @@ pub(crate) fn parse_batch_id(s: &str) -> Result<BatchId, Status> {
 impl ForkdService {
     pub(super) async fn fork_batch_rpc(
         &self,
+        tenant: &Tenant,
         req: pb::ForkBatchRequest,
     ) -> Result<pb::ForkBatchResponse, Status> {
         let session_id = parse_session_id(&req.session_id)?;
+        self.engine
+            .check_session(tenant.name(), session_id)
+            .await
+            .map_err(to_status)?;
         let directives = req
             .directives
             .into_iter()
@@ -40,7 +47,18 @@ impl ForkdService {
             .collect();
         let batch = self
             .engine
-            .fork_batch(session_id, directives, req.warmup_gating)
+            .fork_batch(
+                session_id,
+                directives,
+                BatchOptions {
+                    warmup_gating: req.warmup_gating,
+                    idempotency_key: Some(req.idempotency_key).filter(|k| !k.is_empty()),
+                    budget: Budget {
+                        usd: Some(req.budget_usd).filter(|u| *u != 0.0),
+                        tokens: Some(req.budget_tokens).filter(|t| *t != 0),
+                    },
+                },
+            )
             .await
             .map_err(to_status)?;
         Ok(pb::ForkBatchResponse {
@@ -51,9 +69,14 @@ impl ForkdService {
 
     pub(super) async fn spawn_agent_rpc(
         &self,
+        tenant: &Tenant,
         req: pb::SpawnAgentRequest,
     ) -> Result<pb::SpawnAgentResponse, Status> {
         let session_id = parse_session_id(&req.session_id)?;
+        self.engine
+            .check_session(tenant.name(), session_id)
+            .await
+            .map_err(to_status)?;
         if req.subagent_type.is_empty() {
             return Err(Status::invalid_argument(
                 "subagent_type is required (general-purpose, Explore, Plan or a custom type); \
@@ -76,10 +99,12 @@ impl ForkdService {
 
     pub(super) async fn list_agents_rpc(
         &self,
+        tenant: &Tenant,
         req: pb::ListAgentsRequest,
     ) -> Result<pb::ListAgentsResponse, Status> {
         let limit = page_size(req.page_size);
         let filter = AgentFilter {
+            tenant: Some(tenant.name().to_owned()),
             session_id: match req.session_id.as_str() {
                 "" => None,
                 s => Some(parse_session_id(s)?),
@@ -95,6 +120,14 @@ impl ForkdService {
             },
             limit,
         };
+        super::notifications::check_filter(
+            &self.engine,
+            tenant,
+            filter.session_id,
+            filter.batch_id,
+            None,
+        )
+        .await?;
         let agents = self.engine.list_agents(&filter).await.map_err(to_status)?;
         let next_page_token = match agents.last() {
             Some(last) if agents.len() as u32 == limit => last.id.to_string(),
@@ -108,9 +141,14 @@ impl ForkdService {
 
     pub(super) async fn get_agent_rpc(
         &self,
+        tenant: &Tenant,
         req: pb::GetAgentRequest,
     ) -> Result<pb::GetAgentResponse, Status> {
         let id = parse_agent_id(&req.agent_id)?;
+        self.engine
+            .check_agent(tenant.name(), id)
+            .await
+            .map_err(to_status)?;
         let agent = self.engine.get_agent(id).await.map_err(to_status)?;
         Ok(pb::GetAgentResponse {
             agent: Some(convert::agent(&agent)),
@@ -119,10 +157,15 @@ impl ForkdService {
 
     pub(super) async fn attach_rpc(
         &self,
+        tenant: &Tenant,
         req: pb::AttachRequest,
     ) -> Result<AgentEventStream, Status> {
         use futures::StreamExt;
         let id = parse_agent_id(&req.agent_id)?;
+        self.engine
+            .check_agent(tenant.name(), id)
+            .await
+            .map_err(to_status)?;
         let events = self
             .engine
             .attach(id, req.since_seq)
@@ -136,9 +179,14 @@ impl ForkdService {
 
     pub(super) async fn background_rpc(
         &self,
+        tenant: &Tenant,
         req: pb::BackgroundRequest,
     ) -> Result<pb::BackgroundResponse, Status> {
         let id = parse_agent_id(&req.agent_id)?;
+        self.engine
+            .check_agent(tenant.name(), id)
+            .await
+            .map_err(to_status)?;
         self.engine.background(id).await.map_err(to_status)?;
         Ok(pb::BackgroundResponse {
             agent_id: id.to_string(),
@@ -146,8 +194,16 @@ impl ForkdService {
         })
     }
 
-    pub(super) async fn kill_rpc(&self, req: pb::KillRequest) -> Result<pb::KillResponse, Status> {
+    pub(super) async fn kill_rpc(
+        &self,
+        tenant: &Tenant,
+        req: pb::KillRequest,
+    ) -> Result<pb::KillResponse, Status> {
         let id = parse_agent_id(&req.agent_id)?;
+        self.engine
+            .check_agent(tenant.name(), id)
+            .await
+            .map_err(to_status)?;
         self.engine.kill(id).await.map_err(to_status)?;
         Ok(pb::KillResponse {
             agent_id: id.to_string(),
@@ -156,9 +212,14 @@ impl ForkdService {
 
     pub(super) async fn get_transcript_rpc(
         &self,
+        tenant: &Tenant,
         req: pb::GetTranscriptRequest,
     ) -> Result<pb::GetTranscriptResponse, Status> {
         let id = parse_agent_id(&req.agent_id)?;
+        self.engine
+            .check_agent(tenant.name(), id)
+            .await
+            .map_err(to_status)?;
         let entries = self
             .engine
             .transcript(id, req.include_shared_prefix)

@@ -12,6 +12,8 @@ use forkd_proto::v1 as pb;
 use forkd_proto::v1::forkd_server::Forkd;
 use tonic::{Request, Response, Status};
 
+use crate::auth::tenant;
+
 /// The service: a handle on the engine.
 #[derive(Clone)]
 pub struct ForkdService {
@@ -43,7 +45,7 @@ impl Forkd for ForkdService {
         &self,
         req: Request<pb::CreateSessionRequest>,
     ) -> Reply<pb::CreateSessionResponse> {
-        self.create_session_rpc(req.into_inner())
+        self.create_session_rpc(&tenant(&req)?, req.into_inner())
             .await
             .map(Response::new)
     }
@@ -52,7 +54,7 @@ impl Forkd for ForkdService {
         &self,
         req: Request<pb::GetSessionRequest>,
     ) -> Reply<pb::GetSessionResponse> {
-        self.get_session_rpc(req.into_inner())
+        self.get_session_rpc(&tenant(&req)?, req.into_inner())
             .await
             .map(Response::new)
     }
@@ -61,7 +63,7 @@ impl Forkd for ForkdService {
         &self,
         req: Request<pb::ListSessionsRequest>,
     ) -> Reply<pb::ListSessionsResponse> {
-        self.list_sessions_rpc(req.into_inner())
+        self.list_sessions_rpc(&tenant(&req)?, req.into_inner())
             .await
             .map(Response::new)
     }
@@ -72,13 +74,13 @@ impl Forkd for ForkdService {
         &self,
         req: Request<pb::SendMessageRequest>,
     ) -> Reply<Self::SendMessageStream> {
-        self.send_message_rpc(req.into_inner())
+        self.send_message_rpc(&tenant(&req)?, req.into_inner())
             .await
             .map(Response::new)
     }
 
     async fn fork_batch(&self, req: Request<pb::ForkBatchRequest>) -> Reply<pb::ForkBatchResponse> {
-        self.fork_batch_rpc(req.into_inner())
+        self.fork_batch_rpc(&tenant(&req)?, req.into_inner())
             .await
             .map(Response::new)
     }
@@ -87,7 +89,7 @@ impl Forkd for ForkdService {
         &self,
         req: Request<pb::SpawnAgentRequest>,
     ) -> Reply<pb::SpawnAgentResponse> {
-        self.spawn_agent_rpc(req.into_inner())
+        self.spawn_agent_rpc(&tenant(&req)?, req.into_inner())
             .await
             .map(Response::new)
     }
@@ -96,13 +98,13 @@ impl Forkd for ForkdService {
         &self,
         req: Request<pb::ListAgentsRequest>,
     ) -> Reply<pb::ListAgentsResponse> {
-        self.list_agents_rpc(req.into_inner())
+        self.list_agents_rpc(&tenant(&req)?, req.into_inner())
             .await
             .map(Response::new)
     }
 
     async fn get_agent(&self, req: Request<pb::GetAgentRequest>) -> Reply<pb::GetAgentResponse> {
-        self.get_agent_rpc(req.into_inner())
+        self.get_agent_rpc(&tenant(&req)?, req.into_inner())
             .await
             .map(Response::new)
     }
@@ -111,7 +113,7 @@ impl Forkd for ForkdService {
         &self,
         req: Request<pb::GetTranscriptRequest>,
     ) -> Reply<pb::GetTranscriptResponse> {
-        self.get_transcript_rpc(req.into_inner())
+        self.get_transcript_rpc(&tenant(&req)?, req.into_inner())
             .await
             .map(Response::new)
     }
@@ -119,20 +121,24 @@ impl Forkd for ForkdService {
     type AttachStream = agents::AgentEventStream;
 
     async fn attach(&self, req: Request<pb::AttachRequest>) -> Reply<Self::AttachStream> {
-        self.attach_rpc(req.into_inner()).await.map(Response::new)
+        self.attach_rpc(&tenant(&req)?, req.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn background(
         &self,
         req: Request<pb::BackgroundRequest>,
     ) -> Reply<pb::BackgroundResponse> {
-        self.background_rpc(req.into_inner())
+        self.background_rpc(&tenant(&req)?, req.into_inner())
             .await
             .map(Response::new)
     }
 
     async fn kill(&self, req: Request<pb::KillRequest>) -> Reply<pb::KillResponse> {
-        self.kill_rpc(req.into_inner()).await.map(Response::new)
+        self.kill_rpc(&tenant(&req)?, req.into_inner())
+            .await
+            .map(Response::new)
     }
 
     type SubscribeNotificationsStream = notifications::NotificationStream;
@@ -141,7 +147,7 @@ impl Forkd for ForkdService {
         &self,
         req: Request<pb::SubscribeNotificationsRequest>,
     ) -> Reply<Self::SubscribeNotificationsStream> {
-        self.subscribe_rpc(req.into_inner())
+        self.subscribe_rpc(&tenant(&req)?, req.into_inner())
             .await
             .map(Response::new)
     }
@@ -152,7 +158,7 @@ impl Forkd for ForkdService {
         &self,
         req: Request<pb::SubscribePermissionsRequest>,
     ) -> Reply<Self::SubscribePermissionsStream> {
-        self.subscribe_permissions_rpc(req.into_inner())
+        self.subscribe_permissions_rpc(&tenant(&req)?, req.into_inner())
             .await
             .map(Response::new)
     }
@@ -161,7 +167,8 @@ impl Forkd for ForkdService {
         &self,
         req: Request<pb::AnswerPermissionRequest>,
     ) -> Reply<pb::AnswerPermissionResponse> {
-        self.answer_permission_rpc(req.into_inner())
+        self.answer_permission_rpc(&tenant(&req)?, req.into_inner())
+            .await
             .map(Response::new)
     }
 
@@ -169,7 +176,7 @@ impl Forkd for ForkdService {
         &self,
         req: Request<pb::GetCacheStatsRequest>,
     ) -> Reply<pb::GetCacheStatsResponse> {
-        self.cache_stats_rpc(req.into_inner())
+        self.cache_stats_rpc(&tenant(&req)?, req.into_inner())
             .await
             .map(Response::new)
     }
@@ -179,5 +186,23 @@ impl Forkd for ForkdService {
         req: Request<pb::EstimateForkCostRequest>,
     ) -> Reply<pb::EstimateForkCostResponse> {
         self.estimate_rpc(req.into_inner()).map(Response::new)
+    }
+
+    async fn list_requests(
+        &self,
+        req: Request<pb::ListRequestsRequest>,
+    ) -> Reply<pb::ListRequestsResponse> {
+        self.list_requests_rpc(&tenant(&req)?, req.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn explain_cache(
+        &self,
+        req: Request<pb::ExplainCacheRequest>,
+    ) -> Reply<pb::ExplainCacheResponse> {
+        self.explain_cache_rpc(&tenant(&req)?, req.into_inner())
+            .await
+            .map(Response::new)
     }
 }

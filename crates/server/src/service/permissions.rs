@@ -9,6 +9,7 @@ use tonic::Status;
 
 use super::ForkdService;
 use super::sessions::parse_session_id;
+use crate::auth::Tenant;
 use crate::status::to_status;
 
 pub type PromptStream = Pin<Box<dyn Stream<Item = Result<pb::PermissionPrompt, Status>> + Send>>;
@@ -16,9 +17,14 @@ pub type PromptStream = Pin<Box<dyn Stream<Item = Result<pb::PermissionPrompt, S
 impl ForkdService {
     pub(super) async fn subscribe_permissions_rpc(
         &self,
+        tenant: &Tenant,
         req: pb::SubscribePermissionsRequest,
     ) -> Result<PromptStream, Status> {
         let id = parse_session_id(&req.session_id)?;
+        self.engine
+            .check_session(tenant.name(), id)
+            .await
+            .map_err(to_status)?;
         let prompts = self.engine.subscribe_prompts(id).await.map_err(to_status)?;
         Ok(Box::pin(prompts.map(|p| {
             Ok(pb::PermissionPrompt {
@@ -32,8 +38,9 @@ impl ForkdService {
         })))
     }
 
-    pub(super) fn answer_permission_rpc(
+    pub(super) async fn answer_permission_rpc(
         &self,
+        tenant: &Tenant,
         req: pb::AnswerPermissionRequest,
     ) -> Result<pb::AnswerPermissionResponse, Status> {
         let answer = match pb::PermissionDecision::try_from(req.decision) {
@@ -51,6 +58,20 @@ impl ForkdService {
         if req.prompt_id.is_empty() {
             return Err(Status::invalid_argument("prompt_id is required"));
         }
+        let unknown = || {
+            Status::not_found(format!(
+                "permission prompt {} not found",
+                req.prompt_id.chars().take(64).collect::<String>()
+            ))
+        };
+        let session = self
+            .engine
+            .prompt_session(&req.prompt_id)
+            .ok_or_else(unknown)?;
+        self.engine
+            .check_session(tenant.name(), session)
+            .await
+            .map_err(|_| unknown())?;
         self.engine
             .answer_prompt(&req.prompt_id, answer)
             .map_err(to_status)?;

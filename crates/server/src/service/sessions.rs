@@ -7,6 +7,7 @@ use forkd_proto::v1 as pb;
 use tonic::Status;
 
 use super::{ForkdService, page_size};
+use crate::auth::Tenant;
 use crate::convert;
 use crate::status::{bad_id, to_status};
 
@@ -20,6 +21,7 @@ pub(crate) fn parse_session_id(s: &str) -> Result<SessionId, Status> {
 impl ForkdService {
     pub(super) async fn create_session_rpc(
         &self,
+        tenant: &Tenant,
         req: pb::CreateSessionRequest,
     ) -> Result<pb::CreateSessionResponse, Status> {
         let permission_mode = match req.permission_mode.as_str() {
@@ -54,6 +56,8 @@ impl ForkdService {
             max_tokens: Some(req.max_tokens).filter(|m| *m > 0),
             allow_rules: req.allow_rules,
             deny_rules: req.deny_rules,
+            tenant: tenant.name().to_owned(),
+            idempotency_key: Some(req.idempotency_key).filter(|k| !k.is_empty()),
         };
         let session = self.engine.create_session(new).await.map_err(to_status)?;
         let count = self
@@ -68,9 +72,14 @@ impl ForkdService {
 
     pub(super) async fn get_session_rpc(
         &self,
+        tenant: &Tenant,
         req: pb::GetSessionRequest,
     ) -> Result<pb::GetSessionResponse, Status> {
         let id = parse_session_id(&req.session_id)?;
+        self.engine
+            .check_session(tenant.name(), id)
+            .await
+            .map_err(to_status)?;
         let session = self.engine.get_session(id).await.map_err(to_status)?;
         let count = self
             .engine
@@ -84,6 +93,7 @@ impl ForkdService {
 
     pub(super) async fn list_sessions_rpc(
         &self,
+        tenant: &Tenant,
         req: pb::ListSessionsRequest,
     ) -> Result<pb::ListSessionsResponse, Status> {
         let after = match req.page_token.as_str() {
@@ -93,7 +103,7 @@ impl ForkdService {
         let limit = page_size(req.page_size);
         let sessions = self
             .engine
-            .list_sessions(after, limit)
+            .list_sessions(Some(tenant.name()), after, limit)
             .await
             .map_err(to_status)?;
         let next_page_token = match sessions.last() {
@@ -167,10 +177,15 @@ fn session_event(event: forkd_engine::ParentEvent) -> pb::SessionEvent {
 impl ForkdService {
     pub(super) async fn send_message_rpc(
         &self,
+        tenant: &Tenant,
         req: pb::SendMessageRequest,
     ) -> Result<SessionEventStream, Status> {
         use futures::StreamExt;
         let id = parse_session_id(&req.session_id)?;
+        self.engine
+            .check_session(tenant.name(), id)
+            .await
+            .map_err(to_status)?;
         let events = self
             .engine
             .send_message(id, req.text)

@@ -9,8 +9,7 @@ use super::convert::{
     insert_session_message, parse_id, session_len, to_i64,
 };
 use super::{agents, sessions};
-use crate::{Lease, NewChild, Result, StoreError};
-use forkd_core::AgentId;
+use crate::{BatchExtras, Budget, NewChild, Result, StoreError};
 
 #[derive(sqlx::FromRow)]
 struct BatchRow {
@@ -49,9 +48,9 @@ pub(super) async fn create(
     batch: &ForkBatch,
     parent_results: &Message,
     children: &[NewChild],
-    turn: Option<(&Lease, &[AgentId])>,
+    extras: &BatchExtras<'_>,
 ) -> Result<()> {
-    if let Some((lease, delivered)) = turn {
+    if let Some((lease, delivered)) = extras.turn {
         agents::check_lease(conn, lease).await?;
         agents::mark_delivered(conn, delivered).await?;
     }
@@ -100,7 +99,8 @@ pub(super) async fn create(
     let id = batch.id.to_string();
     sqlx::query(
         "INSERT INTO batches (id, session_id, fork_point, assistant_json, \
-         shared_user_blocks_json, created_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
+         shared_user_blocks_json, created_at_ms, budget_usd, budget_tokens) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(&id)
     .bind(&session_id)
@@ -108,6 +108,14 @@ pub(super) async fn create(
     .bind(batch.assistant.content_json())
     .bind(content_array(&batch.shared_user_blocks))
     .bind(batch.created_at_ms)
+    .bind(extras.budget.usd)
+    .bind(
+        extras
+            .budget
+            .tokens
+            .map(|t| to_i64(t, "budget_tokens"))
+            .transpose()?,
+    )
     .execute(&mut *conn)
     .await
     .map_err(|e| conflict_if_duplicate(e, || format!("batch {id} already exists")))?;
@@ -127,4 +135,20 @@ pub(super) async fn get(pool: &SqlitePool, id: BatchId) -> Result<Option<ForkBat
     .fetch_optional(pool)
     .await?;
     row.map(ForkBatch::try_from).transpose()
+}
+
+pub(super) async fn budget(pool: &SqlitePool, id: BatchId) -> Result<Budget> {
+    let row: Option<(Option<f64>, Option<i64>)> =
+        sqlx::query_as("SELECT budget_usd, budget_tokens FROM batches WHERE id = ?")
+            .bind(id.to_string())
+            .fetch_optional(pool)
+            .await?;
+    let (usd, tokens) = row.ok_or_else(|| StoreError::NotFound {
+        kind: "batch",
+        id: id.to_string(),
+    })?;
+    Ok(Budget {
+        usd,
+        tokens: tokens.map(|t| from_i64(t, "budget_tokens")).transpose()?,
+    })
 }

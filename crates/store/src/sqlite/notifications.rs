@@ -227,6 +227,11 @@ pub(super) async fn list(
         q.push(" AND session_id = ")
             .push_bind(session_id.to_string());
     }
+    if let Some(tenant) = &filter.tenant {
+        q.push(" AND session_id IN (SELECT id FROM sessions WHERE tenant = ")
+            .push_bind(tenant.clone())
+            .push(")");
+    }
     if let Some(batch_id) = filter.batch_id {
         q.push(" AND batch_id = ").push_bind(batch_id.to_string());
     }

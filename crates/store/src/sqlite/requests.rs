@@ -3,6 +3,8 @@
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqlitePool};
 
 use super::convert::{UsageRow, conflict_if_duplicate, from_i64, opt_id, parse_id, to_i64};
+use forkd_core::RequestId;
+
 use crate::{RequestFilter, RequestRecord, Result, StoreError};
 
 #[derive(sqlx::FromRow)]
@@ -17,6 +19,7 @@ struct RequestRow {
     usage: UsageRow,
     cost_usd: f64,
     prefix_fingerprint: String,
+    prefix_parts: String,
     body_bytes: i64,
     stop_reason: Option<String>,
     created_at_ms: i64,
@@ -40,6 +43,9 @@ impl TryFrom<RequestRow> for RequestRecord {
             usage: row.usage.into_usage()?,
             cost_usd: row.cost_usd,
             prefix_fingerprint: row.prefix_fingerprint,
+            prefix_parts: serde_json::from_str(&row.prefix_parts).map_err(|e| {
+                StoreError::Corrupt(format!("request {}: prefix_parts: {e}", row.id))
+            })?,
             body_bytes: from_i64(row.body_bytes, "request body_bytes")?,
             stop_reason: row.stop_reason,
             created_at_ms: row.created_at_ms,
@@ -75,11 +81,13 @@ pub(super) async fn record(conn: &mut SqliteConnection, r: &RequestRecord) -> Re
     }
 
     let id = r.id.to_string();
+    let parts = serde_json::to_string(&r.prefix_parts)
+        .map_err(|e| StoreError::Corrupt(format!("request {id}: prefix_parts: {e}")))?;
     sqlx::query(
         "INSERT INTO requests (id, agent_id, session_id, batch_id, turn, model, input_tokens, \
          cache_creation_input_tokens, cache_read_input_tokens, output_tokens, cost_usd, \
-         prefix_fingerprint, body_bytes, stop_reason, created_at_ms) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+         prefix_fingerprint, prefix_parts, body_bytes, stop_reason, created_at_ms) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(&id)
     .bind(&agent_id)
@@ -93,6 +101,7 @@ pub(super) async fn record(conn: &mut SqliteConnection, r: &RequestRecord) -> Re
     .bind(usage.output_tokens)
     .bind(r.cost_usd)
     .bind(&r.prefix_fingerprint)
+    .bind(parts)
     .bind(to_i64(r.body_bytes, "body_bytes")?)
     .bind(r.stop_reason.as_deref())
     .bind(r.created_at_ms)
@@ -102,13 +111,21 @@ pub(super) async fn record(conn: &mut SqliteConnection, r: &RequestRecord) -> Re
     Ok(())
 }
 
+const COLUMNS: &str = "SELECT id, agent_id, session_id, batch_id, turn, model, input_tokens, \
+     cache_creation_input_tokens, cache_read_input_tokens, output_tokens, cost_usd, \
+     prefix_fingerprint, prefix_parts, body_bytes, stop_reason, created_at_ms FROM requests";
+
+pub(super) async fn get(pool: &SqlitePool, id: RequestId) -> Result<Option<RequestRecord>> {
+    let mut q = QueryBuilder::<Sqlite>::new(COLUMNS);
+    q.push(" WHERE id = ").push_bind(id.to_string());
+    let row: Option<RequestRow> = q.build_query_as().fetch_optional(pool).await?;
+    row.map(RequestRecord::try_from).transpose()
+}
+
 /// Requests in id (creation) order.
 pub(super) async fn list(pool: &SqlitePool, filter: &RequestFilter) -> Result<Vec<RequestRecord>> {
-    let mut q = QueryBuilder::<Sqlite>::new(
-        "SELECT id, agent_id, session_id, batch_id, turn, model, input_tokens, \
-         cache_creation_input_tokens, cache_read_input_tokens, output_tokens, cost_usd, \
-         prefix_fingerprint, body_bytes, stop_reason, created_at_ms FROM requests WHERE TRUE",
-    );
+    let mut q = QueryBuilder::<Sqlite>::new(COLUMNS);
+    q.push(" WHERE TRUE");
     if let Some(session_id) = filter.session_id {
         q.push(" AND session_id = ")
             .push_bind(session_id.to_string());

@@ -16,7 +16,7 @@ use crate::{Result, StoreError, StoredMessage};
 macro_rules! session_columns {
     () => {
         "id, model, system_prompt, tools_json, thinking_budget, max_tokens, workspace, \
-         coordinator, interactive, permission_mode, created_at_ms, allow_rules, deny_rules"
+         coordinator, interactive, permission_mode, created_at_ms, allow_rules, deny_rules, tenant"
     };
 }
 
@@ -35,6 +35,7 @@ struct SessionRow {
     created_at_ms: i64,
     allow_rules: String,
     deny_rules: String,
+    tenant: String,
 }
 
 impl TryFrom<SessionRow> for Session {
@@ -57,6 +58,7 @@ impl TryFrom<SessionRow> for Session {
         })?;
         Ok(Session {
             id: parse_id(&row.id, "session id")?,
+            tenant: row.tenant,
             params: CacheSafeParams {
                 model: row.model,
                 system: RenderedSystem::from_stored(&row.system_prompt),
@@ -100,7 +102,7 @@ pub(super) async fn create(
     sqlx::query(concat!(
         "INSERT INTO sessions (",
         session_columns!(),
-        ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     ))
     .bind(&id)
     .bind(&p.model)
@@ -115,6 +117,7 @@ pub(super) async fn create(
     .bind(session.created_at_ms)
     .bind(serde_json::to_string(&session.rules.allow).unwrap_or_else(|_| "[]".into()))
     .bind(serde_json::to_string(&session.rules.deny).unwrap_or_else(|_| "[]".into()))
+    .bind(&session.tenant)
     .execute(&mut *conn)
     .await
     .map_err(|e| conflict_if_duplicate(e, || format!("session {id} already exists")))?;
@@ -138,6 +141,7 @@ pub(super) async fn get(pool: &SqlitePool, id: SessionId) -> Result<Option<Sessi
 
 pub(super) async fn list(
     pool: &SqlitePool,
+    tenant: Option<&str>,
     after: Option<SessionId>,
     limit: u32,
 ) -> Result<Vec<Session>> {
@@ -146,8 +150,9 @@ pub(super) async fn list(
     let rows: Vec<SessionRow> = sqlx::query_as(concat!(
         "SELECT ",
         session_columns!(),
-        " FROM sessions WHERE id > ? ORDER BY id LIMIT ?"
+        " FROM sessions WHERE (?1 IS NULL OR tenant = ?1) AND id > ?2 ORDER BY id LIMIT ?3"
     ))
+    .bind(tenant)
     .bind(after.map(|a| a.to_string()).unwrap_or_default())
     .bind(limit_param(limit))
     .fetch_all(pool)

@@ -38,6 +38,7 @@ pub fn session() -> TestResult<Session> {
     )?;
     Ok(Session {
         id: SessionId::new(),
+        tenant: "local".into(),
         params: CacheSafeParams {
             model: "claude-test-1".into(),
             system: RenderedSystem::from_stored(
@@ -139,10 +140,15 @@ pub fn fork(session: &Session, fork_point: u64, n: usize) -> TestResult<Fixture>
 pub async fn seeded(store: &SqliteStore, n: usize) -> TestResult<(Session, Fixture)> {
     let session = session()?;
     let history = history()?;
-    store.create_session(&session, &history).await?;
+    store.create_session(&session, &history, None).await?;
     let fx = fork(&session, u64::try_from(history.len())?, n)?;
     store
-        .create_fork_batch(&fx.batch, &fx.parent_results, &fx.children, None)
+        .create_fork_batch(
+            &fx.batch,
+            &fx.parent_results,
+            &fx.children,
+            &forkd_store::BatchExtras::default(),
+        )
         .await?;
     Ok((session, fx))
 }

@@ -1,0 +1,360 @@
+//! Cache diagnostics: each request's prefix cut into parts with short digests (recorded with the
+//! request), the check that a fork child's first request shares its first sibling's prefix, and
+//! `explain`, which finds the part and the byte where two requests' bodies part.
+//!
+//! Bodies are not stored: `explain` rebuilds them from the transcript with the same code a run
+//! uses, and trusts a rebuilt body only when its prefix fingerprint matches the recorded one.
+
+use forkd_core::request::{self, SerializedRequest, fingerprint};
+use forkd_core::{AgentId, AgentKind, BatchId, RequestId, Role};
+use forkd_store::{PrefixPart, RequestFilter, RequestRecord};
+
+use crate::Engine;
+use crate::error::{EngineError, Result};
+
+/// How many bytes of each side an explanation shows around the byte where they part.
+const EXCERPT_BEFORE: usize = 40;
+const EXCERPT_AFTER: usize = 80;
+
+/// Cuts `body[..end]` into its parts: the head (model, max_tokens, stream, thinking), the tools
+/// array, the system prompt, and each message that starts before `end`. `tools_len` is the
+/// length of the tools array's bytes (which sit right after `,"tools":`).
+pub(crate) fn prefix_parts(
+    body: &SerializedRequest,
+    tools_len: usize,
+    end: usize,
+) -> Vec<PrefixPart> {
+    let bytes = body.body.as_bytes();
+    let end = end.min(bytes.len());
+    let mut cuts: Vec<(String, usize)> = vec![("head".to_owned(), 0)];
+    // The model name is a JSON string, so an unescaped `,"tools":` can only be the field itself.
+    if let Some(at) = body.body.find(r#","tools":"#) {
+        let tools = at + r#","tools":"#.len();
+        cuts.push(("tools".to_owned(), tools));
+        cuts.push(("system".to_owned(), tools + tools_len));
+    }
+    // One part per message, not per block: a fork message holds a block per sibling, and parts
+    // per block would make every child's record grow with the batch (explain still finds the
+    // byte by rebuilding the bodies).
+    for span in body.spans.iter().filter(|s| s.pos.block == 0) {
+        cuts.push((format!("message {}", span.pos.message), span.start));
+    }
+    cuts.retain(|(_, at)| *at < end || *at == 0);
+    let mut parts = Vec::with_capacity(cuts.len());
+    for (i, (label, start)) in cuts.iter().enumerate() {
+        let stop = cuts.get(i + 1).map_or(end, |(_, next)| *next).min(end);
+        let slice = bytes.get(*start..stop.max(*start)).unwrap_or_default();
+        parts.push(PrefixPart {
+            label: label.clone(),
+            offset: *start as u64,
+            digest: fingerprint(slice)[..16].to_owned(),
+        });
+    }
+    parts
+}
+
+/// The first part where two recorded prefixes differ (by label, offset or digest), or `None`
+/// when they agree part for part.
+pub fn first_differing_part<'a>(
+    a: &'a [PrefixPart],
+    b: &'a [PrefixPart],
+) -> Option<&'a PrefixPart> {
+    let i = a.iter().zip(b).position(|(x, y)| x != y);
+    match i {
+        Some(i) => a.get(i),
+        None if a.len() != b.len() => a.get(b.len()).or_else(|| b.get(a.len())),
+        None => None,
+    }
+}
+
+/// A fork child's first request whose prefix differs from its first sibling's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Divergence {
+    pub request_id: RequestId,
+    pub sibling_request_id: RequestId,
+    /// The first part whose digest differs (`system`, `tools`, `message N`, …); empty
+    /// when the records carry no parts.
+    pub part: String,
+}
+
+/// Where two requests' bodies part.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CacheExplanation {
+    pub request_id: String,
+    pub other_request_id: String,
+    /// Whether the two recorded prefixes (everything before each agent's own first block) are
+    /// byte-identical.
+    pub same_prefix: bool,
+    /// The part the first differing byte is in: `head`, `tools`, `system` or `message N`.
+    pub part: String,
+    /// What kind of part: `head`, `tools`, `system` or `message`.
+    pub kind: String,
+    /// The first differing byte, as an offset in the bodies (the part's start when the bodies
+    /// could not be rebuilt: see `exact`).
+    pub byte: u64,
+    /// Whether `byte` is exact: both bodies were rebuilt and matched their records.
+    pub exact: bool,
+    /// The bodies around `byte`.
+    pub excerpt: String,
+    pub other_excerpt: String,
+    /// Why the answer is less than exact, when it is.
+    pub note: String,
+}
+
+/// The kind of a part, from its label.
+fn kind_of(label: &str) -> &str {
+    label.split(' ').next().unwrap_or(label)
+}
+
+/// The last part that starts at or before `byte`.
+fn part_at(parts: &[PrefixPart], byte: u64) -> Option<&PrefixPart> {
+    parts.iter().rev().find(|p| p.offset <= byte)
+}
+
+/// A piece of `s` around byte `at`, cut on character boundaries.
+fn excerpt(s: &str, at: usize) -> String {
+    let mut from = at.saturating_sub(EXCERPT_BEFORE).min(s.len());
+    while !s.is_char_boundary(from) {
+        from -= 1;
+    }
+    let mut to = at.saturating_add(EXCERPT_AFTER).min(s.len());
+    while !s.is_char_boundary(to) {
+        to += 1;
+    }
+    s.get(from..to).unwrap_or_default().to_owned()
+}
+
+impl Engine {
+    /// The earliest recorded request of `turn` in `batch` made by another agent than `not`.
+    pub(crate) async fn first_sibling_request(
+        &self,
+        batch: BatchId,
+        turn: u32,
+        not: AgentId,
+    ) -> Result<Option<RequestRecord>> {
+        let records = self
+            .inner
+            .store
+            .list_requests(&RequestFilter {
+                batch_id: Some(batch),
+                ..RequestFilter::default()
+            })
+            .await?;
+        Ok(records
+            .into_iter()
+            .find(|r| r.turn == turn && r.agent_id != not))
+    }
+
+    /// Compares a fork child's request with its first sibling's request of the same turn (from
+    /// the store); a different prefix is warned about and counted. Runs record their first
+    /// request through the same comparison.
+    pub async fn check_prefix(&self, record: &RequestRecord) -> Result<Option<Divergence>> {
+        let Some(batch) = record.batch_id else {
+            return Ok(None);
+        };
+        let first = self
+            .first_sibling_request(batch, record.turn, record.agent_id)
+            .await?;
+        Ok(first.and_then(|first| self.compare_prefix(&first, record)))
+    }
+
+    /// Warns about and counts a request whose prefix differs from its first sibling's.
+    pub(crate) fn compare_prefix(
+        &self,
+        first: &RequestRecord,
+        record: &RequestRecord,
+    ) -> Option<Divergence> {
+        if first.prefix_fingerprint == record.prefix_fingerprint {
+            return None;
+        }
+        let part = first_differing_part(&record.prefix_parts, &first.prefix_parts)
+            .map(|p| p.label.clone())
+            .unwrap_or_default();
+        tracing::warn!(
+            request.id = %record.id,
+            sibling.request.id = %first.id,
+            agent.id = %record.agent_id,
+            batch.id = ?record.batch_id,
+            part = %part,
+            "A fork child's prefix differs from its first sibling's: its request will not read the \
+             shared cache (`forkctl cache explain {}` shows where)",
+            record.id
+        );
+        crate::metrics::prefix_divergence();
+        self.inner
+            .divergences
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(Divergence {
+            request_id: record.id,
+            sibling_request_id: first.id,
+            part,
+        })
+    }
+
+    /// How many sibling prefix divergences this engine has seen.
+    pub fn prefix_divergences(&self) -> u64 {
+        self.inner
+            .divergences
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub async fn get_request(&self, id: RequestId) -> Result<RequestRecord> {
+        self.inner
+            .store
+            .get_request(id)
+            .await?
+            .ok_or_else(|| EngineError::NotFound {
+                kind: "request",
+                id: id.to_string(),
+            })
+    }
+
+    /// Rebuilds a request's body from the store as its run built it. `None` when it cannot be
+    /// rebuilt (a session's main loop, whose transcript has moved on) or when the rebuilt prefix
+    /// does not match the recorded fingerprint.
+    async fn rebuild(&self, record: &RequestRecord) -> Option<(SerializedRequest, usize)> {
+        let agent = self.get_agent(record.agent_id).await.ok()?;
+        if agent.kind == AgentKind::Parent {
+            return None;
+        }
+        let mut run = self.load_run(agent.id).await.ok()?;
+        // The request of turn t saw the agent's own messages before its t-th reply.
+        let mut replies = 0u32;
+        let cut = run
+            .own
+            .iter()
+            .position(|m| {
+                if m.role == Role::Assistant {
+                    replies += 1;
+                    replies > record.turn
+                } else {
+                    false
+                }
+            })
+            .unwrap_or(run.own.len());
+        run.own.truncate(cut);
+        let body = request::serialize(&run.params, &run.conversation(), true);
+        let prefix_end = body.span(run.directive_pos())?.start;
+        if fingerprint(&body.body.as_bytes()[..prefix_end]) != record.prefix_fingerprint {
+            return None;
+        }
+        let tools_len = run.params.tools.raw().len();
+        Some((body, tools_len))
+    }
+
+    /// Where two requests' bodies part. Without `other`, `request` is compared with the first
+    /// sibling's request of the same turn.
+    pub async fn explain_cache(
+        &self,
+        request: RequestId,
+        other: Option<RequestId>,
+    ) -> Result<CacheExplanation> {
+        let a = self.get_request(request).await?;
+        let b = match other {
+            Some(id) => self.get_request(id).await?,
+            None => {
+                let batch = a.batch_id.ok_or_else(|| {
+                    EngineError::FailedPrecondition(format!(
+                        "request {} is not a fork child's: give a second request to compare with",
+                        a.id
+                    ))
+                })?;
+                self.first_sibling_request(batch, a.turn, a.agent_id)
+                    .await?
+                    .ok_or_else(|| {
+                        EngineError::FailedPrecondition(format!(
+                            "request {} has no sibling request of turn {} to compare with",
+                            a.id, a.turn
+                        ))
+                    })?
+            }
+        };
+        let same_prefix = a.prefix_fingerprint == b.prefix_fingerprint;
+        let mut out = CacheExplanation {
+            request_id: a.id.to_string(),
+            other_request_id: b.id.to_string(),
+            same_prefix,
+            ..CacheExplanation::default()
+        };
+        let recorded = first_differing_part(&a.prefix_parts, &b.prefix_parts).cloned();
+        match (self.rebuild(&a).await, self.rebuild(&b).await) {
+            (Some((body_a, tools_a)), Some((body_b, tools_b))) => {
+                let (x, y) = (body_a.body.as_bytes(), body_b.body.as_bytes());
+                let at = x.iter().zip(y).position(|(p, q)| p != q);
+                let Some(at) = at.or((x.len() != y.len()).then(|| x.len().min(y.len()))) else {
+                    out.note = "the two bodies are identical".into();
+                    out.exact = true;
+                    return Ok(out);
+                };
+                let parts = prefix_parts(&body_a, tools_a, body_a.body.len());
+                let _ = tools_b;
+                let part = part_at(&parts, at as u64).map(|p| p.label.clone());
+                out.part = part.unwrap_or_default();
+                out.kind = kind_of(&out.part).to_owned();
+                out.byte = at as u64;
+                out.exact = true;
+                out.excerpt = excerpt(&body_a.body, at);
+                out.other_excerpt = excerpt(&body_b.body, at);
+                if same_prefix {
+                    out.note = "the prefixes are identical; the bodies part in the agents' own \
+                                blocks, as siblings should"
+                        .into();
+                }
+            }
+            _ => {
+                out.note = "a body could not be rebuilt from the store (a session's main loop, or \
+                            a transcript that no longer matches its record): the part is from the \
+                            recorded digests and the byte is where that part starts"
+                    .into();
+                if let Some(p) = recorded {
+                    out.kind = kind_of(&p.label).to_owned();
+                    out.part = p.label;
+                    out.byte = p.offset;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(label: &str, offset: u64, digest: &str) -> PrefixPart {
+        PrefixPart {
+            label: label.into(),
+            offset,
+            digest: digest.into(),
+        }
+    }
+
+    #[test]
+    fn the_first_differing_part_is_found() {
+        let a = [
+            part("head", 0, "a"),
+            part("tools", 10, "b"),
+            part("system", 50, "c"),
+        ];
+        let mut b = a.clone();
+        assert_eq!(first_differing_part(&a, &b), None);
+        b[2].digest = "x".into();
+        assert_eq!(
+            first_differing_part(&a, &b).map(|p| p.label.as_str()),
+            Some("system")
+        );
+        assert_eq!(
+            first_differing_part(&a, &a[..2]).map(|p| p.label.as_str()),
+            Some("system")
+        );
+    }
+
+    #[test]
+    fn excerpts_cut_on_char_boundaries() {
+        let s = "é".repeat(100);
+        let e = excerpt(&s, 51);
+        assert!(!e.is_empty());
+        assert_eq!(kind_of("message 3 block 1"), "message");
+        assert_eq!(kind_of("system"), "system");
+    }
+}

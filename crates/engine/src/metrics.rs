@@ -1,0 +1,101 @@
+//! The engine's metrics, through the `metrics` facade: without a recorder installed (the daemon
+//! installs a Prometheus one under `--metrics-listen`) every call here does nothing.
+
+use std::time::Duration;
+
+use forkd_core::Usage;
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
+
+pub const REQUESTS: &str = "forkd_requests_total";
+pub const TOKENS: &str = "forkd_tokens_total";
+pub const COST: &str = "forkd_cost_usd";
+pub const PREFIX_DIVERGENCES: &str = "forkd_prefix_divergences_total";
+pub const NOTIFICATION_LAG: &str = "forkd_notification_lag_seconds";
+pub const AGENT_RUNS: &str = "forkd_agent_runs";
+pub const AGENTS_ENDED: &str = "forkd_agents_ended_total";
+pub const REQUEST_SECONDS: &str = "forkd_model_request_seconds";
+
+/// Describes every metric, and sets the counters that matter when they are zero (a divergence
+/// counter that is absent until the first divergence is hard to alert on).
+pub fn describe() {
+    describe_counter!(
+        REQUESTS,
+        "Model requests recorded, by model and kind of agent (parent, fork, typed)"
+    );
+    describe_counter!(
+        TOKENS,
+        Unit::Count,
+        "Tokens of recorded requests, by kind: input, cache_write, cache_read, output"
+    );
+    describe_gauge!(
+        COST,
+        "Spend on model requests since the daemon started, in USD"
+    );
+    describe_counter!(
+        PREFIX_DIVERGENCES,
+        "Fork children whose first request's prefix differed from their first sibling's"
+    );
+    describe_histogram!(
+        NOTIFICATION_LAG,
+        Unit::Seconds,
+        "From a task notification's commit starting to its broadcast to subscribers"
+    );
+    describe_gauge!(
+        AGENT_RUNS,
+        "Agent runs in progress (fork children and typed agents)"
+    );
+    describe_counter!(AGENTS_ENDED, "Agents that ended, by status");
+    describe_histogram!(
+        REQUEST_SECONDS,
+        Unit::Seconds,
+        "Model request time, retries included, to the end of the response"
+    );
+    counter!(PREFIX_DIVERGENCES).absolute(0);
+}
+
+pub(crate) fn request(
+    model: &str,
+    kind: &'static str,
+    usage: &Usage,
+    cost_usd: f64,
+    took: Duration,
+) {
+    counter!(REQUESTS, "model" => model.to_owned(), "kind" => kind).increment(1);
+    for (name, n) in [
+        ("input", usage.input_tokens),
+        ("cache_write", usage.cache_creation_input_tokens),
+        ("cache_read", usage.cache_read_input_tokens),
+        ("output", usage.output_tokens),
+    ] {
+        counter!(TOKENS, "kind" => name).increment(n);
+    }
+    gauge!(COST).increment(cost_usd);
+    histogram!(REQUEST_SECONDS).record(took.as_secs_f64());
+}
+
+pub(crate) fn prefix_divergence() {
+    counter!(PREFIX_DIVERGENCES).increment(1);
+}
+
+pub(crate) fn notification(status: &'static str, lag: Duration) {
+    counter!(AGENTS_ENDED, "status" => status).increment(1);
+    histogram!(NOTIFICATION_LAG).record(lag.as_secs_f64());
+}
+
+/// Counts an agent run while it lives.
+pub(crate) struct RunGauge;
+
+impl RunGauge {
+    pub(crate) fn start() -> Self {
+        gauge!(AGENT_RUNS).increment(1.0);
+        RunGauge
+    }
+}
+
+impl Drop for RunGauge {
+    fn drop(&mut self) {
+        gauge!(AGENT_RUNS).decrement(1.0);
+    }
+}

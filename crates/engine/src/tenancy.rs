@@ -1,0 +1,246 @@
+//! Who owns what, retries that must not create twice, and what may be spent.
+//!
+//! - **Tenants.** Every session belongs to a tenant; its agents, batches, transcripts and
+//!   notifications belong to the session's tenant. [`Engine::session_owner`] and friends answer
+//!   "whose is this" from a cache (a session's tenant never changes), so callers can refuse
+//!   another tenant's ids with the same `NotFound` a missing id gets.
+//! - **Idempotency keys.** A key names the first call made with it. A retry with the same
+//!   parameters gets that call's result — while the first is still running (retries of one key
+//!   queue on a per-key lock), and after a restart (the key is stored in the same transaction as
+//!   what it created). The same key with other parameters is refused.
+//! - **Budgets.** A batch may carry a budget, and a tenant may have one in the daemon's
+//!   configuration; an agent checks both before each model request and fails, saying which
+//!   budget ran out, once one is spent.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use forkd_core::{AgentId, BatchId, SessionId};
+use forkd_store::{Budget, IdempotencyRecord, IdempotentCall, Spend, SpendScope, StoreError};
+
+use crate::error::{EngineError, Result};
+use crate::{Engine, now_ms};
+
+/// Per-key locks and the cache of session owners.
+#[derive(Default)]
+pub(crate) struct Tenancy {
+    owners: std::sync::Mutex<HashMap<SessionId, Arc<str>>>,
+    keys: crate::LockMap<(String, String)>,
+}
+
+/// How an idempotent call ended: it created its resource, or an earlier call with the same key
+/// and parameters had (its resource id).
+pub(crate) enum Idempotent<T> {
+    Created(T),
+    Earlier(String),
+}
+
+/// What a key lookup found: a new key (create, and store this record with it), or the resource
+/// an earlier call with the same key and parameters created.
+enum Keyed {
+    New(IdempotencyRecord),
+    Existing(String),
+}
+
+impl Engine {
+    fn tenancy(&self) -> &Tenancy {
+        &self.inner.tenancy
+    }
+
+    /// The tenant that owns a session.
+    pub async fn session_owner(&self, id: SessionId) -> Result<Arc<str>> {
+        if let Some(owner) = self.cached_owner(id) {
+            return Ok(owner);
+        }
+        let session = self.get_session(id).await?;
+        let owner: Arc<str> = session.tenant.into();
+        self.tenancy()
+            .owners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, owner.clone());
+        Ok(owner)
+    }
+
+    fn cached_owner(&self, id: SessionId) -> Option<Arc<str>> {
+        self.tenancy()
+            .owners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+    }
+
+    /// Checks that `tenant` owns the session; another tenant's session is `NotFound`, exactly as
+    /// a missing one, so ids leak nothing.
+    pub async fn check_session(&self, tenant: &str, id: SessionId) -> Result<()> {
+        let owner = self.session_owner(id).await?;
+        if &*owner == tenant {
+            Ok(())
+        } else {
+            Err(EngineError::NotFound {
+                kind: "session",
+                id: id.to_string(),
+            })
+        }
+    }
+
+    /// Checks that `tenant` owns the agent's session (`NotFound` otherwise).
+    pub async fn check_agent(&self, tenant: &str, id: AgentId) -> Result<()> {
+        let session = self.get_agent(id).await?.session_id;
+        self.check_owner(tenant, session, "agent", id.to_string())
+            .await
+    }
+
+    /// Checks that `tenant` owns the batch's session (`NotFound` otherwise).
+    pub async fn check_batch(&self, tenant: &str, id: BatchId) -> Result<()> {
+        let session = self.get_batch(id).await?.session_id;
+        self.check_owner(tenant, session, "batch", id.to_string())
+            .await
+    }
+
+    /// A resource of `session` that `tenant` does not own is `NotFound` under its own name.
+    async fn check_owner(
+        &self,
+        tenant: &str,
+        session: SessionId,
+        kind: &'static str,
+        id: String,
+    ) -> Result<()> {
+        self.check_session(tenant, session)
+            .await
+            .map_err(|_| EngineError::NotFound { kind, id })
+    }
+
+    /// Whether a live notification of `session` may reach a subscriber scoped to `tenant`.
+    pub(crate) async fn visible_to(&self, tenant: Option<&str>, session: SessionId) -> bool {
+        match tenant {
+            None => true,
+            Some(tenant) => self
+                .session_owner(session)
+                .await
+                .is_ok_and(|owner| &*owner == tenant),
+        }
+    }
+
+    /// Runs an idempotent call: `create` gets the record to store with what it creates, unless
+    /// the key was used before — then the earlier resource's id comes back (same parameters) or
+    /// the call is refused (other parameters). Calls with one key run one at a time.
+    pub(crate) async fn idempotent<T, F, Fut>(
+        &self,
+        tenant: &str,
+        key: &str,
+        call: IdempotentCall,
+        request_sha256: String,
+        resource_id: String,
+        create: F,
+    ) -> Result<Idempotent<T>>
+    where
+        F: FnOnce(IdempotencyRecord) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        if key.len() > MAX_KEY_BYTES {
+            return Err(EngineError::InvalidArgument(format!(
+                "the idempotency key is {} bytes; the limit is {MAX_KEY_BYTES}",
+                key.len()
+            )));
+        }
+        let lock = crate::lock_for(&self.tenancy().keys, (tenant.to_owned(), key.to_owned()));
+        let _one_at_a_time = lock.lock().await;
+        let keyed = self
+            .lookup_key(tenant, key, call, request_sha256, resource_id)
+            .await?;
+        let record = match keyed {
+            Keyed::Existing(id) => return Ok(Idempotent::Earlier(id)),
+            Keyed::New(record) => record,
+        };
+        let (sha, id) = (record.request_sha256.clone(), record.resource_id.clone());
+        match create(record).await {
+            Ok(created) => Ok(Idempotent::Created(created)),
+            // Another daemon on the same database took the key in between: answer as a retry.
+            Err(EngineError::Store(StoreError::Conflict(_))) => {
+                match self.lookup_key(tenant, key, call, sha, id).await? {
+                    Keyed::Existing(id) => Ok(Idempotent::Earlier(id)),
+                    Keyed::New(_) => Err(EngineError::Internal(format!(
+                        "idempotency key {key:?} conflicted but is not stored"
+                    ))),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn lookup_key(
+        &self,
+        tenant: &str,
+        key: &str,
+        call: IdempotentCall,
+        request_sha256: String,
+        resource_id: String,
+    ) -> Result<Keyed> {
+        match self.inner.store.idempotency_key(tenant, key).await? {
+            Some(prior) if prior.kind == call && prior.request_sha256 == request_sha256 => {
+                tracing::info!(key, resource.id = %prior.resource_id, "Idempotent retry");
+                Ok(Keyed::Existing(prior.resource_id))
+            }
+            Some(prior) => Err(EngineError::FailedPrecondition(format!(
+                "idempotency key {key:?} was first used for a {} call with other parameters; \
+                 use a new key for a different request",
+                prior.kind.as_str()
+            ))),
+            None => Ok(Keyed::New(IdempotencyRecord {
+                tenant: tenant.to_owned(),
+                key: key.to_owned(),
+                kind: call,
+                request_sha256,
+                resource_id,
+                created_at_ms: now_ms(),
+            })),
+        }
+    }
+
+    /// Fails when the agent's batch or its tenant has spent its budget.
+    pub(crate) async fn check_budgets(
+        &self,
+        session: SessionId,
+        batch: Option<BatchId>,
+    ) -> Result<()> {
+        let store = &self.inner.store;
+        if let Some(batch) = batch {
+            let budget = store.batch_budget(batch).await?;
+            if budget != Budget::default() {
+                let spent = store.spend(SpendScope::Batch(batch)).await?;
+                over(&budget, &spent, &format!("batch {batch}"))?;
+            }
+        }
+        let tenant = self.session_owner(session).await?;
+        if let Some(budget) = self.config().tenant_budgets.get(&*tenant) {
+            let spent = store.spend(SpendScope::Tenant(&tenant)).await?;
+            over(budget, &spent, &format!("tenant {tenant}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// The longest idempotency key accepted.
+const MAX_KEY_BYTES: usize = 256;
+
+fn over(budget: &Budget, spent: &Spend, whose: &str) -> Result<()> {
+    if let Some(usd) = budget.usd
+        && spent.usd >= usd
+    {
+        return Err(EngineError::ResourceExhausted(format!(
+            "the budget of {whose} is spent: ${:.4} of ${usd:.4}",
+            spent.usd
+        )));
+    }
+    if let Some(tokens) = budget.tokens
+        && spent.tokens >= tokens
+    {
+        return Err(EngineError::ResourceExhausted(format!(
+            "the token budget of {whose} is spent: {} of {tokens} tokens",
+            spent.tokens
+        )));
+    }
+    Ok(())
+}

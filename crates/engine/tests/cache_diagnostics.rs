@@ -1,0 +1,161 @@
+//! Cache diagnostics: siblings share their recorded prefix parts; a request whose system prompt
+//! differs by one byte is caught (a warning and the counter), and `explain_cache` points at the
+//! system part and at that byte.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use forkd_core::session::PermissionMode;
+use forkd_core::{AgentId, Directive, RequestId};
+use forkd_engine::{ContextFile, Engine, EngineConfig, NewSession};
+use forkd_provider::{SimConfig, SimProvider};
+use forkd_store::{AgentFilter, Durability, RequestFilter, RequestRecord, SqliteStore};
+
+async fn engine(dir: &std::path::Path) -> Engine {
+    let store = SqliteStore::open(&dir.join("forkd.db"), Durability::Normal)
+        .await
+        .unwrap();
+    Engine::new(
+        Arc::new(store),
+        Arc::new(SimProvider::new(SimConfig { speed: 0.0 })),
+        EngineConfig::default(),
+    )
+}
+
+fn session(dir: &std::path::Path, system: &str) -> NewSession {
+    NewSession {
+        system_prompt: system.into(),
+        context_files: vec![ContextFile {
+            path: "a.md".into(),
+            content: "context ".repeat(600),
+        }],
+        workspace: Some(dir.to_path_buf()),
+        permission_mode: PermissionMode::DontAsk,
+        ..NewSession::default()
+    }
+}
+
+/// Forks `n` children in a new session with this system prompt and waits for them to end;
+/// returns their first requests in agent order.
+async fn batch(
+    engine: &Engine,
+    dir: &std::path::Path,
+    system: &str,
+    n: usize,
+) -> Vec<RequestRecord> {
+    let s = engine.create_session(session(dir, system)).await.unwrap();
+    let directives = (0..n)
+        .map(|i| Directive {
+            description: format!("d{i}"),
+            prompt: format!("part {i}"),
+        })
+        .collect();
+    let submitted = engine
+        .fork_batch(s.id, directives, Default::default())
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let live = engine
+                .list_agents(&AgentFilter {
+                    batch_id: Some(submitted.batch_id),
+                    ..AgentFilter::default()
+                })
+                .await
+                .unwrap();
+            if live.is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the children end");
+    let records = engine
+        .store()
+        .list_requests(&RequestFilter {
+            batch_id: Some(submitted.batch_id),
+            ..RequestFilter::default()
+        })
+        .await
+        .unwrap();
+    let first = |id: AgentId| {
+        records
+            .iter()
+            .find(|r| r.agent_id == id && r.turn == 0)
+            .cloned()
+            .expect("a first request")
+    };
+    submitted.agent_ids.iter().map(|id| first(*id)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_byte_of_system_prompt_is_caught_and_explained() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(dir.path()).await;
+    let same = batch(&engine, dir.path(), "You review code. Be brief.", 2).await;
+    let other = batch(&engine, dir.path(), "You review code. Be brief!", 1).await;
+
+    // Siblings record the same parts, and their first requests raised nothing.
+    assert_eq!(same[0].prefix_parts, same[1].prefix_parts);
+    let labels: Vec<&str> = same[0]
+        .prefix_parts
+        .iter()
+        .map(|p| p.label.as_str())
+        .collect();
+    assert_eq!(&labels[..3], ["head", "tools", "system"]);
+    assert!(labels[3].starts_with("message "), "{labels:?}");
+    assert_eq!(engine.prefix_divergences(), 0);
+
+    // By default a child is explained against its first sibling: the prefixes agree, and the
+    // bodies part only in the child's own directive.
+    let sibling = engine.explain_cache(same[1].id, None).await.unwrap();
+    assert!(sibling.same_prefix, "{sibling:?}");
+    assert_eq!(sibling.other_request_id, same[0].id.to_string());
+    assert_eq!(sibling.kind, "message");
+    assert!(sibling.exact);
+
+    // A child whose prefix came out with one byte changed in the system prompt: the check a
+    // run makes on its first request warns and counts.
+    let odd = RequestRecord {
+        id: RequestId::new(),
+        agent_id: same[1].agent_id,
+        batch_id: same[1].batch_id,
+        session_id: same[1].session_id,
+        ..other[0].clone()
+    };
+    let divergence = engine.check_prefix(&odd).await.unwrap().expect("caught");
+    assert_eq!(divergence.part, "system");
+    assert_eq!(divergence.sibling_request_id, same[0].id);
+    assert_eq!(engine.prefix_divergences(), 1);
+
+    // Explain points at the system part and at the byte: `.` against `!`.
+    let why = engine
+        .explain_cache(other[0].id, Some(same[0].id))
+        .await
+        .unwrap();
+    assert!(!why.same_prefix);
+    assert!(why.exact, "{why:?}");
+    assert_eq!(why.part, "system");
+    assert_eq!(why.kind, "system");
+    let system = same[0]
+        .prefix_parts
+        .iter()
+        .find(|p| p.label == "system")
+        .unwrap();
+    assert!(why.byte > system.offset);
+    assert!(why.excerpt.contains("Be brief!"), "{why:?}");
+    assert!(why.other_excerpt.contains("Be brief."), "{why:?}");
+    // The excerpts are cut around the byte: it is the `!` on one side and the `.` on the other.
+    let at = why.excerpt.find("Be brief!").unwrap() + "Be brief".len();
+    let at_other = why.other_excerpt.find("Be brief.").unwrap() + "Be brief".len();
+    assert_eq!(at, at_other);
+    assert_eq!(at, 40, "the excerpts show 40 bytes before the byte");
+    // The byte is exactly where the two bodies part: everything before it agrees.
+    assert_eq!(&why.excerpt[..at], &why.other_excerpt[..at]);
+
+    // No request at all.
+    assert!(engine.explain_cache(RequestId::new(), None).await.is_err());
+}

@@ -1,0 +1,151 @@
+//! `run --junit FILE`: one test case per child, so CI systems show a batch like a test run.
+//! quick-junit writes (and escapes) the XML.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use quick_junit::{NonSuccessKind, Property, Report, TestCase, TestCaseStatus, TestSuite};
+
+use super::summary::{Child, wall_seconds};
+use crate::output::status_name;
+
+/// The report: one suite named after the file's key, one case per child (name: its description
+/// or index; classname: the batch id). A failed or killed child is a `<failure>` carrying its
+/// report; a completed one carries its report as `system-out`.
+pub(crate) fn report(key: &str, session_id: &str, batch_id: &str, children: &[Child]) -> Report {
+    let mut suite = TestSuite::new(key);
+    suite.add_properties([
+        Property::new("session_id", session_id),
+        Property::new("batch_id", batch_id),
+    ]);
+    for child in children {
+        let status = if child.completed() {
+            TestCaseStatus::success()
+        } else {
+            let mut status = TestCaseStatus::non_success(NonSuccessKind::Failure);
+            let message = if child.summary.trim().is_empty() {
+                format!("child {}", status_name(child.status))
+            } else {
+                child.summary.clone()
+            };
+            status
+                .set_type(status_name(child.status))
+                .set_message(message)
+                .set_description(child.report_text());
+            status
+        };
+        let mut case = TestCase::new(child.name(), status);
+        case.set_classname(batch_id);
+        case.add_property(Property::new("agent_id", child.agent_id.as_str()));
+        if let Some(time) = child
+            .seconds()
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        {
+            case.set_time(time);
+        }
+        if child.completed() {
+            case.set_system_out(child.report_text());
+        }
+        suite.add_test_case(case);
+    }
+    if let Some(wall) = wall_seconds(children).and_then(|s| Duration::try_from_secs_f64(s).ok()) {
+        suite.set_time(wall);
+    }
+    let mut report = Report::new("forkctl run");
+    report.add_test_suite(suite);
+    report
+}
+
+/// Writes the report to `path` through a temporary file beside it, so a reader never sees half
+/// of one.
+pub(crate) fn write(path: &Path, report: &Report) -> anyhow::Result<()> {
+    let xml = report
+        .to_string()
+        .context("cannot serialize the JUnit report")?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    let tmp = std::path::PathBuf::from(tmp);
+    let written = std::fs::write(&tmp, xml).and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.with_context(|| format!("cannot write the JUnit report {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use forkd_proto::v1::NotificationStatus;
+
+    use super::*;
+    use crate::commands::run::summary::tests::child;
+
+    #[test]
+    fn one_case_per_child_and_failures_carry_the_report() -> anyhow::Result<()> {
+        let mut killed = child(3, NotificationStatus::Killed);
+        killed.description = String::new();
+        killed.summary = String::new();
+        killed.ended_at = None;
+        let mut tricky = child(1, NotificationStatus::Completed);
+        tricky.description = "quotes \" & <tags> and \u{1b}[31mansi".into();
+        let children = [tricky, child(2, NotificationStatus::Failed), killed];
+        let xml = report("nightly", "S", "B", &children).to_string()?;
+
+        let doc = roxmltree::Document::parse(&xml)?;
+        let suites = doc.root_element();
+        assert_eq!(suites.tag_name().name(), "testsuites");
+        assert_eq!(suites.attribute("tests"), Some("3"));
+        assert_eq!(suites.attribute("failures"), Some("2"));
+        let cases: Vec<_> = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("testcase"))
+            .collect();
+        assert_eq!(cases.len(), 3);
+        assert!(cases.iter().all(|c| c.attribute("classname") == Some("B")));
+        assert!(
+            cases[0]
+                .attribute("name")
+                .is_some_and(|n| n.starts_with("quotes \" & <tags>")),
+            "{xml}"
+        );
+        assert_eq!(cases[0].attribute("time"), Some("1.500"));
+        assert!(!cases[0].children().any(|n| n.has_tag_name("failure")));
+
+        let failure = cases[1]
+            .children()
+            .find(|n| n.has_tag_name("failure"))
+            .ok_or_else(|| anyhow::anyhow!("no failure in {xml}"))?;
+        assert_eq!(failure.attribute("type"), Some("failed"));
+        assert_eq!(failure.attribute("message"), Some("part 2 done"));
+        let text = failure.text().unwrap_or_default();
+        assert!(text.contains("issues: provider error 400"), "{xml}");
+
+        assert_eq!(cases[2].attribute("name"), Some("child 3"));
+        assert_eq!(cases[2].attribute("time"), None);
+        let failure = cases[2].children().find(|n| n.has_tag_name("failure"));
+        assert_eq!(
+            failure.and_then(|f| f.attribute("message")),
+            Some("child killed")
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn the_file_is_written_whole() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("out.xml");
+        std::fs::write(&path, "old")?;
+        let report = report("k", "S", "B", &[child(1, NotificationStatus::Completed)]);
+        write(&path, &report)?;
+        let xml = std::fs::read_to_string(&path)?;
+        roxmltree::Document::parse(&xml)?;
+        assert!(xml.contains("<testcase name=\"part 1\""), "{xml}");
+        let err = write(&dir.path().join("missing/out.xml"), &report).map_err(|e| e.to_string());
+        assert!(
+            err.as_ref()
+                .is_err_and(|e| e.starts_with("cannot write the JUnit report")),
+            "{err:?}"
+        );
+        Ok(())
+    }
+}
