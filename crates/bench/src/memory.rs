@@ -382,12 +382,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
                     first[1].children
                 ),
                 growth <= 1.25,
-                || {
-                    format!(
-                        "{growth:.2}× (each request record's prefix parts list every block of \
-                         the prefix, which has two per child)"
-                    )
-                },
+                || format!("{growth:.2}× (what a child stores grows with the batch)"),
             ));
         }
     }
@@ -414,9 +409,9 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
             .into(),
         "What grows with N: the fork message carries one tool_use per child and the shared user \
          message one placeholder result per child (about 110 tokens per child, stored once per \
-         batch, but part of every child's request), so each child's request, and its record's \
-         per-block `prefix_parts`, grow with N; a batch's cost in CPU and disk is then \
-         quadratic in N."
+         batch, but part of every child's request), so each child's request grows with N and a \
+         batch's CPU cost is quadratic in N. What a child stores does not grow: its record's \
+         `prefix_parts` hold one digest per message, not per block."
             .into(),
         "Peak RSS during a batch: up to 64 requests are in flight at once (the engine's cap), \
          each holding its own serialized body and the sim's parse of it. Their size grows with \
