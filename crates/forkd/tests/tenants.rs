@@ -47,6 +47,17 @@ impl Caller {
     }
 }
 
+/// Asserts that caller `$c`'s call `$method($request)` is refused as `NOT_FOUND`.
+macro_rules! not_found {
+    ($c:expr, $method:ident, $request:expr) => {
+        assert_eq!(
+            code($c.client.$method($c.req($request)).await),
+            Code::NotFound,
+            stringify!($method)
+        )
+    };
+}
+
 fn code<T: std::fmt::Debug>(r: Result<T, tonic::Status>) -> Code {
     r.expect_err("the call is refused").code()
 }
@@ -123,120 +134,87 @@ async fn a_tenant_sees_only_its_own_sessions_agents_and_notifications() {
     let agent_req = || pb::GetAgentRequest {
         agent_id: agent.clone(),
     };
-    assert_eq!(
-        code(b.client.get_agent(b.req(agent_req())).await),
-        Code::NotFound
+    not_found!(b, get_agent, agent_req());
+    not_found!(
+        b,
+        get_transcript,
+        pb::GetTranscriptRequest {
+            agent_id: agent.clone(),
+            ..Default::default()
+        }
     );
-    assert_eq!(
-        code(
-            b.client
-                .get_transcript(b.req(pb::GetTranscriptRequest {
-                    agent_id: agent.clone(),
-                    ..Default::default()
-                }))
-                .await
-        ),
-        Code::NotFound
+    not_found!(
+        b,
+        attach,
+        pb::AttachRequest {
+            agent_id: agent.clone(),
+            ..Default::default()
+        }
     );
-    assert_eq!(
-        code(
-            b.client
-                .attach(b.req(pb::AttachRequest {
-                    agent_id: agent.clone(),
-                    ..Default::default()
-                }))
-                .await
-        ),
-        Code::NotFound
+    not_found!(
+        b,
+        kill,
+        pb::KillRequest {
+            agent_id: agent.clone()
+        }
     );
-    assert_eq!(
-        code(
-            b.client
-                .kill(b.req(pb::KillRequest {
-                    agent_id: agent.clone()
-                }))
-                .await
-        ),
-        Code::NotFound
+    not_found!(
+        b,
+        background,
+        pb::BackgroundRequest {
+            agent_id: agent.clone()
+        }
     );
-    assert_eq!(
-        code(
-            b.client
-                .background(b.req(pb::BackgroundRequest {
-                    agent_id: agent.clone()
-                }))
-                .await
-        ),
-        Code::NotFound
+    not_found!(
+        b,
+        fork_batch,
+        pb::ForkBatchRequest {
+            session_id: sid.clone(),
+            directives: directives(&["steal"]),
+            ..Default::default()
+        }
     );
-    assert_eq!(
-        code(
-            b.client
-                .fork_batch(b.req(pb::ForkBatchRequest {
-                    session_id: sid.clone(),
-                    directives: directives(&["steal"]),
-                    ..Default::default()
-                }))
-                .await
-        ),
-        Code::NotFound
+    not_found!(
+        b,
+        send_message,
+        pb::SendMessageRequest {
+            session_id: sid.clone(),
+            text: "hi".into(),
+        }
     );
-    assert_eq!(
-        code(
-            b.client
-                .send_message(b.req(pb::SendMessageRequest {
-                    session_id: sid.clone(),
-                    text: "hi".into(),
-                }))
-                .await
-        ),
-        Code::NotFound
+    not_found!(
+        b,
+        spawn_agent,
+        pb::SpawnAgentRequest {
+            session_id: sid.clone(),
+            subagent_type: "Explore".into(),
+            description: "x".into(),
+            prompt: "look".into(),
+        }
     );
-    assert_eq!(
-        code(
-            b.client
-                .spawn_agent(b.req(pb::SpawnAgentRequest {
-                    session_id: sid.clone(),
-                    subagent_type: "Explore".into(),
-                    description: "x".into(),
-                    prompt: "look".into(),
-                }))
-                .await
-        ),
-        Code::NotFound
+    not_found!(
+        b,
+        get_cache_stats,
+        pb::GetCacheStatsRequest {
+            scope: Some(pb::get_cache_stats_request::Scope::BatchId(
+                batch.batch_id.clone()
+            )),
+        }
     );
-    assert_eq!(
-        code(
-            b.client
-                .get_cache_stats(b.req(pb::GetCacheStatsRequest {
-                    scope: Some(pb::get_cache_stats_request::Scope::BatchId(
-                        batch.batch_id.clone()
-                    )),
-                }))
-                .await
-        ),
-        Code::NotFound
+    not_found!(
+        b,
+        subscribe_notifications,
+        pb::SubscribeNotificationsRequest {
+            session_id: sid.clone(),
+            ..Default::default()
+        }
     );
-    assert_eq!(
-        code(
-            b.client
-                .subscribe_notifications(b.req(pb::SubscribeNotificationsRequest {
-                    session_id: sid.clone(),
-                    ..Default::default()
-                }))
-                .await
-        ),
-        Code::NotFound
-    );
-    assert_eq!(
-        code(
-            b.client
-                .subscribe_permissions(b.req(pb::SubscribePermissionsRequest {
-                    session_id: sid.clone(),
-                }))
-                .await
-        ),
-        Code::NotFound
+    not_found!(
+        b,
+        subscribe_permissions,
+        pb::SubscribePermissionsRequest {
+            session_id: sid.clone(),
+        }
     );
 
     // Lists and unfiltered streams hold nothing of alpha's.
