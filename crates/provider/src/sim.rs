@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use crate::{EventStream, ModelRequest, Provider, ProviderError};
 use cache::PromptCache;
+use request::BlockMemo;
 
 /// How the sim behaves.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -41,6 +42,9 @@ struct SimState {
 pub struct SimProvider {
     config: SimConfig,
     state: Arc<Mutex<SimState>>,
+    /// What was read from each distinct request block, so that the blocks every request repeats
+    /// are parsed and counted once.
+    memo: Arc<BlockMemo>,
 }
 
 fn lock(state: &Mutex<SimState>) -> MutexGuard<'_, SimState> {
@@ -54,6 +58,7 @@ impl SimProvider {
         Self {
             config,
             state: Arc::default(),
+            memo: Arc::default(),
         }
     }
 
@@ -70,7 +75,7 @@ impl SimProvider {
     /// Processes a request up to its first event: the timed events, and the writes to commit
     /// when `message_start` goes out.
     fn prepare(&self, request: &ModelRequest) -> Result<EventStream, ProviderError> {
-        let parsed = request::parse(&request.body)?;
+        let parsed = request::parse_with(&request.body, Some(&self.memo))?;
         let reply = reply::reply(&parsed.messages);
         let now = Instant::now();
         let lookup = {

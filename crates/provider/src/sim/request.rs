@@ -1,6 +1,14 @@
 //! Reading a Messages API request body as the simulated model sees it: a sequence of blocks
 //! (tools, system, message content) with their cache identities, token counts and breakpoints,
 //! plus the parsed messages for the script interpreter.
+//!
+//! Every sibling of a fork batch sends the same prefix, and each carries the batch's fork message
+//! (one tool_use and one placeholder result per child), so a batch of N sends N·N small blocks.
+//! Reading each block (parsing it, re-encoding it, counting its tokens) is what costs; a
+//! [`BlockMemo`] does it once per distinct block and hands out the result by the block's bytes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use forkd_core::Role;
 use forkd_core::pricing::{self, CacheTtl, ModelSpec};
@@ -45,7 +53,85 @@ pub(crate) struct CacheBlock {
 #[derive(Debug, Clone)]
 pub(crate) struct SimMessage {
     pub role: Role,
-    pub blocks: Vec<Value>,
+    pub blocks: Vec<Arc<Value>>,
+}
+
+/// What the sim reads from one tool definition or content block, wherever it stands: all of it a
+/// function of the block's JSON text.
+#[derive(Debug)]
+struct BlockInfo {
+    /// SHA-256 of the block's identity: its compact JSON without `cache_control`.
+    digest: [u8; 32],
+    tokens: u64,
+    run: Run,
+    /// A `thinking` or `redacted_thinking` block.
+    thinking: bool,
+    breakpoint: Option<CacheTtl>,
+    /// The block without `cache_control`, for the script interpreter.
+    value: Arc<Value>,
+}
+
+/// About the most memory a [`BlockMemo`] holds, counting an entry as twice its block's bytes (the
+/// text as key, the parsed block); it starts over when this is reached.
+const MEMO_MAX_BYTES: usize = 32 << 20;
+
+/// What the sim read from each distinct block, by the block's JSON text, so that a block sent
+/// again (the shared prefix, the fork message in every sibling's request) is not parsed and
+/// counted again. A block's text fully determines what is read from it, so the memo changes no
+/// count, identity or breakpoint: only how often they are worked out.
+#[derive(Debug, Default)]
+pub(crate) struct BlockMemo {
+    inner: Mutex<MemoMaps>,
+}
+
+#[derive(Debug, Default)]
+struct MemoMaps {
+    /// Content blocks and tool definitions (JSON objects).
+    objects: HashMap<Box<str>, Arc<BlockInfo>>,
+    /// A message's content given as a string (the text block it stands for).
+    strings: HashMap<Box<str>, Arc<BlockInfo>>,
+    /// Twice the bytes of the keys held.
+    bytes: usize,
+}
+
+impl BlockMemo {
+    fn get(&self, string: bool, raw: &str) -> Option<Arc<BlockInfo>> {
+        let maps = self.lock();
+        let map = if string { &maps.strings } else { &maps.objects };
+        map.get(raw).cloned()
+    }
+
+    fn insert(&self, string: bool, raw: &str, info: &Arc<BlockInfo>) {
+        let cost = 2 * raw.len();
+        if cost > MEMO_MAX_BYTES / 4 {
+            return;
+        }
+        let mut maps = self.lock();
+        if maps.bytes + cost > MEMO_MAX_BYTES {
+            *maps = MemoMaps::default();
+        }
+        let map = if string {
+            &mut maps.strings
+        } else {
+            &mut maps.objects
+        };
+        if map.insert(raw.into(), Arc::clone(info)).is_none() {
+            maps.bytes += cost;
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, MemoMaps> {
+        // The maps only gain or lose whole entries, so a panic elsewhere cannot leave them
+        // half-changed.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How many distinct blocks are held (for tests).
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        let maps = self.lock();
+        maps.objects.len() + maps.strings.len()
+    }
 }
 
 /// A parsed request.
@@ -98,13 +184,14 @@ struct Builder {
 }
 
 impl Builder {
-    fn push(&mut self, tag: &[u8], identity: &str, tokens: u64, run: Run, bp: Option<CacheTtl>) {
+    /// Appends a block, `digest` being the SHA-256 of its identity.
+    fn push(&mut self, tag: &[u8], digest: &[u8; 32], tokens: u64, run: Run, bp: Option<CacheTtl>) {
         let mut h = Sha256::new();
         h.update(self.hash);
-        // Tag and length keep distinct block sequences from hashing alike.
+        // The tag, and the digest's fixed length after it, keep distinct block sequences from
+        // hashing alike.
         h.update(tag);
-        h.update((identity.len() as u64).to_le_bytes());
-        h.update(identity.as_bytes());
+        h.update(digest);
         self.hash = h.finalize().into();
         self.breakpoints += usize::from(bp.is_some());
         self.blocks.push(CacheBlock {
@@ -117,10 +204,14 @@ impl Builder {
 }
 
 /// A block object with its `cache_control` taken out, and the breakpoint it carried.
-fn strip(raw: &str, what: &str) -> Result<(Map<String, Value>, Option<CacheTtl>), ProviderError> {
-    let value: Value = serde_json::from_str(raw).map_err(|e| invalid(format!("{what}: {e}")))?;
+fn strip(
+    raw: &str,
+    what: impl Fn() -> String,
+) -> Result<(Map<String, Value>, Option<CacheTtl>), ProviderError> {
+    let value: Value =
+        serde_json::from_str(raw).map_err(|e| invalid(format!("{}: {e}", what())))?;
     let Value::Object(mut map) = value else {
-        return Err(invalid(format!("{what} is not a JSON object")));
+        return Err(invalid(format!("{} is not a JSON object", what())));
     };
     let bp =
         map.shift_remove("cache_control")
@@ -144,9 +235,69 @@ fn text_block(text: &str) -> Map<String, Value> {
     map
 }
 
-/// Parses a request body. Malformed bodies and unknown models are invalid requests; too many
-/// breakpoints, or one on a thinking block, are a 400 as the API answers.
+fn digest(identity: &str) -> [u8; 32] {
+    Sha256::digest(identity.as_bytes()).into()
+}
+
+/// What the sim reads from a tool definition or content block, without its `cache_control`.
+fn block_info(map: Map<String, Value>, breakpoint: Option<CacheTtl>) -> BlockInfo {
+    let identity = encode(&map);
+    let ty = map.get("type").and_then(Value::as_str).unwrap_or("");
+    let run = match ty {
+        "tool_use" => Run::ToolUse,
+        "tool_result" => Run::ToolResult,
+        _ => Run::Other,
+    };
+    BlockInfo {
+        digest: digest(&identity),
+        tokens: tokens::block_tokens(&identity),
+        run,
+        thinking: matches!(ty, "thinking" | "redacted_thinking"),
+        breakpoint,
+        value: Arc::new(Value::Object(map)),
+    }
+}
+
+/// Reads one block: `raw` is a JSON object, or with `string` a message's string content (the
+/// text block it stands for). With a memo, a block read before is not read again.
+fn read_block(
+    memo: Option<&BlockMemo>,
+    string: bool,
+    raw: &str,
+    what: impl Fn() -> String,
+) -> Result<Arc<BlockInfo>, ProviderError> {
+    if let Some(hit) = memo.and_then(|m| m.get(string, raw)) {
+        return Ok(hit);
+    }
+    let info = if string {
+        let text: String =
+            serde_json::from_str(raw).map_err(|e| invalid(format!("{}: {e}", what())))?;
+        block_info(text_block(&text), None)
+    } else {
+        let (map, bp) = strip(raw, what)?;
+        block_info(map, bp)
+    };
+    let info = Arc::new(info);
+    if let Some(m) = memo {
+        m.insert(string, raw, &info);
+    }
+    Ok(info)
+}
+
+/// Parses a request body, reading every block afresh (the plain path, which the memoized one must
+/// match).
+#[cfg(test)]
 pub(crate) fn parse(body: &str) -> Result<SimRequest, ProviderError> {
+    parse_with(body, None)
+}
+
+/// Parses a request body. Malformed bodies and unknown models are invalid requests; too many
+/// breakpoints, or one on a thinking block, are a 400 as the API answers. With a memo, each
+/// distinct block is read once; the result is the same as without.
+pub(crate) fn parse_with(
+    body: &str,
+    memo: Option<&BlockMemo>,
+) -> Result<SimRequest, ProviderError> {
     let body: Body<'_> = serde_json::from_str(body).map_err(|e| invalid(format!("body: {e}")))?;
     let model = pricing::model(&body.model).ok_or_else(|| {
         invalid(format!(
@@ -168,14 +319,13 @@ pub(crate) fn parse(body: &str) -> Result<SimRequest, ProviderError> {
     };
 
     for (i, tool) in body.tools.iter().enumerate() {
-        let (map, bp) = strip(tool.get(), &format!("tools[{i}]"))?;
-        let identity = encode(&map);
+        let info = read_block(memo, false, tool.get(), || format!("tools[{i}]"))?;
         b.push(
             b"tool",
-            &identity,
-            tokens::block_tokens(&identity),
+            &info.digest,
+            info.tokens,
             Run::Other,
-            bp,
+            info.breakpoint,
         );
     }
 
@@ -186,7 +336,7 @@ pub(crate) fn parse(body: &str) -> Result<SimRequest, ProviderError> {
                 serde_json::from_str(raw).map_err(|e| invalid(format!("system: {e}")))?;
             b.push(
                 b"system",
-                &encode(&text_block(&text)),
+                &digest(&encode(&text_block(&text))),
                 tokens::count(&text),
                 Run::Other,
                 None,
@@ -196,13 +346,13 @@ pub(crate) fn parse(body: &str) -> Result<SimRequest, ProviderError> {
             let blocks: Vec<&RawValue> =
                 serde_json::from_str(raw).map_err(|e| invalid(format!("system: {e}")))?;
             for (i, block) in blocks.iter().enumerate() {
-                let (map, bp) = strip(block.get(), &format!("system[{i}]"))?;
+                let (map, bp) = strip(block.get(), || format!("system[{i}]"))?;
                 let text = map
                     .get("text")
                     .and_then(Value::as_str)
                     .ok_or_else(|| invalid(format!("system[{i}] is not a text block")))?;
                 let tokens = tokens::count(text);
-                b.push(b"system", &encode(&map), tokens, Run::Other, bp);
+                b.push(b"system", &digest(&encode(&map)), tokens, Run::Other, bp);
             }
         }
     }
@@ -222,33 +372,30 @@ pub(crate) fn parse(body: &str) -> Result<SimRequest, ProviderError> {
     let mut messages = Vec::with_capacity(body.messages.len());
     for (mi, message) in body.messages.iter().enumerate() {
         let raw = message.content.get();
-        let contents: Vec<(Map<String, Value>, Option<CacheTtl>)> = if raw.starts_with('"') {
-            let text: String = serde_json::from_str(raw)
-                .map_err(|e| invalid(format!("messages[{mi}].content: {e}")))?;
-            vec![(text_block(&text), None)]
+        let what = |bi: Option<usize>| match bi {
+            None => format!("messages[{mi}].content"),
+            Some(bi) => format!("messages[{mi}].content[{bi}]"),
+        };
+        let contents: Vec<Arc<BlockInfo>> = if raw.starts_with('"') {
+            vec![read_block(memo, true, raw, || what(None))?]
         } else {
-            let blocks: Vec<&RawValue> = serde_json::from_str(raw)
-                .map_err(|e| invalid(format!("messages[{mi}].content: {e}")))?;
+            let blocks: Vec<&RawValue> =
+                serde_json::from_str(raw).map_err(|e| invalid(format!("{}: {e}", what(None))))?;
             blocks
                 .iter()
                 .enumerate()
-                .map(|(bi, block)| strip(block.get(), &format!("messages[{mi}].content[{bi}]")))
+                .map(|(bi, block)| read_block(memo, false, block.get(), || what(Some(bi))))
                 .collect::<Result<_, _>>()?
         };
         let mut parsed = Vec::with_capacity(contents.len());
-        for (bi, (map, bp)) in contents.into_iter().enumerate() {
-            let ty = map.get("type").and_then(Value::as_str).unwrap_or("");
-            let run = match ty {
-                "tool_use" => Run::ToolUse,
-                "tool_result" => Run::ToolResult,
-                _ => Run::Other,
-            };
-            if bp.is_some() && matches!(ty, "thinking" | "redacted_thinking") {
+        for (bi, info) in contents.into_iter().enumerate() {
+            if info.breakpoint.is_some() && info.thinking {
+                let ty = info.value.get("type").and_then(Value::as_str).unwrap_or("");
                 return Err(bad_request(format!(
-                    "messages[{mi}].content[{bi}]: cache_control cannot be set on a {ty} block"
+                    "{}: cache_control cannot be set on a {ty} block",
+                    what(Some(bi))
                 )));
             }
-            let identity = encode(&map);
             let mut tag = match message.role {
                 Role::User => b"user".to_vec(),
                 Role::Assistant => b"assistant".to_vec(),
@@ -256,8 +403,8 @@ pub(crate) fn parse(body: &str) -> Result<SimRequest, ProviderError> {
             if mi == 0 && bi == 0 {
                 tag.extend_from_slice(&thinking_tag);
             }
-            b.push(&tag, &identity, tokens::block_tokens(&identity), run, bp);
-            parsed.push(Value::Object(map));
+            b.push(&tag, &info.digest, info.tokens, info.run, info.breakpoint);
+            parsed.push(Arc::clone(&info.value));
         }
         messages.push(SimMessage {
             role: message.role,

@@ -1,6 +1,6 @@
 //! How the sim reads request bodies: block identities, tokens and breakpoints.
 
-use super::request::{self, CacheBlock, Run, SimRequest};
+use super::request::{self, BlockMemo, CacheBlock, Run, SimRequest};
 use crate::ProviderError;
 use crate::tokens::{block_tokens, count};
 use forkd_core::pricing::CacheTtl;
@@ -104,4 +104,121 @@ fn malformed_bodies_are_invalid_requests() {
             "{body}"
         );
     }
+}
+
+/// The bodies of a fork batch of `n` as the sim sees them: the same tools, system and context,
+/// then the fork message (one tool_use per child) and the user message with one placeholder
+/// result per child, the boilerplate (a breakpoint at the end of what siblings share) and each
+/// child's own directive (a breakpoint of its own).
+fn sibling_bodies(n: usize) -> Vec<String> {
+    let tool = r#"{"name":"Read","description":"Read a file","input_schema":{"type":"object"},"cache_control":{"type":"ephemeral"}}"#;
+    let context = "A design document line, with its section and a number 42.\n".repeat(200);
+    let context = serde_json::json!({"type":"text","text":context}).to_string();
+    let uses: Vec<String> = (0..n)
+        .map(|i| {
+            format!(
+                r#"{{"type":"tool_use","id":"toolu_{i:03}","name":"Agent","input":{{"description":"Part {i:03}","prompt":"Review part {i:03}."}}}}"#
+            )
+        })
+        .collect();
+    let results: Vec<String> = (0..n)
+        .map(|i| {
+            format!(
+                r#"{{"type":"tool_result","tool_use_id":"toolu_{i:03}","content":"Fork started, processing in background"}}"#
+            )
+        })
+        .collect();
+    (0..n)
+        .map(|i| {
+            format!(
+                r#"{{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"tools":[{tool}],"system":[{{"type":"text","text":"You review.","cache_control":{{"type":"ephemeral"}}}}],"messages":[{{"role":"user","content":[{context}]}},{{"role":"assistant","content":[{uses}]}},{{"role":"user","content":[{results},{{"type":"text","text":"<fork-boilerplate>Work alone.</fork-boilerplate>","cache_control":{{"type":"ephemeral"}}}},{{"type":"text","text":"Review part {i:03} of the document.","cache_control":{{"type":"ephemeral"}}}}]}}]}}"#,
+                uses = uses.join(","),
+                results = results.join(","),
+            )
+        })
+        .collect()
+}
+
+fn summary(r: &SimRequest) -> Vec<([u8; 32], u64, Run, Option<CacheTtl>)> {
+    r.blocks
+        .iter()
+        .map(|b| (b.prefix, b.tokens, b.run, b.breakpoint))
+        .collect()
+}
+
+#[test]
+fn the_memo_reads_every_block_as_the_plain_parse_does() {
+    let memo = BlockMemo::default();
+    let mut bodies = sibling_bodies(12);
+    bodies.extend([COMPACT.to_owned(), PRETTY.to_owned()]);
+    // Twice: first filling the memo, then from it.
+    for round in 0..2 {
+        for body in &bodies {
+            let plain = parse(body);
+            let memoized = match request::parse_with(body, Some(&memo)) {
+                Ok(r) => r,
+                Err(e) => panic!("{e}: {body}"),
+            };
+            assert_eq!(summary(&plain), summary(&memoized), "round {round}: {body}");
+            assert_eq!(plain.model.name, memoized.model.name);
+            let messages = |r: &SimRequest| -> Vec<_> {
+                r.messages
+                    .iter()
+                    .map(|m| (m.role, m.blocks.clone()))
+                    .collect()
+            };
+            assert_eq!(messages(&plain), messages(&memoized));
+            let total: u64 = memoized.blocks.iter().map(|b| b.tokens).sum();
+            assert_eq!(crate::tokens::request_input_tokens(body), Ok(total));
+        }
+    }
+    // Each distinct block is held once: tool, context, 12 tool_uses, 12 placeholders, the
+    // boilerplate and 12 directives, then COMPACT's and PRETTY's own blocks.
+    let fork_blocks = 1 + 1 + 12 + 12 + 1 + 12;
+    assert!(memo.len() >= fork_blocks, "{}", memo.len());
+    assert!(memo.len() <= fork_blocks + 10, "{}", memo.len());
+}
+
+#[test]
+fn memoized_siblings_get_the_same_cache_usage() {
+    use super::cache::PromptCache;
+    let now = tokio::time::Instant::now();
+    let memo = BlockMemo::default();
+    let (mut plain_cache, mut memo_cache) = (PromptCache::default(), PromptCache::default());
+    for (i, body) in sibling_bodies(8).into_iter().enumerate() {
+        let plain = parse(&body);
+        let Ok(memoized) = request::parse_with(&body, Some(&memo)) else {
+            panic!("does not parse: {body}");
+        };
+        let min = plain.model.min_cache_tokens;
+        let a = plain_cache.lookup(&plain.blocks, min, now);
+        let b = memo_cache.lookup(&memoized.blocks, min, now);
+        assert_eq!(a.usage, b.usage);
+        assert_eq!(a.usage.cache_read_input_tokens > 0, i > 0, "sibling {i}");
+        plain_cache.commit(&a.writes, now);
+        memo_cache.commit(&b.writes, now);
+    }
+}
+
+#[test]
+fn the_memo_refuses_what_the_plain_parse_refuses() {
+    let memo = BlockMemo::default();
+    let thinking_bp = r#"{"model":"claude-sonnet-4-5","max_tokens":1,"messages":[{"role":"user","content":"x"},{"role":"assistant","content":[{"type":"thinking","thinking":"t","signature":"s","cache_control":{"type":"ephemeral"}}]}]}"#;
+    let bad = [
+        r#"{"model":"claude-sonnet-4-5","max_tokens":1,"messages":[{"role":"user","content":[1]}]}"#,
+        r#"{"model":"claude-sonnet-4-5","max_tokens":1,"tools":[[]],"messages":[{"role":"user","content":"x"}]}"#,
+        thinking_bp,
+    ];
+    for round in 0..2 {
+        for body in bad {
+            let plain = request::parse(body).map(|_| ());
+            let memoized = request::parse_with(body, Some(&memo)).map(|_| ());
+            assert!(plain.is_err(), "{body}");
+            assert_eq!(plain, memoized, "round {round}: {body}");
+        }
+    }
+    assert!(matches!(
+        request::parse(thinking_bp),
+        Err(ProviderError::Status { status: 400, .. })
+    ));
 }
