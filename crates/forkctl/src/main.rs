@@ -37,12 +37,18 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
     // An unset or non-UTF-8 token both mean "no token"; the daemon then says whether it needs one.
     let token = std::env::var("FORKD_TOKEN").ok();
     let auth = Auth::new(token.as_deref())?;
+    // What can be checked without a daemon is checked before connecting: a broken run file is
+    // reported as such, daemon or not.
+    let run_file = match &cli.command {
+        Command::Run(args) => Some(commands::run::BatchFile::load(&args.file)?),
+        _ => None,
+    };
     let mut client = client::connect(&addr, auth, cli.ca_cert.as_deref()).await?;
     let out = Printer::new(cli.json);
     match cli.command {
         Command::Session(args) => commands::session::run(args, &mut client, &out).await,
         Command::Fork(args) => commands::fork::run(args, &mut client, &out).await,
-        Command::Run(args) => commands::run::run(args, &mut client, &out).await,
+        Command::Run(args) => commands::run::run(args, run_file, &mut client, &out).await,
         Command::Watch(args) => commands::watch::run(args, &mut client, &out).await,
         Command::Ps(args) => commands::ps::run(args, &mut client, &out).await,
         Command::Top(args) => commands::top::run(args, &mut client, &out).await,

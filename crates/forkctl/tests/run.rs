@@ -211,6 +211,18 @@ async fn yaml_errors_name_the_file_and_the_key() {
     let expected = format!("forkctl: {}:4:3: unknown field `modle`", path.display());
     assert!(err.starts_with(&expected), "{err}");
     assert!(out.stdout.is_empty());
+    // The file is read before forkctl connects: without a daemon the error is the same.
+    let nowhere = dir.path().join("no-daemon.sock");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_forkctl"))
+        .arg("--addr")
+        .arg(format!("unix://{}", nowhere.display()))
+        .args(["run", path.to_str().unwrap()])
+        .env_remove("FORKD_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(stderr(&out).starts_with(&expected), "{}", stderr(&out));
 
     std::fs::write(&path, "key: k\nsession: {system: s}\ndirectives: []\n").unwrap();
     let out = forkctl(&daemon, &["run", path.to_str().unwrap(), "--wait"]).await;

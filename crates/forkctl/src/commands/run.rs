@@ -23,7 +23,7 @@ use crate::commands::fork::{self, Follower, Tally};
 use crate::commands::ps;
 use crate::exit;
 use crate::output::{Printer, human};
-use batch_file::BatchFile;
+pub(crate) use batch_file::BatchFile;
 use progress::Progress;
 
 #[derive(Debug, Args)]
@@ -43,8 +43,18 @@ pub struct RunArgs {
     pub junit: Option<PathBuf>,
 }
 
-pub async fn run(args: RunArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
-    let file = BatchFile::load(&args.file)?;
+/// Submits (or re-attaches to) the file's batch; `loaded` is the file when the caller has read
+/// it already.
+pub async fn run(
+    args: RunArgs,
+    loaded: Option<BatchFile>,
+    client: &mut Client,
+    out: &Printer,
+) -> anyhow::Result<u8> {
+    let file = match loaded {
+        Some(file) => file,
+        None => BatchFile::load(&args.file)?,
+    };
     let (session_id, batch) = submit(&file, &args.file, client).await?;
     if out.is_json() {
         out.value(&json!({

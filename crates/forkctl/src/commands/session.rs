@@ -85,6 +85,10 @@ pub struct CreateArgs {
     #[arg(long, value_name = "TOKENS", default_value_t = 0)]
     pub thinking_budget: u32,
 
+    /// The most tokens each model request may generate; the daemon's default when omitted.
+    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_tokens: Option<u32>,
+
     /// Allow a tool call without asking, e.g. `Bash(cargo test:*)` or `Write(src/**)`; repeat.
     #[arg(long = "allow", value_name = "RULE")]
     pub allow_rules: Vec<String>,
@@ -255,6 +259,7 @@ fn create_request(args: CreateArgs) -> Result<CreateSessionRequest, CliError> {
         interactive: args.interactive,
         permission_mode: args.permission_mode.unwrap_or_default(),
         thinking_budget_tokens: args.thinking_budget,
+        max_tokens: args.max_tokens.unwrap_or_default(),
         allow_rules: args.allow_rules,
         deny_rules: args.deny_rules,
         ..Default::default()
@@ -336,6 +341,7 @@ mod tests {
             interactive: false,
             permission_mode: None,
             thinking_budget: 0,
+            max_tokens: None,
             allow_rules: Vec::new(),
             deny_rules: Vec::new(),
         }
@@ -352,8 +358,10 @@ mod tests {
         create.context_files = vec![context.clone()];
         create.workspace = Some(PathBuf::from("some/dir"));
         create.model = Some("sim-large".into());
+        create.max_tokens = Some(48);
 
         let request = create_request(create)?;
+        assert_eq!(request.max_tokens, 48);
         assert_eq!(request.system_prompt, "You are terse.");
         assert_eq!(request.context_files.len(), 1);
         assert_eq!(request.context_files[0].path, context.display().to_string());

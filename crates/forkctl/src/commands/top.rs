@@ -139,32 +139,35 @@ impl Live {
         let mut terminate = signal(SignalKind::terminate())?;
         let mut hangup = signal(SignalKind::hangup())?;
         let mut interrupt = signal(SignalKind::interrupt())?;
+        // A key that quits exits 0; a signal exits as the shell reports a process it killed
+        // (128 + the signal's number), so a script can tell the two apart.
+        let quit = |asked: bool| asked.then_some(exit::OK);
         loop {
-            let quit = tokio::select! {
-                _ = terminate.recv() => true,
-                _ = hangup.recv() => true,
-                _ = interrupt.recv() => true,
+            let code = tokio::select! {
+                _ = terminate.recv() => Some(exit::signalled(SignalKind::terminate())),
+                _ = hangup.recv() => Some(exit::signalled(SignalKind::hangup())),
+                _ = interrupt.recv() => Some(exit::signalled(SignalKind::interrupt())),
                 key = keys.recv() => {
                     dirty = true;
-                    on_event(key, &mut view)?
+                    quit(on_event(key, &mut view)?)
                 }
                 next = next_notification(&mut self.stream) => {
                     dirty = true;
-                    answering_keys(self.on_stream(next), &mut keys, &mut view).await?
+                    quit(answering_keys(self.on_stream(next), &mut keys, &mut view).await?)
                 }
                 _ = poll.tick() => {
                     dirty = true;
-                    answering_keys(self.refresh(), &mut keys, &mut view).await?
+                    quit(answering_keys(self.refresh(), &mut keys, &mut view).await?)
                 }
                 _ = frame.tick(), if dirty => {
                     view.status.clone_from(&self.status);
                     draw(&mut terminal, &self.model, &mut view)?;
                     dirty = false;
-                    false
+                    None
                 }
             };
-            if quit {
-                return Ok(exit::OK);
+            if let Some(code) = code {
+                return Ok(code);
             }
         }
     }
