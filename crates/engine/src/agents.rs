@@ -21,8 +21,9 @@ impl Engine {
     /// from its stored transcript (its requests carry the same bytes as before, so they read
     /// the cache). A tool call that was cut off is re-run only if it is read-only. A parent's
     /// turn that was cut off continues from its transcript. Reports that a parent turn was
-    /// waiting to deliver go to the transcript: that turn's reply was never stored. Returns how
-    /// many agents were resumed.
+    /// waiting to deliver go to the transcript: that turn's reply was never stored. A batch's
+    /// children resume together, behind warm-up gating when its prefix has gone cold (see
+    /// [`resume_gating`]). Returns how many agents were resumed.
     pub async fn resume_interrupted(&self) -> Result<usize> {
         let store = &self.inner.store;
         let undelivered = store.caller_reports().await?;
@@ -36,6 +37,9 @@ impl Engine {
         }
         let live = store.list_agents(&AgentFilter::default()).await?;
         let mut resumed = 0;
+        // A batch's live children, in index order, to start together.
+        let mut batches: std::collections::BTreeMap<BatchId, Vec<(u32, AgentId)>> =
+            Default::default();
         for agent in &live {
             if agent.kind == AgentKind::Parent {
                 if agent.state == AgentState::Running {
@@ -52,8 +56,41 @@ impl Engine {
                 continue;
             }
             tracing::info!(agent.id = %agent.id, state = agent.state.as_str(), "Resuming an agent");
-            self.start_agent(agent.id);
             resumed += 1;
+            match (agent.kind, agent.batch_id) {
+                (AgentKind::Fork, Some(batch)) => batches
+                    .entry(batch)
+                    .or_default()
+                    .push((agent.index, agent.id)),
+                _ => self.start_agent(agent.id),
+            }
+        }
+        let now = crate::now_ms();
+        for (batch, mut children) in batches {
+            children.sort_unstable();
+            let ids: Vec<AgentId> = children
+                .into_iter()
+                .map(|(_, id)| id)
+                .filter(|id| !self.runs().contains_key(id))
+                .collect();
+            let last_request = match store
+                .list_requests(&forkd_store::RequestFilter {
+                    batch_id: Some(batch),
+                    ..Default::default()
+                })
+                .await
+            {
+                Ok(records) => records.iter().map(|r| r.created_at_ms).max(),
+                // Not knowing, gate: a wait of one response against a cache write per child.
+                Err(e) => {
+                    tracing::warn!(batch.id = %batch, error = %e, "Cannot read the batch's requests");
+                    None
+                }
+            };
+            let gating =
+                self.inner.config.warmup_gating && resume_gating(ids.len(), last_request, now);
+            tracing::info!(batch.id = %batch, children = ids.len(), gating, "Resuming a batch");
+            self.start_batch(&ids, gating);
         }
         Ok(resumed)
     }
@@ -147,5 +184,33 @@ impl Engine {
             });
         }
         Ok(out)
+    }
+}
+
+/// How long after a batch's last request its shared prefix is taken to be still cached: the
+/// provider's default lifetime of a cache entry (forkd writes 5-minute entries).
+const CACHE_LIFETIME_MS: i64 = 5 * 60 * 1000;
+
+/// Whether a batch's resumed children should start behind warm-up gating: when two or more
+/// resume and the batch has made no request within the cache's lifetime, so none of them would
+/// find the shared prefix cached and each would write it.
+fn resume_gating(resuming: usize, last_request_ms: Option<i64>, now_ms: i64) -> bool {
+    resuming >= 2 && last_request_ms.is_none_or(|at| now_ms.saturating_sub(at) >= CACHE_LIFETIME_MS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resumed_siblings_are_gated_only_when_the_prefix_is_cold() {
+        let now = 10 * CACHE_LIFETIME_MS;
+        // Never requested, or too long ago: the first child warms the cache for the rest.
+        assert!(resume_gating(3, None, now));
+        assert!(resume_gating(2, Some(now - CACHE_LIFETIME_MS), now));
+        // Recently requested: the prefix is still cached; nobody waits.
+        assert!(!resume_gating(3, Some(now - 1_000), now));
+        // One child alone has nobody to warm the cache for.
+        assert!(!resume_gating(1, None, now));
     }
 }

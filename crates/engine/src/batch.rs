@@ -282,7 +282,7 @@ impl Engine {
 
     /// Starts a batch's children. Under gating the first child goes alone; the others wait for
     /// its response to start, so they find the shared prefix already cached.
-    fn start_batch(&self, agent_ids: &[AgentId], gating: bool) {
+    pub(crate) fn start_batch(&self, agent_ids: &[AgentId], gating: bool) {
         let (tx, rx) = watch::channel(!gating || agent_ids.len() < 2);
         let mut gate = Some(WarmupGate { tx: Some(tx) });
         for (i, id) in agent_ids.iter().enumerate() {

@@ -111,6 +111,12 @@ fn part_at(parts: &[PrefixPart], byte: u64) -> Option<&PrefixPart> {
     parts.iter().rev().find(|p| p.offset <= byte)
 }
 
+/// Whether a breakpoint is spliced into `body` at byte `at`.
+fn at_breakpoint(body: &[u8], at: usize) -> bool {
+    body.get(at..)
+        .is_some_and(|rest| rest.starts_with(br#","cache_control":"#))
+}
+
 /// A piece of `s` around byte `at`, cut on character boundaries.
 fn excerpt(s: &str, at: usize) -> String {
     let mut from = at.saturating_sub(EXCERPT_BEFORE).min(s.len());
@@ -210,12 +216,12 @@ impl Engine {
     }
 
     /// Rebuilds a request's body from the store as its run built it. `None` when it cannot be
-    /// rebuilt (a session's main loop, whose transcript has moved on) or when the rebuilt prefix
-    /// does not match the recorded fingerprint.
+    /// rebuilt (a session's main-loop request recorded without its message count, made before
+    /// counts were kept) or when the rebuilt prefix does not match the recorded fingerprint.
     async fn rebuild(&self, record: &RequestRecord) -> Option<(SerializedRequest, usize)> {
         let agent = self.get_agent(record.agent_id).await.ok()?;
         if agent.kind == AgentKind::Parent {
-            return None;
+            return self.rebuild_main_loop(record).await;
         }
         let mut run = self.load_run(agent.id).await.ok()?;
         // The request of turn t saw the agent's own messages before its t-th reply.
@@ -239,6 +245,41 @@ impl Engine {
             return None;
         }
         let tools_len = run.params.tools.raw().len();
+        Some((body, tools_len))
+    }
+
+    /// Whether `agent` is a session's main loop.
+    async fn is_main_loop(&self, agent: AgentId) -> bool {
+        self.get_agent(agent)
+            .await
+            .is_ok_and(|a| a.kind == AgentKind::Parent)
+    }
+
+    /// A main-loop request carried the session's whole transcript as it stood: its first
+    /// `message_count` messages, which are append-only, so they are still there.
+    async fn rebuild_main_loop(
+        &self,
+        record: &RequestRecord,
+    ) -> Option<(SerializedRequest, usize)> {
+        let count = record.message_count?;
+        let session = self.get_session(record.session_id).await.ok()?;
+        let history: Vec<_> = self
+            .inner
+            .store
+            .session_messages(session.id, Some(u64::from(count)))
+            .await
+            .ok()?
+            .into_iter()
+            .map(|m| m.message)
+            .collect();
+        if history.len() != count as usize {
+            return None;
+        }
+        let (body, prefix_end) = crate::parent::main_loop_body(&session.params, history);
+        if fingerprint(&body.body.as_bytes()[..prefix_end]) != record.prefix_fingerprint {
+            return None;
+        }
+        let tools_len = session.params.tools.raw().len();
         Some((body, tools_len))
     }
 
@@ -295,16 +336,35 @@ impl Engine {
                 out.exact = true;
                 out.excerpt = excerpt(&body_a.body, at);
                 out.other_excerpt = excerpt(&body_b.body, at);
-                if same_prefix {
-                    out.note = "the prefixes are identical; the bodies part in the agents' own \
-                                blocks, as siblings should"
-                        .into();
+                let mut notes: Vec<&str> = Vec::new();
+                if same_prefix && a.batch_id.is_some() && a.batch_id == b.batch_id {
+                    notes.push(
+                        "the prefixes are identical; the bodies part in the agents' own blocks, \
+                         as siblings should",
+                    );
+                } else if same_prefix {
+                    notes.push("the prefixes are identical; the bodies part after them");
+                } else if a.agent_id == b.agent_id && self.is_main_loop(a.agent_id).await {
+                    notes.push(
+                        "two requests of one session's main loop: the later one carries more of \
+                         the transcript, so their recorded prefixes (everything before each \
+                         one's last block) differ by design",
+                    );
                 }
+                if at_breakpoint(x, at) || at_breakpoint(y, at) {
+                    notes.push(
+                        "the bodies part at a cache breakpoint (`cache_control`) that only one of \
+                         them carries: every byte before it is the same, and a breakpoint is not \
+                         part of what the cache compares",
+                    );
+                }
+                out.note = notes.join("; ");
             }
             _ => {
-                out.note = "a body could not be rebuilt from the store (a session's main loop, or \
-                            a transcript that no longer matches its record): the part is from the \
-                            recorded digests and the byte is where that part starts"
+                out.note = "a body could not be rebuilt from the store (a session's main-loop \
+                            request recorded before message counts were kept, or a transcript \
+                            that no longer matches its record): the part is from the recorded \
+                            digests and the byte is where that part starts"
                     .into();
                 if let Some(p) = recorded {
                     out.kind = kind_of(&p.label).to_owned();

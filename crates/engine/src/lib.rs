@@ -112,8 +112,8 @@ impl Engine {
                 provider,
                 config,
                 notifications,
-                session_locks: StdMutex::new(HashMap::new()),
-                turn_locks: StdMutex::new(HashMap::new()),
+                session_locks: LockMap::default(),
+                turn_locks: LockMap::default(),
                 notify_order: Mutex::new(()),
                 batches: run::BatchCache::default(),
                 tenancy: tenancy::Tenancy::default(),
@@ -165,23 +165,65 @@ impl Engine {
     }
 
     fn turn_lock(&self, id: SessionId) -> Arc<Mutex<()>> {
-        lock_for(&self.inner.turn_locks, id)
+        self.inner.turn_locks.get(id)
     }
 
     fn session_lock(&self, id: SessionId) -> Arc<Mutex<()>> {
-        lock_for(&self.inner.session_locks, id)
+        self.inner.session_locks.get(id)
     }
 }
 
-/// Async locks by key (a session, an idempotency key), created on first use.
-type LockMap<K> = StdMutex<HashMap<K, Arc<Mutex<()>>>>;
+/// Async locks by key (a session, an idempotency key), created on first use and dropped once
+/// nobody holds or waits for them, so the map does not grow with every key a process ever saw.
+pub(crate) struct LockMap<K> {
+    inner: StdMutex<LockMapInner<K>>,
+}
 
-/// The async lock of one key in a map of them, created on first use.
-fn lock_for<K: std::hash::Hash + Eq>(locks: &LockMap<K>, key: K) -> Arc<Mutex<()>> {
-    let mut locks = locks
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    locks.entry(key).or_default().clone()
+struct LockMapInner<K> {
+    locks: HashMap<K, Arc<Mutex<()>>>,
+    /// The size at which unused locks are next swept out: twice what was left after the last
+    /// sweep, so sweeping costs O(1) per call amortized.
+    sweep_at: usize,
+}
+
+/// The least size worth sweeping at.
+const LOCK_SWEEP_MIN: usize = 64;
+
+impl<K> Default for LockMap<K> {
+    fn default() -> Self {
+        Self {
+            inner: StdMutex::new(LockMapInner {
+                locks: HashMap::new(),
+                sweep_at: LOCK_SWEEP_MIN,
+            }),
+        }
+    }
+}
+
+impl<K: std::hash::Hash + Eq> LockMap<K> {
+    /// The async lock of `key`, created on first use.
+    pub(crate) fn get(&self, key: K) -> Arc<Mutex<()>> {
+        let mut inner = self
+            .inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if inner.locks.len() >= inner.sweep_at {
+            // A lock only the map holds has no holder and no waiter (both keep a clone): a
+            // later caller may as well get a new one.
+            inner.locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+            inner.sweep_at = (2 * inner.locks.len()).max(LOCK_SWEEP_MIN);
+        }
+        inner.locks.entry(key).or_default().clone()
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .locks
+            .len()
+    }
 }
 
 /// Milliseconds since the Unix epoch, for `*_at_ms` fields.
@@ -190,4 +232,24 @@ pub(crate) fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod lock_map_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn unused_locks_are_swept_and_held_ones_kept() {
+        let map = LockMap::<u32>::default();
+        let held = map.get(0);
+        let guard = held.lock().await;
+        for key in 1..10_000 {
+            drop(map.get(key));
+        }
+        assert!(map.len() <= 2 * LOCK_SWEEP_MIN, "{} locks", map.len());
+        // The held lock survived every sweep: the same key still gives the same lock.
+        assert!(Arc::ptr_eq(&held, &map.get(0)));
+        drop(guard);
+        assert!(map.get(0).try_lock().is_ok());
+    }
 }

@@ -16,6 +16,7 @@ pub const NOTIFICATION_LAG: &str = "forkd_notification_lag_seconds";
 pub const AGENT_RUNS: &str = "forkd_agent_runs";
 pub const AGENTS_ENDED: &str = "forkd_agents_ended_total";
 pub const REQUEST_SECONDS: &str = "forkd_model_request_seconds";
+pub const AGENTS: &str = "forkd_agents";
 
 /// Describes every metric, and sets the counters that matter when they are zero (a divergence
 /// counter that is absent until the first divergence is hard to alert on).
@@ -52,7 +53,18 @@ pub fn describe() {
         Unit::Seconds,
         "Model request time, retries included, to the end of the response"
     );
+    describe_gauge!(
+        AGENTS,
+        "Stored agents by kind (parent, fork, typed) and state (pending, running, completed, \
+         failed, killed), read from the database at each scrape"
+    );
     counter!(PREFIX_DIVERGENCES).absolute(0);
+}
+
+/// Sets how many stored agents of `kind` are in `state` (the metrics endpoint does, from the
+/// store, at each scrape).
+pub fn agents(kind: forkd_core::AgentKind, state: forkd_core::AgentState, n: u64) {
+    gauge!(AGENTS, "kind" => kind.as_str(), "state" => state.as_str()).set(n as f64);
 }
 
 pub(crate) fn request(

@@ -5,8 +5,8 @@
 use forkd_core::agent::Directive;
 use forkd_core::fork::{self, fork_refusal};
 use forkd_core::pricing::{self, CacheTtl};
-use forkd_core::request::{self, Conversation, fingerprint};
-use forkd_core::session::Session;
+use forkd_core::request::{self, Conversation, SerializedRequest, fingerprint};
+use forkd_core::session::{CacheSafeParams, Session};
 use forkd_core::tools::AGENT_TOOL;
 use forkd_core::{
     Agent, AgentId, AgentKind, AgentState, BatchId, Block, Message, RequestId, Usage,
@@ -49,6 +49,18 @@ pub enum ParentEvent {
         cost_usd: f64,
         text: String,
     },
+}
+
+/// A main-loop request's body on `history` (the session's transcript as it stands), and where
+/// its recorded prefix ends: at its last block, the one the turn's new message (or tool results)
+/// put there. Cache diagnostics rebuild recorded requests with this same function.
+pub(crate) fn main_loop_body(
+    params: &CacheSafeParams,
+    history: Vec<Message>,
+) -> (SerializedRequest, usize) {
+    let body = request::serialize(params, &Conversation::plain(history), true);
+    let prefix = body.spans.last().map_or(body.body.len(), |s| s.start);
+    (body, prefix)
 }
 
 /// The events of one parent turn; the turn runs on whether or not anyone reads them.
@@ -415,8 +427,8 @@ impl Engine {
             .into_iter()
             .map(|m| m.message)
             .collect();
-        let body = request::serialize(&session.params, &Conversation::plain(history), true);
-        let prefix = body.spans.last().map_or(body.body.len(), |s| s.start);
+        let message_count = u32::try_from(history.len()).ok();
+        let (body, prefix) = main_loop_body(&session.params, history);
         let record_fingerprint = fingerprint(&body.body.as_bytes()[..prefix]);
         let prefix_parts =
             crate::diagnose::prefix_parts(&body, session.params.tools.raw().len(), prefix);
@@ -454,6 +466,7 @@ impl Engine {
                 cost_usd,
                 prefix_fingerprint: record_fingerprint,
                 prefix_parts,
+                message_count,
                 body_bytes,
                 stop_reason: completion.stop_reason.clone(),
                 created_at_ms: now_ms(),

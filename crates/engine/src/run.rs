@@ -607,6 +607,7 @@ impl Engine {
             let parts =
                 crate::diagnose::prefix_parts(&body, run.params.tools.raw().len(), prefix_end);
             let body_bytes = body.body.len() as u64;
+            let message_count = u32::try_from(conv.messages.len()).ok();
             let request_id = RequestId::new();
             let span =
                 tracing::info_span!("model_request", request.id = %request_id, turn, body_bytes);
@@ -635,6 +636,7 @@ impl Engine {
                     &run.params.model,
                     &completion,
                     (fingerprint, parts),
+                    message_count,
                     body_bytes,
                 )
                 .instrument(span)
@@ -695,6 +697,7 @@ impl Engine {
         model: &str,
         completion: &Completion,
         (prefix_fingerprint, prefix_parts): (String, Vec<forkd_store::PrefixPart>),
+        message_count: Option<u32>,
         body_bytes: u64,
     ) -> Result<RequestRecord, RunFailure> {
         let cost_usd = pricing::model(model)
@@ -711,6 +714,7 @@ impl Engine {
             cost_usd,
             prefix_fingerprint,
             prefix_parts,
+            message_count,
             body_bytes,
             stop_reason: completion.stop_reason.clone(),
             created_at_ms: now_ms(),

@@ -145,7 +145,7 @@ impl Engine {
                 key.len()
             )));
         }
-        let lock = crate::lock_for(&self.tenancy().keys, (tenant.to_owned(), key.to_owned()));
+        let lock = self.tenancy().keys.get((tenant.to_owned(), key.to_owned()));
         let _one_at_a_time = lock.lock().await;
         let keyed = self
             .lookup_key(tenant, key, call, request_sha256, resource_id)

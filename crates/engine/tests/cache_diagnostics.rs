@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use forkd_core::session::PermissionMode;
-use forkd_core::{AgentId, Directive, RequestId};
-use forkd_engine::{ContextFile, Engine, EngineConfig, NewSession};
+use forkd_core::{AgentId, AgentKind, Directive, RequestId, SessionId};
+use forkd_engine::{ContextFile, Engine, EngineConfig, NewSession, ParentEvent};
 use forkd_provider::{SimConfig, SimProvider};
 use forkd_store::{AgentFilter, Durability, RequestFilter, RequestRecord, SqliteStore};
+use futures::StreamExt;
 
 async fn engine(dir: &std::path::Path) -> Engine {
     let store = SqliteStore::open(&dir.join("forkd.db"), Durability::Normal)
@@ -158,4 +159,124 @@ async fn one_byte_of_system_prompt_is_caught_and_explained() {
 
     // No request at all.
     assert!(engine.explain_cache(RequestId::new(), None).await.is_err());
+}
+
+/// Runs one parent turn on `text` and returns the session's main-loop requests so far, in order.
+async fn main_loop_turn(engine: &Engine, session: SessionId, text: &str) -> Vec<RequestRecord> {
+    let events: Vec<_> = tokio::time::timeout(
+        Duration::from_secs(60),
+        engine
+            .send_message(session, text.into())
+            .await
+            .unwrap()
+            .collect(),
+    )
+    .await
+    .expect("the turn ends");
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Ok(ParentEvent::TurnEnded { .. }))),
+        "{events:?}"
+    );
+    let parent = engine
+        .list_agents(&AgentFilter {
+            session_id: Some(session),
+            include_ended: true,
+            ..AgentFilter::default()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|a| a.kind == AgentKind::Parent)
+        .expect("the main-loop agent");
+    engine
+        .store()
+        .list_requests(&RequestFilter {
+            agent_id: Some(parent.id),
+            ..RequestFilter::default()
+        })
+        .await
+        .unwrap()
+}
+
+/// A session's main-loop requests are rebuilt from the first messages of its transcript (as many
+/// as each request carried), even after the transcript moved on, so explain finds the byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn main_loop_requests_are_explained_to_the_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(dir.path()).await;
+    let a = engine
+        .create_session(session(dir.path(), "You review code. Be brief."))
+        .await
+        .unwrap();
+    let b = engine
+        .create_session(session(dir.path(), "You review code. Be brief!"))
+        .await
+        .unwrap();
+    let first = main_loop_turn(&engine, a.id, "Look.\n@sim say looked").await;
+    let other = main_loop_turn(&engine, b.id, "Look.\n@sim say looked").await;
+    assert_eq!((first.len(), other.len()), (1, 1));
+    // The request carried the transcript up to the user's message; the reply came since.
+    let stored = engine.store().session_message_count(a.id).await.unwrap();
+    assert_eq!(first[0].message_count.map(u64::from), Some(stored - 1));
+
+    // One byte of system prompt: `.` against `!`, found in the system part, to the byte.
+    let why = engine
+        .explain_cache(other[0].id, Some(first[0].id))
+        .await
+        .unwrap();
+    assert!(!why.same_prefix);
+    assert!(why.exact, "{why:?}");
+    assert_eq!(why.part, "system");
+    assert_eq!(why.kind, "system");
+    let system = first[0]
+        .prefix_parts
+        .iter()
+        .find(|p| p.label == "system")
+        .unwrap();
+    assert!(why.byte > system.offset, "{why:?}");
+    assert!(why.excerpt.contains("Be brief!"), "{why:?}");
+    assert!(why.other_excerpt.contains("Be brief."), "{why:?}");
+    let at = why.excerpt.find("Be brief!").unwrap() + "Be brief".len();
+    assert_eq!(at, 40, "the excerpts show 40 bytes before the byte");
+    assert_eq!(
+        why.other_excerpt.find("Be brief.").unwrap() + "Be brief".len(),
+        at
+    );
+    assert_eq!(&why.excerpt[..at], &why.other_excerpt[..at]);
+
+    // Two turns of one session: the later request carries the whole first exchange, and the
+    // bodies agree up to where the first request's breakpoint is spliced into its last block.
+    let turns = main_loop_turn(&engine, a.id, "Again.\n@sim say again").await;
+    assert_eq!(turns.len(), 2);
+    assert_eq!(turns[1].message_count.map(u64::from), Some(stored + 1));
+    let why = engine
+        .explain_cache(turns[1].id, Some(turns[0].id))
+        .await
+        .unwrap();
+    assert!(why.exact, "{why:?}");
+    let last = first[0].message_count.unwrap() - 1;
+    assert_eq!(why.part, format!("message {last}"));
+    assert_eq!(why.kind, "message");
+    assert!(why.other_excerpt.contains(r#","cache_control""#), "{why:?}");
+    assert!(why.note.contains("one session's main loop"), "{why:?}");
+    assert!(why.note.contains("cache breakpoint"), "{why:?}");
+    assert!(why.excerpt.contains("Look."), "{why:?}");
+
+    // A record made before message counts were kept still gets the recorded part, not the byte.
+    let old = RequestRecord {
+        id: RequestId::new(),
+        message_count: None,
+        ..other[0].clone()
+    };
+    engine.store().record_request(&old).await.unwrap();
+    let why = engine
+        .explain_cache(old.id, Some(first[0].id))
+        .await
+        .unwrap();
+    assert!(!why.exact, "{why:?}");
+    assert_eq!(why.part, "system");
+    assert_eq!(why.byte, system.offset);
+    assert!(why.note.contains("could not be rebuilt"), "{why:?}");
 }

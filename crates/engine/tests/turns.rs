@@ -394,3 +394,85 @@ async fn under_a_cap_agents_wait_as_pending_and_start_in_order() {
         "the first two started first"
     );
 }
+
+/// A batch interrupted before any child made a request resumes behind warm-up gating: the first
+/// child writes the shared prefix and its siblings read it, instead of each writing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_batch_whose_prefix_is_cold_warms_it_once() {
+    let dir = tempfile::tempdir().unwrap();
+    // No run slot at all: the children stay pending, as a daemon stopped at once leaves them.
+    let first = engine_with(
+        dir.path(),
+        EngineConfig {
+            max_running_agents: Some(0),
+            ..EngineConfig::default()
+        },
+    )
+    .await;
+    let s = session(&first, dir.path()).await;
+    let directives = (0..3)
+        .map(|i| Directive {
+            description: format!("child {i}"),
+            prompt: format!("Child {i}."),
+        })
+        .collect();
+    let batch = first
+        .fork_batch(s.id, directives, Default::default())
+        .await
+        .unwrap();
+    first.shutdown(Duration::from_secs(1)).await;
+    drop(first);
+
+    // A pace at which requests sent together overlap: ungated, each would miss the cache.
+    let store = SqliteStore::open(&dir.path().join("forkd.db"), Durability::Normal)
+        .await
+        .unwrap();
+    let second = Engine::new(
+        Arc::new(store),
+        Arc::new(SimProvider::new(SimConfig { speed: 0.01 })),
+        EngineConfig::default(),
+    );
+    assert_eq!(second.resume_interrupted().await.unwrap(), 3);
+    let filter = NotificationFilter {
+        batch_id: Some(batch.batch_id),
+        ..NotificationFilter::default()
+    };
+    let mut notes = second.subscribe(0, filter, true).await.unwrap();
+    for _ in 0..3 {
+        let note = tokio::time::timeout(Duration::from_secs(60), notes.next())
+            .await
+            .expect("the children end")
+            .unwrap()
+            .unwrap();
+        assert_eq!(note.status, NotificationStatus::Completed);
+    }
+    let requests = second
+        .store()
+        .list_requests(&forkd_store::RequestFilter {
+            batch_id: Some(batch.batch_id),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let first_requests: Vec<_> = batch
+        .agent_ids
+        .iter()
+        .map(|id| {
+            requests
+                .iter()
+                .find(|r| r.agent_id == *id && r.turn == 0)
+                .expect("a first request")
+        })
+        .collect();
+    assert_eq!(
+        first_requests[0].usage.cache_read_input_tokens, 0,
+        "the first child finds the cache cold"
+    );
+    for r in &first_requests[1..] {
+        assert!(
+            r.usage.cache_read_input_tokens > 1_000,
+            "a sibling read the shared prefix: {:?}",
+            r.usage
+        );
+    }
+}

@@ -35,8 +35,9 @@ pub struct DaemonConfig {
     /// An extra TCP listener. Off loopback it needs at least one bearer token in
     /// `home/tokens.json`, or the daemon refuses to start.
     pub listen: Option<SocketAddr>,
-    /// Serve Prometheus metrics (`GET /metrics`, plain HTTP) on this address. One process has
-    /// one metrics recorder: a second daemon in the same process asking for it fails to start.
+    /// Serve Prometheus metrics (`GET /metrics`, plain HTTP) on this address (port 0 picks a
+    /// free one: see [`RunningDaemon::metrics_addr`]). One process has one metrics recorder: a
+    /// second daemon in the same process asking for it fails to start.
     pub metrics_listen: Option<SocketAddr>,
     /// TLS on the TCP listener (needs `listen`).
     pub tls: Option<TlsFiles>,
@@ -88,6 +89,8 @@ pub struct RunningDaemon {
     pub socket_path: PathBuf,
     /// The TCP address actually bound (an ephemeral port resolved).
     pub tcp_addr: Option<SocketAddr>,
+    /// The metrics listener's address actually bound (port 0 resolved).
+    pub metrics_addr: Option<SocketAddr>,
     pub engine: Engine,
     shutdown: CancellationToken,
     server: JoinHandle<Result<(), forkd_server::ServerError>>,
@@ -183,31 +186,6 @@ fn provider(config: &DaemonConfig) -> anyhow::Result<Arc<dyn Provider>> {
     })
 }
 
-/// Installs the Prometheus recorder and serves it over HTTP on `addr` (any path answers with
-/// the metrics; `/metrics` is the convention).
-fn install_metrics(addr: SocketAddr) -> anyhow::Result<()> {
-    if !addr.ip().is_loopback() {
-        tracing::warn!(%addr, "Serving metrics off loopback: the endpoint has no authentication");
-    }
-    let (recorder, exporter) = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .build()
-        .with_context(|| format!("cannot serve metrics on {addr}"))?;
-    metrics::set_global_recorder(recorder).map_err(|_| {
-        anyhow::anyhow!(
-            "cannot serve metrics on {addr}: this process already has a metrics recorder"
-        )
-    })?;
-    tokio::spawn(async move {
-        if exporter.await.is_err() {
-            tracing::error!("The metrics listener stopped");
-        }
-    });
-    forkd_engine::metrics::describe();
-    tracing::info!(%addr, "Serving Prometheus metrics at /metrics");
-    Ok(())
-}
-
 /// Starts a daemon: opens the store, builds the engine, binds the listeners and serves.
 pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     // Read (and so validated) now: a broken token file is a start-up error, not a surprise at
@@ -236,9 +214,10 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
         Some(files) => Some(TlsConfig::from_files(&files.cert, &files.key)?),
         None => None,
     };
-    if let Some(addr) = config.metrics_listen {
-        install_metrics(addr)?;
-    }
+    let metrics = match config.metrics_listen {
+        Some(addr) => Some(crate::metrics::Endpoint::bind(addr).await?),
+        None => None,
+    };
     prepare_home(&config.home)?;
     let db = config.home.join("forkd.db");
     let store = SqliteStore::open(&db, config.durability)
@@ -269,6 +248,15 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
         None => (None, None),
     };
     let shutdown = CancellationToken::new();
+    let metrics_addr = match metrics {
+        Some(endpoint) => {
+            let addr = endpoint.local_addr()?;
+            endpoint.serve(engine.clone(), shutdown.clone());
+            tracing::info!(%addr, "Serving Prometheus metrics at /metrics");
+            Some(addr)
+        }
+        None => None,
+    };
     let mut server_config = config.server.clone();
     server_config.tokens = Some(tokens);
     server_config.tls = tls;
@@ -286,6 +274,7 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     Ok(RunningDaemon {
         socket_path,
         tcp_addr,
+        metrics_addr,
         engine,
         shutdown,
         server,

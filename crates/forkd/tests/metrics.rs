@@ -1,5 +1,6 @@
-//! `--metrics-listen`: a daemon serves Prometheus metrics over plain HTTP, and a small batch shows
-//! up in them. Then the batch's requests are listed and explained over gRPC. (One test in this
+//! `--metrics-listen`: a daemon serves Prometheus metrics over plain HTTP, and what it stores
+//! and does shows up in them — agents by state, per-batch cache-read share, a real sibling prefix
+//! divergence. Then the batch's requests are listed and explained over gRPC. (One test in this
 //! file: a process has one metrics recorder.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -11,12 +12,6 @@ use forkd_test_support::{
     create_session, fork, session_request, spawn_daemon_with, wait_for_batch,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// A free loopback port (the exporter takes an address, not a bound listener).
-fn free_port() -> std::net::SocketAddr {
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    probe.local_addr().unwrap()
-}
 
 async fn scrape(addr: std::net::SocketAddr) -> String {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -37,13 +32,114 @@ fn sample(text: &str, series: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// The requests recorded for a batch.
+async fn requests_of(
+    client: &mut pb::forkd_client::ForkdClient<tonic::transport::Channel>,
+    batch: &str,
+) -> Vec<pb::ModelRequestRecord> {
+    client
+        .list_requests(pb::ListRequestsRequest {
+            scope: Some(pb::list_requests_request::Scope::BatchId(batch.to_owned())),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .requests
+}
+
+/// The value of the one sample of `name` whose labels include every `label="value"` given.
+fn labelled(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| labels.iter().all(|want| l.contains(want)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_shows_up_in_the_metrics_and_its_requests_can_be_explained() {
-    let addr = free_port();
-    let daemon = spawn_daemon_with(|c| c.metrics_listen = Some(addr))
+    // A real divergence: a batch whose first child has made its first request when the daemon
+    // stops, and whose stored system prompt then comes back one byte different (as a store that
+    // lost the bytes would hand it back). The next daemon resumes the batch; the second child's
+    // first request parts from its sibling's in the system prompt.
+    let mut daemon = spawn_daemon_with(|c| c.engine.max_running_agents = Some(1))
         .await
         .unwrap();
     let mut client = daemon.client().await.unwrap();
+    let mut request = session_request(daemon.home_path());
+    request.permission_mode = "bypassPermissions".into();
+    let session = create_session(&mut client, request).await.unwrap();
+    let odd = fork(
+        &mut client,
+        &session.session_id,
+        &[
+            "audit a\n@sim tool Bash {\"command\":\"sleep 3\"}\n@sim say a done",
+            "audit b",
+        ],
+        None,
+    )
+    .await
+    .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while requests_of(&mut client, &odd.batch_id).await.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the first child's first request is recorded");
+    // One running at a time: the second child waits while the first one's Bash sleeps.
+    daemon.stop().await.unwrap();
+    let db = daemon.home_path().join("forkd.db");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .unwrap();
+    let changed = sqlx::query(
+        "UPDATE sessions SET system_prompt = replace(system_prompt, 'careful engineer.', \
+         'careful engineer!') WHERE id = ?",
+    )
+    .bind(&session.session_id)
+    .execute(&pool)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(changed, 1);
+    pool.close().await;
+
+    // Port 0: the daemon reports the port it bound.
+    daemon
+        .restart(|c| c.metrics_listen = Some("127.0.0.1:0".parse().unwrap()))
+        .await
+        .unwrap();
+    let addr = daemon.metrics_addr().expect("a metrics address");
+    assert_ne!(addr.port(), 0);
+    let mut client = daemon.client().await.unwrap();
+    wait_for_batch(&mut client, &odd.batch_id, 2, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let text = scrape(addr).await;
+    assert!(text.starts_with("HTTP/1."), "{text}");
+    assert_eq!(
+        sample(&text, "forkd_prefix_divergences_total"),
+        Some(1.0),
+        "the second child's first request was caught: {text}"
+    );
+    let odd_requests = requests_of(&mut client, &odd.batch_id).await;
+    let second = odd_requests
+        .iter()
+        .find(|r| r.agent_id == odd.agent_ids[1] && r.turn == 0)
+        .unwrap();
+    let why = client
+        .explain_cache(pb::ExplainCacheRequest {
+            request_id: second.request_id.clone(),
+            other_request_id: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!why.same_prefix, "{why:?}");
+    assert_eq!(why.part, "system", "{why:?}");
+
+    // A second session, untouched: its batch shows up, and nothing more diverges.
     let session = create_session(&mut client, session_request(daemon.home_path()))
         .await
         .unwrap();
@@ -60,16 +156,14 @@ async fn a_batch_shows_up_in_the_metrics_and_its_requests_can_be_explained() {
         .unwrap();
 
     let text = scrape(addr).await;
-    assert!(text.starts_with("HTTP/1."), "{text}");
     let fork_requests: f64 = text
         .lines()
         .filter(|l| l.starts_with("forkd_requests_total{") && l.contains("kind=\"fork\""))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert!(fork_requests >= 2.0, "{text}");
-    assert_eq!(
-        sample(&text, "forkd_agents_ended_total{status=\"completed\"}"),
-        Some(2.0),
+    assert!(
+        sample(&text, "forkd_agents_ended_total{status=\"completed\"}").is_some_and(|n| n >= 2.0),
         "{text}"
     );
     assert!(
@@ -80,31 +174,55 @@ async fn a_batch_shows_up_in_the_metrics_and_its_requests_can_be_explained() {
         "forkd_tokens_total{kind=\"input\"}",
         "forkd_tokens_total{kind=\"cache_write\"}",
         "forkd_tokens_total{kind=\"output\"}",
-        "forkd_agents_ended_total{status=\"completed\"}",
         "forkd_agent_runs",
     ] {
         assert!(sample(&text, series).is_some(), "{series} missing: {text}");
     }
     assert_eq!(
         sample(&text, "forkd_prefix_divergences_total"),
-        Some(0.0),
+        Some(1.0),
         "{text}"
     );
     assert!(text.contains("forkd_notification_lag_seconds"), "{text}");
     assert!(text.contains("forkd_cost_usd"), "{text}");
 
+    // Agents by stored state, across both daemons' lives: the four fork children have ended,
+    // none is left pending or running, and every (kind, state) pair is reported.
+    let stored = |state: &str| {
+        labelled(
+            &text,
+            "forkd_agents",
+            &["kind=\"fork\"", &format!("state=\"{state}\"")],
+        )
+    };
+    let ended: f64 = ["completed", "failed", "killed"]
+        .iter()
+        .filter_map(|s| stored(s))
+        .sum();
+    assert_eq!(ended, 4.0, "{text}");
+    assert_eq!(stored("pending"), Some(0.0), "{text}");
+    assert_eq!(stored("running"), Some(0.0), "{text}");
+    // Each batch's cache-read share: the untouched batch's second child read the prefix.
+    let share = |batch: &str| {
+        labelled(
+            &text,
+            "forkd_batch_cache_read_share",
+            &[&format!("batch_id=\"{batch}\"")],
+        )
+    };
+    assert!(
+        share(&batch.batch_id).is_some_and(|s| s > 0.3 && s < 1.0),
+        "{text}"
+    );
+    assert!(share(&odd.batch_id).is_some(), "{text}");
+    assert!(
+        text.contains("# TYPE forkd_batch_cache_read_share gauge"),
+        "{text}"
+    );
+
     // The batch's requests are listed with their ids, and the second child's first request is
     // explained against the first's: the same prefix, parting in the child's own directive.
-    let requests = client
-        .list_requests(pb::ListRequestsRequest {
-            scope: Some(pb::list_requests_request::Scope::BatchId(
-                batch.batch_id.clone(),
-            )),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .requests;
+    let requests = requests_of(&mut client, &batch.batch_id).await;
     assert!(requests.len() >= 2, "{requests:?}");
     let second = requests
         .iter()

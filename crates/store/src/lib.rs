@@ -214,6 +214,9 @@ pub struct RequestRecord {
     /// The prefix's parts with their digests (empty for records made before they were kept):
     /// what `ExplainCache` compares to find where two requests part.
     pub prefix_parts: Vec<PrefixPart>,
+    /// How many conversation messages the request carried (`None` for records made before it
+    /// was kept): what rebuilds a session's main-loop request once its transcript has moved on.
+    pub message_count: Option<u32>,
     pub body_bytes: u64,
     pub stop_reason: Option<String>,
     pub created_at_ms: i64,
@@ -258,6 +261,37 @@ pub struct ToolCall {
     pub full_output: Option<String>,
     pub started_at_ms: i64,
     pub finished_at_ms: Option<i64>,
+}
+
+/// A snapshot of the stored agents, for the metrics endpoint: how many of each kind are in each
+/// state, and the batches still running or ended recently with their token totals.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stats {
+    /// Every (kind, state) pair that has at least one agent.
+    pub agents: Vec<AgentCount>,
+    /// In batch id (creation) order.
+    pub batches: Vec<BatchStats>,
+}
+
+/// How many agents of one kind are in one state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgentCount {
+    pub kind: forkd_core::AgentKind,
+    pub state: forkd_core::AgentState,
+    pub count: u64,
+}
+
+/// One fork batch's children, summed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchStats {
+    pub batch_id: BatchId,
+    pub session_id: SessionId,
+    pub tenant: String,
+    pub children: u64,
+    /// Children in a terminal state.
+    pub ended: u64,
+    pub usage: Usage,
+    pub cost_usd: f64,
 }
 
 /// Which requests to list; at least one field should be set.
@@ -409,4 +443,7 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<Notification>>;
     /// The highest notification seq stored (0 when none).
     async fn last_notification_seq(&self) -> Result<u64>;
+    /// Agents counted by kind and state, and the fork batches that have a child not yet ended or
+    /// a child that changed at or after `batches_since_ms`.
+    async fn stats(&self, batches_since_ms: i64) -> Result<Stats>;
 }

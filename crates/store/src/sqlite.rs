@@ -15,6 +15,7 @@ mod idempotency;
 mod notifications;
 mod requests;
 mod sessions;
+mod stats;
 mod tool_calls;
 
 use std::path::Path;
@@ -421,5 +422,9 @@ impl Store for SqliteStore {
 
     async fn last_notification_seq(&self) -> Result<u64> {
         notifications::last_seq(&self.reader).await
+    }
+
+    async fn stats(&self, batches_since_ms: i64) -> Result<crate::Stats> {
+        stats::stats(&self.reader, batches_since_ms).await
     }
 }

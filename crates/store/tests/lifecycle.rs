@@ -293,6 +293,8 @@ fn request(agent: &forkd_core::Agent, turn: u32, usage: Usage, cost: f64) -> Req
                 digest: "ab12".into(),
             },
         ],
+        // Both a count and none (a record from before counts were kept) read back as written.
+        message_count: (turn > 0).then_some(2 * turn + 1),
         body_bytes: 123_456,
         stop_reason: Some("tool_use".into()),
         created_at_ms: 42 + i64::from(turn),
@@ -410,5 +412,69 @@ async fn caller_reports_reach_the_transcript_only_when_handed_back() -> TestResu
     )
     .await?;
     assert_eq!(store.session_message_count(session.id).await?, len + 2);
+    Ok(())
+}
+
+/// The metrics snapshot: agents counted by kind and state, and a batch listed while it has a live
+/// child or a child that changed within the window, with its children's usage summed.
+#[tokio::test]
+async fn stats_count_agents_by_state_and_sum_recent_batches() -> TestResult {
+    use forkd_core::AgentKind;
+    let (_dir, store) = temp_store().await?;
+    let (session, fx) = seeded(&store, 3).await?;
+    let kids: Vec<_> = fx.children.iter().map(|c| &c.agent).collect();
+    let u = |n| Usage {
+        input_tokens: n,
+        cache_creation_input_tokens: 2 * n,
+        cache_read_input_tokens: 3 * n,
+        output_tokens: 4 * n,
+    };
+    store
+        .record_request(&request(kids[0], 0, u(1), 0.5))
+        .await?;
+    store
+        .record_request(&request(kids[1], 0, u(10), 0.25))
+        .await?;
+    finish(
+        &store,
+        &ended(kids[0], NotificationStatus::Completed, 5_000),
+        None,
+    )
+    .await?;
+    store
+        .set_agent_state(kids[1].id, AgentState::Running, None)
+        .await?;
+
+    let stats = store.stats(i64::MAX).await?;
+    let forks = |stats: &forkd_store::Stats, state| {
+        stats
+            .agents
+            .iter()
+            .find(|c| c.kind == AgentKind::Fork && c.state == state)
+            .map_or(0, |c| c.count)
+    };
+    assert_eq!(forks(&stats, AgentState::Completed), 1);
+    assert_eq!(forks(&stats, AgentState::Running), 1);
+    assert_eq!(forks(&stats, AgentState::Pending), 1);
+    assert_eq!(forks(&stats, AgentState::Failed), 0);
+    // Live children keep the batch listed whatever the window.
+    assert_eq!(stats.batches.len(), 1);
+    let batch = &stats.batches[0];
+    assert_eq!(batch.batch_id, fx.batch.id);
+    assert_eq!(batch.session_id, session.id);
+    assert_eq!(batch.tenant, session.tenant);
+    assert_eq!((batch.children, batch.ended), (3, 1));
+    assert_eq!(batch.usage, u(11));
+    assert!((batch.cost_usd - 0.75).abs() < 1e-12);
+
+    // Once every child has ended, the batch is listed only while its last change is recent.
+    for kid in &kids[1..] {
+        finish(&store, &ended(kid, NotificationStatus::Failed, 6_000), None).await?;
+    }
+    let stats = store.stats(6_000).await?;
+    assert_eq!(forks(&stats, AgentState::Failed), 2);
+    assert_eq!(stats.batches.len(), 1);
+    assert_eq!(stats.batches[0].ended, 3);
+    assert!(store.stats(6_001).await?.batches.is_empty());
     Ok(())
 }

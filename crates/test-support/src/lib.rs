@@ -49,6 +49,11 @@ impl TestDaemon {
         self.daemon.as_ref().and_then(|d| d.tcp_addr)
     }
 
+    /// The address the daemon's metrics endpoint bound for `config.metrics_listen`, while it runs.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.daemon.as_ref().and_then(|d| d.metrics_addr)
+    }
+
     /// The daemon's tokens (`tokens.json` in its home): tokens created or revoked here are seen
     /// by the running daemon at its next call.
     pub fn tokens(&self) -> forkd_server::TokenStore {

@@ -90,7 +90,7 @@ fn explain_text(w: &ExplainCacheResponse) -> String {
     text.push_str(if w.same_prefix {
         "prefix: identical (the shared prefix can be read from the cache)\n"
     } else {
-        "prefix: DIFFERS (this request cannot read its sibling's cached prefix)\n"
+        "prefix: DIFFERS (neither can read the other's cache past the first difference)\n"
     });
     if w.part.is_empty() {
         text.push_str("the bodies are identical\n");

@@ -20,6 +20,7 @@ struct RequestRow {
     cost_usd: f64,
     prefix_fingerprint: String,
     prefix_parts: String,
+    message_count: Option<i64>,
     body_bytes: i64,
     stop_reason: Option<String>,
     created_at_ms: i64,
@@ -46,6 +47,10 @@ impl TryFrom<RequestRow> for RequestRecord {
             prefix_parts: serde_json::from_str(&row.prefix_parts).map_err(|e| {
                 StoreError::Corrupt(format!("request {}: prefix_parts: {e}", row.id))
             })?,
+            message_count: row
+                .message_count
+                .map(|n| from_i64(n, "request message_count"))
+                .transpose()?,
             body_bytes: from_i64(row.body_bytes, "request body_bytes")?,
             stop_reason: row.stop_reason,
             created_at_ms: row.created_at_ms,
@@ -86,8 +91,8 @@ pub(super) async fn record(conn: &mut SqliteConnection, r: &RequestRecord) -> Re
     sqlx::query(
         "INSERT INTO requests (id, agent_id, session_id, batch_id, turn, model, input_tokens, \
          cache_creation_input_tokens, cache_read_input_tokens, output_tokens, cost_usd, \
-         prefix_fingerprint, prefix_parts, body_bytes, stop_reason, created_at_ms) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+         prefix_fingerprint, prefix_parts, message_count, body_bytes, stop_reason, created_at_ms) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(&id)
     .bind(&agent_id)
@@ -102,6 +107,7 @@ pub(super) async fn record(conn: &mut SqliteConnection, r: &RequestRecord) -> Re
     .bind(r.cost_usd)
     .bind(&r.prefix_fingerprint)
     .bind(parts)
+    .bind(r.message_count.map(i64::from))
     .bind(to_i64(r.body_bytes, "body_bytes")?)
     .bind(r.stop_reason.as_deref())
     .bind(r.created_at_ms)
@@ -113,7 +119,8 @@ pub(super) async fn record(conn: &mut SqliteConnection, r: &RequestRecord) -> Re
 
 const COLUMNS: &str = "SELECT id, agent_id, session_id, batch_id, turn, model, input_tokens, \
      cache_creation_input_tokens, cache_read_input_tokens, output_tokens, cost_usd, \
-     prefix_fingerprint, prefix_parts, body_bytes, stop_reason, created_at_ms FROM requests";
+     prefix_fingerprint, prefix_parts, message_count, body_bytes, stop_reason, created_at_ms \
+     FROM requests";
 
 pub(super) async fn get(pool: &SqlitePool, id: RequestId) -> Result<Option<RequestRecord>> {
     let mut q = QueryBuilder::<Sqlite>::new(COLUMNS);
