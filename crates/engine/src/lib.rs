@@ -226,6 +226,11 @@ impl<K: std::hash::Hash + Eq> LockMap<K> {
     }
 }
 
+/// A duration in whole milliseconds, for `*_ms` fields.
+pub(crate) fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// Milliseconds since the Unix epoch, for `*_at_ms` fields.
 pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()

@@ -17,6 +17,7 @@ pub const AGENT_RUNS: &str = "forkd_agent_runs";
 pub const AGENTS_ENDED: &str = "forkd_agents_ended_total";
 pub const REQUEST_SECONDS: &str = "forkd_model_request_seconds";
 pub const AGENTS: &str = "forkd_agents";
+pub const FIRST_TOKEN_SECONDS: &str = "forkd_model_first_token_seconds";
 
 /// Describes every metric, and sets the counters that matter when they are zero (a divergence
 /// counter that is absent until the first divergence is hard to alert on).
@@ -53,6 +54,11 @@ pub fn describe() {
         Unit::Seconds,
         "Model request time, retries included, to the end of the response"
     );
+    describe_histogram!(
+        FIRST_TOKEN_SECONDS,
+        Unit::Seconds,
+        "Time to first token: a model request, retries included, to its first content block"
+    );
     describe_gauge!(
         AGENTS,
         "Stored agents by kind (parent, fork, typed) and state (pending, running, completed, \
@@ -73,6 +79,7 @@ pub(crate) fn request(
     usage: &Usage,
     cost_usd: f64,
     took: Duration,
+    first_token: Option<Duration>,
 ) {
     counter!(REQUESTS, "model" => model.to_owned(), "kind" => kind).increment(1);
     for (name, n) in [
@@ -85,6 +92,9 @@ pub(crate) fn request(
     }
     gauge!(COST).increment(cost_usd);
     histogram!(REQUEST_SECONDS).record(took.as_secs_f64());
+    if let Some(first) = first_token {
+        histogram!(FIRST_TOKEN_SECONDS).record(first.as_secs_f64());
+    }
 }
 
 pub(crate) fn prefix_divergence() {

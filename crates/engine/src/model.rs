@@ -8,10 +8,40 @@ use futures::StreamExt;
 
 use crate::{Engine, RetryPolicy};
 
+/// A completed model request and how long it took, retries and their waits included.
+pub(crate) struct Timed {
+    pub completion: Completion,
+    /// To the end of the response.
+    pub took: Duration,
+    /// To the response's first content block (time to first token); `None` when it had none.
+    pub first_token: Option<Duration>,
+}
+
 impl Engine {
     /// Sends a request, retrying what may succeed on a second try (429, 529, 5xx, dropped
-    /// streams) with jittered exponential backoff that honours `retry-after`.
+    /// streams) with jittered exponential backoff that honours `retry-after`, and times it.
     pub(crate) async fn request_with_retries(
+        &self,
+        req: ModelRequest,
+        on_event: &mut (dyn FnMut(&StreamEvent) + Send),
+    ) -> Result<Timed, ProviderError> {
+        let started = std::time::Instant::now();
+        let mut first_token = None;
+        let mut timing = |event: &StreamEvent| {
+            if first_token.is_none() && event.starts_output() {
+                first_token = Some(started.elapsed());
+            }
+            on_event(event);
+        };
+        let completion = self.request_attempts(req, &mut timing).await?;
+        Ok(Timed {
+            completion,
+            took: started.elapsed(),
+            first_token,
+        })
+    }
+
+    async fn request_attempts(
         &self,
         req: ModelRequest,
         on_event: &mut (dyn FnMut(&StreamEvent) + Send),
@@ -135,7 +165,7 @@ mod tests {
             model: "m".into(),
             body: "{}".into(),
         };
-        let outcome = engine.request_with_retries(req, &mut |_| {}).await;
+        let outcome = engine.request_attempts(req, &mut |_| {}).await;
         assert!(outcome.is_err());
         provider.calls.load(Ordering::SeqCst)
     }

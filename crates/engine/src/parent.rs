@@ -440,8 +440,7 @@ impl Engine {
             body: body.body.into(),
         };
         let tx = events.clone();
-        let started = std::time::Instant::now();
-        let completion = self
+        let timed = self
             .request_with_retries(req, &mut |event| {
                 if let StreamEvent::TextDelta { text, .. } = event {
                     // A full queue means a slow reader: it misses a delta, never the turn.
@@ -451,7 +450,7 @@ impl Engine {
             .instrument(span)
             .await
             .map_err(|e| EngineError::FailedPrecondition(format!("model request failed: {e}")))?;
-        let took = started.elapsed();
+        let completion = timed.completion;
         let cost_usd = self.cost(session, &completion.usage);
         self.inner
             .store
@@ -468,6 +467,7 @@ impl Engine {
                 prefix_parts,
                 message_count,
                 body_bytes,
+                first_token_ms: timed.first_token.map(crate::millis),
                 stop_reason: completion.stop_reason.clone(),
                 created_at_ms: now_ms(),
             })
@@ -477,7 +477,8 @@ impl Engine {
             parent.kind.as_str(),
             &completion.usage,
             cost_usd,
-            took,
+            timed.took,
+            timed.first_token,
         );
         Ok(completion)
     }

@@ -615,8 +615,7 @@ impl Engine {
                 model: run.params.model.clone(),
                 body: body.body.into(),
             };
-            let started = std::time::Instant::now();
-            let completion = self
+            let timed = self
                 .request_with_retries(req, &mut |event| {
                     if matches!(event, StreamEvent::MessageStart { .. })
                         && let Some(g) = gate.as_mut()
@@ -626,7 +625,7 @@ impl Engine {
                 })
                 .instrument(span.clone())
                 .await?;
-            let took = started.elapsed();
+            let completion = timed.completion;
             self.append_own(lease, &completion.message).await?;
             let record = self
                 .record(
@@ -638,6 +637,7 @@ impl Engine {
                     (fingerprint, parts),
                     message_count,
                     body_bytes,
+                    timed.first_token,
                 )
                 .instrument(span)
                 .await?;
@@ -646,7 +646,8 @@ impl Engine {
                 run.agent.kind.as_str(),
                 &record.usage,
                 record.cost_usd,
-                took,
+                timed.took,
+                timed.first_token,
             );
             if turn == 0
                 && let Shape::Fork { ctx } = &run.shape
@@ -699,6 +700,7 @@ impl Engine {
         (prefix_fingerprint, prefix_parts): (String, Vec<forkd_store::PrefixPart>),
         message_count: Option<u32>,
         body_bytes: u64,
+        first_token: Option<std::time::Duration>,
     ) -> Result<RequestRecord, RunFailure> {
         let cost_usd = pricing::model(model)
             .map(|m| completion.usage.cost_usd(m, CacheTtl::FiveMinutes))
@@ -716,6 +718,7 @@ impl Engine {
             prefix_parts,
             message_count,
             body_bytes,
+            first_token_ms: first_token.map(crate::millis),
             stop_reason: completion.stop_reason.clone(),
             created_at_ms: now_ms(),
         };

@@ -101,6 +101,12 @@ async fn one_byte_of_system_prompt_is_caught_and_explained() {
 
     // Siblings record the same parts, and their first requests raised nothing.
     assert_eq!(same[0].prefix_parts, same[1].prefix_parts);
+    // Every record carries its time to first token (the sim's response starts a block).
+    assert!(
+        same.iter()
+            .chain(&other)
+            .all(|r| r.first_token_ms.is_some())
+    );
     let labels: Vec<&str> = same[0]
         .prefix_parts
         .iter()

@@ -184,6 +184,7 @@ async fn a_batch_shows_up_in_the_metrics_and_its_requests_can_be_explained() {
         "{text}"
     );
     assert!(text.contains("forkd_notification_lag_seconds"), "{text}");
+    assert!(text.contains("forkd_model_first_token_seconds"), "{text}");
     assert!(text.contains("forkd_cost_usd"), "{text}");
 
     // Agents by stored state, across both daemons' lives: the four fork children have ended,
@@ -224,6 +225,11 @@ async fn a_batch_shows_up_in_the_metrics_and_its_requests_can_be_explained() {
     // explained against the first's: the same prefix, parting in the child's own directive.
     let requests = requests_of(&mut client, &batch.batch_id).await;
     assert!(requests.len() >= 2, "{requests:?}");
+    // Each record carries its time to first token.
+    assert!(
+        requests.iter().all(|r| r.first_token_ms.is_some()),
+        "{requests:?}"
+    );
     let second = requests
         .iter()
         .find(|r| r.agent_id == batch.agent_ids[1] && r.turn == 0)

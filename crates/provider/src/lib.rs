@@ -81,6 +81,21 @@ pub enum StreamEvent {
     MessageStop,
 }
 
+impl StreamEvent {
+    /// Whether the model has started its output with this event: a content block, or a delta of
+    /// one. What precedes it (`MessageStart`) is the provider's, not the model's.
+    pub fn starts_output(&self) -> bool {
+        matches!(
+            self,
+            StreamEvent::BlockStart { .. }
+                | StreamEvent::TextDelta { .. }
+                | StreamEvent::ThinkingDelta { .. }
+                | StreamEvent::SignatureDelta { .. }
+                | StreamEvent::InputJsonDelta { .. }
+        )
+    }
+}
+
 /// What went wrong with a request.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ProviderError {

@@ -133,6 +133,7 @@ pub(crate) fn request_record(r: &forkd_store::RequestRecord) -> pb::ModelRequest
         body_bytes: r.body_bytes,
         stop_reason: r.stop_reason.clone().unwrap_or_default(),
         created_at: Some(timestamp(r.created_at_ms)),
+        first_token_ms: r.first_token_ms,
     }
 }
 

@@ -218,6 +218,10 @@ pub struct RequestRecord {
     /// was kept): what rebuilds a session's main-loop request once its transcript has moved on.
     pub message_count: Option<u32>,
     pub body_bytes: u64,
+    /// Time to first token: from the request being sent (retries included) to the response's
+    /// first content block, in milliseconds. `None` for older records and for responses that
+    /// started none.
+    pub first_token_ms: Option<u64>,
     pub stop_reason: Option<String>,
     pub created_at_ms: i64,
 }

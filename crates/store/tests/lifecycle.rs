@@ -296,6 +296,7 @@ fn request(agent: &forkd_core::Agent, turn: u32, usage: Usage, cost: f64) -> Req
         // Both a count and none (a record from before counts were kept) read back as written.
         message_count: (turn > 0).then_some(2 * turn + 1),
         body_bytes: 123_456,
+        first_token_ms: (turn > 0).then_some(350),
         stop_reason: Some("tool_use".into()),
         created_at_ms: 42 + i64::from(turn),
     }

@@ -136,12 +136,16 @@ async fn requests(args: RequestsArgs, client: &mut Client, out: &Printer) -> any
                 "cost_usd": r.cost_usd,
                 "prefix_fingerprint": r.prefix_fingerprint,
                 "body_bytes": r.body_bytes,
+                "first_token_ms": r.first_token_ms,
             }))?;
         } else {
             let read = r.usage.as_ref().map_or(0, |u| u.cache_read_input_tokens);
+            let first_token = r
+                .first_token_ms
+                .map_or_else(|| "-".to_owned(), |ms| format!("{ms} ms"));
             out.line(format!(
-                "{}  agent {}  turn {}  cache read {}  prefix {}",
-                r.request_id, r.agent_id, r.turn, read, r.prefix_fingerprint
+                "{}  agent {}  turn {}  cache read {}  first token {}  prefix {}",
+                r.request_id, r.agent_id, r.turn, read, first_token, r.prefix_fingerprint
             ))?;
         }
     }

@@ -22,6 +22,7 @@ struct RequestRow {
     prefix_parts: String,
     message_count: Option<i64>,
     body_bytes: i64,
+    first_token_ms: Option<i64>,
     stop_reason: Option<String>,
     created_at_ms: i64,
 }
@@ -52,6 +53,10 @@ impl TryFrom<RequestRow> for RequestRecord {
                 .map(|n| from_i64(n, "request message_count"))
                 .transpose()?,
             body_bytes: from_i64(row.body_bytes, "request body_bytes")?,
+            first_token_ms: row
+                .first_token_ms
+                .map(|n| from_i64(n, "request first_token_ms"))
+                .transpose()?,
             stop_reason: row.stop_reason,
             created_at_ms: row.created_at_ms,
         })
@@ -91,8 +96,8 @@ pub(super) async fn record(conn: &mut SqliteConnection, r: &RequestRecord) -> Re
     sqlx::query(
         "INSERT INTO requests (id, agent_id, session_id, batch_id, turn, model, input_tokens, \
          cache_creation_input_tokens, cache_read_input_tokens, output_tokens, cost_usd, \
-         prefix_fingerprint, prefix_parts, message_count, body_bytes, stop_reason, created_at_ms) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+         prefix_fingerprint, prefix_parts, message_count, body_bytes, first_token_ms, stop_reason, \
+         created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(&id)
     .bind(&agent_id)
@@ -109,6 +114,11 @@ pub(super) async fn record(conn: &mut SqliteConnection, r: &RequestRecord) -> Re
     .bind(parts)
     .bind(r.message_count.map(i64::from))
     .bind(to_i64(r.body_bytes, "body_bytes")?)
+    .bind(
+        r.first_token_ms
+            .map(|n| to_i64(n, "first_token_ms"))
+            .transpose()?,
+    )
     .bind(r.stop_reason.as_deref())
     .bind(r.created_at_ms)
     .execute(conn)
@@ -119,8 +129,8 @@ pub(super) async fn record(conn: &mut SqliteConnection, r: &RequestRecord) -> Re
 
 const COLUMNS: &str = "SELECT id, agent_id, session_id, batch_id, turn, model, input_tokens, \
      cache_creation_input_tokens, cache_read_input_tokens, output_tokens, cost_usd, \
-     prefix_fingerprint, prefix_parts, message_count, body_bytes, stop_reason, created_at_ms \
-     FROM requests";
+     prefix_fingerprint, prefix_parts, message_count, body_bytes, first_token_ms, stop_reason, \
+     created_at_ms FROM requests";
 
 pub(super) async fn get(pool: &SqlitePool, id: RequestId) -> Result<Option<RequestRecord>> {
     let mut q = QueryBuilder::<Sqlite>::new(COLUMNS);
