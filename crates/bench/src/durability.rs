@@ -498,9 +498,10 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
          syncs it at every commit. SQLite has one writer, so 8 writers share its rate."
             .into(),
         "`resume_interrupted()` returns once every agent is started (queued behind the cap of 256 \
-         running agents); \"all ended\" is until the last notification. Resumed children are \
-         restarted together, without warm-up gating; at speed 0 the sim still lets most of \
-         them read the first one's entry (the read-share column)."
+         running agents); \"all ended\" is until the last notification. A batch's children \
+         resume together, behind warm-up gating, since none of these batches had made a request \
+         (a batch that had, within the cache's 5 minutes, resumes ungated): the first child \
+         writes the prefix and its siblings read it (the read-share column)."
             .into(),
     ];
     Ok(Section {
