@@ -92,6 +92,20 @@ async fn batch(
     submitted.agent_ids.iter().map(|id| first(*id)).collect()
 }
 
+/// An exact explanation of two prefixes that differ, at a byte inside `record`'s system part.
+fn assert_exact_in_system(why: &forkd_engine::CacheExplanation, record: &RequestRecord) {
+    assert!(!why.same_prefix);
+    assert!(why.exact, "{why:?}");
+    assert_eq!(why.part, "system");
+    assert_eq!(why.kind, "system");
+    let system = record
+        .prefix_parts
+        .iter()
+        .find(|p| p.label == "system")
+        .unwrap();
+    assert!(why.byte > system.offset, "{why:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_byte_of_system_prompt_is_caught_and_explained() {
     let dir = tempfile::tempdir().unwrap();
@@ -143,16 +157,7 @@ async fn one_byte_of_system_prompt_is_caught_and_explained() {
         .explain_cache(other[0].id, Some(same[0].id))
         .await
         .unwrap();
-    assert!(!why.same_prefix);
-    assert!(why.exact, "{why:?}");
-    assert_eq!(why.part, "system");
-    assert_eq!(why.kind, "system");
-    let system = same[0]
-        .prefix_parts
-        .iter()
-        .find(|p| p.label == "system")
-        .unwrap();
-    assert!(why.byte > system.offset);
+    assert_exact_in_system(&why, &same[0]);
     assert!(why.excerpt.contains("Be brief!"), "{why:?}");
     assert!(why.other_excerpt.contains("Be brief."), "{why:?}");
     // The excerpts are cut around the byte: it is the `!` on one side and the `.` on the other.
@@ -232,16 +237,7 @@ async fn main_loop_requests_are_explained_to_the_byte() {
         .explain_cache(other[0].id, Some(first[0].id))
         .await
         .unwrap();
-    assert!(!why.same_prefix);
-    assert!(why.exact, "{why:?}");
-    assert_eq!(why.part, "system");
-    assert_eq!(why.kind, "system");
-    let system = first[0]
-        .prefix_parts
-        .iter()
-        .find(|p| p.label == "system")
-        .unwrap();
-    assert!(why.byte > system.offset, "{why:?}");
+    assert_exact_in_system(&why, &first[0]);
     assert!(why.excerpt.contains("Be brief!"), "{why:?}");
     assert!(why.other_excerpt.contains("Be brief."), "{why:?}");
     let at = why.excerpt.find("Be brief!").unwrap() + "Be brief".len();
@@ -283,6 +279,11 @@ async fn main_loop_requests_are_explained_to_the_byte() {
         .unwrap();
     assert!(!why.exact, "{why:?}");
     assert_eq!(why.part, "system");
+    let system = first[0]
+        .prefix_parts
+        .iter()
+        .find(|p| p.label == "system")
+        .unwrap();
     assert_eq!(why.byte, system.offset);
     assert!(why.note.contains("could not be rebuilt"), "{why:?}");
 }

@@ -47,6 +47,26 @@ async fn requests_of(
         .requests
 }
 
+/// `ExplainCache` for `agent`'s first request against its first sibling's.
+async fn explain_first_request(
+    client: &mut pb::forkd_client::ForkdClient<tonic::transport::Channel>,
+    requests: &[pb::ModelRequestRecord],
+    agent: &str,
+) -> pb::ExplainCacheResponse {
+    let first = requests
+        .iter()
+        .find(|r| r.agent_id == agent && r.turn == 0)
+        .unwrap();
+    client
+        .explain_cache(pb::ExplainCacheRequest {
+            request_id: first.request_id.clone(),
+            other_request_id: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 /// The value of the one sample of `name` whose labels include every `label="value"` given.
 fn labelled(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
     text.lines()
@@ -124,18 +144,7 @@ async fn a_batch_shows_up_in_the_metrics_and_its_requests_can_be_explained() {
         "the second child's first request was caught: {text}"
     );
     let odd_requests = requests_of(&mut client, &odd.batch_id).await;
-    let second = odd_requests
-        .iter()
-        .find(|r| r.agent_id == odd.agent_ids[1] && r.turn == 0)
-        .unwrap();
-    let why = client
-        .explain_cache(pb::ExplainCacheRequest {
-            request_id: second.request_id.clone(),
-            other_request_id: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let why = explain_first_request(&mut client, &odd_requests, &odd.agent_ids[1]).await;
     assert!(!why.same_prefix, "{why:?}");
     assert_eq!(why.part, "system", "{why:?}");
 
@@ -230,18 +239,7 @@ async fn a_batch_shows_up_in_the_metrics_and_its_requests_can_be_explained() {
         requests.iter().all(|r| r.first_token_ms.is_some()),
         "{requests:?}"
     );
-    let second = requests
-        .iter()
-        .find(|r| r.agent_id == batch.agent_ids[1] && r.turn == 0)
-        .unwrap();
-    let why = client
-        .explain_cache(pb::ExplainCacheRequest {
-            request_id: second.request_id.clone(),
-            other_request_id: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let why = explain_first_request(&mut client, &requests, &batch.agent_ids[1]).await;
     assert!(why.same_prefix, "{why:?}");
     assert!(why.exact, "{why:?}");
     assert_eq!(why.kind, "message", "{why:?}");
