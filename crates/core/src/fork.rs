@@ -9,6 +9,7 @@ use crate::agent::{Directive, FORK_QUERY_SOURCE};
 use crate::ids::{AgentId, BatchId, SessionId};
 use crate::json::RawJson;
 use crate::message::{Block, BlockKind, Message, Role};
+use crate::plan::AgentCall;
 use crate::request::{BlockPos, Conversation, positions_between};
 use crate::tools::AGENT_TOOL;
 
@@ -104,18 +105,28 @@ pub fn validate_directives(directives: &[Directive], max_bytes: usize) -> Result
     if directives.is_empty() {
         return Err(ForkError::NoDirectives);
     }
-    for (index, d) in directives.iter().enumerate() {
-        if d.prompt.trim().is_empty() {
-            return Err(ForkError::EmptyDirective { index });
-        }
-        let len = d.prompt.len() + d.description.len();
-        if len > max_bytes {
-            return Err(ForkError::DirectiveTooLarge {
-                index,
-                len,
-                max: max_bytes,
-            });
-        }
+    directives
+        .iter()
+        .enumerate()
+        .try_for_each(|(index, d)| check_directive(index, d, max_bytes))
+}
+
+/// Checks the `index`-th directive of a batch: a prompt that says something, within the limit.
+pub(crate) fn check_directive(
+    index: usize,
+    d: &Directive,
+    max_bytes: usize,
+) -> Result<(), ForkError> {
+    if d.prompt.trim().is_empty() {
+        return Err(ForkError::EmptyDirective { index });
+    }
+    let len = d.prompt.len() + d.description.len();
+    if len > max_bytes {
+        return Err(ForkError::DirectiveTooLarge {
+            index,
+            len,
+            max: max_bytes,
+        });
     }
     Ok(())
 }
@@ -150,13 +161,12 @@ pub fn fork_directives(assistant: &Message) -> Vec<(String, Directive)> {
     assistant
         .tool_uses()
         .filter(|(_, name, _)| *name == AGENT_TOOL)
-        .filter_map(|(id, _, block)| {
-            let input = block.tool_input()?;
-            if input.get("subagent_type").is_some_and(|t| !t.is_null()) {
-                return None;
-            }
-            Some((id.to_owned(), Directive::from_agent_input(&input)))
-        })
+        .filter_map(
+            |(id, _, block)| match AgentCall::read(&block.tool_input()?) {
+                Ok(AgentCall::Fork(directive)) => Some((id.to_owned(), directive)),
+                _ => None,
+            },
+        )
         .collect()
 }
 

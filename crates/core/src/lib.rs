@@ -9,10 +9,13 @@ pub mod fork;
 pub mod ids;
 pub mod json;
 pub mod message;
+pub mod plan;
 pub mod pricing;
+pub mod query;
 pub mod report;
 pub mod request;
 pub mod session;
+pub mod tenant;
 pub mod tools;
 pub mod usage;
 
@@ -22,4 +25,5 @@ pub use agent::{
 pub use ids::{AgentId, BatchId, RequestId, SessionId};
 pub use json::RawJson;
 pub use message::{Block, BlockKind, Message, Role};
+pub use tenant::Tenant;
 pub use usage::Usage;

@@ -67,7 +67,7 @@ impl Engine {
     pub async fn background(&self, id: AgentId) -> Result<()> {
         let agent = self.get_agent(id).await?;
         if agent.state.is_terminal() {
-            return Err(EngineError::FailedPrecondition(format!(
+            return Err(EngineError::WrongState(format!(
                 "agent {id} already ended ({})",
                 agent.state.as_str()
             )));
@@ -80,7 +80,7 @@ impl Engine {
     pub async fn attach(&self, id: AgentId, since_seq: u64) -> Result<AgentEventStream> {
         let agent = self.get_agent(id).await?;
         if agent.kind == forkd_core::AgentKind::Parent {
-            return Err(EngineError::FailedPrecondition(
+            return Err(EngineError::WrongState(
                 "a session's main loop streams through SendMessage; attach to its children".into(),
             ));
         }

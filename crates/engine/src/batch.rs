@@ -1,7 +1,9 @@
 //! Fork batches: one assistant message of `Agent` tool_uses, N children, and warm-up gating.
 
 use forkd_core::agent::FORK_QUERY_SOURCE;
-use forkd_core::fork::{self, ForkBatch, ForkError};
+use forkd_core::fork::{ForkBatch, ForkError};
+use forkd_core::plan::{self, ForkLimits, Forker, Refusal};
+use forkd_core::session::Session;
 use forkd_core::{Agent, AgentId, AgentKind, AgentState, BatchId, Directive, SessionId, Usage};
 use forkd_store::{AgentFilter, BatchExtras, Budget, IdempotencyRecord, IdempotentCall, NewChild};
 use tokio::sync::watch;
@@ -58,7 +60,7 @@ impl WarmupGate {
 }
 
 fn invalid_fork(err: ForkError) -> EngineError {
-    EngineError::InvalidArgument(err.to_string())
+    EngineError::ForkRefused(Refusal::Directive(err))
 }
 
 fn child(
@@ -90,6 +92,14 @@ fn child(
 }
 
 impl Engine {
+    /// The limits every batch is planned under, a client's or a model's.
+    pub(crate) fn fork_limits(&self) -> ForkLimits {
+        ForkLimits {
+            max_children: self.config().max_children_per_batch,
+            max_directive_bytes: self.config().max_directive_bytes,
+        }
+    }
+
     /// Submits a client's fork batch: appends the `Agent` tool_use message to the parent, stores
     /// the batch and its children, and starts them (child 1 first under warm-up gating).
     pub async fn fork_batch(
@@ -98,22 +108,27 @@ impl Engine {
         directives: Vec<Directive>,
         options: BatchOptions,
     ) -> Result<SubmittedBatch> {
-        let cfg = self.config();
-        if directives.len() > cfg.max_children_per_batch {
-            return Err(EngineError::InvalidArgument(format!(
-                "a batch may fork at most {} children; got {}",
-                cfg.max_children_per_batch,
-                directives.len()
-            )));
-        }
-        fork::validate_directives(&directives, cfg.max_directive_bytes).map_err(invalid_fork)?;
         let session = self.get_session(session_id).await?;
-        if session.coordinator {
-            return Err(EngineError::FailedPrecondition(
-                "a coordinator session never forks: delegate with typed agents (subagent_type)"
-                    .into(),
-            ));
-        }
+        self.fork_batch_in(session, directives, options).await
+    }
+
+    /// [`Engine::fork_batch`] on a session already read.
+    pub(crate) async fn fork_batch_in(
+        &self,
+        session: Session,
+        directives: Vec<Directive>,
+        options: BatchOptions,
+    ) -> Result<SubmittedBatch> {
+        let cfg = self.config();
+        let session_id = session.id;
+        let batch_id = BatchId::new();
+        let forker = Forker {
+            coordinator: session.coordinator,
+            child: None,
+            limits: self.fork_limits(),
+        };
+        let (assistant, forks) =
+            plan::plan_client(batch_id, &directives, &forker).map_err(EngineError::ForkRefused)?;
         let gating = options.warmup_gating.unwrap_or(cfg.warmup_gating);
         for (what, bad) in [
             (
@@ -126,7 +141,7 @@ impl Engine {
             ("budget_tokens", options.budget.tokens == Some(0)),
         ] {
             if bad {
-                return Err(EngineError::InvalidArgument(format!(
+                return Err(EngineError::InvalidRequest(format!(
                     "{what} must be positive when set"
                 )));
             }
@@ -145,7 +160,7 @@ impl Engine {
             ]);
             forkd_core::request::fingerprint(canonical.to_string().as_bytes())
         });
-        let tenant = self.session_owner(session_id).await?;
+        let tenant = session.tenant;
         // Storing and starting happen in a task of their own: if the caller goes away (a client
         // deadline, a reset stream) after the commit, the children still start. A committed
         // batch whose children never run would be work that silently vanished.
@@ -153,9 +168,6 @@ impl Engine {
         self.inner
             .tasks
             .spawn(async move {
-                let batch_id = BatchId::new();
-                let assistant = fork::client_fork_message(batch_id, &directives);
-                let forks = fork::fork_directives(&assistant);
                 let start = BatchStart {
                     session_id,
                     batch_id,
@@ -191,13 +203,13 @@ impl Engine {
                 }
             })
             .await
-            .map_err(|e| EngineError::Internal(format!("fork batch task failed: {e}")))?
+            .map_err(|e| EngineError::Invariant(format!("fork batch task failed: {e}")))?
     }
 
     /// The batch an earlier call submitted, by its stored id.
     async fn submitted(&self, id: &str) -> Result<SubmittedBatch> {
         let batch_id: BatchId = id.parse().map_err(|e| {
-            EngineError::Internal(format!("stored batch id {id:?} does not parse: {e}"))
+            EngineError::Invariant(format!("stored batch id {id:?} does not parse: {e}"))
         })?;
         let agent_ids = self
             .inner

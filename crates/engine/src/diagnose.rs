@@ -204,6 +204,11 @@ impl Engine {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Request records by agent, batch or session.
+    pub async fn list_requests(&self, filter: &RequestFilter) -> Result<Vec<RequestRecord>> {
+        Ok(self.inner.store.list_requests(filter).await?)
+    }
+
     pub async fn get_request(&self, id: RequestId) -> Result<RequestRecord> {
         self.inner
             .store
@@ -295,7 +300,7 @@ impl Engine {
             Some(id) => self.get_request(id).await?,
             None => {
                 let batch = a.batch_id.ok_or_else(|| {
-                    EngineError::FailedPrecondition(format!(
+                    EngineError::InvalidRequest(format!(
                         "request {} is not a fork child's: give a second request to compare with",
                         a.id
                     ))
@@ -303,7 +308,7 @@ impl Engine {
                 self.first_sibling_request(batch, a.turn, a.agent_id)
                     .await?
                     .ok_or_else(|| {
-                        EngineError::FailedPrecondition(format!(
+                        EngineError::WrongState(format!(
                             "request {} has no sibling request of turn {} to compare with",
                             a.id, a.turn
                         ))

@@ -1,29 +1,70 @@
-//! The engine's one error type. The server maps it to gRPC status codes in one place.
+//! The engine's one error type. Each variant names what happened — whose fault it is and whether
+//! a retry can help follows from that — and keeps its source error. The server turns it into a
+//! gRPC status in one place; the engine never chooses a wire code.
 
+use std::time::Duration;
+
+use forkd_provider::ProviderError;
 use forkd_store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    /// The caller's request is malformed, too large, or names something unknown (a model, an
+    /// agent type). Sending it again unchanged cannot help.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// No such id — or another tenant's, which is answered exactly as a missing one.
     #[error("{kind} {id} not found")]
     NotFound { kind: &'static str, id: String },
+    /// The target's state refuses the call: a turn is already running, the agent already ended,
+    /// there is no turn to cancel.
     #[error("{0}")]
-    InvalidArgument(String),
-    /// The request is well-formed but the target's state refuses it (a coordinator forking).
+    WrongState(String),
+    /// The fork plan refused the batch: the caller's state (a coordinator, a fork child) or the
+    /// batch itself (too many children, an empty or oversized directive).
     #[error("{0}")]
-    FailedPrecondition(String),
-    #[error("{0}")]
-    ResourceExhausted(String),
-    #[error(transparent)]
-    Store(StoreError),
+    ForkRefused(#[source] forkd_core::plan::Refusal),
+    /// An idempotency key was first used for a call with other parameters.
+    #[error(
+        "idempotency key {key:?} was first used for a {call} call with other parameters; \
+         use a new key for a different request"
+    )]
+    KeyReused { key: String, call: &'static str },
+    /// A batch's or a tenant's budget is spent; `whose` names it.
+    #[error("the {what} of {whose} is spent: {spent} of {limit}")]
+    BudgetSpent {
+        /// `budget` (dollars) or `token budget`.
+        what: &'static str,
+        whose: String,
+        spent: String,
+        limit: String,
+    },
+    /// The model kept calling tools past the turn limit without ending its turn.
+    #[error("the model did not end its turn within {0} requests")]
+    TurnLimit(u32),
+    /// The model provider failed, after the one retry policy had its tries. What it means
+    /// (overloaded, rate limited, credentials refused, request rejected) is
+    /// [`ProviderError::kind`].
+    #[error("model request failed: {0}")]
+    Provider(#[source] ProviderError),
+    /// A wait the engine bounds ran out (a parent waiting on a synchronous typed agent).
+    #[error("{what} did not end within {} s; it goes on in the background", .after.as_secs())]
+    TimedOut { what: String, after: Duration },
+    /// The session's workspace cannot be used for tools (missing, not a directory, unreadable).
+    #[error("the session's workspace is unusable: {0}")]
+    Workspace(#[source] forkd_tools::ToolError),
     /// The operation was stopped by a client (a parent turn cancelled with `Kill`).
     #[error("{0}")]
     Cancelled(String),
     /// The daemon is shutting down and starts no new work.
     #[error("forkd is shutting down")]
     Draining,
+    /// The store failed; the detail is for the log.
+    #[error(transparent)]
+    Store(StoreError),
     /// A bug or a broken invariant inside forkd; the message is for the log.
-    #[error("internal error: {0}")]
-    Internal(String),
+    #[error("broken invariant: {0}")]
+    Invariant(String),
 }
 
 impl From<StoreError> for EngineError {
@@ -32,6 +73,12 @@ impl From<StoreError> for EngineError {
             StoreError::NotFound { kind, id } => EngineError::NotFound { kind, id },
             other => EngineError::Store(other),
         }
+    }
+}
+
+impl From<ProviderError> for EngineError {
+    fn from(err: ProviderError) -> Self {
+        EngineError::Provider(err)
     }
 }
 

@@ -84,7 +84,10 @@ impl Engine {
                     if n.seq <= last
                         || !filter.matches(&n)
                         || !self
-                            .visible_to(filter.tenant.as_deref(), n.session_id)
+                            .visible_to(
+                                filter.tenant.as_ref().map(forkd_core::Tenant::name),
+                                n.session_id,
+                            )
                             .await
                     {
                         continue;

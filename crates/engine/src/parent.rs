@@ -3,7 +3,7 @@
 //! batch, built through the same code path as a client's batch.
 
 use forkd_core::agent::Directive;
-use forkd_core::fork::{self, fork_refusal};
+use forkd_core::plan::{self, Forker};
 use forkd_core::pricing::{self, CacheTtl};
 use forkd_core::request::{self, Conversation, SerializedRequest, fingerprint};
 use forkd_core::session::{CacheSafeParams, Session};
@@ -12,7 +12,10 @@ use forkd_core::{
     Agent, AgentId, AgentKind, AgentState, BatchId, Block, Message, RequestId, Usage,
 };
 use forkd_provider::{Completion, ModelRequest, StreamEvent};
-use forkd_store::{AgentFilter, Lease, NotificationFilter, RequestRecord, StoreError};
+use forkd_store::{
+    AgentFilter, IdempotencyRecord, IdempotentCall, Lease, NotificationFilter, RequestRecord,
+    StoreError,
+};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::sync::{OwnedMutexGuard, mpsc};
@@ -22,6 +25,7 @@ use tracing::Instrument;
 
 use crate::batch::{BatchStart, SubmittedBatch};
 use crate::error::{EngineError, Result};
+use crate::tenancy::Idempotent;
 use crate::tools::ToolTurn;
 use crate::{Engine, now_ms};
 
@@ -97,29 +101,173 @@ impl Engine {
         session_id: forkd_core::SessionId,
         text: String,
     ) -> Result<ParentEventStream> {
+        let session = self.get_session(session_id).await?;
+        self.send_message_in(session, text, None).await
+    }
+
+    /// [`Engine::send_message`] on a session already read. With an idempotency key the user's
+    /// message is stored with the key, and a retry stores nothing: it continues the turn from
+    /// where the transcript stands, or, when that turn has ended, answers with its reply.
+    pub(crate) async fn send_message_in(
+        &self,
+        session: Session,
+        text: String,
+        idempotency_key: Option<String>,
+    ) -> Result<ParentEventStream> {
         if text.trim().is_empty() {
-            return Err(EngineError::InvalidArgument("the message is empty".into()));
+            return Err(EngineError::InvalidRequest("the message is empty".into()));
         }
         let max = self.config().max_directive_bytes;
         if text.len() > max {
-            return Err(EngineError::InvalidArgument(format!(
+            return Err(EngineError::InvalidRequest(format!(
                 "the message is {} bytes; the limit is {max}",
                 text.len()
             )));
         }
-        let session = self.get_session(session_id).await?;
-        let turn_lock = self.turn_lock(session_id);
+        let turn_lock = self.turn_lock(session.id);
         let guard = turn_lock.try_lock_owned().map_err(|_| {
-            EngineError::FailedPrecondition(format!(
-                "session {session_id} is already running a turn; wait for it to end"
+            EngineError::WrongState(format!(
+                "session {} is already running a turn; wait for it to end",
+                session.id
             ))
         })?;
         let parent = self.parent_agent(&session).await?;
         let parent_id = parent.id;
         let lease = self.inner.store.claim_agent(parent.id).await?;
         let backgrounds = self.inner.backgrounds.subscribe();
-        let rx = self.spawn_turn(session, parent, lease, Some(text), guard);
+        let message = Message::user(vec![Block::text(&text)]);
+        let stored = match idempotency_key.filter(|k| !k.is_empty()) {
+            None => self
+                .append_user(&session, &lease, &message, None)
+                .await
+                .map(|()| None),
+            Some(key) => self.append_keyed(&session, &lease, message, &key).await,
+        };
+        let ended = match stored {
+            Ok(None) => None,
+            Ok(Some(reply)) => Some(Ok(reply)),
+            Err(e) => Some(Err(e)),
+        };
+        if let Some(ended) = ended {
+            // Nothing to run: the parent goes back to idle at once.
+            self.release_parent(&lease).await;
+            let reply = ended?;
+            let event = ParentEvent::TurnEnded {
+                stop_reason: None,
+                usage: Usage::default(),
+                cost_usd: 0.0,
+                text: reply,
+            };
+            return Ok(Box::pin(futures::stream::iter([Ok(event)])));
+        }
+        let rx = self.spawn_turn(session, parent, lease, guard);
         Ok(self.foreground(parent_id, rx, backgrounds))
+    }
+
+    /// Appends the user's message to the transcript (with its idempotency key, if any).
+    async fn append_user(
+        &self,
+        session: &Session,
+        lease: &Lease,
+        message: &Message,
+        idempotency: Option<&mut IdempotencyRecord>,
+    ) -> Result<()> {
+        let lock = self.session_lock(session.id);
+        let _guard = lock.lock().await;
+        let store = &self.inner.store;
+        let record = match idempotency {
+            Some(record) => {
+                // The key names the message it stored, by its position: read under the session
+                // lock, so no notification can take that position first.
+                let seq = store.session_message_count(session.id).await?;
+                record.resource_id = format!("{}/{seq}", session.id);
+                Some(&*record)
+            }
+            None => None,
+        };
+        store
+            .append_turn(
+                lease,
+                session.id,
+                std::slice::from_ref(message),
+                &[],
+                record,
+                now_ms(),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Stores the user's message under its idempotency key. `Some(reply)`: a retry whose turn
+    /// has ended already; `None`: run the turn on from the transcript.
+    async fn append_keyed(
+        &self,
+        session: &Session,
+        lease: &Lease,
+        message: Message,
+        key: &str,
+    ) -> Result<Option<String>> {
+        let canonical = serde_json::json!([session.id.to_string(), message.content_json()]);
+        let digest = fingerprint(canonical.to_string().as_bytes());
+        let outcome = self
+            .idempotent(
+                &session.tenant,
+                key,
+                IdempotentCall::SendMessage,
+                digest,
+                String::new(),
+                |mut record| async move {
+                    self.append_user(session, lease, &message, Some(&mut record))
+                        .await
+                },
+            )
+            .await?;
+        match outcome {
+            Idempotent::Created(()) => Ok(None),
+            Idempotent::Earlier(resource) => self.turn_reply(session.id, &resource).await,
+        }
+    }
+
+    /// The reply that ended the turn of a stored user message (`SESSION_ID/SEQ`), if that turn
+    /// has ended.
+    async fn turn_reply(
+        &self,
+        session: forkd_core::SessionId,
+        resource: &str,
+    ) -> Result<Option<String>> {
+        let seq = resource
+            .rsplit_once('/')
+            .and_then(|(_, seq)| seq.parse::<u64>().ok())
+            .ok_or_else(|| {
+                EngineError::Invariant(format!("stored message key {resource:?} does not parse"))
+            })?;
+        let messages = self.inner.store.session_messages(session, None).await?;
+        let reply = messages
+            .iter()
+            .filter(|m| m.seq > seq)
+            .map(|m| &m.message)
+            .find(|m| m.role == forkd_core::Role::Assistant && m.tool_uses().next().is_none());
+        if let Some(reply) = reply {
+            return Ok(Some(reply.text()));
+        }
+        // A turn whose last reply was empty (and so not stored) ended too.
+        let ended = messages
+            .last()
+            .is_some_and(|m| m.message.role == forkd_core::Role::Assistant);
+        Ok(ended.then(String::new))
+    }
+
+    /// Marks the parent idle again.
+    async fn release_parent(&self, lease: &Lease) {
+        match self
+            .inner
+            .store
+            .release_agent(lease, AgentState::Pending)
+            .await
+        {
+            Ok(()) | Err(StoreError::Superseded { .. }) => {}
+            Err(e) => tracing::warn!(error = %e, "Cannot mark the parent idle"),
+        }
     }
 
     /// Continues a parent turn that a previous daemon left running: the parent's transcript is
@@ -148,19 +296,17 @@ impl Engine {
         }
         tracing::info!(session.id = %session.id, agent.id = %parent.id, "Resuming a parent turn");
         // Nobody listens to a resumed turn; its results land in the transcript.
-        drop(self.spawn_turn(session, parent, lease, None, guard));
+        drop(self.spawn_turn(session, parent, lease, guard));
         Ok(())
     }
 
     /// Runs a parent turn in a task of its own (it goes on whether or not anyone reads its
-    /// events); `text` is the user's message, `None` to continue a stored turn. `Kill` on the
-    /// parent agent cancels it.
+    /// events), from where the stored transcript stands. `Kill` on the parent agent cancels it.
     fn spawn_turn(
         &self,
         session: Session,
         parent: Agent,
         lease: Lease,
-        text: Option<String>,
         guard: OwnedMutexGuard<()>,
     ) -> mpsc::Receiver<Result<ParentEvent>> {
         let (tx, rx) = mpsc::channel(256);
@@ -177,17 +323,16 @@ impl Engine {
         };
         self.inner.tasks.spawn(tracing::Instrument::instrument(
             async move {
-                let _turn = guard;
                 let outcome = tokio::select! {
                     biased;
                     () = cancel.cancelled() => None,
-                    outcome = engine.parent_turn(&turn, text, &tx, &cancel) => Some(outcome),
+                    outcome = engine.parent_turn(&turn, &tx, &cancel) => Some(outcome),
                 };
                 let parent = turn.parent.id;
                 let killed = engine.take_killed(parent);
                 engine.runs().remove(&parent);
                 engine.hand_back_reports(&turn).await;
-                let outcome = match outcome {
+                let last = match outcome {
                     Some(outcome) => outcome,
                     None if killed => Err(EngineError::Cancelled(
                         "the turn was cancelled by a client".into(),
@@ -195,23 +340,17 @@ impl Engine {
                     // Shutdown: the turn stays `running` and resumes at the next start.
                     None => return,
                 };
-                match outcome {
-                    Ok(()) => {}
-                    Err(EngineError::Draining) => return,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "Parent turn ended without a reply");
-                        let _ = tx.send(Err(e)).await;
+                if let Err(e) = &last {
+                    if matches!(e, EngineError::Draining) {
+                        return;
                     }
+                    tracing::warn!(error = %e, "Parent turn ended without a reply");
                 }
-                match engine
-                    .inner
-                    .store
-                    .release_agent(&turn.lease, AgentState::Pending)
-                    .await
-                {
-                    Ok(()) | Err(StoreError::Superseded { .. }) => {}
-                    Err(e) => tracing::warn!(error = %e, "Cannot mark the parent idle"),
-                }
+                // The session is free before the client hears the turn ended: a client that
+                // sends its next message (or retries) at once must not find it still busy.
+                engine.release_parent(&turn.lease).await;
+                drop(guard);
+                let _ = tx.send(last).await;
             },
             span,
         ));
@@ -324,15 +463,10 @@ impl Engine {
     async fn parent_turn(
         &self,
         turn: &Turn,
-        text: Option<String>,
         events: &Events,
         cancel: &CancellationToken,
-    ) -> Result<()> {
+    ) -> Result<ParentEvent> {
         let (session, parent) = (&turn.session, &turn.parent);
-        if let Some(text) = text {
-            self.append_to_session(turn, &[Message::user(vec![Block::text(&text)])], &[])
-                .await?;
-        }
         let (mut usage, mut cost) = (Usage::default(), 0.0);
         for request in 0..self.config().max_turns {
             if self.draining() {
@@ -367,17 +501,12 @@ impl Engine {
                     self.append_to_session(turn, std::slice::from_ref(&reply), &[])
                         .await?;
                 }
-                send(
-                    events,
-                    ParentEvent::TurnEnded {
-                        stop_reason: completion.stop_reason,
-                        usage,
-                        cost_usd: cost,
-                        text: reply.text(),
-                    },
-                )
-                .await;
-                return Ok(());
+                return Ok(ParentEvent::TurnEnded {
+                    stop_reason: completion.stop_reason,
+                    usage,
+                    cost_usd: cost,
+                    text: reply.text(),
+                });
             }
             let results = self.parent_tools(turn, reply, events, cancel).await?;
             for block in &results.blocks {
@@ -405,10 +534,7 @@ impl Engine {
                 }
             }
         }
-        Err(EngineError::FailedPrecondition(format!(
-            "the parent did not end its turn within {} requests",
-            self.config().max_turns
-        )))
+        Err(EngineError::TurnLimit(self.config().max_turns))
     }
 
     /// One model request of the parent on its whole transcript, streaming text to the client.
@@ -448,8 +574,7 @@ impl Engine {
                 }
             })
             .instrument(span)
-            .await
-            .map_err(|e| EngineError::FailedPrecondition(format!("model request failed: {e}")))?;
+            .await?;
         let completion = timed.completion;
         let cost_usd = self.cost(session, &completion.usage);
         self.inner
@@ -503,7 +628,14 @@ impl Engine {
         Ok(self
             .inner
             .store
-            .append_turn(&turn.lease, turn.session.id, messages, delivered, now_ms())
+            .append_turn(
+                &turn.lease,
+                turn.session.id,
+                messages,
+                delivered,
+                None,
+                now_ms(),
+            )
             .await?)
     }
 
@@ -673,55 +805,27 @@ impl Engine {
         Ok(Message::user(blocks))
     }
 
-    /// Which of a parent reply's `Agent` calls fork, and which are refused with what error.
+    /// What the parent's reply forks, by the one fork plan: a session's own turn is never a
+    /// fork child's, so only the coordinator rule and the limits apply.
     fn fork_plan(&self, session: &Session, reply: &Message) -> ForkPlan {
-        let max = self.config().max_directive_bytes;
-        let mut plan = ForkPlan {
-            forks: Vec::new(),
-            typed: Vec::new(),
-            answered: Vec::new(),
+        let forker = Forker {
+            coordinator: session.coordinator,
+            child: None,
+            limits: self.fork_limits(),
         };
-        for (id, name, block) in reply.tool_uses() {
-            if name != AGENT_TOOL {
-                continue;
-            }
-            let input = block.tool_input().unwrap_or_default();
-            let directive = Directive::from_agent_input(&input);
-            if let Some(ty) = input.get("subagent_type").and_then(|t| t.as_str()) {
-                plan.typed.push((id.to_owned(), ty.to_owned(), directive));
-                continue;
-            }
-            let error = if session.coordinator {
-                Some("A coordinator never forks: delegate with subagent_type instead.".to_owned())
-            } else if let Some(refusal) = fork_refusal(None, std::slice::from_ref(reply)) {
-                Some(refusal.message().to_owned())
-            } else {
-                match fork::validate_directives(std::slice::from_ref(&directive), max) {
-                    Ok(()) => {
-                        plan.forks.push((id.to_owned(), directive));
-                        None
-                    }
-                    Err(e) => Some(format!(
-                        "This fork call was refused: {e}; give it a prompt."
-                    )),
-                }
-            };
-            if let Some(error) = error {
-                plan.answered
-                    .push((id.to_owned(), Block::tool_result(id, &error, true)));
-            }
+        let plan = plan::plan(reply, &forker);
+        ForkPlan {
+            forks: plan.forks,
+            typed: plan.typed,
+            answered: plan
+                .refused
+                .into_iter()
+                .map(|(id, refusal)| {
+                    let result = Block::tool_result(&id, &refusal.to_model(), true);
+                    (id, result)
+                })
+                .collect(),
         }
-        // The same cap as a client's batch: the calls beyond it are refused, not dropped.
-        let cap = self.config().max_children_per_batch;
-        if plan.forks.len() > cap {
-            for (id, _) in plan.forks.split_off(cap) {
-                let error =
-                    format!("This fork call was refused: a batch may fork at most {cap} children.");
-                plan.answered
-                    .push((id.clone(), Block::tool_result(&id, &error, true)));
-            }
-        }
-        plan
     }
 }
 

@@ -285,7 +285,7 @@ impl Engine {
         if agent.kind == AgentKind::Parent {
             let turn = self.runs().get(&id).cloned();
             let Some(token) = turn else {
-                return Err(EngineError::FailedPrecondition(format!(
+                return Err(EngineError::WrongState(format!(
                     "session {} is not running a turn; there is nothing to cancel",
                     agent.session_id
                 )));
@@ -296,7 +296,7 @@ impl Engine {
             return Ok(());
         }
         if agent.state.is_terminal() {
-            return Err(EngineError::FailedPrecondition(format!(
+            return Err(EngineError::WrongState(format!(
                 "agent {id} already ended ({})",
                 agent.state.as_str()
             )));
@@ -438,7 +438,7 @@ impl Engine {
 
     async fn batch_context(&self, agent: &Agent) -> Result<Arc<BatchContext>, RunFailure> {
         let Some(batch_id) = agent.batch_id else {
-            return Err(EngineError::FailedPrecondition(format!(
+            return Err(EngineError::Invariant(format!(
                 "agent {} is not a fork child; only fork children run in this build",
                 agent.id
             ))
@@ -538,7 +538,7 @@ impl Engine {
                 )
             }
             AgentKind::Parent => {
-                return Err(EngineError::FailedPrecondition(
+                return Err(EngineError::Invariant(
                     "a session's main loop runs through SendMessage".into(),
                 )
                 .into());

@@ -99,7 +99,7 @@ fn first_message(files: &[ContextFile]) -> Message {
 }
 
 fn invalid(msg: String) -> EngineError {
-    EngineError::InvalidArgument(msg)
+    EngineError::InvalidRequest(msg)
 }
 
 /// At most `max` characters of a client's value, for error messages: a huge bogus value echoed
@@ -223,7 +223,7 @@ impl Engine {
             Idempotent::Created(session) => Ok(session),
             Idempotent::Earlier(id) => {
                 let id = id.parse().map_err(|e| {
-                    EngineError::Internal(format!("stored session id {id:?} does not parse: {e}"))
+                    EngineError::Invariant(format!("stored session id {id:?} does not parse: {e}"))
                 })?;
                 self.get_session(id).await
             }

@@ -133,13 +133,13 @@ impl Engine {
             .filter(|m| !m.is_empty())
             .unwrap_or(&self.config().default_model);
         let spec = pricing::model(name).ok_or_else(|| {
-            EngineError::InvalidArgument(format!(
+            EngineError::InvalidRequest(format!(
                 "unknown model {name:?}; known models: {}",
                 pricing::model_names()
             ))
         })?;
         if children == 0 {
-            return Err(EngineError::InvalidArgument(
+            return Err(EngineError::InvalidRequest(
                 "children must be at least 1".into(),
             ));
         }

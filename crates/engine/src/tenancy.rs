@@ -1,9 +1,9 @@
 //! Who owns what, retries that must not create twice, and what may be spent.
 //!
 //! - **Tenants.** Every session belongs to a tenant; its agents, batches, transcripts and
-//!   notifications belong to the session's tenant. [`Engine::session_owner`] and friends answer
-//!   "whose is this" from a cache (a session's tenant never changes), so callers can refuse
-//!   another tenant's ids with the same `NotFound` a missing id gets.
+//!   notifications belong to the session's tenant. [`Engine::session_owner`] answers "whose is
+//!   this" from a cache (a session's tenant never changes); the tenant-scoped handle
+//!   ([`crate::TenantEngine`]) checks every id it is given against it.
 //! - **Idempotency keys.** A key names the first call made with it. A retry with the same
 //!   parameters gets that call's result — while the first is still running (retries of one key
 //!   queue on a per-key lock), and after a restart (the key is stored in the same transaction as
@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use forkd_core::{AgentId, BatchId, SessionId};
+use forkd_core::{BatchId, SessionId};
 use forkd_store::{Budget, IdempotencyRecord, IdempotentCall, Spend, SpendScope, StoreError};
 
 use crate::error::{EngineError, Result};
@@ -71,47 +71,6 @@ impl Engine {
             .cloned()
     }
 
-    /// Checks that `tenant` owns the session; another tenant's session is `NotFound`, exactly as
-    /// a missing one, so ids leak nothing.
-    pub async fn check_session(&self, tenant: &str, id: SessionId) -> Result<()> {
-        let owner = self.session_owner(id).await?;
-        if &*owner == tenant {
-            Ok(())
-        } else {
-            Err(EngineError::NotFound {
-                kind: "session",
-                id: id.to_string(),
-            })
-        }
-    }
-
-    /// Checks that `tenant` owns the agent's session (`NotFound` otherwise).
-    pub async fn check_agent(&self, tenant: &str, id: AgentId) -> Result<()> {
-        let session = self.get_agent(id).await?.session_id;
-        self.check_owner(tenant, session, "agent", id.to_string())
-            .await
-    }
-
-    /// Checks that `tenant` owns the batch's session (`NotFound` otherwise).
-    pub async fn check_batch(&self, tenant: &str, id: BatchId) -> Result<()> {
-        let session = self.get_batch(id).await?.session_id;
-        self.check_owner(tenant, session, "batch", id.to_string())
-            .await
-    }
-
-    /// A resource of `session` that `tenant` does not own is `NotFound` under its own name.
-    async fn check_owner(
-        &self,
-        tenant: &str,
-        session: SessionId,
-        kind: &'static str,
-        id: String,
-    ) -> Result<()> {
-        self.check_session(tenant, session)
-            .await
-            .map_err(|_| EngineError::NotFound { kind, id })
-    }
-
     /// Whether a live notification of `session` may reach a subscriber scoped to `tenant`.
     pub(crate) async fn visible_to(&self, tenant: Option<&str>, session: SessionId) -> bool {
         match tenant {
@@ -140,7 +99,7 @@ impl Engine {
         Fut: std::future::Future<Output = Result<T>>,
     {
         if key.len() > MAX_KEY_BYTES {
-            return Err(EngineError::InvalidArgument(format!(
+            return Err(EngineError::InvalidRequest(format!(
                 "the idempotency key is {} bytes; the limit is {MAX_KEY_BYTES}",
                 key.len()
             )));
@@ -161,7 +120,7 @@ impl Engine {
             Err(EngineError::Store(StoreError::Conflict(_))) => {
                 match self.lookup_key(tenant, key, call, sha, id).await? {
                     Keyed::Existing(id) => Ok(Idempotent::Earlier(id)),
-                    Keyed::New(_) => Err(EngineError::Internal(format!(
+                    Keyed::New(_) => Err(EngineError::Invariant(format!(
                         "idempotency key {key:?} conflicted but is not stored"
                     ))),
                 }
@@ -183,11 +142,10 @@ impl Engine {
                 tracing::info!(key, resource.id = %prior.resource_id, "Idempotent retry");
                 Ok(Keyed::Existing(prior.resource_id))
             }
-            Some(prior) => Err(EngineError::FailedPrecondition(format!(
-                "idempotency key {key:?} was first used for a {} call with other parameters; \
-                 use a new key for a different request",
-                prior.kind.as_str()
-            ))),
+            Some(prior) => Err(EngineError::KeyReused {
+                key: key.to_owned(),
+                call: prior.kind.as_str(),
+            }),
             None => Ok(Keyed::New(IdempotencyRecord {
                 tenant: tenant.to_owned(),
                 key: key.to_owned(),
@@ -229,18 +187,22 @@ fn over(budget: &Budget, spent: &Spend, whose: &str) -> Result<()> {
     if let Some(usd) = budget.usd
         && spent.usd >= usd
     {
-        return Err(EngineError::ResourceExhausted(format!(
-            "the budget of {whose} is spent: ${:.4} of ${usd:.4}",
-            spent.usd
-        )));
+        return Err(EngineError::BudgetSpent {
+            what: "budget",
+            whose: whose.to_owned(),
+            spent: format!("${:.4}", spent.usd),
+            limit: format!("${usd:.4}"),
+        });
     }
     if let Some(tokens) = budget.tokens
         && spent.tokens >= tokens
     {
-        return Err(EngineError::ResourceExhausted(format!(
-            "the token budget of {whose} is spent: {} of {tokens} tokens",
-            spent.tokens
-        )));
+        return Err(EngineError::BudgetSpent {
+            what: "token budget",
+            whose: whose.to_owned(),
+            spent: spent.tokens.to_string(),
+            limit: format!("{tokens} tokens"),
+        });
     }
     Ok(())
 }

@@ -8,10 +8,10 @@
 
 use std::collections::HashMap;
 
-use forkd_core::fork::fork_refusal;
+use forkd_core::plan::{ForkLimits, Forker, plan};
 use forkd_core::session::{PermissionMode, PermissionRules, Session};
 use forkd_core::tools::AGENT_TOOL;
-use forkd_core::{Agent, Block, Message};
+use forkd_core::{Agent, Block, Message, RawJson};
 use forkd_store::ToolCall;
 use forkd_tools::{Decision, Policy, Rule, ToolContext, ToolOutput, Workspace};
 use serde_json::Value;
@@ -98,9 +98,7 @@ impl Engine {
             .into_iter()
             .map(|c| (c.tool_use_id.clone(), c))
             .collect();
-        let workspace = Workspace::new(&turn.session.workspace).map_err(|e| {
-            EngineError::FailedPrecondition(format!("the session's workspace is unusable: {e}"))
-        })?;
+        let workspace = Workspace::new(&turn.session.workspace).map_err(EngineError::Workspace)?;
         let ctx = ToolContext::new(workspace, turn.cancel.clone());
         let policy = policy(turn.permission_mode, &turn.session.rules);
         let mut results = Vec::new();
@@ -162,7 +160,7 @@ impl Engine {
                 turn.offered.join(", ")
             ))
         } else if name == AGENT_TOOL {
-            agent_call(turn, input)
+            agent_call(turn, id, input)
         } else {
             match policy.decide(name, input, &ctx.workspace) {
                 Decision::Allow => forkd_tools::run_tool(name, input, ctx).await,
@@ -226,17 +224,34 @@ impl Engine {
     }
 }
 
-/// The `Agent` tool inside an agent run: a fork attempt from a fork child is refused by the
-/// recursion guard; typed agents from inside a run are not available yet.
-fn agent_call(turn: &ToolTurn<'_>, input: &Value) -> ToolOutput {
-    let typed = input.get("subagent_type").is_some_and(|t| !t.is_null());
-    if !typed
-        && let Some(refusal) = fork_refusal(turn.agent.query_source.as_deref(), turn.conversation)
+/// The `Agent` tool inside an agent run, planned like any other `Agent` call: a fork attempt
+/// from a fork child is refused by the recursion guard (its query source, or the boilerplate in
+/// its conversation); typed agents from inside a run are not available yet.
+fn agent_call(turn: &ToolTurn<'_>, id: &str, input: &Value) -> ToolOutput {
+    let forker = Forker {
+        coordinator: turn.session.coordinator,
+        child: Some((turn.agent.query_source.as_deref(), turn.conversation)),
+        limits: ForkLimits {
+            max_children: usize::MAX,
+            max_directive_bytes: usize::MAX,
+        },
+    };
+    let Ok(block) = Block::tool_use(id, AGENT_TOOL, &RawJson::encode(input)) else {
+        return ToolOutput::error("The Agent call's input is not a JSON object.");
+    };
+    match plan(&Message::assistant(vec![block]), &forker)
+        .refused
+        .into_iter()
+        .next()
     {
-        tracing::info!(?refusal, "Refused a fork from a fork child");
-        return ToolOutput::error(refusal.message());
+        Some((_, refusal)) => {
+            tracing::info!(tool_use.id = id, %refusal, "Refused an Agent call");
+            ToolOutput::error(refusal.to_model())
+        }
+        None => ToolOutput::error(
+            "The Agent tool is not available to this agent yet; do the work yourself.",
+        ),
     }
-    ToolOutput::error("The Agent tool is not available to this agent yet; do the work yourself.")
 }
 
 #[cfg(test)]

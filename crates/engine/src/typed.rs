@@ -66,13 +66,13 @@ impl Engine {
         report_to: ReportTo,
     ) -> Result<AgentId> {
         if directive.prompt.trim().is_empty() {
-            return Err(EngineError::InvalidArgument(
+            return Err(EngineError::InvalidRequest(
                 "the agent's prompt is empty".into(),
             ));
         }
         let max = self.config().max_directive_bytes;
         if directive.prompt.len() + directive.description.len() > max {
-            return Err(EngineError::InvalidArgument(format!(
+            return Err(EngineError::InvalidRequest(format!(
                 "the agent's prompt and description exceed the limit of {max} bytes"
             )));
         }
@@ -80,7 +80,7 @@ impl Engine {
         let types = self.agent_types(&session.workspace);
         let ty = agent_types::find_type(&types, subagent_type).ok_or_else(|| {
             let names: Vec<&str> = types.iter().map(|t| t.name.as_str()).collect();
-            EngineError::InvalidArgument(format!(
+            EngineError::InvalidRequest(format!(
                 "unknown subagent_type {:?}; available: {}",
                 clip(subagent_type, 64),
                 names.join(", ")
@@ -92,7 +92,7 @@ impl Engine {
             .filter(|m| m != "inherit")
             .unwrap_or_else(|| session.params.model.clone());
         if pricing::model(&model).is_none() {
-            return Err(EngineError::FailedPrecondition(format!(
+            return Err(EngineError::InvalidRequest(format!(
                 "agent type {} names unknown model {model:?}",
                 ty.name
             )));
@@ -160,13 +160,11 @@ impl Engine {
         let mut ended = self.subscribe(0, filter, true).await?;
         match tokio::time::timeout(TYPED_CALL_LIMIT, ended.next()).await {
             Ok(Some(note)) => note,
-            Ok(None) => Err(EngineError::FailedPrecondition(
-                "the daemon stopped before the typed agent ended".into(),
-            )),
-            Err(_) => Err(EngineError::FailedPrecondition(format!(
-                "typed agent {id} did not end within {} s; it goes on in the background",
-                TYPED_CALL_LIMIT.as_secs()
-            ))),
+            Ok(None) => Err(EngineError::Draining),
+            Err(_) => Err(EngineError::TimedOut {
+                what: format!("typed agent {id}"),
+                after: TYPED_CALL_LIMIT,
+            }),
         }
     }
 }

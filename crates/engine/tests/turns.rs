@@ -180,7 +180,7 @@ async fn killing_the_parent_cancels_its_turn_and_the_report_it_waited_for_reache
     assert_eq!(parent.state, AgentState::Pending);
     assert!(matches!(
         engine.kill(parent.id).await,
-        Err(EngineError::FailedPrecondition(_))
+        Err(EngineError::WrongState(_))
     ));
 
     // The typed agent goes on; its report, which no turn will deliver, reaches the transcript.

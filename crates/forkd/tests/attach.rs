@@ -141,6 +141,7 @@ async fn a_parent_turn_is_handed_to_the_background_and_goes_on() {
         .send_message(pb::SendMessageRequest {
             session_id: session.session_id.clone(),
             text: "Think slowly.\n@sim sleep 3s\n@sim say thought it through".into(),
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -18,6 +18,7 @@ async fn send(
         .send_message(pb::SendMessageRequest {
             session_id: session_id.to_owned(),
             text: text.to_owned(),
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -180,6 +180,7 @@ async fn a_tenant_sees_only_its_own_sessions_agents_and_notifications() {
         pb::SendMessageRequest {
             session_id: sid.clone(),
             text: "hi".into(),
+            ..Default::default()
         }
     );
     not_found!(

@@ -131,6 +131,7 @@ async fn a_coordinator_delegates_to_typed_agents_instead_of_forking() {
         .send_message(pb::SendMessageRequest {
             session_id: session.session_id,
             text: script.into(),
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -114,20 +114,56 @@ pub enum ProviderError {
     InvalidRequest(String),
 }
 
+/// What a provider's failure means for whoever made the request: whose fault it is, and whether
+/// asking again can help.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The provider limits the daemon's rate (429); `retry_after` is when it said to come back.
+    RateLimited { retry_after: Option<Duration> },
+    /// The provider is overloaded, down or unreachable (529, 5xx, a refused connection, a cut
+    /// stream): the same request may succeed later.
+    Unavailable,
+    /// The provider refused the daemon's credentials (401, 403): an operator must fix them.
+    Unauthorized,
+    /// The provider refused the request itself (400 and other 4xx, or a body refused before it
+    /// was sent): sending it again cannot help.
+    Rejected,
+}
+
 impl ProviderError {
-    /// Whether sending the same request again may succeed (429, 529, 5xx, dropped streams).
-    /// 501 (not implemented) and 505 (HTTP version not supported) say the server cannot do what
-    /// was asked: asking again cannot help.
-    pub fn is_retryable(&self) -> bool {
+    /// What the failure means; see [`FailureKind`]. 501 (not implemented) and 505 (HTTP
+    /// version not supported) say the server cannot do what was asked: they are rejections.
+    pub fn kind(&self) -> FailureKind {
         match self {
-            ProviderError::Status { status, .. } => {
-                *status == 429
-                    || *status == 529
-                    || ((500..600).contains(status) && !matches!(status, 501 | 505))
+            ProviderError::Status {
+                status: 429,
+                retry_after,
+                ..
+            } => FailureKind::RateLimited {
+                retry_after: *retry_after,
+            },
+            ProviderError::Status {
+                status: 401 | 403, ..
+            } => FailureKind::Unauthorized,
+            ProviderError::Status { status, .. }
+                if *status == 529
+                    || ((500..600).contains(status) && !matches!(status, 501 | 505)) =>
+            {
+                FailureKind::Unavailable
             }
-            ProviderError::Stream(_) => true,
-            ProviderError::InvalidRequest(_) => false,
+            ProviderError::Status { .. } | ProviderError::InvalidRequest(_) => {
+                FailureKind::Rejected
+            }
+            ProviderError::Stream(_) => FailureKind::Unavailable,
         }
+    }
+
+    /// Whether sending the same request again may succeed (429, 529, 5xx, dropped streams).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self.kind(),
+            FailureKind::RateLimited { .. } | FailureKind::Unavailable
+        )
     }
 }
 

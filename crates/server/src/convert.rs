@@ -119,7 +119,7 @@ pub(crate) fn cache_stats(s: &CacheStats) -> pb::GetCacheStatsResponse {
     }
 }
 
-pub(crate) fn request_record(r: &forkd_store::RequestRecord) -> pb::ModelRequestRecord {
+pub(crate) fn request_record(r: &forkd_core::query::RequestRecord) -> pb::ModelRequestRecord {
     pb::ModelRequestRecord {
         request_id: r.id.to_string(),
         agent_id: r.agent_id.to_string(),
@@ -145,6 +145,14 @@ pub(crate) fn estimate(e: &ForkCostEstimate, model: &str) -> pb::EstimateForkCos
         break_even_children: e.break_even_children.unwrap_or(0),
         seed_simplified_saving: e.seed_simplified_saving,
         model: model.to_owned(),
+    }
+}
+
+/// A directive from the wire: the one place its proto shape becomes the domain's.
+pub(crate) fn directive(d: pb::Directive) -> forkd_core::Directive {
+    forkd_core::Directive {
+        description: d.description,
+        prompt: d.prompt,
     }
 }
 

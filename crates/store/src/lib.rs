@@ -47,17 +47,22 @@ pub enum StoreError {
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+pub use forkd_core::query::{
+    AgentFilter, NotificationFilter, PrefixPart, RequestFilter, RequestRecord,
+};
+pub use forkd_core::tenant::Budget;
+
 /// What a call made with an idempotency key created. Written in the same transaction as what it
 /// names, so a key never points at nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdempotencyRecord {
     pub tenant: String,
     pub key: String,
-    /// `session` or `batch`: one key names one call.
+    /// `session`, `batch` or `message`: one key names one call.
     pub kind: IdempotentCall,
     /// A digest of the call's parameters: a retry must carry the same.
     pub request_sha256: String,
-    /// The session or batch id the call created.
+    /// What the call created: a session or batch id, or a stored message as `SESSION_ID/SEQ`.
     pub resource_id: String,
     pub created_at_ms: i64,
 }
@@ -67,6 +72,7 @@ pub struct IdempotencyRecord {
 pub enum IdempotentCall {
     CreateSession,
     ForkBatch,
+    SendMessage,
 }
 
 impl IdempotentCall {
@@ -74,22 +80,19 @@ impl IdempotentCall {
         match self {
             IdempotentCall::CreateSession => "session",
             IdempotentCall::ForkBatch => "batch",
+            IdempotentCall::SendMessage => "message",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [IdempotentCall::CreateSession, IdempotentCall::ForkBatch]
-            .into_iter()
-            .find(|k| k.as_str() == s)
+        [
+            IdempotentCall::CreateSession,
+            IdempotentCall::ForkBatch,
+            IdempotentCall::SendMessage,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == s)
     }
-}
-
-/// Optional spending limits; `None` for no limit.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Budget {
-    pub usd: Option<f64>,
-    /// All tokens: input, cache writes, cache reads and output.
-    pub tokens: Option<u64>,
 }
 
 /// What agents have spent so far.
@@ -148,40 +151,6 @@ pub struct NewChild {
     pub directive_block: Block,
 }
 
-/// Which agents to list. Ordered by id (creation order); `after` is the pagination cursor.
-#[derive(Debug, Clone, Default)]
-pub struct AgentFilter {
-    /// Only agents of this tenant's sessions.
-    pub tenant: Option<String>,
-    pub session_id: Option<SessionId>,
-    pub batch_id: Option<BatchId>,
-    /// When false, only pending and running agents.
-    pub include_ended: bool,
-    pub after: Option<AgentId>,
-    /// 0 means no limit.
-    pub limit: u32,
-}
-
-/// Which notifications to read.
-#[derive(Debug, Clone, Default)]
-pub struct NotificationFilter {
-    /// Only notifications of this tenant's sessions. [`NotificationFilter::matches`] cannot see a
-    /// notification's tenant: whoever matches live notifications checks it.
-    pub tenant: Option<String>,
-    pub session_id: Option<SessionId>,
-    pub batch_id: Option<BatchId>,
-    pub agent_id: Option<AgentId>,
-}
-
-impl NotificationFilter {
-    /// Whether a notification passes the filter (for live events, which skip the database).
-    pub fn matches(&self, n: &Notification) -> bool {
-        self.session_id.is_none_or(|s| s == n.session_id)
-            && self.batch_id.is_none_or(|b| Some(b) == n.batch_id)
-            && self.agent_id.is_none_or(|a| a == n.agent_id)
-    }
-}
-
 /// A notification to store; the store assigns its `seq`.
 #[derive(Debug, Clone)]
 pub struct NewNotification {
@@ -194,52 +163,6 @@ pub struct NewNotification {
     pub usage: Usage,
     pub cost_usd: f64,
     pub created_at_ms: i64,
-}
-
-/// One model request, recorded when its response ended.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RequestRecord {
-    pub id: RequestId,
-    pub agent_id: AgentId,
-    pub session_id: SessionId,
-    pub batch_id: Option<BatchId>,
-    /// The agent's turn this request served (0-based).
-    pub turn: u32,
-    pub model: String,
-    pub usage: Usage,
-    pub cost_usd: f64,
-    /// Fingerprint of the body up to the child's own first block (its directive): siblings must
-    /// agree on it.
-    pub prefix_fingerprint: String,
-    /// The prefix's parts with their digests (empty for records made before they were kept):
-    /// what `ExplainCache` compares to find where two requests part.
-    pub prefix_parts: Vec<PrefixPart>,
-    /// How many conversation messages the request carried (`None` for records made before it
-    /// was kept): what rebuilds a session's main-loop request once its transcript has moved on.
-    pub message_count: Option<u32>,
-    pub body_bytes: u64,
-    /// Time to first token: from the request being sent (retries included) to the response's
-    /// first content block, in milliseconds. `None` for older records and for responses that
-    /// started none.
-    pub first_token_ms: Option<u64>,
-    pub stop_reason: Option<String>,
-    pub created_at_ms: i64,
-}
-
-/// One part of a request body's prefix: the request head (model, max_tokens, stream, thinking),
-/// the tools array, the system prompt, or one message block (with the bytes that open its message).
-/// Parts are contiguous: each runs from its offset to the next one's.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct PrefixPart {
-    /// `head`, `tools`, `system` or `message N` (0-based positions in the conversation).
-    #[serde(rename = "l")]
-    pub label: String,
-    /// Where the part starts in the body, in bytes.
-    #[serde(rename = "o")]
-    pub offset: u64,
-    /// A short hex digest of the part's bytes.
-    #[serde(rename = "d")]
-    pub digest: String,
 }
 
 /// The cache-safe params and permission mode of an agent that does not share its session's.
@@ -298,14 +221,6 @@ pub struct BatchStats {
     pub cost_usd: f64,
 }
 
-/// Which requests to list; at least one field should be set.
-#[derive(Debug, Clone, Default)]
-pub struct RequestFilter {
-    pub session_id: Option<SessionId>,
-    pub batch_id: Option<BatchId>,
-    pub agent_id: Option<AgentId>,
-}
-
 /// forkd's durable state. Every method is one transaction; a write is durable when it returns.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -339,13 +254,15 @@ pub trait Store: Send + Sync + 'static {
 
     /// Appends a parent turn's messages to its session's transcript in one transaction, checking
     /// the parent's lease; the agents in `delivered` (reporting to their caller) are marked as
-    /// delivered, since their reports are in these messages. Returns the first message's seq.
+    /// delivered, since their reports are in these messages; the client's idempotency key, if
+    /// any, is stored with them (`Conflict` if it is taken). Returns the first message's seq.
     async fn append_turn(
         &self,
         lease: &Lease,
         session: SessionId,
         messages: &[Message],
         delivered: &[AgentId],
+        idempotency: Option<&IdempotencyRecord>,
         at_ms: i64,
     ) -> Result<u64>;
 

@@ -328,10 +328,14 @@ impl Store for SqliteStore {
         session: SessionId,
         messages: &[Message],
         delivered: &[AgentId],
+        idempotency: Option<&IdempotencyRecord>,
         at_ms: i64,
     ) -> Result<u64> {
         let mut tx = self.begin_write().await?;
         agents::check_lease(&mut tx, lease).await?;
+        if let Some(record) = idempotency {
+            idempotency::insert(&mut tx, record).await?;
+        }
         let session_id = session.to_string();
         if !sessions::exists(&mut tx, &session_id).await? {
             return Err(StoreError::NotFound {

@@ -37,6 +37,10 @@ pub enum SessionCommand {
         session_id: String,
         /// The message (`-` reads stdin).
         text: String,
+        /// Store the message once per key: run the same command again with the same key (after
+        /// an UNAVAILABLE error, say) and the message is not stored twice.
+        #[arg(long)]
+        idempotency_key: Option<String>,
     },
 }
 
@@ -115,25 +119,32 @@ pub async fn run(args: SessionArgs, client: &mut Client, out: &Printer) -> anyho
             Ok(exit::OK)
         }
         SessionCommand::List => run_list(client, out).await,
-        SessionCommand::Send { session_id, text } => {
+        SessionCommand::Send {
+            session_id,
+            text,
+            idempotency_key,
+        } => {
             let text = if text == "-" {
                 read_text(Path::new("-"), "message")?
             } else {
                 text
             };
-            run_send(session_id, text, client, out).await
+            let request = SendMessageRequest {
+                session_id,
+                text,
+                idempotency_key: idempotency_key.unwrap_or_default(),
+            };
+            run_send(request, client, out).await
         }
     }
 }
 
 /// Streams a parent turn: text as it arrives, one line per tool call, result and fork.
 async fn run_send(
-    session_id: String,
-    text: String,
+    request: SendMessageRequest,
     client: &mut Client,
     out: &Printer,
 ) -> anyhow::Result<u8> {
-    let request = SendMessageRequest { session_id, text };
     let mut stream = client.send_message(request).await?.into_inner();
     let mut ended = false;
     while let Some(event) = stream.message().await? {

@@ -23,59 +23,10 @@
 mod layer;
 mod tokens;
 
-use std::borrow::Cow;
-use std::fmt;
-
 pub(crate) use layer::{AuthLayer, Transport};
 pub use tokens::{Secret, TOKENS_FILE, TokenError, TokenInfo, TokenStore};
 
-/// The tenant name of clients on the Unix socket that present no token.
-pub const LOCAL_TENANT: &str = "local";
-
-/// The owner of a call: sessions, agents and notifications will belong to one.
-///
-/// A token's name is its tenant's name; [`Tenant::LOCAL`] is the owner of the Unix socket
-/// calling without a token.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Tenant(Cow<'static, str>);
-
-impl Tenant {
-    /// Unauthenticated callers on the Unix socket (and on a loopback TCP listener while no tokens
-    /// exist).
-    pub const LOCAL: Tenant = Tenant(Cow::Borrowed(LOCAL_TENANT));
-
-    /// A tenant by name; the name follows the rules of token names (1 to 64 ASCII letters,
-    /// digits, `-`, `_` or `.`, starting with a letter or a digit). `local` is
-    /// [`Tenant::LOCAL`].
-    pub fn new(name: &str) -> Result<Self, TokenError> {
-        if name == LOCAL_TENANT {
-            return Ok(Self::LOCAL);
-        }
-        tokens::validate_name(name)?;
-        Ok(Self(Cow::Owned(name.to_owned())))
-    }
-
-    /// A name already validated (read from the token file).
-    pub(crate) fn from_valid_name(name: String) -> Self {
-        Self(Cow::Owned(name))
-    }
-
-    /// The tenant's name.
-    pub fn name(&self) -> &str {
-        &self.0
-    }
-
-    /// True for [`Tenant::LOCAL`].
-    pub fn is_local(&self) -> bool {
-        self.name() == LOCAL_TENANT
-    }
-}
-
-impl fmt::Display for Tenant {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use forkd_core::tenant::Tenant;
 
 /// The tenant the authentication layer established for this call.
 ///
@@ -98,18 +49,6 @@ pub fn tenant<T>(request: &tonic::Request<T>) -> Result<Tenant, tonic::Status> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tenants_are_validated_and_local_is_the_constant() {
-        assert_eq!(Tenant::new("local").ok(), Some(Tenant::LOCAL));
-        assert!(Tenant::LOCAL.is_local());
-        let ci = Tenant::new("ci-runner.1").ok();
-        assert_eq!(ci.as_ref().map(Tenant::name), Some("ci-runner.1"));
-        assert_eq!(ci.map(|t| t.to_string()).as_deref(), Some("ci-runner.1"));
-        for bad in ["", "-x", "a b", "é", &"x".repeat(65)] {
-            assert!(Tenant::new(bad).is_err(), "{bad:?}");
-        }
-    }
 
     #[test]
     fn the_helper_reads_the_extension_and_refuses_without_one() {

@@ -35,7 +35,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 
-use super::{LOCAL_TENANT, Tenant};
+use forkd_core::tenant::TenantNameError;
+
+use super::Tenant;
 
 /// The token file's name in `FORKD_HOME`.
 pub const TOKENS_FILE: &str = "tokens.json";
@@ -47,8 +49,6 @@ const SECRET_PREFIX: &str = "fkd_";
 const SECRET_BYTES: usize = 32;
 /// The file format this build reads and writes.
 const FORMAT_VERSION: u32 = 1;
-/// The longest token (tenant) name.
-const MAX_NAME_LEN: usize = 64;
 
 /// Something went wrong with a token or the token file.
 #[derive(Debug, thiserror::Error)]
@@ -331,6 +331,7 @@ impl TokenStore {
         let mut entries: Vec<Entry> = Vec::with_capacity(file.tokens.len());
         for token in &file.tokens {
             validate_name(&token.name).map_err(|e| invalid(e.to_string()))?;
+            let tenant = Tenant::new(&token.name).map_err(|e| invalid(e.to_string()))?;
             if entries.iter().any(|e| e.tenant.name() == token.name) {
                 return Err(invalid(format!("the name `{}` appears twice", token.name)));
             }
@@ -344,7 +345,7 @@ impl TokenStore {
                     ))
                 })?;
             entries.push(Entry {
-                tenant: Tenant::from_valid_name(token.name.clone()),
+                tenant,
                 digest,
                 created_at: token.created_at.clone(),
             });
@@ -401,23 +402,12 @@ fn digest(secret: &str) -> [u8; 32] {
     Sha256::digest(secret.as_bytes()).into()
 }
 
-/// Checks a token (tenant) name: 1 to 64 ASCII letters, digits, `-`, `_` or `.`, starting with a
-/// letter or a digit, and not `local`.
+/// Checks a token (tenant) name: the tenant naming rules, and not `local`.
 pub(super) fn validate_name(name: &str) -> Result<(), TokenError> {
-    if name == LOCAL_TENANT {
-        return Err(TokenError::ReservedName);
-    }
-    let first_ok = name
-        .chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_alphanumeric());
-    let rest_ok = name
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if !first_ok || !rest_ok || name.len() > MAX_NAME_LEN {
-        return Err(TokenError::InvalidName(name.to_owned()));
-    }
-    Ok(())
+    Tenant::check_name(name).map_err(|e| match e {
+        TenantNameError::Reserved => TokenError::ReservedName,
+        TenantNameError::Invalid(name) => TokenError::InvalidName(name),
+    })
 }
 
 #[cfg(test)]

@@ -1,66 +1,64 @@
 //! Fork batch and agent RPCs.
 
+use forkd_core::query::AgentFilter;
+use forkd_core::tenant::Budget;
 use forkd_core::{AgentId, BatchId, Directive};
 use forkd_engine::BatchOptions;
 use forkd_proto::v1 as pb;
-use forkd_store::{AgentFilter, Budget};
 use tonic::Status;
 
 use super::sessions::parse_session_id;
 use super::{ForkdService, page_size};
 use crate::auth::Tenant;
 use crate::convert;
-use crate::status::{bad_id, to_status};
+use crate::status::{ApiError, bad_id, status};
 
-pub(crate) fn parse_agent_id(s: &str) -> Result<AgentId, Status> {
+pub(crate) fn parse_agent_id(s: &str) -> Result<AgentId, ApiError> {
     if s.is_empty() {
-        return Err(Status::invalid_argument("agent_id is required"));
+        return Err(ApiError::BadRequest("agent_id is required".into()));
     }
     s.parse().map_err(|e| bad_id("agent_id", e))
 }
 
-pub(crate) fn parse_batch_id(s: &str) -> Result<BatchId, Status> {
+pub(crate) fn parse_batch_id(s: &str) -> Result<BatchId, ApiError> {
     if s.is_empty() {
-        return Err(Status::invalid_argument("batch_id is required"));
+        return Err(ApiError::BadRequest("batch_id is required".into()));
     }
     s.parse().map_err(|e| bad_id("batch_id", e))
+}
+
+/// An optional id: empty on the wire is none.
+pub(crate) fn optional<T>(
+    s: &str,
+    parse: impl FnOnce(&str) -> Result<T, ApiError>,
+) -> Result<Option<T>, ApiError> {
+    match s {
+        "" => Ok(None),
+        s => parse(s).map(Some),
+    }
 }
 
 impl ForkdService {
     pub(super) async fn fork_batch_rpc(
         &self,
-        tenant: &Tenant,
+        tenant: Tenant,
         req: pb::ForkBatchRequest,
-    ) -> Result<pb::ForkBatchResponse, Status> {
+    ) -> Result<pb::ForkBatchResponse, ApiError> {
         let session_id = parse_session_id(&req.session_id)?;
-        self.engine
-            .check_session(tenant.name(), session_id)
-            .await
-            .map_err(to_status)?;
-        let directives = req
-            .directives
-            .into_iter()
-            .map(|d| Directive {
-                description: d.description,
-                prompt: d.prompt,
-            })
-            .collect();
+        let directives = req.directives.into_iter().map(convert::directive).collect();
+        let options = BatchOptions {
+            warmup_gating: req.warmup_gating,
+            idempotency_key: Some(req.idempotency_key).filter(|k| !k.is_empty()),
+            budget: Budget {
+                usd: Some(req.budget_usd).filter(|u| *u != 0.0),
+                tokens: Some(req.budget_tokens).filter(|t| *t != 0),
+            },
+        };
         let batch = self
             .engine
-            .fork_batch(
-                session_id,
-                directives,
-                BatchOptions {
-                    warmup_gating: req.warmup_gating,
-                    idempotency_key: Some(req.idempotency_key).filter(|k| !k.is_empty()),
-                    budget: Budget {
-                        usd: Some(req.budget_usd).filter(|u| *u != 0.0),
-                        tokens: Some(req.budget_tokens).filter(|t| *t != 0),
-                    },
-                },
-            )
-            .await
-            .map_err(to_status)?;
+            .for_tenant(tenant)
+            .fork_batch(session_id, directives, options)
+            .await?;
         Ok(pb::ForkBatchResponse {
             batch_id: batch.batch_id.to_string(),
             agent_ids: batch.agent_ids.iter().map(ToString::to_string).collect(),
@@ -69,18 +67,15 @@ impl ForkdService {
 
     pub(super) async fn spawn_agent_rpc(
         &self,
-        tenant: &Tenant,
+        tenant: Tenant,
         req: pb::SpawnAgentRequest,
-    ) -> Result<pb::SpawnAgentResponse, Status> {
+    ) -> Result<pb::SpawnAgentResponse, ApiError> {
         let session_id = parse_session_id(&req.session_id)?;
-        self.engine
-            .check_session(tenant.name(), session_id)
-            .await
-            .map_err(to_status)?;
         if req.subagent_type.is_empty() {
-            return Err(Status::invalid_argument(
+            return Err(ApiError::BadRequest(
                 "subagent_type is required (general-purpose, Explore, Plan or a custom type); \
-                 to fork, use ForkBatch",
+                 to fork, use ForkBatch"
+                    .into(),
             ));
         }
         let directive = Directive {
@@ -89,9 +84,9 @@ impl ForkdService {
         };
         let id = self
             .engine
+            .for_tenant(tenant)
             .spawn_typed(session_id, &req.subagent_type, directive)
-            .await
-            .map_err(to_status)?;
+            .await?;
         Ok(pb::SpawnAgentResponse {
             agent_id: id.to_string(),
         })
@@ -99,36 +94,21 @@ impl ForkdService {
 
     pub(super) async fn list_agents_rpc(
         &self,
-        tenant: &Tenant,
+        tenant: Tenant,
         req: pb::ListAgentsRequest,
-    ) -> Result<pb::ListAgentsResponse, Status> {
+    ) -> Result<pb::ListAgentsResponse, ApiError> {
         let limit = page_size(req.page_size);
         let filter = AgentFilter {
-            tenant: Some(tenant.name().to_owned()),
-            session_id: match req.session_id.as_str() {
-                "" => None,
-                s => Some(parse_session_id(s)?),
-            },
-            batch_id: match req.batch_id.as_str() {
-                "" => None,
-                b => Some(parse_batch_id(b)?),
-            },
+            tenant: None,
+            session_id: optional(&req.session_id, parse_session_id)?,
+            batch_id: optional(&req.batch_id, parse_batch_id)?,
             include_ended: req.include_ended,
-            after: match req.page_token.as_str() {
-                "" => None,
-                t => Some(t.parse().map_err(|e| bad_id("page_token", e))?),
-            },
+            after: optional(&req.page_token, |t| {
+                t.parse().map_err(|e| bad_id("page_token", e))
+            })?,
             limit,
         };
-        super::notifications::check_filter(
-            &self.engine,
-            tenant,
-            filter.session_id,
-            filter.batch_id,
-            None,
-        )
-        .await?;
-        let agents = self.engine.list_agents(&filter).await.map_err(to_status)?;
+        let agents = self.engine.for_tenant(tenant).list_agents(filter).await?;
         let next_page_token = match agents.last() {
             Some(last) if agents.len() as u32 == limit => last.id.to_string(),
             _ => String::new(),
@@ -141,15 +121,11 @@ impl ForkdService {
 
     pub(super) async fn get_agent_rpc(
         &self,
-        tenant: &Tenant,
+        tenant: Tenant,
         req: pb::GetAgentRequest,
-    ) -> Result<pb::GetAgentResponse, Status> {
+    ) -> Result<pb::GetAgentResponse, ApiError> {
         let id = parse_agent_id(&req.agent_id)?;
-        self.engine
-            .check_agent(tenant.name(), id)
-            .await
-            .map_err(to_status)?;
-        let agent = self.engine.get_agent(id).await.map_err(to_status)?;
+        let agent = self.engine.for_tenant(tenant).agent(id).await?;
         Ok(pb::GetAgentResponse {
             agent: Some(convert::agent(&agent)),
         })
@@ -157,37 +133,29 @@ impl ForkdService {
 
     pub(super) async fn attach_rpc(
         &self,
-        tenant: &Tenant,
+        tenant: Tenant,
         req: pb::AttachRequest,
-    ) -> Result<AgentEventStream, Status> {
+    ) -> Result<AgentEventStream, ApiError> {
         use futures::StreamExt;
         let id = parse_agent_id(&req.agent_id)?;
-        self.engine
-            .check_agent(tenant.name(), id)
-            .await
-            .map_err(to_status)?;
         let events = self
             .engine
+            .for_tenant(tenant)
             .attach(id, req.since_seq)
-            .await
-            .map_err(to_status)?;
+            .await?;
         let agent_id = id.to_string();
         Ok(Box::pin(events.map(move |e| {
-            e.map(|e| agent_event(e, &agent_id)).map_err(to_status)
+            e.map(|e| agent_event(e, &agent_id)).map_err(status)
         })))
     }
 
     pub(super) async fn background_rpc(
         &self,
-        tenant: &Tenant,
+        tenant: Tenant,
         req: pb::BackgroundRequest,
-    ) -> Result<pb::BackgroundResponse, Status> {
+    ) -> Result<pb::BackgroundResponse, ApiError> {
         let id = parse_agent_id(&req.agent_id)?;
-        self.engine
-            .check_agent(tenant.name(), id)
-            .await
-            .map_err(to_status)?;
-        self.engine.background(id).await.map_err(to_status)?;
+        self.engine.for_tenant(tenant).background(id).await?;
         Ok(pb::BackgroundResponse {
             agent_id: id.to_string(),
             status: "async_launched".into(),
@@ -196,15 +164,11 @@ impl ForkdService {
 
     pub(super) async fn kill_rpc(
         &self,
-        tenant: &Tenant,
+        tenant: Tenant,
         req: pb::KillRequest,
-    ) -> Result<pb::KillResponse, Status> {
+    ) -> Result<pb::KillResponse, ApiError> {
         let id = parse_agent_id(&req.agent_id)?;
-        self.engine
-            .check_agent(tenant.name(), id)
-            .await
-            .map_err(to_status)?;
-        self.engine.kill(id).await.map_err(to_status)?;
+        self.engine.for_tenant(tenant).kill(id).await?;
         Ok(pb::KillResponse {
             agent_id: id.to_string(),
         })
@@ -212,19 +176,15 @@ impl ForkdService {
 
     pub(super) async fn get_transcript_rpc(
         &self,
-        tenant: &Tenant,
+        tenant: Tenant,
         req: pb::GetTranscriptRequest,
-    ) -> Result<pb::GetTranscriptResponse, Status> {
+    ) -> Result<pb::GetTranscriptResponse, ApiError> {
         let id = parse_agent_id(&req.agent_id)?;
-        self.engine
-            .check_agent(tenant.name(), id)
-            .await
-            .map_err(to_status)?;
         let entries = self
             .engine
+            .for_tenant(tenant)
             .transcript(id, req.include_shared_prefix)
-            .await
-            .map_err(to_status)?;
+            .await?;
         Ok(pb::GetTranscriptResponse {
             agent_id: id.to_string(),
             messages: entries

@@ -13,6 +13,7 @@ use forkd_proto::v1::forkd_server::Forkd;
 use tonic::{Request, Response, Status};
 
 use crate::auth::tenant;
+use crate::status::ApiError;
 
 /// The service: a handle on the engine.
 #[derive(Clone)]
@@ -27,6 +28,11 @@ impl ForkdService {
 }
 
 type Reply<T> = Result<Response<T>, Status>;
+
+/// A handler's outcome as the wire's: the one place a handler's error becomes a status.
+fn reply<T>(outcome: Result<T, ApiError>) -> Reply<T> {
+    outcome.map(Response::new).map_err(Status::from)
+}
 
 /// Page sizes: the default when a client asks for none, and the most one page holds.
 pub(crate) const DEFAULT_PAGE: u32 = 100;
@@ -45,27 +51,27 @@ impl Forkd for ForkdService {
         &self,
         req: Request<pb::CreateSessionRequest>,
     ) -> Reply<pb::CreateSessionResponse> {
-        self.create_session_rpc(&tenant(&req)?, req.into_inner())
-            .await
-            .map(Response::new)
+        reply(
+            self.create_session_rpc(tenant(&req)?, req.into_inner())
+                .await,
+        )
     }
 
     async fn get_session(
         &self,
         req: Request<pb::GetSessionRequest>,
     ) -> Reply<pb::GetSessionResponse> {
-        self.get_session_rpc(&tenant(&req)?, req.into_inner())
-            .await
-            .map(Response::new)
+        reply(self.get_session_rpc(tenant(&req)?, req.into_inner()).await)
     }
 
     async fn list_sessions(
         &self,
         req: Request<pb::ListSessionsRequest>,
     ) -> Reply<pb::ListSessionsResponse> {
-        self.list_sessions_rpc(&tenant(&req)?, req.into_inner())
-            .await
-            .map(Response::new)
+        reply(
+            self.list_sessions_rpc(tenant(&req)?, req.into_inner())
+                .await,
+        )
     }
 
     type SendMessageStream = sessions::SessionEventStream;
@@ -74,71 +80,56 @@ impl Forkd for ForkdService {
         &self,
         req: Request<pb::SendMessageRequest>,
     ) -> Reply<Self::SendMessageStream> {
-        self.send_message_rpc(&tenant(&req)?, req.into_inner())
-            .await
-            .map(Response::new)
+        reply(self.send_message_rpc(tenant(&req)?, req.into_inner()).await)
     }
 
     async fn fork_batch(&self, req: Request<pb::ForkBatchRequest>) -> Reply<pb::ForkBatchResponse> {
-        self.fork_batch_rpc(&tenant(&req)?, req.into_inner())
-            .await
-            .map(Response::new)
+        reply(self.fork_batch_rpc(tenant(&req)?, req.into_inner()).await)
     }
 
     async fn spawn_agent(
         &self,
         req: Request<pb::SpawnAgentRequest>,
     ) -> Reply<pb::SpawnAgentResponse> {
-        self.spawn_agent_rpc(&tenant(&req)?, req.into_inner())
-            .await
-            .map(Response::new)
+        reply(self.spawn_agent_rpc(tenant(&req)?, req.into_inner()).await)
     }
 
     async fn list_agents(
         &self,
         req: Request<pb::ListAgentsRequest>,
     ) -> Reply<pb::ListAgentsResponse> {
-        self.list_agents_rpc(&tenant(&req)?, req.into_inner())
-            .await
-            .map(Response::new)
+        reply(self.list_agents_rpc(tenant(&req)?, req.into_inner()).await)
     }
 
     async fn get_agent(&self, req: Request<pb::GetAgentRequest>) -> Reply<pb::GetAgentResponse> {
-        self.get_agent_rpc(&tenant(&req)?, req.into_inner())
-            .await
-            .map(Response::new)
+        reply(self.get_agent_rpc(tenant(&req)?, req.into_inner()).await)
     }
 
     async fn get_transcript(
         &self,
         req: Request<pb::GetTranscriptRequest>,
     ) -> Reply<pb::GetTranscriptResponse> {
-        self.get_transcript_rpc(&tenant(&req)?, req.into_inner())
-            .await
-            .map(Response::new)
+        reply(
+            self.get_transcript_rpc(tenant(&req)?, req.into_inner())
+                .await,
+        )
     }
 
     type AttachStream = agents::AgentEventStream;
 
     async fn attach(&self, req: Request<pb::AttachRequest>) -> Reply<Self::AttachStream> {
-        self.attach_rpc(&tenant(&req)?, req.into_inner())
-            .await
-            .map(Response::new)
+        reply(self.attach_rpc(tenant(&req)?, req.into_inner()).await)
     }
 
     async fn background(
         &self,
         req: Request<pb::BackgroundRequest>,
     ) -> Reply<pb::BackgroundResponse> {
-        self.background_rpc(&tenant(&req)?, req.into_inner())
-            .await
-            .map(Response::new)
+        reply(self.background_rpc(tenant(&req)?, req.into_inner()).await)
     }
 
     async fn kill(&self, req: Request<pb::KillRequest>) -> Reply<pb::KillResponse> {
-        self.kill_rpc(&tenant(&req)?, req.into_inner())
-            .await
-            .map(Response::new)
+        reply(self.kill_rpc(tenant(&req)?, req.into_inner()).await)
     }
 
     type SubscribeNotificationsStream = notifications::NotificationStream;
@@ -147,9 +138,7 @@ impl Forkd for ForkdService {
         &self,
         req: Request<pb::SubscribeNotificationsRequest>,
     ) -> Reply<Self::SubscribeNotificationsStream> {
-        self.subscribe_rpc(&tenant(&req)?, req.into_inner())
-            .await
-            .map(Response::new)
+        reply(self.subscribe_rpc(tenant(&req)?, req.into_inner()).await)
     }
 
     type SubscribePermissionsStream = permissions::PromptStream;
@@ -158,51 +147,53 @@ impl Forkd for ForkdService {
         &self,
         req: Request<pb::SubscribePermissionsRequest>,
     ) -> Reply<Self::SubscribePermissionsStream> {
-        self.subscribe_permissions_rpc(&tenant(&req)?, req.into_inner())
-            .await
-            .map(Response::new)
+        reply(
+            self.subscribe_permissions_rpc(tenant(&req)?, req.into_inner())
+                .await,
+        )
     }
 
     async fn answer_permission(
         &self,
         req: Request<pb::AnswerPermissionRequest>,
     ) -> Reply<pb::AnswerPermissionResponse> {
-        self.answer_permission_rpc(&tenant(&req)?, req.into_inner())
-            .await
-            .map(Response::new)
+        reply(
+            self.answer_permission_rpc(tenant(&req)?, req.into_inner())
+                .await,
+        )
     }
 
     async fn get_cache_stats(
         &self,
         req: Request<pb::GetCacheStatsRequest>,
     ) -> Reply<pb::GetCacheStatsResponse> {
-        self.cache_stats_rpc(&tenant(&req)?, req.into_inner())
-            .await
-            .map(Response::new)
+        reply(self.cache_stats_rpc(tenant(&req)?, req.into_inner()).await)
     }
 
     async fn estimate_fork_cost(
         &self,
         req: Request<pb::EstimateForkCostRequest>,
     ) -> Reply<pb::EstimateForkCostResponse> {
-        self.estimate_rpc(req.into_inner()).map(Response::new)
+        reply(self.estimate_rpc(req.into_inner()))
     }
 
     async fn list_requests(
         &self,
         req: Request<pb::ListRequestsRequest>,
     ) -> Reply<pb::ListRequestsResponse> {
-        self.list_requests_rpc(&tenant(&req)?, req.into_inner())
-            .await
-            .map(Response::new)
+        reply(
+            self.list_requests_rpc(tenant(&req)?, req.into_inner())
+                .await,
+        )
     }
 
     async fn explain_cache(
         &self,
         req: Request<pb::ExplainCacheRequest>,
     ) -> Reply<pb::ExplainCacheResponse> {
-        self.explain_cache_rpc(&tenant(&req)?, req.into_inner())
-            .await
-            .map(Response::new)
+        reply(
+            self.explain_cache_rpc(tenant(&req)?, req.into_inner())
+                .await,
+        )
     }
 }

@@ -2,76 +2,38 @@
 
 use std::pin::Pin;
 
+use forkd_core::query::NotificationFilter;
 use forkd_proto::v1 as pb;
-use forkd_store::NotificationFilter;
 use futures::{Stream, StreamExt};
 use tonic::Status;
 
 use super::ForkdService;
-use super::agents::{parse_agent_id, parse_batch_id};
+use super::agents::{optional, parse_agent_id, parse_batch_id};
 use super::sessions::parse_session_id;
 use crate::auth::Tenant;
 use crate::convert;
-use crate::status::to_status;
+use crate::status::{ApiError, status};
 
 pub type NotificationStream = Pin<Box<dyn Stream<Item = Result<pb::Notification, Status>> + Send>>;
 
 impl ForkdService {
     pub(super) async fn subscribe_rpc(
         &self,
-        tenant: &Tenant,
+        tenant: Tenant,
         req: pb::SubscribeNotificationsRequest,
-    ) -> Result<NotificationStream, Status> {
+    ) -> Result<NotificationStream, ApiError> {
         let filter = NotificationFilter {
-            tenant: Some(tenant.name().to_owned()),
-            session_id: match req.session_id.as_str() {
-                "" => None,
-                s => Some(parse_session_id(s)?),
-            },
-            batch_id: match req.batch_id.as_str() {
-                "" => None,
-                b => Some(parse_batch_id(b)?),
-            },
-            agent_id: match req.agent_id.as_str() {
-                "" => None,
-                a => Some(parse_agent_id(a)?),
-            },
+            tenant: None,
+            session_id: optional(&req.session_id, parse_session_id)?,
+            batch_id: optional(&req.batch_id, parse_batch_id)?,
+            agent_id: optional(&req.agent_id, parse_agent_id)?,
         };
-        check_filter(
-            &self.engine,
-            tenant,
-            filter.session_id,
-            filter.batch_id,
-            filter.agent_id,
-        )
-        .await?;
         let stream = self
             .engine
+            .for_tenant(tenant)
             .subscribe(req.since_seq, filter, req.follow)
-            .await
-            .map_err(to_status)?
-            .map(|item| item.map(|n| convert::notification(&n)).map_err(to_status));
+            .await?
+            .map(|item| item.map(|n| convert::notification(&n)).map_err(status));
         Ok(Box::pin(stream))
     }
-}
-
-/// Refuses filters that name another tenant's session, batch or agent (as `NOT_FOUND`).
-pub(super) async fn check_filter(
-    engine: &forkd_engine::Engine,
-    tenant: &Tenant,
-    session: Option<forkd_core::SessionId>,
-    batch: Option<forkd_core::BatchId>,
-    agent: Option<forkd_core::AgentId>,
-) -> Result<(), Status> {
-    let t = tenant.name();
-    if let Some(id) = session {
-        engine.check_session(t, id).await.map_err(to_status)?;
-    }
-    if let Some(id) = batch {
-        engine.check_batch(t, id).await.map_err(to_status)?;
-    }
-    if let Some(id) = agent {
-        engine.check_agent(t, id).await.map_err(to_status)?;
-    }
-    Ok(())
 }

@@ -10,22 +10,18 @@ use tonic::Status;
 use super::ForkdService;
 use super::sessions::parse_session_id;
 use crate::auth::Tenant;
-use crate::status::to_status;
+use crate::status::ApiError;
 
 pub type PromptStream = Pin<Box<dyn Stream<Item = Result<pb::PermissionPrompt, Status>> + Send>>;
 
 impl ForkdService {
     pub(super) async fn subscribe_permissions_rpc(
         &self,
-        tenant: &Tenant,
+        tenant: Tenant,
         req: pb::SubscribePermissionsRequest,
-    ) -> Result<PromptStream, Status> {
+    ) -> Result<PromptStream, ApiError> {
         let id = parse_session_id(&req.session_id)?;
-        self.engine
-            .check_session(tenant.name(), id)
-            .await
-            .map_err(to_status)?;
-        let prompts = self.engine.subscribe_prompts(id).await.map_err(to_status)?;
+        let prompts = self.engine.for_tenant(tenant).subscribe_prompts(id).await?;
         Ok(Box::pin(prompts.map(|p| {
             Ok(pb::PermissionPrompt {
                 prompt_id: p.id,
@@ -40,9 +36,9 @@ impl ForkdService {
 
     pub(super) async fn answer_permission_rpc(
         &self,
-        tenant: &Tenant,
+        tenant: Tenant,
         req: pb::AnswerPermissionRequest,
-    ) -> Result<pb::AnswerPermissionResponse, Status> {
+    ) -> Result<pb::AnswerPermissionResponse, ApiError> {
         let answer = match pb::PermissionDecision::try_from(req.decision) {
             Ok(pb::PermissionDecision::AllowOnce) => PermissionAnswer::AllowOnce,
             Ok(pb::PermissionDecision::AllowAlways) => PermissionAnswer::AllowAlways,
@@ -50,31 +46,18 @@ impl ForkdService {
                 PermissionAnswer::Deny(Some(req.reason).filter(|r| !r.is_empty()))
             }
             _ => {
-                return Err(Status::invalid_argument(
-                    "decision must be ALLOW_ONCE, ALLOW_ALWAYS or DENY",
+                return Err(ApiError::BadRequest(
+                    "decision must be ALLOW_ONCE, ALLOW_ALWAYS or DENY".into(),
                 ));
             }
         };
         if req.prompt_id.is_empty() {
-            return Err(Status::invalid_argument("prompt_id is required"));
+            return Err(ApiError::BadRequest("prompt_id is required".into()));
         }
-        let unknown = || {
-            Status::not_found(format!(
-                "permission prompt {} not found",
-                req.prompt_id.chars().take(64).collect::<String>()
-            ))
-        };
-        let session = self
-            .engine
-            .prompt_session(&req.prompt_id)
-            .ok_or_else(unknown)?;
         self.engine
-            .check_session(tenant.name(), session)
-            .await
-            .map_err(|_| unknown())?;
-        self.engine
+            .for_tenant(tenant)
             .answer_prompt(&req.prompt_id, answer)
-            .map_err(to_status)?;
+            .await?;
         Ok(pb::AnswerPermissionResponse {})
     }
 }

@@ -2,32 +2,36 @@
 
 use forkd_core::SessionId;
 use forkd_core::session::PermissionMode;
-use forkd_engine::{ContextFile, NewSession};
+use forkd_engine::{ContextFile, NewSession, SessionView};
 use forkd_proto::v1 as pb;
 use tonic::Status;
 
 use super::{ForkdService, page_size};
 use crate::auth::Tenant;
 use crate::convert;
-use crate::status::{bad_id, to_status};
+use crate::status::{ApiError, bad_id, status};
 
-pub(crate) fn parse_session_id(s: &str) -> Result<SessionId, Status> {
+pub(crate) fn parse_session_id(s: &str) -> Result<SessionId, ApiError> {
     if s.is_empty() {
-        return Err(Status::invalid_argument("session_id is required"));
+        return Err(ApiError::BadRequest("session_id is required".into()));
     }
     s.parse().map_err(|e| bad_id("session_id", e))
+}
+
+fn session(view: &SessionView) -> pb::Session {
+    convert::session(&view.session, view.message_count)
 }
 
 impl ForkdService {
     pub(super) async fn create_session_rpc(
         &self,
-        tenant: &Tenant,
+        tenant: Tenant,
         req: pb::CreateSessionRequest,
-    ) -> Result<pb::CreateSessionResponse, Status> {
+    ) -> Result<pb::CreateSessionResponse, ApiError> {
         let permission_mode = match req.permission_mode.as_str() {
             "" => PermissionMode::Default,
             other => PermissionMode::parse(other).ok_or_else(|| {
-                Status::invalid_argument(format!(
+                ApiError::BadRequest(format!(
                     "unknown permission_mode {:?}; use default, acceptEdits, plan, \
                      bypassPermissions, dontAsk or bubble",
                     other.chars().take(64).collect::<String>()
@@ -56,46 +60,32 @@ impl ForkdService {
             max_tokens: Some(req.max_tokens).filter(|m| *m > 0),
             allow_rules: req.allow_rules,
             deny_rules: req.deny_rules,
-            tenant: tenant.name().to_owned(),
+            tenant: String::new(),
             idempotency_key: Some(req.idempotency_key).filter(|k| !k.is_empty()),
         };
-        let session = self.engine.create_session(new).await.map_err(to_status)?;
-        let count = self
-            .engine
-            .session_message_count(session.id)
-            .await
-            .map_err(to_status)?;
+        let view = self.engine.for_tenant(tenant).create_session(new).await?;
         Ok(pb::CreateSessionResponse {
-            session: Some(convert::session(&session, count)),
+            session: Some(session(&view)),
         })
     }
 
     pub(super) async fn get_session_rpc(
         &self,
-        tenant: &Tenant,
+        tenant: Tenant,
         req: pb::GetSessionRequest,
-    ) -> Result<pb::GetSessionResponse, Status> {
+    ) -> Result<pb::GetSessionResponse, ApiError> {
         let id = parse_session_id(&req.session_id)?;
-        self.engine
-            .check_session(tenant.name(), id)
-            .await
-            .map_err(to_status)?;
-        let session = self.engine.get_session(id).await.map_err(to_status)?;
-        let count = self
-            .engine
-            .session_message_count(id)
-            .await
-            .map_err(to_status)?;
+        let view = self.engine.for_tenant(tenant).session(id).await?;
         Ok(pb::GetSessionResponse {
-            session: Some(convert::session(&session, count)),
+            session: Some(session(&view)),
         })
     }
 
     pub(super) async fn list_sessions_rpc(
         &self,
-        tenant: &Tenant,
+        tenant: Tenant,
         req: pb::ListSessionsRequest,
-    ) -> Result<pb::ListSessionsResponse, Status> {
+    ) -> Result<pb::ListSessionsResponse, ApiError> {
         let after = match req.page_token.as_str() {
             "" => None,
             token => Some(token.parse().map_err(|e| bad_id("page_token", e))?),
@@ -103,24 +93,15 @@ impl ForkdService {
         let limit = page_size(req.page_size);
         let sessions = self
             .engine
-            .list_sessions(Some(tenant.name()), after, limit)
-            .await
-            .map_err(to_status)?;
+            .for_tenant(tenant)
+            .list_sessions(after, limit)
+            .await?;
         let next_page_token = match sessions.last() {
-            Some(last) if sessions.len() as u32 == limit => last.id.to_string(),
+            Some(last) if sessions.len() as u32 == limit => last.session.id.to_string(),
             _ => String::new(),
         };
-        let mut out = Vec::with_capacity(sessions.len());
-        for s in &sessions {
-            let count = self
-                .engine
-                .session_message_count(s.id)
-                .await
-                .map_err(to_status)?;
-            out.push(convert::session(s, count));
-        }
         Ok(pb::ListSessionsResponse {
-            sessions: out,
+            sessions: sessions.iter().map(session).collect(),
             next_page_token,
         })
     }
@@ -177,22 +158,19 @@ fn session_event(event: forkd_engine::ParentEvent) -> pb::SessionEvent {
 impl ForkdService {
     pub(super) async fn send_message_rpc(
         &self,
-        tenant: &Tenant,
+        tenant: Tenant,
         req: pb::SendMessageRequest,
-    ) -> Result<SessionEventStream, Status> {
+    ) -> Result<SessionEventStream, ApiError> {
         use futures::StreamExt;
         let id = parse_session_id(&req.session_id)?;
-        self.engine
-            .check_session(tenant.name(), id)
-            .await
-            .map_err(to_status)?;
+        let key = Some(req.idempotency_key).filter(|k| !k.is_empty());
         let events = self
             .engine
-            .send_message(id, req.text)
-            .await
-            .map_err(to_status)?;
+            .for_tenant(tenant)
+            .send_message(id, req.text, key)
+            .await?;
         Ok(Box::pin(
-            events.map(|e| e.map(session_event).map_err(to_status)),
+            events.map(|e| e.map(session_event).map_err(status)),
         ))
     }
 }

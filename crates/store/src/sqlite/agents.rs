@@ -143,7 +143,7 @@ pub(super) async fn list(pool: &SqlitePool, filter: &AgentFilter) -> Result<Vec<
     }
     if let Some(tenant) = &filter.tenant {
         q.push(" AND session_id IN (SELECT id FROM sessions WHERE tenant = ")
-            .push_bind(tenant.clone())
+            .push_bind(tenant.name().to_owned())
             .push(")");
     }
     if let Some(batch_id) = filter.batch_id {

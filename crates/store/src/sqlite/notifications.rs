@@ -229,7 +229,7 @@ pub(super) async fn list(
     }
     if let Some(tenant) = &filter.tenant {
         q.push(" AND session_id IN (SELECT id FROM sessions WHERE tenant = ")
-            .push_bind(tenant.clone())
+            .push_bind(tenant.name().to_owned())
             .push(")");
     }
     if let Some(batch_id) = filter.batch_id {

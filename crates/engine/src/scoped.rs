@@ -1,0 +1,276 @@
+//! A tenant's view of the engine: every call that names an id checks, once, that the tenant owns
+//! it, and answers another tenant's id exactly as a missing one (`NotFound`), so ids leak nothing.
+//!
+//! The server holds no other way in: it builds a [`TenantEngine`] per call from the tenant the
+//! authentication layer established, so a handler cannot forget the check.
+
+use forkd_core::fork::ForkBatch;
+use forkd_core::query::{AgentFilter, NotificationFilter, RequestFilter, RequestRecord};
+use forkd_core::session::Session;
+use forkd_core::{Agent, AgentId, BatchId, Directive, RequestId, SessionId, Tenant};
+
+use crate::error::{EngineError, Result};
+use crate::{
+    AgentEventStream, BatchOptions, CacheExplanation, CacheStats, Engine, NewSession,
+    NotificationStream, ParentEventStream, PermissionAnswer, PromptStream, StatsScope,
+    SubmittedBatch, TranscriptEntry,
+};
+
+/// The engine as one tenant sees it. Cheap: a borrowed engine and the tenant.
+pub struct TenantEngine<'e> {
+    engine: &'e Engine,
+    tenant: Tenant,
+}
+
+/// A session with the number of messages in its transcript.
+#[derive(Debug, Clone)]
+pub struct SessionView {
+    pub session: Session,
+    pub message_count: u64,
+}
+
+impl Engine {
+    /// The engine as `tenant` sees it.
+    pub fn for_tenant(&self, tenant: Tenant) -> TenantEngine<'_> {
+        TenantEngine {
+            engine: self,
+            tenant,
+        }
+    }
+}
+
+impl TenantEngine<'_> {
+    pub fn tenant(&self) -> &Tenant {
+        &self.tenant
+    }
+
+    /// The tenant's session, read once.
+    async fn own_session(&self, id: SessionId) -> Result<Session> {
+        let session = self.engine.get_session(id).await?;
+        self.owns(&session.tenant, "session", id.to_string())?;
+        Ok(session)
+    }
+
+    /// Checks that the tenant owns `session` (through the engine's cache of owners).
+    async fn own_session_id(&self, id: SessionId) -> Result<()> {
+        let owner = self.engine.session_owner(id).await?;
+        self.owns(&owner, "session", id.to_string())
+    }
+
+    async fn own_agent(&self, id: AgentId) -> Result<Agent> {
+        let agent = self.engine.get_agent(id).await?;
+        let owner = self.engine.session_owner(agent.session_id).await?;
+        self.owns(&owner, "agent", id.to_string())?;
+        Ok(agent)
+    }
+
+    async fn own_batch(&self, id: BatchId) -> Result<ForkBatch> {
+        let batch = self.engine.get_batch(id).await?;
+        let owner = self.engine.session_owner(batch.session_id).await?;
+        self.owns(&owner, "batch", id.to_string())?;
+        Ok(batch)
+    }
+
+    async fn own_request(&self, id: RequestId) -> Result<RequestRecord> {
+        let record = self.engine.get_request(id).await?;
+        let owner = self.engine.session_owner(record.session_id).await?;
+        self.owns(&owner, "request", id.to_string())?;
+        Ok(record)
+    }
+
+    fn owns(&self, owner: &str, kind: &'static str, id: String) -> Result<()> {
+        if self.tenant.owns(owner) {
+            Ok(())
+        } else {
+            Err(EngineError::NotFound { kind, id })
+        }
+    }
+
+    /// The ids a filter names must be the tenant's; lists are filtered by tenant besides.
+    async fn own_scope(
+        &self,
+        session: Option<SessionId>,
+        batch: Option<BatchId>,
+        agent: Option<AgentId>,
+    ) -> Result<()> {
+        if let Some(id) = session {
+            self.own_session_id(id).await?;
+        }
+        if let Some(id) = batch {
+            self.own_batch(id).await?;
+        }
+        if let Some(id) = agent {
+            self.own_agent(id).await?;
+        }
+        Ok(())
+    }
+
+    async fn view(&self, session: Session) -> Result<SessionView> {
+        let message_count = self.engine.session_message_count(session.id).await?;
+        Ok(SessionView {
+            session,
+            message_count,
+        })
+    }
+
+    /// Creates a session owned by this tenant (whatever `new.tenant` said).
+    pub async fn create_session(&self, mut new: NewSession) -> Result<SessionView> {
+        new.tenant = self.tenant.name().to_owned();
+        let session = self.engine.create_session(new).await?;
+        self.view(session).await
+    }
+
+    pub async fn session(&self, id: SessionId) -> Result<SessionView> {
+        let session = self.own_session(id).await?;
+        self.view(session).await
+    }
+
+    /// The tenant's sessions in creation order after the cursor.
+    pub async fn list_sessions(
+        &self,
+        after: Option<SessionId>,
+        limit: u32,
+    ) -> Result<Vec<SessionView>> {
+        let sessions = self
+            .engine
+            .list_sessions(Some(self.tenant.name()), after, limit)
+            .await?;
+        let mut out = Vec::with_capacity(sessions.len());
+        for session in sessions {
+            out.push(self.view(session).await?);
+        }
+        Ok(out)
+    }
+
+    /// Runs one parent turn on `text`; see [`Engine::send_message`].
+    pub async fn send_message(
+        &self,
+        id: SessionId,
+        text: String,
+        idempotency_key: Option<String>,
+    ) -> Result<ParentEventStream> {
+        let session = self.own_session(id).await?;
+        self.engine
+            .send_message_in(session, text, idempotency_key)
+            .await
+    }
+
+    pub async fn fork_batch(
+        &self,
+        id: SessionId,
+        directives: Vec<Directive>,
+        options: BatchOptions,
+    ) -> Result<SubmittedBatch> {
+        let session = self.own_session(id).await?;
+        self.engine
+            .fork_batch_in(session, directives, options)
+            .await
+    }
+
+    pub async fn spawn_typed(
+        &self,
+        id: SessionId,
+        subagent_type: &str,
+        directive: Directive,
+    ) -> Result<AgentId> {
+        self.own_session_id(id).await?;
+        self.engine.spawn_typed(id, subagent_type, directive).await
+    }
+
+    /// The tenant's agents that pass `filter`.
+    pub async fn list_agents(&self, mut filter: AgentFilter) -> Result<Vec<Agent>> {
+        self.own_scope(filter.session_id, filter.batch_id, None)
+            .await?;
+        filter.tenant = Some(self.tenant.clone());
+        self.engine.list_agents(&filter).await
+    }
+
+    pub async fn agent(&self, id: AgentId) -> Result<Agent> {
+        self.own_agent(id).await
+    }
+
+    pub async fn transcript(
+        &self,
+        id: AgentId,
+        include_shared: bool,
+    ) -> Result<Vec<TranscriptEntry>> {
+        self.own_agent(id).await?;
+        self.engine.transcript(id, include_shared).await
+    }
+
+    pub async fn attach(&self, id: AgentId, since_seq: u64) -> Result<AgentEventStream> {
+        self.own_agent(id).await?;
+        self.engine.attach(id, since_seq).await
+    }
+
+    pub async fn background(&self, id: AgentId) -> Result<()> {
+        self.own_agent(id).await?;
+        self.engine.background(id).await
+    }
+
+    pub async fn kill(&self, id: AgentId) -> Result<()> {
+        self.own_agent(id).await?;
+        self.engine.kill(id).await
+    }
+
+    /// The tenant's notifications that pass `filter`.
+    pub async fn subscribe(
+        &self,
+        since_seq: u64,
+        mut filter: NotificationFilter,
+        follow: bool,
+    ) -> Result<NotificationStream> {
+        self.own_scope(filter.session_id, filter.batch_id, filter.agent_id)
+            .await?;
+        filter.tenant = Some(self.tenant.clone());
+        self.engine.subscribe(since_seq, filter, follow).await
+    }
+
+    pub async fn subscribe_prompts(&self, session: SessionId) -> Result<PromptStream> {
+        self.own_session_id(session).await?;
+        self.engine.subscribe_prompts(session).await
+    }
+
+    /// Answers a pending permission prompt of one of the tenant's sessions.
+    pub async fn answer_prompt(&self, prompt_id: &str, answer: PermissionAnswer) -> Result<()> {
+        let unknown = || EngineError::NotFound {
+            kind: "permission prompt",
+            id: prompt_id.chars().take(64).collect(),
+        };
+        let session = self.engine.prompt_session(prompt_id).ok_or_else(unknown)?;
+        self.own_session_id(session).await.map_err(|_| unknown())?;
+        self.engine.answer_prompt(prompt_id, answer)
+    }
+
+    pub async fn cache_stats(&self, scope: StatsScope) -> Result<CacheStats> {
+        match scope {
+            StatsScope::Batch(id) => self.own_scope(None, Some(id), None).await?,
+            StatsScope::Session(id) => self.own_scope(Some(id), None, None).await?,
+        }
+        self.engine.cache_stats(scope).await
+    }
+
+    /// The request records of one of the tenant's agents, batches or sessions.
+    pub async fn list_requests(&self, filter: RequestFilter) -> Result<Vec<RequestRecord>> {
+        if filter.session_id.is_none() && filter.batch_id.is_none() && filter.agent_id.is_none() {
+            return Err(EngineError::InvalidRequest(
+                "give an agent_id, a batch_id or a session_id".into(),
+            ));
+        }
+        self.own_scope(filter.session_id, filter.batch_id, filter.agent_id)
+            .await?;
+        self.engine.list_requests(&filter).await
+    }
+
+    /// Where two of the tenant's requests part (see [`Engine::explain_cache`]).
+    pub async fn explain_cache(
+        &self,
+        request: RequestId,
+        other: Option<RequestId>,
+    ) -> Result<CacheExplanation> {
+        for id in std::iter::once(request).chain(other) {
+            self.own_request(id).await?;
+        }
+        self.engine.explain_cache(request, other).await
+    }
+}
