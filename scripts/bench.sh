@@ -1,34 +1,109 @@
 #!/usr/bin/env bash
 # forkd's benchmark suite: cache efficiency against the alternatives, daemon overhead, memory and
-# disk per child, durability cost and recovery, notification latency. See README.md, "Benchmarks".
+# disk per child, durability cost and recovery, notification latency. See docs/benchmarks.md.
 #
-# Usage: scripts/bench.sh [--quick] [--json FILE] [--only FIGURES] [--dir DIR]
+# Usage: scripts/bench.sh [--quick] [--json FILE] [--only FIGURES] [--dir DIR] [--out FILE]
 #
 #   --quick          a smaller run (under 2 minutes on 2 cores; the full run is under 10)
 #   --json FILE      also write every figure and raw measurement as one JSON object
 #   --only FIGURES   comma-separated: cache,overhead,memory,durability,notifications
 #   --dir DIR        where the temporary databases go (default: $TMPDIR or /tmp); use a disk,
 #                    not tmpfs, for honest fsync figures
+#   --out FILE       where the Markdown report goes: `-` for stdout only. Default: a full run
+#                    (no --quick, no --only) refreshes docs/benchmarks.md; others print only
 #
 # It builds the `forkd-bench` binary in release (the build is not part of the run time), runs it
 # on the embedded sim (no network), and prints the Markdown tables on stdout; progress goes to
-# stderr. Nothing is installed and nothing outside the temporary folders is written.
+# stderr. Nothing is installed; besides the report, nothing outside the temporary folders is
+# written.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
-case "${1:-}" in
-  -h|--help)
-    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
-    exit 0
-    ;;
-esac
+out=""
+partial=0
+args=()
+while (($#)); do
+  case "$1" in
+    -h|--help)
+      sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+    --out)
+      [[ $# -ge 2 ]] || { echo "--out needs a FILE (or -)" >&2; exit 2; }
+      out=$2
+      shift 2
+      continue
+      ;;
+    --out=*)
+      out=${1#--out=}
+      ;;
+    --quick|--only|--only=*)
+      partial=1
+      args+=("$1")
+      ;;
+    *)
+      args+=("$1")
+      ;;
+  esac
+  shift
+done
+if [[ -z $out ]]; then
+  if ((partial)); then out=-; else out=docs/benchmarks.md; fi
+fi
 
 echo "Building forkd-bench (release)…" >&2
 cargo build --release --quiet -p forkd-bench
 BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/forkd-bench"
 
+report=$(mktemp)
+trap 'rm -f "$report"' EXIT
+
 start=$(date +%s)
-"$BIN" "$@"
-echo "scripts/bench.sh $*: $(( $(date +%s) - start )) s (build excluded)" >&2
+"$BIN" "${args[@]}" | tee "$report"
+seconds=$(( $(date +%s) - start ))
+command="scripts/bench.sh${args[*]:+ ${args[*]}}"
+echo "$command: $seconds s (build excluded)" >&2
+
+if [[ $out != - ]]; then
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  if [[ -n $(git status --porcelain --untracked-files=no 2>/dev/null) ]]; then
+    commit="$commit, with uncommitted changes"
+  fi
+  {
+    cat <<EOF
+# Benchmarks
+
+Written by \`scripts/bench.sh\`; run it again to refresh this file.
+
+Command: \`$command\`, $seconds s (build excluded), on $(date -u +%Y-%m-%d), at commit $commit.
+
+Everything runs on the embedded sim (no network, seeded inputs). Each figure says what it is
+compared with, and the last table judges every figure against the targets in
+\`docs/contracts.md\` ("Performance targets"): \`met\`, \`MISSED by …\`, or \`n/a\` and why.
+Ratios and costs are deterministic up to the sim's timing; latencies depend on the machine and on
+what else runs on it.
+
+1. **Cache efficiency** (engine + \`SimProvider\` + SQLite, no gRPC): the children's cache-read
+   share and the batch's input cost for (a) forks with warm-up gating, (b) the same forks all at
+   once, (c) N independent agents launched together, against (d) \`forkd_core::calc\`'s optimum;
+   (c′), the same agents staggered by their commits, for comparison only. Every scenario starts
+   on a cold sim, at speed 0 and at speed 0.01, where requests sent together overlap as on a real
+   provider.
+2. **Daemon overhead**: \`ForkBatch\` of 8 children on a ~100k-token session, through the daemon
+   (gRPC over its Unix socket) and as the bare \`Engine::fork_batch\` call.
+3. **Memory and disk**: one process per point, one batch of N children at 10k and 100k
+   prefixes: database bytes and peak RSS added, per extra child, against the prefix's size.
+4. **Durability cost and recovery**: transcript appends per second with \`synchronous=NORMAL\`
+   and \`FULL\`; rebuilding a 100k-token child's request from the store; 1000 agents interrupted
+   and resumed by a new engine, against the same batches without a restart.
+5. **Notifications**: 100 subscribers through the engine and through gRPC, one notification at a
+   time and in a burst, from the agent's end to each receipt.
+
+EOF
+    cat "$report"
+  } > "$out.tmp"
+  mv "$out.tmp" "$out"
+  echo "Report written to $out" >&2
+fi

@@ -23,7 +23,7 @@
 #
 # It prints, per child: uncached input tokens, cache-read tokens, time to first token, total
 # time; for a fork batch with warm-up gating on, the same batch with gating off, and 4
-# independent agents. See README.md, "Running against a real model".
+# independent agents. See docs/real-model.md.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

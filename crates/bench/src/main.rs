@@ -1,7 +1,7 @@
 //! forkd's benchmark suite (`scripts/bench.sh`): one run measures cache efficiency against the
 //! alternatives, the daemon's overhead, memory and disk per child, durability cost and recovery,
 //! and notification latency, and prints them as Markdown (and JSON with `--json FILE`), each
-//! figure against what it is compared with and SPEC §8's targets.
+//! figure against what it is compared with and the targets in docs/contracts.md.
 //!
 //! One module per figure; `common` holds what they share. Everything runs on the embedded sim
 //! (no network) with seeded inputs.
@@ -149,7 +149,7 @@ async fn main() -> anyhow::Result<()> {
     for s in &sections {
         println!("{}", s.markdown());
     }
-    println!("### Against SPEC §8 and issue 6\n");
+    println!("### Against the targets\n");
     println!("{}", report::checks_markdown(&sections));
 
     if let Some(path) = &cli.json {

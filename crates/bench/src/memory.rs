@@ -430,7 +430,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
         id: "memory",
         title: "3. Memory and disk per child".into(),
         compared_with: "the shared prefix's size: a child must not store or hold the prefix again \
-                        (SPEC §8: memory and disk for the shared prefix do not grow with N)."
+                        (the target: memory and disk for the shared prefix do not grow with N)."
             .into(),
         tables: vec![points, per_child],
         notes,

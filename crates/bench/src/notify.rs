@@ -315,7 +315,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
         id: "notifications",
         title: "5. Notifications: end-to-end latency with 100 subscribers".into(),
         compared_with: "one subscriber's receipt against another's (the fan-out spread), and \
-                        the engine's own stream against the same stream through gRPC. SPEC sets \
+                        the engine's own stream against the same stream through gRPC. forkd sets \
                         no latency target; a subscriber must miss nothing (each saw every one)."
             .into(),
         tables: vec![t],

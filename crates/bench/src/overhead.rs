@@ -21,7 +21,7 @@ const PREFIX: u64 = 100_000;
 /// Batches per session: each batch adds its fork message and 8 notifications to the parent's
 /// transcript, so sessions are replaced before they grow far past 100k tokens.
 const BATCHES_PER_SESSION: usize = 5;
-/// The SPEC §8 budget for forking 8 children from a 100k-token session.
+/// The overhead target for forking 8 children from a 100k-token session (docs/contracts.md).
 const TARGET_MS: f64 = 5.0;
 
 pub async fn connect(addr: &str) -> anyhow::Result<ForkdClient<Channel>> {
@@ -227,7 +227,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
     Ok(Section {
         id: "overhead",
         title: "2. Daemon overhead: ForkBatch latency".into(),
-        compared_with: "SPEC §8's budget: forking 8 children from a 100k-token session adds well \
+        compared_with: "the target: forking 8 children from a 100k-token session adds well \
                         under 5 ms in the daemon (p50 < 5 ms)."
             .into(),
         tables: vec![t],

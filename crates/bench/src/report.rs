@@ -1,5 +1,5 @@
 //! What a figure reports: Markdown tables for people, one JSON object for scripts, and checks
-//! against SPEC §8 and issue 6's targets.
+//! against the targets in docs/contracts.md (“Performance targets”).
 
 use serde::Serialize;
 use serde_json::Value;
@@ -137,7 +137,7 @@ pub fn checks_markdown(sections: &[Section]) -> String {
         "",
         &[
             "figure",
-            "target (SPEC §8 / issue 6)",
+            "target (docs/contracts.md)",
             "measured",
             "verdict",
         ],

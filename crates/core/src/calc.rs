@@ -1,4 +1,4 @@
-//! The fork cost calculator (SPEC §3): forks against independent agents.
+//! The fork cost calculator (docs/contracts.md, “The fork cost rule”): forks vs independent agents.
 
 use serde::Serialize;
 

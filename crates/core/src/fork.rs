@@ -1,4 +1,4 @@
-//! The fork construction (SPEC §3): the batch's shared assistant message, the children's shared
+//! The fork (docs/contracts.md, “The fork request”): the batch's assistant message, the shared
 //! user blocks, each child's directive block, and the recursion guard.
 //!
 //! A child's conversation is `[...history, A, U]` where `U = [placeholder tool_result per tool_use

@@ -187,7 +187,7 @@ impl ThinkingConfig {
     }
 }
 
-/// Permission modes (SPEC §5). Stored with the session; enforced by the tool layer.
+/// Permission modes (docs/contracts.md). Stored with the session; enforced by the tool layer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum PermissionMode {

@@ -1,4 +1,4 @@
-//! The built-in tool definitions, as the model sees them (SPEC §6 input names).
+//! The built-in tool definitions, as the model sees them (docs/contracts.md, “Tool inputs”).
 
 use serde_json::json;
 

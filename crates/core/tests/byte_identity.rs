@@ -1,4 +1,4 @@
-//! Property tests of the fork request's byte identity (SPEC §3): siblings agree byte for byte up to
+//! Property tests (docs/contracts.md, “The fork request”): siblings agree byte for byte up to
 //! their directive, stored bytes reload unchanged, template changes never reach a child, a child's
 //! later turns keep its first request's prefix, and the recursion guard recognises every child.
 

@@ -1,4 +1,4 @@
-//! Typed agent definitions (SPEC §3 "When not to fork"): the built-in `general-purpose`, `Explore`
+//! Typed agents (docs/contracts.md, “When not to fork”): the built-in `general-purpose`, `Explore`
 //! and `Plan` types, and custom types read from Markdown files with a YAML frontmatter.
 //!
 //! A typed agent has its own system prompt and a filtered tool set, so it shares no prompt cache

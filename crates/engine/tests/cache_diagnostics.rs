@@ -4,39 +4,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
-use forkd_core::session::PermissionMode;
+use common::{engine, eventually, new_session as session};
 use forkd_core::{AgentId, AgentKind, Directive, RequestId, SessionId};
-use forkd_engine::{ContextFile, Engine, EngineConfig, NewSession, ParentEvent};
-use forkd_provider::{SimConfig, SimProvider};
-use forkd_store::{AgentFilter, Durability, RequestFilter, RequestRecord, SqliteStore};
+use forkd_engine::{Engine, ParentEvent};
+use forkd_store::{AgentFilter, RequestFilter, RequestRecord};
 use futures::StreamExt;
-
-async fn engine(dir: &std::path::Path) -> Engine {
-    let store = SqliteStore::open(&dir.join("forkd.db"), Durability::Normal)
-        .await
-        .unwrap();
-    Engine::new(
-        Arc::new(store),
-        Arc::new(SimProvider::new(SimConfig { speed: 0.0 })),
-        EngineConfig::default(),
-    )
-}
-
-fn session(dir: &std::path::Path, system: &str) -> NewSession {
-    NewSession {
-        system_prompt: system.into(),
-        context_files: vec![ContextFile {
-            path: "a.md".into(),
-            content: "context ".repeat(600),
-        }],
-        workspace: Some(dir.to_path_buf()),
-        permission_mode: PermissionMode::DontAsk,
-        ..NewSession::default()
-    }
-}
 
 /// Forks `n` children in a new session with this system prompt and waits for them to end;
 /// returns their first requests in agent order.
@@ -57,23 +33,14 @@ async fn batch(
         .fork_batch(s.id, directives, Default::default())
         .await
         .unwrap();
-    tokio::time::timeout(Duration::from_secs(60), async {
-        loop {
-            let live = engine
-                .list_agents(&AgentFilter {
-                    batch_id: Some(submitted.batch_id),
-                    ..AgentFilter::default()
-                })
-                .await
-                .unwrap();
-            if live.is_empty() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    eventually(Duration::from_secs(60), "the children to end", || async {
+        let filter = AgentFilter {
+            batch_id: Some(submitted.batch_id),
+            ..AgentFilter::default()
+        };
+        engine.list_agents(&filter).await.unwrap().is_empty()
     })
-    .await
-    .expect("the children end");
+    .await;
     let records = engine
         .store()
         .list_requests(&RequestFilter {

@@ -3,40 +3,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::Duration;
 
+use common::{engine, new_session};
 use forkd_core::Directive;
-use forkd_core::session::PermissionMode;
-use forkd_engine::{ContextFile, Engine, EngineConfig, NewSession, NotificationStream};
-use forkd_provider::{SimConfig, SimProvider};
-use forkd_store::{Durability, NotificationFilter, SqliteStore};
+use forkd_engine::NotificationStream;
+use forkd_store::NotificationFilter;
 use futures::StreamExt;
-
-async fn engine(dir: &std::path::Path) -> Engine {
-    let store = SqliteStore::open(&dir.join("forkd.db"), Durability::Normal)
-        .await
-        .unwrap();
-    Engine::new(
-        Arc::new(store),
-        Arc::new(SimProvider::new(SimConfig { speed: 0.0 })),
-        EngineConfig::default(),
-    )
-}
-
-fn session(dir: &std::path::Path) -> NewSession {
-    NewSession {
-        system_prompt: "Sys.".into(),
-        context_files: vec![ContextFile {
-            path: "a.md".into(),
-            content: "context ".repeat(600),
-        }],
-        workspace: Some(dir.to_path_buf()),
-        permission_mode: PermissionMode::DontAsk,
-        ..NewSession::default()
-    }
-}
 
 async fn take_seqs(stream: &mut NotificationStream, n: usize) -> Vec<u64> {
     let mut seqs = Vec::new();
@@ -55,7 +31,10 @@ async fn take_seqs(stream: &mut NotificationStream, n: usize) -> Vec<u64> {
 async fn subscribers_see_every_notification_once_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let engine = engine(dir.path()).await;
-    let s = engine.create_session(session(dir.path())).await.unwrap();
+    let s = engine
+        .create_session(new_session(dir.path(), "Sys."))
+        .await
+        .unwrap();
     let directives: Vec<Directive> = (0..40)
         .map(|i| Directive {
             description: format!("d{i}"),

@@ -4,7 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
 use forkd_core::agent::FORK_QUERY_SOURCE;
@@ -13,9 +14,9 @@ use forkd_core::session::PermissionMode;
 use forkd_core::{
     Agent, AgentId, AgentKind, AgentState, BatchId, Directive, NotificationStatus, Usage,
 };
-use forkd_engine::{Engine, EngineConfig, NewSession};
-use forkd_provider::{SimConfig, SimProvider};
-use forkd_store::{Durability, NewChild, NotificationFilter, SqliteStore, Store};
+use forkd_engine::{EngineConfig, NewSession};
+use forkd_provider::SimConfig;
+use forkd_store::{NewChild, NotificationFilter, Store};
 use futures::StreamExt;
 
 const SCRIPT: &str = "Split this up.\n@sim agent {\"description\":\"x\",\"prompt\":\"grandchild\"}\n@sim say did it myself";
@@ -24,16 +25,8 @@ const SCRIPT: &str = "Split this up.\n@sim agent {\"description\":\"x\",\"prompt
 /// it, and returns its final notification and the tool results it saw.
 async fn fork_and_run(query_source: Option<&str>) -> (NotificationStatus, String, String) {
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(
-        SqliteStore::open(&dir.path().join("forkd.db"), Durability::Normal)
-            .await
-            .unwrap(),
-    );
-    let engine = Engine::new(
-        store.clone(),
-        Arc::new(SimProvider::new(SimConfig::default())),
-        EngineConfig::default(),
-    );
+    let store = common::store(dir.path()).await;
+    let engine = common::engine_on(store.clone(), SimConfig::default(), EngineConfig::default());
     let session = engine
         .create_session(NewSession {
             system_prompt: "Sys.".into(),

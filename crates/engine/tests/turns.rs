@@ -4,44 +4,22 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
-use forkd_core::session::{PermissionMode, Session};
-use forkd_core::{AgentId, AgentKind, AgentState, Directive, NotificationStatus, Role};
-use forkd_engine::{ContextFile, Engine, EngineConfig, EngineError, NewSession, ParentEvent};
-use forkd_provider::{SimConfig, SimProvider};
-use forkd_store::{AgentFilter, Durability, NotificationFilter, SqliteStore};
+use common::{ended, engine, engine_on, engine_with, eventually, new_session};
+use forkd_core::session::Session;
+use forkd_core::{AgentKind, AgentState, Directive, NotificationStatus, Role};
+use forkd_engine::{Engine, EngineConfig, EngineError, ParentEvent};
+use forkd_provider::SimConfig;
+use forkd_store::{AgentFilter, NotificationFilter};
 use futures::StreamExt;
-
-async fn engine_with(dir: &Path, config: EngineConfig) -> Engine {
-    let store = SqliteStore::open(&dir.join("forkd.db"), Durability::Normal)
-        .await
-        .unwrap();
-    Engine::new(
-        Arc::new(store),
-        Arc::new(SimProvider::new(SimConfig { speed: 0.0 })),
-        config,
-    )
-}
-
-async fn engine(dir: &Path) -> Engine {
-    engine_with(dir, EngineConfig::default()).await
-}
 
 async fn session(engine: &Engine, dir: &Path) -> Session {
     engine
-        .create_session(NewSession {
-            system_prompt: "Sys.".into(),
-            context_files: vec![ContextFile {
-                path: "a.md".into(),
-                content: "context ".repeat(600),
-            }],
-            workspace: Some(dir.to_path_buf()),
-            permission_mode: PermissionMode::DontAsk,
-            ..NewSession::default()
-        })
+        .create_session(new_session(dir, "Sys."))
         .await
         .unwrap()
 }
@@ -81,20 +59,6 @@ async fn agents_of(engine: &Engine, session: &Session, kind: AgentKind) -> Vec<f
         .into_iter()
         .filter(|a| a.kind == kind)
         .collect()
-}
-
-/// Waits for the agent's notification (replayed from the store or live).
-async fn ended(engine: &Engine, agent: AgentId) -> forkd_core::Notification {
-    let filter = NotificationFilter {
-        agent_id: Some(agent),
-        ..NotificationFilter::default()
-    };
-    let mut stream = engine.subscribe(0, filter, true).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(60), stream.next())
-        .await
-        .expect("the agent ends")
-        .unwrap()
-        .unwrap()
 }
 
 /// What only a `<task-notification>` message holds (fork placeholders name the tag too).
@@ -151,12 +115,12 @@ async fn killing_the_parent_cancels_its_turn_and_the_report_it_waited_for_reache
     );
     let mut stream = engine.send_message(s.id, script.into()).await.unwrap();
     // Wait until the turn is waiting on its typed agent.
-    let typed = loop {
-        if let Some(a) = agents_of(&engine, &s, AgentKind::Typed).await.pop() {
-            break a;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let typed = eventually(
+        Duration::from_secs(30),
+        "the typed agent to start",
+        || async { agents_of(&engine, &s, AgentKind::Typed).await.pop() },
+    )
+    .await;
     let parent = agents_of(&engine, &s, AgentKind::Parent)
         .await
         .pop()
@@ -244,14 +208,21 @@ async fn a_new_engine_resumes_a_parent_turn_cut_off_mid_request() {
     let dir = tempfile::tempdir().unwrap();
     let first = engine(dir.path()).await;
     let s = session(&first, dir.path()).await;
-    let stream = first
+    let mut stream = first
         .send_message(
             s.id,
             "Think slowly.\n@sim sleep 3s\n@sim say resumed fine".into(),
         )
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The reply has started streaming (over 3 s): the request is in flight.
+    let started = tokio::time::timeout(Duration::from_secs(30), stream.next())
+        .await
+        .expect("the reply starts");
+    assert!(
+        matches!(started, Some(Ok(ParentEvent::TextDelta(_)))),
+        "{started:?}"
+    );
     // The daemon stops mid-request: nothing of the reply was stored.
     first.shutdown(Duration::ZERO).await;
     drop(stream);
@@ -264,17 +235,12 @@ async fn a_new_engine_resumes_a_parent_turn_cut_off_mid_request() {
 
     let second = engine(dir.path()).await;
     assert_eq!(second.resume_interrupted().await.unwrap(), 1);
-    let done = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let parent = second.get_agent(parent.id).await.unwrap();
-            if parent.state == AgentState::Pending {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the resumed turn to end",
+        || async { second.get_agent(parent.id).await.unwrap().state == AgentState::Pending },
+    )
     .await;
-    assert!(done.is_ok(), "the resumed turn ends");
     let messages = transcript_texts(&second, &s).await;
     assert_eq!(messages.len(), before + 1, "{messages:#?}");
     let (role, reply) = messages.last().unwrap();
@@ -299,15 +265,21 @@ async fn a_second_engine_that_claims_an_agent_fences_the_first_run() {
         .await
         .unwrap();
     let child = batch.agent_ids[0];
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    eventually(
+        Duration::from_secs(30),
+        "the first engine to run the child",
+        || async { first.get_agent(child).await.unwrap().state == AgentState::Running },
+    )
+    .await;
 
     // A second daemon on the same database resumes the child while the first still runs it.
     let second = engine(dir.path()).await;
     assert_eq!(second.resume_interrupted().await.unwrap(), 1);
     let note = ended(&second, child).await;
     assert_eq!(note.status, NotificationStatus::Completed);
-    // Let the first run's response arrive: its write is refused.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Shutting the first engine down waits for its run: the response in flight arrives, and the
+    // write it makes is refused.
+    first.shutdown(Duration::from_secs(30)).await;
 
     let own = second.store().agent_messages(child).await.unwrap();
     let replies = own
@@ -424,12 +396,9 @@ async fn a_resumed_batch_whose_prefix_is_cold_warms_it_once() {
     drop(first);
 
     // A pace at which requests sent together overlap: ungated, each would miss the cache.
-    let store = SqliteStore::open(&dir.path().join("forkd.db"), Durability::Normal)
-        .await
-        .unwrap();
-    let second = Engine::new(
-        Arc::new(store),
-        Arc::new(SimProvider::new(SimConfig { speed: 0.01 })),
+    let second = engine_on(
+        common::store(dir.path()).await,
+        SimConfig { speed: 0.01 },
         EngineConfig::default(),
     );
     assert_eq!(second.resume_interrupted().await.unwrap(), 3);

@@ -1,4 +1,4 @@
-//! What forkctl prints: the `--json` shapes (SPEC §6 fixes their names) and, in [`human`], the
+//! What forkctl prints: `--json` shapes (docs/contracts.md, “JSON shapes”) and, in [`human`], the
 //! tables and lines for people. Both are built from the proto messages by hand, because the
 //! generated types carry no serde and the wire names are not the JSON names.
 

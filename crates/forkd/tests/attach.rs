@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use forkd_proto::v1 as pb;
 use forkd_proto::v1::agent_event::Event;
 use forkd_test_support::{
-    create_session, fork, session_request, spawn_daemon_with, wait_for_batch,
+    create_session, eventually, fork, session_request, spawn_daemon_with, wait_for_batch,
 };
 
 const SLOW: &str = "Take your time.\n@sim tool Read {\"file_path\":\"notes.md\"}\n@sim sleep 3s\n@sim say took my time";
@@ -156,25 +156,24 @@ async fn a_parent_turn_is_handed_to_the_background_and_goes_on() {
     }
     assert!(started.elapsed() >= Duration::from_millis(900));
     // The turn goes on: its reply lands in the session's transcript.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let count = client
-            .get_session(pb::GetSessionRequest {
-                session_id: session.session_id.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .session
-            .unwrap()
-            .message_count;
-        if count == 3 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the turn never ended"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        Duration::from_secs(20),
+        "the turn's reply to be stored",
+        || {
+            let mut client = client.clone();
+            let session_id = session.session_id.clone();
+            async move {
+                let count = client
+                    .get_session(pb::GetSessionRequest { session_id })
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .session
+                    .unwrap()
+                    .message_count;
+                count == 3
+            }
+        },
+    )
+    .await;
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use forkd_proto::v1 as pb;
 use forkd_store::{Durability, RequestFilter, SqliteStore, Store};
-use forkd_test_support::{connect, create_session, fork, session_request};
+use forkd_test_support::{connect, create_session, eventually, fork, session_request};
 
 const CHILDREN: usize = 6;
 const CRASHES: usize = 3;
@@ -30,21 +30,35 @@ fn start(home: &Path) -> Child {
 
 async fn client(home: &Path) -> pb::forkd_client::ForkdClient<tonic::transport::Channel> {
     let addr = format!("unix://{}", home.join("forkd.sock").display());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(mut c) = connect(&addr).await
-            && c.list_sessions(pb::ListSessionsRequest::default())
-                .await
-                .is_ok()
-        {
-            return c;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "forkd did not come up"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    eventually(Duration::from_secs(30), "forkd to come up", || async {
+        let mut c = connect(&addr).await.ok()?;
+        c.list_sessions(pb::ListSessionsRequest::default())
+            .await
+            .ok()?;
+        Some(c)
+    })
+    .await
+}
+
+/// Every notification of the batch stored so far.
+async fn replay(
+    c: &mut pb::forkd_client::ForkdClient<tonic::transport::Channel>,
+    batch: &str,
+) -> Vec<pb::Notification> {
+    let mut stream = c
+        .subscribe_notifications(pb::SubscribeNotificationsRequest {
+            batch_id: batch.to_owned(),
+            follow: false,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut all = Vec::new();
+    while let Some(n) = stream.message().await.unwrap() {
+        all.push(n);
     }
+    all
 }
 
 /// Follows the batch's notifications in the background, recording every one seen.
@@ -120,33 +134,16 @@ async fn crash_run(seed: u64) -> String {
     }
 
     // Every child ends, once.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let done = loop {
-        let replay: Vec<pb::Notification> = {
-            let mut stream = c
-                .subscribe_notifications(pb::SubscribeNotificationsRequest {
-                    batch_id: batch.batch_id.clone(),
-                    follow: false,
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            let mut all = Vec::new();
-            while let Some(n) = stream.message().await.unwrap() {
-                all.push(n);
-            }
-            all
-        };
-        if replay.len() >= CHILDREN {
-            break replay;
+    let what = format!("seed {seed}: every child to end");
+    let done = eventually(Duration::from_secs(60), what, || {
+        let mut c = c.clone();
+        let batch = batch.batch_id.clone();
+        async move {
+            let all = replay(&mut c, &batch).await;
+            (all.len() >= CHILDREN).then_some(all)
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "seed {seed}: children never ended"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    })
+    .await;
     assert_eq!(
         done.len(),
         CHILDREN,

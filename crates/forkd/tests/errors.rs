@@ -269,14 +269,7 @@ async fn a_killed_agent_stops_at_once_with_its_process_group() {
         .await
         .unwrap();
     let pid_file = ws.path().join("pid");
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !pid_file.exists() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the command never started"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    forkd_test_support::wait_for_path(&pid_file).await;
     let pid = std::fs::read_to_string(&pid_file)
         .unwrap()
         .trim()

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use forkd_proto::v1 as pb;
 use forkd_test_support::{
-    create_session, fork, session_request, spawn_daemon_with, wait_for_batch,
+    create_session, eventually, fork, session_request, spawn_daemon_with, wait_for_batch,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -100,13 +100,13 @@ async fn a_batch_shows_up_in_the_metrics_and_its_requests_can_be_explained() {
     )
     .await
     .unwrap();
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while requests_of(&mut client, &odd.batch_id).await.is_empty() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    let what = "the first child's first request to be recorded";
+    eventually(Duration::from_secs(30), what, || {
+        let mut client = client.clone();
+        let batch = odd.batch_id.clone();
+        async move { !requests_of(&mut client, &batch).await.is_empty() }
     })
-    .await
-    .expect("the first child's first request is recorded");
+    .await;
     // One running at a time: the second child waits while the first one's Bash sleeps.
     daemon.stop().await.unwrap();
     let db = daemon.home_path().join("forkd.db");

@@ -9,6 +9,7 @@ use std::time::Duration;
 use forkd_proto::v1 as pb;
 use forkd_test_support::{
     create_session, fork, session_request, spawn_daemon, transcript_text, wait_for_batch,
+    wait_for_path,
 };
 
 #[tokio::test]
@@ -39,14 +40,7 @@ async fn a_restart_resumes_a_child_cut_off_in_a_tool_call() {
     .unwrap();
     // Stop the daemon while the Bash call is in flight.
     let runs = ws.path().join("runs.txt");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !runs.exists() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the command never started"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_path(&runs).await;
     drop(client);
     daemon.restart(|_| {}).await.unwrap();
 
@@ -102,14 +96,7 @@ async fn a_graceful_stop_lets_the_tool_call_in_flight_finish_and_the_agent_resum
         .await
         .unwrap();
     let started = ws.path().join("started");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !started.exists() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the command never started"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_path(&started).await;
     drop(client);
     // A graceful stop (5 s of grace): the Bash call in flight finishes and is stored.
     daemon.stop().await.unwrap();

@@ -1,5 +1,5 @@
 //! The embedded simulated model: deterministic answers driven by `@sim` scripts, a faithful
-//! prompt-cache model and a latency model (SPEC §4). No network.
+//! prompt-cache model and a latency model (docs/contracts.md, “Prompt-cache rules”). No network.
 //!
 //! A request is processed when [`Provider::stream`] is called — that is the instant it is "sent":
 //! scripted failures are consumed and the cache is looked up then. Its own cache writes become

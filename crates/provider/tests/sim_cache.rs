@@ -1,4 +1,4 @@
-//! The sim's prompt-cache model (SPEC §4), observed through usage, as forkd would see it.
+//! The sim's prompt-cache model (docs/contracts.md, “Prompt-cache rules”), observed through usage.
 
 mod common;
 

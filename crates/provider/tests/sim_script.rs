@@ -1,4 +1,4 @@
-//! The sim's `@sim` script language and its answers (SPEC §4), driven through a small agent loop.
+//! The sim's `@sim` scripts and answers (docs/contracts.md, “The sim's script language”).
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! Test helpers: [`spawn_daemon`] starts the real daemon (the same `forkd::daemon::start` that
-//! `forkd serve` runs) on a temporary `FORKD_HOME` and socket, and hands out connected clients.
+//! `forkd serve` runs) on a temporary `FORKD_HOME` and socket, and hands out connected clients;
+//! [`eventually`] waits for a condition instead of sleeping for a time.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,6 +13,9 @@ use tempfile::TempDir;
 use tonic::transport::{Channel, Endpoint};
 
 pub use forkd::daemon::{DaemonConfig as Config, TlsFiles};
+
+mod eventually;
+pub use eventually::{Condition, POLL_INTERVAL, eventually};
 
 /// A daemon on a temporary home. Dropping it without [`TestDaemon::stop`] leaves the runtime to
 /// tear it down, which tests that only read results may do.
@@ -255,14 +259,9 @@ pub fn write_test_certs(dir: &Path) -> anyhow::Result<TestCerts> {
     Ok(certs)
 }
 
-/// Waits (polling, at most 20 s) until `path` exists: a tool call's side effect, say.
-pub async fn wait_for_path(path: &Path) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !path.exists() {
-        if tokio::time::Instant::now() >= deadline {
-            anyhow::bail!("{} never appeared", path.display());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
+/// Waits (at most 20 s) until `path` exists: a tool call's side effect, say. Panics if it never
+/// appears.
+pub async fn wait_for_path(path: &Path) {
+    let what = format!("{} to appear", path.display());
+    eventually(Duration::from_secs(20), what, || async { path.exists() }).await;
 }

@@ -44,7 +44,7 @@ pub enum SessionCommand {
     },
 }
 
-/// The permission modes of SPEC §5; checked here so a typo is a usage error, not a round trip.
+/// Permission modes (docs/contracts.md); checked here so a typo is a usage error, not a round trip.
 pub(crate) const PERMISSION_MODES: [&str; 6] = [
     "default",
     "acceptEdits",

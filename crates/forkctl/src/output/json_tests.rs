@@ -1,4 +1,4 @@
-//! The `--json` shapes, checked whole against SPEC §6: scripts and CI parse these names.
+//! The `--json` shapes of docs/contracts.md, “JSON shapes”, checked whole: CI parses them.
 
 use forkd_proto::v1::{
     Agent, AgentState, EstimateForkCostResponse, ForkBatchResponse, GetCacheStatsResponse,

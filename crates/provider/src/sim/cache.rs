@@ -1,4 +1,4 @@
-//! The simulated prompt cache (SPEC §4): lookups with the 20-position lookback, writes at
+//! The sim's prompt cache (docs/contracts.md, “Prompt-cache rules”): lookback lookups, writes at
 //! breakpoints, entries that become readable only when their response starts, and TTLs that every
 //! hit refreshes.
 

@@ -167,7 +167,7 @@ fn scope(directive: &str) -> String {
         )
 }
 
-/// The structured report (SPEC §3): scope, result, files read and changed since the script's
+/// The structured report (docs/contracts.md): scope, result, files read and changed since the script's
 /// message, issues.
 fn report(directive: &str, result: &str, after: &[SimMessage], issues: &str) -> String {
     let mut read: Vec<String> = Vec::new();

@@ -1,4 +1,4 @@
-//! The `@sim` script language (SPEC §4): parsing a script into turns, and the modifiers
+//! The sim's script language (docs/contracts.md): parsing `@sim` lines into turns, and the modifiers
 //! (`think`, `sleep`, `fail`) that attach to the response of the turn that follows them.
 
 use std::time::Duration;
