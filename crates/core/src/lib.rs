@@ -15,6 +15,7 @@ pub mod query;
 pub mod report;
 pub mod request;
 pub mod session;
+pub mod store;
 pub mod tenant;
 pub mod tools;
 pub mod usage;

@@ -1,8 +1,8 @@
 //! Reading agents and their transcripts.
 
 use forkd_core::fork::ForkBatch;
+use forkd_core::store::AgentFilter;
 use forkd_core::{Agent, AgentId, AgentKind, AgentState, BatchId, Message};
-use forkd_store::AgentFilter;
 
 use crate::Engine;
 use crate::error::{EngineError, Result};
@@ -74,7 +74,7 @@ impl Engine {
                 .filter(|id| !self.runs().contains_key(id))
                 .collect();
             let last_request = match store
-                .list_requests(&forkd_store::RequestFilter {
+                .list_requests(&forkd_core::store::RequestFilter {
                     batch_id: Some(batch),
                     ..Default::default()
                 })

@@ -9,8 +9,8 @@
 
 use std::time::Duration;
 
+use forkd_core::store::NotificationFilter;
 use forkd_core::{AgentId, Message, Notification};
-use forkd_store::NotificationFilter;
 use futures::stream::BoxStream;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
@@ -46,7 +46,7 @@ impl Engine {
     /// Appends a message to an agent's transcript and publishes it to attached clients.
     pub(crate) async fn append_own(
         &self,
-        lease: &forkd_store::Lease,
+        lease: &forkd_core::store::Lease,
         message: &Message,
     ) -> Result<u64> {
         let seq = self

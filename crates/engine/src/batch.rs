@@ -4,8 +4,10 @@ use forkd_core::agent::FORK_QUERY_SOURCE;
 use forkd_core::fork::{ForkBatch, ForkError};
 use forkd_core::plan::{self, ForkLimits, Forker, Refusal};
 use forkd_core::session::Session;
+use forkd_core::store::{
+    AgentFilter, BatchExtras, Budget, IdempotencyRecord, IdempotentCall, NewChild,
+};
 use forkd_core::{Agent, AgentId, AgentKind, AgentState, BatchId, Directive, SessionId, Usage};
-use forkd_store::{AgentFilter, BatchExtras, Budget, IdempotencyRecord, IdempotentCall, NewChild};
 use tokio::sync::watch;
 
 use crate::error::{EngineError, Result};
@@ -42,7 +44,7 @@ pub(crate) struct BatchStart {
     pub budget: Budget,
     /// The parent turn that forks (its lease, checked on commit) and the typed agents whose
     /// reports `others` carries; `None` for a client's batch.
-    pub turn: Option<(forkd_store::Lease, Vec<AgentId>)>,
+    pub turn: Option<(forkd_core::store::Lease, Vec<AgentId>)>,
 }
 
 /// Opens when the first child's response has started (or when the first child ends without

@@ -59,7 +59,7 @@ pub struct EngineConfig {
     /// The most model requests in flight at once (`None`: no cap); more wait their turn.
     pub max_concurrent_requests: Option<usize>,
     /// Spending limits per tenant (by name); an agent of a tenant over its budget fails.
-    pub tenant_budgets: std::collections::HashMap<String, forkd_store::Budget>,
+    pub tenant_budgets: std::collections::HashMap<String, forkd_core::store::Budget>,
 }
 
 impl Default for EngineConfig {

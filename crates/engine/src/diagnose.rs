@@ -5,12 +5,13 @@
 //! Bodies are not stored: `explain` rebuilds them from the transcript with the same code a run
 //! uses, and trusts a rebuilt body only when its prefix fingerprint matches the recorded one.
 
-use forkd_core::request::{self, SerializedRequest, fingerprint};
+use forkd_core::request::{Conversation, SerializedRequest, fingerprint};
+use forkd_core::store::{PrefixPart, RequestFilter, RequestRecord};
 use forkd_core::{AgentId, AgentKind, BatchId, RequestId, Role};
-use forkd_store::{PrefixPart, RequestFilter, RequestRecord};
 
 use crate::Engine;
 use crate::error::{EngineError, Result};
+use crate::model::{PrefixEnd, build};
 
 /// How many bytes of each side an explanation shows around the byte where they part.
 const EXCERPT_BEFORE: usize = 40;
@@ -244,8 +245,13 @@ impl Engine {
             })
             .unwrap_or(run.own.len());
         run.own.truncate(cut);
-        let body = request::serialize(&run.params, &run.conversation(), true);
-        let prefix_end = body.span(run.directive_pos())?.start;
+        let conversation = run.conversation();
+        let built = build(
+            &run.params,
+            &conversation,
+            PrefixEnd::Before(run.directive_pos()),
+        );
+        let (body, prefix_end) = (built.body, built.prefix_end?);
         if fingerprint(&body.body.as_bytes()[..prefix_end]) != record.prefix_fingerprint {
             return None;
         }
@@ -280,7 +286,9 @@ impl Engine {
         if history.len() != count as usize {
             return None;
         }
-        let (body, prefix_end) = crate::parent::main_loop_body(&session.params, history);
+        let conversation = Conversation::plain(history);
+        let built = build(&session.params, &conversation, PrefixEnd::LastBlock);
+        let (body, prefix_end) = (built.body, built.prefix_end?);
         if fingerprint(&body.body.as_bytes()[..prefix_end]) != record.prefix_fingerprint {
             return None;
         }

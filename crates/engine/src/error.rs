@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use forkd_core::store::StoreError;
 use forkd_provider::ProviderError;
-use forkd_store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

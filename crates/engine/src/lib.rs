@@ -28,9 +28,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
+use forkd_core::store::Store;
 use forkd_core::{Notification, SessionId};
 use forkd_provider::Provider;
-use forkd_store::Store;
 use tokio::sync::{Mutex, broadcast};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;

@@ -1,12 +1,21 @@
-//! Model requests: one streamed request, and retries with jittered exponential backoff for
-//! what may succeed on a second try.
+//! Model calls: the one pipeline every agent's request goes through — a fork child's, a typed
+//! agent's and a parent turn's. It builds the body, sends it with the one retry policy (jittered
+//! exponential backoff that honours `retry-after`, for what may succeed on a second try), and
+//! records it: prefix parts and fingerprint, time to first token, cost, metrics.
 
 use std::time::Duration;
 
+use forkd_core::pricing::{self, CacheTtl};
+use forkd_core::query::RequestRecord;
+use forkd_core::request::{self, BlockPos, Conversation, SerializedRequest, fingerprint};
+use forkd_core::session::CacheSafeParams;
+use forkd_core::{Agent, RequestId, Usage};
 use forkd_provider::{Accumulator, Completion, ModelRequest, ProviderError, StreamEvent};
 use futures::StreamExt;
+use tracing::Instrument;
 
-use crate::{Engine, RetryPolicy};
+use crate::error::Result;
+use crate::{Engine, RetryPolicy, now_ms};
 
 /// A completed model request and how long it took, retries and their waits included.
 pub(crate) struct Timed {
@@ -17,10 +26,132 @@ pub(crate) struct Timed {
     pub first_token: Option<Duration>,
 }
 
+/// Where a request's recorded prefix ends: the bytes before it are what a request must share
+/// with its siblings (a fork child) or with the agent's next request (a main loop).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum PrefixEnd {
+    /// Before this block: the agent's own first block (a fork child's directive, a typed
+    /// agent's prompt).
+    Before(BlockPos),
+    /// Before the conversation's last block: a main-loop request, whose last block is what the
+    /// turn just added (the user's message, or tool results).
+    LastBlock,
+}
+
+/// A request body and where its recorded prefix ends (`None` when the block it should end
+/// before is not in the body).
+pub(crate) struct Built {
+    pub body: SerializedRequest,
+    pub prefix_end: Option<usize>,
+}
+
+/// Builds a request body. Cache diagnostics rebuild recorded requests with this same function,
+/// so what they compare is what was sent.
+pub(crate) fn build(
+    params: &CacheSafeParams,
+    conversation: &Conversation,
+    prefix: PrefixEnd,
+) -> Built {
+    let body = request::serialize(params, conversation, true);
+    let prefix_end = match prefix {
+        PrefixEnd::Before(pos) => body.span(pos).map(|s| s.start),
+        PrefixEnd::LastBlock => Some(body.spans.last().map_or(body.body.len(), |s| s.start)),
+    };
+    Built { body, prefix_end }
+}
+
+/// A request's cost at the model's prices (0 for a model the price table does not know).
+pub(crate) fn cost(model: &str, usage: &Usage) -> f64 {
+    pricing::model(model)
+        .map(|m| usage.cost_usd(m, CacheTtl::FiveMinutes))
+        .unwrap_or(0.0)
+}
+
+/// One model request of an agent.
+pub(crate) struct ModelCall<'a> {
+    pub agent: &'a Agent,
+    /// The agent's request number: a child's turns so far, or the request within a parent turn.
+    pub turn: u32,
+    pub params: &'a CacheSafeParams,
+    pub conversation: &'a Conversation,
+    pub prefix: PrefixEnd,
+}
+
+/// A model's answer and the record stored for it.
+pub(crate) struct Answer {
+    pub completion: Completion,
+    pub record: RequestRecord,
+}
+
+impl Engine {
+    /// Builds, sends and records one model request; `on_event` sees the response's events as
+    /// they arrive (a gate opens on `MessageStart`, a parent streams text to its client).
+    pub(crate) async fn call_model(
+        &self,
+        call: ModelCall<'_>,
+        on_event: &mut (dyn FnMut(&StreamEvent) + Send),
+    ) -> Result<Answer> {
+        let Built { body, prefix_end } = build(call.params, call.conversation, call.prefix);
+        let prefix_fingerprint = prefix_end
+            .map(|end| fingerprint(&body.body.as_bytes()[..end]))
+            .unwrap_or_default();
+        let prefix_parts = crate::diagnose::prefix_parts(
+            &body,
+            call.params.tools.raw().len(),
+            prefix_end.unwrap_or(0),
+        );
+        let body_bytes = body.body.len() as u64;
+        let id = RequestId::new();
+        let span =
+            tracing::info_span!("model_request", request.id = %id, turn = call.turn, body_bytes);
+        let model = &call.params.model;
+        let req = ModelRequest {
+            model: model.clone(),
+            body: body.body.into(),
+        };
+        let timed = self
+            .request_with_retries(req, on_event)
+            .instrument(span.clone())
+            .await?;
+        let completion = timed.completion;
+        let record = RequestRecord {
+            id,
+            agent_id: call.agent.id,
+            session_id: call.agent.session_id,
+            batch_id: call.agent.batch_id,
+            turn: call.turn,
+            model: model.clone(),
+            usage: completion.usage,
+            cost_usd: cost(model, &completion.usage),
+            prefix_fingerprint,
+            prefix_parts,
+            message_count: u32::try_from(call.conversation.messages.len()).ok(),
+            body_bytes,
+            first_token_ms: timed.first_token.map(crate::millis),
+            stop_reason: completion.stop_reason.clone(),
+            created_at_ms: now_ms(),
+        };
+        self.inner
+            .store
+            .record_request(&record)
+            .instrument(span)
+            .await?;
+        crate::metrics::request(
+            model,
+            call.agent.kind.as_str(),
+            &record.usage,
+            record.cost_usd,
+            timed.took,
+            timed.first_token,
+        );
+        Ok(Answer { completion, record })
+    }
+}
+
 impl Engine {
     /// Sends a request, retrying what may succeed on a second try (429, 529, 5xx, dropped
     /// streams) with jittered exponential backoff that honours `retry-after`, and times it.
-    pub(crate) async fn request_with_retries(
+    async fn request_with_retries(
         &self,
         req: ModelRequest,
         on_event: &mut (dyn FnMut(&StreamEvent) + Send),

@@ -6,7 +6,7 @@
 //! is dropped. A subscriber that falls behind the bounded live buffer catches up from the store.
 
 use forkd_core::Notification;
-use forkd_store::NotificationFilter;
+use forkd_core::store::NotificationFilter;
 use futures::stream::BoxStream;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;

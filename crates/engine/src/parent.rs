@@ -2,32 +2,24 @@
 //! parent ends its turn. A reply that calls the `Agent` tool without `subagent_type` is a fork
 //! batch, built through the same code path as a client's batch.
 
-use forkd_core::agent::Directive;
-use forkd_core::plan::{self, Forker};
-use forkd_core::pricing::{self, CacheTtl};
-use forkd_core::request::{self, Conversation, SerializedRequest, fingerprint};
-use forkd_core::session::{CacheSafeParams, Session};
-use forkd_core::tools::AGENT_TOOL;
-use forkd_core::{
-    Agent, AgentId, AgentKind, AgentState, BatchId, Block, Message, RequestId, Usage,
-};
-use forkd_provider::{Completion, ModelRequest, StreamEvent};
-use forkd_store::{
-    AgentFilter, IdempotencyRecord, IdempotentCall, Lease, NotificationFilter, RequestRecord,
-    StoreError,
-};
-use futures::StreamExt;
+use forkd_core::request::Conversation;
+use forkd_core::session::Session;
+use forkd_core::store::{AgentFilter, Lease, StoreError};
+use forkd_core::{Agent, AgentId, AgentKind, AgentState, Block, Message, Usage};
+use forkd_provider::{Completion, StreamEvent};
 use futures::stream::BoxStream;
 use tokio::sync::{OwnedMutexGuard, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
-use crate::batch::{BatchStart, SubmittedBatch};
+use crate::batch::SubmittedBatch;
 use crate::error::{EngineError, Result};
-use crate::tenancy::Idempotent;
-use crate::tools::ToolTurn;
+use crate::model::{ModelCall, PrefixEnd};
+use crate::run::Raced;
 use crate::{Engine, now_ms};
+
+mod message;
+mod tools;
 
 /// One event of a parent turn, as it happens.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,18 +47,6 @@ pub enum ParentEvent {
     },
 }
 
-/// A main-loop request's body on `history` (the session's transcript as it stands), and where
-/// its recorded prefix ends: at its last block, the one the turn's new message (or tool results)
-/// put there. Cache diagnostics rebuild recorded requests with this same function.
-pub(crate) fn main_loop_body(
-    params: &CacheSafeParams,
-    history: Vec<Message>,
-) -> (SerializedRequest, usize) {
-    let body = request::serialize(params, &Conversation::plain(history), true);
-    let prefix = body.spans.last().map_or(body.body.len(), |s| s.start);
-    (body, prefix)
-}
-
 /// The events of one parent turn; the turn runs on whether or not anyone reads them.
 pub type ParentEventStream = BoxStream<'static, Result<ParentEvent>>;
 
@@ -82,16 +62,6 @@ struct Turn {
     parent: Agent,
     lease: Lease,
     waited: Waited,
-}
-
-/// What the parent's reply forks: valid fork calls become children; the reply's other tool calls
-/// (a typed agent, an invalid fork call, any other tool) get results of their own.
-struct ForkPlan {
-    forks: Vec<(String, Directive)>,
-    /// Typed agent calls: tool_use id, type, directive. Run before the reply's other tools.
-    typed: Vec<(String, String, Directive)>,
-    /// Calls answered without running a tool: typed agents' reports and refusals.
-    answered: Vec<(String, Block)>,
 }
 
 impl Engine {
@@ -164,99 +134,6 @@ impl Engine {
         Ok(self.foreground(parent_id, rx, backgrounds))
     }
 
-    /// Appends the user's message to the transcript (with its idempotency key, if any).
-    async fn append_user(
-        &self,
-        session: &Session,
-        lease: &Lease,
-        message: &Message,
-        idempotency: Option<&mut IdempotencyRecord>,
-    ) -> Result<()> {
-        let lock = self.session_lock(session.id);
-        let _guard = lock.lock().await;
-        let store = &self.inner.store;
-        let record = match idempotency {
-            Some(record) => {
-                // The key names the message it stored, by its position: read under the session
-                // lock, so no notification can take that position first.
-                let seq = store.session_message_count(session.id).await?;
-                record.resource_id = format!("{}/{seq}", session.id);
-                Some(&*record)
-            }
-            None => None,
-        };
-        store
-            .append_turn(
-                lease,
-                session.id,
-                std::slice::from_ref(message),
-                &[],
-                record,
-                now_ms(),
-            )
-            .await?;
-        Ok(())
-    }
-
-    /// Stores the user's message under its idempotency key. `Some(reply)`: a retry whose turn
-    /// has ended already; `None`: run the turn on from the transcript.
-    async fn append_keyed(
-        &self,
-        session: &Session,
-        lease: &Lease,
-        message: Message,
-        key: &str,
-    ) -> Result<Option<String>> {
-        let canonical = serde_json::json!([session.id.to_string(), message.content_json()]);
-        let digest = fingerprint(canonical.to_string().as_bytes());
-        let outcome = self
-            .idempotent(
-                &session.tenant,
-                key,
-                IdempotentCall::SendMessage,
-                digest,
-                String::new(),
-                |mut record| async move {
-                    self.append_user(session, lease, &message, Some(&mut record))
-                        .await
-                },
-            )
-            .await?;
-        match outcome {
-            Idempotent::Created(()) => Ok(None),
-            Idempotent::Earlier(resource) => self.turn_reply(session.id, &resource).await,
-        }
-    }
-
-    /// The reply that ended the turn of a stored user message (`SESSION_ID/SEQ`), if that turn
-    /// has ended.
-    async fn turn_reply(
-        &self,
-        session: forkd_core::SessionId,
-        resource: &str,
-    ) -> Result<Option<String>> {
-        let seq = resource
-            .rsplit_once('/')
-            .and_then(|(_, seq)| seq.parse::<u64>().ok())
-            .ok_or_else(|| {
-                EngineError::Invariant(format!("stored message key {resource:?} does not parse"))
-            })?;
-        let messages = self.inner.store.session_messages(session, None).await?;
-        let reply = messages
-            .iter()
-            .filter(|m| m.seq > seq)
-            .map(|m| &m.message)
-            .find(|m| m.role == forkd_core::Role::Assistant && m.tool_uses().next().is_none());
-        if let Some(reply) = reply {
-            return Ok(Some(reply.text()));
-        }
-        // A turn whose last reply was empty (and so not stored) ended too.
-        let ended = messages
-            .last()
-            .is_some_and(|m| m.message.role == forkd_core::Role::Assistant);
-        Ok(ended.then(String::new))
-    }
-
     /// Marks the parent idle again.
     async fn release_parent(&self, lease: &Lease) {
         match self
@@ -311,8 +188,7 @@ impl Engine {
     ) -> mpsc::Receiver<Result<ParentEvent>> {
         let (tx, rx) = mpsc::channel(256);
         let engine = self.clone();
-        let cancel = self.inner.shutdown.child_token();
-        self.runs().insert(parent.id, cancel.clone());
+        let cancel = self.register_run(parent.id);
         let span =
             tracing::info_span!("parent_turn", session.id = %session.id, agent.id = %parent.id);
         let turn = Turn {
@@ -323,22 +199,19 @@ impl Engine {
         };
         self.inner.tasks.spawn(tracing::Instrument::instrument(
             async move {
-                let outcome = tokio::select! {
-                    biased;
-                    () = cancel.cancelled() => None,
-                    outcome = engine.parent_turn(&turn, &tx, &cancel) => Some(outcome),
-                };
                 let parent = turn.parent.id;
-                let killed = engine.take_killed(parent);
-                engine.runs().remove(&parent);
+                let raced = engine
+                    .race(parent, &cancel, engine.parent_turn(&turn, &tx, &cancel))
+                    .await;
+                engine.unregister_run(parent);
                 engine.hand_back_reports(&turn).await;
-                let last = match outcome {
-                    Some(outcome) => outcome,
-                    None if killed => Err(EngineError::Cancelled(
+                let last = match raced {
+                    Raced::Done(outcome) => outcome,
+                    Raced::Killed => Err(EngineError::Cancelled(
                         "the turn was cancelled by a client".into(),
                     )),
-                    // Shutdown: the turn stays `running` and resumes at the next start.
-                    None => return,
+                    // The turn stays `running` and resumes at the next start.
+                    Raced::Shutdown => return,
                 };
                 if let Err(e) = &last {
                     if matches!(e, EngineError::Draining) {
@@ -477,7 +350,7 @@ impl Engine {
                 .parent_request(session, parent, request, events)
                 .await?;
             usage += completion.usage;
-            cost += self.cost(session, &completion.usage);
+            cost += crate::model::cost(&session.params.model, &completion.usage);
             let reply = completion.message;
             for (id, name, block) in reply.tool_uses() {
                 let input_json = block
@@ -553,279 +426,23 @@ impl Engine {
             .into_iter()
             .map(|m| m.message)
             .collect();
-        let message_count = u32::try_from(history.len()).ok();
-        let (body, prefix) = main_loop_body(&session.params, history);
-        let record_fingerprint = fingerprint(&body.body.as_bytes()[..prefix]);
-        let prefix_parts =
-            crate::diagnose::prefix_parts(&body, session.params.tools.raw().len(), prefix);
-        let body_bytes = body.body.len() as u64;
-        let request_id = RequestId::new();
-        let span = tracing::info_span!("model_request", request.id = %request_id, turn, body_bytes);
-        let req = ModelRequest {
-            model: session.params.model.clone(),
-            body: body.body.into(),
+        let call = ModelCall {
+            agent: parent,
+            turn,
+            params: &session.params,
+            conversation: &Conversation::plain(history),
+            prefix: PrefixEnd::LastBlock,
         };
         let tx = events.clone();
-        let timed = self
-            .request_with_retries(req, &mut |event| {
+        let answer = self
+            .call_model(call, &mut |event| {
                 if let StreamEvent::TextDelta { text, .. } = event {
                     // A full queue means a slow reader: it misses a delta, never the turn.
                     let _ = tx.try_send(Ok(ParentEvent::TextDelta(text.clone())));
                 }
             })
-            .instrument(span)
             .await?;
-        let completion = timed.completion;
-        let cost_usd = self.cost(session, &completion.usage);
-        self.inner
-            .store
-            .record_request(&RequestRecord {
-                id: request_id,
-                agent_id: parent.id,
-                session_id: session.id,
-                batch_id: None,
-                turn,
-                model: session.params.model.clone(),
-                usage: completion.usage,
-                cost_usd,
-                prefix_fingerprint: record_fingerprint,
-                prefix_parts,
-                message_count,
-                body_bytes,
-                first_token_ms: timed.first_token.map(crate::millis),
-                stop_reason: completion.stop_reason.clone(),
-                created_at_ms: now_ms(),
-            })
-            .await?;
-        crate::metrics::request(
-            &session.params.model,
-            parent.kind.as_str(),
-            &completion.usage,
-            cost_usd,
-            timed.took,
-            timed.first_token,
-        );
-        Ok(completion)
-    }
-
-    fn cost(&self, session: &Session, usage: &Usage) -> f64 {
-        pricing::model(&session.params.model)
-            .map(|m| usage.cost_usd(m, CacheTtl::FiveMinutes))
-            .unwrap_or(0.0)
-    }
-
-    /// Appends the turn's messages to the transcript in one transaction, with nothing in
-    /// between (a reply and its tool results must be adjacent); `delivered` are the typed agents
-    /// whose reports those messages carry.
-    async fn append_to_session(
-        &self,
-        turn: &Turn,
-        messages: &[Message],
-        delivered: &[AgentId],
-    ) -> Result<u64> {
-        let lock = self.session_lock(turn.session.id);
-        let _guard = lock.lock().await;
-        Ok(self
-            .inner
-            .store
-            .append_turn(
-                &turn.lease,
-                turn.session.id,
-                messages,
-                delivered,
-                None,
-                now_ms(),
-            )
-            .await?)
-    }
-
-    /// Waits until every child of a batch the parent forked has ended (their notifications are
-    /// then in the transcript): forks that are not always asynchronous.
-    async fn wait_for_children(&self, batch: &SubmittedBatch) -> Result<()> {
-        let filter = NotificationFilter {
-            batch_id: Some(batch.batch_id),
-            ..NotificationFilter::default()
-        };
-        let mut ended = self.subscribe(0, filter, true).await?;
-        let mut left = batch.agent_ids.len();
-        while left > 0 {
-            match ended.next().await {
-                Some(Ok(_)) => left -= 1,
-                Some(Err(e)) => return Err(e),
-                None => return Err(EngineError::Draining),
-            }
-        }
-        Ok(())
-    }
-
-    /// Answers the tool calls of a parent reply. A reply that forks is stored as a fork batch
-    /// (which appends it and the parent's results to the transcript); any other reply is
-    /// appended, its tools run, and their results appended.
-    async fn parent_tools(
-        &self,
-        turn: &Turn,
-        reply: Message,
-        events: &Events,
-        cancel: &CancellationToken,
-    ) -> Result<Message> {
-        let session = &turn.session;
-        let mut plan = self.fork_plan(session, &reply);
-        // Typed agents whose reports these results carry.
-        let mut delivered = Vec::new();
-        for (id, ty, directive) in std::mem::take(&mut plan.typed) {
-            let result = match self
-                .run_typed(session.id, &ty, directive, &turn.waited)
-                .await
-            {
-                Ok(note) => {
-                    delivered.push(note.agent_id);
-                    Block::tool_result(
-                        &id,
-                        &format!(
-                            "Agent {} ({ty}) {}:\n{}",
-                            note.agent_id,
-                            note.status.as_str(),
-                            note.report.to_text()
-                        ),
-                        note.status != forkd_core::NotificationStatus::Completed,
-                    )
-                }
-                Err(e) => {
-                    Block::tool_result(&id, &format!("The {ty} agent could not run: {e}"), true)
-                }
-            };
-            plan.answered.push((id, result));
-        }
-        if plan.forks.is_empty() {
-            // The reply is stored only with its results, in one step under the session lock: a
-            // notification landing between a tool_use and its tool_result (or a reply left
-            // without results by a crash) would make every later request invalid.
-            let results = self
-                .run_parent_tools(turn, &reply, &plan.answered, cancel)
-                .await?;
-            self.append_to_session(turn, &[reply, results.clone()], &delivered)
-                .await?;
-            return Ok(results);
-        }
-        let mut others = plan.answered;
-        let non_agent = Message::assistant(
-            reply
-                .blocks
-                .iter()
-                .filter(|b| matches!(b.kind(), forkd_core::BlockKind::ToolUse { name, .. } if name != AGENT_TOOL))
-                .cloned()
-                .collect(),
-        );
-        let ran = self.run_parent_tools(turn, &non_agent, &[], cancel).await?;
-        for block in ran.blocks {
-            if let forkd_core::BlockKind::ToolResult { tool_use_id, .. } = block.kind() {
-                others.push((tool_use_id.clone(), block.clone()));
-            }
-        }
-        let batch_id = BatchId::new();
-        let submitted = self
-            .commit_and_start(BatchStart {
-                session_id: session.id,
-                batch_id,
-                assistant: reply,
-                forks: plan.forks,
-                others,
-                gating: self.config().warmup_gating,
-                idempotency: None,
-                budget: forkd_store::Budget::default(),
-                turn: Some((turn.lease, delivered)),
-            })
-            .await?;
-        send(events, ParentEvent::ForkLaunched(submitted.clone())).await;
-        if !self.config().fork_always_async {
-            self.wait_for_children(&submitted).await?;
-        }
-        // The parent's results sit right after the fork message.
-        let fork_point = self.get_batch(submitted.batch_id).await?.fork_point;
-        let messages = self
-            .inner
-            .store
-            .session_messages(session.id, Some(fork_point + 2))
-            .await?;
-        Ok(messages
-            .into_iter()
-            .next_back()
-            .filter(|m| m.seq == fork_point + 1)
-            .map(|m| m.message)
-            .unwrap_or_else(|| Message::user(Vec::new())))
-    }
-
-    /// Runs the parent's non-fork tool calls; the calls in `refused` are already answered.
-    async fn run_parent_tools(
-        &self,
-        turn: &Turn,
-        reply: &Message,
-        refused: &[(String, Block)],
-        cancel: &CancellationToken,
-    ) -> Result<Message> {
-        let runnable = Message::assistant(
-            reply
-                .blocks
-                .iter()
-                .filter(|b| match b.kind() {
-                    forkd_core::BlockKind::ToolUse { id, .. } => {
-                        !refused.iter().any(|(r, _)| r == id)
-                    }
-                    _ => false,
-                })
-                .cloned()
-                .collect(),
-        );
-        let conversation = [reply.clone()];
-        let (session, parent) = (&turn.session, &turn.parent);
-        let turn = ToolTurn {
-            agent: parent,
-            lease: &turn.lease,
-            session,
-            permission_mode: session.permission_mode,
-            offered: session.params.tools.names(),
-            conversation: &conversation,
-            cancel: cancel.clone(),
-        };
-        let ran = self.run_tools(&turn, &runnable).await?;
-        let blocks = reply
-            .tool_uses()
-            .filter_map(|(id, _, _)| {
-                refused
-                    .iter()
-                    .find(|(r, _)| r == id)
-                    .map(|(_, b)| b.clone())
-                    .or_else(|| {
-                        ran.blocks.iter().find(|b| {
-                            matches!(b.kind(), forkd_core::BlockKind::ToolResult { tool_use_id, .. } if tool_use_id == id)
-                        }).cloned()
-                    })
-            })
-            .collect();
-        Ok(Message::user(blocks))
-    }
-
-    /// What the parent's reply forks, by the one fork plan: a session's own turn is never a
-    /// fork child's, so only the coordinator rule and the limits apply.
-    fn fork_plan(&self, session: &Session, reply: &Message) -> ForkPlan {
-        let forker = Forker {
-            coordinator: session.coordinator,
-            child: None,
-            limits: self.fork_limits(),
-        };
-        let plan = plan::plan(reply, &forker);
-        ForkPlan {
-            forks: plan.forks,
-            typed: plan.typed,
-            answered: plan
-                .refused
-                .into_iter()
-                .map(|(id, refusal)| {
-                    let result = Block::tool_result(&id, &refusal.to_model(), true);
-                    (id, result)
-                })
-                .collect(),
-        }
+        Ok(answer.completion)
     }
 }
 

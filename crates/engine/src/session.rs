@@ -13,7 +13,7 @@ use forkd_core::tools::builtin_definitions;
 use forkd_core::{Block, Message, SessionId};
 
 use forkd_core::session::LOCAL_TENANT;
-use forkd_store::{IdempotencyRecord, IdempotentCall};
+use forkd_core::store::{IdempotencyRecord, IdempotentCall};
 
 use crate::error::{EngineError, Result};
 use crate::tenancy::Idempotent;

@@ -4,8 +4,8 @@ use std::collections::HashMap;
 
 use forkd_core::calc::{self, ForkCostEstimate};
 use forkd_core::pricing::{self, CacheTtl};
+use forkd_core::store::{AgentFilter, RequestFilter};
 use forkd_core::{AgentId, AgentKind, BatchId, SessionId, Usage};
-use forkd_store::{AgentFilter, RequestFilter};
 
 use crate::Engine;
 use crate::error::{EngineError, Result};

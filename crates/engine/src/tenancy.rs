@@ -15,8 +15,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use forkd_core::store::{Budget, IdempotencyRecord, IdempotentCall, Spend, SpendScope, StoreError};
 use forkd_core::{BatchId, SessionId};
-use forkd_store::{Budget, IdempotencyRecord, IdempotentCall, Spend, SpendScope, StoreError};
 
 use crate::error::{EngineError, Result};
 use crate::{Engine, now_ms};

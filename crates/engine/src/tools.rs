@@ -10,9 +10,9 @@ use std::collections::HashMap;
 
 use forkd_core::plan::{ForkLimits, Forker, plan};
 use forkd_core::session::{PermissionMode, PermissionRules, Session};
+use forkd_core::store::ToolCall;
 use forkd_core::tools::AGENT_TOOL;
 use forkd_core::{Agent, Block, Message, RawJson};
-use forkd_store::ToolCall;
 use forkd_tools::{Decision, Policy, Rule, ToolContext, ToolOutput, Workspace};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -35,7 +35,7 @@ const INTERRUPTED: &str = "Interrupted: this call was started but its result was
 pub(crate) struct ToolTurn<'a> {
     pub agent: &'a Agent,
     /// The run's claim on the agent: every tool call it stores checks it.
-    pub lease: &'a forkd_store::Lease,
+    pub lease: &'a forkd_core::store::Lease,
     pub session: &'a Session,
     /// The agent's permission mode (a typed agent may have its own).
     pub permission_mode: PermissionMode,

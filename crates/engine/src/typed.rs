@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use forkd_core::pricing;
 use forkd_core::session::{CacheSafeParams, RenderedSystem, ToolsJson};
+use forkd_core::store::{AgentParams, NotificationFilter};
 use forkd_core::{
     Agent, AgentId, AgentKind, AgentState, Block, Directive, Notification, ReportTo, SessionId,
     Usage,
 };
-use forkd_store::{AgentParams, NotificationFilter};
 use futures::StreamExt;
 
 use crate::agent_types::{self, AgentType};

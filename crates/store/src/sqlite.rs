@@ -31,11 +31,19 @@ use sqlx::sqlite::{
 };
 use sqlx::{Sqlite, Transaction};
 
+use crate::error::Result;
 use crate::{
-    AgentFilter, AgentParams, BatchExtras, Budget, IdempotencyRecord, Lease, NewChild,
-    NewNotification, NotificationFilter, RequestFilter, RequestRecord, Result, Spend, SpendScope,
-    Store, StoreError, StoredMessage, ToolCall,
+    AgentFilter, AgentParams, BatchExtras, Budget, DbError, IdempotencyRecord, Lease, NewChild,
+    NewNotification, NotificationFilter, RequestFilter, RequestRecord, Spend, SpendScope, Store,
+    StoredMessage, ToolCall,
 };
+
+type StoreResult<T> = std::result::Result<T, crate::StoreError>;
+
+/// A store operation's outcome at the interface: the driver's errors become [`crate::StoreError`].
+fn db<T>(outcome: Result<T>) -> StoreResult<T> {
+    outcome.map_err(Into::into)
+}
 
 /// The schema, embedded at build time from the workspace's `migrations/` and applied at open.
 static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
@@ -91,52 +99,58 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     /// Opens (creating if missing) the database at `path` and brings its schema up to date.
-    pub async fn open(path: &Path, durability: Durability) -> Result<Self> {
-        let base = SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(true)
-            .foreign_keys(true)
-            .busy_timeout(BUSY_TIMEOUT)
-            .synchronous(durability.synchronous());
-        // WAL is a property of the file; switching into it needs an exclusive lock that does not
-        // wait on the busy timeout, so only the writer asks for it, once, before any reader opens.
-        let writer = SqlitePoolOptions::new()
-            .max_connections(1)
-            .min_connections(1)
-            // Keeping the one connection open keeps the WAL and its index in place between writes.
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .acquire_timeout(WRITE_QUEUE_TIMEOUT)
-            .connect_with(base.clone().journal_mode(SqliteJournalMode::Wal))
-            .await?;
-        MIGRATOR.run(&writer).await?;
-        let reader = SqlitePoolOptions::new()
-            .max_connections(READERS)
-            .connect_with(base.pragma("query_only", "ON"))
-            .await?;
-        Ok(Self { writer, reader })
+    pub async fn open(path: &Path, durability: Durability) -> StoreResult<Self> {
+        db(async move {
+            let base = SqliteConnectOptions::new()
+                .filename(path)
+                .create_if_missing(true)
+                .foreign_keys(true)
+                .busy_timeout(BUSY_TIMEOUT)
+                .synchronous(durability.synchronous());
+            // WAL is a property of the file; switching into it needs an exclusive lock that does not
+            // wait on the busy timeout, so only the writer asks for it, once, before any reader opens.
+            let writer = SqlitePoolOptions::new()
+                .max_connections(1)
+                .min_connections(1)
+                // Keeping the one connection open keeps the WAL and its index in place between writes.
+                .idle_timeout(None)
+                .max_lifetime(None)
+                .acquire_timeout(WRITE_QUEUE_TIMEOUT)
+                .connect_with(base.clone().journal_mode(SqliteJournalMode::Wal))
+                .await?;
+            MIGRATOR.run(&writer).await?;
+            let reader = SqlitePoolOptions::new()
+                .max_connections(READERS)
+                .connect_with(base.pragma("query_only", "ON"))
+                .await?;
+            Ok(Self { writer, reader })
+        }
+        .await)
     }
 
     /// A private database in memory, for tests: one connection serves reads and writes, and the
     /// database lives as long as the store.
-    pub async fn open_in_memory() -> Result<Self> {
-        let options = SqliteConnectOptions::new()
-            .in_memory(true)
-            .foreign_keys(true);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(1)
-            .min_connections(1)
-            // Closing the only connection would drop the database.
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .acquire_timeout(WRITE_QUEUE_TIMEOUT)
-            .connect_with(options)
-            .await?;
-        MIGRATOR.run(&pool).await?;
-        Ok(Self {
-            writer: pool.clone(),
-            reader: pool,
-        })
+    pub async fn open_in_memory() -> StoreResult<Self> {
+        db(async move {
+            let options = SqliteConnectOptions::new()
+                .in_memory(true)
+                .foreign_keys(true);
+            let pool = SqlitePoolOptions::new()
+                .max_connections(1)
+                .min_connections(1)
+                // Closing the only connection would drop the database.
+                .idle_timeout(None)
+                .max_lifetime(None)
+                .acquire_timeout(WRITE_QUEUE_TIMEOUT)
+                .connect_with(options)
+                .await?;
+            MIGRATOR.run(&pool).await?;
+            Ok(Self {
+                writer: pool.clone(),
+                reader: pool,
+            })
+        }
+        .await)
     }
 
     /// Closes every connection, waiting for them; the writer goes last so that its close
@@ -147,23 +161,26 @@ impl SqliteStore {
     }
 
     /// Checks the database file and its foreign keys; `Corrupt` lists what is wrong.
-    pub async fn integrity_check(&self) -> Result<()> {
-        let mut problems: Vec<String> = sqlx::query_scalar("PRAGMA integrity_check")
-            .fetch_all(&self.reader)
-            .await?;
-        problems.retain(|p| p != "ok");
-        let fk: Vec<(String, Option<i64>, String)> =
-            sqlx::query_as("SELECT \"table\", rowid, parent FROM pragma_foreign_key_check")
+    pub async fn integrity_check(&self) -> StoreResult<()> {
+        db(async move {
+            let mut problems: Vec<String> = sqlx::query_scalar("PRAGMA integrity_check")
                 .fetch_all(&self.reader)
                 .await?;
-        problems.extend(fk.into_iter().map(|(table, rowid, parent)| {
-            format!("{table} row {rowid:?} references a missing {parent} row")
-        }));
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(StoreError::Corrupt(problems.join("; ")))
+            problems.retain(|p| p != "ok");
+            let fk: Vec<(String, Option<i64>, String)> =
+                sqlx::query_as("SELECT \"table\", rowid, parent FROM pragma_foreign_key_check")
+                    .fetch_all(&self.reader)
+                    .await?;
+            problems.extend(fk.into_iter().map(|(table, rowid, parent)| {
+                format!("{table} row {rowid:?} references a missing {parent} row")
+            }));
+            if problems.is_empty() {
+                Ok(())
+            } else {
+                Err(DbError::Corrupt(problems.join("; ")))
+            }
         }
+        .await)
     }
 
     /// A write transaction that holds the write lock from its first statement (see the module
@@ -180,18 +197,21 @@ impl Store for SqliteStore {
         session: &Session,
         first_messages: &[Message],
         idempotency: Option<&IdempotencyRecord>,
-    ) -> Result<()> {
-        let mut tx = self.begin_write().await?;
-        sessions::create(&mut tx, session, first_messages).await?;
-        if let Some(record) = idempotency {
-            idempotency::insert(&mut tx, record).await?;
+    ) -> StoreResult<()> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            sessions::create(&mut tx, session, first_messages).await?;
+            if let Some(record) = idempotency {
+                idempotency::insert(&mut tx, record).await?;
+            }
+            tx.commit().await?;
+            Ok(())
         }
-        tx.commit().await?;
-        Ok(())
+        .await)
     }
 
-    async fn get_session(&self, id: SessionId) -> Result<Option<Session>> {
-        sessions::get(&self.reader, id).await
+    async fn get_session(&self, id: SessionId) -> StoreResult<Option<Session>> {
+        db(async move { sessions::get(&self.reader, id).await }.await)
     }
 
     async fn list_sessions(
@@ -199,24 +219,28 @@ impl Store for SqliteStore {
         tenant: Option<&str>,
         after: Option<SessionId>,
         limit: u32,
-    ) -> Result<Vec<Session>> {
-        sessions::list(&self.reader, tenant, after, limit).await
+    ) -> StoreResult<Vec<Session>> {
+        db(async move { sessions::list(&self.reader, tenant, after, limit).await }.await)
     }
 
-    async fn idempotency_key(&self, tenant: &str, key: &str) -> Result<Option<IdempotencyRecord>> {
-        idempotency::get(&self.reader, tenant, key).await
+    async fn idempotency_key(
+        &self,
+        tenant: &str,
+        key: &str,
+    ) -> StoreResult<Option<IdempotencyRecord>> {
+        db(async move { idempotency::get(&self.reader, tenant, key).await }.await)
     }
 
-    async fn session_message_count(&self, id: SessionId) -> Result<u64> {
-        sessions::message_count(&self.reader, id).await
+    async fn session_message_count(&self, id: SessionId) -> StoreResult<u64> {
+        db(async move { sessions::message_count(&self.reader, id).await }.await)
     }
 
     async fn session_messages(
         &self,
         id: SessionId,
         before: Option<u64>,
-    ) -> Result<Vec<StoredMessage>> {
-        sessions::messages(&self.reader, id, before).await
+    ) -> StoreResult<Vec<StoredMessage>> {
+        db(async move { sessions::messages(&self.reader, id, before).await }.await)
     }
 
     async fn create_fork_batch(
@@ -225,38 +249,41 @@ impl Store for SqliteStore {
         parent_results: &Message,
         children: &[NewChild],
         extras: &BatchExtras<'_>,
-    ) -> Result<()> {
-        let mut tx = self.begin_write().await?;
-        batches::create(&mut tx, batch, parent_results, children, extras).await?;
-        if let Some(record) = extras.idempotency {
-            idempotency::insert(&mut tx, record).await?;
+    ) -> StoreResult<()> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            batches::create(&mut tx, batch, parent_results, children, extras).await?;
+            if let Some(record) = extras.idempotency {
+                idempotency::insert(&mut tx, record).await?;
+            }
+            tx.commit().await?;
+            Ok(())
         }
-        tx.commit().await?;
-        Ok(())
+        .await)
     }
 
-    async fn get_batch(&self, id: BatchId) -> Result<Option<ForkBatch>> {
-        batches::get(&self.reader, id).await
+    async fn get_batch(&self, id: BatchId) -> StoreResult<Option<ForkBatch>> {
+        db(async move { batches::get(&self.reader, id).await }.await)
     }
 
-    async fn batch_budget(&self, id: BatchId) -> Result<Budget> {
-        batches::budget(&self.reader, id).await
+    async fn batch_budget(&self, id: BatchId) -> StoreResult<Budget> {
+        db(async move { batches::budget(&self.reader, id).await }.await)
     }
 
-    async fn spend(&self, scope: SpendScope<'_>) -> Result<Spend> {
-        idempotency::spend(&self.reader, scope).await
+    async fn spend(&self, scope: SpendScope<'_>) -> StoreResult<Spend> {
+        db(async move { idempotency::spend(&self.reader, scope).await }.await)
     }
 
-    async fn get_agent(&self, id: AgentId) -> Result<Option<Agent>> {
-        agents::get(&self.reader, id).await
+    async fn get_agent(&self, id: AgentId) -> StoreResult<Option<Agent>> {
+        db(async move { agents::get(&self.reader, id).await }.await)
     }
 
-    async fn list_agents(&self, filter: &AgentFilter) -> Result<Vec<Agent>> {
-        agents::list(&self.reader, filter).await
+    async fn list_agents(&self, filter: &AgentFilter) -> StoreResult<Vec<Agent>> {
+        db(async move { agents::list(&self.reader, filter).await }.await)
     }
 
-    async fn agent_directive_block(&self, id: AgentId) -> Result<Option<Block>> {
-        agents::directive_block(&self.reader, id).await
+    async fn agent_directive_block(&self, id: AgentId) -> StoreResult<Option<Block>> {
+        db(async move { agents::directive_block(&self.reader, id).await }.await)
     }
 
     async fn set_agent_state(
@@ -264,36 +291,48 @@ impl Store for SqliteStore {
         id: AgentId,
         state: AgentState,
         error: Option<&str>,
-    ) -> Result<()> {
-        let mut tx = self.begin_write().await?;
-        agents::set_state(&mut tx, id, state, error).await?;
-        tx.commit().await?;
-        Ok(())
+    ) -> StoreResult<()> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            agents::set_state(&mut tx, id, state, error).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await)
     }
 
-    async fn claim_agent(&self, id: AgentId) -> Result<Lease> {
-        let mut tx = self.begin_write().await?;
-        let lease = agents::claim(&mut tx, id).await?;
-        tx.commit().await?;
-        Ok(lease)
+    async fn claim_agent(&self, id: AgentId) -> StoreResult<Lease> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            let lease = agents::claim(&mut tx, id).await?;
+            tx.commit().await?;
+            Ok(lease)
+        }
+        .await)
     }
 
-    async fn release_agent(&self, lease: &Lease, state: AgentState) -> Result<()> {
-        let mut tx = self.begin_write().await?;
-        agents::release(&mut tx, lease, state).await?;
-        tx.commit().await?;
-        Ok(())
+    async fn release_agent(&self, lease: &Lease, state: AgentState) -> StoreResult<()> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            agents::release(&mut tx, lease, state).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await)
     }
 
-    async fn append_agent_message(&self, lease: &Lease, message: &Message) -> Result<u64> {
-        let mut tx = self.begin_write().await?;
-        let seq = agents::append_message(&mut tx, lease, message).await?;
-        tx.commit().await?;
-        Ok(seq)
+    async fn append_agent_message(&self, lease: &Lease, message: &Message) -> StoreResult<u64> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            let seq = agents::append_message(&mut tx, lease, message).await?;
+            tx.commit().await?;
+            Ok(seq)
+        }
+        .await)
     }
 
-    async fn agent_messages(&self, id: AgentId) -> Result<Vec<StoredMessage>> {
-        agents::messages(&self.reader, id).await
+    async fn agent_messages(&self, id: AgentId) -> StoreResult<Vec<StoredMessage>> {
+        db(async move { agents::messages(&self.reader, id).await }.await)
     }
 
     async fn insert_agent(
@@ -301,25 +340,28 @@ impl Store for SqliteStore {
         agent: &Agent,
         directive_block: Option<&Block>,
         params: Option<&AgentParams>,
-    ) -> Result<()> {
-        let mut tx = self.begin_write().await?;
-        let session_id = agent.session_id.to_string();
-        if !sessions::exists(&mut tx, &session_id).await? {
-            return Err(StoreError::NotFound {
-                kind: "session",
-                id: session_id,
-            });
+    ) -> StoreResult<()> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            let session_id = agent.session_id.to_string();
+            if !sessions::exists(&mut tx, &session_id).await? {
+                return Err(DbError::NotFound {
+                    kind: "session",
+                    id: session_id,
+                });
+            }
+            agents::insert(&mut tx, agent, directive_block).await?;
+            if let Some(params) = params {
+                agent_params::insert(&mut tx, agent.id, params).await?;
+            }
+            tx.commit().await?;
+            Ok(())
         }
-        agents::insert(&mut tx, agent, directive_block).await?;
-        if let Some(params) = params {
-            agent_params::insert(&mut tx, agent.id, params).await?;
-        }
-        tx.commit().await?;
-        Ok(())
+        .await)
     }
 
-    async fn agent_params(&self, id: AgentId) -> Result<Option<AgentParams>> {
-        agent_params::get(&self.reader, id).await
+    async fn agent_params(&self, id: AgentId) -> StoreResult<Option<AgentParams>> {
+        db(async move { agent_params::get(&self.reader, id).await }.await)
     }
 
     async fn append_turn(
@@ -330,33 +372,39 @@ impl Store for SqliteStore {
         delivered: &[AgentId],
         idempotency: Option<&IdempotencyRecord>,
         at_ms: i64,
-    ) -> Result<u64> {
-        let mut tx = self.begin_write().await?;
-        agents::check_lease(&mut tx, lease).await?;
-        if let Some(record) = idempotency {
-            idempotency::insert(&mut tx, record).await?;
+    ) -> StoreResult<u64> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            agents::check_lease(&mut tx, lease).await?;
+            if let Some(record) = idempotency {
+                idempotency::insert(&mut tx, record).await?;
+            }
+            let session_id = session.to_string();
+            if !sessions::exists(&mut tx, &session_id).await? {
+                return Err(DbError::NotFound {
+                    kind: "session",
+                    id: session_id,
+                });
+            }
+            let first = convert::session_len(&mut tx, &session_id).await?;
+            for (seq, message) in (first..).zip(messages) {
+                convert::insert_session_message(&mut tx, &session_id, seq, message, at_ms).await?;
+            }
+            agents::mark_delivered(&mut tx, delivered).await?;
+            tx.commit().await?;
+            convert::from_i64(first, "session message seq")
         }
-        let session_id = session.to_string();
-        if !sessions::exists(&mut tx, &session_id).await? {
-            return Err(StoreError::NotFound {
-                kind: "session",
-                id: session_id,
-            });
-        }
-        let first = convert::session_len(&mut tx, &session_id).await?;
-        for (seq, message) in (first..).zip(messages) {
-            convert::insert_session_message(&mut tx, &session_id, seq, message, at_ms).await?;
-        }
-        agents::mark_delivered(&mut tx, delivered).await?;
-        tx.commit().await?;
-        convert::from_i64(first, "session message seq")
+        .await)
     }
 
-    async fn begin_tool_call(&self, lease: &Lease, call: &ToolCall) -> Result<()> {
-        let mut tx = self.begin_write().await?;
-        tool_calls::begin(&mut tx, lease, call).await?;
-        tx.commit().await?;
-        Ok(())
+    async fn begin_tool_call(&self, lease: &Lease, call: &ToolCall) -> StoreResult<()> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            tool_calls::begin(&mut tx, lease, call).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await)
     }
 
     async fn finish_tool_call(
@@ -366,30 +414,36 @@ impl Store for SqliteStore {
         result: &Block,
         full_output: Option<&str>,
         at_ms: i64,
-    ) -> Result<()> {
-        let mut tx = self.begin_write().await?;
-        tool_calls::finish(&mut tx, lease, tool_use_id, result, full_output, at_ms).await?;
-        tx.commit().await?;
-        Ok(())
+    ) -> StoreResult<()> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            tool_calls::finish(&mut tx, lease, tool_use_id, result, full_output, at_ms).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await)
     }
 
-    async fn tool_calls(&self, agent: AgentId) -> Result<Vec<ToolCall>> {
-        tool_calls::list(&self.reader, agent).await
+    async fn tool_calls(&self, agent: AgentId) -> StoreResult<Vec<ToolCall>> {
+        db(async move { tool_calls::list(&self.reader, agent).await }.await)
     }
 
-    async fn record_request(&self, record: &RequestRecord) -> Result<()> {
-        let mut tx = self.begin_write().await?;
-        requests::record(&mut tx, record).await?;
-        tx.commit().await?;
-        Ok(())
+    async fn record_request(&self, record: &RequestRecord) -> StoreResult<()> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            requests::record(&mut tx, record).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await)
     }
 
-    async fn list_requests(&self, filter: &RequestFilter) -> Result<Vec<RequestRecord>> {
-        requests::list(&self.reader, filter).await
+    async fn list_requests(&self, filter: &RequestFilter) -> StoreResult<Vec<RequestRecord>> {
+        db(async move { requests::list(&self.reader, filter).await }.await)
     }
 
-    async fn get_request(&self, id: forkd_core::RequestId) -> Result<Option<RequestRecord>> {
-        requests::get(&self.reader, id).await
+    async fn get_request(&self, id: forkd_core::RequestId) -> StoreResult<Option<RequestRecord>> {
+        db(async move { requests::get(&self.reader, id).await }.await)
     }
 
     async fn finish_agent(
@@ -397,22 +451,28 @@ impl Store for SqliteStore {
         lease: &Lease,
         notification: &NewNotification,
         error: Option<&str>,
-    ) -> Result<Notification> {
-        let mut tx = self.begin_write().await?;
-        let stored = notifications::finish_agent(&mut tx, lease, notification, error).await?;
-        tx.commit().await?;
-        Ok(stored)
+    ) -> StoreResult<Notification> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            let stored = notifications::finish_agent(&mut tx, lease, notification, error).await?;
+            tx.commit().await?;
+            Ok(stored)
+        }
+        .await)
     }
 
-    async fn caller_reports(&self) -> Result<Vec<AgentId>> {
-        notifications::caller_reports(&self.reader).await
+    async fn caller_reports(&self) -> StoreResult<Vec<AgentId>> {
+        db(async move { notifications::caller_reports(&self.reader).await }.await)
     }
 
-    async fn redirect_reports(&self, agents: &[AgentId]) -> Result<usize> {
-        let mut tx = self.begin_write().await?;
-        let appended = notifications::redirect_reports(&mut tx, agents).await?;
-        tx.commit().await?;
-        Ok(appended)
+    async fn redirect_reports(&self, agents: &[AgentId]) -> StoreResult<usize> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            let appended = notifications::redirect_reports(&mut tx, agents).await?;
+            tx.commit().await?;
+            Ok(appended)
+        }
+        .await)
     }
 
     async fn notifications(
@@ -420,15 +480,15 @@ impl Store for SqliteStore {
         since_seq: u64,
         filter: &NotificationFilter,
         limit: u32,
-    ) -> Result<Vec<Notification>> {
-        notifications::list(&self.reader, since_seq, filter, limit).await
+    ) -> StoreResult<Vec<Notification>> {
+        db(async move { notifications::list(&self.reader, since_seq, filter, limit).await }.await)
     }
 
-    async fn last_notification_seq(&self) -> Result<u64> {
-        notifications::last_seq(&self.reader).await
+    async fn last_notification_seq(&self) -> StoreResult<u64> {
+        db(async move { notifications::last_seq(&self.reader).await }.await)
     }
 
-    async fn stats(&self, batches_since_ms: i64) -> Result<crate::Stats> {
-        stats::stats(&self.reader, batches_since_ms).await
+    async fn stats(&self, batches_since_ms: i64) -> StoreResult<crate::Stats> {
+        db(async move { stats::stats(&self.reader, batches_since_ms).await }.await)
     }
 }

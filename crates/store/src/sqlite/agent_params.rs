@@ -7,7 +7,8 @@ use forkd_core::session::{
 use sqlx::{SqliteConnection, SqlitePool};
 
 use super::convert::{corrupt, from_i64, to_i64};
-use crate::{AgentParams, Result};
+use crate::AgentParams;
+use crate::error::Result;
 
 #[derive(sqlx::FromRow)]
 struct ParamsRow {

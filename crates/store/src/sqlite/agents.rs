@@ -8,7 +8,8 @@ use super::convert::{
     MessageRow, UsageRow, conflict_if_duplicate, corrupt, from_i64, limit_param, now_ms, opt_id,
     parse_id, stored_messages, to_i64,
 };
-use crate::{AgentFilter, Lease, Result, StoreError, StoredMessage};
+use crate::error::Result;
+use crate::{AgentFilter, DbError, Lease, StoredMessage};
 
 macro_rules! agent_columns {
     () => {
@@ -43,7 +44,7 @@ fn parse_state(text: &str) -> Result<AgentState> {
 }
 
 impl TryFrom<AgentRow> for Agent {
-    type Error = StoreError;
+    type Error = DbError;
 
     fn try_from(row: AgentRow) -> Result<Self> {
         let kind = AgentKind::parse(&row.kind)
@@ -173,8 +174,8 @@ pub(super) async fn directive_block(pool: &SqlitePool, id: AgentId) -> Result<Op
         .transpose()
 }
 
-fn not_found(id: impl ToString) -> StoreError {
-    StoreError::NotFound {
+fn not_found(id: impl ToString) -> DbError {
+    DbError::NotFound {
         kind: "agent",
         id: id.to_string(),
     }
@@ -188,7 +189,7 @@ pub(super) async fn live_state(conn: &mut SqliteConnection, id: &str) -> Result<
         .await?;
     let state = parse_state(&state.ok_or_else(|| not_found(id))?)?;
     if state.is_terminal() {
-        return Err(StoreError::Conflict(format!(
+        return Err(DbError::Conflict(format!(
             "agent {id} already ended ({})",
             state.as_str()
         )));
@@ -260,7 +261,7 @@ pub(super) async fn check_lease(conn: &mut SqliteConnection, lease: &Lease) -> R
         "agent generation",
     )?;
     if current != lease.generation {
-        return Err(StoreError::Superseded {
+        return Err(DbError::Superseded {
             agent: lease.agent_id,
             held: lease.generation,
             current,

@@ -9,7 +9,8 @@ use super::convert::{
     insert_session_message, parse_id, session_len, to_i64,
 };
 use super::{agents, sessions};
-use crate::{BatchExtras, Budget, NewChild, Result, StoreError};
+use crate::error::Result;
+use crate::{BatchExtras, Budget, DbError, NewChild};
 
 #[derive(sqlx::FromRow)]
 struct BatchRow {
@@ -22,7 +23,7 @@ struct BatchRow {
 }
 
 impl TryFrom<BatchRow> for ForkBatch {
-    type Error = StoreError;
+    type Error = DbError;
 
     /// Rebuilt field by field from the stored bytes, never through [`ForkBatch::new`]: the shared
     /// blocks are what the children were sent, not what today's code would build.
@@ -56,7 +57,7 @@ pub(super) async fn create(
     }
     let session_id = batch.session_id.to_string();
     if !sessions::exists(conn, &session_id).await? {
-        return Err(StoreError::NotFound {
+        return Err(DbError::NotFound {
             kind: "session",
             id: session_id,
         });
@@ -64,7 +65,7 @@ pub(super) async fn create(
     let fork_point = to_i64(batch.fork_point, "fork_point")?;
     let len = session_len(conn, &session_id).await?;
     if len != fork_point {
-        return Err(StoreError::Conflict(format!(
+        return Err(DbError::Conflict(format!(
             "session {session_id} has {len} messages; batch {} forks at {fork_point}",
             batch.id
         )));
@@ -72,7 +73,7 @@ pub(super) async fn create(
     for child in children {
         let agent = &child.agent;
         if agent.session_id != batch.session_id || agent.batch_id != Some(batch.id) {
-            return Err(StoreError::Conflict(format!(
+            return Err(DbError::Conflict(format!(
                 "agent {} does not belong to batch {} of session {session_id}",
                 agent.id, batch.id
             )));
@@ -143,7 +144,7 @@ pub(super) async fn budget(pool: &SqlitePool, id: BatchId) -> Result<Budget> {
             .bind(id.to_string())
             .fetch_optional(pool)
             .await?;
-    let (usd, tokens) = row.ok_or_else(|| StoreError::NotFound {
+    let (usd, tokens) = row.ok_or_else(|| DbError::NotFound {
         kind: "batch",
         id: id.to_string(),
     })?;

@@ -10,18 +10,19 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use forkd_core::{Block, Message, Role, Usage};
 use sqlx::SqliteConnection;
 
-use crate::{Result, StoreError, StoredMessage};
+use crate::error::Result;
+use crate::{DbError, StoredMessage};
 
 /// A stored value that no longer decodes.
-pub(super) fn corrupt(what: &str, err: impl Display) -> StoreError {
-    StoreError::Corrupt(format!("{what}: {err}"))
+pub(super) fn corrupt(what: &str, err: impl Display) -> DbError {
+    DbError::Corrupt(format!("{what}: {err}"))
 }
 
 /// A `u64` (or `u32`) as SQLite's `INTEGER`.
 pub(super) fn to_i64(value: impl Into<u64>, what: &'static str) -> Result<i64> {
     let value = value.into();
     i64::try_from(value).map_err(|_| {
-        StoreError::Database(sqlx::Error::Encode(
+        DbError::Database(sqlx::Error::Encode(
             format!("{what} {value} does not fit SQLite's INTEGER").into(),
         ))
     })
@@ -130,7 +131,7 @@ pub(super) struct MessageRow {
 }
 
 impl TryFrom<MessageRow> for StoredMessage {
-    type Error = StoreError;
+    type Error = DbError;
 
     fn try_from(row: MessageRow) -> Result<Self> {
         let role = Role::parse(&row.role)
@@ -185,9 +186,9 @@ pub(super) async fn insert_session_message(
 }
 
 /// Turns a unique-key violation into a `Conflict` naming what already exists.
-pub(super) fn conflict_if_duplicate(err: sqlx::Error, what: impl FnOnce() -> String) -> StoreError {
+pub(super) fn conflict_if_duplicate(err: sqlx::Error, what: impl FnOnce() -> String) -> DbError {
     match err.as_database_error() {
-        Some(db) if db.is_unique_violation() => StoreError::Conflict(what()),
-        _ => StoreError::Database(err),
+        Some(db) if db.is_unique_violation() => DbError::Conflict(what()),
+        _ => DbError::Database(err),
     }
 }

@@ -3,7 +3,8 @@
 use sqlx::{SqliteConnection, SqlitePool};
 
 use super::convert::{conflict_if_duplicate, corrupt, from_i64};
-use crate::{IdempotencyRecord, IdempotentCall, Result, Spend, SpendScope, StoreError};
+use crate::error::Result;
+use crate::{DbError, IdempotencyRecord, IdempotentCall, Spend, SpendScope};
 
 #[derive(sqlx::FromRow)]
 struct KeyRow {
@@ -16,7 +17,7 @@ struct KeyRow {
 }
 
 impl TryFrom<KeyRow> for IdempotencyRecord {
-    type Error = StoreError;
+    type Error = DbError;
 
     fn try_from(row: KeyRow) -> Result<Self> {
         Ok(IdempotencyRecord {

@@ -8,7 +8,8 @@ use super::convert::{
     UsageRow, conflict_if_duplicate, corrupt, from_i64, insert_session_message, limit_param,
     opt_id, parse_id, session_len,
 };
-use crate::{Lease, NewNotification, NotificationFilter, Result, StoreError};
+use crate::error::Result;
+use crate::{DbError, Lease, NewNotification, NotificationFilter};
 use forkd_core::{AgentId, ReportTo};
 
 #[derive(sqlx::FromRow)]
@@ -27,7 +28,7 @@ struct NotificationRow {
 }
 
 impl TryFrom<NotificationRow> for Notification {
-    type Error = StoreError;
+    type Error = DbError;
 
     fn try_from(row: NotificationRow) -> Result<Self> {
         Ok(Notification {
@@ -77,7 +78,7 @@ pub(super) async fn finish_agent(
 ) -> Result<Notification> {
     let agent_id = n.agent_id.to_string();
     if lease.agent_id != n.agent_id {
-        return Err(StoreError::Conflict(format!(
+        return Err(DbError::Conflict(format!(
             "notification for agent {agent_id} under a lease on agent {}",
             lease.agent_id
         )));
@@ -92,7 +93,7 @@ pub(super) async fn finish_agent(
     let session_id = n.session_id.to_string();
     let batch_id = opt_id(n.batch_id);
     if owner.session_id != session_id || owner.batch_id != batch_id {
-        return Err(StoreError::Conflict(format!(
+        return Err(DbError::Conflict(format!(
             "notification for agent {agent_id} names session {session_id} and batch {batch_id:?}; \
              the agent belongs to session {} and batch {:?}",
             owner.session_id, owner.batch_id
@@ -109,7 +110,7 @@ pub(super) async fn finish_agent(
     .await?;
 
     let report_json = serde_json::to_string(&n.report).map_err(|e| {
-        StoreError::Database(sqlx::Error::Encode(
+        DbError::Database(sqlx::Error::Encode(
             format!("notification report: {e}").into(),
         ))
     })?;

@@ -11,7 +11,8 @@ use super::convert::{
     MessageRow, conflict_if_duplicate, corrupt, from_i64, insert_session_message, limit_param,
     parse_id, session_len, stored_messages, to_i64,
 };
-use crate::{Result, StoreError, StoredMessage};
+use crate::error::Result;
+use crate::{DbError, StoredMessage};
 
 macro_rules! session_columns {
     () => {
@@ -39,7 +40,7 @@ struct SessionRow {
 }
 
 impl TryFrom<SessionRow> for Session {
-    type Error = StoreError;
+    type Error = DbError;
 
     fn try_from(row: SessionRow) -> Result<Self> {
         let tools =
@@ -90,7 +91,7 @@ pub(super) async fn create(
     // The workspace is matched against tool paths as text; a path that is not UTF-8 could not
     // be stored and read back unchanged, so it is refused rather than mangled.
     let workspace = session.workspace.to_str().ok_or_else(|| {
-        StoreError::Database(sqlx::Error::Encode(
+        DbError::Database(sqlx::Error::Encode(
             format!("workspace {:?} is not UTF-8", session.workspace).into(),
         ))
     })?;
@@ -168,8 +169,8 @@ pub(super) async fn exists(conn: &mut SqliteConnection, id: &str) -> Result<bool
     Ok(found.is_some())
 }
 
-fn not_found(id: impl ToString) -> StoreError {
-    StoreError::NotFound {
+fn not_found(id: impl ToString) -> DbError {
+    DbError::NotFound {
         kind: "session",
         id: id.to_string(),
     }

@@ -4,7 +4,8 @@ use forkd_core::{AgentKind, AgentState};
 use sqlx::SqlitePool;
 
 use super::convert::{UsageRow, corrupt, from_i64, parse_id};
-use crate::{AgentCount, BatchStats, Result, Stats};
+use crate::error::Result;
+use crate::{AgentCount, BatchStats, Stats};
 
 #[derive(sqlx::FromRow)]
 struct BatchRow {

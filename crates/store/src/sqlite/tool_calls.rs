@@ -5,7 +5,8 @@ use sqlx::{SqliteConnection, SqlitePool};
 
 use super::agents;
 use super::convert::{corrupt, parse_id};
-use crate::{Lease, Result, StoreError, ToolCall};
+use crate::error::Result;
+use crate::{DbError, Lease, ToolCall};
 
 #[derive(sqlx::FromRow)]
 struct ToolCallRow {
@@ -21,7 +22,7 @@ struct ToolCallRow {
 }
 
 impl TryFrom<ToolCallRow> for ToolCall {
-    type Error = StoreError;
+    type Error = DbError;
 
     fn try_from(row: ToolCallRow) -> Result<Self> {
         Ok(ToolCall {
@@ -51,7 +52,7 @@ pub(super) async fn begin(
     call: &ToolCall,
 ) -> Result<()> {
     if call.agent_id != lease.agent_id {
-        return Err(StoreError::Conflict(format!(
+        return Err(DbError::Conflict(format!(
             "tool call {} belongs to agent {}, not to the leased agent {}",
             call.tool_use_id, call.agent_id, lease.agent_id
         )));
@@ -96,7 +97,7 @@ pub(super) async fn finish(
     .execute(conn)
     .await?;
     if done.rows_affected() == 0 {
-        return Err(StoreError::Conflict(format!(
+        return Err(DbError::Conflict(format!(
             "tool call {tool_use_id} of agent {agent} has no open intent"
         )));
     }

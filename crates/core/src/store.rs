@@ -1,0 +1,365 @@
+//! forkd's durable state as the engine needs it: one narrow interface, [`Store`], and the types
+//! it speaks. The interface lives in the domain crate so the engine depends on it alone; its
+//! implementations (SQLite today) live in `forkd-store`, the only crate that speaks SQL.
+//!
+//! Every method is one transaction; a write is durable when it returns. The shared prefix of a
+//! batch is stored once (the parent's transcript plus one batch row); each child stores only its
+//! directive block and its own later messages.
+
+use async_trait::async_trait;
+
+use crate::fork::ForkBatch;
+use crate::report::Report;
+use crate::session::Session;
+use crate::{
+    Agent, AgentId, AgentState, BatchId, Block, Message, Notification, NotificationStatus,
+    RequestId, SessionId, Usage,
+};
+
+/// A store operation that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{kind} {id} not found")]
+    NotFound { kind: &'static str, id: String },
+    /// The write conflicts with what is stored (a transcript that moved on, an agent that ended).
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// A newer run claimed the agent after the run making this write: the write was refused, and
+    /// the older run must stop (the newer one owns the transcript now).
+    #[error(
+        "agent {agent} was claimed by a newer run (generation {current}; this run holds {held})"
+    )]
+    Superseded {
+        agent: AgentId,
+        held: u64,
+        current: u64,
+    },
+    /// Stored bytes that no longer decode: a bug or a damaged database.
+    #[error("corrupt row: {0}")]
+    Corrupt(String),
+    /// The database failed (its driver's error, kept as the source).
+    #[error(transparent)]
+    Database(Box<dyn std::error::Error + Send + Sync>),
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+pub use crate::query::{AgentFilter, NotificationFilter, PrefixPart, RequestFilter, RequestRecord};
+pub use crate::tenant::Budget;
+
+/// What a call made with an idempotency key created. Written in the same transaction as what it
+/// names, so a key never points at nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyRecord {
+    pub tenant: String,
+    pub key: String,
+    /// `session`, `batch` or `message`: one key names one call.
+    pub kind: IdempotentCall,
+    /// A digest of the call's parameters: a retry must carry the same.
+    pub request_sha256: String,
+    /// What the call created: a session or batch id, or a stored message as `SESSION_ID/SEQ`.
+    pub resource_id: String,
+    pub created_at_ms: i64,
+}
+
+/// The calls that take an idempotency key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IdempotentCall {
+    CreateSession,
+    ForkBatch,
+    SendMessage,
+}
+
+impl IdempotentCall {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdempotentCall::CreateSession => "session",
+            IdempotentCall::ForkBatch => "batch",
+            IdempotentCall::SendMessage => "message",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            IdempotentCall::CreateSession,
+            IdempotentCall::ForkBatch,
+            IdempotentCall::SendMessage,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == s)
+    }
+}
+
+/// What agents have spent so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Spend {
+    pub usd: f64,
+    pub tokens: u64,
+}
+
+/// Whose spending to add up.
+#[derive(Debug, Clone, Copy)]
+pub enum SpendScope<'a> {
+    Batch(BatchId),
+    Tenant(&'a str),
+}
+
+/// What a fork batch is stored with besides its messages and children.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BatchExtras<'a> {
+    /// The parent turn that forks: its lease (checked) and the typed agents whose reports the
+    /// parent's results carry (marked delivered, see [`Store::append_turn`]).
+    pub turn: Option<(&'a Lease, &'a [AgentId])>,
+    /// The client's idempotency key, stored with the batch.
+    pub idempotency: Option<&'a IdempotencyRecord>,
+    pub budget: Budget,
+}
+
+/// A run's claim on an agent: the agent's generation when the run claimed it.
+///
+/// Claiming increments the generation, so the newest claim wins: every write a run makes on the
+/// agent's behalf (its messages, tool calls, state, end) checks the generation inside the write's
+/// transaction and fails with [`StoreError::Superseded`] once another run has claimed the agent.
+/// Two runs of one agent can therefore never interleave their writes, whether they are in one
+/// daemon (a handoff) or in two processes sharing the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Lease {
+    pub agent_id: AgentId,
+    pub generation: u64,
+}
+
+/// A message of a transcript with its position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredMessage {
+    /// 0-based position in its transcript.
+    pub seq: u64,
+    pub message: Message,
+    pub created_at_ms: i64,
+}
+
+/// A fork child to insert with its batch.
+#[derive(Debug, Clone)]
+pub struct NewChild {
+    pub agent: Agent,
+    /// The child's own directive block: the only bytes of its first request that differ from
+    /// its siblings'.
+    pub directive_block: Block,
+}
+
+/// A notification to store; the store assigns its `seq`.
+#[derive(Debug, Clone)]
+pub struct NewNotification {
+    pub session_id: SessionId,
+    pub batch_id: Option<BatchId>,
+    pub agent_id: AgentId,
+    pub status: NotificationStatus,
+    pub summary: String,
+    pub report: Report,
+    pub usage: Usage,
+    pub cost_usd: f64,
+    pub created_at_ms: i64,
+}
+
+/// The cache-safe params and permission mode of an agent that does not share its session's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentParams {
+    pub params: crate::session::CacheSafeParams,
+    pub permission_mode: crate::session::PermissionMode,
+}
+
+/// One tool call: its intent (stored before it runs) and its result (stored after).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    pub agent_id: AgentId,
+    pub tool_use_id: String,
+    pub name: String,
+    /// The tool_use block's input, as the model wrote it.
+    pub input_json: String,
+    /// Read-only calls may run again after an interruption; mutating ones never blindly do.
+    pub read_only: bool,
+    /// The tool_result block the model sees; `None` while the call runs or if it was cut off.
+    pub result: Option<Block>,
+    /// The whole output when the model was shown a shortened form.
+    pub full_output: Option<String>,
+    pub started_at_ms: i64,
+    pub finished_at_ms: Option<i64>,
+}
+
+/// A snapshot of the stored agents, for the metrics endpoint: how many of each kind are in each
+/// state, and the batches still running or ended recently with their token totals.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stats {
+    /// Every (kind, state) pair that has at least one agent.
+    pub agents: Vec<AgentCount>,
+    /// In batch id (creation) order.
+    pub batches: Vec<BatchStats>,
+}
+
+/// How many agents of one kind are in one state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgentCount {
+    pub kind: crate::AgentKind,
+    pub state: crate::AgentState,
+    pub count: u64,
+}
+
+/// One fork batch's children, summed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchStats {
+    pub batch_id: BatchId,
+    pub session_id: SessionId,
+    pub tenant: String,
+    pub children: u64,
+    /// Children in a terminal state.
+    pub ended: u64,
+    pub usage: Usage,
+    pub cost_usd: f64,
+}
+
+/// forkd's durable state. Every method is one transaction; a write is durable when it returns.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Stores a new session and its first messages (seq 0..), and the idempotency key it was
+    /// created with (`Conflict` if the key is taken).
+    async fn create_session(
+        &self,
+        session: &Session,
+        first_messages: &[Message],
+        idempotency: Option<&IdempotencyRecord>,
+    ) -> Result<()>;
+    async fn get_session(&self, id: SessionId) -> Result<Option<Session>>;
+    /// Sessions in creation order after the cursor, of one tenant or all; `limit` 0 means no
+    /// limit.
+    async fn list_sessions(
+        &self,
+        tenant: Option<&str>,
+        after: Option<SessionId>,
+        limit: u32,
+    ) -> Result<Vec<Session>>;
+    /// What a tenant's idempotency key created, if it was used.
+    async fn idempotency_key(&self, tenant: &str, key: &str) -> Result<Option<IdempotencyRecord>>;
+    /// The number of messages in a session's transcript.
+    async fn session_message_count(&self, id: SessionId) -> Result<u64>;
+    /// A session's transcript in order, only messages with `seq < before` when given.
+    async fn session_messages(
+        &self,
+        id: SessionId,
+        before: Option<u64>,
+    ) -> Result<Vec<StoredMessage>>;
+
+    /// Appends a parent turn's messages to its session's transcript in one transaction, checking
+    /// the parent's lease; the agents in `delivered` (reporting to their caller) are marked as
+    /// delivered, since their reports are in these messages; the client's idempotency key, if
+    /// any, is stored with them (`Conflict` if it is taken). Returns the first message's seq.
+    async fn append_turn(
+        &self,
+        lease: &Lease,
+        session: SessionId,
+        messages: &[Message],
+        delivered: &[AgentId],
+        idempotency: Option<&IdempotencyRecord>,
+        at_ms: i64,
+    ) -> Result<u64>;
+
+    /// Inserts an agent that is not a fork child (a session's own main loop, a typed agent),
+    /// with its directive block and its own params if it has them. `NotFound` if its session is
+    /// missing.
+    async fn insert_agent(
+        &self,
+        agent: &Agent,
+        directive_block: Option<&Block>,
+        params: Option<&AgentParams>,
+    ) -> Result<()>;
+    /// The params of an agent that has its own (a typed agent); `None` for the others.
+    async fn agent_params(&self, id: AgentId) -> Result<Option<AgentParams>>;
+
+    /// In one transaction: appends the batch's assistant message (at seq `batch.fork_point`, which
+    /// must be the transcript's current length, else `Conflict`) and `parent_results` to the
+    /// session's transcript, and inserts the batch and its children as `pending` agents, with
+    /// its [`BatchExtras`].
+    async fn create_fork_batch(
+        &self,
+        batch: &ForkBatch,
+        parent_results: &Message,
+        children: &[NewChild],
+        extras: &BatchExtras<'_>,
+    ) -> Result<()>;
+    async fn get_batch(&self, id: BatchId) -> Result<Option<ForkBatch>>;
+    /// The budget a batch was forked with.
+    async fn batch_budget(&self, id: BatchId) -> Result<Budget>;
+    /// What the agents of a batch, or of a tenant's sessions, have spent so far.
+    async fn spend(&self, scope: SpendScope<'_>) -> Result<Spend>;
+
+    async fn get_agent(&self, id: AgentId) -> Result<Option<Agent>>;
+    async fn list_agents(&self, filter: &AgentFilter) -> Result<Vec<Agent>>;
+    /// A fork child's directive block.
+    async fn agent_directive_block(&self, id: AgentId) -> Result<Option<Block>>;
+    /// Moves a non-terminal agent to `state` (`Conflict` if it already ended). This also fences
+    /// any run of the agent (its lease is superseded), like a claim that nobody holds.
+    async fn set_agent_state(
+        &self,
+        id: AgentId,
+        state: AgentState,
+        error: Option<&str>,
+    ) -> Result<()>;
+    /// Claims a live agent for a new run (`Conflict` if it already ended): increments its
+    /// generation, sets it `running`, and returns the lease every later write of the run checks.
+    async fn claim_agent(&self, id: AgentId) -> Result<Lease>;
+    /// Moves the leased agent to a live `state` (a parent back to `pending` between turns).
+    async fn release_agent(&self, lease: &Lease, state: AgentState) -> Result<()>;
+    /// Appends one message to the leased agent's own transcript; returns its seq.
+    async fn append_agent_message(&self, lease: &Lease, message: &Message) -> Result<u64>;
+    /// An agent's own transcript (for a fork child: the messages after its first user message).
+    async fn agent_messages(&self, id: AgentId) -> Result<Vec<StoredMessage>>;
+
+    /// Records a tool call's intent before it runs (a repeat keeps the first intent). The call
+    /// must be the leased agent's.
+    async fn begin_tool_call(&self, lease: &Lease, call: &ToolCall) -> Result<()>;
+    /// Records a tool call's result (`Conflict` if no open intent).
+    async fn finish_tool_call(
+        &self,
+        lease: &Lease,
+        tool_use_id: &str,
+        result: &Block,
+        full_output: Option<&str>,
+        at_ms: i64,
+    ) -> Result<()>;
+    /// An agent's tool calls in the order they started.
+    async fn tool_calls(&self, agent: AgentId) -> Result<Vec<ToolCall>>;
+
+    /// Stores a request's record and adds its usage and cost to its agent's totals. Not fenced
+    /// by a lease: a request that a superseded run made was still billed, and totals must say so.
+    async fn record_request(&self, record: &RequestRecord) -> Result<()>;
+    async fn list_requests(&self, filter: &RequestFilter) -> Result<Vec<RequestRecord>>;
+    async fn get_request(&self, id: RequestId) -> Result<Option<RequestRecord>>;
+
+    /// In one transaction: ends the leased agent (`Conflict` if it already ended), stores the
+    /// notification with the next sequence number, and — unless the agent reports to its caller
+    /// — appends its `<task-notification>` text to the parent session's transcript as a user
+    /// message.
+    async fn finish_agent(
+        &self,
+        lease: &Lease,
+        notification: &NewNotification,
+        error: Option<&str>,
+    ) -> Result<Notification>;
+    /// Agents whose report still waits for a caller to deliver it.
+    async fn caller_reports(&self) -> Result<Vec<AgentId>>;
+    /// Hands the reports of agents that report to a caller back to the transcript: for an agent
+    /// that already ended, its `<task-notification>` is appended now; a live one will append it
+    /// when it ends. Agents that report to the transcript already are left alone. Returns how
+    /// many notifications were appended.
+    async fn redirect_reports(&self, agents: &[AgentId]) -> Result<usize>;
+    /// Stored notifications with `seq > since_seq`, in seq order; `limit` 0 means no limit.
+    async fn notifications(
+        &self,
+        since_seq: u64,
+        filter: &NotificationFilter,
+        limit: u32,
+    ) -> Result<Vec<Notification>>;
+    /// The highest notification seq stored (0 when none).
+    async fn last_notification_seq(&self) -> Result<u64>;
+    /// Agents counted by kind and state, and the fork batches that have a child not yet ended or
+    /// a child that changed at or after `batches_since_ms`.
+    async fn stats(&self, batches_since_ms: i64) -> Result<Stats>;
+}

@@ -1,0 +1,106 @@
+//! The user's message of a turn: stored once, with its idempotency key when the client gave one,
+//! so a client that retries after `UNAVAILABLE` never stores its message twice.
+
+use forkd_core::Message;
+use forkd_core::request::fingerprint;
+use forkd_core::session::Session;
+use forkd_core::store::{IdempotencyRecord, IdempotentCall, Lease};
+
+use crate::error::{EngineError, Result};
+use crate::tenancy::Idempotent;
+use crate::{Engine, now_ms};
+
+impl Engine {
+    /// Appends the user's message to the transcript (with its idempotency key, if any).
+    pub(super) async fn append_user(
+        &self,
+        session: &Session,
+        lease: &Lease,
+        message: &Message,
+        idempotency: Option<&mut IdempotencyRecord>,
+    ) -> Result<()> {
+        let lock = self.session_lock(session.id);
+        let _guard = lock.lock().await;
+        let store = &self.inner.store;
+        let record = match idempotency {
+            Some(record) => {
+                // The key names the message it stored, by its position: read under the session
+                // lock, so no notification can take that position first.
+                let seq = store.session_message_count(session.id).await?;
+                record.resource_id = format!("{}/{seq}", session.id);
+                Some(&*record)
+            }
+            None => None,
+        };
+        store
+            .append_turn(
+                lease,
+                session.id,
+                std::slice::from_ref(message),
+                &[],
+                record,
+                now_ms(),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Stores the user's message under its idempotency key. `Some(reply)`: a retry whose turn
+    /// has ended already; `None`: run the turn on from the transcript.
+    pub(super) async fn append_keyed(
+        &self,
+        session: &Session,
+        lease: &Lease,
+        message: Message,
+        key: &str,
+    ) -> Result<Option<String>> {
+        let canonical = serde_json::json!([session.id.to_string(), message.content_json()]);
+        let digest = fingerprint(canonical.to_string().as_bytes());
+        let outcome = self
+            .idempotent(
+                &session.tenant,
+                key,
+                IdempotentCall::SendMessage,
+                digest,
+                String::new(),
+                |mut record| async move {
+                    self.append_user(session, lease, &message, Some(&mut record))
+                        .await
+                },
+            )
+            .await?;
+        match outcome {
+            Idempotent::Created(()) => Ok(None),
+            Idempotent::Earlier(resource) => self.turn_reply(session.id, &resource).await,
+        }
+    }
+
+    /// The reply that ended the turn of a stored user message (`SESSION_ID/SEQ`), if that turn
+    /// has ended.
+    async fn turn_reply(
+        &self,
+        session: forkd_core::SessionId,
+        resource: &str,
+    ) -> Result<Option<String>> {
+        let seq = resource
+            .rsplit_once('/')
+            .and_then(|(_, seq)| seq.parse::<u64>().ok())
+            .ok_or_else(|| {
+                EngineError::Invariant(format!("stored message key {resource:?} does not parse"))
+            })?;
+        let messages = self.inner.store.session_messages(session, None).await?;
+        let reply = messages
+            .iter()
+            .filter(|m| m.seq > seq)
+            .map(|m| &m.message)
+            .find(|m| m.role == forkd_core::Role::Assistant && m.tool_uses().next().is_none());
+        if let Some(reply) = reply {
+            return Ok(Some(reply.text()));
+        }
+        // A turn whose last reply was empty (and so not stored) ended too.
+        let ended = messages
+            .last()
+            .is_some_and(|m| m.message.role == forkd_core::Role::Assistant);
+        Ok(ended.then(String::new))
+    }
+}

@@ -1,0 +1,244 @@
+//! A parent reply's tool calls: the fork plan decides which `Agent` calls fork, start typed
+//! agents (the turn waits for their reports) or are refused; the other tools run; the reply is
+//! stored only together with all its results.
+
+use forkd_core::agent::Directive;
+use forkd_core::plan::{self, Forker};
+use forkd_core::session::Session;
+use forkd_core::store::NotificationFilter;
+use forkd_core::tools::AGENT_TOOL;
+use forkd_core::{AgentId, BatchId, Block, Message};
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use super::{Events, ParentEvent, Turn, send};
+use crate::batch::{BatchStart, SubmittedBatch};
+use crate::error::{EngineError, Result};
+use crate::tools::ToolTurn;
+use crate::{Engine, now_ms};
+
+/// What the parent's reply forks: valid fork calls become children; the reply's other tool calls
+/// (a typed agent, an invalid fork call, any other tool) get results of their own.
+struct ForkPlan {
+    forks: Vec<(String, Directive)>,
+    /// Typed agent calls: tool_use id, type, directive. Run before the reply's other tools.
+    typed: Vec<(String, String, Directive)>,
+    /// Calls answered without running a tool: typed agents' reports and refusals.
+    answered: Vec<(String, Block)>,
+}
+
+impl Engine {
+    /// Appends the turn's messages to the transcript in one transaction, with nothing in
+    /// between (a reply and its tool results must be adjacent); `delivered` are the typed agents
+    /// whose reports those messages carry.
+    pub(super) async fn append_to_session(
+        &self,
+        turn: &Turn,
+        messages: &[Message],
+        delivered: &[AgentId],
+    ) -> Result<u64> {
+        let lock = self.session_lock(turn.session.id);
+        let _guard = lock.lock().await;
+        Ok(self
+            .inner
+            .store
+            .append_turn(
+                &turn.lease,
+                turn.session.id,
+                messages,
+                delivered,
+                None,
+                now_ms(),
+            )
+            .await?)
+    }
+
+    /// Waits until every child of a batch the parent forked has ended (their notifications are
+    /// then in the transcript): forks that are not always asynchronous.
+    async fn wait_for_children(&self, batch: &SubmittedBatch) -> Result<()> {
+        let filter = NotificationFilter {
+            batch_id: Some(batch.batch_id),
+            ..NotificationFilter::default()
+        };
+        let mut ended = self.subscribe(0, filter, true).await?;
+        let mut left = batch.agent_ids.len();
+        while left > 0 {
+            match ended.next().await {
+                Some(Ok(_)) => left -= 1,
+                Some(Err(e)) => return Err(e),
+                None => return Err(EngineError::Draining),
+            }
+        }
+        Ok(())
+    }
+
+    /// Answers the tool calls of a parent reply. A reply that forks is stored as a fork batch
+    /// (which appends it and the parent's results to the transcript); any other reply is
+    /// appended, its tools run, and their results appended.
+    pub(super) async fn parent_tools(
+        &self,
+        turn: &Turn,
+        reply: Message,
+        events: &Events,
+        cancel: &CancellationToken,
+    ) -> Result<Message> {
+        let session = &turn.session;
+        let mut plan = self.fork_plan(session, &reply);
+        // Typed agents whose reports these results carry.
+        let mut delivered = Vec::new();
+        for (id, ty, directive) in std::mem::take(&mut plan.typed) {
+            let result = match self
+                .run_typed(session.id, &ty, directive, &turn.waited)
+                .await
+            {
+                Ok(note) => {
+                    delivered.push(note.agent_id);
+                    Block::tool_result(
+                        &id,
+                        &format!(
+                            "Agent {} ({ty}) {}:\n{}",
+                            note.agent_id,
+                            note.status.as_str(),
+                            note.report.to_text()
+                        ),
+                        note.status != forkd_core::NotificationStatus::Completed,
+                    )
+                }
+                Err(e) => {
+                    Block::tool_result(&id, &format!("The {ty} agent could not run: {e}"), true)
+                }
+            };
+            plan.answered.push((id, result));
+        }
+        if plan.forks.is_empty() {
+            // The reply is stored only with its results, in one step under the session lock: a
+            // notification landing between a tool_use and its tool_result (or a reply left
+            // without results by a crash) would make every later request invalid.
+            let results = self
+                .run_parent_tools(turn, &reply, &plan.answered, cancel)
+                .await?;
+            self.append_to_session(turn, &[reply, results.clone()], &delivered)
+                .await?;
+            return Ok(results);
+        }
+        let mut others = plan.answered;
+        let non_agent = Message::assistant(
+            reply
+                .blocks
+                .iter()
+                .filter(|b| matches!(b.kind(), forkd_core::BlockKind::ToolUse { name, .. } if name != AGENT_TOOL))
+                .cloned()
+                .collect(),
+        );
+        let ran = self.run_parent_tools(turn, &non_agent, &[], cancel).await?;
+        for block in ran.blocks {
+            if let forkd_core::BlockKind::ToolResult { tool_use_id, .. } = block.kind() {
+                others.push((tool_use_id.clone(), block.clone()));
+            }
+        }
+        let batch_id = BatchId::new();
+        let submitted = self
+            .commit_and_start(BatchStart {
+                session_id: session.id,
+                batch_id,
+                assistant: reply,
+                forks: plan.forks,
+                others,
+                gating: self.config().warmup_gating,
+                idempotency: None,
+                budget: forkd_core::store::Budget::default(),
+                turn: Some((turn.lease, delivered)),
+            })
+            .await?;
+        send(events, ParentEvent::ForkLaunched(submitted.clone())).await;
+        if !self.config().fork_always_async {
+            self.wait_for_children(&submitted).await?;
+        }
+        // The parent's results sit right after the fork message.
+        let fork_point = self.get_batch(submitted.batch_id).await?.fork_point;
+        let messages = self
+            .inner
+            .store
+            .session_messages(session.id, Some(fork_point + 2))
+            .await?;
+        Ok(messages
+            .into_iter()
+            .next_back()
+            .filter(|m| m.seq == fork_point + 1)
+            .map(|m| m.message)
+            .unwrap_or_else(|| Message::user(Vec::new())))
+    }
+
+    /// Runs the parent's non-fork tool calls; the calls in `refused` are already answered.
+    async fn run_parent_tools(
+        &self,
+        turn: &Turn,
+        reply: &Message,
+        refused: &[(String, Block)],
+        cancel: &CancellationToken,
+    ) -> Result<Message> {
+        let runnable = Message::assistant(
+            reply
+                .blocks
+                .iter()
+                .filter(|b| match b.kind() {
+                    forkd_core::BlockKind::ToolUse { id, .. } => {
+                        !refused.iter().any(|(r, _)| r == id)
+                    }
+                    _ => false,
+                })
+                .cloned()
+                .collect(),
+        );
+        let conversation = [reply.clone()];
+        let (session, parent) = (&turn.session, &turn.parent);
+        let turn = ToolTurn {
+            agent: parent,
+            lease: &turn.lease,
+            session,
+            permission_mode: session.permission_mode,
+            offered: session.params.tools.names(),
+            conversation: &conversation,
+            cancel: cancel.clone(),
+        };
+        let ran = self.run_tools(&turn, &runnable).await?;
+        let blocks = reply
+            .tool_uses()
+            .filter_map(|(id, _, _)| {
+                refused
+                    .iter()
+                    .find(|(r, _)| r == id)
+                    .map(|(_, b)| b.clone())
+                    .or_else(|| {
+                        ran.blocks.iter().find(|b| {
+                            matches!(b.kind(), forkd_core::BlockKind::ToolResult { tool_use_id, .. } if tool_use_id == id)
+                        }).cloned()
+                    })
+            })
+            .collect();
+        Ok(Message::user(blocks))
+    }
+
+    /// What the parent's reply forks, by the one fork plan: a session's own turn is never a
+    /// fork child's, so only the coordinator rule and the limits apply.
+    fn fork_plan(&self, session: &Session, reply: &Message) -> ForkPlan {
+        let forker = Forker {
+            coordinator: session.coordinator,
+            child: None,
+            limits: self.fork_limits(),
+        };
+        let plan = plan::plan(reply, &forker);
+        ForkPlan {
+            forks: plan.forks,
+            typed: plan.typed,
+            answered: plan
+                .refused
+                .into_iter()
+                .map(|(id, refusal)| {
+                    let result = Block::tool_result(&id, &refusal.to_model(), true);
+                    (id, result)
+                })
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! One way to start, queue, cancel, kill and end a run — a fork child's, a typed agent's, and
+//! (through [`Engine::register_run`] and [`Engine::race`]) a parent's turn.
+//!
+//! Every run is registered under its agent id with a child of the engine's shutdown token, so a
+//! kill or a shutdown reaches it; it runs on the engine's task tracker inside its own span.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use forkd_core::report::Report;
+use forkd_core::store::{Lease, NewNotification, StoreError};
+use forkd_core::{AgentId, AgentKind, NotificationStatus, Role};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::batch::WarmupGate;
+use crate::error::EngineError;
+use crate::{Engine, now_ms};
+
+/// How often an agent's end is attempted before giving up (about a minute in all).
+const FINISH_ATTEMPTS: u32 = 16;
+
+/// A run waiting for a slot under the cap on running agents.
+pub(crate) struct Queued {
+    id: AgentId,
+    gate: Option<WarmupGate>,
+    wait: Option<watch::Receiver<bool>>,
+    token: CancellationToken,
+}
+
+/// How a run raced against its token ended.
+pub(crate) enum Raced<T> {
+    /// The run's work ended on its own.
+    Done(T),
+    /// A client killed it.
+    Killed,
+    /// The daemon is shutting down: whatever the run was doing resumes at the next start.
+    Shutdown,
+}
+
+impl Engine {
+    /// Registers a run under its agent id and returns its token: cancelled on shutdown or by a
+    /// kill, and what its tool calls (a Bash process group) watch so they stop with it.
+    pub(crate) fn register_run(&self, id: AgentId) -> CancellationToken {
+        let token = self.inner.shutdown.child_token();
+        self.runs().insert(id, token.clone());
+        token
+    }
+
+    /// Runs `work` until it ends or the run's token is cancelled, and says which. Only the work
+    /// is raced: what the caller records afterwards (an end, a kill) can never be cut in half.
+    pub(crate) async fn race<T>(
+        &self,
+        id: AgentId,
+        token: &CancellationToken,
+        work: impl Future<Output = T>,
+    ) -> Raced<T> {
+        let outcome = tokio::select! {
+            // Cancellation first: a run released at the same moment must not start writing.
+            biased;
+            () = token.cancelled() => None,
+            outcome = work => Some(outcome),
+        };
+        match outcome {
+            Some(done) => Raced::Done(done),
+            None if self.take_killed(id) => Raced::Killed,
+            None => Raced::Shutdown,
+        }
+    }
+
+    /// Forgets a run that has ended (and any kill that came too late to matter).
+    pub(crate) fn unregister_run(&self, id: AgentId) {
+        self.take_killed(id);
+        self.runs().remove(&id);
+    }
+
+    /// Starts a new run of an existing agent: it rebuilds its conversation from the store and
+    /// continues from wherever its transcript stands.
+    /// Does nothing if a run of the agent is already in progress: two runs of one agent would
+    /// write one transcript twice.
+    pub fn start_agent(&self, id: AgentId) {
+        if self.runs().contains_key(&id) {
+            tracing::debug!(agent.id = %id, "Agent already running; not starting another run");
+            return;
+        }
+        self.spawn_agent(id, None, None);
+    }
+
+    /// Spawns an agent's run on the engine's tracker. `gate` is held by a batch's first child;
+    /// `wait` makes a sibling wait for that gate. Under a cap on running agents the run waits
+    /// its turn first, in the order agents were started, staying `pending` until then.
+    pub(crate) fn spawn_agent(
+        &self,
+        id: AgentId,
+        gate: Option<WarmupGate>,
+        wait: Option<watch::Receiver<bool>>,
+    ) {
+        // Registered at once, so a kill reaches an agent still waiting for a slot.
+        let token = self.register_run(id);
+        let queued = Queued {
+            id,
+            gate,
+            wait,
+            token,
+        };
+        match &self.inner.run_slots {
+            None => self.spawn_run(queued, None),
+            Some(slots) => {
+                let queue = self
+                    .inner
+                    .run_queue
+                    .get_or_init(|| self.dispatch(slots.clone()));
+                if let Err(refused) = queue.send(queued) {
+                    // The dispatcher stopped for shutdown: the agent stays pending for the next
+                    // start.
+                    self.runs().remove(&refused.0.id);
+                }
+            }
+        }
+    }
+
+    /// The dispatcher of a capped engine: hands out run slots in the order runs were queued.
+    fn dispatch(&self, slots: Arc<Semaphore>) -> mpsc::UnboundedSender<Queued> {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Queued>();
+        let engine = self.clone();
+        let draining = self.inner.draining.clone();
+        tokio::spawn(async move {
+            loop {
+                let queued = tokio::select! {
+                    next = rx.recv() => match next {
+                        Some(q) => q,
+                        None => return,
+                    },
+                    () = draining.cancelled() => return,
+                };
+                let permit = tokio::select! {
+                    biased;
+                    // Killed (or shut down) while waiting: its run ends at once, without a slot.
+                    () = queued.token.cancelled() => None,
+                    permit = slots.clone().acquire_owned() => permit.ok(),
+                    () = draining.cancelled() => return,
+                };
+                engine.spawn_run(queued, permit);
+            }
+        });
+        tx
+    }
+
+    fn spawn_run(&self, queued: Queued, slot: Option<OwnedSemaphorePermit>) {
+        let Queued {
+            id,
+            gate,
+            wait,
+            token,
+        } = queued;
+        let engine = self.clone();
+        let span = tracing::info_span!("agent", agent.id = %id);
+        self.inner.tasks.spawn(
+            async move {
+                let _slot = slot;
+                let _counted = crate::metrics::RunGauge::start();
+                match engine
+                    .race(id, &token, engine.run_agent(id, gate, wait, &token))
+                    .await
+                {
+                    Raced::Done(Some((lease, status, text, error))) => {
+                        engine
+                            .finish_with_retries(&lease, status, text, error)
+                            .await;
+                    }
+                    // Paused by the shutdown drain (stays `running` for the next start), or
+                    // superseded by a newer run, which records the end.
+                    Raced::Done(None) => {}
+                    // Recorded only now that the run (and any process group it started) is
+                    // gone, so a killed notification means the agent has stopped.
+                    Raced::Killed => engine.record_kill(id).await,
+                    // Stays `running` for the next start.
+                    Raced::Shutdown => tracing::debug!("Agent run stopped by shutdown"),
+                }
+                // Unregistered last: a kill that arrives while the end is recorded finds the run
+                // still registered, and does not claim the agent from under its finish.
+                engine.unregister_run(id);
+            }
+            .instrument(span),
+        );
+    }
+
+    pub(crate) fn killed(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<AgentId>> {
+        self.inner.killed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the agent's run was cancelled by a kill (and forgets it).
+    pub(crate) fn take_killed(&self, id: AgentId) -> bool {
+        self.killed().remove(&id)
+    }
+
+    pub(crate) fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, CancellationToken>> {
+        self.inner.runs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Kills an agent: its run stops at once (its Bash process group with it), and it ends
+    /// `killed`, with a notification carrying whatever it had said so far.
+    ///
+    /// A session's main loop is never killed (the session lives on): killing it cancels the
+    /// turn it is running. The turn's stored messages stay; its unfinished reply is dropped.
+    pub async fn kill(&self, id: AgentId) -> Result<(), EngineError> {
+        let agent = self.get_agent(id).await?;
+        if agent.kind == AgentKind::Parent {
+            let turn = self.runs().get(&id).cloned();
+            let Some(token) = turn else {
+                return Err(EngineError::WrongState(format!(
+                    "session {} is not running a turn; there is nothing to cancel",
+                    agent.session_id
+                )));
+            };
+            self.killed().insert(id);
+            token.cancel();
+            tracing::info!(agent.id = %id, "Parent turn cancelled");
+            return Ok(());
+        }
+        if agent.state.is_terminal() {
+            return Err(EngineError::WrongState(format!(
+                "agent {id} already ended ({})",
+                agent.state.as_str()
+            )));
+        }
+        let run = self.runs().get(&id).cloned();
+        match run {
+            Some(token) => {
+                self.killed().insert(id);
+                token.cancel();
+            }
+            // Nothing runs it (it never started here): record the kill directly.
+            None => self.record_kill(id).await,
+        }
+        tracing::info!(agent.id = %id, "Agent killed");
+        Ok(())
+    }
+
+    /// Ends a killed agent with its partial result: the text of its last reply, if any. It
+    /// claims the agent first, so a run still alive anywhere (another daemon on the same
+    /// database) is fenced off before the agent is marked killed.
+    async fn record_kill(&self, id: AgentId) {
+        let lease = match self.inner.store.claim_agent(id).await {
+            Ok(lease) => lease,
+            // Ended meanwhile: its own end stands.
+            Err(StoreError::Conflict(_)) => return,
+            Err(e) => {
+                tracing::error!(error = %e, "Cannot claim the killed agent; it stays live in the store");
+                return;
+            }
+        };
+        let partial = match self.inner.store.agent_messages(id).await {
+            Ok(messages) => messages
+                .into_iter()
+                .rev()
+                .map(|m| m.message)
+                .find(|m| m.role == Role::Assistant)
+                .map(|m| m.text())
+                .filter(|t| !t.trim().is_empty()),
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot read the killed agent's transcript");
+                None
+            }
+        };
+        self.finish_with_retries(
+            &lease,
+            NotificationStatus::Killed,
+            partial,
+            Some("killed by a client before it finished".to_owned()),
+        )
+        .await;
+    }
+
+    /// Records an agent's end, retrying a store that is briefly unavailable (a busy database):
+    /// an agent whose end is never recorded would keep its subscribers waiting forever.
+    pub(crate) async fn finish_with_retries(
+        &self,
+        lease: &Lease,
+        status: NotificationStatus,
+        text: Option<String>,
+        error: Option<String>,
+    ) {
+        let mut delay = Duration::from_millis(100);
+        for attempt in 1..=FINISH_ATTEMPTS {
+            match self
+                .finish(lease, status, text.clone(), error.clone())
+                .await
+            {
+                Ok(()) => return,
+                // Already ended (by an earlier attempt that committed, or a kill), or taken over
+                // by a newer run, which records its own end: nothing to do.
+                Err(EngineError::Store(
+                    StoreError::Conflict(_) | StoreError::Superseded { .. },
+                )) => return,
+                Err(e) if attempt < FINISH_ATTEMPTS => {
+                    tracing::warn!(attempt, error = %e, "Could not record the agent's end; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "Could not record the agent's end; it stays live in the store")
+                }
+            }
+        }
+    }
+
+    /// Records the agent's end: its state, its notification (stored, appended to the parent's
+    /// transcript, then pushed to subscribers, in that order).
+    async fn finish(
+        &self,
+        lease: &Lease,
+        status: NotificationStatus,
+        final_text: Option<String>,
+        error: Option<String>,
+    ) -> Result<(), EngineError> {
+        let store = &self.inner.store;
+        let id = lease.agent_id;
+        let agent = store
+            .get_agent(id)
+            .await?
+            .ok_or_else(|| EngineError::NotFound {
+                kind: "agent",
+                id: id.to_string(),
+            })?;
+        let report = match (&final_text, &error) {
+            (Some(text), _) => Report::parse(text),
+            (None, Some(err)) => Report {
+                scope: agent
+                    .directive
+                    .as_ref()
+                    .map(|d| d.description.clone())
+                    .unwrap_or_default(),
+                result: match status {
+                    NotificationStatus::Killed => format!("Killed: {err}"),
+                    _ => format!("Failed: {err}"),
+                },
+                issues: err.clone(),
+                ..Report::default()
+            },
+            (None, None) => Report::default(),
+        };
+        let summary = report.summary();
+        let notification = NewNotification {
+            session_id: agent.session_id,
+            batch_id: agent.batch_id,
+            agent_id: id,
+            status,
+            summary,
+            report,
+            usage: agent.usage,
+            cost_usd: agent.cost_usd,
+            created_at_ms: now_ms(),
+        };
+        let lock = self.session_lock(agent.session_id);
+        let _session = lock.lock().await;
+        // Commit and broadcast under one lock, so subscribers see notifications in seq order.
+        let _order = self.inner.notify_order.lock().await;
+        let committing = std::time::Instant::now();
+        let stored = store
+            .finish_agent(lease, &notification, error.as_deref())
+            .await?;
+        tracing::info!(
+            status = status.as_str(),
+            seq = stored.seq,
+            cost_usd = stored.cost_usd,
+            "Agent ended"
+        );
+        // No receiver is fine: subscribers replay from the store.
+        let _ = self.inner.notifications.send(stored);
+        crate::metrics::notification(status.as_str(), committing.elapsed());
+        Ok(())
+    }
+}
