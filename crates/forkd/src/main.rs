@@ -4,6 +4,7 @@
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -114,8 +115,21 @@ fn default_home() -> anyhow::Result<PathBuf> {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
+    // Usage errors exit here with clap's code 2 (and `--help` with 0).
     let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // Not `main() -> anyhow::Result`: its `Debug` form adds a stack backtrace whenever
+            // RUST_BACKTRACE is set, which buries the reason (see `forkd::report`).
+            eprintln!("forkd: {}", forkd::report::render(&err));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     let log_format = cli.log_format.unwrap_or_default();
     match cli.command {
         Command::Serve { home, mut flags } => {
