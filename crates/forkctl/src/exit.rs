@@ -11,7 +11,8 @@ pub const CHILD_FAILED: u8 = 1;
 // 2 is clap's own exit code for usage errors; it is never produced here.
 /// The daemon does not know the id (gRPC NOT_FOUND).
 pub const NOT_FOUND: u8 = 3;
-/// An argument or input file was rejected, here or by the daemon (INVALID_ARGUMENT).
+/// An argument or input file was rejected, here or by the daemon (INVALID_ARGUMENT); also an
+/// address whose TLS does not match the daemon's (`http://` on TLS, an untrusted certificate).
 pub const INVALID_ARGUMENT: u8 = 4;
 /// The daemon could not be reached, or went away (UNAVAILABLE).
 pub const UNAVAILABLE: u8 = 5;

@@ -6,6 +6,7 @@ mod client;
 mod commands;
 mod exit;
 mod output;
+mod tls_mismatch;
 
 use std::process::ExitCode;
 
@@ -43,22 +44,41 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Run(args) => Some(commands::run::BatchFile::load(&args.file)?),
         _ => None,
     };
-    let mut client = client::connect(&addr, auth, cli.ca_cert.as_deref()).await?;
+    let ca_cert = cli.ca_cert.clone();
     let out = Printer::new(cli.json);
-    match cli.command {
-        Command::Session(args) => commands::session::run(args, &mut client, &out).await,
-        Command::Fork(args) => commands::fork::run(args, &mut client, &out).await,
-        Command::Run(args) => commands::run::run(args, run_file, &mut client, &out).await,
-        Command::Watch(args) => commands::watch::run(args, &mut client, &out).await,
-        Command::Ps(args) => commands::ps::run(args, &mut client, &out).await,
-        Command::Top(args) => commands::top::run(args, &mut client, &out).await,
-        Command::Logs(args) => commands::logs::run(args, &mut client, &out).await,
-        Command::Attach(args) => commands::attach::run(args, &mut client, &out).await,
-        Command::Bg(args) => commands::attach::run_bg(args, &mut client, &out).await,
-        Command::Kill(args) => commands::kill::run(args, &mut client, &out).await,
-        Command::Stats(args) => commands::stats::run(args, &mut client, &out).await,
-        Command::Cache(args) => commands::cache::run(args, &mut client, &out).await,
-        Command::Calc(args) => commands::calc::run(args, &mut client, &out).await,
+    let outcome = async {
+        let mut client = client::connect(&addr, auth, ca_cert.as_deref()).await?;
+        dispatch(cli.command, run_file, &mut client, &out).await
+    }
+    .await;
+    match outcome {
+        Ok(code) => Ok(code),
+        // A mismatch may surface at the connection or at the first call (an `http://` address
+        // on a TLS listener connects, and its first call fails).
+        Err(err) => Err(tls_mismatch::explain(err, &addr, ca_cert.as_deref()).await),
+    }
+}
+
+async fn dispatch(
+    command: Command,
+    run_file: Option<commands::run::BatchFile>,
+    client: &mut client::Client,
+    out: &Printer,
+) -> anyhow::Result<u8> {
+    match command {
+        Command::Session(args) => commands::session::run(args, client, out).await,
+        Command::Fork(args) => commands::fork::run(args, client, out).await,
+        Command::Run(args) => commands::run::run(args, run_file, client, out).await,
+        Command::Watch(args) => commands::watch::run(args, client, out).await,
+        Command::Ps(args) => commands::ps::run(args, client, out).await,
+        Command::Top(args) => commands::top::run(args, client, out).await,
+        Command::Logs(args) => commands::logs::run(args, client, out).await,
+        Command::Attach(args) => commands::attach::run(args, client, out).await,
+        Command::Bg(args) => commands::attach::run_bg(args, client, out).await,
+        Command::Kill(args) => commands::kill::run(args, client, out).await,
+        Command::Stats(args) => commands::stats::run(args, client, out).await,
+        Command::Cache(args) => commands::cache::run(args, client, out).await,
+        Command::Calc(args) => commands::calc::run(args, client, out).await,
     }
 }
 

@@ -4,10 +4,11 @@
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use forkd::config::{FileConfig, LogFormat, ServeFlags, Settings};
+use forkd::config::{FileConfig, LogFormat, ServeFlags, Settings, with_default};
 use forkd::daemon;
 use forkd::demo::{self, DemoOptions};
 use forkd_server::TokenStore;
@@ -19,9 +20,10 @@ use forkd_server::TokenStore;
     about = "Runs LLM agents and forks them with byte-identical, cache-friendly prefixes"
 )]
 struct Cli {
-    /// Log format on stderr (`serve`: env FORKD_LOG_FORMAT, or log_format in config.toml)
-    /// [default: text].
-    #[arg(long, global = true, value_enum)]
+    #[arg(long, global = true, value_enum, help = with_default(
+        "Log format on stderr (`serve`: env FORKD_LOG_FORMAT, or log_format in config.toml)",
+        |d| d.log_format,
+    ))]
     log_format: Option<LogFormat>,
     #[command(subcommand)]
     command: Command,
@@ -114,26 +116,26 @@ fn default_home() -> anyhow::Result<PathBuf> {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
+    // Usage errors exit here with clap's code 2 (and `--help` with 0).
     let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // Not `main() -> anyhow::Result`: its `Debug` form adds a stack backtrace whenever
+            // RUST_BACKTRACE is set, which buries the reason (see `forkd::report`).
+            eprintln!("forkd: {}", forkd::report::render(&err));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     let log_format = cli.log_format.unwrap_or_default();
     match cli.command {
         Command::Serve { home, mut flags } => {
-            let home = match home {
-                Some(h) => h,
-                None => default_home()?,
-            };
             flags.log_format = cli.log_format;
-            let file = FileConfig::load(&home)?;
-            let settings =
-                Settings::resolve(&flags, |name| std::env::var(name).ok(), &file, &home)?;
-            let filter = tracing_subscriber::EnvFilter::try_new(&settings.log)
-                .with_context(|| format!("invalid log filter `{}`", settings.log))?;
-            init_tracing_with(filter, settings.log_format);
-            let running = daemon::start(settings.daemon_config(home)?).await?;
-            wait_for_signal().await?;
-            tracing::info!("Shutting down");
-            running.shutdown(settings.grace).await
+            serve(home, flags).await
         }
         Command::Token { home, action } => {
             init_tracing_with(tracing_subscriber::EnvFilter::new("warn"), log_format);
@@ -184,6 +186,23 @@ async fn main() -> anyhow::Result<()> {
             .await
         }
     }
+}
+
+/// `forkd serve`: settings resolved, logging set up from them, then the daemon until a signal.
+async fn serve(home: Option<PathBuf>, flags: ServeFlags) -> anyhow::Result<()> {
+    let home = match home {
+        Some(h) => h,
+        None => default_home()?,
+    };
+    let file = FileConfig::load(&home)?;
+    let settings = Settings::resolve(&flags, |name| std::env::var(name).ok(), &file, &home)?;
+    let filter = tracing_subscriber::EnvFilter::try_new(&settings.log)
+        .with_context(|| format!("invalid log filter `{}`", settings.log))?;
+    init_tracing_with(filter, settings.log_format);
+    let running = daemon::start(settings.daemon_config(home)?).await?;
+    wait_for_signal().await?;
+    tracing::info!("Shutting down");
+    running.shutdown(settings.grace).await
 }
 
 /// `forkd token …`: only the secret of `create` goes to stdout; everything else people read goes

@@ -1,0 +1,183 @@
+//! `$FORKD_HOME/config.toml` as written: every key optional, unknown keys refused (so a typo is
+//! an error that names it), API keys kept out of debug output.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use serde::Deserialize;
+
+use super::LogFormat;
+use super::flags::humantime_duration;
+use crate::daemon::ProviderKind;
+
+/// The configuration file's name in `FORKD_HOME`.
+pub const CONFIG_FILE: &str = "config.toml";
+
+/// `$FORKD_HOME/config.toml` as written: every key is optional.
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// `sim`, `anthropic` or `openai`.
+    pub provider: Option<ProviderKind>,
+    /// The simulated model's pace: 0 is instant, 1 realistic.
+    pub sim_speed: Option<f64>,
+    /// Hand an attached client to the background after this many seconds (0: never).
+    pub auto_background_secs: Option<u64>,
+    /// Fork children start in the background.
+    pub fork_always_async: Option<bool>,
+    /// Send child 1 of a batch first to warm the cache.
+    pub warmup_gating: Option<bool>,
+    /// Also serve TCP on this address.
+    pub listen: Option<SocketAddr>,
+    /// Serve Prometheus metrics over HTTP (`GET /metrics`) on this address.
+    pub metrics_listen: Option<SocketAddr>,
+    /// How long calls in flight may take to finish on shutdown (`10s`, `1m`).
+    pub grace: Option<String>,
+    /// SQLite `synchronous=FULL`.
+    pub fsync_every_commit: Option<bool>,
+    /// The log filter, as `RUST_LOG` takes it.
+    pub log: Option<String>,
+    /// `text` or `json`.
+    pub log_format: Option<LogFormat>,
+    /// PEM certificate chain for TLS on the TCP listener.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS on the TCP listener.
+    pub tls_key: Option<PathBuf>,
+    /// The most agents running at once (0: no cap); the others wait as `pending`, in order.
+    pub max_running_agents: Option<usize>,
+    /// The most model requests in flight at once (0: no cap).
+    pub max_concurrent_requests: Option<usize>,
+    /// Per-tenant settings: `[tenants.NAME]`.
+    pub tenants: Option<BTreeMap<String, TenantSection>>,
+    /// The `anthropic` provider's settings.
+    pub anthropic: Option<AnthropicSection>,
+    /// The `openai` provider's settings.
+    pub openai: Option<OpenAiSection>,
+}
+
+/// `[tenants.NAME]` in `config.toml`: a tenant's spending limits.
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantSection {
+    /// Once the tenant's agents have spent this many dollars, its agents fail.
+    pub budget_usd: Option<f64>,
+    /// Once the tenant's agents have used this many tokens (all kinds), its agents fail.
+    pub budget_tokens: Option<u64>,
+}
+
+/// `[anthropic]` in `config.toml`.
+#[derive(Default, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnthropicSection {
+    /// `ANTHROPIC_BASE_URL`.
+    pub base_url: Option<String>,
+    /// `ANTHROPIC_API_KEY`.
+    pub api_key: Option<String>,
+}
+
+/// `[openai]` in `config.toml`.
+#[derive(Default, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiSection {
+    /// `OPENAI_BASE_URL`.
+    pub base_url: Option<String>,
+    /// `OPENAI_API_KEY`.
+    pub api_key: Option<String>,
+    /// `OPENAI_MODEL`.
+    pub model: Option<String>,
+}
+
+// The keys stay out of debug output.
+impl fmt::Debug for AnthropicSection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AnthropicSection")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl fmt::Debug for OpenAiSection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenAiSection")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("model", &self.model)
+            .finish()
+    }
+}
+
+/// The provider variables a config file can set.
+pub(super) const PROVIDER_VARS: [&str; 5] = [
+    "ANTHROPIC_BASE_URL",
+    "ANTHROPIC_API_KEY",
+    "OPENAI_BASE_URL",
+    "OPENAI_API_KEY",
+    "OPENAI_MODEL",
+];
+
+impl FileConfig {
+    /// Reads `home/config.toml`; a missing file is an empty configuration.
+    pub fn load(home: &Path) -> anyhow::Result<Self> {
+        let path = home.join(CONFIG_FILE);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+        };
+        Self::parse(&text).with_context(|| format!("invalid {}", path.display()))
+    }
+
+    /// Parses the file's text; errors name the key and its line.
+    pub fn parse(text: &str) -> Result<Self, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    /// The value the file gives a provider variable (`ANTHROPIC_API_KEY` → `[anthropic] api_key`).
+    pub(super) fn provider_var(&self, name: &str) -> Option<&String> {
+        let anthropic = self.anthropic.as_ref();
+        let openai = self.openai.as_ref();
+        match name {
+            "ANTHROPIC_BASE_URL" => anthropic?.base_url.as_ref(),
+            "ANTHROPIC_API_KEY" => anthropic?.api_key.as_ref(),
+            "OPENAI_BASE_URL" => openai?.base_url.as_ref(),
+            "OPENAI_API_KEY" => openai?.api_key.as_ref(),
+            "OPENAI_MODEL" => openai?.model.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// `grace`, parsed: TOML has no duration type, so the file holds it as text (`"10s"`).
+    pub(super) fn grace(&self) -> anyhow::Result<Option<Duration>> {
+        self.grace
+            .as_deref()
+            .map(|v| {
+                humantime_duration(v)
+                    .map_err(|e| anyhow::anyhow!("{CONFIG_FILE}: grace = {v:?}: {e}"))
+            })
+            .transpose()
+    }
+
+    /// The `[tenants.NAME]` budgets, each checked to be positive: a zero or negative budget
+    /// would fail every agent of the tenant at its first request.
+    pub(super) fn tenant_budgets(&self) -> anyhow::Result<BTreeMap<String, forkd_store::Budget>> {
+        let mut budgets = BTreeMap::new();
+        for (name, t) in self.tenants.iter().flatten() {
+            if t.budget_usd.is_some_and(|u| !(u > 0.0 && u.is_finite()))
+                || t.budget_tokens == Some(0)
+            {
+                bail!("{CONFIG_FILE}: [tenants.{name}]: budgets must be positive");
+            }
+            let budget = forkd_store::Budget {
+                usd: t.budget_usd,
+                tokens: t.budget_tokens,
+            };
+            budgets.insert(name.clone(), budget);
+        }
+        Ok(budgets)
+    }
+}

@@ -1,0 +1,90 @@
+//! `forkd serve`'s command line, as far as it sets settings. Every field is optional so that an
+//! absent flag lets the environment or the file decide; the `[default: …]` in each help text is
+//! read from `Settings::default`, so the help cannot drift from what the daemon does.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::LogFormat;
+use super::settings::Settings;
+use crate::daemon::ProviderKind;
+
+/// The command line of `forkd serve`, as far as it sets settings. Every field is optional so
+/// that an absent flag lets the environment or the file decide.
+#[derive(Debug, Default, Clone, clap::Args)]
+pub struct ServeFlags {
+    /// Also serve TCP on this address (env FORKD_LISTEN). Off loopback, tokens must exist
+    /// (`forkd token create NAME`).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Serve Prometheus metrics over plain HTTP on this address, at `/metrics`
+    /// (env FORKD_METRICS_LISTEN). Unauthenticated: keep it on loopback or a private network.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+    #[arg(long, value_enum, help = with_default(
+        "The model provider (env FORKD_PROVIDER)",
+        |d| value_name(&d.provider),
+    ))]
+    pub provider: Option<ProviderKind>,
+    #[arg(long, help = with_default(
+        "The simulated model's pace: 0 is instant, 1 is realistic (env FORKD_SIM_SPEED)",
+        |d| d.sim_speed,
+    ))]
+    pub sim_speed: Option<f64>,
+    /// Sync every commit to disk (survives power loss) instead of every checkpoint
+    /// (env FORKD_FSYNC_EVERY_COMMIT).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub fsync_every_commit: Option<bool>,
+    /// Send every child of a batch at once instead of warming the cache with the first
+    /// (env FORKD_WARMUP_GATING=false).
+    #[arg(long)]
+    pub no_warmup_gating: bool,
+    #[arg(long, value_name = "SECS", help = with_default(
+        "Hand an attached client to the background after this many seconds; 0: never \
+         (env FORKD_AUTO_BACKGROUND_SECS)",
+        |d| d.auto_background_secs,
+    ))]
+    pub auto_background_secs: Option<u64>,
+    #[arg(long, value_parser = humantime_duration, help = with_default(
+        "How long running tool calls and requests may take to finish on shutdown \
+         (env FORKD_GRACE)",
+        |d| humantime::format_duration(d.grace),
+    ))]
+    pub grace: Option<Duration>,
+    /// PEM certificate chain: serve TLS on the TCP listener (env FORKD_TLS_CERT).
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert (env FORKD_TLS_KEY).
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    #[arg(long, value_name = "FILTER", help = with_default(
+        "Log filter, e.g. `info` or `info,forkd_engine=debug` (env RUST_LOG)",
+        |d| d.log.clone(),
+    ))]
+    pub log: Option<String>,
+    /// The global `--log-format`, filled in by `main`.
+    #[arg(skip)]
+    pub log_format: Option<LogFormat>,
+}
+
+/// Parses a duration such as `10s` or `1m 30s`.
+pub fn humantime_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// A flag's help ending as clap would print a default (`… [default: 1]`), the default read from
+/// [`Settings::default`]. The flag itself has no clap default: it would always be set and hide
+/// the environment and the file.
+pub fn with_default<D: fmt::Display>(help: &str, default: impl FnOnce(&Settings) -> D) -> String {
+    format!("{help} [default: {}]", default(&Settings::default()))
+}
+
+/// A value enum's name as its flag takes it (`sim`).
+fn value_name<T: clap::ValueEnum>(value: &T) -> String {
+    value
+        .to_possible_value()
+        .map(|v| v.get_name().to_owned())
+        .unwrap_or_default()
+}

@@ -1,0 +1,266 @@
+//! Every setting of `forkd serve`, resolved: each from its layers (see [`super::layers`]) over
+//! its default, and then turned into the [`DaemonConfig`] that `daemon::start` takes.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use forkd_provider::{AnthropicConfig, OpenAiConfig};
+use forkd_store::Durability;
+
+use super::LogFormat;
+use super::file::{CONFIG_FILE, FileConfig, PROVIDER_VARS};
+use super::flags::ServeFlags;
+use super::layers::{Layers, boolean, duration, from_str, path, text, value_enum};
+use crate::daemon::{DaemonConfig, ProviderKind, TlsFiles};
+
+/// Every setting of `forkd serve`, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub provider: ProviderKind,
+    pub sim_speed: f64,
+    pub auto_background_secs: u64,
+    pub fork_always_async: bool,
+    pub warmup_gating: bool,
+    pub listen: Option<SocketAddr>,
+    pub metrics_listen: Option<SocketAddr>,
+    pub grace: Duration,
+    pub fsync_every_commit: bool,
+    /// The log filter.
+    pub log: String,
+    pub log_format: LogFormat,
+    pub tls: Option<TlsFiles>,
+    /// `None`: no cap.
+    pub max_running_agents: Option<usize>,
+    pub max_concurrent_requests: Option<usize>,
+    pub tenant_budgets: BTreeMap<String, forkd_store::Budget>,
+    /// The provider variables, environment over file.
+    pub(super) provider_vars: ProviderVars,
+}
+
+/// Provider variables with their values redacted from debug output.
+#[derive(Clone, Default, PartialEq)]
+pub(super) struct ProviderVars(pub(super) BTreeMap<&'static str, String>);
+
+impl fmt::Debug for ProviderVars {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.0.keys()).finish()
+    }
+}
+
+impl Default for Settings {
+    /// What `forkd serve` does when no flag, variable or key says otherwise: the one place each
+    /// default is written. What the engine and the daemon library already default is taken from
+    /// them, so `forkd serve` and an embedded daemon agree; the rest is `serve`'s own.
+    fn default() -> Self {
+        let daemon = DaemonConfig::new(PathBuf::new());
+        let engine = daemon.engine;
+        Self {
+            provider: daemon.provider,
+            // The library's daemon answers instantly (tests, the demo); people get a real pace.
+            sim_speed: 1.0,
+            auto_background_secs: engine.auto_background.map_or(0, |d| d.as_secs()),
+            fork_always_async: engine.fork_always_async,
+            warmup_gating: engine.warmup_gating,
+            listen: daemon.listen,
+            metrics_listen: daemon.metrics_listen,
+            grace: Duration::from_secs(10),
+            fsync_every_commit: daemon.durability == Durability::Full,
+            log: "info".to_owned(),
+            log_format: LogFormat::default(),
+            tls: daemon.tls,
+            max_running_agents: engine.max_running_agents,
+            max_concurrent_requests: engine.max_concurrent_requests,
+            tenant_budgets: BTreeMap::new(),
+            provider_vars: ProviderVars::default(),
+        }
+    }
+}
+
+impl Settings {
+    /// Resolves every setting: `flags`, then `env` (a variable's value, if set), then `file`
+    /// (whose relative paths are taken from `home`), then the defaults.
+    pub fn resolve(
+        flags: &ServeFlags,
+        env: impl Fn(&str) -> Option<String>,
+        file: &FileConfig,
+        home: &Path,
+    ) -> anyhow::Result<Self> {
+        let layers = Layers::new(env);
+        let mut settings = Self::default();
+        settings.resolve_model(flags, &layers, file)?;
+        settings.resolve_agents(flags, &layers, file)?;
+        settings.resolve_listeners(flags, &layers, file, home)?;
+        settings.resolve_process(flags, &layers, file)?;
+        Ok(settings)
+    }
+
+    /// The model: which provider, the sim's pace, and the providers' own variables.
+    fn resolve_model<E: Fn(&str) -> Option<String>>(
+        &mut self,
+        flags: &ServeFlags,
+        layers: &Layers<E>,
+        file: &FileConfig,
+    ) -> anyhow::Result<()> {
+        let provider = layers.pick(flags.provider, "FORKD_PROVIDER", value_enum, file.provider)?;
+        self.provider = provider.unwrap_or(self.provider);
+        let sim_speed =
+            layers.pick(flags.sim_speed, "FORKD_SIM_SPEED", from_str, file.sim_speed)?;
+        self.sim_speed = sim_speed.unwrap_or(self.sim_speed);
+        for name in PROVIDER_VARS {
+            let value = layers.pick(None, name, text, file.provider_var(name).cloned())?;
+            if let Some(value) = value {
+                self.provider_vars.0.insert(name, value);
+            }
+        }
+        Ok(())
+    }
+
+    /// How agents run: backgrounding, gating, the caps on running agents and requests, budgets.
+    fn resolve_agents<E: Fn(&str) -> Option<String>>(
+        &mut self,
+        flags: &ServeFlags,
+        layers: &Layers<E>,
+        file: &FileConfig,
+    ) -> anyhow::Result<()> {
+        let secs = flags.auto_background_secs;
+        let secs = layers.pick(
+            secs,
+            "FORKD_AUTO_BACKGROUND_SECS",
+            from_str,
+            file.auto_background_secs,
+        )?;
+        self.auto_background_secs = secs.unwrap_or(self.auto_background_secs);
+        let fork_async = layers.pick(
+            None,
+            "FORKD_FORK_ALWAYS_ASYNC",
+            boolean,
+            file.fork_always_async,
+        )?;
+        self.fork_always_async = fork_async.unwrap_or(self.fork_always_async);
+        // The flag can only turn gating off.
+        let gating = flags.no_warmup_gating.then_some(false);
+        let gating = layers.pick(gating, "FORKD_WARMUP_GATING", boolean, file.warmup_gating)?;
+        self.warmup_gating = gating.unwrap_or(self.warmup_gating);
+        // A cap of 0 is written for "no cap", which the engine spells `None`.
+        let cap = |value: Option<usize>, default| value.map_or(default, |n| (n > 0).then_some(n));
+        let running = layers.pick(
+            None,
+            "FORKD_MAX_RUNNING_AGENTS",
+            from_str,
+            file.max_running_agents,
+        )?;
+        self.max_running_agents = cap(running, self.max_running_agents);
+        let requests = file.max_concurrent_requests;
+        let requests = layers.pick(None, "FORKD_MAX_CONCURRENT_REQUESTS", from_str, requests)?;
+        self.max_concurrent_requests = cap(requests, self.max_concurrent_requests);
+        self.tenant_budgets = file.tenant_budgets()?;
+        Ok(())
+    }
+
+    /// The TCP and metrics listeners, and the TCP listener's TLS files.
+    fn resolve_listeners<E: Fn(&str) -> Option<String>>(
+        &mut self,
+        flags: &ServeFlags,
+        layers: &Layers<E>,
+        file: &FileConfig,
+        home: &Path,
+    ) -> anyhow::Result<()> {
+        let listen = layers.pick(flags.listen, "FORKD_LISTEN", from_str, file.listen)?;
+        self.listen = listen.or(self.listen);
+        let metrics = flags.metrics_listen;
+        let metrics = layers.pick(
+            metrics,
+            "FORKD_METRICS_LISTEN",
+            from_str,
+            file.metrics_listen,
+        )?;
+        self.metrics_listen = metrics.or(self.metrics_listen);
+        // The file's relative paths are the home's: the file lives there, whatever the cwd.
+        let in_home = |p: &PathBuf| home.join(p);
+        let cert = file.tls_cert.as_ref().map(in_home);
+        let cert = layers.pick(flags.tls_cert.clone(), "FORKD_TLS_CERT", path, cert)?;
+        let key = file.tls_key.as_ref().map(in_home);
+        let key = layers.pick(flags.tls_key.clone(), "FORKD_TLS_KEY", path, key)?;
+        self.tls = match (cert, key) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            (None, None) => self.tls.take(),
+            (Some(_), None) => bail!(
+                "TLS needs a private key too: a certificate is set but no key \
+                 (--tls-key, FORKD_TLS_KEY or tls_key in {CONFIG_FILE})"
+            ),
+            (None, Some(_)) => bail!(
+                "TLS needs a certificate too: a key is set but no certificate \
+                 (--tls-cert, FORKD_TLS_CERT or tls_cert in {CONFIG_FILE})"
+            ),
+        };
+        Ok(())
+    }
+
+    /// The process: shutdown grace, durability and logging.
+    fn resolve_process<E: Fn(&str) -> Option<String>>(
+        &mut self,
+        flags: &ServeFlags,
+        layers: &Layers<E>,
+        file: &FileConfig,
+    ) -> anyhow::Result<()> {
+        let grace = layers.pick(flags.grace, "FORKD_GRACE", duration, file.grace()?)?;
+        self.grace = grace.unwrap_or(self.grace);
+        let fsync = flags.fsync_every_commit;
+        let fsync = layers.pick(
+            fsync,
+            "FORKD_FSYNC_EVERY_COMMIT",
+            boolean,
+            file.fsync_every_commit,
+        )?;
+        self.fsync_every_commit = fsync.unwrap_or(self.fsync_every_commit);
+        let log = layers.pick(flags.log.clone(), "RUST_LOG", text, file.log.clone())?;
+        self.log = log.unwrap_or_else(|| std::mem::take(&mut self.log));
+        let format = flags.log_format;
+        let format = layers.pick(format, "FORKD_LOG_FORMAT", value_enum, file.log_format)?;
+        self.log_format = format.unwrap_or(self.log_format);
+        Ok(())
+    }
+
+    /// The daemon configuration these settings describe, on `home`.
+    pub fn daemon_config(&self, home: PathBuf) -> anyhow::Result<DaemonConfig> {
+        let mut config = DaemonConfig::new(home);
+        config.listen = self.listen;
+        config.metrics_listen = self.metrics_listen;
+        config.provider = self.provider;
+        config.sim_speed = self.sim_speed;
+        config.engine.warmup_gating = self.warmup_gating;
+        config.engine.auto_background = forkd_engine::auto_background(self.auto_background_secs);
+        config.engine.fork_always_async = self.fork_always_async;
+        config.engine.max_running_agents = self.max_running_agents;
+        config.engine.max_concurrent_requests = self.max_concurrent_requests;
+        config.engine.tenant_budgets = self
+            .tenant_budgets
+            .iter()
+            .map(|(name, budget)| (name.clone(), *budget))
+            .collect();
+        config.tls = self.tls.clone();
+        if self.fsync_every_commit {
+            config.durability = Durability::Full;
+        }
+        let var = |name: &str| self.provider_vars.0.get(name).cloned();
+        match self.provider {
+            ProviderKind::Sim => {}
+            ProviderKind::Anthropic => {
+                config.anthropic = Some(AnthropicConfig::from_vars(var).context(
+                    "the anthropic provider needs ANTHROPIC_API_KEY (or api_key under \
+                     [anthropic] in config.toml)",
+                )?);
+            }
+            ProviderKind::Openai => {
+                config.openai = Some(OpenAiConfig::from_vars(var).context(
+                    "the openai provider's settings (OPENAI_* or [openai] in config.toml)",
+                )?);
+            }
+        }
+        Ok(config)
+    }
+}

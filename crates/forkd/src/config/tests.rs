@@ -1,0 +1,364 @@
+//! The settings end to end: each source, their precedence per key, the errors that name what
+//! to fix, and the daemon configuration that comes out.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use forkd_store::Durability;
+
+use super::*;
+use crate::daemon::{ProviderKind, TlsFiles};
+
+fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    move |name| map.get(name).cloned()
+}
+
+fn resolve(flags: &ServeFlags, vars: &[(&str, &str)], file: &str) -> anyhow::Result<Settings> {
+    let file = FileConfig::parse(file)?;
+    Settings::resolve(flags, env(vars), &file, Path::new("/srv/forkd"))
+}
+
+#[test]
+fn caps_and_tenant_budgets_come_from_the_file_and_the_environment() {
+    let file = "max_running_agents = 8\nmax_concurrent_requests = 0\n\
+                [tenants.ci]\nbudget_usd = 2.5\n[tenants.team]\nbudget_tokens = 1000\n";
+    let s = resolve(&ServeFlags::default(), &[], file).unwrap();
+    assert_eq!(s.max_running_agents, Some(8));
+    assert_eq!(s.max_concurrent_requests, None, "0 means no cap");
+    assert_eq!(s.tenant_budgets["ci"].usd, Some(2.5));
+    assert_eq!(s.tenant_budgets["team"].tokens, Some(1000));
+    let s = resolve(
+        &ServeFlags::default(),
+        &[("FORKD_MAX_RUNNING_AGENTS", "3")],
+        file,
+    )
+    .unwrap();
+    assert_eq!(s.max_running_agents, Some(3));
+    let engine = s.daemon_config("/srv/forkd".into()).unwrap().engine;
+    assert_eq!(engine.max_running_agents, Some(3));
+    assert_eq!(engine.tenant_budgets["ci"].usd, Some(2.5));
+    let defaults = resolve(&ServeFlags::default(), &[], "").unwrap();
+    assert_eq!(defaults.max_running_agents, Some(256));
+    let bad = resolve(
+        &ServeFlags::default(),
+        &[],
+        "[tenants.x]\nbudget_usd = -1\n",
+    );
+    assert!(bad.unwrap_err().to_string().contains("tenants.x"));
+    let typo = resolve(&ServeFlags::default(), &[], "[tenants.x]\nbudget = 1\n");
+    assert!(typo.is_err());
+}
+
+#[test]
+fn defaults_apply_when_nothing_is_set() {
+    let s = resolve(&ServeFlags::default(), &[], "").unwrap();
+    assert_eq!(s.provider, ProviderKind::Sim);
+    assert_eq!(s.sim_speed, 1.0);
+    assert_eq!(s.auto_background_secs, 120);
+    assert!(s.fork_always_async);
+    assert!(s.warmup_gating);
+    assert_eq!(s.listen, None);
+    assert_eq!(s.grace, Duration::from_secs(10));
+    assert!(!s.fsync_every_commit);
+    assert_eq!(s.log, "info");
+    assert_eq!(s.log_format, LogFormat::Text);
+    assert_eq!(s.tls, None);
+}
+
+#[test]
+fn flag_beats_environment_beats_file_beats_default() {
+    let file = r#"
+        sim_speed = 0.5
+        auto_background_secs = 30
+        provider = "anthropic"
+        log = "debug"
+        grace = "3s"
+        [anthropic]
+        api_key = "from-file"
+        base_url = "http://file.example"
+    "#;
+    // The file alone.
+    let s = resolve(&ServeFlags::default(), &[], file).unwrap();
+    assert_eq!((s.sim_speed, s.auto_background_secs), (0.5, 30));
+    assert_eq!(s.provider, ProviderKind::Anthropic);
+    assert_eq!((s.log.as_str(), s.grace), ("debug", Duration::from_secs(3)));
+
+    // The environment over the file, per key; an empty variable is unset.
+    let vars = [
+        ("FORKD_SIM_SPEED", "0"),
+        ("FORKD_PROVIDER", "SIM"),
+        ("RUST_LOG", "warn"),
+        ("FORKD_AUTO_BACKGROUND_SECS", ""),
+        ("ANTHROPIC_API_KEY", "from-env"),
+    ];
+    let s = resolve(&ServeFlags::default(), &vars, file).unwrap();
+    assert_eq!((s.sim_speed, s.auto_background_secs), (0.0, 30));
+    assert_eq!(s.provider, ProviderKind::Sim);
+    assert_eq!(s.log, "warn");
+    assert_eq!(
+        s.provider_vars
+            .0
+            .get("ANTHROPIC_API_KEY")
+            .map(String::as_str),
+        Some("from-env")
+    );
+    assert_eq!(
+        s.provider_vars
+            .0
+            .get("ANTHROPIC_BASE_URL")
+            .map(String::as_str),
+        Some("http://file.example")
+    );
+
+    // A flag over both.
+    let flags = ServeFlags {
+        sim_speed: Some(2.0),
+        provider: Some(ProviderKind::Openai),
+        log: Some("error".into()),
+        grace: Some(Duration::from_secs(1)),
+        ..ServeFlags::default()
+    };
+    let s = resolve(&flags, &vars, file).unwrap();
+    assert_eq!(s.sim_speed, 2.0);
+    assert_eq!(s.provider, ProviderKind::Openai);
+    assert_eq!(s.log, "error");
+    assert_eq!(s.grace, Duration::from_secs(1));
+}
+
+#[test]
+fn booleans_come_from_each_source() {
+    let file = "fsync_every_commit = true\nwarmup_gating = false\nfork_always_async = false";
+    let s = resolve(&ServeFlags::default(), &[], file).unwrap();
+    assert!(s.fsync_every_commit && !s.warmup_gating && !s.fork_always_async);
+
+    let vars = [
+        ("FORKD_FSYNC_EVERY_COMMIT", "no"),
+        ("FORKD_WARMUP_GATING", "on"),
+        ("FORKD_FORK_ALWAYS_ASYNC", "1"),
+    ];
+    let s = resolve(&ServeFlags::default(), &vars, file).unwrap();
+    assert!(!s.fsync_every_commit && s.warmup_gating && s.fork_always_async);
+
+    let flags = ServeFlags {
+        fsync_every_commit: Some(true),
+        no_warmup_gating: true,
+        ..ServeFlags::default()
+    };
+    let s = resolve(&flags, &vars, file).unwrap();
+    assert!(s.fsync_every_commit && !s.warmup_gating);
+
+    let err = resolve(
+        &ServeFlags::default(),
+        &[("FORKD_FORK_ALWAYS_ASYNC", "maybe")],
+        "",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("FORKD_FORK_ALWAYS_ASYNC=\"maybe\" is not a boolean"),
+        "{err}"
+    );
+}
+
+#[test]
+fn listen_and_tls_paths_resolve_and_file_paths_are_relative_to_home() {
+    let file = "listen = \"127.0.0.1:7070\"\ntls_cert = \"tls/cert.pem\"\ntls_key = \"/etc/k.pem\"";
+    let s = resolve(&ServeFlags::default(), &[], file).unwrap();
+    assert_eq!(s.listen, Some(SocketAddr::from(([127, 0, 0, 1], 7070))));
+    assert_eq!(
+        s.tls,
+        Some(TlsFiles {
+            cert: PathBuf::from("/srv/forkd/tls/cert.pem"),
+            key: PathBuf::from("/etc/k.pem"),
+        })
+    );
+    let vars = [("FORKD_LISTEN", "127.0.0.1:9"), ("FORKD_TLS_CERT", "c.pem")];
+    let s = resolve(&ServeFlags::default(), &vars, file).unwrap();
+    assert_eq!(s.listen, Some(SocketAddr::from(([127, 0, 0, 1], 9))));
+    assert_eq!(s.tls.map(|t| t.cert), Some(PathBuf::from("c.pem")));
+
+    let err = resolve(&ServeFlags::default(), &[], "tls_cert = \"c.pem\"")
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("TLS needs a private key too"), "{err}");
+}
+
+#[test]
+fn metrics_listen_comes_from_flag_env_or_file() {
+    let file = "metrics_listen = \"127.0.0.1:9100\"";
+    let s = resolve(&ServeFlags::default(), &[], file).unwrap();
+    assert_eq!(
+        s.metrics_listen,
+        Some(SocketAddr::from(([127, 0, 0, 1], 9100)))
+    );
+    let vars = [("FORKD_METRICS_LISTEN", "127.0.0.1:9101")];
+    let s = resolve(&ServeFlags::default(), &vars, file).unwrap();
+    assert_eq!(
+        s.metrics_listen,
+        Some(SocketAddr::from(([127, 0, 0, 1], 9101)))
+    );
+    let flags = ServeFlags {
+        metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 9102))),
+        ..ServeFlags::default()
+    };
+    let s = resolve(&flags, &vars, file).unwrap();
+    let config = s.daemon_config(PathBuf::from("/srv/forkd")).unwrap();
+    assert_eq!(
+        config.metrics_listen,
+        Some(SocketAddr::from(([127, 0, 0, 1], 9102)))
+    );
+    assert_eq!(
+        resolve(&ServeFlags::default(), &[], "")
+            .unwrap()
+            .metrics_listen,
+        None
+    );
+}
+
+#[test]
+fn a_typo_in_the_file_is_an_error_naming_the_key() {
+    let err = FileConfig::parse("sim_sped = 0").unwrap_err().to_string();
+    assert!(err.contains("unknown field `sim_sped`"), "{err}");
+    let err = FileConfig::parse("[anthropic]\napi_kye = \"x\"")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unknown field `api_kye`"), "{err}");
+    let err = FileConfig::parse("provider = \"gpt\"")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("provider"), "{err}");
+    let err = resolve(&ServeFlags::default(), &[], "grace = \"soon\"")
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("config.toml: grace = \"soon\""), "{err}");
+}
+
+#[test]
+fn bad_environment_values_name_the_variable() {
+    for (name, value, expected) in [
+        ("FORKD_SIM_SPEED", "fast", "FORKD_SIM_SPEED=\"fast\""),
+        ("FORKD_LISTEN", "localhost", "FORKD_LISTEN=\"localhost\""),
+        (
+            "FORKD_PROVIDER",
+            "gpt",
+            "expected one of sim, anthropic, openai",
+        ),
+        ("FORKD_GRACE", "soon", "FORKD_GRACE=\"soon\""),
+    ] {
+        let err = resolve(&ServeFlags::default(), &[(name, value)], "")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(expected), "{name}: {err}");
+    }
+}
+
+#[test]
+fn provider_settings_reach_the_daemon_config_with_env_winning() {
+    let file = "provider = \"anthropic\"\n[anthropic]\napi_key = \"file-key\"\nbase_url = \"http://127.0.0.1:8787\"";
+    let s = resolve(&ServeFlags::default(), &[], file).unwrap();
+    let config = s.daemon_config(PathBuf::from("/h")).unwrap();
+    let anthropic = config.anthropic.unwrap();
+    assert_eq!(anthropic.api_key, "file-key");
+    assert_eq!(anthropic.base_url, "http://127.0.0.1:8787");
+    assert!(!format!("{s:?}").contains("file-key"));
+
+    let s = resolve(
+        &ServeFlags::default(),
+        &[("ANTHROPIC_API_KEY", "env-key")],
+        file,
+    )
+    .unwrap();
+    assert_eq!(
+        s.daemon_config(PathBuf::from("/h"))
+            .unwrap()
+            .anthropic
+            .unwrap()
+            .api_key,
+        "env-key"
+    );
+
+    let err = resolve(&ServeFlags::default(), &[], "provider = \"anthropic\"")
+        .unwrap()
+        .daemon_config(PathBuf::from("/h"))
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("ANTHROPIC_API_KEY"), "{err:#}");
+
+    let file = "provider = \"openai\"\n[openai]\nmodel = \"qwen\"\nbase_url = \"http://127.0.0.1:8080/v1\"";
+    let s = resolve(&ServeFlags::default(), &[("OPENAI_MODEL", "llama")], file).unwrap();
+    let openai = s
+        .daemon_config(PathBuf::from("/h"))
+        .unwrap()
+        .openai
+        .unwrap();
+    assert_eq!(openai.model.as_deref(), Some("llama"));
+    assert_eq!(openai.base_url, "http://127.0.0.1:8080/v1");
+}
+
+#[test]
+fn the_daemon_config_carries_every_setting() {
+    let file = "fsync_every_commit = true\nauto_background_secs = 0\nfork_always_async = false\nwarmup_gating = false\nsim_speed = 0";
+    let s = resolve(&ServeFlags::default(), &[], file).unwrap();
+    let config = s.daemon_config(PathBuf::from("/h")).unwrap();
+    assert_eq!(config.durability, Durability::Full);
+    assert_eq!(config.engine.auto_background, None);
+    assert!(!config.engine.warmup_gating);
+    assert!(!config.engine.fork_always_async);
+    assert_eq!(config.sim_speed, 0.0);
+}
+
+#[test]
+fn resolving_nothing_gives_the_defaults() {
+    assert_eq!(
+        resolve(&ServeFlags::default(), &[], "").unwrap(),
+        Settings::default()
+    );
+}
+
+#[test]
+fn a_value_a_higher_layer_overrides_is_still_checked() {
+    let flags = ServeFlags {
+        grace: Some(Duration::from_secs(1)),
+        provider: Some(ProviderKind::Sim),
+        ..ServeFlags::default()
+    };
+    for (vars, file, expected) in [
+        (&[("FORKD_GRACE", "soon")][..], "", "FORKD_GRACE=\"soon\""),
+        (
+            &[("FORKD_PROVIDER", "gpt")][..],
+            "",
+            "FORKD_PROVIDER=\"gpt\"",
+        ),
+        (&[][..], "grace = \"soon\"", "config.toml: grace = \"soon\""),
+    ] {
+        let err = resolve(&flags, vars, file).unwrap_err().to_string();
+        assert!(err.contains(expected), "{err}");
+    }
+}
+
+#[test]
+fn the_help_shows_the_defaults_resolve_applies() {
+    use clap::Args as _;
+    let mut command = ServeFlags::augment_args(clap::Command::new("serve"));
+    let help = command.render_help().to_string();
+    let defaults = Settings::default();
+    for expected in [
+        "(env FORKD_PROVIDER) [default: sim]".to_owned(),
+        format!("(env FORKD_SIM_SPEED) [default: {}]", defaults.sim_speed),
+        format!(
+            "(env FORKD_AUTO_BACKGROUND_SECS) [default: {}]",
+            defaults.auto_background_secs
+        ),
+        "(env FORKD_GRACE) [default: 10s]".to_owned(),
+        format!("(env RUST_LOG) [default: {}]", defaults.log),
+    ] {
+        assert!(help.contains(&expected), "{expected} in\n{help}");
+    }
+}
