@@ -1,7 +1,8 @@
 //! forkd's domain model and the fork construction.
 //!
-//! This crate is pure: no I/O, no async, no tonic, no sqlx. Everything that decides the bytes of a
-//! model request lives here, so the byte-identity invariants can be property-tested in isolation.
+//! This crate is pure: no I/O, no runtime, no tonic, no sqlx (the store interface declares async
+//! methods but runs nothing). Everything that decides the bytes of a model request lives here, so
+//! the byte-identity invariants can be property-tested in isolation.
 
 pub mod agent;
 pub mod calc;

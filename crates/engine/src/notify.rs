@@ -45,7 +45,8 @@ impl Engine {
         Ok(self.subscribe_unchecked(since_seq, filter, follow))
     }
 
-    fn subscribe_unchecked(
+    /// [`Engine::subscribe`] for a filter whose ids are known to exist.
+    pub(crate) fn subscribe_unchecked(
         &self,
         since_seq: u64,
         filter: NotificationFilter,

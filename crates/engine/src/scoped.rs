@@ -213,7 +213,8 @@ impl TenantEngine<'_> {
         self.engine.kill(id).await
     }
 
-    /// The tenant's notifications that pass `filter`.
+    /// The tenant's notifications that pass `filter`. The ids it names are read once, to check
+    /// their owner, which also proves they exist.
     pub async fn subscribe(
         &self,
         since_seq: u64,
@@ -223,7 +224,7 @@ impl TenantEngine<'_> {
         self.own_scope(filter.session_id, filter.batch_id, filter.agent_id)
             .await?;
         filter.tenant = Some(self.tenant.clone());
-        self.engine.subscribe(since_seq, filter, follow).await
+        Ok(self.engine.subscribe_unchecked(since_seq, filter, follow))
     }
 
     pub async fn subscribe_prompts(&self, session: SessionId) -> Result<PromptStream> {
