@@ -111,8 +111,39 @@ pub struct Plan {
     pub refused: Vec<(String, Refusal)>,
 }
 
-/// Plans a message's `Agent` calls (its other tool calls are not the plan's business).
-pub fn plan(message: &Message, forker: &Forker<'_>) -> Plan {
+/// The `Agent` calls to plan.
+#[derive(Debug, Clone, Copy)]
+pub enum Calls<'a> {
+    /// A client's batch: each directive is a fork call, under the tool_use id forkd gives it.
+    Directives {
+        batch: BatchId,
+        directives: &'a [Directive],
+    },
+    /// A model's reply: its `Agent` tool_use blocks (its other tool calls are not the plan's
+    /// business).
+    Reply(&'a Message),
+}
+
+/// Plans `Agent` calls: which fork, which start typed agents, which are refused and why.
+pub fn plan(calls: Calls<'_>, forker: &Forker<'_>) -> Plan {
+    let read: Vec<(String, Result<AgentCall, Refusal>)> = match calls {
+        Calls::Directives { batch, directives } => directives
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let id = fork::client_tool_use_id(batch, i);
+                (id, Ok(AgentCall::Fork(d.clone())))
+            })
+            .collect(),
+        Calls::Reply(message) => message
+            .tool_uses()
+            .filter(|(_, name, _)| *name == AGENT_TOOL)
+            .map(|(id, _, block)| {
+                let input = block.tool_input().unwrap_or_default();
+                (id.to_owned(), AgentCall::read(&input))
+            })
+            .collect(),
+    };
     let mut plan = Plan::default();
     // Checked once: the caller's state refuses every fork call alike.
     let state = if forker.coordinator {
@@ -123,36 +154,30 @@ pub fn plan(message: &Message, forker: &Forker<'_>) -> Plan {
             .and_then(|(source, messages)| fork_refusal(source, messages))
             .map(Refusal::Recursion)
     };
-    for (id, name, block) in message.tool_uses() {
-        if name != AGENT_TOOL {
-            continue;
-        }
-        let input = block.tool_input().unwrap_or_default();
-        let call = AgentCall::read(&input);
+    for (id, call) in read {
         let refusal = match call {
             Ok(AgentCall::Typed {
                 subagent_type,
                 directive,
             }) => {
-                plan.typed.push((id.to_owned(), subagent_type, directive));
+                plan.typed.push((id, subagent_type, directive));
                 continue;
             }
-            Ok(AgentCall::Fork(_)) if state.is_some() => state.clone(),
             Ok(AgentCall::Fork(directive)) => {
                 let index = plan.forks.len();
-                match fork::check_directive(index, &directive, forker.limits.max_directive_bytes) {
-                    Ok(()) => {
-                        plan.forks.push((id.to_owned(), directive));
-                        None
+                let max = forker.limits.max_directive_bytes;
+                match (&state, fork::check_directive(index, &directive, max)) {
+                    (Some(refusal), _) => refusal.clone(),
+                    (None, Err(e)) => Refusal::Directive(e),
+                    (None, Ok(())) => {
+                        plan.forks.push((id, directive));
+                        continue;
                     }
-                    Err(e) => Some(Refusal::Directive(e)),
                 }
             }
-            Err(refusal) => Some(refusal),
+            Err(refusal) => refusal,
         };
-        if let Some(refusal) = refusal {
-            plan.refused.push((id.to_owned(), refusal));
-        }
+        plan.refused.push((id, refusal));
     }
     // The calls beyond the cap are refused, not dropped: each gets its own answer.
     let cap = forker.limits.max_children;
@@ -165,9 +190,10 @@ pub fn plan(message: &Message, forker: &Forker<'_>) -> Plan {
     plan
 }
 
-/// Plans a client's batch: the fork message forkd appends for it (one `Agent` call per
-/// directive, as if the parent model had written it) and its children in order. A client's
-/// batch is all or nothing: the first refusal refuses it whole.
+/// Plans a client's batch: its children in order, and the fork message the parent's transcript
+/// records for it (one `Agent` call per directive, as if the parent model had written it; written
+/// from the directives, never read back). A client's batch is all or nothing: the first refusal
+/// refuses it whole.
 pub fn plan_client(
     batch: BatchId,
     directives: &[Directive],
@@ -176,12 +202,11 @@ pub fn plan_client(
     if directives.is_empty() {
         return Err(Refusal::Directive(ForkError::NoDirectives));
     }
-    let message = fork::client_fork_message(batch, directives);
-    let plan = plan(&message, forker);
-    match plan.refused.into_iter().next() {
-        Some((_, refusal)) => Err(refusal),
-        None => Ok((message, plan.forks)),
+    let plan = plan(Calls::Directives { batch, directives }, forker);
+    if let Some((_, refusal)) = plan.refused.into_iter().next() {
+        return Err(refusal);
     }
+    Ok((fork::client_fork_message(batch, directives), plan.forks))
 }
 
 #[cfg(test)]
@@ -272,7 +297,7 @@ mod tests {
             ),
         ];
         for (calls, forks, typed, refused) in cases {
-            let plan = plan(&reply(&calls), &parent());
+            let plan = plan(Calls::Reply(&reply(&calls)), &parent());
             assert_eq!(ids(&plan.forks), forks, "{calls:?}");
             let typed_ids: Vec<&str> = plan.typed.iter().map(|(id, _, _)| id.as_str()).collect();
             assert_eq!(typed_ids, typed, "{calls:?}");
@@ -307,7 +332,7 @@ mod tests {
             coordinator: true,
             ..parent()
         };
-        let plan = plan(&reply(&calls), &forker);
+        let plan = plan(Calls::Reply(&reply(&calls)), &forker);
         assert!(plan.forks.is_empty());
         assert_eq!(plan.typed.len(), 1);
         assert_eq!(plan.refused, vec![("t0".to_owned(), Refusal::Coordinator)]);
@@ -334,7 +359,7 @@ mod tests {
                 child: Some(child),
                 ..parent()
             };
-            let plan = plan(&reply(&calls), &forker);
+            let plan = plan(Calls::Reply(&reply(&calls)), &forker);
             assert!(plan.forks.is_empty());
             assert!(matches!(plan.refused[0].1, Refusal::Recursion(_)));
         }
@@ -343,7 +368,7 @@ mod tests {
             child: Some((None, &[])),
             ..parent()
         };
-        assert_eq!(plan(&reply(&calls), &forker).forks.len(), 1);
+        assert_eq!(plan(Calls::Reply(&reply(&calls)), &forker).forks.len(), 1);
         // A client's batch goes through the same plan, whole or not at all.
         let (message, forks) =
             plan_client(batch, std::slice::from_ref(&directive), &parent()).unwrap();

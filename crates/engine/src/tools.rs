@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use forkd_core::plan::{ForkLimits, Forker, plan};
+use forkd_core::plan::{Calls, ForkLimits, Forker, plan};
 use forkd_core::session::{PermissionMode, PermissionRules, Session};
 use forkd_core::store::ToolCall;
 use forkd_core::tools::AGENT_TOOL;
@@ -239,7 +239,7 @@ fn agent_call(turn: &ToolTurn<'_>, id: &str, input: &Value) -> ToolOutput {
     let Ok(block) = Block::tool_use(id, AGENT_TOOL, &RawJson::encode(input)) else {
         return ToolOutput::error("The Agent call's input is not a JSON object.");
     };
-    match plan(&Message::assistant(vec![block]), &forker)
+    match plan(Calls::Reply(&Message::assistant(vec![block])), &forker)
         .refused
         .into_iter()
         .next()

@@ -10,7 +10,9 @@ use std::time::Duration;
 use forkd_core::tenant::Budget;
 use forkd_proto::v1 as pb;
 use forkd_proto::v1::forkd_client::ForkdClient;
-use forkd_test_support::{create_session, session_request, spawn_daemon, spawn_daemon_with};
+use forkd_test_support::{
+    create_session, session_request, session_transcript, spawn_daemon, spawn_daemon_with,
+};
 use tonic::Code;
 use tonic::transport::Channel;
 use tonic_types::StatusExt as _;
@@ -40,38 +42,9 @@ async fn turn(
 }
 
 async fn user_messages(client: &mut ForkdClient<Channel>, session_id: &str) -> usize {
-    let session = client
-        .get_session(pb::GetSessionRequest {
-            session_id: session_id.to_owned(),
-        })
+    session_transcript(client, session_id)
         .await
         .unwrap()
-        .into_inner()
-        .session
-        .unwrap();
-    let parent = client
-        .list_agents(pb::ListAgentsRequest {
-            session_id: session.session_id.clone(),
-            include_ended: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .agents
-        .into_iter()
-        .find(|a| a.kind == "parent")
-        .unwrap();
-    let transcript = client
-        .get_transcript(pb::GetTranscriptRequest {
-            agent_id: parent.agent_id,
-            include_shared_prefix: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    transcript
-        .messages
         .iter()
         .filter(|m| m.role == "user" && m.content_json.contains("Say hello"))
         .count()

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use forkd_proto::v1 as pb;
 use forkd_proto::v1::session_event::Event;
-use forkd_test_support::{create_session, session_request, spawn_daemon, wait_for_batch};
+use forkd_test_support::{
+    create_session, session_request, session_transcript, spawn_daemon, wait_for_batch,
+};
 
 async fn send(
     client: &mut forkd_proto::v1::forkd_client::ForkdClient<tonic::transport::Channel>,
@@ -100,29 +102,9 @@ async fn a_parent_reply_that_calls_agent_forks_and_hears_back() {
 
     // The parent's transcript holds the fork message, async_launched results and both
     // notifications.
-    let parent = client
-        .list_agents(pb::ListAgentsRequest {
-            session_id: sid.clone(),
-            include_ended: true,
-            ..Default::default()
-        })
+    let all: String = session_transcript(&mut client, &sid)
         .await
         .unwrap()
-        .into_inner()
-        .agents
-        .into_iter()
-        .find(|a| a.kind == "parent")
-        .unwrap();
-    let log = client
-        .get_transcript(pb::GetTranscriptRequest {
-            agent_id: parent.agent_id.clone(),
-            include_shared_prefix: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let all: String = log
-        .messages
         .iter()
         .map(|m| m.content_json.as_str())
         .collect();
@@ -198,28 +180,9 @@ async fn notifications_never_split_a_parent_tool_call_from_its_result() {
     );
     let events = send(&mut client, &session.session_id, script).await;
     assert!(matches!(events.last(), Some(Event::TurnEnded(_))));
-    let parent = client
-        .list_agents(pb::ListAgentsRequest {
-            session_id: session.session_id.clone(),
-            include_ended: true,
-            ..Default::default()
-        })
+    let log = session_transcript(&mut client, &session.session_id)
         .await
-        .unwrap()
-        .into_inner()
-        .agents
-        .into_iter()
-        .find(|a| a.kind == "parent")
         .unwrap();
-    let log = client
-        .get_transcript(pb::GetTranscriptRequest {
-            agent_id: parent.agent_id,
-            include_shared_prefix: true,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .messages;
     assert!(
         log.iter()
             .any(|m| m.content_json.contains("<task-notification>\\n<agent-id>")),

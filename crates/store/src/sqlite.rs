@@ -31,6 +31,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Sqlite, Transaction};
 
+use crate::StoreError;
 use crate::error::Result;
 use crate::{
     AgentFilter, AgentParams, BatchExtras, Budget, DbError, IdempotencyRecord, Lease, NewChild,
@@ -177,7 +178,7 @@ impl SqliteStore {
             if problems.is_empty() {
                 Ok(())
             } else {
-                Err(DbError::Corrupt(problems.join("; ")))
+                Err(DbError::Store(StoreError::Corrupt(problems.join("; "))))
             }
         }
         .await)
@@ -345,10 +346,10 @@ impl Store for SqliteStore {
             let mut tx = self.begin_write().await?;
             let session_id = agent.session_id.to_string();
             if !sessions::exists(&mut tx, &session_id).await? {
-                return Err(DbError::NotFound {
+                return Err(DbError::Store(StoreError::NotFound {
                     kind: "session",
                     id: session_id,
-                });
+                }));
             }
             agents::insert(&mut tx, agent, directive_block).await?;
             if let Some(params) = params {
@@ -381,10 +382,10 @@ impl Store for SqliteStore {
             }
             let session_id = session.to_string();
             if !sessions::exists(&mut tx, &session_id).await? {
-                return Err(DbError::NotFound {
+                return Err(DbError::Store(StoreError::NotFound {
                     kind: "session",
                     id: session_id,
-                });
+                }));
             }
             let first = convert::session_len(&mut tx, &session_id).await?;
             for (seq, message) in (first..).zip(messages) {

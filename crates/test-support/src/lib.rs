@@ -201,6 +201,33 @@ pub async fn transcript_text(
         .join("\n"))
 }
 
+/// A session's own conversation: the transcript of its main-loop agent.
+pub async fn session_transcript(
+    client: &mut ForkdClient<Channel>,
+    session_id: &str,
+) -> anyhow::Result<Vec<pb::TranscriptMessage>> {
+    let parent = client
+        .list_agents(pb::ListAgentsRequest {
+            session_id: session_id.to_owned(),
+            include_ended: true,
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .agents
+        .into_iter()
+        .find(|a| a.kind == "parent")
+        .ok_or_else(|| anyhow::anyhow!("session {session_id} has no main-loop agent yet"))?;
+    Ok(client
+        .get_transcript(pb::GetTranscriptRequest {
+            agent_id: parent.agent_id,
+            include_shared_prefix: true,
+        })
+        .await?
+        .into_inner()
+        .messages)
+}
+
 /// Submits a fork batch of `prompts` (see [`directives`]).
 pub async fn fork(
     client: &mut ForkdClient<Channel>,

@@ -227,7 +227,7 @@ impl Engine {
             child: None,
             limits: self.fork_limits(),
         };
-        let plan = plan::plan(reply, &forker);
+        let plan = plan::plan(plan::Calls::Reply(reply), &forker);
         ForkPlan {
             forks: plan.forks,
             typed: plan.typed,

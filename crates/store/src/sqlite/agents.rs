@@ -8,6 +8,7 @@ use super::convert::{
     MessageRow, UsageRow, conflict_if_duplicate, corrupt, from_i64, limit_param, now_ms, opt_id,
     parse_id, stored_messages, to_i64,
 };
+use crate::StoreError;
 use crate::error::Result;
 use crate::{AgentFilter, DbError, Lease, StoredMessage};
 
@@ -175,10 +176,10 @@ pub(super) async fn directive_block(pool: &SqlitePool, id: AgentId) -> Result<Op
 }
 
 fn not_found(id: impl ToString) -> DbError {
-    DbError::NotFound {
+    DbError::Store(StoreError::NotFound {
         kind: "agent",
         id: id.to_string(),
-    }
+    })
 }
 
 /// The agent's current state; `NotFound` when there is no such agent, `Conflict` when it ended.
@@ -189,10 +190,10 @@ pub(super) async fn live_state(conn: &mut SqliteConnection, id: &str) -> Result<
         .await?;
     let state = parse_state(&state.ok_or_else(|| not_found(id))?)?;
     if state.is_terminal() {
-        return Err(DbError::Conflict(format!(
+        return Err(DbError::Store(StoreError::Conflict(format!(
             "agent {id} already ended ({})",
             state.as_str()
-        )));
+        ))));
     }
     Ok(state)
 }
@@ -261,11 +262,11 @@ pub(super) async fn check_lease(conn: &mut SqliteConnection, lease: &Lease) -> R
         "agent generation",
     )?;
     if current != lease.generation {
-        return Err(DbError::Superseded {
+        return Err(DbError::Store(StoreError::Superseded {
             agent: lease.agent_id,
             held: lease.generation,
             current,
-        });
+        }));
     }
     Ok(())
 }

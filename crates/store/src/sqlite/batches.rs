@@ -9,6 +9,7 @@ use super::convert::{
     insert_session_message, parse_id, session_len, to_i64,
 };
 use super::{agents, sessions};
+use crate::StoreError;
 use crate::error::Result;
 use crate::{BatchExtras, Budget, DbError, NewChild};
 
@@ -57,26 +58,26 @@ pub(super) async fn create(
     }
     let session_id = batch.session_id.to_string();
     if !sessions::exists(conn, &session_id).await? {
-        return Err(DbError::NotFound {
+        return Err(DbError::Store(StoreError::NotFound {
             kind: "session",
             id: session_id,
-        });
+        }));
     }
     let fork_point = to_i64(batch.fork_point, "fork_point")?;
     let len = session_len(conn, &session_id).await?;
     if len != fork_point {
-        return Err(DbError::Conflict(format!(
+        return Err(DbError::Store(StoreError::Conflict(format!(
             "session {session_id} has {len} messages; batch {} forks at {fork_point}",
             batch.id
-        )));
+        ))));
     }
     for child in children {
         let agent = &child.agent;
         if agent.session_id != batch.session_id || agent.batch_id != Some(batch.id) {
-            return Err(DbError::Conflict(format!(
+            return Err(DbError::Store(StoreError::Conflict(format!(
                 "agent {} does not belong to batch {} of session {session_id}",
                 agent.id, batch.id
-            )));
+            ))));
         }
     }
 
@@ -144,9 +145,11 @@ pub(super) async fn budget(pool: &SqlitePool, id: BatchId) -> Result<Budget> {
             .bind(id.to_string())
             .fetch_optional(pool)
             .await?;
-    let (usd, tokens) = row.ok_or_else(|| DbError::NotFound {
-        kind: "batch",
-        id: id.to_string(),
+    let (usd, tokens) = row.ok_or_else(|| {
+        DbError::Store(StoreError::NotFound {
+            kind: "batch",
+            id: id.to_string(),
+        })
     })?;
     Ok(Budget {
         usd,

@@ -10,12 +10,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use forkd_core::{Block, Message, Role, Usage};
 use sqlx::SqliteConnection;
 
+use crate::StoreError;
 use crate::error::Result;
 use crate::{DbError, StoredMessage};
 
 /// A stored value that no longer decodes.
 pub(super) fn corrupt(what: &str, err: impl Display) -> DbError {
-    DbError::Corrupt(format!("{what}: {err}"))
+    DbError::Store(StoreError::Corrupt(format!("{what}: {err}")))
 }
 
 /// A `u64` (or `u32`) as SQLite's `INTEGER`.
@@ -188,7 +189,7 @@ pub(super) async fn insert_session_message(
 /// Turns a unique-key violation into a `Conflict` naming what already exists.
 pub(super) fn conflict_if_duplicate(err: sqlx::Error, what: impl FnOnce() -> String) -> DbError {
     match err.as_database_error() {
-        Some(db) if db.is_unique_violation() => DbError::Conflict(what()),
+        Some(db) if db.is_unique_violation() => DbError::Store(StoreError::Conflict(what())),
         _ => DbError::Database(err),
     }
 }

@@ -8,6 +8,7 @@ use super::convert::{
     UsageRow, conflict_if_duplicate, corrupt, from_i64, insert_session_message, limit_param,
     opt_id, parse_id, session_len,
 };
+use crate::StoreError;
 use crate::error::Result;
 use crate::{DbError, Lease, NewNotification, NotificationFilter};
 use forkd_core::{AgentId, ReportTo};
@@ -78,10 +79,10 @@ pub(super) async fn finish_agent(
 ) -> Result<Notification> {
     let agent_id = n.agent_id.to_string();
     if lease.agent_id != n.agent_id {
-        return Err(DbError::Conflict(format!(
+        return Err(DbError::Store(StoreError::Conflict(format!(
             "notification for agent {agent_id} under a lease on agent {}",
             lease.agent_id
-        )));
+        ))));
     }
     agents::live_state(conn, &agent_id).await?;
     agents::check_lease(conn, lease).await?;
@@ -93,11 +94,11 @@ pub(super) async fn finish_agent(
     let session_id = n.session_id.to_string();
     let batch_id = opt_id(n.batch_id);
     if owner.session_id != session_id || owner.batch_id != batch_id {
-        return Err(DbError::Conflict(format!(
+        return Err(DbError::Store(StoreError::Conflict(format!(
             "notification for agent {agent_id} names session {session_id} and batch {batch_id:?}; \
              the agent belongs to session {} and batch {:?}",
             owner.session_id, owner.batch_id
-        )));
+        ))));
     }
 
     agents::update_state(

@@ -5,6 +5,7 @@ use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqlitePool};
 use super::convert::{UsageRow, conflict_if_duplicate, from_i64, opt_id, parse_id, to_i64};
 use forkd_core::RequestId;
 
+use crate::StoreError;
 use crate::error::Result;
 use crate::{DbError, RequestFilter, RequestRecord};
 
@@ -46,8 +47,12 @@ impl TryFrom<RequestRow> for RequestRecord {
             usage: row.usage.into_usage()?,
             cost_usd: row.cost_usd,
             prefix_fingerprint: row.prefix_fingerprint,
-            prefix_parts: serde_json::from_str(&row.prefix_parts)
-                .map_err(|e| DbError::Corrupt(format!("request {}: prefix_parts: {e}", row.id)))?,
+            prefix_parts: serde_json::from_str(&row.prefix_parts).map_err(|e| {
+                DbError::Store(StoreError::Corrupt(format!(
+                    "request {}: prefix_parts: {e}",
+                    row.id
+                )))
+            })?,
             message_count: row
                 .message_count
                 .map(|n| from_i64(n, "request message_count"))
@@ -84,15 +89,18 @@ pub(super) async fn record(conn: &mut SqliteConnection, r: &RequestRecord) -> Re
     .execute(&mut *conn)
     .await?;
     if updated.rows_affected() == 0 {
-        return Err(DbError::NotFound {
+        return Err(DbError::Store(StoreError::NotFound {
             kind: "agent",
             id: agent_id,
-        });
+        }));
     }
 
     let id = r.id.to_string();
-    let parts = serde_json::to_string(&r.prefix_parts)
-        .map_err(|e| DbError::Corrupt(format!("request {id}: prefix_parts: {e}")))?;
+    let parts = serde_json::to_string(&r.prefix_parts).map_err(|e| {
+        DbError::Store(StoreError::Corrupt(format!(
+            "request {id}: prefix_parts: {e}"
+        )))
+    })?;
     sqlx::query(
         "INSERT INTO requests (id, agent_id, session_id, batch_id, turn, model, input_tokens, \
          cache_creation_input_tokens, cache_read_input_tokens, output_tokens, cost_usd, \

@@ -11,6 +11,7 @@ use super::convert::{
     MessageRow, conflict_if_duplicate, corrupt, from_i64, insert_session_message, limit_param,
     parse_id, session_len, stored_messages, to_i64,
 };
+use crate::StoreError;
 use crate::error::Result;
 use crate::{DbError, StoredMessage};
 
@@ -170,10 +171,10 @@ pub(super) async fn exists(conn: &mut SqliteConnection, id: &str) -> Result<bool
 }
 
 fn not_found(id: impl ToString) -> DbError {
-    DbError::NotFound {
+    DbError::Store(StoreError::NotFound {
         kind: "session",
         id: id.to_string(),
-    }
+    })
 }
 
 pub(super) async fn message_count(pool: &SqlitePool, id: SessionId) -> Result<u64> {

@@ -5,6 +5,7 @@ use sqlx::{SqliteConnection, SqlitePool};
 
 use super::agents;
 use super::convert::{corrupt, parse_id};
+use crate::StoreError;
 use crate::error::Result;
 use crate::{DbError, Lease, ToolCall};
 
@@ -52,10 +53,10 @@ pub(super) async fn begin(
     call: &ToolCall,
 ) -> Result<()> {
     if call.agent_id != lease.agent_id {
-        return Err(DbError::Conflict(format!(
+        return Err(DbError::Store(StoreError::Conflict(format!(
             "tool call {} belongs to agent {}, not to the leased agent {}",
             call.tool_use_id, call.agent_id, lease.agent_id
-        )));
+        ))));
     }
     agents::check_lease(conn, lease).await?;
     sqlx::query(
@@ -97,9 +98,9 @@ pub(super) async fn finish(
     .execute(conn)
     .await?;
     if done.rows_affected() == 0 {
-        return Err(DbError::Conflict(format!(
+        return Err(DbError::Store(StoreError::Conflict(format!(
             "tool call {tool_use_id} of agent {agent} has no open intent"
-        )));
+        ))));
     }
     Ok(())
 }
