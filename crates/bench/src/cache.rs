@@ -476,9 +476,8 @@ fn section(points: &[Point], took: Duration) -> Section {
          (1.25·D instead of D), so its own later turns would hit. \"no cache\" is the \
          calculator's independent agents, N·(P+D)·b."
             .into(),
-        "P grows a little with N: the fork message carries one tool_use (and the shared user \
-         message one placeholder result) per child. The context is sized so that P is the \
-         target for each N."
+        "P is the parent's history plus the shared boilerplate block: a client's batch gives \
+         every child the same prefix whatever N. The context is sized so that P is the target."
             .into(),
         "(c): N independent agents launched together, as a user who wants N agents on the \
          same material starts them in parallel. N sessions with the same system prompt and \
@@ -487,9 +486,8 @@ fn section(points: &[Point], took: Duration) -> Section {
          together. Without the hold, each session's own commit and request building (a few \
          milliseconds per agent, which the sim's speed factor does not scale) would space them \
          out: see (c′). Their requests \
-         share tools, system and context, and carry a fork message of one child instead of N, \
-         so \"(c) request prefix\" (what they share) is shorter than P by about 110 tokens per \
-         child; whatever they read comes from each other's entries (the sim serves what was \
+         share tools, system and context (\"(c) request prefix\": what they share, their \
+         sessions' history); whatever they read comes from each other's entries (the sim serves what was \
          written before a request is sent). Each scenario runs on a fresh sim, so every column \
          starts with a cold cache."
             .into(),

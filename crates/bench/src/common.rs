@@ -402,9 +402,10 @@ pub async fn fork_and_wait(
     Ok(batch)
 }
 
-/// Tokens of the shared prefix outside the context file, for a batch of `n` children (the fork
-/// message carries one tool_use per child, so it grows with `n`): measured on a session with a
-/// tiny context, in a database of its own in memory.
+/// Tokens of the shared prefix outside the context file, for a batch of `n` children (the
+/// system prompt, tools and boilerplate; measured rather than assumed, so the sizing stays right
+/// if the shape changes): measured on a session with a tiny context, in a database of its own in
+/// memory.
 pub async fn prefix_overhead(workspace: &Path, n: usize) -> anyhow::Result<u64> {
     let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in_memory().await?);
     let engine = engine(&store, sim(0.0));

@@ -410,18 +410,15 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
          record and its notification, and the parent's transcript gets its `<task-notification>`; \
          the shared prefix is the parent's transcript and the batch row, stored once."
             .into(),
-        "What grows with N: the fork message carries one tool_use per child and the shared user \
-         message one placeholder result per child (about 110 tokens per child, stored once per \
-         batch, but part of every child's request), so each child's request grows with N and a \
-         batch's CPU cost is quadratic in N: every request is serialized, fingerprinted and \
-         read by the sim in full. The sim parses and counts each distinct block once (its \
-         block memo), so what stays quadratic is scanning and hashing the bytes. What a child \
-         stores does not grow: its record's `prefix_parts` hold one digest per message, not \
-         per block."
+        "What grows with N: nothing per child. A client's batch gives each child the \
+         parent's history, the shared boilerplate and its own directive, so a child's request is \
+         the same whatever the batch's size and a batch's CPU work is linear in N. What a child \
+         stores does not grow either: its record's `prefix_parts` hold one digest per message, \
+         not per block."
             .into(),
         "Peak RSS during a batch: up to 64 requests are in flight at once (the engine's cap), \
          each holding its own serialized body (the sim's parse of each distinct block is shared \
-         by all requests). Their size grows with N through the fork message, so the peak grows with N, by the same amount at a 10k and \
+         by all requests). The peak is what those requests hold, by the same amount at a 10k and \
          a 100k prefix: the prefix itself is held once per batch (its context is shared by the \
          children). \"RSS after\" equals the peak because the allocator keeps freed pages."
             .into(),

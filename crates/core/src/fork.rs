@@ -1,9 +1,13 @@
 //! The fork (docs/contracts.md, “The fork request”): the batch's assistant message, the shared
 //! user blocks, each child's directive block, and the recursion guard.
 //!
-//! A child's conversation is `[...history, A, U]` where `U = [placeholder tool_result per tool_use
-//! in A] + [boilerplate] + [directive]`. Everything but the directive block is built once per batch
-//! and shared by reference, so siblings cannot differ anywhere else.
+//! Two shapes. A model's reply that forks keeps the seed's: `[...history, A, U]` where
+//! `U = [placeholder tool_result per tool_use in A] + [boilerplate] + [directive]`. A client's batch
+//! invents no message: `[...history, U]` with `U = [boilerplate] + [directive]`, appended to the
+//! history's last message when that is a user message — so a child's request does not grow with
+//! its siblings, and a session with extended thinking gets no assistant message without a
+//! thinking block. Everything but the directive block is built once per batch and shared by
+//! reference, so siblings cannot differ anywhere else.
 
 use crate::agent::{Directive, FORK_QUERY_SOURCE};
 use crate::ids::{AgentId, BatchId, SessionId};
@@ -20,28 +24,52 @@ pub const FORK_PLACEHOLDER_RESULT: &str = "Fork started -- processing in backgro
 /// The tag around forkd's fork boilerplate; also the fallback recursion check's marker.
 pub const BOILERPLATE_TAG: &str = "forkd-fork-child";
 
-/// The boilerplate every fork child reads before its directive. Same for every sibling; it has a
-/// text block of its own so it belongs to the cached shared prefix.
+/// The boilerplate every child of a model's fork reads before its directive. Same for every
+/// sibling; it has a text block of its own so it belongs to the cached shared prefix.
 pub fn boilerplate_text() -> String {
-    format!(
-        "<{BOILERPLATE_TAG}>\n\
-         You are a fork child: a copy of the agent above, started to carry out one directive, which \
-         follows this block. The instructions above about forking were written for your parent; \
-         they do not apply to you.\n\
-         1. Do not fork and do not start agents: the Agent tool is refused for you. Do the work \
-            yourself.\n\
-         2. Work silently: call tools without commentary between them, and report once, at the end.\n\
-         3. Stay inside your directive. Do not widen its scope, and do not redo your siblings' \
-            directives.\n\
-         4. The tool results above that read \"{FORK_PLACEHOLDER_RESULT}\" stand for your siblings; \
-            ignore them.\n\
-         5. End with this report and nothing after it:\n\
+    boilerplate(Some(&format!(
+        "The tool results just above that read \"{FORK_PLACEHOLDER_RESULT}\" stand for every tool \
+         call of the message above, yours included: they are not real results; ignore them."
+    )))
+}
+
+/// The boilerplate of a client's batch, whose children see no fork message and no placeholders.
+pub fn client_boilerplate_text() -> String {
+    boilerplate(None)
+}
+
+fn boilerplate(placeholders: Option<&str>) -> String {
+    let mut rules = vec![
+        "Do not fork and do not start agents: the Agent tool is refused for you. Do the work \
+         yourself."
+            .to_owned(),
+        "Work silently: call tools without commentary between them, and report once, at the end."
+            .to_owned(),
+        "Stay inside your directive. Do not widen its scope, and do not redo your siblings' \
+         directives."
+            .to_owned(),
+    ];
+    rules.extend(placeholders.map(str::to_owned));
+    rules.push(
+        "End with this report and nothing after it:\n\
          Scope: <what you were asked to do, one line>\n\
          Result: <what you found or did>\n\
          Key files: <comma-separated paths that matter, or none>\n\
          Files changed: <comma-separated paths you wrote or edited, or none>\n\
-         Issues: <problems, risks or open questions, or none>\n\
-         </{BOILERPLATE_TAG}>"
+         Issues: <problems, risks or open questions, or none>"
+            .to_owned(),
+    );
+    let numbered: Vec<String> = rules
+        .iter()
+        .enumerate()
+        .map(|(i, rule)| format!("{}. {rule}", i + 1))
+        .collect();
+    format!(
+        "<{BOILERPLATE_TAG}>\n\
+         You are a fork child: a copy of the agent above, started to carry out one directive, which \
+         follows this block. The instructions above about forking were written for your parent; \
+         they do not apply to you.\n{}\n</{BOILERPLATE_TAG}>",
+        numbered.join("\n")
     )
 }
 
@@ -86,16 +114,31 @@ pub enum ForkError {
     NoForkToolUse,
 }
 
-/// One fork batch: the shared assistant message and the shared part of every child's user message.
+/// Where a batch came from, which decides what its children's requests look like.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ForkShape {
+    /// A model's reply forked (the seed's shape): `A`, the reply, cloned whole, then one user
+    /// message with a placeholder result for each of `A`'s tool calls, the boilerplate and the
+    /// child's directive.
+    Model {
+        /// `A`: the parent's assistant message, cloned whole.
+        assistant: Message,
+    },
+    /// A client's directives: nothing is invented; the boilerplate and the child's directive
+    /// follow the parent's history (in its last message when that is a user message).
+    Client,
+}
+
+/// One fork batch: what its children share besides the parent's history.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ForkBatch {
     pub id: BatchId,
     pub session_id: SessionId,
-    /// How many of the parent's messages precede `assistant`: the shared history.
+    /// How many of the parent's messages the children inherit: the shared history.
     pub fork_point: u64,
-    /// `A`: the parent's assistant message, cloned whole.
-    pub assistant: Message,
-    /// The placeholder tool_results for every tool_use in `A`, then the boilerplate block.
+    pub shape: ForkShape,
+    /// The blocks before each child's directive in its first user message: the placeholder
+    /// tool_results for every tool_use in `A` (model forks), then the boilerplate block.
     pub shared_user_blocks: Vec<Block>,
     pub created_at_ms: i64,
 }
@@ -196,10 +239,51 @@ impl ForkBatch {
             id,
             session_id,
             fork_point,
-            assistant,
+            shape: ForkShape::Model { assistant },
             shared_user_blocks,
             created_at_ms,
         })
+    }
+
+    /// A client's batch: its children inherit the parent's first `fork_point` messages and then
+    /// read the boilerplate and their own directive.
+    pub fn client(id: BatchId, session_id: SessionId, fork_point: u64, created_at_ms: i64) -> Self {
+        Self {
+            id,
+            session_id,
+            fork_point,
+            shape: ForkShape::Client,
+            shared_user_blocks: vec![Block::text(&client_boilerplate_text())],
+            created_at_ms,
+        }
+    }
+
+    /// `A`, for a model's fork.
+    pub fn assistant(&self) -> Option<&Message> {
+        match &self.shape {
+            ForkShape::Model { assistant } => Some(assistant),
+            ForkShape::Client => None,
+        }
+    }
+
+    /// Where a child's directive block sits in its conversation on `history`: request
+    /// fingerprints cover everything before it.
+    pub fn directive_pos(&self, history: &[Message]) -> BlockPos {
+        let shared = self.shared_user_blocks.len();
+        match (&self.shape, history.last()) {
+            (ForkShape::Model { .. }, _) => BlockPos {
+                message: history.len() + 1,
+                block: shared,
+            },
+            (ForkShape::Client, Some(last)) if last.role == Role::User => BlockPos {
+                message: history.len() - 1,
+                block: last.blocks.len() + shared,
+            },
+            (ForkShape::Client, _) => BlockPos {
+                message: history.len(),
+                block: shared,
+            },
+        }
     }
 
     /// The child's own directive block: the only bytes that differ between siblings.
@@ -207,9 +291,9 @@ impl ForkBatch {
         Block::text(&directive.prompt)
     }
 
-    /// A child's whole conversation: the parent's history up to the fork point, `A`, `U`, then the
-    /// child's own later messages. Anchors mark the shared breakpoints (the history's end and the
-    /// boilerplate block).
+    /// A child's whole conversation: the parent's history up to the fork point, `A` (model forks),
+    /// `U`, then the child's own later messages. Anchors mark the shared breakpoints (the
+    /// boilerplate block and the history's end).
     pub fn child_conversation(
         &self,
         history: &[Message],
@@ -218,18 +302,27 @@ impl ForkBatch {
     ) -> Conversation {
         let mut messages = Vec::with_capacity(history.len() + 2 + own.len());
         messages.extend_from_slice(history);
-        messages.push(self.assistant.clone());
+        if let ForkShape::Model { assistant } = &self.shape {
+            messages.push(assistant.clone());
+        }
         let mut user_blocks = self.shared_user_blocks.clone();
         user_blocks.push(directive_block.clone());
-        messages.push(Message::user(user_blocks));
-        let u_index = messages.len() - 1;
+        let boilerplate = self.directive_pos(history);
+        match messages.last_mut() {
+            // A client's batch on a history that ends with a user message: roles keep
+            // alternating, and the history's own blocks keep their bytes and positions.
+            Some(last) if self.shape == ForkShape::Client && last.role == Role::User => {
+                last.blocks.extend(user_blocks);
+            }
+            _ => messages.push(Message::user(user_blocks)),
+        }
         messages.extend_from_slice(own);
 
         // In priority order: the boilerplate (the siblings' shared entry), the history's end (the
         // parent's own entry), and an earlier batch's history end when the lookback cannot reach it.
         let mut anchors = vec![BlockPos {
-            message: u_index,
-            block: self.shared_user_blocks.len() - 1,
+            message: boilerplate.message,
+            block: boilerplate.block - 1,
         }];
         if let Some(end) = last_block(history, history.len()) {
             anchors.push(end);
@@ -243,7 +336,7 @@ impl ForkBatch {
     }
 
     /// The results the parent's own transcript gets for `A`'s tool_uses: `async_launched` for each
-    /// child, and the placeholder for anything else `A` called.
+    /// child, and the placeholder for anything else `A` called. Empty for a client's batch.
     pub fn parent_results(&self, children: &[(String, AgentId)]) -> Message {
         self.parent_results_with(children, &[])
     }
@@ -255,8 +348,10 @@ impl ForkBatch {
         children: &[(String, AgentId)],
         others: &[(String, Block)],
     ) -> Message {
-        let blocks = self
-            .assistant
+        let Some(assistant) = self.assistant() else {
+            return Message::user(Vec::new());
+        };
+        let blocks = assistant
             .tool_uses()
             .map(|(tool_use_id, _, _)| {
                 if let Some((_, agent)) = children.iter().find(|(id, _)| id == tool_use_id) {
@@ -314,6 +409,8 @@ pub fn fork_refusal(query_source: Option<&str>, messages: &[Message]) -> Option<
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     fn directives(n: usize) -> Vec<Directive> {
@@ -354,7 +451,7 @@ mod tests {
     fn a_placeholder_per_tool_use_then_the_boilerplate() {
         let b = batch(3);
         assert_eq!(b.shared_user_blocks.len(), 4);
-        assert_eq!(fork_directives(&b.assistant).len(), 3);
+        assert_eq!(fork_directives(b.assistant().unwrap()).len(), 3);
         let last = b.shared_user_blocks.last().and_then(Block::as_text);
         assert!(last.is_some_and(|t| t.starts_with("<forkd-fork-child>")));
     }
@@ -392,7 +489,7 @@ mod tests {
     #[test]
     fn parent_gets_async_launched_for_each_child() {
         let b = batch(2);
-        let ids: Vec<_> = fork_directives(&b.assistant)
+        let ids: Vec<_> = fork_directives(b.assistant().unwrap())
             .into_iter()
             .map(|(t, _)| (t, AgentId::new()))
             .collect();

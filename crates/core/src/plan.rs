@@ -190,23 +190,21 @@ pub fn plan(calls: Calls<'_>, forker: &Forker<'_>) -> Plan {
     plan
 }
 
-/// Plans a client's batch: its children in order, and the fork message the parent's transcript
-/// records for it (one `Agent` call per directive, as if the parent model had written it; written
-/// from the directives, never read back). A client's batch is all or nothing: the first refusal
-/// refuses it whole.
+/// Plans a client's batch: its children in order (each under the id forkd gives its call). A
+/// client's batch is all or nothing: the first refusal refuses it whole.
 pub fn plan_client(
     batch: BatchId,
     directives: &[Directive],
     forker: &Forker<'_>,
-) -> Result<(Message, Vec<(String, Directive)>), Refusal> {
+) -> Result<Vec<(String, Directive)>, Refusal> {
     if directives.is_empty() {
         return Err(Refusal::Directive(ForkError::NoDirectives));
     }
     let plan = plan(Calls::Directives { batch, directives }, forker);
-    if let Some((_, refusal)) = plan.refused.into_iter().next() {
-        return Err(refusal);
+    match plan.refused.into_iter().next() {
+        Some((_, refusal)) => Err(refusal),
+        None => Ok(plan.forks),
     }
-    Ok((fork::client_fork_message(batch, directives), plan.forks))
 }
 
 #[cfg(test)]
@@ -370,10 +368,9 @@ mod tests {
         };
         assert_eq!(plan(Calls::Reply(&reply(&calls)), &forker).forks.len(), 1);
         // A client's batch goes through the same plan, whole or not at all.
-        let (message, forks) =
-            plan_client(batch, std::slice::from_ref(&directive), &parent()).unwrap();
+        let forks = plan_client(batch, std::slice::from_ref(&directive), &parent()).unwrap();
         assert_eq!(forks.len(), 1);
-        assert_eq!(fork::fork_directives(&message), forks);
+        assert_eq!(forks[0].1, directive);
         let too_many = vec![directive; 3];
         assert_eq!(
             plan_client(batch, &too_many, &parent()).err(),

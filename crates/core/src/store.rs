@@ -273,14 +273,16 @@ pub trait Store: Send + Sync + 'static {
     /// The params of an agent that has its own (a typed agent); `None` for the others.
     async fn agent_params(&self, id: AgentId) -> Result<Option<AgentParams>>;
 
-    /// In one transaction: appends the batch's assistant message (at seq `batch.fork_point`, which
-    /// must be the transcript's current length, else `Conflict`) and `parent_results` to the
-    /// session's transcript, and inserts the batch and its children as `pending` agents, with
-    /// its [`BatchExtras`].
+    /// In one transaction: appends to the session's transcript what the batch gives its parent
+    /// — a model's fork: its assistant message (at seq `batch.fork_point`, which must be the
+    /// transcript's current length, else `Conflict`) then `parent_messages` (the results of its
+    /// tool calls); a client's batch: `parent_messages` (its launch note) at the transcript's end,
+    /// which must not be before `batch.fork_point` — and inserts the batch and its children as
+    /// `pending` agents, with its [`BatchExtras`].
     async fn create_fork_batch(
         &self,
         batch: &ForkBatch,
-        parent_results: &Message,
+        parent_messages: &[Message],
         children: &[NewChild],
         extras: &BatchExtras<'_>,
     ) -> Result<()>;

@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 
 use forkd_core::agent::{Directive, FORK_QUERY_SOURCE};
-use forkd_core::fork::{self, BOILERPLATE_TAG, FORK_PLACEHOLDER_RESULT, ForkBatch, ForkRefusal};
+use forkd_core::fork::{
+    self, BOILERPLATE_TAG, FORK_PLACEHOLDER_RESULT, ForkBatch, ForkRefusal, ForkShape,
+};
 use forkd_core::ids::{AgentId, BatchId, SessionId};
 use forkd_core::json::RawJson;
 use forkd_core::message::{Block, Message, Role};
@@ -626,7 +628,7 @@ fn build(case: &Case) -> Result<Fork, TestCaseError> {
         0,
     )
     .map_err(|e| TestCaseError::fail(e.to_string()))?;
-    let children: Vec<Directive> = fork::fork_directives(&batch.assistant)
+    let children: Vec<Directive> = fork::fork_directives(batch.assistant().unwrap())
         .into_iter()
         .map(|(_, d)| d)
         .collect();
@@ -637,7 +639,7 @@ fn build(case: &Case) -> Result<Fork, TestCaseError> {
     );
     prop_assert_eq!(
         batch.shared_user_blocks.len(),
-        batch.assistant.tool_uses().count() + 1,
+        batch.assistant().unwrap().tool_uses().count() + 1,
         "a placeholder per tool_use, then the boilerplate"
     );
     Ok(Fork {
@@ -707,7 +709,7 @@ fn store(params: &CacheSafeParams, fork: &Fork) -> Stored {
             .iter()
             .map(|m| (m.role.as_str(), m.content_json()))
             .collect(),
-        assistant: fork.batch.assistant.content_json(),
+        assistant: fork.batch.assistant().unwrap().content_json(),
         shared_user_blocks: Message::user(fork.batch.shared_user_blocks.clone()).content_json(),
         batch: (
             fork.batch.id.to_string(),
@@ -741,7 +743,9 @@ fn load(s: &Stored, children: &[Directive]) -> Fork {
         id: BatchId::parse(&s.batch.0).unwrap(),
         session_id: SessionId::parse(&s.batch.1).unwrap(),
         fork_point: s.batch.2,
-        assistant: Message::from_stored(Role::Assistant, &s.assistant).unwrap(),
+        shape: ForkShape::Model {
+            assistant: Message::from_stored(Role::Assistant, &s.assistant).unwrap(),
+        },
         shared_user_blocks: shared.blocks,
         created_at_ms: s.batch.3,
     };
@@ -842,7 +846,7 @@ fn check_siblings(case: &Case) -> Result<(), TestCaseError> {
         fork2.batch.id,
         fork2.batch.session_id,
         fork2.batch.fork_point,
-        fork2.batch.assistant.clone(),
+        fork2.batch.assistant().unwrap().clone(),
         fork2.batch.created_at_ms,
     )
     .map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -913,7 +917,10 @@ fn check_siblings(case: &Case) -> Result<(), TestCaseError> {
             .iter()
             .filter(|b| b["content"].as_str() == Some(FORK_PLACEHOLDER_RESULT))
             .count();
-        prop_assert_eq!(placeholders, fork.batch.assistant.tool_uses().count());
+        prop_assert_eq!(
+            placeholders,
+            fork.batch.assistant().unwrap().tool_uses().count()
+        );
 
         // The parent's own last request is a byte prefix of the child's (its cache entry).
         if let Some(p) = parent.spans.last() {
@@ -1105,12 +1112,12 @@ proptest! {
             Some(ForkRefusal::QuerySource)
         );
         // The parent's own transcript after the fork: A, then async_launched results.
-        let launched: Vec<(String, AgentId)> = fork::fork_directives(&fork.batch.assistant)
+        let launched: Vec<(String, AgentId)> = fork::fork_directives(fork.batch.assistant().unwrap())
             .into_iter()
             .map(|(id, _)| (id, AgentId::from_uuid(Uuid::from_u128(1))))
             .collect();
         let mut parent = fork.history.clone();
-        parent.push(fork.batch.assistant.clone());
+        parent.push(fork.batch.assistant().unwrap().clone());
         parent.push(fork.batch.parent_results(&launched));
         prop_assert_eq!(fork::fork_refusal(None, &parent), None);
 

@@ -163,10 +163,12 @@ impl Engine {
                         shared: true,
                     });
                 }
-                out.push(TranscriptEntry {
-                    message: batch.assistant.clone(),
-                    shared: true,
-                });
+                if let Some(assistant) = batch.assistant() {
+                    out.push(TranscriptEntry {
+                        message: assistant.clone(),
+                        shared: true,
+                    });
+                }
             }
             let mut first = batch.shared_user_blocks.clone();
             if let Some(directive) = store.agent_directive_block(id).await? {

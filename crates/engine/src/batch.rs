@@ -36,7 +36,8 @@ pub struct SubmittedBatch {
 pub(crate) struct BatchStart {
     pub session_id: SessionId,
     pub batch_id: BatchId,
-    pub assistant: forkd_core::Message,
+    /// The reply that forks, for a model's batch; `None` for a client's, which invents none.
+    pub assistant: Option<forkd_core::Message>,
     pub forks: Vec<(String, Directive)>,
     pub others: Vec<(String, forkd_core::Block)>,
     pub gating: bool,
@@ -129,7 +130,7 @@ impl Engine {
             child: None,
             limits: self.fork_limits(),
         };
-        let (assistant, forks) =
+        let forks =
             plan::plan_client(batch_id, &directives, &forker).map_err(EngineError::ForkRefused)?;
         let gating = options.warmup_gating.unwrap_or(cfg.warmup_gating);
         for (what, bad) in [
@@ -173,7 +174,7 @@ impl Engine {
                 let start = BatchStart {
                     session_id,
                     batch_id,
-                    assistant,
+                    assistant: None,
                     forks,
                     others: Vec::new(),
                     gating,
@@ -231,8 +232,9 @@ impl Engine {
         })
     }
 
-    /// Appends the fork message and the parent's results to the session, stores the batch and
-    /// its children, and starts them. One code path for client and model batches.
+    /// Appends what the batch gives its parent (a model's fork message and its results, or a
+    /// client's launch note) to the session, stores the batch and its children, and starts them.
+    /// One code path for client and model batches.
     pub(crate) async fn commit_and_start(&self, start: BatchStart) -> Result<SubmittedBatch> {
         let BatchStart {
             session_id,
@@ -247,26 +249,40 @@ impl Engine {
         } = start;
         let lock = self.session_lock(session_id);
         let guard = lock.lock().await;
-        let fork_point = self.inner.store.session_message_count(session_id).await?;
+        let len = self.inner.store.session_message_count(session_id).await?;
         let now = now_ms();
-        let batch = ForkBatch::new(batch_id, session_id, fork_point, assistant, now)
-            .map_err(invalid_fork)?;
         let children: Vec<NewChild> = forks
             .iter()
             .enumerate()
             .map(|(i, (_, d))| child(session_id, batch_id, i, d.clone(), now))
             .collect();
-        let pairs: Vec<(String, AgentId)> = forks
-            .into_iter()
-            .zip(&children)
-            .map(|((tool_use_id, _), c)| (tool_use_id, c.agent.id))
-            .collect();
-        let parent_results = batch.parent_results_with(&pairs, &others);
+        let (batch, parent_messages) = match assistant {
+            Some(assistant) => {
+                let batch = ForkBatch::new(batch_id, session_id, len, assistant, now)
+                    .map_err(invalid_fork)?;
+                let pairs: Vec<(String, AgentId)> = forks
+                    .into_iter()
+                    .zip(&children)
+                    .map(|((tool_use_id, _), c)| (tool_use_id, c.agent.id))
+                    .collect();
+                let results = batch.parent_results_with(&pairs, &others);
+                (batch, vec![results])
+            }
+            None => {
+                // A client's batch forks at the end of the parent's last finished turn: a turn
+                // in flight is not part of what its children inherit.
+                let fork_point = self.finished_turns_end(session_id).unwrap_or(len).min(len);
+                let batch = ForkBatch::client(batch_id, session_id, fork_point, now);
+                let directives: Vec<Directive> = forks.into_iter().map(|(_, d)| d).collect();
+                let note = forkd_core::digest::launch_note(batch_id, &directives);
+                (batch, vec![note])
+            }
+        };
         self.inner
             .store
             .create_fork_batch(
                 &batch,
-                &parent_results,
+                &parent_messages,
                 &children,
                 &BatchExtras {
                     turn: turn

@@ -70,6 +70,9 @@ struct Inner {
     session_locks: LockMap<SessionId>,
     /// One parent turn per session at a time (held for the whole turn, unlike the session lock).
     turn_locks: LockMap<SessionId>,
+    /// Where each turn in flight began in its session's transcript: a client's batch forks
+    /// before it (the end of the last finished turn).
+    turn_starts: StdMutex<HashMap<SessionId, u64>>,
     /// Held across a notification's commit and its broadcast, so live subscribers receive
     /// notifications in sequence order (they drop anything at or below the last seq they saw).
     notify_order: Mutex<()>,
@@ -117,6 +120,7 @@ impl Engine {
                 notifications,
                 session_locks: LockMap::default(),
                 turn_locks: LockMap::default(),
+                turn_starts: StdMutex::default(),
                 notify_order: Mutex::new(()),
                 batches: run::BatchCache::default(),
                 tenancy: tenancy::Tenancy::default(),
@@ -173,6 +177,19 @@ impl Engine {
 
     fn session_lock(&self, id: SessionId) -> Arc<Mutex<()>> {
         self.inner.session_locks.get(id)
+    }
+
+    fn turn_starts(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, u64>> {
+        self.inner
+            .turn_starts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The end of the session's last finished turn when a turn is in flight (where that turn
+    /// began); `None` when none is.
+    fn finished_turns_end(&self, id: SessionId) -> Option<u64> {
+        self.turn_starts().get(&id).copied()
     }
 }
 

@@ -17,6 +17,7 @@ use crate::error::{EngineError, Result};
 use crate::model::{ModelCall, PrefixEnd};
 use crate::run::Raced;
 use crate::{Engine, now_ms};
+use message::Stored;
 
 mod message;
 mod tools;
@@ -106,30 +107,46 @@ impl Engine {
         let lease = self.inner.store.claim_agent(parent.id).await?;
         let backgrounds = self.inner.backgrounds.subscribe();
         let message = Message::user(vec![Block::text(&text)]);
-        let stored = match idempotency_key.filter(|k| !k.is_empty()) {
-            None => self
-                .append_user(&session, &lease, &message, None)
-                .await
-                .map(|()| None),
-            Some(key) => self.append_keyed(&session, &lease, message, &key).await,
+        // Where this turn begins, unless a retry finds its message stored earlier.
+        let stored = match self.session_message_count(session.id).await {
+            Err(e) => Err(e),
+            Ok(count) => match idempotency_key.filter(|k| !k.is_empty()) {
+                None => self
+                    .append_user(&session, &lease, &message, None)
+                    .await
+                    .map(|()| (count, Stored::New)),
+                Some(key) => self
+                    .append_keyed(&session, &lease, message, &key)
+                    .await
+                    .map(|stored| (count, stored)),
+            },
         };
-        let ended = match stored {
-            Ok(None) => None,
-            Ok(Some(reply)) => Some(Ok(reply)),
-            Err(e) => Some(Err(e)),
+        let start = match stored {
+            Ok((count, Stored::New)) => count,
+            Ok((_, Stored::Earlier { seq, reply: None })) => seq,
+            ended => {
+                // Nothing to run: the parent goes back to idle at once.
+                self.release_parent(&lease).await;
+                let reply = match ended {
+                    Ok((
+                        _,
+                        Stored::Earlier {
+                            reply: Some(reply), ..
+                        },
+                    )) => reply,
+                    Err(e) => return Err(e),
+                    Ok(_) => String::new(),
+                };
+                let event = ParentEvent::TurnEnded {
+                    stop_reason: None,
+                    usage: Usage::default(),
+                    cost_usd: 0.0,
+                    text: reply,
+                };
+                return Ok(Box::pin(futures::stream::iter([Ok(event)])));
+            }
         };
-        if let Some(ended) = ended {
-            // Nothing to run: the parent goes back to idle at once.
-            self.release_parent(&lease).await;
-            let reply = ended?;
-            let event = ParentEvent::TurnEnded {
-                stop_reason: None,
-                usage: Usage::default(),
-                cost_usd: 0.0,
-                text: reply,
-            };
-            return Ok(Box::pin(futures::stream::iter([Ok(event)])));
-        }
+        self.turn_starts().insert(session.id, start);
         let rx = self.spawn_turn(session, parent, lease, guard);
         Ok(self.foreground(parent_id, rx, backgrounds))
     }
@@ -156,13 +173,8 @@ impl Engine {
             return Ok(());
         };
         let lease = self.inner.store.claim_agent(parent.id).await?;
-        let last = self
-            .inner
-            .store
-            .session_messages(session.id, None)
-            .await?
-            .pop()
-            .map(|m| m.message);
+        let messages = self.inner.store.session_messages(session.id, None).await?;
+        let last = messages.last().map(|m| &m.message);
         if last.is_none_or(|m| m.role == forkd_core::Role::Assistant) {
             // The turn had ended; only its state was left behind.
             self.inner
@@ -172,6 +184,16 @@ impl Engine {
             return Ok(());
         }
         tracing::info!(session.id = %session.id, agent.id = %parent.id, "Resuming a parent turn");
+        // The turn began after the last finished one: its last reply without tool calls.
+        let start = messages
+            .iter()
+            .rposition(|m| {
+                m.message.role == forkd_core::Role::Assistant
+                    && m.message.tool_uses().next().is_none()
+            })
+            .map_or(1, |i| i as u64 + 1)
+            .min(messages.len() as u64);
+        self.turn_starts().insert(session.id, start);
         // Nobody listens to a resumed turn; its results land in the transcript.
         drop(self.spawn_turn(session, parent, lease, guard));
         Ok(())
@@ -204,6 +226,7 @@ impl Engine {
                     .race(parent, &cancel, engine.parent_turn(&turn, &tx, &cancel))
                     .await;
                 engine.unregister_run(parent);
+                engine.turn_starts().remove(&turn.session.id);
                 engine.hand_back_reports(&turn).await;
                 let last = match raced {
                     Raced::Done(outcome) => outcome,

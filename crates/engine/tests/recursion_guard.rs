@@ -66,7 +66,9 @@ async fn fork_and_run(query_source: Option<&str>) -> (NotificationStatus, String
         created_at_ms: 0,
         updated_at_ms: 0,
     };
-    let tool_use = fork::fork_directives(&batch.assistant)[0].0.clone();
+    let tool_use = fork::fork_directives(batch.assistant().unwrap())[0]
+        .0
+        .clone();
     let results = batch.parent_results(&[(tool_use, agent.id)]);
     let child = NewChild {
         agent: agent.clone(),
@@ -75,7 +77,7 @@ async fn fork_and_run(query_source: Option<&str>) -> (NotificationStatus, String
     store
         .create_fork_batch(
             &batch,
-            &results,
+            std::slice::from_ref(&results),
             &[child],
             &forkd_store::BatchExtras::default(),
         )

@@ -308,8 +308,10 @@ async fn a_second_engine_that_claims_an_agent_fences_the_first_run() {
         .collect()
         .await;
     assert_eq!(notes.len(), 1);
+    // The client batch's one digest names the child once.
     let transcript = transcript_texts(&second, &s).await;
-    assert_eq!(mentions(&transcript, NOTIFICATION), 1);
+    assert_eq!(mentions(&transcript, "<batch-notification>"), 1);
+    assert_eq!(mentions(&transcript, &child.to_string()), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -443,5 +445,73 @@ async fn a_resumed_batch_whose_prefix_is_cold_warms_it_once() {
             "a sibling read the shared prefix: {:?}",
             r.usage
         );
+    }
+}
+
+/// A client's batch forks at the end of the parent's last finished turn: a turn in flight is not
+/// part of what its children inherit. The parent's transcript gets one launch note and, when the
+/// last child ends, one digest naming every child — not one notification per child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_batch_forks_before_a_turn_in_flight_and_reports_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = common::engine_on(
+        common::store(dir.path()).await,
+        SimConfig { speed: 1.0 },
+        EngineConfig::default(),
+    );
+    let s = session(&engine, dir.path()).await;
+    let before = engine.session_message_count(s.id).await.unwrap();
+    // A slow turn is in flight when the batch arrives.
+    let in_flight = "A turn still running.\n@sim sleep 3s\n@sim say slow";
+    let mut turn_events = engine.send_message(s.id, in_flight.into()).await.unwrap();
+    let directives: Vec<Directive> = (0..3)
+        .map(|i| Directive {
+            description: format!("part {i}"),
+            prompt: format!("Look at part {i}.\n@sim say part {i} is fine"),
+        })
+        .collect();
+    let batch = engine
+        .fork_batch(s.id, directives, Default::default())
+        .await
+        .unwrap();
+    let stored = engine.get_batch(batch.batch_id).await.unwrap();
+    assert_eq!(
+        stored.fork_point, before,
+        "the batch forks before the turn in flight"
+    );
+    for id in &batch.agent_ids {
+        let note = ended(&engine, *id).await;
+        assert_eq!(note.status, NotificationStatus::Completed);
+        let seen: String = engine
+            .transcript(*id, true)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.message.content_json())
+            .collect();
+        assert!(!seen.contains("A turn still running"), "{seen}");
+    }
+    while turn_events.next().await.is_some() {}
+
+    let transcript = transcript_texts(&engine, &s).await;
+    assert_eq!(
+        mentions(&transcript, "<batch-launched>"),
+        1,
+        "{transcript:#?}"
+    );
+    assert_eq!(mentions(&transcript, "<batch-notification>"), 1);
+    assert_eq!(
+        mentions(&transcript, NOTIFICATION),
+        0,
+        "no per-child notification"
+    );
+    let digest = transcript
+        .iter()
+        .find(|(_, m)| m.contains("<batch-notification>"))
+        .map(|(_, m)| m.clone())
+        .unwrap();
+    assert!(digest.contains("3 children: 3 completed"), "{digest}");
+    for id in &batch.agent_ids {
+        assert!(digest.contains(&id.to_string()), "{digest}");
     }
 }

@@ -247,13 +247,13 @@ impl Store for SqliteStore {
     async fn create_fork_batch(
         &self,
         batch: &ForkBatch,
-        parent_results: &Message,
+        parent_messages: &[Message],
         children: &[NewChild],
         extras: &BatchExtras<'_>,
     ) -> StoreResult<()> {
         db(async move {
             let mut tx = self.begin_write().await?;
-            batches::create(&mut tx, batch, parent_results, children, extras).await?;
+            batches::create(&mut tx, batch, parent_messages, children, extras).await?;
             if let Some(record) = extras.idempotency {
                 idempotency::insert(&mut tx, record).await?;
             }

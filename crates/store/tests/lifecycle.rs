@@ -79,7 +79,7 @@ async fn notifications_are_sequenced_and_filtered() -> TestResult {
     store
         .create_fork_batch(
             &second.batch,
-            &second.parent_results,
+            std::slice::from_ref(&second.parent_results),
             &second.children,
             &forkd_store::BatchExtras::default(),
         )
@@ -377,7 +377,7 @@ async fn caller_reports_reach_the_transcript_only_when_handed_back() -> TestResu
     store
         .create_fork_batch(
             &fx.batch,
-            &fx.parent_results,
+            std::slice::from_ref(&fx.parent_results),
             &fx.children,
             &forkd_store::BatchExtras::default(),
         )

@@ -4,7 +4,7 @@
 mod support;
 
 use forkd_core::agent::Directive;
-use forkd_core::{AgentId, AgentState, Role, SessionId, Usage};
+use forkd_core::{AgentId, AgentState, Message, Role, SessionId, Usage};
 use forkd_store::{SqliteStore, Store, StoreError};
 use support::{TestResult, fork, history, seeded, session, temp_store};
 
@@ -92,14 +92,14 @@ async fn a_fork_batch_stores_its_shared_prefix_once_and_its_children() -> TestRe
         assert_eq!(a.raw().as_str(), b.raw().as_str());
     }
     assert_eq!(
-        batch.assistant.content_json(),
-        fx.batch.assistant.content_json()
+        batch.assistant().map(Message::content_json),
+        fx.batch.assistant().map(Message::content_json)
     );
 
     // The parent's transcript gained A at the fork point, then the results.
     let transcript = store.session_messages(session.id, None).await?;
     assert_eq!(transcript.len(), 6);
-    assert_eq!(transcript[4].message, fx.batch.assistant);
+    assert_eq!(Some(&transcript[4].message), fx.batch.assistant());
     assert_eq!(transcript[5].message, fx.parent_results);
     assert_eq!(transcript[5].message.role, Role::User);
 
@@ -129,7 +129,7 @@ async fn a_fork_batch_conflicts_when_the_transcript_moved_on() -> TestResult {
     let err = store
         .create_fork_batch(
             &stale.batch,
-            &stale.parent_results,
+            std::slice::from_ref(&stale.parent_results),
             &stale.children,
             &forkd_store::BatchExtras::default(),
         )
@@ -145,7 +145,7 @@ async fn a_fork_batch_conflicts_when_the_transcript_moved_on() -> TestResult {
     let err = store
         .create_fork_batch(
             &orphan.batch,
-            &orphan.parent_results,
+            std::slice::from_ref(&orphan.parent_results),
             &orphan.children,
             &forkd_store::BatchExtras::default(),
         )
@@ -166,7 +166,7 @@ async fn a_fork_batch_conflicts_when_the_transcript_moved_on() -> TestResult {
     store
         .create_fork_batch(
             &first.batch,
-            &first.parent_results,
+            std::slice::from_ref(&first.parent_results),
             &first.children,
             &forkd_store::BatchExtras::default(),
         )
@@ -175,7 +175,7 @@ async fn a_fork_batch_conflicts_when_the_transcript_moved_on() -> TestResult {
     let err = store
         .create_fork_batch(
             &racing.batch,
-            &racing.parent_results,
+            std::slice::from_ref(&racing.parent_results),
             &racing.children,
             &forkd_store::BatchExtras::default(),
         )
@@ -238,7 +238,7 @@ async fn other_agents_can_be_inserted_beside_the_trait() -> TestResult {
     store
         .create_fork_batch(
             &fx.batch,
-            &fx.parent_results,
+            std::slice::from_ref(&fx.parent_results),
             &fx.children,
             &forkd_store::BatchExtras::default(),
         )

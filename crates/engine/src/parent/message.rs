@@ -10,6 +10,15 @@ use crate::error::{EngineError, Result};
 use crate::tenancy::Idempotent;
 use crate::{Engine, now_ms};
 
+/// What storing a turn's user message found.
+pub(super) enum Stored {
+    /// The message is stored now.
+    New,
+    /// An earlier call with the same key stored it, at `seq`; `reply` ended its turn, if that
+    /// turn has ended.
+    Earlier { seq: u64, reply: Option<String> },
+}
+
 impl Engine {
     /// Appends the user's message to the transcript (with its idempotency key, if any).
     pub(super) async fn append_user(
@@ -53,7 +62,7 @@ impl Engine {
         lease: &Lease,
         message: Message,
         key: &str,
-    ) -> Result<Option<String>> {
+    ) -> Result<Stored> {
         let canonical = serde_json::json!([session.id.to_string(), message.content_json()]);
         let digest = fingerprint(canonical.to_string().as_bytes());
         let outcome = self
@@ -70,18 +79,14 @@ impl Engine {
             )
             .await?;
         match outcome {
-            Idempotent::Created(()) => Ok(None),
+            Idempotent::Created(()) => Ok(Stored::New),
             Idempotent::Earlier(resource) => self.turn_reply(session.id, &resource).await,
         }
     }
 
-    /// The reply that ended the turn of a stored user message (`SESSION_ID/SEQ`), if that turn
-    /// has ended.
-    async fn turn_reply(
-        &self,
-        session: forkd_core::SessionId,
-        resource: &str,
-    ) -> Result<Option<String>> {
+    /// Where a stored user message (`SESSION_ID/SEQ`) is, and the reply that ended its turn, if
+    /// that turn has ended.
+    async fn turn_reply(&self, session: forkd_core::SessionId, resource: &str) -> Result<Stored> {
         let seq = resource
             .rsplit_once('/')
             .and_then(|(_, seq)| seq.parse::<u64>().ok())
@@ -95,12 +100,18 @@ impl Engine {
             .map(|m| &m.message)
             .find(|m| m.role == forkd_core::Role::Assistant && m.tool_uses().next().is_none());
         if let Some(reply) = reply {
-            return Ok(Some(reply.text()));
+            return Ok(Stored::Earlier {
+                seq,
+                reply: Some(reply.text()),
+            });
         }
         // A turn whose last reply was empty (and so not stored) ended too.
         let ended = messages
             .last()
             .is_some_and(|m| m.message.role == forkd_core::Role::Assistant);
-        Ok(ended.then(String::new))
+        Ok(Stored::Earlier {
+            seq,
+            reply: ended.then(String::new),
+        })
     }
 }

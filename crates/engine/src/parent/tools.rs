@@ -141,7 +141,7 @@ impl Engine {
             .commit_and_start(BatchStart {
                 session_id: session.id,
                 batch_id,
-                assistant: reply,
+                assistant: Some(reply),
                 forks: plan.forks,
                 others,
                 gating: self.config().warmup_gating,

@@ -68,10 +68,7 @@ impl AgentRun {
     /// The agent's own first block: request fingerprints cover everything before it.
     pub(crate) fn directive_pos(&self) -> BlockPos {
         match &self.shape {
-            Shape::Fork { ctx } => BlockPos {
-                message: ctx.history.len() + 1,
-                block: ctx.batch.shared_user_blocks.len(),
-            },
+            Shape::Fork { ctx } => ctx.batch.directive_pos(&ctx.history),
             Shape::Typed => BlockPos {
                 message: 0,
                 block: 0,

@@ -1,6 +1,6 @@
 //! Fork batches: the shared assistant message, the children's shared user blocks, the children.
 
-use forkd_core::fork::ForkBatch;
+use forkd_core::fork::{ForkBatch, ForkShape};
 use forkd_core::{BatchId, Message, Role};
 use sqlx::{SqliteConnection, SqlitePool};
 
@@ -18,6 +18,7 @@ struct BatchRow {
     id: String,
     session_id: String,
     fork_point: i64,
+    shape: String,
     assistant_json: String,
     shared_user_blocks_json: String,
     created_at_ms: i64,
@@ -33,8 +34,14 @@ impl TryFrom<BatchRow> for ForkBatch {
             id: parse_id(&row.id, "batch id")?,
             session_id: parse_id(&row.session_id, "batch session id")?,
             fork_point: from_i64(row.fork_point, "fork_point")?,
-            assistant: Message::from_stored(Role::Assistant, &row.assistant_json)
-                .map_err(|e| corrupt("batch assistant message", e))?,
+            shape: match row.shape.as_str() {
+                "model" => ForkShape::Model {
+                    assistant: Message::from_stored(Role::Assistant, &row.assistant_json)
+                        .map_err(|e| corrupt("batch assistant message", e))?,
+                },
+                "client" => ForkShape::Client,
+                other => return Err(corrupt("batch shape", format!("unknown {other:?}"))),
+            },
             shared_user_blocks: blocks_from_array(
                 &row.shared_user_blocks_json,
                 "batch shared user blocks",
@@ -48,7 +55,7 @@ impl TryFrom<BatchRow> for ForkBatch {
 pub(super) async fn create(
     conn: &mut SqliteConnection,
     batch: &ForkBatch,
-    parent_results: &Message,
+    parent_messages: &[Message],
     children: &[NewChild],
     extras: &BatchExtras<'_>,
 ) -> Result<()> {
@@ -65,7 +72,13 @@ pub(super) async fn create(
     }
     let fork_point = to_i64(batch.fork_point, "fork_point")?;
     let len = session_len(conn, &session_id).await?;
-    if len != fork_point {
+    // A model's fork message must come right after the history its children inherit; a client's
+    // batch may fork at the end of a finished turn while a later one is in flight.
+    let placed = match batch.shape {
+        ForkShape::Model { .. } => len == fork_point,
+        ForkShape::Client => len >= fork_point,
+    };
+    if !placed {
         return Err(DbError::Store(StoreError::Conflict(format!(
             "session {session_id} has {len} messages; batch {} forks at {fork_point}",
             batch.id
@@ -81,33 +94,27 @@ pub(super) async fn create(
         }
     }
 
-    insert_session_message(
-        conn,
-        &session_id,
-        fork_point,
-        &batch.assistant,
-        batch.created_at_ms,
-    )
-    .await?;
-    insert_session_message(
-        conn,
-        &session_id,
-        fork_point + 1,
-        parent_results,
-        batch.created_at_ms,
-    )
-    .await?;
+    let (shape, assistant_json) = match &batch.shape {
+        ForkShape::Model { assistant } => ("model", assistant.content_json()),
+        // No fork message: an empty content array, never read back.
+        ForkShape::Client => ("client", "[]".to_owned()),
+    };
+    let appended = batch.assistant().into_iter().chain(parent_messages);
+    for (seq, message) in (len..).zip(appended) {
+        insert_session_message(conn, &session_id, seq, message, batch.created_at_ms).await?;
+    }
 
     let id = batch.id.to_string();
     sqlx::query(
-        "INSERT INTO batches (id, session_id, fork_point, assistant_json, \
+        "INSERT INTO batches (id, session_id, fork_point, shape, assistant_json, \
          shared_user_blocks_json, created_at_ms, budget_usd, budget_tokens) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(&id)
     .bind(&session_id)
     .bind(fork_point)
-    .bind(batch.assistant.content_json())
+    .bind(shape)
+    .bind(assistant_json)
     .bind(content_array(&batch.shared_user_blocks))
     .bind(batch.created_at_ms)
     .bind(extras.budget.usd)
@@ -130,7 +137,7 @@ pub(super) async fn create(
 
 pub(super) async fn get(pool: &SqlitePool, id: BatchId) -> Result<Option<ForkBatch>> {
     let row: Option<BatchRow> = sqlx::query_as(
-        "SELECT id, session_id, fork_point, assistant_json, shared_user_blocks_json, \
+        "SELECT id, session_id, fork_point, shape, assistant_json, shared_user_blocks_json, \
          created_at_ms FROM batches WHERE id = ?",
     )
     .bind(id.to_string())

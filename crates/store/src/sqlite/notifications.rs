@@ -11,7 +11,7 @@ use super::convert::{
 use crate::StoreError;
 use crate::error::Result;
 use crate::{DbError, Lease, NewNotification, NotificationFilter};
-use forkd_core::{AgentId, ReportTo};
+use forkd_core::{AgentId, BatchId, ReportTo};
 
 #[derive(sqlx::FromRow)]
 struct NotificationRow {
@@ -149,11 +149,51 @@ pub(super) async fn finish_agent(
         cost_usd: n.cost_usd,
         created_at_ms: n.created_at_ms,
     };
-    // A caller that waits for the report carries it in its own tool result.
+    // A caller that waits for the report carries it in its own tool result. A client batch's
+    // children report to the parent together: one digest, appended when the last of them ends.
     if ReportTo::parse(&owner.report_to) != Some(ReportTo::Caller) {
-        append_to_parent(conn, &notification).await?;
+        match n.batch_id {
+            Some(batch) if batch_shape(conn, batch).await? == "client" => {
+                append_digest_if_last(conn, batch, &notification).await?;
+            }
+            _ => append_to_parent(conn, &notification).await?,
+        }
     }
     Ok(notification)
+}
+
+async fn batch_shape(conn: &mut SqliteConnection, batch: BatchId) -> Result<String> {
+    Ok(sqlx::query_scalar("SELECT shape FROM batches WHERE id = ?")
+        .bind(batch.to_string())
+        .fetch_one(&mut *conn)
+        .await?)
+}
+
+/// Appends a client batch's digest to its parent's transcript once no child of it is live.
+async fn append_digest_if_last(
+    conn: &mut SqliteConnection,
+    batch: BatchId,
+    last: &Notification,
+) -> Result<()> {
+    let batch_id = batch.to_string();
+    let live: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM agents WHERE batch_id = ? AND state IN ('pending', 'running')",
+    )
+    .bind(&batch_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    if live > 0 {
+        return Ok(());
+    }
+    let filter = NotificationFilter {
+        batch_id: Some(batch),
+        ..NotificationFilter::default()
+    };
+    let all = list(&mut *conn, 0, &filter, 0).await?;
+    let message = forkd_core::digest::batch_digest(batch, &all);
+    let session_id = last.session_id.to_string();
+    let next = session_len(conn, &session_id).await?;
+    insert_session_message(conn, &session_id, next, &message, last.created_at_ms).await
 }
 
 /// Appends a notification's `<task-notification>` text to its session's transcript.
@@ -212,8 +252,8 @@ pub(super) async fn redirect_reports(
     Ok(appended)
 }
 
-pub(super) async fn list(
-    pool: &SqlitePool,
+pub(super) async fn list<'c>(
+    conn: impl sqlx::SqliteExecutor<'c>,
     since_seq: u64,
     filter: &NotificationFilter,
     limit: u32,
@@ -241,7 +281,7 @@ pub(super) async fn list(
         q.push(" AND agent_id = ").push_bind(agent_id.to_string());
     }
     q.push(" ORDER BY seq LIMIT ").push_bind(limit_param(limit));
-    let rows: Vec<NotificationRow> = q.build_query_as().fetch_all(pool).await?;
+    let rows: Vec<NotificationRow> = q.build_query_as().fetch_all(conn).await?;
     rows.into_iter().map(Notification::try_from).collect()
 }
 

@@ -100,12 +100,10 @@ pub fn fork(session: &Session, fork_point: u64, n: usize) -> TestResult<Fixture>
         .collect();
     let assistant = client_fork_message(id, &directives);
     let created = session.created_at_ms + 1000;
-    let batch = ForkBatch::new(id, session.id, fork_point, assistant, created)?;
+    let batch = ForkBatch::new(id, session.id, fork_point, assistant.clone(), created)?;
     let mut children = Vec::new();
     let mut ids = Vec::new();
-    for (index, (tool_use_id, directive)) in
-        fork_directives(&batch.assistant).into_iter().enumerate()
-    {
+    for (index, (tool_use_id, directive)) in fork_directives(&assistant).into_iter().enumerate() {
         let agent = Agent {
             id: forkd_core::AgentId::new(),
             session_id: session.id,
@@ -145,7 +143,7 @@ pub async fn seeded(store: &SqliteStore, n: usize) -> TestResult<(Session, Fixtu
     store
         .create_fork_batch(
             &fx.batch,
-            &fx.parent_results,
+            std::slice::from_ref(&fx.parent_results),
             &fx.children,
             &forkd_store::BatchExtras::default(),
         )
