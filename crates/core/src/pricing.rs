@@ -42,6 +42,8 @@ pub struct ModelSpec {
     pub output_per_mtok: f64,
     /// A breakpoint's prefix is cacheable only from this many tokens on.
     pub min_cache_tokens: u64,
+    /// The context window: a request's input tokens plus its `max_tokens` must fit in it.
+    pub context_window: u64,
 }
 
 /// The model used when a session names none.
@@ -53,24 +55,28 @@ const MODELS: &[ModelSpec] = &[
         input_per_mtok: 15.0,
         output_per_mtok: 75.0,
         min_cache_tokens: 1024,
+        context_window: 200_000,
     },
     ModelSpec {
         name: "claude-sonnet-4-5",
         input_per_mtok: 3.0,
         output_per_mtok: 15.0,
         min_cache_tokens: 1024,
+        context_window: 200_000,
     },
     ModelSpec {
         name: "claude-haiku-4-5",
         input_per_mtok: 1.0,
         output_per_mtok: 5.0,
         min_cache_tokens: 4096,
+        context_window: 200_000,
     },
     ModelSpec {
         name: "claude-3-5-haiku",
         input_per_mtok: 0.8,
         output_per_mtok: 4.0,
         min_cache_tokens: 2048,
+        context_window: 200_000,
     },
 ];
 

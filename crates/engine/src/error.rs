@@ -39,6 +39,19 @@ pub enum EngineError {
         spent: String,
         limit: String,
     },
+    /// A request would not fit its model's context window (input plus `max_tokens`, less a
+    /// safety margin): forkd never sends one.
+    #[error(
+        "the request would not fit {model}'s context window: {input_tokens} input tokens + \
+         {max_tokens} max_tokens > {usable} of its {window}-token window"
+    )]
+    ContextWindow {
+        model: String,
+        input_tokens: u64,
+        max_tokens: u64,
+        usable: u64,
+        window: u64,
+    },
     /// The model kept calling tools past the turn limit without ending its turn.
     #[error("the model did not end its turn within {0} requests")]
     TurnLimit(u32),

@@ -515,3 +515,50 @@ async fn a_client_batch_forks_before_a_turn_in_flight_and_reports_once() {
         assert!(digest.contains(&id.to_string()), "{digest}");
     }
 }
+
+/// A batch whose children would not fit their model's window is refused at submission, naming
+/// the tokens and the window, before any model request; so is a parent turn that would not fit.
+#[tokio::test]
+async fn requests_that_would_not_fit_the_window_are_never_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(dir.path()).await;
+    let mut new = new_session(dir.path(), "Sys.");
+    new.context_files[0].content = "word ".repeat(200_000);
+    let s = engine.create_session(new).await.unwrap();
+    let directives = vec![Directive {
+        description: "too big".into(),
+        prompt: "Read it all.".into(),
+    }];
+    let refused = engine
+        .fork_batch(s.id, directives, Default::default())
+        .await
+        .unwrap_err();
+    let message = refused.to_string();
+    assert!(
+        matches!(
+            refused,
+            EngineError::ContextWindow {
+                window: 200_000,
+                ..
+            }
+        ),
+        "{message}"
+    );
+    assert!(message.contains("200000-token window"), "{message}");
+    assert!(agents_of(&engine, &s, AgentKind::Fork).await.is_empty());
+
+    let events = turn(&engine, &s, "Summarize it.").await;
+    assert!(
+        matches!(events.last(), Some(Err(EngineError::ContextWindow { .. }))),
+        "{events:?}"
+    );
+    let requests = engine
+        .store()
+        .list_requests(&forkd_store::RequestFilter {
+            session_id: Some(s.id),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(requests.is_empty(), "no request was sent");
+}

@@ -131,3 +131,70 @@ async fn injected_overloads_and_a_cut_stream_still_complete_every_child() {
     }
     assert_eq!(cuts.pending(), 0, "the cut happened");
 }
+
+/// A client's batch on a session with extended thinking completes through the `anthropic`
+/// provider against `forkd sim-server`, which enforces the API's thinking rule: the parent's
+/// turn and each child's tool round are valid requests.
+#[tokio::test]
+async fn a_client_batch_on_a_thinking_session_completes_against_sim_server() {
+    let base_url = sim_server(StreamCuts::default()).await;
+    let workspace = tempfile::tempdir().unwrap();
+    let daemon = spawn_daemon_with(|c| {
+        c.provider = ProviderKind::Anthropic;
+        let mut settings = AnthropicConfig::new("test-key");
+        settings.base_url = base_url;
+        c.anthropic = Some(settings);
+    })
+    .await
+    .unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
+            thinking_budget_tokens: 2048,
+            ..session_request(workspace.path())
+        },
+    )
+    .await
+    .unwrap();
+    // A parent turn with a tool round first, so the history holds thinking replies.
+    let mut turn = client
+        .send_message(pb::SendMessageRequest {
+            session_id: session.session_id.clone(),
+            text: "Look around.\n@sim tool Glob {\"pattern\": \"*\"}\n@sim say looked".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut ended = false;
+    while let Some(event) = turn.message().await.unwrap() {
+        ended |= matches!(event.event, Some(pb::session_event::Event::TurnEnded(_)));
+    }
+    assert!(ended, "the parent's turn ends");
+    let prompts = [
+        "Part one.\n@sim tool Glob {\"pattern\": \"*\"}\n@sim say one",
+        "Part two.\n@sim tool Glob {\"pattern\": \"*\"}\n@sim say two",
+        "Part three.\n@sim say three",
+    ];
+    let submitted = client
+        .fork_batch(pb::ForkBatchRequest {
+            session_id: session.session_id,
+            directives: directives(&prompts),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let done = wait_for_batch(&mut client, &submitted.batch_id, prompts.len(), DEADLINE)
+        .await
+        .unwrap();
+    for n in &done {
+        assert_eq!(
+            n.status,
+            pb::NotificationStatus::Completed as i32,
+            "{:?}",
+            n.report
+        );
+    }
+}

@@ -76,7 +76,14 @@ impl SimProvider {
     /// when `message_start` goes out.
     fn prepare(&self, request: &ModelRequest) -> Result<EventStream, ProviderError> {
         let parsed = request::parse_with(&request.body, Some(&self.memo))?;
-        let reply = reply::reply(&parsed.messages);
+        let mut reply = reply::reply(&parsed.messages);
+        if parsed.thinking && !matches!(reply.blocks.first(), Some(reply::OutBlock::Thinking(_))) {
+            // With thinking enabled a model opens every reply with a (signed) thinking block.
+            reply.blocks.insert(
+                0,
+                reply::OutBlock::Thinking(reply::DEFAULT_THOUGHT.to_owned()),
+            );
+        }
         let now = Instant::now();
         let lookup = {
             let mut state = lock(&self.state);

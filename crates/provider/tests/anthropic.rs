@@ -774,3 +774,59 @@ async fn the_sim_counts_what_it_bills_over_http_and_in_process() {
         assert_eq!(over_http.input_tokens, billed);
     }
 }
+
+/// A client's batch on a session with extended thinking, through the real client against
+/// `forkd-sim-server`: forkd's per-child shape is accepted, while the old shape (a fork message
+/// forkd wrote, with no thinking block, before placeholder tool results) gets the API's 400 —
+/// the rule that caught forkd out, now enforced by the sim.
+#[tokio::test]
+async fn thinking_sessions_accept_the_per_child_shape_and_refuse_the_old_one() {
+    let server = start(None).await;
+    let remote = provider(&server.base, "test", 0);
+    let params = CacheSafeParams {
+        model: MODEL.into(),
+        system: RenderedSystem::from_stored(&prose(2000)),
+        tools: ToolsJson::builtin(),
+        thinking: Some(forkd_core::session::ThinkingConfig {
+            budget_tokens: 2048,
+        }),
+        max_tokens: 4096,
+    };
+    let history = vec![Message::user(vec![Block::text("Audit every module.")])];
+    let directive = Directive {
+        description: "module 0".into(),
+        prompt: "Audit module 0.".into(),
+    };
+    let block = ForkBatch::directive_block(&directive);
+    let id = BatchId::new();
+
+    let client = ForkBatch::client(id, SessionId::new(), 1, 0);
+    let body = serialize(
+        &params,
+        &client.child_conversation(&history, &block, &[]),
+        true,
+    )
+    .body;
+    let done = bounded(&remote, &body).await.unwrap();
+    assert_eq!(done.stop_reason.as_deref(), Some("end_turn"));
+
+    let message = client_fork_message(id, std::slice::from_ref(&directive));
+    let old = ForkBatch::new(id, SessionId::new(), 1, message, 0).unwrap();
+    let body = serialize(
+        &params,
+        &old.child_conversation(&history, &block, &[]),
+        true,
+    )
+    .body;
+    match bounded(&remote, &body).await {
+        Err(ProviderError::Status {
+            status: 400,
+            message,
+            ..
+        }) => assert!(
+            message.contains("Expected 'thinking' or 'redacted_thinking', but found 'tool_use'"),
+            "{message}"
+        ),
+        other => panic!("the old shape must be refused: {other:?}"),
+    }
+}

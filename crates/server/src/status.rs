@@ -55,9 +55,11 @@ fn engine_status(err: EngineError) -> Status {
         E::InvalidRequest(_) => Status::invalid_argument(msg),
         E::NotFound { .. } => Status::not_found(msg),
         E::ForkRefused(refusal) if !refusal.is_state() => Status::invalid_argument(msg),
-        E::WrongState(_) | E::ForkRefused(_) | E::KeyReused { .. } | E::Workspace(_) => {
-            Status::failed_precondition(msg)
-        }
+        E::WrongState(_)
+        | E::ForkRefused(_)
+        | E::KeyReused { .. }
+        | E::Workspace(_)
+        | E::ContextWindow { .. } => Status::failed_precondition(msg),
         E::BudgetSpent { .. } | E::TurnLimit(_) => Status::resource_exhausted(msg),
         E::Provider(provider) => provider_status(provider.kind(), msg),
         E::TimedOut { .. } => Status::deadline_exceeded(msg),
@@ -181,6 +183,17 @@ mod tests {
                 None,
             ),
             (EngineError::TurnLimit(64), Code::ResourceExhausted, None),
+            (
+                EngineError::ContextWindow {
+                    model: "m".into(),
+                    input_tokens: 250_000,
+                    max_tokens: 8192,
+                    usable: 196_000,
+                    window: 200_000,
+                },
+                Code::FailedPrecondition,
+                None,
+            ),
             (
                 provider(429, Some(Duration::from_secs(3))),
                 Code::ResourceExhausted,

@@ -31,6 +31,9 @@ pub(crate) struct Reply {
     pub script_key: [u8; 32],
 }
 
+/// The thinking a reply opens with when thinking is enabled and its script says nothing else.
+pub(crate) const DEFAULT_THOUGHT: &str = "Let me work out what is asked.";
+
 /// The signature the sim puts on its thinking blocks.
 pub(crate) const SIGNATURE: &str = "sim";
 

@@ -140,12 +140,13 @@ pub(crate) struct SimRequest {
     pub model: &'static ModelSpec,
     pub blocks: Vec<CacheBlock>,
     pub messages: Vec<SimMessage>,
+    /// Whether extended thinking is enabled: the model then opens every reply with thinking.
+    pub thinking: bool,
 }
 
 #[derive(Deserialize)]
 struct Body<'a> {
     model: String,
-    #[allow(dead_code, reason = "required by the API; the sim ignores the limit")]
     max_tokens: u64,
     #[serde(default, borrow)]
     thinking: Option<&'a RawValue>,
@@ -359,10 +360,12 @@ pub(crate) fn parse_with(
 
     // Changing the thinking config invalidates the message part of the cache, not tools/system.
     let mut thinking_tag = b"thinking:".to_vec();
+    let mut thinking = false;
     match body.thinking {
         Some(t) => {
             let v: Value =
                 serde_json::from_str(t.get()).map_err(|e| invalid(format!("thinking: {e}")))?;
+            thinking = v.get("type").and_then(Value::as_str) == Some("enabled");
             thinking_tag
                 .extend_from_slice(serde_json::to_string(&v).unwrap_or_default().as_bytes());
         }
@@ -418,9 +421,77 @@ pub(crate) fn parse_with(
             b.breakpoints
         )));
     }
+    if thinking {
+        check_thinking_turns(&messages)?;
+    }
+    let input: u64 = b.blocks.iter().map(|block| block.tokens).sum();
+    check_window(model, input, body.max_tokens)?;
     Ok(SimRequest {
         model,
         blocks: b.blocks,
         messages,
+        thinking,
     })
+}
+
+/// The Messages API's rule for extended thinking: when the last user message carries tool
+/// results, the assistant message before it — the one whose tool calls they answer — must open
+/// with a thinking block (thinking blocks are signed, so nobody but the model can write one).
+/// Earlier assistant messages are not checked.
+fn check_thinking_turns(messages: &[SimMessage]) -> Result<(), ProviderError> {
+    let block_type = |b: &Arc<Value>| {
+        b.get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    };
+    let Some(last_user) = messages.iter().rposition(|m| m.role == Role::User) else {
+        return Ok(());
+    };
+    if !messages[last_user]
+        .blocks
+        .iter()
+        .any(|b| block_type(b) == "tool_result")
+    {
+        return Ok(());
+    }
+    let Some(assistant) = messages[..last_user]
+        .iter()
+        .rposition(|m| m.role == Role::Assistant)
+    else {
+        return Ok(());
+    };
+    let first = messages[assistant]
+        .blocks
+        .first()
+        .map(block_type)
+        .unwrap_or_default();
+    if matches!(first.as_str(), "thinking" | "redacted_thinking") {
+        return Ok(());
+    }
+    Err(bad_request(format!(
+        "messages.{assistant}.content.0.type: Expected 'thinking' or 'redacted_thinking', but \
+         found '{first}'. When 'thinking' is enabled, a final 'assistant' message must start \
+         with a thinking block (preceeding the lastmost set of 'tool_use' and 'tool_result' \
+         blocks). We recommend you include thinking blocks from previous turns. To avoid this \
+         requirement, disable 'thinking'."
+    )))
+}
+
+/// The context window, with the API's own words: the prompt alone may not exceed it, and the
+/// prompt plus `max_tokens` may not either.
+fn check_window(model: &ModelSpec, input: u64, max_tokens: u64) -> Result<(), ProviderError> {
+    let window = model.context_window;
+    if input > window {
+        return Err(bad_request(format!(
+            "prompt is too long: {input} tokens > {window} maximum"
+        )));
+    }
+    if input + max_tokens > window {
+        return Err(bad_request(format!(
+            "input length and `max_tokens` exceed context limit: {input} + {max_tokens} > \
+             {window}, decrease input length or `max_tokens` and try again"
+        )));
+    }
+    Ok(())
 }

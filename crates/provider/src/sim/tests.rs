@@ -70,14 +70,31 @@ fn tokens_follow_the_block_definitions() {
 #[test]
 fn thinking_config_and_roles_change_only_the_message_prefix() {
     let base = parse(PRETTY);
-    let thinking = PRETTY.replacen(
-        r#""stream": false,"#,
-        r#""stream": false, "thinking": {"type":"enabled","budget_tokens":2048},"#,
+    let enable = |body: &str| {
+        body.replacen(
+            r#""stream": false,"#,
+            r#""stream": false, "thinking": {"type":"enabled","budget_tokens":2048},"#,
+            1,
+        )
+    };
+    // With thinking on, the assistant message whose tool calls the last user message answers
+    // must open with thinking: the API refuses the request otherwise, and so does the sim.
+    let refused = request::parse(&enable(PRETTY)).err().map(|e| e.to_string());
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|e| e.contains("400") && e.contains("must start with a thinking block")),
+        "{refused:?}"
+    );
+    let thought = PRETTY.replacen(
+        r#""content": [ { "type": "tool_use""#,
+        r#""content": [ { "type": "thinking", "thinking": "hm", "signature": "s" }, { "type": "tool_use""#,
         1,
     );
-    let thinking = parse(&thinking);
+    let thinking = parse(&enable(&thought));
     assert_eq!(prefixes(&base.blocks)[..2], prefixes(&thinking.blocks)[..2]);
     assert_ne!(base.blocks[2].prefix, thinking.blocks[2].prefix);
+    assert!(thinking.thinking && !base.thinking);
 
     let swapped = PRETTY.replacen(r#""role": "user""#, r#""role": "assistant""#, 1);
     let swapped = parse(&swapped);
@@ -221,4 +238,36 @@ fn the_memo_refuses_what_the_plain_parse_refuses() {
         request::parse(thinking_bp),
         Err(ProviderError::Status { status: 400, .. })
     ));
+}
+
+#[test]
+fn requests_over_the_context_window_are_refused_as_the_api_does() {
+    let big = "word ".repeat(210_000);
+    let over = format!(
+        r#"{{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{{"role":"user","content":"{big}"}}]}}"#
+    );
+    let e = request::parse(&over)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.contains("prompt is too long:") && e.contains("> 200000 maximum"),
+        "{e}"
+    );
+
+    let near = "word ".repeat(190_000);
+    let with_room = |max_tokens: u32| {
+        format!(
+            r#"{{"model":"claude-sonnet-4-5","max_tokens":{max_tokens},"messages":[{{"role":"user","content":"{near}"}}]}}"#
+        )
+    };
+    let e = request::parse(&with_room(20_000))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.contains("input length and `max_tokens` exceed context limit"),
+        "{e}"
+    );
+    assert!(request::parse(&with_room(1_000)).is_ok());
 }
