@@ -471,10 +471,10 @@ fn section(points: &[Point], took: Duration) -> Section {
          stored request records)."
             .into(),
         "Cost: the batch's input cost (output is the same in every column), as a ratio to (d) \
-         `forkd_core::calc`'s fork cost P·1.25·b + N·D·b + (N−1)·P·0.1·b for the measured P and \
-         D. (a) pays slightly more than (d) because each child also writes its own directive \
-         (1.25·D instead of D), so its own later turns would hit. \"no cache\" is the \
-         calculator's independent agents, N·(P+D)·b."
+         `forkd_core::calc`'s fork cost P·1.25·b + N·D·1.25·b + (N−1)·P·0.1·b for the measured \
+         P and D: child 1 writes the shared prefix, children 2..N read it, and every child \
+         writes its own directive (its block carries a breakpoint, so its later turns hit). \
+         \"no cache\" is the calculator's independent agents, N·(P+D)·b."
             .into(),
         "P is the parent's history plus the shared boilerplate block: a client's batch gives \
          every child the same prefix whatever N. The context is sized so that P is the target."

@@ -17,9 +17,11 @@ pub struct ForkCostEstimate {
     pub seed_simplified_saving: f64,
 }
 
-/// Input cost of `n` forks: `P·w·b + N·D·b + (N−1)·P·r·b`.
+/// Input cost of `n` forks as forkd sends them: `P·w·b + N·D·w·b + (N−1)·P·r·b`. Child 1 writes
+/// the shared prefix; children 2..N read it; every child's directive block carries its own
+/// breakpoint (so its later turns read its own prefix), so each directive is written too.
 fn fork_cost(p: f64, d: f64, n: f64, b: f64, w: f64) -> f64 {
-    p * w * b + n * d * b + (n - 1.0) * p * READ_MULTIPLIER * b
+    p * w * b + n * d * w * b + (n - 1.0) * p * READ_MULTIPLIER * b
 }
 
 /// Estimates a batch of `children` forks over a `prefix`-token shared prefix with
@@ -71,10 +73,10 @@ mod tests {
             panic!("model missing")
         };
         let e = estimate(model, 48_500, 200, 5, CacheTtl::FiveMinutes);
-        // 5·48.7k = 243.5k token-units against 60.6k + 1k + 19.4k = 81.0k.
+        // 5·48.7k = 243.5k token-units against 60.6k + 1.25k + 19.4k = 81.3k.
         assert!((e.independent_cost_usd - 243_500.0 * 3e-6).abs() < 1e-9);
-        assert!((e.fork_cost_usd - 81_025.0 * 3e-6).abs() < 1e-9);
-        assert!((e.saving - 0.6672).abs() < 1e-3);
+        assert!((e.fork_cost_usd - 81_275.0 * 3e-6).abs() < 1e-9);
+        assert!((e.saving - 0.6662).abs() < 1e-3);
         assert_eq!(e.break_even_children, Some(2));
         assert!(e.seed_simplified_saving > e.saving);
     }

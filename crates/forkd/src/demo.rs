@@ -108,7 +108,7 @@ const DIRECTIVES: &[(&str, &str)] = &[
     ),
     (
         "Check the calculator",
-        "Check crates/core/src/calc.rs against the fork cost rule: P·w·b + N·D·b + (N−1)·P·r·b. \
+        "Check crates/core/src/calc.rs against the fork cost rule: P·w·b + N·D·w·b + (N−1)·P·r·b. \
          Report any term that is off.",
     ),
     (
