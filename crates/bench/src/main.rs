@@ -13,6 +13,7 @@ mod memory;
 mod notify;
 mod overhead;
 mod report;
+mod scale;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -30,6 +31,7 @@ enum Figure {
     Memory,
     Durability,
     Notifications,
+    Scale,
 }
 
 /// forkd's benchmark suite.
@@ -89,6 +91,7 @@ async fn run_figure(figure: Figure, ctx: &common::Ctx) -> anyhow::Result<Section
         Figure::Memory => memory::run(ctx).await,
         Figure::Durability => durability::run(ctx).await,
         Figure::Notifications => notify::run(ctx).await,
+        Figure::Scale => scale::run(ctx).await,
     }
 }
 
