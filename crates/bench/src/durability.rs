@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use forkd_core::request::{self, BlockPos};
+use forkd_core::request;
 use forkd_core::{Agent, AgentId, AgentKind, AgentState, Block, Directive, Message, Usage};
 use forkd_engine::{BatchOptions, ContextFile};
 use forkd_provider::{EventStream, ModelRequest, Provider, SimConfig, SimProvider};
@@ -180,10 +180,7 @@ async fn rebuild(ctx: &Ctx, dir: &Path, corpus: &Corpus) -> anyhow::Result<Rebui
         let serialized = start.elapsed() - loaded;
         load_ms.push(common::ms(loaded));
         serialize_ms.push(common::ms(serialized));
-        let pos = BlockPos {
-            message: history.len() + 1,
-            block: fork.shared_user_blocks.len(),
-        };
+        let pos = fork.directive_pos(&history);
         fingerprint_matches &=
             req.prefix_fingerprint(pos).as_deref() == Some(original.prefix_fingerprint.as_str());
         last = Some((session.params.model.clone(), req.body));

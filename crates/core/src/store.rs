@@ -240,6 +240,13 @@ pub trait Store: Send + Sync + 'static {
     async fn idempotency_key(&self, tenant: &str, key: &str) -> Result<Option<IdempotencyRecord>>;
     /// The number of messages in a session's transcript.
     async fn session_message_count(&self, id: SessionId) -> Result<u64>;
+    /// A session's messages with `from <= seq` (and `seq < before` when given), in order.
+    async fn session_messages_from(
+        &self,
+        id: SessionId,
+        from: u64,
+        before: Option<u64>,
+    ) -> Result<Vec<StoredMessage>>;
     /// A session's transcript in order, only messages with `seq < before` when given.
     async fn session_messages(
         &self,

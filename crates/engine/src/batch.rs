@@ -103,34 +103,6 @@ impl Engine {
         }
     }
 
-    /// Refuses a client's batch whose children would not fit their model's window, before any
-    /// request is made. Every child's first request is the same but for its directive, so the
-    /// child with the longest one stands for all.
-    async fn check_children_fit(
-        &self,
-        session: &Session,
-        batch_id: BatchId,
-        forks: &[(String, Directive)],
-    ) -> Result<()> {
-        let Some((_, longest)) = forks.iter().max_by_key(|(_, d)| d.prompt.len()) else {
-            return Ok(());
-        };
-        let store = &self.inner.store;
-        let len = store.session_message_count(session.id).await?;
-        let fork_point = self.finished_turns_end(session.id).unwrap_or(len).min(len);
-        let history: Vec<forkd_core::Message> = store
-            .session_messages(session.id, Some(fork_point))
-            .await?
-            .into_iter()
-            .map(|m| m.message)
-            .collect();
-        let probe = ForkBatch::client(batch_id, session.id, fork_point, 0);
-        let block = ForkBatch::directive_block(longest);
-        let conversation = probe.child_conversation(&history, &block, &[]);
-        let body = forkd_core::request::serialize(&session.params, &conversation, true);
-        crate::model::check_window(&session.params, &body.body)
-    }
-
     /// Submits a client's fork batch: appends the `Agent` tool_use message to the parent, stores
     /// the batch and its children, and starts them (child 1 first under warm-up gating).
     pub async fn fork_batch(
@@ -160,7 +132,14 @@ impl Engine {
         };
         let forks =
             plan::plan_client(batch_id, &directives, &forker).map_err(EngineError::ForkRefused)?;
-        self.check_children_fit(&session, batch_id, &forks).await?;
+        {
+            let len = self.inner.store.session_message_count(session.id).await?;
+            let fork_point = self.finished_turns_end(session.id).unwrap_or(len).min(len);
+            let probe = ForkBatch::client(batch_id, session.id, fork_point, 0);
+            let directives: Vec<&Directive> = forks.iter().map(|(_, d)| d).collect();
+            self.check_children_fit(&session, fork_point, &probe, &directives)
+                .await?;
+        }
         let gating = options.warmup_gating.unwrap_or(cfg.warmup_gating);
         for (what, bad) in [
             (

@@ -23,6 +23,7 @@ mod stats;
 mod tenancy;
 mod tools;
 mod typed;
+mod window;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
@@ -96,6 +97,8 @@ struct Inner {
     request_slots: Option<Arc<tokio::sync::Semaphore>>,
     /// Session owners and per-key locks of idempotent calls.
     tenancy: tenancy::Tenancy,
+    /// Token counts of transcripts, for the context-window checks.
+    token_counts: window::TokenCounts,
     /// Sibling prefix divergences seen (also counted in the metrics).
     divergences: std::sync::atomic::AtomicU64,
     tasks: TaskTracker,
@@ -125,6 +128,7 @@ impl Engine {
                 batches: run::BatchCache::default(),
                 tenancy: tenancy::Tenancy::default(),
                 divergences: std::sync::atomic::AtomicU64::new(0),
+                token_counts: window::TokenCounts::default(),
                 prompts: permissions::Prompts::default(),
                 runs: StdMutex::new(HashMap::new()),
                 killed: StdMutex::default(),

@@ -60,37 +60,6 @@ pub(crate) fn build(
     Built { body, prefix_end }
 }
 
-/// The share of a context window kept free: forkd's token count is an estimate of the model's.
-pub(crate) const WINDOW_MARGIN: f64 = 0.02;
-
-/// Checks that a request fits its model's context window: its input tokens plus `max_tokens`
-/// within the window less [`WINDOW_MARGIN`]. A model the price table does not know is not
-/// checked (nothing says how big its window is). Bodies shorter in bytes than the room left are
-/// not counted at all: a token covers at least one byte.
-pub(crate) fn check_window(params: &CacheSafeParams, body: &str) -> Result<()> {
-    let Some(spec) = pricing::model(&params.model) else {
-        return Ok(());
-    };
-    let window = spec.context_window;
-    let usable = window - (window as f64 * WINDOW_MARGIN) as u64;
-    let max_tokens = u64::from(params.max_tokens);
-    let room = usable.saturating_sub(max_tokens);
-    if (body.len() as u64) <= room {
-        return Ok(());
-    }
-    let input_tokens = forkd_provider::tokens::request_input_tokens(body)?;
-    if input_tokens <= room {
-        return Ok(());
-    }
-    Err(crate::EngineError::ContextWindow {
-        model: params.model.clone(),
-        input_tokens,
-        max_tokens,
-        usable,
-        window,
-    })
-}
-
 /// A request's cost at the model's prices (0 for a model the price table does not know).
 pub(crate) fn cost(model: &str, usage: &Usage) -> f64 {
     pricing::model(model)
@@ -123,7 +92,7 @@ impl Engine {
         on_event: &mut (dyn FnMut(&StreamEvent) + Send),
     ) -> Result<Answer> {
         let Built { body, prefix_end } = build(call.params, call.conversation, call.prefix);
-        check_window(call.params, &body.body)?;
+        crate::window::check_body(call.params, &body.body)?;
         let prefix_fingerprint = prefix_end
             .map(|end| fingerprint(&body.body.as_bytes()[..end]))
             .unwrap_or_default();

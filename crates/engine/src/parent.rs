@@ -107,43 +107,28 @@ impl Engine {
         let lease = self.inner.store.claim_agent(parent.id).await?;
         let backgrounds = self.inner.backgrounds.subscribe();
         let message = Message::user(vec![Block::text(&text)]);
-        // Where this turn begins, unless a retry finds its message stored earlier.
-        let stored = match self.session_message_count(session.id).await {
-            Err(e) => Err(e),
-            Ok(count) => match idempotency_key.filter(|k| !k.is_empty()) {
-                None => self
-                    .append_user(&session, &lease, &message, None)
-                    .await
-                    .map(|()| (count, Stored::New)),
-                Some(key) => self
-                    .append_keyed(&session, &lease, message, &key)
-                    .await
-                    .map(|stored| (count, stored)),
-            },
-        };
+        let stored = self
+            .store_message(&session, &lease, message, idempotency_key)
+            .await;
+        // Where this turn begins: its message, stored now or by an earlier call with its key.
         let start = match stored {
-            Ok((count, Stored::New)) => count,
-            Ok((_, Stored::Earlier { seq, reply: None })) => seq,
-            ended => {
-                // Nothing to run: the parent goes back to idle at once.
+            Ok(Stored::New { seq } | Stored::Earlier { seq, reply: None }) => seq,
+            // A retry of a turn that has ended: nothing runs, its reply answers.
+            Ok(Stored::Earlier {
+                reply: Some(text), ..
+            }) => {
                 self.release_parent(&lease).await;
-                let reply = match ended {
-                    Ok((
-                        _,
-                        Stored::Earlier {
-                            reply: Some(reply), ..
-                        },
-                    )) => reply,
-                    Err(e) => return Err(e),
-                    Ok(_) => String::new(),
-                };
                 let event = ParentEvent::TurnEnded {
                     stop_reason: None,
                     usage: Usage::default(),
                     cost_usd: 0.0,
-                    text: reply,
+                    text,
                 };
                 return Ok(Box::pin(futures::stream::iter([Ok(event)])));
+            }
+            Err(e) => {
+                self.release_parent(&lease).await;
+                return Err(e);
             }
         };
         self.turn_starts().insert(session.id, start);

@@ -241,7 +241,16 @@ impl Store for SqliteStore {
         id: SessionId,
         before: Option<u64>,
     ) -> StoreResult<Vec<StoredMessage>> {
-        db(async move { sessions::messages(&self.reader, id, before).await }.await)
+        db(async move { sessions::messages(&self.reader, id, 0, before).await }.await)
+    }
+
+    async fn session_messages_from(
+        &self,
+        id: SessionId,
+        from: u64,
+        before: Option<u64>,
+    ) -> StoreResult<Vec<StoredMessage>> {
+        db(async move { sessions::messages(&self.reader, id, from, before).await }.await)
     }
 
     async fn create_fork_batch(

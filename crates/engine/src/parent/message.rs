@@ -12,8 +12,8 @@ use crate::{Engine, now_ms};
 
 /// What storing a turn's user message found.
 pub(super) enum Stored {
-    /// The message is stored now.
-    New,
+    /// The message is stored now, at `seq`.
+    New { seq: u64 },
     /// An earlier call with the same key stored it, at `seq`; `reply` ended its turn, if that
     /// turn has ended.
     Earlier { seq: u64, reply: Option<String> },
@@ -21,13 +21,32 @@ pub(super) enum Stored {
 
 impl Engine {
     /// Appends the user's message to the transcript (with its idempotency key, if any).
-    pub(super) async fn append_user(
+    /// Stores the user's message of a turn: once per idempotency key when the client gave one.
+    pub(super) async fn store_message(
+        &self,
+        session: &Session,
+        lease: &Lease,
+        message: Message,
+        idempotency_key: Option<String>,
+    ) -> Result<Stored> {
+        match idempotency_key.filter(|k| !k.is_empty()) {
+            None => {
+                let seq = self.append_user(session, lease, &message, None).await?;
+                Ok(Stored::New { seq })
+            }
+            Some(key) => self.append_keyed(session, lease, message, &key).await,
+        }
+    }
+
+    /// Appends the user's message to the transcript (with its idempotency key, if any); returns
+    /// its seq.
+    async fn append_user(
         &self,
         session: &Session,
         lease: &Lease,
         message: &Message,
         idempotency: Option<&mut IdempotencyRecord>,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let lock = self.session_lock(session.id);
         let _guard = lock.lock().await;
         let store = &self.inner.store;
@@ -41,7 +60,7 @@ impl Engine {
             }
             None => None,
         };
-        store
+        Ok(store
             .append_turn(
                 lease,
                 session.id,
@@ -50,13 +69,12 @@ impl Engine {
                 record,
                 now_ms(),
             )
-            .await?;
-        Ok(())
+            .await?)
     }
 
-    /// Stores the user's message under its idempotency key. `Some(reply)`: a retry whose turn
-    /// has ended already; `None`: run the turn on from the transcript.
-    pub(super) async fn append_keyed(
+    /// Stores the user's message under its idempotency key, or finds the message an earlier
+    /// call with the key stored (and its turn's reply, if that turn has ended).
+    async fn append_keyed(
         &self,
         session: &Session,
         lease: &Lease,
@@ -79,7 +97,7 @@ impl Engine {
             )
             .await?;
         match outcome {
-            Idempotent::Created(()) => Ok(Stored::New),
+            Idempotent::Created(seq) => Ok(Stored::New { seq }),
             Idempotent::Earlier(resource) => self.turn_reply(session.id, &resource).await,
         }
     }

@@ -190,17 +190,20 @@ pub(super) async fn message_count(pool: &SqlitePool, id: SessionId) -> Result<u6
 pub(super) async fn messages(
     pool: &SqlitePool,
     id: SessionId,
+    from: u64,
     before: Option<u64>,
 ) -> Result<Vec<StoredMessage>> {
     let id = id.to_string();
     // Any bound past i64::MAX is past every stored seq.
     let before = before.map_or(i64::MAX, |b| i64::try_from(b).unwrap_or(i64::MAX));
+    let from = i64::try_from(from).unwrap_or(i64::MAX);
     let mut conn = pool.acquire().await?;
     let rows: Vec<MessageRow> = sqlx::query_as(
         "SELECT seq, role, content_json, created_at_ms FROM session_messages \
-         WHERE session_id = ? AND seq < ? ORDER BY seq",
+         WHERE session_id = ? AND seq >= ? AND seq < ? ORDER BY seq",
     )
     .bind(&id)
+    .bind(from)
     .bind(before)
     .fetch_all(&mut *conn)
     .await?;
