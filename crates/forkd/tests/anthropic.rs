@@ -179,7 +179,7 @@ async fn a_client_batch_on_a_thinking_session_completes_against_sim_server() {
     ];
     let submitted = client
         .fork_batch(pb::ForkBatchRequest {
-            session_id: session.session_id,
+            session_id: session.session_id.clone(),
             directives: directives(&prompts),
             ..Default::default()
         })
@@ -197,4 +197,23 @@ async fn a_client_batch_on_a_thinking_session_completes_against_sim_server() {
             n.report
         );
     }
+    // The parent's next turn, after the launch note and the batch's digest, with a tool round:
+    // a valid request under the thinking rule.
+    let mut turn = client
+        .send_message(pb::SendMessageRequest {
+            session_id: session.session_id,
+            text: "What did they find?\n@sim tool Glob {\"pattern\": \"*\"}\n@sim say all fine"
+                .into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut text = None;
+    while let Some(event) = turn.message().await.unwrap() {
+        if let Some(pb::session_event::Event::TurnEnded(end)) = event.event {
+            text = Some(end.text);
+        }
+    }
+    assert!(text.is_some_and(|t| t.contains("all fine")));
 }
