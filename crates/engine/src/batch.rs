@@ -132,14 +132,9 @@ impl Engine {
         };
         let forks =
             plan::plan_client(batch_id, &directives, &forker).map_err(EngineError::ForkRefused)?;
-        {
-            let len = self.inner.store.session_message_count(session.id).await?;
-            let fork_point = self.finished_turns_end(session.id).unwrap_or(len).min(len);
-            let probe = ForkBatch::client(batch_id, session.id, fork_point, 0);
-            let directives: Vec<&Directive> = forks.iter().map(|(_, d)| d).collect();
-            self.check_children_fit(&session, fork_point, &probe, &directives)
-                .await?;
-        }
+        let children: Vec<&Directive> = forks.iter().map(|(_, d)| d).collect();
+        self.check_children_fit(&session, self.finished_turns_end(session.id), &children)
+            .await?;
         let gating = options.warmup_gating.unwrap_or(cfg.warmup_gating);
         for (what, bad) in [
             (

@@ -298,7 +298,7 @@ impl Engine {
             .await?;
         tracing::info!(session.id = %session.id, model = %session.params.model, "Session created");
         // Counted now, once, so that a batch forked from the session does not pay for it.
-        if let Err(e) = self.history_tokens(&session, 1).await {
+        if let Err(e) = self.history_tokens(&session, None).await {
             tracing::debug!(error = %e, "Cannot count the session's first message");
         }
         Ok(session)

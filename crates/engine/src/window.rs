@@ -14,7 +14,7 @@ use forkd_core::fork::ForkBatch;
 use forkd_core::pricing;
 use forkd_core::request::{self, Conversation};
 use forkd_core::session::{CacheSafeParams, Session};
-use forkd_core::{Block, Directive, Message, SessionId};
+use forkd_core::{BatchId, Block, Directive, Message, SessionId};
 use forkd_provider::tokens;
 
 use crate::Engine;
@@ -83,10 +83,11 @@ fn message_tokens(message: &Message) -> u64 {
 }
 
 impl Engine {
-    /// The input tokens of a request on the session's params and its first `upto` messages.
-    pub(crate) async fn history_tokens(&self, session: &Session, upto: u64) -> Result<u64> {
-        let upto = usize::try_from(upto).unwrap_or(usize::MAX);
-        if let Some(tokens) = self.counted(session.id, upto) {
+    /// The input tokens of a request on the session's params and its first `upto` messages
+    /// (`None`: all it has now).
+    pub(crate) async fn history_tokens(&self, session: &Session, upto: Option<u64>) -> Result<u64> {
+        let upto = upto.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+        if let Some(tokens) = upto.and_then(|n| self.counted(session.id, n)) {
             return Ok(tokens);
         }
         // Only the messages not counted yet are read.
@@ -97,7 +98,7 @@ impl Engine {
         let messages = self
             .inner
             .store
-            .session_messages_from(session.id, known as u64, Some(upto as u64))
+            .session_messages_from(session.id, known as u64, upto.map(|n| n as u64))
             .await?;
         let mut counts = self.token_counts();
         if counts.len() >= MAX_SESSIONS {
@@ -121,8 +122,9 @@ impl Engine {
             }
         }
         let body = match upto {
-            0 => 0,
-            n => entry.prefix.get(n - 1).copied().unwrap_or(0),
+            None => entry.prefix.last().copied().unwrap_or(0),
+            Some(0) => 0,
+            Some(n) => entry.prefix.get(n - 1).copied().unwrap_or(0),
         };
         Ok(entry.head + body)
     }
@@ -146,13 +148,13 @@ impl Engine {
     }
 
     /// Refuses a client's batch whose children would not fit their model's window, before any
-    /// request is made. A child's first request is the parent's first `fork_point` messages,
-    /// the boilerplate and its directive: the longest directive stands for every child.
+    /// request is made. A child's first request is the parent's history up to the fork point
+    /// (`None`: all of it), the boilerplate and its directive: the longest directive stands for
+    /// every child.
     pub(crate) async fn check_children_fit(
         &self,
         session: &Session,
-        fork_point: u64,
-        batch: &ForkBatch,
+        fork_point: Option<u64>,
         directives: &[&Directive],
     ) -> Result<()> {
         let Some(longest) = directives.iter().max_by_key(|d| d.prompt.len()) else {
@@ -161,7 +163,8 @@ impl Engine {
         if room(&session.params).is_none() {
             return Ok(());
         }
-        let shared: u64 = batch.shared_user_blocks.iter().map(block_tokens).sum();
+        let probe = ForkBatch::client(BatchId::new(), session.id, 0, 0);
+        let shared: u64 = probe.shared_user_blocks.iter().map(block_tokens).sum();
         let directive = block_tokens(&ForkBatch::directive_block(longest));
         let history = self.history_tokens(session, fork_point).await?;
         check_tokens(&session.params, history + shared + directive)
