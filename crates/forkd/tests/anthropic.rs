@@ -10,7 +10,8 @@ use forkd_proto::v1 as pb;
 use forkd_provider::{AnthropicConfig, SimConfig, SimProvider};
 use forkd_sim_server::{SimServerConfig, StreamCuts};
 use forkd_test_support::{
-    create_session, directives, session_request, spawn_daemon_with, wait_for_batch,
+    create_session, directives, run_turn, session_request, spawn_daemon_with, turn_text,
+    wait_for_batch,
 };
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -158,20 +159,17 @@ async fn a_client_batch_on_a_thinking_session_completes_against_sim_server() {
     .await
     .unwrap();
     // A parent turn with a tool round first, so the history holds thinking replies.
-    let mut turn = client
-        .send_message(pb::SendMessageRequest {
+    let events = run_turn(
+        &mut client,
+        pb::SendMessageRequest {
             session_id: session.session_id.clone(),
             text: "Look around.\n@sim tool Glob {\"pattern\": \"*\"}\n@sim say looked".into(),
             ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut ended = false;
-    while let Some(event) = turn.message().await.unwrap() {
-        ended |= matches!(event.event, Some(pb::session_event::Event::TurnEnded(_)));
-    }
-    assert!(ended, "the parent's turn ends");
+        },
+    )
+    .await
+    .unwrap();
+    assert!(turn_text(&events).is_some(), "the parent's turn ends");
     let prompts = [
         "Part one.\n@sim tool Glob {\"pattern\": \"*\"}\n@sim say one",
         "Part two.\n@sim tool Glob {\"pattern\": \"*\"}\n@sim say two",
@@ -199,21 +197,16 @@ async fn a_client_batch_on_a_thinking_session_completes_against_sim_server() {
     }
     // The parent's next turn, after the launch note and the batch's digest, with a tool round:
     // a valid request under the thinking rule.
-    let mut turn = client
-        .send_message(pb::SendMessageRequest {
+    let events = run_turn(
+        &mut client,
+        pb::SendMessageRequest {
             session_id: session.session_id,
             text: "What did they find?\n@sim tool Glob {\"pattern\": \"*\"}\n@sim say all fine"
                 .into(),
             ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut text = None;
-    while let Some(event) = turn.message().await.unwrap() {
-        if let Some(pb::session_event::Event::TurnEnded(end)) = event.event {
-            text = Some(end.text);
-        }
-    }
-    assert!(text.is_some_and(|t| t.contains("all fine")));
+        },
+    )
+    .await
+    .unwrap();
+    assert!(turn_text(&events).is_some_and(|t| t.contains("all fine")));
 }

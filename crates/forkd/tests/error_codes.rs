@@ -11,7 +11,8 @@ use forkd_core::tenant::Budget;
 use forkd_proto::v1 as pb;
 use forkd_proto::v1::forkd_client::ForkdClient;
 use forkd_test_support::{
-    create_session, session_request, session_transcript, spawn_daemon, spawn_daemon_with,
+    create_session, run_turn, session_request, session_transcript, spawn_daemon, spawn_daemon_with,
+    turn_text,
 };
 use tonic::Code;
 use tonic::transport::Channel;
@@ -31,14 +32,10 @@ async fn turn(
     client: &mut ForkdClient<Channel>,
     request: pb::SendMessageRequest,
 ) -> Result<String, tonic::Status> {
-    let mut stream = client.send_message(request).await?.into_inner();
-    let mut text = None;
-    while let Some(event) = stream.message().await? {
-        if let Some(pb::session_event::Event::TurnEnded(end)) = event.event {
-            text = Some(end.text);
-        }
-    }
-    Ok(text.expect("the turn ended without TurnEnded"))
+    let events = run_turn(client, request).await?;
+    Ok(turn_text(&events)
+        .expect("the turn ended without TurnEnded")
+        .to_owned())
 }
 
 async fn user_messages(client: &mut ForkdClient<Channel>, session_id: &str) -> usize {

@@ -201,6 +201,34 @@ pub async fn transcript_text(
         .join("\n"))
 }
 
+/// Runs one parent turn to its end (at most a minute): its events, or the status the call was
+/// refused with or the stream ended with.
+pub async fn run_turn(
+    client: &mut ForkdClient<Channel>,
+    request: pb::SendMessageRequest,
+) -> Result<Vec<pb::session_event::Event>, tonic::Status> {
+    let mut stream = client.send_message(request).await?.into_inner();
+    let mut events = Vec::new();
+    let read = async {
+        while let Some(event) = stream.message().await? {
+            events.extend(event.event);
+        }
+        Ok::<_, tonic::Status>(())
+    };
+    tokio::time::timeout(Duration::from_secs(60), read)
+        .await
+        .map_err(|_| tonic::Status::deadline_exceeded("the turn did not end within a minute"))??;
+    Ok(events)
+}
+
+/// The final reply's text of a turn's events, if it ended.
+pub fn turn_text(events: &[pb::session_event::Event]) -> Option<&str> {
+    events.iter().rev().find_map(|e| match e {
+        pb::session_event::Event::TurnEnded(end) => Some(end.text.as_str()),
+        _ => None,
+    })
+}
+
 /// A session's own conversation: the transcript of its main-loop agent.
 pub async fn session_transcript(
     client: &mut ForkdClient<Channel>,
