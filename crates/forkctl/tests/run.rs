@@ -355,3 +355,45 @@ fn wait_json_prints_notifications_then_the_summary() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// A thousand children, as a CI job submits them: the summary lists only the child that did not
+/// complete and the totals (`--all` would list every child), and the JUnit file has a case for
+/// every child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_children_get_a_compact_summary_and_a_full_junit_file() {
+    let daemon = spawn_daemon().await.unwrap();
+    let prompts: Vec<String> = (0..1000)
+        .map(|i| match i {
+            500 => "Break it.\n@sim fail 400".to_owned(),
+            i => format!("Check item {i}."),
+        })
+        .collect();
+    let refs: Vec<&str> = prompts.iter().map(String::as_str).collect();
+    let (dir, batch) = batch_dir("thousand", &refs);
+    let junit = dir.path().join("out.xml");
+    let args = [
+        "run",
+        batch.to_str().unwrap(),
+        "--junit",
+        junit.to_str().unwrap(),
+    ];
+    let out = forkctl(&daemon, &args).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("1000 children, 999 completed, 1 failed, 0 killed"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("999 completed children not listed"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.lines().count() < 40,
+        "{} lines",
+        stdout.lines().count()
+    );
+    let cases = junit_cases(&junit);
+    assert_eq!(cases.len(), 1000);
+    assert_eq!(cases.iter().filter(|c| c.2.is_some()).count(), 1);
+}

@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use clap::Args;
-use forkd_proto::v1::{Agent, ForkBatchResponse, ListAgentsRequest, Notification};
+use forkd_proto::v1::{
+    Agent, ForkBatchResponse, ListAgentsRequest, Notification, NotificationStatus,
+};
 use serde_json::json;
 use tonic::Code;
 
@@ -25,6 +27,9 @@ use crate::exit;
 use crate::output::{Printer, human};
 pub(crate) use batch_file::BatchFile;
 use progress::Progress;
+
+/// Up to this many children, a batch's agent ids are printed as it is submitted.
+const LISTED_IDS: usize = 20;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -41,6 +46,11 @@ pub struct RunArgs {
     /// Write a JUnit XML report to FILE, one test case per child (implies --wait).
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
+
+    /// List every child as it ends and in the summary; by default only the children that did
+    /// not complete are listed (a batch may have a thousand), then the totals.
+    #[arg(long)]
+    pub all: bool,
 }
 
 /// Submits (or re-attaches to) the file's batch; `loaded` is the file when the caller has read
@@ -64,13 +74,22 @@ pub async fn run(
         }))?;
     } else {
         out.line(format!("session {session_id}"))?;
-        fork::print_batch(&batch, out)?;
+        if args.all || batch.agent_ids.len() <= LISTED_IDS {
+            fork::print_batch(&batch, out)?;
+        } else {
+            // A CI batch may have a thousand children: their ids are in `forkctl ps --batch`.
+            out.line(format!(
+                "batch {} ({} children; --all lists their ids)",
+                batch.batch_id,
+                batch.agent_ids.len()
+            ))?;
+        }
     }
     if !args.wait && args.junit.is_none() {
         return Ok(exit::OK);
     }
 
-    let (notifications, tally) = follow(&batch, client, out).await?;
+    let (notifications, tally) = follow(&batch, client, out, args.all).await?;
     let mut agents: Vec<Agent> = Vec::new();
     let filter = ListAgentsRequest {
         batch_id: batch.batch_id.clone(),
@@ -94,7 +113,20 @@ pub async fn run(
     if out.is_json() {
         out.value(&summary::summary_json(&batch.batch_id, &tally))?;
     } else {
-        out.line(summary::table(&children))?;
+        let listed: Vec<summary::Child> = children
+            .iter()
+            .filter(|c| args.all || !c.completed())
+            .cloned()
+            .collect();
+        if !listed.is_empty() {
+            out.line(summary::table(&listed))?;
+        }
+        let unlisted = children.len() - listed.len();
+        if unlisted > 0 {
+            out.line(format!(
+                "{unlisted} completed children not listed (--all lists every child)"
+            ))?;
+        }
         out.line(tally.summary(&batch.batch_id))?;
         out.line(format!(
             "cache-read share {} of input tokens",
@@ -167,6 +199,7 @@ async fn follow(
     batch: &ForkBatchResponse,
     client: &mut Client,
     out: &Printer,
+    all: bool,
 ) -> anyhow::Result<(Vec<Notification>, Tally)> {
     let live = !out.is_json() && std::io::stderr().is_terminal();
     let mut follower = Follower::subscribe(batch, client, out).await?;
@@ -178,7 +211,12 @@ async fn follow(
         tokio::select! {
             next = follower.next() => {
                 let Some(notification) = next? else { break };
-                progress.suspend(|| out.notification(&notification))?;
+                // A completed child is a line only with --all (or --json, whose contract is one
+                // notification per line); the progress line counts it either way.
+                let completed = notification.status == NotificationStatus::Completed as i32;
+                if all || out.is_json() || !completed {
+                    progress.suspend(|| out.notification(&notification))?;
+                }
                 notifications.push(notification);
                 progress.refresh(notifications.len()).await;
             }
