@@ -29,6 +29,21 @@ pub struct ForkArgs {
     /// Stream the children's notifications until all have ended; exit 1 if any failed.
     #[arg(long)]
     pub wait: bool,
+
+    /// List every child, however many: its id when the batch is submitted and its notification
+    /// when it ends. By default a batch of more than 20 children lists only those that did not
+    /// complete, then the totals.
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// Up to this many children, a batch is listed child by child; past it, only the children that
+/// did not complete are (a CI batch may have a thousand).
+const LISTED_CHILDREN: usize = 20;
+
+/// Whether a batch of `children` is listed child by child.
+pub(crate) fn lists_every_child(children: usize, all: bool) -> bool {
+    all || children <= LISTED_CHILDREN
 }
 
 /// The label the Agent tool's `description` gets: the directive's first line, kept short.
@@ -51,19 +66,32 @@ pub async fn run(args: ForkArgs, client: &mut Client, out: &Printer) -> anyhow::
         ..Default::default()
     };
     let batch = client.fork_batch(request).await?.into_inner();
+    let every = lists_every_child(batch.agent_ids.len(), args.all);
     if out.is_json() {
         out.value(&fork_json(&batch))?;
     } else {
-        print_batch(&batch, out)?;
+        print_batch(&batch, every, out)?;
     }
     if !args.wait {
         return Ok(exit::OK);
     }
-    wait(&batch, client, out).await
+    wait(&batch, every, client, out).await
 }
 
-/// `batch ID`, then `agent ID` for each child: the human form of the reply.
-pub(crate) fn print_batch(batch: &ForkBatchResponse, out: &Printer) -> std::io::Result<()> {
+/// `batch ID`, then `agent ID` for each child (when `every`, else their count): the human form
+/// of the reply.
+pub(crate) fn print_batch(
+    batch: &ForkBatchResponse,
+    every: bool,
+    out: &Printer,
+) -> std::io::Result<()> {
+    if !every {
+        return out.line(format!(
+            "batch {} ({} children; --all lists their ids)",
+            batch.batch_id,
+            batch.agent_ids.len()
+        ));
+    }
     out.line(format!("batch {}", batch.batch_id))?;
     for agent_id in &batch.agent_ids {
         out.line(format!("agent {agent_id}"))?;
@@ -71,13 +99,35 @@ pub(crate) fn print_batch(batch: &ForkBatchResponse, out: &Printer) -> std::io::
     Ok(())
 }
 
+/// Whether a notification gets its own line: always in `--json` (one notification per line is
+/// its contract), and for people when the batch is listed child by child or the child did not
+/// complete.
+pub(crate) fn shows(notification: &Notification, every: bool, out: &Printer) -> bool {
+    every || out.is_json() || notification.status != NotificationStatus::Completed as i32
+}
+
 /// Follows the batch's notifications until every child has reported.
-async fn wait(batch: &ForkBatchResponse, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
+async fn wait(
+    batch: &ForkBatchResponse,
+    every: bool,
+    client: &mut Client,
+    out: &Printer,
+) -> anyhow::Result<u8> {
     let mut follower = Follower::subscribe(batch, client, out).await?;
+    let mut unlisted = 0;
     while let Some(notification) = follower.next().await? {
-        out.notification(&notification)?;
+        if shows(&notification, every, out) {
+            out.notification(&notification)?;
+        } else {
+            unlisted += 1;
+        }
     }
     if !out.is_json() {
+        if unlisted > 0 {
+            out.line(format!(
+                "{unlisted} completed children not listed (--all lists every child)"
+            ))?;
+        }
         out.line(follower.tally().summary(&batch.batch_id))?;
     }
     Ok(follower.tally().exit_code())
@@ -273,5 +323,22 @@ mod tests {
         tally.record(&note("b", NotificationStatus::Completed, 0, 0.0));
         assert!(tally.any_failed());
         assert_eq!(tally.exit_code(), exit::CHILD_FAILED);
+    }
+
+    #[test]
+    fn big_batches_list_only_what_did_not_complete_unless_asked() {
+        assert!(lists_every_child(20, false));
+        assert!(!lists_every_child(21, false));
+        assert!(lists_every_child(1000, true));
+        let people = Printer::new(false);
+        let done = note("a", NotificationStatus::Completed, 0, 0.0);
+        let failed = note("b", NotificationStatus::Failed, 0, 0.0);
+        assert!(!shows(&done, false, &people));
+        assert!(shows(&failed, false, &people));
+        assert!(shows(&done, true, &people));
+        assert!(
+            shows(&done, false, &Printer::new(true)),
+            "--json lists every notification"
+        );
     }
 }

@@ -14,9 +14,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use clap::Args;
-use forkd_proto::v1::{
-    Agent, ForkBatchResponse, ListAgentsRequest, Notification, NotificationStatus,
-};
+use forkd_proto::v1::{Agent, ForkBatchResponse, ListAgentsRequest, Notification};
 use serde_json::json;
 use tonic::Code;
 
@@ -27,9 +25,6 @@ use crate::exit;
 use crate::output::{Printer, human};
 pub(crate) use batch_file::BatchFile;
 use progress::Progress;
-
-/// Up to this many children, a batch's agent ids are printed as it is submitted.
-const LISTED_IDS: usize = 20;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -47,8 +42,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
 
-    /// List every child as it ends and in the summary; by default only the children that did
-    /// not complete are listed (a batch may have a thousand), then the totals.
+    /// List every child, however many: its id at submission, its notification as it ends and
+    /// its row in the summary. By default a batch of more than 20 children lists only those
+    /// that did not complete, then the totals.
     #[arg(long)]
     pub all: bool,
 }
@@ -66,6 +62,7 @@ pub async fn run(
         None => BatchFile::load(&args.file)?,
     };
     let (session_id, batch) = submit(&file, &args.file, client).await?;
+    let every = fork::lists_every_child(batch.agent_ids.len(), args.all);
     if out.is_json() {
         out.value(&json!({
             "session_id": session_id,
@@ -74,22 +71,13 @@ pub async fn run(
         }))?;
     } else {
         out.line(format!("session {session_id}"))?;
-        if args.all || batch.agent_ids.len() <= LISTED_IDS {
-            fork::print_batch(&batch, out)?;
-        } else {
-            // A CI batch may have a thousand children: their ids are in `forkctl ps --batch`.
-            out.line(format!(
-                "batch {} ({} children; --all lists their ids)",
-                batch.batch_id,
-                batch.agent_ids.len()
-            ))?;
-        }
+        fork::print_batch(&batch, every, out)?;
     }
     if !args.wait && args.junit.is_none() {
         return Ok(exit::OK);
     }
 
-    let (notifications, tally) = follow(&batch, client, out, args.all).await?;
+    let (notifications, tally) = follow(&batch, client, out, every).await?;
     let mut agents: Vec<Agent> = Vec::new();
     let filter = ListAgentsRequest {
         batch_id: batch.batch_id.clone(),
@@ -115,7 +103,7 @@ pub async fn run(
     } else {
         let listed: Vec<summary::Child> = children
             .iter()
-            .filter(|c| args.all || !c.completed())
+            .filter(|c| every || !c.completed())
             .cloned()
             .collect();
         if !listed.is_empty() {
@@ -199,7 +187,7 @@ async fn follow(
     batch: &ForkBatchResponse,
     client: &mut Client,
     out: &Printer,
-    all: bool,
+    every: bool,
 ) -> anyhow::Result<(Vec<Notification>, Tally)> {
     let live = !out.is_json() && std::io::stderr().is_terminal();
     let mut follower = Follower::subscribe(batch, client, out).await?;
@@ -211,10 +199,8 @@ async fn follow(
         tokio::select! {
             next = follower.next() => {
                 let Some(notification) = next? else { break };
-                // A completed child is a line only with --all (or --json, whose contract is one
-                // notification per line); the progress line counts it either way.
-                let completed = notification.status == NotificationStatus::Completed as i32;
-                if all || out.is_json() || !completed {
+                // The progress line counts every child, listed or not.
+                if fork::shows(&notification, every, out) {
                     progress.suspend(|| out.notification(&notification))?;
                 }
                 notifications.push(notification);
