@@ -117,3 +117,96 @@ async fn a_graceful_stop_lets_the_tool_call_in_flight_finish_and_the_agent_resum
         .unwrap();
     assert!(!log.contains("Interrupted"), "{log}");
 }
+
+/// Upgrades keep working: a batch stored before batches had a shape (the column removed and its
+/// migration forgotten, as in a database written by an older forkd) reads as the model shape it
+/// was built in, and a child cut off by the restart resumes with its stored fork message, its
+/// request's prefix byte-identical to its sibling's.
+#[tokio::test]
+async fn a_batch_stored_before_the_shape_column_resumes_byte_identically() {
+    use sqlx::Connection as _;
+
+    let mut daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
+            permission_mode: "bypassPermissions".into(),
+            ..session_request(ws.path())
+        },
+    )
+    .await
+    .unwrap();
+    // A model's fork: the shape every batch had before client batches got their own.
+    let script = concat!(
+        "Split it.\n",
+        r#"@sim agent {"description":"slow","prompt":"Slowly.\n@sim tool Bash {\"command\":\"touch started; sleep 30\"}\n@sim say slow done"}"#,
+        "\n",
+        r#"@sim agent {"description":"quick","prompt":"Quickly.\n@sim say quick done"}"#,
+        "\n@sim say forked",
+    );
+    let events = forkd_test_support::run_turn(
+        &mut client,
+        pb::SendMessageRequest {
+            session_id: session.session_id.clone(),
+            text: script.into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let batch_id = events
+        .iter()
+        .find_map(|e| match e {
+            pb::session_event::Event::ForkLaunched(f) => Some(f.batch_id.clone()),
+            _ => None,
+        })
+        .unwrap();
+    wait_for_path(&ws.path().join("started")).await;
+    drop(client);
+    daemon.stop().await.unwrap();
+
+    // The database as an older forkd left it.
+    let url = format!("sqlite://{}", daemon.home_path().join("forkd.db").display());
+    let mut db = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    sqlx::query("ALTER TABLE batches DROP COLUMN shape")
+        .execute(&mut db)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = 12")
+        .execute(&mut db)
+        .await
+        .unwrap();
+    db.close().await.unwrap();
+
+    daemon.restart(|_| {}).await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let done = wait_for_batch(&mut client, &batch_id, 2, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(
+        done.iter()
+            .all(|n| n.status == pb::NotificationStatus::Completed as i32),
+        "{done:?}"
+    );
+    let requests = client
+        .list_requests(pb::ListRequestsRequest {
+            scope: Some(pb::list_requests_request::Scope::BatchId(batch_id)),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .requests;
+    // Every request of both children — the slow one's after the restart included — carried the
+    // same bytes up to its directive.
+    let prefixes: Vec<&str> = requests
+        .iter()
+        .map(|r| r.prefix_fingerprint.as_str())
+        .collect();
+    assert!(
+        requests.iter().any(|r| r.turn > 0),
+        "the slow child made a request after the restart: {requests:?}"
+    );
+    assert!(prefixes.iter().all(|f| *f == prefixes[0]), "{prefixes:?}");
+}
