@@ -146,13 +146,7 @@ impl Engine {
         if agent.kind == AgentKind::Fork
             && let Some(batch_id) = agent.batch_id
         {
-            let batch = store
-                .get_batch(batch_id)
-                .await?
-                .ok_or_else(|| EngineError::NotFound {
-                    kind: "batch",
-                    id: batch_id.to_string(),
-                })?;
+            let batch = self.get_batch(batch_id).await?;
             if include_shared {
                 for m in store
                     .session_messages(agent.session_id, Some(batch.fork_point))

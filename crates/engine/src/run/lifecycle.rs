@@ -318,13 +318,7 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let store = &self.inner.store;
         let id = lease.agent_id;
-        let agent = store
-            .get_agent(id)
-            .await?
-            .ok_or_else(|| EngineError::NotFound {
-                kind: "agent",
-                id: id.to_string(),
-            })?;
+        let agent = self.get_agent(id).await?;
         let report = match (&final_text, &error) {
             (Some(text), _) => Report::parse(text),
             (None, Some(err)) => Report {

@@ -90,13 +90,7 @@ impl Engine {
             return Ok(ctx);
         }
         let store = &self.inner.store;
-        let batch = store
-            .get_batch(batch_id)
-            .await?
-            .ok_or_else(|| EngineError::NotFound {
-                kind: "batch",
-                id: batch_id.to_string(),
-            })?;
+        let batch = self.get_batch(batch_id).await?;
         let session = self.get_session(agent.session_id).await?;
         let history = store
             .session_messages(agent.session_id, Some(batch.fork_point))
