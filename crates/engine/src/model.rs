@@ -75,6 +75,9 @@ pub(crate) struct ModelCall<'a> {
     pub params: &'a CacheSafeParams,
     pub conversation: &'a Conversation,
     pub prefix: PrefixEnd,
+    /// The request's input tokens when the caller knows them from the counts the engine keeps;
+    /// `None`: the window check reads the body (counting it only when it is big).
+    pub input_tokens: Option<u64>,
 }
 
 /// A model's answer and the record stored for it.
@@ -92,7 +95,10 @@ impl Engine {
         on_event: &mut (dyn FnMut(&StreamEvent) + Send),
     ) -> Result<Answer> {
         let Built { body, prefix_end } = build(call.params, call.conversation, call.prefix);
-        crate::window::check_body(call.params, &body.body)?;
+        match call.input_tokens {
+            Some(tokens) => crate::window::check_tokens(call.params, tokens)?,
+            None => crate::window::check_body(call.params, &body.body)?,
+        }
         let prefix_fingerprint = prefix_end
             .map(|end| fingerprint(&body.body.as_bytes()[..end]))
             .unwrap_or_default();

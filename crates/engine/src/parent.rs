@@ -434,12 +434,17 @@ impl Engine {
             .into_iter()
             .map(|m| m.message)
             .collect();
+        // The main loop's request is the session's transcript: its counts are kept.
+        let input_tokens = self
+            .history_tokens(session, Some(history.len() as u64))
+            .await?;
         let call = ModelCall {
             agent: parent,
             turn,
             params: &session.params,
             conversation: &Conversation::plain(history),
             prefix: PrefixEnd::LastBlock,
+            input_tokens: Some(input_tokens),
         };
         let tx = events.clone();
         let answer = self

@@ -160,12 +160,20 @@ impl Engine {
             self.check_budgets(run.agent.session_id, run.agent.batch_id)
                 .await?;
             let conv = run.conversation();
+            let input_tokens = match &run.shape {
+                Shape::Fork { ctx } => Some(
+                    self.fork_child_tokens(ctx, &run.directive, &run.own)
+                        .await?,
+                ),
+                Shape::Typed => None,
+            };
             let call = ModelCall {
                 agent: &run.agent,
                 turn,
                 params: &run.params,
                 conversation: &conv,
                 prefix: PrefixEnd::Before(directive_pos),
+                input_tokens,
             };
             let answer = self
                 .call_model(call, &mut |event| {

@@ -5,7 +5,9 @@
 //! Counting a 100k-token request costs milliseconds (its JSON read again, every long text hashed
 //! for the token memo), so counts are avoided where they can be: a body shorter in bytes than the
 //! room left fits (a token covers at least one byte), and a session's history is counted once
-//! per message — transcripts are append-only, so a message's count never changes.
+//! per message — transcripts are append-only, so a message's count never changes. A fork child's
+//! and a parent turn's requests are checked from those counts; only a body without them (a typed
+//! agent's) is counted whole, and only when it is big.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -19,6 +21,7 @@ use forkd_provider::tokens;
 
 use crate::Engine;
 use crate::error::{EngineError, Result};
+use crate::run::BatchContext;
 
 /// The share of a context window kept free: forkd's token count is an estimate of the model's.
 pub(crate) const WINDOW_MARGIN: f64 = 0.02;
@@ -51,7 +54,7 @@ fn room(params: &CacheSafeParams) -> Option<(u64, u64, u64)> {
 }
 
 /// Checks that `input_tokens` leave room for `max_tokens` in the model's window.
-fn check_tokens(params: &CacheSafeParams, input_tokens: u64) -> Result<()> {
+pub(crate) fn check_tokens(params: &CacheSafeParams, input_tokens: u64) -> Result<()> {
     match room(params) {
         Some((room, usable, window)) if input_tokens > room => Err(EngineError::ContextWindow {
             model: params.model.clone(),
@@ -74,11 +77,11 @@ pub(crate) fn check_body(params: &CacheSafeParams, body: &str) -> Result<()> {
     }
 }
 
-fn block_tokens(block: &Block) -> u64 {
+pub(crate) fn block_tokens(block: &Block) -> u64 {
     tokens::block_tokens(block.raw().as_str())
 }
 
-fn message_tokens(message: &Message) -> u64 {
+pub(crate) fn message_tokens(message: &Message) -> u64 {
     message.blocks.iter().map(block_tokens).sum()
 }
 
@@ -147,6 +150,23 @@ impl Engine {
             .unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The input tokens of a fork child's next request, from the counts kept for its parent's
+    /// history: the shared blocks, its directive and its own messages are all that is counted.
+    pub(crate) async fn fork_child_tokens(
+        &self,
+        ctx: &BatchContext,
+        directive: &Block,
+        own: &[Message],
+    ) -> Result<u64> {
+        let history = self
+            .history_tokens(&ctx.session, Some(ctx.batch.fork_point))
+            .await?;
+        let assistant = ctx.batch.assistant().map_or(0, message_tokens);
+        let shared: u64 = ctx.batch.shared_user_blocks.iter().map(block_tokens).sum();
+        let own: u64 = own.iter().map(message_tokens).sum();
+        Ok(history + assistant + shared + block_tokens(directive) + own)
+    }
+
     /// Refuses a client's batch whose children would not fit their model's window, before any
     /// request is made. A child's first request is the parent's history up to the fork point
     /// (`None`: all of it), the boilerplate and its directive: the longest directive stands for
@@ -212,6 +232,54 @@ mod tests {
         let exact = tokens::request_input_tokens(&body).unwrap();
         let cheap = head_tokens(&p).unwrap() + messages.iter().map(message_tokens).sum::<u64>();
         assert_eq!(cheap, exact);
+    }
+
+    /// A fork child's request, counted block by block as `fork_child_tokens` does (the
+    /// history, the fork message, the shared blocks, the directive, its own messages), is what
+    /// its body counts, in both shapes: the count path and the body path agree.
+    #[test]
+    fn a_fork_childs_count_is_its_bodys() {
+        let p = params();
+        let history = vec![
+            Message::user(vec![Block::text("context ".repeat(300).as_str())]),
+            Message::assistant(vec![Block::text("done")]),
+            Message::user(vec![Block::text("<task-notification>…")]),
+        ];
+        let directive = ForkBatch::directive_block(&Directive {
+            description: "d".into(),
+            prompt: "Review part 1.".into(),
+        });
+        let own = vec![Message::assistant(vec![Block::text("my report")])];
+        let id = BatchId::new();
+        let model_fork = fork_message(id);
+        for batch in [
+            ForkBatch::client(id, SessionId::new(), 3, 0),
+            ForkBatch::new(id, SessionId::new(), 3, model_fork, 0).unwrap(),
+        ] {
+            let conv = batch.child_conversation(&history, &directive, &own);
+            let body = request::serialize(&p, &conv, true).body;
+            let counted = head_tokens(&p).unwrap()
+                + history.iter().map(message_tokens).sum::<u64>()
+                + batch.assistant().map_or(0, message_tokens)
+                + batch
+                    .shared_user_blocks
+                    .iter()
+                    .map(block_tokens)
+                    .sum::<u64>()
+                + block_tokens(&directive)
+                + own.iter().map(message_tokens).sum::<u64>();
+            assert_eq!(counted, tokens::request_input_tokens(&body).unwrap());
+        }
+    }
+
+    fn fork_message(id: BatchId) -> Message {
+        forkd_core::fork::client_fork_message(
+            id,
+            &[Directive {
+                description: "d".into(),
+                prompt: "Review part 1.".into(),
+            }],
+        )
     }
 
     #[test]
