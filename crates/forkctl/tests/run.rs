@@ -30,6 +30,17 @@ async fn forkctl(daemon: &TestDaemon, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `forkctl run BATCH --junit JUNIT`.
+async fn run_with_junit(daemon: &TestDaemon, batch: &Path, junit: &Path) -> Output {
+    let args = [
+        "run",
+        batch.to_str().unwrap(),
+        "--junit",
+        junit.to_str().unwrap(),
+    ];
+    forkctl(daemon, &args).await
+}
+
 fn json_lines(stdout: &[u8]) -> Vec<Value> {
     String::from_utf8_lossy(stdout)
         .lines()
@@ -151,13 +162,7 @@ async fn a_failing_child_fails_the_run_and_its_case() {
     let daemon = spawn_daemon().await.unwrap();
     let (dir, batch) = batch_dir("one-fails", &["fine", "Break it.\n@sim fail 400"]);
     let junit = dir.path().join("out.xml");
-    let args = [
-        "run",
-        batch.to_str().unwrap(),
-        "--junit",
-        junit.to_str().unwrap(),
-    ];
-    let out = forkctl(&daemon, &args).await;
+    let out = run_with_junit(&daemon, &batch, &junit).await;
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     // Not a terminal: no progress bar, but the notifications and the summary table.
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -371,13 +376,7 @@ async fn a_thousand_children_get_a_compact_summary_and_a_full_junit_file() {
     let refs: Vec<&str> = prompts.iter().map(String::as_str).collect();
     let (dir, batch) = batch_dir("thousand", &refs);
     let junit = dir.path().join("out.xml");
-    let args = [
-        "run",
-        batch.to_str().unwrap(),
-        "--junit",
-        junit.to_str().unwrap(),
-    ];
-    let out = forkctl(&daemon, &args).await;
+    let out = run_with_junit(&daemon, &batch, &junit).await;
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use forkd_proto::v1 as pb;
 use forkd_store::{Durability, RequestFilter, SqliteStore, Store};
-use forkd_test_support::{connect, create_session, eventually, fork, session_request};
+use forkd_test_support::{connect, create_session, eventually, fork, trusted_session_request};
 
 const CHILDREN: usize = 6;
 const CRASHES: usize = 3;
@@ -104,15 +104,9 @@ async fn crash_run(seed: u64) -> String {
     std::fs::create_dir_all(&ws).unwrap();
     let mut daemon = start(home.path());
     let mut c = client(home.path()).await;
-    let session = create_session(
-        &mut c,
-        pb::CreateSessionRequest {
-            permission_mode: "bypassPermissions".into(),
-            ..session_request(&ws)
-        },
-    )
-    .await
-    .unwrap();
+    let session = create_session(&mut c, trusted_session_request(&ws))
+        .await
+        .unwrap();
     let prompts: Vec<String> = (0..CHILDREN).map(script).collect();
     let refs: Vec<&str> = prompts.iter().map(String::as_str).collect();
     let batch = fork(&mut c, &session.session_id, &refs, None)

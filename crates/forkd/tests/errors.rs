@@ -3,7 +3,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use forkd_proto::v1 as pb;
-use forkd_test_support::{create_session, directives, fork, session_request, spawn_daemon};
+use forkd_test_support::{
+    create_session, directives, fork, session_request, spawn_daemon, trusted_session_request,
+};
 use tonic::Code;
 
 const UNKNOWN: &str = "01a22937-0000-7000-8000-000000000000";
@@ -252,15 +254,9 @@ async fn a_killed_agent_stops_at_once_with_its_process_group() {
     let daemon = spawn_daemon().await.unwrap();
     let ws = tempfile::tempdir().unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = create_session(
-        &mut client,
-        pb::CreateSessionRequest {
-            permission_mode: "bypassPermissions".into(),
-            ..session_request(ws.path())
-        },
-    )
-    .await
-    .unwrap();
+    let session = create_session(&mut client, trusted_session_request(ws.path()))
+        .await
+        .unwrap();
     // The child runs a long Bash command that leaves its pid behind.
     let script = r#"Wait.
 @sim tool Bash {"command":"echo $$ > pid; sleep 60","timeout":120}

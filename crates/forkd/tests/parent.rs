@@ -8,7 +8,8 @@ use std::time::Duration;
 use forkd_proto::v1 as pb;
 use forkd_proto::v1::session_event::Event;
 use forkd_test_support::{
-    create_session, session_request, session_transcript, spawn_daemon, wait_for_batch,
+    create_session, session_request, session_transcript, spawn_daemon, trusted_session_request,
+    wait_for_batch,
 };
 
 async fn send(
@@ -164,10 +165,7 @@ async fn notifications_never_split_a_parent_tool_call_from_its_result() {
     let mut client = daemon.client().await.unwrap();
     let session = forkd_test_support::create_session(
         &mut client,
-        pb::CreateSessionRequest {
-            permission_mode: "bypassPermissions".into(),
-            ..session_request(daemon.home_path())
-        },
+        trusted_session_request(daemon.home_path()),
     )
     .await
     .unwrap();

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use forkd_proto::v1 as pb;
 use forkd_test_support::{
-    create_session, fork, session_request, spawn_daemon, transcript_text, wait_for_batch,
+    create_session, fork, spawn_daemon, transcript_text, trusted_session_request, wait_for_batch,
     wait_for_path,
 };
 
@@ -17,15 +17,9 @@ async fn a_restart_resumes_a_child_cut_off_in_a_tool_call() {
     let mut daemon = spawn_daemon().await.unwrap();
     let ws = tempfile::tempdir().unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = create_session(
-        &mut client,
-        pb::CreateSessionRequest {
-            permission_mode: "bypassPermissions".into(),
-            ..session_request(ws.path())
-        },
-    )
-    .await
-    .unwrap();
+    let session = create_session(&mut client, trusted_session_request(ws.path()))
+        .await
+        .unwrap();
     let script = r#"Count the runs.
 @sim tool Bash {"command":"echo run >> runs.txt; sleep 30"}
 @sim tool Read {"file_path":"runs.txt"}
@@ -79,15 +73,9 @@ async fn a_graceful_stop_lets_the_tool_call_in_flight_finish_and_the_agent_resum
     let mut daemon = spawn_daemon().await.unwrap();
     let ws = tempfile::tempdir().unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = create_session(
-        &mut client,
-        pb::CreateSessionRequest {
-            permission_mode: "bypassPermissions".into(),
-            ..session_request(ws.path())
-        },
-    )
-    .await
-    .unwrap();
+    let session = create_session(&mut client, trusted_session_request(ws.path()))
+        .await
+        .unwrap();
     let script = r#"Finish what you start.
 @sim tool Bash {"command":"touch started; sleep 1; echo run >> finished.txt"}
 @sim tool Read {"file_path":"finished.txt"}
@@ -129,15 +117,9 @@ async fn a_batch_stored_before_the_shape_column_resumes_byte_identically() {
     let mut daemon = spawn_daemon().await.unwrap();
     let ws = tempfile::tempdir().unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = create_session(
-        &mut client,
-        pb::CreateSessionRequest {
-            permission_mode: "bypassPermissions".into(),
-            ..session_request(ws.path())
-        },
-    )
-    .await
-    .unwrap();
+    let session = create_session(&mut client, trusted_session_request(ws.path()))
+        .await
+        .unwrap();
     // A model's fork: the shape every batch had before client batches got their own.
     let script = concat!(
         "Split it.\n",

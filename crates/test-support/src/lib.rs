@@ -126,6 +126,15 @@ pub fn session_request(workspace: &Path) -> pb::CreateSessionRequest {
     }
 }
 
+/// [`session_request`] for a session whose agents run every tool without asking
+/// (`bypassPermissions`): for tests whose children write files or run Bash.
+pub fn trusted_session_request(workspace: &Path) -> pb::CreateSessionRequest {
+    pb::CreateSessionRequest {
+        permission_mode: "bypassPermissions".into(),
+        ..session_request(workspace)
+    }
+}
+
 /// Directives with the given prompts.
 pub fn directives(prompts: &[&str]) -> Vec<pb::Directive> {
     prompts
