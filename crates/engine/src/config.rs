@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use forkd_core::pricing::DEFAULT_MODEL;
+use forkd_core::pricing::{DEFAULT_MODEL, Models};
 
 /// How model requests that failed with a retryable error are retried.
 #[derive(Debug, Clone)]
@@ -40,6 +40,9 @@ pub struct EngineConfig {
     /// An agent that has not ended its turn after this many model requests fails.
     pub max_turns: u32,
     pub default_model: String,
+    /// The models sessions may name: the price table and the configuration's `[models]`
+    /// (prices and context windows).
+    pub models: Models,
     /// `max_tokens` of each request when the session sets none.
     pub default_max_tokens: u32,
     pub retry: RetryPolicy,
@@ -71,6 +74,7 @@ impl Default for EngineConfig {
             max_children_per_batch: 1000,
             max_turns: 50,
             default_model: DEFAULT_MODEL.to_owned(),
+            models: Models::default(),
             default_max_tokens: 8192,
             retry: RetryPolicy::default(),
             agent_dirs: Vec::new(),

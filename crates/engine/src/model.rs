@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use forkd_core::pricing::{self, CacheTtl};
+use forkd_core::pricing::{CacheTtl, Models};
 use forkd_core::query::RequestRecord;
 use forkd_core::request::{self, BlockPos, Conversation, SerializedRequest, fingerprint};
 use forkd_core::session::CacheSafeParams;
@@ -60,9 +60,10 @@ pub(crate) fn build(
     Built { body, prefix_end }
 }
 
-/// A request's cost at the model's prices (0 for a model the price table does not know).
-pub(crate) fn cost(model: &str, usage: &Usage) -> f64 {
-    pricing::model(model)
+/// A request's cost at the model's prices (0 for a model nobody priced).
+pub(crate) fn cost(models: &Models, model: &str, usage: &Usage) -> f64 {
+    models
+        .get(model)
         .map(|m| usage.cost_usd(m, CacheTtl::FiveMinutes))
         .unwrap_or(0.0)
 }
@@ -95,10 +96,8 @@ impl Engine {
         on_event: &mut (dyn FnMut(&StreamEvent) + Send),
     ) -> Result<Answer> {
         let Built { body, prefix_end } = build(call.params, call.conversation, call.prefix);
-        match call.input_tokens {
-            Some(tokens) => crate::window::check_tokens(call.params, tokens)?,
-            None => crate::window::check_body(call.params, &body.body)?,
-        }
+        self.check_request(call.params, &body.body, call.input_tokens)
+            .await?;
         let prefix_fingerprint = prefix_end
             .map(|end| fingerprint(&body.body.as_bytes()[..end]))
             .unwrap_or_default();
@@ -129,7 +128,7 @@ impl Engine {
             turn: call.turn,
             model: model.clone(),
             usage: completion.usage,
-            cost_usd: cost(model, &completion.usage),
+            cost_usd: cost(&self.config().models, model, &completion.usage),
             prefix_fingerprint,
             prefix_parts,
             message_count: u32::try_from(call.conversation.messages.len()).ok(),

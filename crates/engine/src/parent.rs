@@ -358,7 +358,11 @@ impl Engine {
                 .parent_request(session, parent, request, events)
                 .await?;
             usage += completion.usage;
-            cost += crate::model::cost(&session.params.model, &completion.usage);
+            cost += crate::model::cost(
+                &self.config().models,
+                &session.params.model,
+                &completion.usage,
+            );
             let reply = completion.message;
             for (id, name, block) in reply.tool_uses() {
                 let input_json = block

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use forkd_core::pricing;
+use forkd_core::pricing::Models;
 use forkd_core::session::{
     CacheSafeParams, PermissionMode, PermissionRules, Session, SystemTemplate, ThinkingConfig,
     ToolDef, ToolsJson,
@@ -111,13 +111,13 @@ pub(crate) fn clip(value: &str, max: usize) -> String {
     }
 }
 
-fn check_model(model: &str) -> Result<()> {
-    match pricing::model(model) {
+fn check_model(models: &Models, model: &str) -> Result<()> {
+    match models.get(model) {
         Some(_) => Ok(()),
         None => Err(invalid(format!(
-            "unknown model {:?}; known models: {}",
+            "unknown model {:?}; known models: {} (config.toml's [models] adds others)",
             clip(model, 64),
-            pricing::model_names()
+            models.names()
         ))),
     }
 }
@@ -250,7 +250,7 @@ impl Engine {
             .clone()
             .filter(|m| !m.is_empty())
             .unwrap_or_else(|| cfg.default_model.clone());
-        check_model(&model)?;
+        check_model(&cfg.models, &model)?;
         let workspace = check_workspace(req.workspace.as_deref())?;
         if req.permission_mode == PermissionMode::Bubble && !req.interactive {
             return Err(invalid(

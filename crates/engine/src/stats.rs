@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use forkd_core::calc::{self, ForkCostEstimate};
-use forkd_core::pricing::{self, CacheTtl};
+use forkd_core::pricing::CacheTtl;
 use forkd_core::store::{AgentFilter, RequestFilter};
 use forkd_core::{AgentId, AgentKind, BatchId, SessionId, Usage};
 
@@ -96,7 +96,7 @@ impl Engine {
             ..CacheStats::default()
         };
         for r in &requests {
-            let Some(model) = pricing::model(&r.model) else {
+            let Some(model) = self.config().models.get(&r.model) else {
                 continue;
             };
             let ttl = CacheTtl::FiveMinutes;
@@ -132,10 +132,11 @@ impl Engine {
         let name = model
             .filter(|m| !m.is_empty())
             .unwrap_or(&self.config().default_model);
-        let spec = pricing::model(name).ok_or_else(|| {
+        let models = &self.config().models;
+        let spec = models.get(name).ok_or_else(|| {
             EngineError::InvalidRequest(format!(
                 "unknown model {name:?}; known models: {}",
-                pricing::model_names()
+                models.names()
             ))
         })?;
         if children == 0 {

@@ -6,7 +6,6 @@
 use std::path::Path;
 use std::time::Duration;
 
-use forkd_core::pricing;
 use forkd_core::session::{CacheSafeParams, RenderedSystem, ToolsJson};
 use forkd_core::store::{AgentParams, NotificationFilter};
 use forkd_core::{
@@ -91,7 +90,7 @@ impl Engine {
             .clone()
             .filter(|m| m != "inherit")
             .unwrap_or_else(|| session.params.model.clone());
-        if pricing::model(&model).is_none() {
+        if self.config().models.get(&model).is_none() {
             return Err(EngineError::InvalidRequest(format!(
                 "agent type {} names unknown model {model:?}",
                 ty.name

@@ -1,6 +1,11 @@
 //! Context windows: no request is sent that would not fit its model's window (input tokens plus
 //! `max_tokens`, less a margin), and a client's batch whose children would not fit is refused
-//! before any request.
+//! before any request. Windows come from the price table and the configuration's `[models]`.
+//!
+//! forkd's count is an estimate (o200k_base), so it keeps a 2 % margin. Near the edge — within
+//! 5 % of the window — a provider that counts tokens itself (`/v1/messages/count_tokens`) is
+//! asked, and its count is held against the whole window: one extra request, only for the
+//! requests where the estimate could be wrong about the answer.
 //!
 //! Counting a 100k-token request costs milliseconds (its JSON read again, every long text hashed
 //! for the token memo), so counts are avoided where they can be: a body shorter in bytes than the
@@ -13,11 +18,10 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use forkd_core::fork::ForkBatch;
-use forkd_core::pricing;
 use forkd_core::request::{self, Conversation};
 use forkd_core::session::{CacheSafeParams, Session};
 use forkd_core::{BatchId, Block, Directive, Message, SessionId};
-use forkd_provider::tokens;
+use forkd_provider::{CountSource, ModelRequest, TokenCount, tokens};
 
 use crate::Engine;
 use crate::error::{EngineError, Result};
@@ -40,40 +44,64 @@ struct SessionCounts {
     prefix: Vec<u64>,
 }
 
-/// The room a request's input has in its model's window: the window less the margin and
-/// `max_tokens`. `None` for a model the price table does not know (nothing says how big its
-/// window is), which is not checked.
-fn room(params: &CacheSafeParams) -> Option<(u64, u64, u64)> {
-    let window = pricing::model(&params.model)?.context_window;
-    let usable = window - (window as f64 * WINDOW_MARGIN) as u64;
-    Some((
-        usable.saturating_sub(u64::from(params.max_tokens)),
-        usable,
-        window,
-    ))
+/// Where a request's estimate counts as near the edge of its room: within this share of the
+/// window, a provider that counts tokens itself is asked (the estimate is not its tokenizer).
+const NEAR_EDGE: f64 = 0.05;
+
+/// The room a request's input has in its model's window.
+#[derive(Debug, Clone, Copy)]
+struct Room {
+    window: u64,
+    max_tokens: u64,
 }
 
-/// Checks that `input_tokens` leave room for `max_tokens` in the model's window.
-pub(crate) fn check_tokens(params: &CacheSafeParams, input_tokens: u64) -> Result<()> {
-    match room(params) {
-        Some((room, usable, window)) if input_tokens > room => Err(EngineError::ContextWindow {
-            model: params.model.clone(),
-            input_tokens,
-            max_tokens: u64::from(params.max_tokens),
-            usable,
-            window,
-        }),
-        _ => Ok(()),
+impl Room {
+    /// The window less the margin kept for an estimate.
+    fn usable(self) -> u64 {
+        self.window - (self.window as f64 * WINDOW_MARGIN) as u64
     }
-}
 
-/// Checks that a request body fits its model's window.
-pub(crate) fn check_body(params: &CacheSafeParams, body: &str) -> Result<()> {
-    match room(params) {
-        Some((room, _, _)) if (body.len() as u64) > room => {
-            check_tokens(params, tokens::request_input_tokens(body)?)
+    /// The input tokens an estimate may reach.
+    fn for_estimate(self) -> u64 {
+        self.usable().saturating_sub(self.max_tokens)
+    }
+
+    /// The input tokens the model's own count may reach: no margin, it is exact.
+    fn for_exact(self) -> u64 {
+        self.window.saturating_sub(self.max_tokens)
+    }
+
+    /// Whether an estimate is close enough to its limit (over it included) that the
+    /// provider's own count should decide.
+    fn near_edge(self, estimate: u64) -> bool {
+        estimate + (self.window as f64 * NEAR_EDGE) as u64 > self.for_estimate()
+    }
+
+    fn refuse(self, model: &str, input_tokens: u64, usable: u64) -> EngineError {
+        EngineError::ContextWindow {
+            model: model.to_owned(),
+            input_tokens,
+            max_tokens: self.max_tokens,
+            usable,
+            window: self.window,
         }
-        _ => Ok(()),
+    }
+
+    fn check_estimate(self, model: &str, input_tokens: u64) -> Result<()> {
+        if input_tokens > self.for_estimate() {
+            return Err(self.refuse(model, input_tokens, self.usable()));
+        }
+        Ok(())
+    }
+
+    fn check_count(self, model: &str, count: TokenCount) -> Result<()> {
+        match count.source {
+            CountSource::Provider if count.input_tokens > self.for_exact() => {
+                Err(self.refuse(model, count.input_tokens, self.window))
+            }
+            CountSource::Provider => Ok(()),
+            CountSource::Estimate => self.check_estimate(model, count.input_tokens),
+        }
     }
 }
 
@@ -142,6 +170,65 @@ impl Engine {
         Some(entry.head + body)
     }
 
+    /// The room of a request on these params; `None` for a model nobody told forkd the window
+    /// of (not in the price table, nor in `[models]` of the configuration), which is not checked.
+    fn room(&self, params: &CacheSafeParams) -> Option<Room> {
+        let window = self.config().models.get(&params.model)?.context_window;
+        Some(Room {
+            window,
+            max_tokens: u64::from(params.max_tokens),
+        })
+    }
+
+    /// Checks that a request fits its model's window before it is sent. `estimate` is its
+    /// input tokens when the caller knows them from the counts kept; otherwise the body is
+    /// counted, and only when it is big (a token covers at least one byte). Near the edge, a
+    /// provider with its own count decides, against the window without the margin.
+    pub(crate) async fn check_request(
+        &self,
+        params: &CacheSafeParams,
+        body: &str,
+        estimate: Option<u64>,
+    ) -> Result<()> {
+        let Some(room) = self.room(params) else {
+            return Ok(());
+        };
+        let estimate = match estimate {
+            Some(tokens) => tokens,
+            None if (body.len() as u64) <= room.for_estimate() => return Ok(()),
+            None => tokens::request_input_tokens(body)?,
+        };
+        self.check_near_edge(room, params, estimate, || body.to_owned())
+            .await
+    }
+
+    /// Refuses an estimate over the room; near the edge, asks a provider that counts tokens
+    /// itself (the request body comes from `body`, built only then).
+    async fn check_near_edge(
+        &self,
+        room: Room,
+        params: &CacheSafeParams,
+        estimate: u64,
+        body: impl FnOnce() -> String,
+    ) -> Result<()> {
+        let provider = &self.inner.provider;
+        if !room.near_edge(estimate) || !provider.counts_tokens() {
+            return room.check_estimate(&params.model, estimate);
+        }
+        let request = ModelRequest {
+            model: params.model.clone(),
+            body: body().into(),
+        };
+        match provider.count_tokens(request).await {
+            Ok(count) => room.check_count(&params.model, count),
+            Err(e) => {
+                tracing::warn!(error = %e, "the provider could not count a request's tokens; \
+                    deciding on the estimate");
+                room.check_estimate(&params.model, estimate)
+            }
+        }
+    }
+
     fn token_counts(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, SessionCounts>> {
         self.inner
             .token_counts
@@ -180,14 +267,29 @@ impl Engine {
         let Some(longest) = directives.iter().max_by_key(|d| d.prompt.len()) else {
             return Ok(());
         };
-        if room(&session.params).is_none() {
+        let Some(room) = self.room(&session.params) else {
             return Ok(());
-        }
+        };
         let probe = ForkBatch::client(BatchId::new(), session.id, 0, 0);
         let shared: u64 = probe.shared_user_blocks.iter().map(block_tokens).sum();
-        let directive = block_tokens(&ForkBatch::directive_block(longest));
+        let directive = ForkBatch::directive_block(longest);
         let history = self.history_tokens(session, fork_point).await?;
-        check_tokens(&session.params, history + shared + directive)
+        let estimate = history + shared + block_tokens(&directive);
+        if !room.near_edge(estimate) || !self.inner.provider.counts_tokens() {
+            return room.check_estimate(&session.params.model, estimate);
+        }
+        // Near the edge: the longest child's first request, built as its run will build it,
+        // for the provider to count.
+        let messages = self
+            .inner
+            .store
+            .session_messages_from(session.id, 0, fork_point)
+            .await?;
+        let history: Vec<Message> = messages.into_iter().map(|m| m.message).collect();
+        let conversation = probe.child_conversation(&history, &directive, &[]);
+        let body = || request::serialize(&session.params, &conversation, true).body;
+        self.check_near_edge(room, &session.params, estimate, body)
+            .await
     }
 }
 
@@ -204,7 +306,11 @@ fn head_tokens(params: &CacheSafeParams) -> Result<u64> {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
+    use std::sync::Arc;
+
+    use forkd_core::pricing;
     use forkd_core::session::{RenderedSystem, ToolsJson};
+    use forkd_provider::ProviderError;
 
     use super::*;
 
@@ -282,18 +388,146 @@ mod tests {
         )
     }
 
-    #[test]
-    fn bodies_and_counts_over_the_room_are_refused() {
-        let p = params();
-        assert!(check_body(&p, "{}").is_ok());
-        let (room, _, _) = room(&p).unwrap();
-        assert!(check_tokens(&p, room).is_ok());
-        let over = check_tokens(&p, room + 1).unwrap_err();
-        assert!(over.to_string().contains("200000-token window"), "{over}");
-        let unknown = CacheSafeParams {
+    /// Counts every request as `count` tokens with the model's own tokenizer, and says how
+    /// often it was asked.
+    struct Counting {
+        count: u64,
+        own_count: bool,
+        asked: std::sync::atomic::AtomicU32,
+    }
+
+    impl forkd_provider::Provider for Counting {
+        fn name(&self) -> &'static str {
+            "counting"
+        }
+
+        fn stream(&self, _: ModelRequest) -> forkd_provider::EventStream {
+            Box::pin(futures::stream::empty())
+        }
+
+        fn counts_tokens(&self) -> bool {
+            self.own_count
+        }
+
+        fn count_tokens(
+            &self,
+            _: ModelRequest,
+        ) -> futures::future::BoxFuture<'static, std::result::Result<TokenCount, ProviderError>>
+        {
+            self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let count = TokenCount {
+                input_tokens: self.count,
+                source: CountSource::Provider,
+            };
+            Box::pin(async move { Ok(count) })
+        }
+    }
+
+    /// A configured model's window is the one checked; near its edge the provider's own count
+    /// decides, both ways; far from it, or for a provider without a count, nothing is asked.
+    #[tokio::test]
+    async fn near_the_edge_the_providers_own_count_decides() {
+        let local = pricing::ModelSpec {
+            name: "local-llama".into(),
+            input_per_mtok: 0.0,
+            output_per_mtok: 0.0,
+            min_cache_tokens: 1024,
+            context_window: 10_000,
+        };
+        let p = CacheSafeParams {
             model: "local-llama".into(),
+            max_tokens: 1_000,
             ..params()
         };
-        assert!(check_tokens(&unknown, u64::MAX).is_ok());
+        // The estimate may reach 8_800 (10_000 less 2 % less max_tokens), an exact count 9_000.
+        let engine = |count, own_count| {
+            let local = local.clone();
+            async move {
+                let provider = Arc::new(Counting {
+                    count,
+                    own_count,
+                    asked: Default::default(),
+                });
+                let config = crate::EngineConfig {
+                    models: pricing::Models::default().with(local),
+                    ..Default::default()
+                };
+                let store = forkd_store::SqliteStore::open_in_memory().await.unwrap();
+                let engine = Engine::new(Arc::new(store), provider.clone(), config);
+                (engine, provider)
+            }
+        };
+        let asked = |p: &Counting| p.asked.load(std::sync::atomic::Ordering::SeqCst);
+
+        // Over the estimate's room, within the exact one: the provider's count lets it go.
+        let (e, counting) = engine(8_950, true).await;
+        e.check_request(&p, "{}", Some(8_900)).await.unwrap();
+        assert_eq!(asked(&counting), 1);
+        // Far below the edge: nobody is asked.
+        e.check_request(&p, "{}", Some(5_000)).await.unwrap();
+        assert_eq!(asked(&counting), 1);
+
+        // Under the estimate's room, but the model counts more than the window holds.
+        let (e, counting) = engine(9_500, true).await;
+        let err = e.check_request(&p, "{}", Some(8_700)).await.unwrap_err();
+        assert_eq!(asked(&counting), 1);
+        let text = err.to_string();
+        assert!(
+            text.contains("9500 input tokens + 1000 max_tokens > 10000"),
+            "{text}"
+        );
+
+        // A provider without its own count: the estimate and its margin decide.
+        let (e, counting) = engine(0, false).await;
+        assert!(e.check_request(&p, "{}", Some(8_900)).await.is_err());
+        e.check_request(&p, "{}", Some(8_800)).await.unwrap();
+        assert_eq!(asked(&counting), 0);
+
+        // A model nobody gave a window is not checked.
+        let unknown = CacheSafeParams {
+            model: "gpt-2".into(),
+            ..p.clone()
+        };
+        e.check_request(&unknown, "{}", Some(u64::MAX))
+            .await
+            .unwrap();
+    }
+
+    #[test]
+    fn estimates_keep_a_margin_and_exact_counts_do_not() {
+        let room = Room {
+            window: 200_000,
+            max_tokens: 8192,
+        };
+        assert_eq!(room.for_estimate(), 196_000 - 8192);
+        assert!(room.check_estimate("m", room.for_estimate()).is_ok());
+        let over = room
+            .check_estimate("m", room.for_estimate() + 1)
+            .unwrap_err();
+        assert!(over.to_string().contains("200000-token window"), "{over}");
+        // The provider's own count is the model's: it may use the margin an estimate keeps.
+        let exact = |input_tokens| TokenCount {
+            input_tokens,
+            source: CountSource::Provider,
+        };
+        assert!(
+            room.check_count("m", exact(room.for_estimate() + 1))
+                .is_ok()
+        );
+        assert!(room.check_count("m", exact(room.for_exact())).is_ok());
+        let over = room
+            .check_count("m", exact(room.for_exact() + 1))
+            .unwrap_err();
+        assert!(over.to_string().contains("> 200000 of its"), "{over}");
+        // An estimate counted by the provider's fallback keeps the margin.
+        let estimated = TokenCount {
+            input_tokens: room.for_estimate() + 1,
+            source: CountSource::Estimate,
+        };
+        assert!(room.check_count("m", estimated).is_err());
+        // Near the edge is within 5 % of the window below the limit, and past it.
+        assert!(room.near_edge(room.for_estimate() - 9_000));
+        assert!(room.near_edge(room.for_estimate() + 1));
+        assert!(!room.near_edge(room.for_estimate() - 11_000));
     }
 }

@@ -562,3 +562,77 @@ async fn requests_that_would_not_fit_the_window_are_never_sent() {
         .unwrap();
     assert!(requests.is_empty(), "no request was sent");
 }
+
+/// A parent turn after a 1000-child client batch on a thinking session is a valid request (the
+/// sim enforces the Messages API's rules: roles alternate, the thinking rule) that fits the
+/// window: the batch adds one launch note and one digest to the parent's context, not a
+/// notification per child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_turn_after_a_thousand_child_thinking_batch_is_valid_and_small() {
+    const N: usize = 1000;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine(dir.path()).await;
+    let mut new = new_session(dir.path(), "Sys.");
+    new.thinking_budget = Some(2048);
+    let s = engine.create_session(new).await.unwrap();
+    let first = turn(&engine, &s, "Get ready to review the files.").await;
+    assert!(first.iter().all(Result::is_ok), "{first:?}");
+
+    let directives: Vec<Directive> = (0..N)
+        .map(|i| Directive {
+            description: format!("file {i}"),
+            prompt: format!("Review file {i}.\n@sim say file {i} is fine"),
+        })
+        .collect();
+    let batch = engine
+        .fork_batch(s.id, directives, Default::default())
+        .await
+        .unwrap();
+    assert_eq!(batch.agent_ids.len(), N);
+    eventually(
+        Duration::from_secs(300),
+        "the batch's digest in the parent's transcript",
+        || async { mentions(&transcript_texts(&engine, &s).await, "<batch-notification>") == 1 },
+    )
+    .await;
+    let forks = agents_of(&engine, &s, AgentKind::Fork).await;
+    assert_eq!(forks.len(), N);
+    assert!(forks.iter().all(|a| a.state == AgentState::Completed));
+
+    let events = turn(&engine, &s, "Summarize the batch.").await;
+    assert!(events.iter().all(Result::is_ok), "{:?}", events.last());
+    let transcript = transcript_texts(&engine, &s).await;
+    assert_eq!(
+        mentions(&transcript, NOTIFICATION),
+        0,
+        "no per-child notification"
+    );
+    let digest = transcript
+        .iter()
+        .find(|(_, m)| m.contains("<batch-notification>"))
+        .map(|(_, m)| m.clone())
+        .unwrap();
+    assert!(digest.contains("1000 children: 1000 completed"), "{digest}");
+    // What the batch added to the parent's context: the launch note and the digest, a few
+    // thousand tokens, where a notification per child would add ~150k.
+    let parent_requests: Vec<u64> = engine
+        .store()
+        .list_requests(&forkd_store::RequestFilter {
+            session_id: Some(s.id),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.batch_id.is_none())
+        .map(|r| r.usage.total_input())
+        .collect();
+    let [before, after] = parent_requests[..] else {
+        panic!("two parent requests: {parent_requests:?}");
+    };
+    let added = after - before;
+    assert!(
+        added < 8_000,
+        "the batch added {added} tokens to the parent's context"
+    );
+}

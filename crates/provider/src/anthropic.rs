@@ -346,6 +346,11 @@ impl Provider for AnthropicProvider {
             .boxed()
     }
 
+    /// Until the server has said it has no `count_tokens` endpoint.
+    fn counts_tokens(&self) -> bool {
+        !self.server.no_count_endpoint.load(Ordering::Relaxed)
+    }
+
     /// The server's count (`/v1/messages/count_tokens`: the model's own tokenizer and chat
     /// template), or the local estimate where the server has no such endpoint.
     fn count_tokens(

@@ -203,6 +203,12 @@ pub trait Provider: Send + Sync + 'static {
         false
     }
 
+    /// Whether [`Provider::count_tokens`] asks the model's side (its tokenizer) rather than
+    /// returning the local estimate, so that a caller near a limit should ask it.
+    fn counts_tokens(&self) -> bool {
+        false
+    }
+
     /// Counts the input tokens a request would have, without running it. A provider that can
     /// ask its server does (the `anthropic` provider, through `/v1/messages/count_tokens`, when
     /// the server has that endpoint); the default is the local estimate, which for the sim is

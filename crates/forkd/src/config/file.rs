@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use forkd_core::pricing::{self, ModelSpec, Models};
 use serde::Deserialize;
 
 use super::LogFormat;
@@ -51,6 +52,9 @@ pub struct FileConfig {
     pub max_running_agents: Option<usize>,
     /// The most model requests in flight at once (0: no cap).
     pub max_concurrent_requests: Option<usize>,
+    /// Models the price table does not know, or new prices and windows for those it does:
+    /// `[models.NAME]`.
+    pub models: Option<BTreeMap<String, ModelSection>>,
     /// Per-tenant settings: `[tenants.NAME]`.
     pub tenants: Option<BTreeMap<String, TenantSection>>,
     /// The `anthropic` provider's settings.
@@ -67,6 +71,19 @@ pub struct TenantSection {
     pub budget_usd: Option<f64>,
     /// Once the tenant's agents have used this many tokens (all kinds), its agents fail.
     pub budget_tokens: Option<u64>,
+}
+
+/// `[models.NAME]` in `config.toml`: a model's context window and prices (USD per million
+/// tokens). For a model the price table knows, each key left out keeps the table's value; a new
+/// model needs its `context_window`, and its prices default to 0 (a local model costs nothing).
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    pub context_window: Option<u64>,
+    pub input_per_mtok: Option<f64>,
+    pub output_per_mtok: Option<f64>,
+    /// A breakpoint's prefix is cacheable only from this many tokens on (default 1024).
+    pub min_cache_tokens: Option<u64>,
 }
 
 /// `[anthropic]` in `config.toml`.
@@ -160,6 +177,43 @@ impl FileConfig {
                     .map_err(|e| anyhow::anyhow!("{CONFIG_FILE}: grace = {v:?}: {e}"))
             })
             .transpose()
+    }
+
+    /// The price table with the `[models.NAME]` sections applied, each checked: a window must
+    /// be positive and a price finite and not negative.
+    pub(super) fn models(&self) -> anyhow::Result<Models> {
+        let mut models = Models::default();
+        for (name, m) in self.models.iter().flatten() {
+            let known = pricing::model(name);
+            let Some(context_window) = m.context_window.or(known.map(|k| k.context_window)) else {
+                bail!(
+                    "{CONFIG_FILE}: [models.{name:?}]: context_window is required for a model \
+                     the price table does not know ({})",
+                    pricing::model_names()
+                );
+            };
+            if context_window == 0 {
+                bail!("{CONFIG_FILE}: [models.{name:?}]: context_window must be positive");
+            }
+            let price = |set: Option<f64>, table: fn(&ModelSpec) -> f64| match set {
+                Some(p) if !(p >= 0.0 && p.is_finite()) => bail!(
+                    "{CONFIG_FILE}: [models.{name:?}]: prices must be finite and not negative"
+                ),
+                Some(p) => Ok(p),
+                None => Ok(known.map_or(0.0, table)),
+            };
+            models = models.with(ModelSpec {
+                name: name.clone().into(),
+                input_per_mtok: price(m.input_per_mtok, |k| k.input_per_mtok)?,
+                output_per_mtok: price(m.output_per_mtok, |k| k.output_per_mtok)?,
+                min_cache_tokens: m
+                    .min_cache_tokens
+                    .or(known.map(|k| k.min_cache_tokens))
+                    .unwrap_or(1024),
+                context_window,
+            });
+        }
+        Ok(models)
     }
 
     /// The `[tenants.NAME]` budgets, each checked to be positive: a zero or negative budget

@@ -37,6 +37,8 @@ pub struct Settings {
     pub max_running_agents: Option<usize>,
     pub max_concurrent_requests: Option<usize>,
     pub tenant_budgets: BTreeMap<String, forkd_store::Budget>,
+    /// The price table with `[models]` applied.
+    pub models: forkd_core::pricing::Models,
     /// The provider variables, environment over file.
     pub(super) provider_vars: ProviderVars,
 }
@@ -75,6 +77,7 @@ impl Default for Settings {
             max_running_agents: engine.max_running_agents,
             max_concurrent_requests: engine.max_concurrent_requests,
             tenant_budgets: BTreeMap::new(),
+            models: engine.models,
             provider_vars: ProviderVars::default(),
         }
     }
@@ -158,6 +161,7 @@ impl Settings {
         let requests = layers.pick(None, "FORKD_MAX_CONCURRENT_REQUESTS", from_str, requests)?;
         self.max_concurrent_requests = cap(requests, self.max_concurrent_requests);
         self.tenant_budgets = file.tenant_budgets()?;
+        self.models = file.models()?;
         Ok(())
     }
 
@@ -242,6 +246,7 @@ impl Settings {
             .iter()
             .map(|(name, budget)| (name.clone(), *budget))
             .collect();
+        config.engine.models = self.models.clone();
         config.tls = self.tls.clone();
         if self.fsync_every_commit {
             config.durability = Durability::Full;

@@ -27,6 +27,39 @@ fn resolve(flags: &ServeFlags, vars: &[(&str, &str)], file: &str) -> anyhow::Res
 }
 
 #[test]
+fn models_add_windows_and_prices_to_the_table() {
+    let file = "[models.local-llama]\ncontext_window = 32768\n\
+                [models.claude-sonnet-4-5]\ninput_per_mtok = 2.5\n";
+    let s = resolve(&ServeFlags::default(), &[], file).unwrap();
+    let engine = s.daemon_config("/srv/forkd".into()).unwrap().engine;
+    let local = engine.models.get("local-llama").unwrap();
+    assert_eq!(local.context_window, 32_768);
+    assert_eq!((local.input_per_mtok, local.output_per_mtok), (0.0, 0.0));
+    let sonnet = engine.models.get("claude-sonnet-4-5").unwrap();
+    assert_eq!(sonnet.input_per_mtok, 2.5);
+    assert_eq!(
+        sonnet.output_per_mtok, 15.0,
+        "keys left out keep the table's value"
+    );
+    assert_eq!(sonnet.context_window, 200_000);
+    for (bad, says) in [
+        (
+            "[models.new]\ninput_per_mtok = 1.0\n",
+            "context_window is required",
+        ),
+        ("[models.new]\ncontext_window = 0\n", "must be positive"),
+        (
+            "[models.new]\ncontext_window = 8\noutput_per_mtok = -1.0\n",
+            "not negative",
+        ),
+    ] {
+        let err = resolve(&ServeFlags::default(), &[], bad).unwrap_err();
+        assert!(format!("{err:#}").contains(says), "{bad}: {err:#}");
+    }
+    assert!(resolve(&ServeFlags::default(), &[], "[models.x]\nwindow = 8\n").is_err());
+}
+
+#[test]
 fn caps_and_tenant_budgets_come_from_the_file_and_the_environment() {
     let file = "max_running_agents = 8\nmax_concurrent_requests = 0\n\
                 [tenants.ci]\nbudget_usd = 2.5\n[tenants.team]\nbudget_tokens = 1000\n";
