@@ -6,12 +6,14 @@ use crate::ids::{AgentId, BatchId, SessionId};
 use crate::report::Report;
 use crate::usage::Usage;
 
-/// Where an agent is in its life: `pending → running → completed | failed | killed`.
+/// Where an agent is in its life: `pending → running → completed | failed | killed`. A session's
+/// main-loop agent is `running` during a turn and `idle` between turns; it never ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AgentState {
     Pending,
     Running,
+    Idle,
     Completed,
     Failed,
     Killed,
@@ -22,6 +24,7 @@ impl AgentState {
         match self {
             AgentState::Pending => "pending",
             AgentState::Running => "running",
+            AgentState::Idle => "idle",
             AgentState::Completed => "completed",
             AgentState::Failed => "failed",
             AgentState::Killed => "killed",
@@ -32,6 +35,7 @@ impl AgentState {
         [
             AgentState::Pending,
             AgentState::Running,
+            AgentState::Idle,
             AgentState::Completed,
             AgentState::Failed,
             AgentState::Killed,
@@ -154,6 +158,45 @@ pub struct Agent {
     pub updated_at_ms: i64,
 }
 
+/// What a notification is about: a fork child or a typed agent that ended, or a parent turn
+/// that was handed to the background and has ended (the main-loop agent itself goes on, idle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NotificationKind {
+    Fork,
+    Typed,
+    Turn,
+}
+
+impl NotificationKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotificationKind::Fork => "fork",
+            NotificationKind::Typed => "typed",
+            NotificationKind::Turn => "turn",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            NotificationKind::Fork,
+            NotificationKind::Typed,
+            NotificationKind::Turn,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == s)
+    }
+
+    /// The kind of an agent's notification: a main loop's is about a turn.
+    pub fn of(kind: AgentKind) -> Self {
+        match kind {
+            AgentKind::Parent => NotificationKind::Turn,
+            AgentKind::Fork => NotificationKind::Fork,
+            AgentKind::Typed => NotificationKind::Typed,
+        }
+    }
+}
+
 /// How an agent ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -198,6 +241,7 @@ pub struct Notification {
     pub session_id: SessionId,
     pub batch_id: Option<BatchId>,
     pub agent_id: AgentId,
+    pub kind: NotificationKind,
     pub status: NotificationStatus,
     pub summary: String,
     pub report: Report,

@@ -107,6 +107,7 @@ mod tests {
             session_id: SessionId::new(),
             batch_id: None,
             agent_id: AgentId::new(),
+            kind: crate::NotificationKind::Fork,
             status,
             summary: String::new(),
             report: Report {

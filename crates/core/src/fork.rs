@@ -40,8 +40,9 @@ pub fn client_boilerplate_text() -> String {
 
 fn boilerplate(placeholders: Option<&str>) -> String {
     let mut rules = vec![
-        "Do not fork and do not start agents: the Agent tool is refused for you. Do the work \
-         yourself."
+        "Do not fork: an Agent call without subagent_type is refused for you. You may start a \
+         typed agent (Agent with a subagent_type) when your directive needs one; otherwise do \
+         the work yourself."
             .to_owned(),
         "Work silently: call tools without commentary between them, and report once, at the end."
             .to_owned(),

@@ -77,6 +77,20 @@ id_type!(
     AgentId,
     "agent"
 );
+
+/// The namespace of the agent ids [`AgentId::for_call`] derives.
+const CALLED_AGENTS: Uuid = Uuid::from_u128(0x6b2f_1a3e_9c4d_4e8a_b5f0_2d7c_8e91_a4f3);
+
+impl AgentId {
+    /// The id of the agent that `caller`'s tool call `tool_use_id` starts (a typed agent): the
+    /// same call always names the same agent, so a call answered again after a restart finds
+    /// the agent it started instead of starting a second one. (UUID v5 of the two.)
+    pub fn for_call(caller: AgentId, tool_use_id: &str) -> AgentId {
+        let mut name = caller.0.as_bytes().to_vec();
+        name.extend_from_slice(tool_use_id.as_bytes());
+        AgentId(Uuid::new_v5(&CALLED_AGENTS, &name))
+    }
+}
 id_type!(
     /// A fork batch: one parent assistant message and the children forked from it.
     BatchId,
@@ -114,5 +128,22 @@ mod tests {
         let a = BatchId::new();
         let b = BatchId::new();
         assert!(a < b);
+    }
+
+    #[test]
+    fn a_call_always_names_the_same_agent() {
+        let (a, b) = (AgentId::new(), AgentId::new());
+        assert_eq!(
+            AgentId::for_call(a, "toolu_1"),
+            AgentId::for_call(a, "toolu_1")
+        );
+        assert_ne!(
+            AgentId::for_call(a, "toolu_1"),
+            AgentId::for_call(a, "toolu_2")
+        );
+        assert_ne!(
+            AgentId::for_call(a, "toolu_1"),
+            AgentId::for_call(b, "toolu_1")
+        );
     }
 }

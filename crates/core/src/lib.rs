@@ -23,7 +23,8 @@ pub mod tools;
 pub mod usage;
 
 pub use agent::{
-    Agent, AgentKind, AgentState, Directive, Notification, NotificationStatus, ReportTo,
+    Agent, AgentKind, AgentState, Directive, Notification, NotificationKind, NotificationStatus,
+    ReportTo,
 };
 pub use ids::{AgentId, BatchId, RequestId, SessionId};
 pub use json::RawJson;

@@ -13,7 +13,7 @@ pub struct AgentFilter {
     pub tenant: Option<Tenant>,
     pub session_id: Option<SessionId>,
     pub batch_id: Option<BatchId>,
-    /// When false, only pending and running agents.
+    /// When false, only agents that have not ended: pending, running and idle ones.
     pub include_ended: bool,
     pub after: Option<AgentId>,
     /// 0 means no limit.

@@ -257,7 +257,8 @@ pub trait Store: Send + Sync + 'static {
     /// Appends a parent turn's messages to its session's transcript in one transaction, checking
     /// the parent's lease; the agents in `delivered` (reporting to their caller) are marked as
     /// delivered, since their reports are in these messages; the client's idempotency key, if
-    /// any, is stored with them (`Conflict` if it is taken). Returns the first message's seq.
+    /// any, is stored with them (`Conflict` if it is taken); the session's pending reply is
+    /// deleted (it is answered, or a new turn begins). Returns the first message's seq.
     async fn append_turn(
         &self,
         lease: &Lease,
@@ -267,6 +268,18 @@ pub trait Store: Send + Sync + 'static {
         idempotency: Option<&IdempotencyRecord>,
         at_ms: i64,
     ) -> Result<u64>;
+
+    /// Stores the reply a parent turn is about to answer (its tool calls not run yet), checking
+    /// the parent's lease; it replaces any earlier one of the session. [`Store::append_turn`] and
+    /// a turn's [`Store::create_fork_batch`] delete it with the reply stored.
+    async fn set_pending_reply(
+        &self,
+        lease: &Lease,
+        session: SessionId,
+        reply: &Message,
+    ) -> Result<()>;
+    /// The reply a parent turn was answering when it was cut off, if any.
+    async fn pending_reply(&self, session: SessionId) -> Result<Option<Message>>;
 
     /// Inserts an agent that is not a fork child (a session's own main loop, a typed agent),
     /// with its directive block and its own params if it has them. `NotFound` if its session is
@@ -352,6 +365,17 @@ pub trait Store: Send + Sync + 'static {
         notification: &NewNotification,
         error: Option<&str>,
     ) -> Result<Notification>;
+    /// In one transaction: a session's main-loop agent ends its turn — it goes `idle`, its lease
+    /// checked — and, for a turn that was handed to the background, stores `notification` with
+    /// kind `turn` (nothing is appended to the transcript: the turn's reply is in it already).
+    async fn end_turn(
+        &self,
+        lease: &Lease,
+        notification: Option<&NewNotification>,
+    ) -> Result<Option<Notification>>;
+    /// Marks agents whose reports their caller delivered in a tool result (they will not be
+    /// handed to the transcript).
+    async fn mark_delivered(&self, agents: &[AgentId]) -> Result<()>;
     /// Agents whose report still waits for a caller to deliver it.
     async fn caller_reports(&self) -> Result<Vec<AgentId>>;
     /// Hands the reports of agents that report to a caller back to the transcript: for an agent

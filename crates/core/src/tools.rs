@@ -23,8 +23,59 @@ fn object(properties: serde_json::Value, required: &[&str]) -> serde_json::Value
     json!({"type": "object", "properties": properties, "required": required})
 }
 
-/// forkd's built-in tools, unsorted (the pool sorts them).
+/// An agent type as the `Agent` tool's description lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgentTypeListing<'a> {
+    pub name: &'a str,
+    /// When to use it.
+    pub description: &'a str,
+}
+
+/// The most types the `Agent` tool's description lists, and the most characters of each one's
+/// description: the list is in every request of the session, children's included.
+const LISTED_TYPES: usize = 50;
+const TYPE_DESCRIPTION_CHARS: usize = 300;
+
+const AGENT_DESCRIPTION: &str = "Start an agent. Without subagent_type the agent is a fork of \
+     you: it inherits your whole context and works in the background. Call it several times in one \
+     message to fork a batch. With subagent_type it is a typed agent with its own prompt and tools; \
+     you get its report as the call's result.";
+
+/// The `Agent` tool's description: what it does and, when there are any, the agent types a
+/// `subagent_type` may name, with when to use each.
+fn agent_description(types: &[AgentTypeListing<'_>]) -> String {
+    if types.is_empty() {
+        return AGENT_DESCRIPTION.to_owned();
+    }
+    let mut text = format!("{AGENT_DESCRIPTION}\n\nAvailable agent types (subagent_type):");
+    for ty in types.iter().take(LISTED_TYPES) {
+        let line = ty
+            .description
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut clipped: String = line.chars().take(TYPE_DESCRIPTION_CHARS).collect();
+        if line.chars().count() > TYPE_DESCRIPTION_CHARS {
+            clipped.push('…');
+        }
+        text.push_str(&format!("\n- {}: {clipped}", ty.name));
+    }
+    if types.len() > LISTED_TYPES {
+        text.push_str(&format!("\n(and {} more)", types.len() - LISTED_TYPES));
+    }
+    text
+}
+
+/// forkd's built-in tools, unsorted (the pool sorts them), with an `Agent` tool that lists no
+/// agent types.
 pub fn builtin_definitions() -> Vec<ToolDef> {
+    builtin_definitions_with_types(&[])
+}
+
+/// forkd's built-in tools, unsorted (the pool sorts them); the `Agent` tool's description lists
+/// `types`. A session's tools are built once, when it is created, so a type defined later never
+/// changes them (nor the cache of any request made with them).
+pub fn builtin_definitions_with_types(types: &[AgentTypeListing<'_>]) -> Vec<ToolDef> {
     vec![
         def(
             "Read",
@@ -99,9 +150,7 @@ pub fn builtin_definitions() -> Vec<ToolDef> {
         ),
         def(
             AGENT_TOOL,
-            "Start an agent. Without subagent_type the agent is a fork of you: it inherits your whole \
-             context and works in the background. Call it several times in one message to fork a batch. \
-             With subagent_type it is a typed agent with its own prompt and tools.",
+            &agent_description(types),
             object(
                 json!({
                     "description": {"type": "string", "description": "A short (3-5 word) description of the task."},
@@ -112,4 +161,53 @@ pub fn builtin_definitions() -> Vec<ToolDef> {
             ),
         ),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn agent_description_of(defs: &[ToolDef]) -> String {
+        let agent = defs.iter().find(|d| d.name == AGENT_TOOL).unwrap();
+        let value: serde_json::Value = serde_json::from_str(agent.raw.as_str()).unwrap();
+        value["description"].as_str().unwrap().to_owned()
+    }
+
+    #[test]
+    fn the_agent_tool_lists_the_types_with_when_to_use_them() {
+        let long = "word ".repeat(200);
+        let types = [
+            AgentTypeListing {
+                name: "Explore",
+                description: "Fast read-only search of the codebase.",
+            },
+            AgentTypeListing {
+                name: "reviewer",
+                description: "Reviews a diff.\nUse after every change.",
+            },
+            AgentTypeListing {
+                name: "verbose",
+                description: &long,
+            },
+        ];
+        let text = agent_description_of(&builtin_definitions_with_types(&types));
+        assert!(
+            text.contains("\n- Explore: Fast read-only search of the codebase."),
+            "{text}"
+        );
+        assert!(
+            text.contains("\n- reviewer: Reviews a diff. Use after every change."),
+            "{text}"
+        );
+        let verbose = text.lines().find(|l| l.starts_with("- verbose")).unwrap();
+        assert!(
+            verbose.ends_with('…') && verbose.chars().count() < 330,
+            "{verbose}"
+        );
+        // Without types, no list.
+        let plain = agent_description_of(&builtin_definitions());
+        assert!(!plain.contains("Available agent types"), "{plain}");
+    }
 }

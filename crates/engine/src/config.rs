@@ -37,6 +37,10 @@ pub struct EngineConfig {
     pub max_session_bytes: usize,
     /// The most children one batch may fork.
     pub max_children_per_batch: usize,
+    /// How many levels below its session an agent may be started: a session's fork children
+    /// and typed agents are at 1, a typed agent a fork child starts at 2. A call past it is a
+    /// tool error. (Typed agents are not offered the Agent tool.)
+    pub max_agent_depth: u32,
     /// An agent that has not ended its turn after this many model requests fails.
     pub max_turns: u32,
     pub default_model: String,
@@ -72,6 +76,7 @@ impl Default for EngineConfig {
             max_directive_bytes: 64 * 1024,
             max_session_bytes: 8 * 1024 * 1024,
             max_children_per_batch: 1000,
+            max_agent_depth: 2,
             max_turns: 50,
             default_model: DEFAULT_MODEL.to_owned(),
             models: Models::default(),

@@ -4,8 +4,13 @@
 
 use forkd_core::request::Conversation;
 use forkd_core::session::Session;
-use forkd_core::store::{AgentFilter, Lease, StoreError};
-use forkd_core::{Agent, AgentId, AgentKind, AgentState, Block, Message, Usage};
+use std::sync::Arc;
+
+use forkd_core::report::Report;
+use forkd_core::store::{AgentFilter, Lease, NewNotification, StoreError};
+use forkd_core::{
+    Agent, AgentId, AgentKind, AgentState, Block, Message, NotificationStatus, Usage,
+};
 use forkd_provider::{Completion, StreamEvent};
 use futures::stream::BoxStream;
 use tokio::sync::{OwnedMutexGuard, mpsc};
@@ -63,6 +68,109 @@ struct Turn {
     parent: Agent,
     lease: Lease,
     waited: Waited,
+    handoff: Arc<Handoff>,
+}
+
+/// Whether a turn was handed to the background before it ended: then no client sees its end,
+/// and the turn ends with a notification of kind `turn` instead. Deciding both under one lock
+/// means exactly one of the two happens: the client hears the turn's end, or it heard
+/// `AsyncLaunched` and the notification stream hears the end.
+#[derive(Debug, Default)]
+pub(crate) struct Handoff(std::sync::Mutex<HandoffState>);
+
+#[derive(Debug, Default)]
+struct HandoffState {
+    backgrounded: bool,
+    ended: bool,
+}
+
+impl Handoff {
+    /// A turn no client watches (one resumed after a restart) is in the background from the
+    /// start.
+    fn in_background() -> Self {
+        Handoff(std::sync::Mutex::new(HandoffState {
+            backgrounded: true,
+            ended: false,
+        }))
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, HandoffState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hands the turn to the background, unless it has ended already (false: its end is on its
+    /// way to the client).
+    pub(crate) fn background(&self) -> bool {
+        let mut state = self.state();
+        if !state.ended {
+            state.backgrounded = true;
+        }
+        !state.ended
+    }
+
+    /// Whether the turn's handoff already happened.
+    pub(crate) fn is_backgrounded(&self) -> bool {
+        self.state().backgrounded
+    }
+
+    /// Ends the turn; true when it was in the background (its end is a notification).
+    fn end(&self) -> bool {
+        let mut state = self.state();
+        state.ended = true;
+        state.backgrounded
+    }
+}
+
+/// The notification of a turn that ended in the background: its status, its reply's first line
+/// as the summary, the reply as the report's result, its usage and cost.
+fn turn_notification(turn: &Turn, outcome: &Result<ParentEvent>) -> NewNotification {
+    let (status, text, usage, cost_usd) = match outcome {
+        Ok(ParentEvent::TurnEnded {
+            usage,
+            cost_usd,
+            text,
+            ..
+        }) => (
+            NotificationStatus::Completed,
+            text.clone(),
+            *usage,
+            *cost_usd,
+        ),
+        Ok(_) => (
+            NotificationStatus::Completed,
+            String::new(),
+            Usage::default(),
+            0.0,
+        ),
+        Err(EngineError::Cancelled(why)) => (
+            NotificationStatus::Killed,
+            format!("Killed: {why}"),
+            Usage::default(),
+            0.0,
+        ),
+        Err(e) => (
+            NotificationStatus::Failed,
+            format!("Failed: {e}"),
+            Usage::default(),
+            0.0,
+        ),
+    };
+    let report = Report {
+        scope: "parent turn".into(),
+        result: text,
+        ..Report::default()
+    };
+    NewNotification {
+        session_id: turn.session.id,
+        batch_id: None,
+        agent_id: turn.parent.id,
+        status,
+        summary: report.summary(),
+        report,
+        usage,
+        cost_usd,
+        created_at_ms: now_ms(),
+    }
 }
 
 impl Engine {
@@ -117,7 +225,7 @@ impl Engine {
             Ok(Stored::Earlier {
                 reply: Some(text), ..
             }) => {
-                self.release_parent(&lease).await;
+                self.release_parent(&lease, None).await;
                 let event = ParentEvent::TurnEnded {
                     stop_reason: None,
                     usage: Usage::default(),
@@ -127,24 +235,34 @@ impl Engine {
                 return Ok(Box::pin(futures::stream::iter([Ok(event)])));
             }
             Err(e) => {
-                self.release_parent(&lease).await;
+                self.release_parent(&lease, None).await;
                 return Err(e);
             }
         };
         self.turn_starts().insert(session.id, start);
-        let rx = self.spawn_turn(session, parent, lease, guard);
-        Ok(self.foreground(parent_id, rx, backgrounds))
+        let handoff = Arc::new(Handoff::default());
+        let rx = self.spawn_turn(session, parent, lease, guard, handoff.clone(), None);
+        Ok(self.foreground(parent_id, rx, backgrounds, handoff))
     }
 
-    /// Marks the parent idle again.
-    async fn release_parent(&self, lease: &Lease) {
-        match self
-            .inner
-            .store
-            .release_agent(lease, AgentState::Pending)
-            .await
-        {
-            Ok(()) | Err(StoreError::Superseded { .. }) => {}
+    /// Marks the parent idle again, with the turn's notification when it was handed to the
+    /// background.
+    async fn release_parent(&self, lease: &Lease, notification: Option<&NewNotification>) {
+        // Commit and broadcast under one lock, so subscribers see notifications in seq order.
+        let _order = match notification {
+            Some(_) => Some(self.inner.notify_order.lock().await),
+            None => None,
+        };
+        match self.inner.store.end_turn(lease, notification).await {
+            Ok(Some(stored)) => {
+                tracing::info!(
+                    status = stored.status.as_str(),
+                    seq = stored.seq,
+                    "Turn ended in the background"
+                );
+                let _ = self.inner.notifications.send(stored);
+            }
+            Ok(None) | Err(StoreError::Superseded { .. }) => {}
             Err(e) => tracing::warn!(error = %e, "Cannot mark the parent idle"),
         }
     }
@@ -162,13 +280,18 @@ impl Engine {
         let last = messages.last().map(|m| &m.message);
         if last.is_none_or(|m| m.role == forkd_core::Role::Assistant) {
             // The turn had ended; only its state was left behind.
-            self.inner
-                .store
-                .release_agent(&lease, AgentState::Pending)
-                .await?;
+            self.inner.store.end_turn(&lease, None).await?;
             return Ok(());
         }
-        tracing::info!(session.id = %session.id, agent.id = %parent.id, "Resuming a parent turn");
+        // The reply it was answering, if it had one: answered again as it was (same tool_use
+        // ids), not asked for anew.
+        let pending = self.inner.store.pending_reply(session.id).await?;
+        tracing::info!(
+            session.id = %session.id,
+            agent.id = %parent.id,
+            pending_reply = pending.is_some(),
+            "Resuming a parent turn"
+        );
         // The turn began after the last finished one: its last reply without tool calls.
         let start = messages
             .iter()
@@ -179,8 +302,10 @@ impl Engine {
             .map_or(1, |i| i as u64 + 1)
             .min(messages.len() as u64);
         self.turn_starts().insert(session.id, start);
-        // Nobody listens to a resumed turn; its results land in the transcript.
-        drop(self.spawn_turn(session, parent, lease, guard));
+        // Nobody listens to a resumed turn: its results land in the transcript, and its end in
+        // a notification.
+        let handoff = Arc::new(Handoff::in_background());
+        drop(self.spawn_turn(session, parent, lease, guard, handoff, pending));
         Ok(())
     }
 
@@ -192,6 +317,8 @@ impl Engine {
         parent: Agent,
         lease: Lease,
         guard: OwnedMutexGuard<()>,
+        handoff: Arc<Handoff>,
+        pending: Option<Message>,
     ) -> mpsc::Receiver<Result<ParentEvent>> {
         let (tx, rx) = mpsc::channel(256);
         let engine = self.clone();
@@ -203,12 +330,17 @@ impl Engine {
             parent,
             lease,
             waited: Waited::default(),
+            handoff,
         };
         self.inner.tasks.spawn(tracing::Instrument::instrument(
             async move {
                 let parent = turn.parent.id;
                 let raced = engine
-                    .race(parent, &cancel, engine.parent_turn(&turn, &tx, &cancel))
+                    .race(
+                        parent,
+                        &cancel,
+                        engine.parent_turn(&turn, &tx, &cancel, pending),
+                    )
                     .await;
                 engine.unregister_run(parent);
                 engine.turn_starts().remove(&turn.session.id);
@@ -229,7 +361,10 @@ impl Engine {
                 }
                 // The session is free before the client hears the turn ended: a client that
                 // sends its next message (or retries) at once must not find it still busy.
-                engine.release_parent(&turn.lease).await;
+                let notification = turn.handoff.end().then(|| turn_notification(&turn, &last));
+                engine
+                    .release_parent(&turn.lease, notification.as_ref())
+                    .await;
                 drop(guard);
                 let _ = tx.send(last).await;
             },
@@ -268,33 +403,53 @@ impl Engine {
         parent: AgentId,
         mut turn: mpsc::Receiver<Result<ParentEvent>>,
         mut backgrounds: tokio::sync::broadcast::Receiver<AgentId>,
+        handoff: Arc<Handoff>,
     ) -> ParentEventStream {
         let (tx, rx) = mpsc::channel(256);
         let auto = self.config().auto_background;
         tokio::spawn(async move {
             let deadline = crate::attach::after(auto);
             tokio::pin!(deadline);
+            let mut timer_fired = false;
+            // Hands the turn to the background unless it has just ended; then its last events
+            // are on their way and the client gets them.
+            let launched = |tx: &mpsc::Sender<_>| {
+                let tx = tx.clone();
+                let handed = handoff.background();
+                async move {
+                    if handed {
+                        let _ = tx.send(Ok(ParentEvent::AsyncLaunched(parent))).await;
+                    }
+                    handed
+                }
+            };
             loop {
                 tokio::select! {
                     event = turn.recv() => match event {
                         Some(event) => {
                             if tx.send(event).await.is_err() {
+                                // The client went away: nobody will see the turn end.
+                                handoff.background();
                                 return;
                             }
                         }
                         None => return,
                     },
                     bg = backgrounds.recv() => {
-                        if matches!(bg, Ok(id) if id == parent) {
-                            let _ = tx.send(Ok(ParentEvent::AsyncLaunched(parent))).await;
+                        if matches!(bg, Ok(id) if id == parent) && launched(&tx).await {
                             return;
                         }
                     }
-                    () = &mut deadline => {
-                        let _ = tx.send(Ok(ParentEvent::AsyncLaunched(parent))).await;
+                    () = &mut deadline, if !timer_fired => {
+                        timer_fired = true;
+                        if launched(&tx).await {
+                            return;
+                        }
+                    }
+                    () = tx.closed() => {
+                        handoff.background();
                         return;
                     }
-                    () = tx.closed() => return,
                 }
             }
         });
@@ -324,7 +479,7 @@ impl Engine {
                     batch_id: None,
                     kind: AgentKind::Parent,
                     index: 0,
-                    state: AgentState::Pending,
+                    state: AgentState::Idle,
                     directive: None,
                     query_source: None,
                     report_to: forkd_core::ReportTo::Transcript,
@@ -346,6 +501,7 @@ impl Engine {
         turn: &Turn,
         events: &Events,
         cancel: &CancellationToken,
+        mut pending: Option<Message>,
     ) -> Result<ParentEvent> {
         let (session, parent) = (&turn.session, &turn.parent);
         let (mut usage, mut cost) = (Usage::default(), 0.0);
@@ -353,17 +509,22 @@ impl Engine {
             if self.draining() {
                 return Err(EngineError::Draining);
             }
-            self.check_budgets(session.id, None).await?;
-            let completion = self
-                .parent_request(session, parent, request, events)
-                .await?;
-            usage += completion.usage;
-            cost += crate::model::cost(
-                &self.config().models,
-                &session.params.model,
-                &completion.usage,
-            );
-            let reply = completion.message;
+            let (reply, stop_reason) = match pending.take() {
+                Some(reply) => (reply, None),
+                None => {
+                    self.check_budgets(session.id, None).await?;
+                    let completion = self
+                        .parent_request(session, parent, request, events)
+                        .await?;
+                    usage += completion.usage;
+                    cost += crate::model::cost(
+                        &self.config().models,
+                        &session.params.model,
+                        &completion.usage,
+                    );
+                    (completion.message, completion.stop_reason)
+                }
+            };
             for (id, name, block) in reply.tool_uses() {
                 let input_json = block
                     .tool_input()
@@ -387,12 +548,18 @@ impl Engine {
                         .await?;
                 }
                 return Ok(ParentEvent::TurnEnded {
-                    stop_reason: completion.stop_reason,
+                    stop_reason,
                     usage,
                     cost_usd: cost,
                     text: reply.text(),
                 });
             }
+            // Stored before any of its calls runs: a turn cut off from here on answers this same
+            // reply when it resumes, so nothing it started is started twice.
+            self.inner
+                .store
+                .set_pending_reply(&turn.lease, session.id, &reply)
+                .await?;
             let results = self.parent_tools(turn, reply, events, cancel).await?;
             for block in &results.blocks {
                 if let forkd_core::BlockKind::ToolResult {

@@ -9,7 +9,7 @@ use forkd_core::session::{
     CacheSafeParams, PermissionMode, PermissionRules, Session, SystemTemplate, ThinkingConfig,
     ToolDef, ToolsJson,
 };
-use forkd_core::tools::builtin_definitions;
+use forkd_core::tools::{AgentTypeListing, builtin_definitions_with_types};
 use forkd_core::{Block, Message, SessionId};
 
 use forkd_core::session::LOCAL_TENANT;
@@ -271,13 +271,22 @@ impl Engine {
             .map(|(i, t)| ToolDef::parse(t).map_err(|e| invalid(format!("external tool {i}: {e}"))))
             .collect::<Result<Vec<_>>>()?;
         let rules = check_rules(req.allow_rules.clone(), req.deny_rules.clone())?;
+        // The types the Agent tool lists, as they are now: fixed with the session's tools.
+        let types = self.agent_types(&workspace);
+        let listed: Vec<AgentTypeListing<'_>> = types
+            .iter()
+            .map(|t| AgentTypeListing {
+                name: &t.name,
+                description: &t.description,
+            })
+            .collect();
         let session = Session {
             id: keyed.as_ref().map_or_else(SessionId::new, |(id, _)| *id),
             tenant,
             params: CacheSafeParams {
                 system: template(&req, &workspace, &model).render(),
                 model,
-                tools: ToolsJson::assemble(builtin_definitions(), external),
+                tools: ToolsJson::assemble(builtin_definitions_with_types(&listed), external),
                 thinking,
                 max_tokens,
             },

@@ -12,13 +12,14 @@ use forkd_core::plan::{Calls, ForkLimits, Forker, plan};
 use forkd_core::session::{PermissionMode, PermissionRules, Session};
 use forkd_core::store::ToolCall;
 use forkd_core::tools::AGENT_TOOL;
-use forkd_core::{Agent, Block, Message, RawJson};
+use forkd_core::{Agent, AgentKind, Block, Message, RawJson};
 use forkd_tools::{Decision, Policy, Rule, ToolContext, ToolOutput, Workspace};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{EngineError, Result};
 use crate::permissions::{PermissionAnswer, PermissionPrompt};
+use crate::typed::{TypedCall, TypedOutcome};
 use crate::{Engine, now_ms};
 
 /// Outputs longer than this (in bytes) are stored whole but shown to the model shortened.
@@ -146,7 +147,9 @@ impl Engine {
                     tool_use_id: id.to_owned(),
                     name: name.to_owned(),
                     input_json: input.to_string(),
-                    read_only: forkd_tools::is_read_only(name),
+                    // An Agent call may be answered again: the agent it starts has an id derived
+                    // from the call, so a second answer finds it instead of starting another.
+                    read_only: forkd_tools::is_read_only(name) || name == AGENT_TOOL,
                     result: None,
                     full_output: None,
                     started_at_ms: now_ms(),
@@ -160,7 +163,7 @@ impl Engine {
                 turn.offered.join(", ")
             ))
         } else if name == AGENT_TOOL {
-            agent_call(turn, id, input)
+            self.agent_call(turn, id, input).await
         } else {
             match policy.decide(name, input, &ctx.workspace) {
                 Decision::Allow => forkd_tools::run_tool(name, input, ctx).await,
@@ -224,33 +227,84 @@ impl Engine {
     }
 }
 
-/// The `Agent` tool inside an agent run, planned like any other `Agent` call: a fork attempt
-/// from a fork child is refused by the recursion guard (its query source, or the boilerplate in
-/// its conversation); typed agents from inside a run are not available yet.
-fn agent_call(turn: &ToolTurn<'_>, id: &str, input: &Value) -> ToolOutput {
-    let forker = Forker {
-        coordinator: turn.session.coordinator,
-        child: Some((turn.agent.query_source.as_deref(), turn.conversation)),
-        limits: ForkLimits {
-            max_children: usize::MAX,
-            max_directive_bytes: usize::MAX,
-        },
-    };
-    let Ok(block) = Block::tool_use(id, AGENT_TOOL, &RawJson::encode(input)) else {
-        return ToolOutput::error("The Agent call's input is not a JSON object.");
-    };
-    match plan(Calls::Reply(&Message::assistant(vec![block])), &forker)
-        .refused
-        .into_iter()
-        .next()
-    {
-        Some((_, refusal)) => {
+impl Engine {
+    /// The `Agent` tool inside an agent run (a fork child's), planned like any other `Agent`
+    /// call: a fork attempt is refused by the recursion guard (the child's query source, or the
+    /// boilerplate in its conversation); a typed agent is started and waited for — with the same
+    /// race against the background signal as a parent turn's wait — unless it would sit deeper
+    /// below the session than `max_agent_depth`.
+    async fn agent_call(&self, turn: &ToolTurn<'_>, id: &str, input: &Value) -> ToolOutput {
+        let forker = Forker {
+            coordinator: turn.session.coordinator,
+            child: Some((turn.agent.query_source.as_deref(), turn.conversation)),
+            limits: ForkLimits {
+                max_children: usize::MAX,
+                max_directive_bytes: usize::MAX,
+            },
+        };
+        let Ok(block) = Block::tool_use(id, AGENT_TOOL, &RawJson::encode(input)) else {
+            return ToolOutput::error("The Agent call's input is not a JSON object.");
+        };
+        let planned = plan(Calls::Reply(&Message::assistant(vec![block])), &forker);
+        if let Some((_, refusal)) = planned.refused.into_iter().next() {
             tracing::info!(tool_use.id = id, %refusal, "Refused an Agent call");
-            ToolOutput::error(refusal.to_model())
+            return ToolOutput::error(refusal.to_model());
         }
-        None => ToolOutput::error(
-            "The Agent tool is not available to this agent yet; do the work yourself.",
-        ),
+        let Some((_, subagent_type, directive)) = planned.typed.into_iter().next() else {
+            // The guard refuses every fork from inside a run; nothing else is left.
+            return ToolOutput::error("Forking is refused for this agent; do the work yourself.");
+        };
+        // A session's main loop is depth 0; its fork children 1; their typed agents 2.
+        let depth = match turn.agent.kind {
+            AgentKind::Parent => 1,
+            AgentKind::Fork | AgentKind::Typed => 2,
+        };
+        let max = self.config().max_agent_depth;
+        if depth > max {
+            return ToolOutput::error(format!(
+                "A {subagent_type} agent started here would be {depth} levels below the \
+                 session; this daemon allows {max} (max_agent_depth). Do the work yourself."
+            ));
+        }
+        let waited = std::sync::Mutex::new(Vec::new());
+        let call = TypedCall {
+            caller: turn.agent.id,
+            session_id: turn.session.id,
+            tool_use_id: id,
+            subagent_type: &subagent_type,
+            handoff: None,
+            waited: &waited,
+        };
+        let (block, outcome) = self.typed_call(call, directive).await;
+        // The report is in this call's result, or goes to the session's transcript.
+        let settled = match outcome {
+            Some(TypedOutcome::Delivered(agent)) => self.inner.store.mark_delivered(&[agent]).await,
+            Some(TypedOutcome::Backgrounded(agent)) => {
+                let lock = self.session_lock(turn.session.id);
+                let _guard = lock.lock().await;
+                self.inner.store.redirect_reports(&[agent]).await.map(drop)
+            }
+            None => Ok(()),
+        };
+        if let Err(e) = settled {
+            tracing::warn!(error = %e, "Cannot settle where a typed agent's report goes; the next start hands it to the transcript");
+        }
+        let is_error = matches!(
+            block.kind(),
+            forkd_core::BlockKind::ToolResult { is_error: true, .. }
+        );
+        let content = block
+            .raw()
+            .value()
+            .get("content")
+            .and_then(|c| c.as_str())
+            .unwrap_or("")
+            .to_owned();
+        if is_error {
+            ToolOutput::error(content)
+        } else {
+            ToolOutput::ok(content)
+        }
     }
 }
 

@@ -16,6 +16,7 @@ use futures::StreamExt;
 
 use crate::agent_types::{self, AgentType};
 use crate::error::{EngineError, Result};
+use crate::parent::Handoff;
 use crate::session::{clip, today};
 use crate::{Engine, now_ms};
 
@@ -53,17 +54,40 @@ impl Engine {
         subagent_type: &str,
         directive: Directive,
     ) -> Result<AgentId> {
-        self.create_typed(session_id, subagent_type, directive, ReportTo::Transcript)
-            .await
+        let id = AgentId::new();
+        self.create_typed(
+            id,
+            session_id,
+            subagent_type,
+            directive,
+            ReportTo::Transcript,
+        )
+        .await
     }
 
+    /// Creates the typed agent `id` and starts it. An agent of that id that exists already (the
+    /// same tool call answered again after a restart) is not created twice: it is started if
+    /// no run has it, and its id returned.
     async fn create_typed(
         &self,
+        id: AgentId,
         session_id: SessionId,
         subagent_type: &str,
         directive: Directive,
         report_to: ReportTo,
     ) -> Result<AgentId> {
+        if let Some(existing) = self.inner.store.get_agent(id).await? {
+            if existing.session_id != session_id || existing.kind != AgentKind::Typed {
+                return Err(EngineError::Invariant(format!(
+                    "agent {id} exists, but not as a typed agent of session {session_id}"
+                )));
+            }
+            if !existing.state.is_terminal() {
+                tracing::info!(agent.id = %id, "The call's typed agent exists already; not starting a second");
+                self.start_agent(id);
+            }
+            return Ok(id);
+        }
         if directive.prompt.trim().is_empty() {
             return Err(EngineError::InvalidRequest(
                 "the agent's prompt is empty".into(),
@@ -112,7 +136,7 @@ impl Engine {
         };
         let now = now_ms();
         let agent = Agent {
-            id: AgentId::new(),
+            id,
             session_id,
             batch_id: None,
             kind: AgentKind::Typed,
@@ -137,21 +161,37 @@ impl Engine {
         Ok(agent.id)
     }
 
-    /// Runs a typed agent for a parent's `Agent` call and waits for it: the call's result is
-    /// the agent's report, so the transcript does not get it a second time. The agent is added
+    /// Starts a typed agent for an `Agent` call whose caller waits for its report: the call's
+    /// result carries it, so the transcript does not get it a second time. The agent is added
     /// to `waited` before it starts: should the turn not deliver its report, the turn's end
     /// hands it back to the transcript.
-    pub(crate) async fn run_typed(
+    ///
+    /// The agent's id is derived from the caller and the call ([`AgentId::for_call`]): a call
+    /// answered again after a restart finds the agent it started. Returns its id, and whether
+    /// its report still waits for the caller (false: a restart handed it to the transcript).
+    pub(crate) async fn start_typed_for_caller(
         &self,
+        caller: AgentId,
+        tool_use_id: &str,
         session_id: SessionId,
         subagent_type: &str,
         directive: Directive,
         waited: &std::sync::Mutex<Vec<AgentId>>,
-    ) -> Result<Notification> {
+    ) -> Result<(AgentId, bool)> {
+        let id = AgentId::for_call(caller, tool_use_id);
         let id = self
-            .create_typed(session_id, subagent_type, directive, ReportTo::Caller)
+            .create_typed(id, session_id, subagent_type, directive, ReportTo::Caller)
             .await?;
+        let agent = self.get_agent(id).await?;
+        if agent.report_to != ReportTo::Caller {
+            return Ok((id, false));
+        }
         waited.lock().unwrap_or_else(|p| p.into_inner()).push(id);
+        Ok((id, true))
+    }
+
+    /// Waits (at most an hour) for a typed agent's notification.
+    pub(crate) async fn typed_report(&self, id: AgentId) -> Result<Notification> {
         let filter = NotificationFilter {
             agent_id: Some(id),
             ..NotificationFilter::default()
@@ -164,6 +204,145 @@ impl Engine {
                 what: format!("typed agent {id}"),
                 after: TYPED_CALL_LIMIT,
             }),
+        }
+    }
+}
+
+/// Where a typed agent's report went.
+pub(crate) enum TypedOutcome {
+    /// In the call's tool_result.
+    Delivered(AgentId),
+    /// The wait went to the background: the report follows as a `<task-notification>` in the
+    /// session's transcript.
+    Backgrounded(AgentId),
+}
+
+/// An `Agent` call with a `subagent_type`, from a parent turn or a fork child.
+pub(crate) struct TypedCall<'a> {
+    /// The agent whose model made the call (the session's main loop, or a fork child).
+    pub caller: AgentId,
+    pub session_id: SessionId,
+    pub tool_use_id: &'a str,
+    pub subagent_type: &'a str,
+    /// The parent turn's handoff; `None` for a fork child.
+    pub handoff: Option<&'a Handoff>,
+    /// The agents whose reports the caller still owes the transcript, should it not deliver
+    /// them (see `start_typed_for_caller`).
+    pub waited: &'a std::sync::Mutex<Vec<AgentId>>,
+}
+
+impl Engine {
+    /// The seed's race, for an agent model's own waits: `wait` against the background signal —
+    /// `Background` on one of `waited_on` or on the waiting agent (`caller`: the session's main
+    /// loop, or a fork child), or the auto-background delay counted from now. A parent turn
+    /// already in the background does not wait. `None` when the signal won: the waited-on agents
+    /// go on under their own ids.
+    pub(crate) async fn race_background<T>(
+        &self,
+        caller: AgentId,
+        handoff: Option<&Handoff>,
+        waited_on: &[AgentId],
+        wait: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<Option<T>> {
+        // Subscribed before the check, so a signal sent in between is not missed.
+        let mut backgrounds = self.inner.backgrounds.subscribe();
+        if handoff.is_some_and(Handoff::is_backgrounded) {
+            return Ok(None);
+        }
+        let deadline = crate::attach::after(self.config().auto_background);
+        tokio::pin!(wait, deadline);
+        loop {
+            tokio::select! {
+                done = &mut wait => return done.map(Some),
+                signal = backgrounds.recv() => match signal {
+                    Ok(id) if id == caller || waited_on.contains(&id) => {
+                        tracing::info!(agent.id = %id, "A wait was handed to the background");
+                        return Ok(None);
+                    }
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        return Err(EngineError::Draining);
+                    }
+                },
+                () = &mut deadline => {
+                    tracing::info!("A wait was handed to the background after the auto-background delay");
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// Runs a typed agent for an `Agent` call and waits for its report, racing the wait against
+    /// the background signal. Returns the call's tool_result, and where the report went (`None`
+    /// when the agent could not be started).
+    pub(crate) async fn typed_call(
+        &self,
+        call: TypedCall<'_>,
+        directive: Directive,
+    ) -> (Block, Option<TypedOutcome>) {
+        let TypedCall {
+            caller,
+            session_id,
+            tool_use_id,
+            subagent_type,
+            handoff,
+            waited,
+        } = call;
+        let failed = |e: EngineError| {
+            Block::tool_result(
+                tool_use_id,
+                &format!("The {subagent_type} agent could not run: {e}"),
+                true,
+            )
+        };
+        let started = self
+            .start_typed_for_caller(
+                caller,
+                tool_use_id,
+                session_id,
+                subagent_type,
+                directive,
+                waited,
+            )
+            .await;
+        let (agent, awaitable) = match started {
+            Ok(started) => started,
+            Err(e) => return (failed(e), None),
+        };
+        let raced = if awaitable {
+            self.race_background(caller, handoff, &[agent], self.typed_report(agent))
+                .await
+        } else {
+            // Its report was handed to the transcript already (a restart came between).
+            Ok(None)
+        };
+        match raced {
+            Ok(Some(note)) => {
+                let block = Block::tool_result(
+                    tool_use_id,
+                    &format!(
+                        "Agent {agent} ({subagent_type}) {}:\n{}",
+                        note.status.as_str(),
+                        note.report.to_text()
+                    ),
+                    note.status != forkd_core::NotificationStatus::Completed,
+                );
+                (block, Some(TypedOutcome::Delivered(agent)))
+            }
+            Ok(None) => {
+                let block = Block::tool_result(
+                    tool_use_id,
+                    &format!(
+                        "async_launched: agent {agent} ({subagent_type}) is working in the \
+                         background; its report will arrive in the session's transcript as a \
+                         <task-notification> when it ends. Go on with other work; do not wait \
+                         or poll for it."
+                    ),
+                    false,
+                );
+                (block, Some(TypedOutcome::Backgrounded(agent)))
+            }
+            Err(e) => (failed(e), None),
         }
     }
 }

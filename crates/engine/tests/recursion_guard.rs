@@ -124,3 +124,95 @@ async fn the_boilerplate_scan_alone_refuses_it_when_the_query_source_is_lost() {
     assert_eq!(result, "did it myself");
     assert!(refusal.contains("cannot fork"), "{refusal}");
 }
+
+/// What a fork child's typed-agent call gives: the child's own transcript, as text.
+async fn child_calls_a_typed_agent(
+    config: EngineConfig,
+) -> (tempfile::TempDir, forkd_engine::Engine, AgentId, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = common::engine_with(dir.path(), config).await;
+    let session = engine
+        .create_session(common::new_session(dir.path(), "Sys."))
+        .await
+        .unwrap();
+    let script = concat!(
+        "Look around.\n",
+        r#"@sim agent {"description":"explore","prompt":"Find it.\n@sim say found it in src/lib.rs","subagent_type":"Explore"}"#,
+        "\n@sim agent {\"description\":\"x\",\"prompt\":\"grandchild\"}",
+        "\n@sim say done",
+    );
+    let batch = engine
+        .fork_batch(
+            session.id,
+            vec![Directive {
+                description: "look".into(),
+                prompt: script.into(),
+            }],
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let child = batch.agent_ids[0];
+    let note = common::ended(&engine, child).await;
+    assert_eq!(note.status, NotificationStatus::Completed, "{note:?}");
+    let seen: String = engine
+        .transcript(child, true)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.message.content_json())
+        .collect();
+    (dir, engine, child, seen)
+}
+
+/// A fork child may start a typed agent: it waits for it and gets the report as the call's
+/// result (and the session's transcript does not get it too); a fork from it is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_child_starts_a_typed_agent_but_cannot_fork() {
+    let (_dir, engine, child, seen) = child_calls_a_typed_agent(EngineConfig::default()).await;
+    let typed = AgentId::for_call(
+        child,
+        &engine.store().tool_calls(child).await.unwrap()[0].tool_use_id,
+    );
+    let agent = engine.get_agent(typed).await.unwrap();
+    assert_eq!(agent.kind, AgentKind::Typed);
+    assert_eq!(agent.state, AgentState::Completed);
+    assert!(seen.contains("found it in src/lib.rs"), "{seen}");
+    assert!(
+        seen.contains("a fork child cannot fork") || seen.contains("refused"),
+        "{seen}"
+    );
+    assert!(engine.store().caller_reports().await.unwrap().is_empty());
+    let parent: String = engine
+        .store()
+        .session_messages(agent.session_id, None)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.message.content_json())
+        .collect();
+    assert!(
+        !parent.contains(&typed.to_string()),
+        "the report went to the child only"
+    );
+}
+
+/// Past `max_agent_depth`, the call is a clear tool error and the child carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typed_agent_past_the_depth_bound_is_a_tool_error() {
+    let config = EngineConfig {
+        max_agent_depth: 1,
+        ..EngineConfig::default()
+    };
+    let (_dir, engine, child, seen) = child_calls_a_typed_agent(config).await;
+    assert!(seen.contains("2 levels below the session"), "{seen}");
+    assert!(seen.contains("max_agent_depth"), "{seen}");
+    let typed = AgentId::for_call(
+        child,
+        &engine.store().tool_calls(child).await.unwrap()[0].tool_use_id,
+    );
+    assert!(
+        engine.get_agent(typed).await.is_err(),
+        "no typed agent was started"
+    );
+}

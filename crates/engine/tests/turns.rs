@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::{ended, engine, engine_on, engine_with, eventually, new_session};
 use forkd_core::session::Session;
-use forkd_core::{AgentKind, AgentState, Directive, NotificationStatus, Role};
+use forkd_core::{AgentKind, AgentState, Directive, NotificationKind, NotificationStatus, Role};
 use forkd_engine::{Engine, EngineConfig, EngineError, ParentEvent};
 use forkd_provider::SimConfig;
 use forkd_store::{AgentFilter, NotificationFilter};
@@ -141,7 +141,7 @@ async fn killing_the_parent_cancels_its_turn_and_the_report_it_waited_for_reache
         "{rest:?}"
     );
     let parent = engine.get_agent(parent.id).await.unwrap();
-    assert_eq!(parent.state, AgentState::Pending);
+    assert_eq!(parent.state, AgentState::Idle);
     assert!(matches!(
         engine.kill(parent.id).await,
         Err(EngineError::WrongState(_))
@@ -238,7 +238,7 @@ async fn a_new_engine_resumes_a_parent_turn_cut_off_mid_request() {
     eventually(
         Duration::from_secs(30),
         "the resumed turn to end",
-        || async { second.get_agent(parent.id).await.unwrap().state == AgentState::Pending },
+        || async { second.get_agent(parent.id).await.unwrap().state == AgentState::Idle },
     )
     .await;
     let messages = transcript_texts(&second, &s).await;
@@ -246,6 +246,11 @@ async fn a_new_engine_resumes_a_parent_turn_cut_off_mid_request() {
     let (role, reply) = messages.last().unwrap();
     assert_eq!(*role, Role::Assistant);
     assert!(reply.contains("resumed fine"));
+    // No client watched the resumed turn: its end is a notification of kind `turn`.
+    let note = ended(&second, parent.id).await;
+    assert_eq!(note.kind, NotificationKind::Turn);
+    assert_eq!(note.status, NotificationStatus::Completed);
+    assert!(note.report.result.contains("resumed fine"), "{note:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -634,5 +639,245 @@ async fn a_parent_turn_after_a_thousand_child_thinking_batch_is_valid_and_small(
     assert!(
         added < 8_000,
         "the batch added {added} tokens to the parent's context"
+    );
+}
+
+/// How a parent's wait on a typed agent is handed to the background.
+#[derive(Debug, Clone, Copy)]
+enum Signal {
+    /// `Background` on the session's main-loop agent: frees the client and the model's wait.
+    MainLoop,
+    /// `Background` on the typed agent the turn waits on.
+    WaitedOn,
+    /// The auto-background delay, counted from the start of the wait.
+    Auto,
+}
+
+/// The seed's race for the parent model: a turn waiting on a slow typed agent is handed to the
+/// background, the `Agent` call's result becomes `async_launched` and the parent's next reply
+/// follows at once, while the typed agent still runs; its report reaches the transcript later,
+/// exactly once, as a `<task-notification>`. The turn ends with a `turn` notification (it was in
+/// the background) and the main loop is `idle` again.
+async fn a_backgrounded_wait_frees_the_parent(signal: Signal) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = EngineConfig {
+        auto_background: match signal {
+            Signal::Auto => Some(Duration::from_secs(2)),
+            _ => None,
+        },
+        ..EngineConfig::default()
+    };
+    let engine = engine_on(
+        common::store(dir.path()).await,
+        SimConfig { speed: 1.0 },
+        config,
+    );
+    let s = session(&engine, dir.path()).await;
+    let script = concat!(
+        "Plan it.\n",
+        r#"@sim agent {"description":"plan","prompt":"Plan slowly.\n@sim sleep 8s\n@sim say the plan: step 1, step 2","subagent_type":"Plan"}"#,
+        "\n@sim say delegated",
+    );
+    let mut stream = engine.send_message(s.id, script.into()).await.unwrap();
+    let typed = eventually(
+        Duration::from_secs(30),
+        "the typed agent to run",
+        || async {
+            agents_of(&engine, &s, AgentKind::Typed)
+                .await
+                .into_iter()
+                .find(|a| a.state == AgentState::Running)
+        },
+    )
+    .await;
+    let main_loop = agents_of(&engine, &s, AgentKind::Parent).await[0].id;
+    match signal {
+        Signal::MainLoop => engine.background(main_loop).await.unwrap(),
+        Signal::WaitedOn => engine.background(typed.id).await.unwrap(),
+        Signal::Auto => {}
+    }
+    let launched = format!("async_launched: agent {}", typed.id);
+    let texts = eventually(
+        Duration::from_secs(30),
+        "the parent's next reply after the handoff",
+        || async {
+            let texts = transcript_texts(&engine, &s).await;
+            (mentions(&texts, &launched) == 1 && mentions(&texts, "delegated") >= 2)
+                .then_some(texts)
+        },
+    )
+    .await;
+    assert_eq!(mentions(&texts, NOTIFICATION), 0, "{texts:#?}");
+    assert_eq!(
+        engine.get_agent(typed.id).await.unwrap().state,
+        AgentState::Running,
+        "the parent went on while the typed agent still runs"
+    );
+    if !matches!(signal, Signal::WaitedOn) {
+        // The client was handed to the background too.
+        let mut events = Vec::new();
+        while let Some(event) = stream.next().await {
+            events.push(event);
+        }
+        assert!(
+            matches!(events.last(), Some(Ok(ParentEvent::AsyncLaunched(id))) if *id == main_loop),
+            "{events:?}"
+        );
+    }
+
+    // The report arrives later, once, as a notification in the transcript.
+    let note = ended(&engine, typed.id).await;
+    assert_eq!(note.status, NotificationStatus::Completed);
+    let texts = eventually(
+        Duration::from_secs(30),
+        "the typed agent's report",
+        || async {
+            let texts = transcript_texts(&engine, &s).await;
+            (mentions(&texts, NOTIFICATION) == 1).then_some(texts)
+        },
+    )
+    .await;
+    assert_eq!(
+        mentions(&texts, "the plan: step 1, step 2"),
+        3,
+        "{texts:#?}"
+    );
+    assert!(engine.store().caller_reports().await.unwrap().is_empty());
+
+    let idle = eventually(Duration::from_secs(30), "the main loop to idle", || async {
+        let a = engine.get_agent(main_loop).await.unwrap();
+        (a.state == AgentState::Idle).then_some(a)
+    })
+    .await;
+    assert_eq!(idle.kind, AgentKind::Parent);
+    if !matches!(signal, Signal::WaitedOn) {
+        let turns = engine
+            .store()
+            .notifications(
+                0,
+                &NotificationFilter {
+                    agent_id: Some(main_loop),
+                    ..NotificationFilter::default()
+                },
+                0,
+            )
+            .await
+            .unwrap();
+        assert_eq!(turns.len(), 1, "{turns:?}");
+        assert_eq!(turns[0].kind, NotificationKind::Turn);
+        assert_eq!(turns[0].status, NotificationStatus::Completed);
+        // The summary is the reply's first line; the report holds the whole reply.
+        let reply = &turns[0].report.result;
+        assert!(reply.contains("delegated"), "{reply}");
+        assert_eq!(turns[0].summary, reply.lines().next().unwrap());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_on_the_main_loop_frees_the_parents_wait_on_a_typed_agent() {
+    a_backgrounded_wait_frees_the_parent(Signal::MainLoop).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_on_the_typed_agent_frees_the_parents_wait() {
+    a_backgrounded_wait_frees_the_parent(Signal::WaitedOn).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_auto_background_delay_frees_the_parents_wait() {
+    a_backgrounded_wait_frees_the_parent(Signal::Auto).await;
+}
+
+/// A daemon that dies while its parent turn waits on a typed agent: the next one answers the
+/// same stored reply (no new model request for it) and finds the typed agent the call started
+/// (never a second one); the resumed turn is in the background, so the call's result is
+/// `async_launched`, the parent goes on, and the report reaches the transcript exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_cut_off_while_waiting_on_a_typed_agent_resumes_without_a_second_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = || SimConfig { speed: 1.0 };
+    let first = engine_on(
+        common::store(dir.path()).await,
+        sim(),
+        EngineConfig::default(),
+    );
+    let s = session(&first, dir.path()).await;
+    let script = concat!(
+        "Plan it.\n",
+        r#"@sim agent {"description":"plan","prompt":"Plan slowly.\n@sim sleep 6s\n@sim say the plan: step 1, step 2","subagent_type":"Plan"}"#,
+        "\n@sim say delegated",
+    );
+    let stream = first.send_message(s.id, script.into()).await.unwrap();
+    let typed = eventually(
+        Duration::from_secs(30),
+        "the typed agent to run",
+        || async {
+            agents_of(&first, &s, AgentKind::Typed)
+                .await
+                .into_iter()
+                .find(|a| a.state == AgentState::Running)
+        },
+    )
+    .await;
+    first.shutdown(Duration::ZERO).await;
+    drop(stream);
+    let parent_requests = |engine: Engine| async move {
+        engine
+            .store()
+            .list_requests(&forkd_store::RequestFilter {
+                session_id: Some(s.id),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.batch_id.is_none() && r.agent_id != typed.id)
+            .count()
+    };
+    assert_eq!(parent_requests(first.clone()).await, 1);
+
+    let second = engine_on(
+        common::store(dir.path()).await,
+        sim(),
+        EngineConfig::default(),
+    );
+    second.resume_interrupted().await.unwrap();
+    let launched = format!("async_launched: agent {}", typed.id);
+    eventually(
+        Duration::from_secs(30),
+        "the resumed turn's next reply",
+        || async {
+            let texts = transcript_texts(&second, &s).await;
+            mentions(&texts, &launched) == 1 && mentions(&texts, "delegated") >= 2
+        },
+    )
+    .await;
+    assert_eq!(
+        agents_of(&second, &s, AgentKind::Typed).await.len(),
+        1,
+        "the call's typed agent was not started twice"
+    );
+    assert_eq!(
+        parent_requests(second.clone()).await,
+        2,
+        "the stored reply was answered, not asked for again"
+    );
+    assert_eq!(
+        ended(&second, typed.id).await.status,
+        NotificationStatus::Completed
+    );
+    let texts = eventually(
+        Duration::from_secs(30),
+        "the typed agent's report",
+        || async {
+            let texts = transcript_texts(&second, &s).await;
+            (mentions(&texts, NOTIFICATION) == 1).then_some(texts)
+        },
+    )
+    .await;
+    assert_eq!(
+        mentions(&texts, "the plan: step 1, step 2"),
+        3,
+        "{texts:#?}"
     );
 }

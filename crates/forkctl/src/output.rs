@@ -49,12 +49,13 @@ impl Printer {
     }
 }
 
-/// `pending`, `running`, `completed`, `failed`, `killed` (or `unspecified`).
+/// `pending`, `running`, `idle`, `completed`, `failed`, `killed` (or `unspecified`).
 pub fn state_name(state: AgentState) -> &'static str {
     match state {
         AgentState::Unspecified => "unspecified",
         AgentState::Pending => "pending",
         AgentState::Running => "running",
+        AgentState::Idle => "idle",
         AgentState::Completed => "completed",
         AgentState::Failed => "failed",
         AgentState::Killed => "killed",
@@ -110,6 +111,7 @@ pub fn notification_json(n: &Notification) -> Value {
         "session_id": n.session_id,
         "batch_id": optional_id(&n.batch_id),
         "agent_id": n.agent_id,
+        "kind": n.kind,
         "status": status_name(n.status()),
         "summary": n.summary,
         "report": report_json(n.report.as_ref()),

@@ -247,3 +247,60 @@ async fn top_prints_a_snapshot_of_the_tree_off_a_terminal() {
     .await;
     assert_eq!(out.status.code(), Some(3));
 }
+
+/// A turn handed to the background (here by the auto-background delay) ends with a notification
+/// of kind `turn` that `watch` replays, and `ps` shows the session's main loop `idle` after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backgrounded_turn_ends_with_a_turn_notification_and_the_main_loop_idles() {
+    let daemon = forkd_test_support::spawn_daemon_with(|c| {
+        c.sim_speed = 1.0;
+        c.engine.auto_background = Some(std::time::Duration::from_secs(1));
+    })
+    .await
+    .unwrap();
+    let sid = create_session(&daemon, false).await;
+    let out = forkctl(
+        &daemon,
+        &[
+            "--json",
+            "session",
+            "send",
+            &sid,
+            "Think.\n@sim sleep 3s\n@sim say all done",
+        ],
+    )
+    .await;
+    assert_ok(&out);
+    let events = json_lines(&out);
+    let launched = events.last().unwrap();
+    assert_eq!(launched["status"], "async_launched", "{events:?}");
+    let main_loop = launched["agent_id"].as_str().unwrap().to_owned();
+
+    let note = forkd_test_support::eventually(
+        std::time::Duration::from_secs(30),
+        "the turn's notification",
+        || async {
+            let out = forkctl(&daemon, &["--json", "watch", "--since", "0", "--no-follow"]).await;
+            assert_ok(&out);
+            json_lines(&out).into_iter().find(|n| n["kind"] == "turn")
+        },
+    )
+    .await;
+    assert_eq!(note["agent_id"], main_loop.as_str());
+    assert_eq!(note["status"], "completed");
+    assert!(
+        note["report"]["result"]
+            .as_str()
+            .unwrap()
+            .contains("all done"),
+        "{note}"
+    );
+
+    let out = forkctl(&daemon, &["--json", "ps"]).await;
+    assert_ok(&out);
+    let agents = json_lines(&out);
+    let parent = agents.iter().find(|a| a["agent_id"] == main_loop.as_str());
+    let parent = parent.unwrap_or_else(|| panic!("no main loop in {agents:?}"));
+    assert_eq!(parent["kind"], "parent");
+    assert_eq!(parent["state"], "idle");
+}

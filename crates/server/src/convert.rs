@@ -45,6 +45,7 @@ fn agent_state(s: AgentState) -> pb::AgentState {
     match s {
         AgentState::Pending => pb::AgentState::Pending,
         AgentState::Running => pb::AgentState::Running,
+        AgentState::Idle => pb::AgentState::Idle,
         AgentState::Completed => pb::AgentState::Completed,
         AgentState::Failed => pb::AgentState::Failed,
         AgentState::Killed => pb::AgentState::Killed,
@@ -96,6 +97,7 @@ pub(crate) fn notification(n: &Notification) -> pb::Notification {
         session_id: n.session_id.to_string(),
         batch_id: n.batch_id.map(|b| b.to_string()).unwrap_or_default(),
         agent_id: n.agent_id.to_string(),
+        kind: n.kind.as_str().to_owned(),
         status: status as i32,
         summary: n.summary.clone(),
         report: Some(report(&n.report)),

@@ -13,6 +13,7 @@ mod batches;
 mod convert;
 mod idempotency;
 mod notifications;
+mod pending;
 mod requests;
 mod sessions;
 mod stats;
@@ -370,6 +371,25 @@ impl Store for SqliteStore {
         .await)
     }
 
+    async fn set_pending_reply(
+        &self,
+        lease: &Lease,
+        session: SessionId,
+        reply: &Message,
+    ) -> StoreResult<()> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            pending::set(&mut tx, lease, session, reply, convert::now_ms()).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await)
+    }
+
+    async fn pending_reply(&self, session: SessionId) -> StoreResult<Option<Message>> {
+        db(async move { pending::get(&self.reader, session).await }.await)
+    }
+
     async fn agent_params(&self, id: AgentId) -> StoreResult<Option<AgentParams>> {
         db(async move { agent_params::get(&self.reader, id).await }.await)
     }
@@ -401,6 +421,7 @@ impl Store for SqliteStore {
                 convert::insert_session_message(&mut tx, &session_id, seq, message, at_ms).await?;
             }
             agents::mark_delivered(&mut tx, delivered).await?;
+            pending::clear(&mut tx, &session_id).await?;
             tx.commit().await?;
             convert::from_i64(first, "session message seq")
         }
@@ -467,6 +488,30 @@ impl Store for SqliteStore {
             let stored = notifications::finish_agent(&mut tx, lease, notification, error).await?;
             tx.commit().await?;
             Ok(stored)
+        }
+        .await)
+    }
+
+    async fn end_turn(
+        &self,
+        lease: &Lease,
+        notification: Option<&NewNotification>,
+    ) -> StoreResult<Option<Notification>> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            let stored = notifications::end_turn(&mut tx, lease, notification).await?;
+            tx.commit().await?;
+            Ok(stored)
+        }
+        .await)
+    }
+
+    async fn mark_delivered(&self, agents_delivered: &[AgentId]) -> StoreResult<()> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            agents::mark_delivered(&mut tx, agents_delivered).await?;
+            tx.commit().await?;
+            Ok(())
         }
         .await)
     }

@@ -15,6 +15,7 @@ use super::{Events, ParentEvent, Turn, send};
 use crate::batch::{BatchStart, SubmittedBatch};
 use crate::error::{EngineError, Result};
 use crate::tools::ToolTurn;
+use crate::typed::{TypedCall, TypedOutcome};
 use crate::{Engine, now_ms};
 
 /// What the parent's reply forks: valid fork calls become children; the reply's other tool calls
@@ -72,6 +73,23 @@ impl Engine {
         Ok(())
     }
 
+    /// Hands the reports of typed agents whose waits went to the background to the transcript,
+    /// once the reply that started them is stored: an agent that already ended has its
+    /// notification appended now, one still running will append it when it ends.
+    async fn report_later(&self, turn: &Turn, agents: &[AgentId]) -> Result<()> {
+        if agents.is_empty() {
+            return Ok(());
+        }
+        let lock = self.session_lock(turn.session.id);
+        let _guard = lock.lock().await;
+        self.inner.store.redirect_reports(agents).await?;
+        turn.waited
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|id| !agents.contains(id));
+        Ok(())
+    }
+
     /// Answers the tool calls of a parent reply. A reply that forks is stored as a fork batch
     /// (which appends it and the parent's results to the transcript); any other reply is
     /// appended, its tools run, and their results appended.
@@ -84,30 +102,23 @@ impl Engine {
     ) -> Result<Message> {
         let session = &turn.session;
         let mut plan = self.fork_plan(session, &reply);
-        // Typed agents whose reports these results carry.
-        let mut delivered = Vec::new();
+        // Typed agents whose reports these results carry, and those whose reports will follow.
+        let (mut delivered, mut later) = (Vec::new(), Vec::new());
         for (id, ty, directive) in std::mem::take(&mut plan.typed) {
-            let result = match self
-                .run_typed(session.id, &ty, directive, &turn.waited)
-                .await
-            {
-                Ok(note) => {
-                    delivered.push(note.agent_id);
-                    Block::tool_result(
-                        &id,
-                        &format!(
-                            "Agent {} ({ty}) {}:\n{}",
-                            note.agent_id,
-                            note.status.as_str(),
-                            note.report.to_text()
-                        ),
-                        note.status != forkd_core::NotificationStatus::Completed,
-                    )
-                }
-                Err(e) => {
-                    Block::tool_result(&id, &format!("The {ty} agent could not run: {e}"), true)
-                }
+            let call = TypedCall {
+                caller: turn.parent.id,
+                session_id: session.id,
+                tool_use_id: &id,
+                subagent_type: &ty,
+                handoff: Some(&turn.handoff),
+                waited: &turn.waited,
             };
+            let (result, outcome) = self.typed_call(call, directive).await;
+            match outcome {
+                Some(TypedOutcome::Delivered(agent)) => delivered.push(agent),
+                Some(TypedOutcome::Backgrounded(agent)) => later.push(agent),
+                None => {}
+            }
             plan.answered.push((id, result));
         }
         if plan.forks.is_empty() {
@@ -119,6 +130,7 @@ impl Engine {
                 .await?;
             self.append_to_session(turn, &[reply, results.clone()], &delivered)
                 .await?;
+            self.report_later(turn, &later).await?;
             return Ok(results);
         }
         let mut others = plan.answered;
@@ -151,8 +163,18 @@ impl Engine {
             })
             .await?;
         send(events, ParentEvent::ForkLaunched(submitted.clone())).await;
+        self.report_later(turn, &later).await?;
         if !self.config().fork_always_async {
-            self.wait_for_children(&submitted).await?;
+            // The children's notifications reach the transcript whether or not the wait is
+            // handed to the background; the turn just goes on sooner when it is.
+            let wait = self.wait_for_children(&submitted);
+            self.race_background(
+                turn.parent.id,
+                Some(&turn.handoff),
+                &submitted.agent_ids,
+                wait,
+            )
+            .await?;
         }
         // The parent's results sit right after the fork message.
         let fork_point = self.get_batch(submitted.batch_id).await?.fork_point;

@@ -186,7 +186,7 @@ fn print_event(event: &Event, out: &Printer) -> std::io::Result<()> {
         )),
         Event::AsyncLaunched(a) => out.line(format!(
             "\nasync_launched: the turn of {} goes on in the background; its results land in \
-             the session's transcript",
+             the session's transcript, and its end in a `turn` notification (forkctl watch)",
             a.agent_id
         )),
         Event::TurnEnded(end) => {

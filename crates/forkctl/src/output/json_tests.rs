@@ -33,6 +33,7 @@ fn notification() {
         session_id: "S".into(),
         batch_id: "B".into(),
         agent_id: "A".into(),
+        kind: "fork".into(),
         status: NotificationStatus::Failed as i32,
         summary: "could not build".into(),
         report: Some(Report {
@@ -53,6 +54,7 @@ fn notification() {
             "session_id": "S",
             "batch_id": "B",
             "agent_id": "A",
+            "kind": "fork",
             "status": "failed",
             "summary": "could not build",
             "report": {

@@ -52,6 +52,9 @@ pub struct FileConfig {
     pub max_running_agents: Option<usize>,
     /// The most model requests in flight at once (0: no cap).
     pub max_concurrent_requests: Option<usize>,
+    /// How many levels below its session an agent may be started (a fork child's typed agent
+    /// is at 2).
+    pub max_agent_depth: Option<u32>,
     /// Models the price table does not know, or new prices and windows for those it does:
     /// `[models.NAME]`.
     pub models: Option<BTreeMap<String, ModelSection>>,

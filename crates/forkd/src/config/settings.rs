@@ -36,6 +36,7 @@ pub struct Settings {
     /// `None`: no cap.
     pub max_running_agents: Option<usize>,
     pub max_concurrent_requests: Option<usize>,
+    pub max_agent_depth: u32,
     pub tenant_budgets: BTreeMap<String, forkd_store::Budget>,
     /// The price table with `[models]` applied.
     pub models: forkd_core::pricing::Models,
@@ -76,6 +77,7 @@ impl Default for Settings {
             tls: daemon.tls,
             max_running_agents: engine.max_running_agents,
             max_concurrent_requests: engine.max_concurrent_requests,
+            max_agent_depth: engine.max_agent_depth,
             tenant_budgets: BTreeMap::new(),
             models: engine.models,
             provider_vars: ProviderVars::default(),
@@ -160,6 +162,9 @@ impl Settings {
         let requests = file.max_concurrent_requests;
         let requests = layers.pick(None, "FORKD_MAX_CONCURRENT_REQUESTS", from_str, requests)?;
         self.max_concurrent_requests = cap(requests, self.max_concurrent_requests);
+        let depth = file.max_agent_depth;
+        let depth = layers.pick(None, "FORKD_MAX_AGENT_DEPTH", from_str, depth)?;
+        self.max_agent_depth = depth.unwrap_or(self.max_agent_depth);
         self.tenant_budgets = file.tenant_budgets()?;
         self.models = file.models()?;
         Ok(())
@@ -241,6 +246,7 @@ impl Settings {
         config.engine.fork_always_async = self.fork_always_async;
         config.engine.max_running_agents = self.max_running_agents;
         config.engine.max_concurrent_requests = self.max_concurrent_requests;
+        config.engine.max_agent_depth = self.max_agent_depth;
         config.engine.tenant_budgets = self
             .tenant_budgets
             .iter()

@@ -70,16 +70,22 @@ fn caps_and_tenant_budgets_come_from_the_file_and_the_environment() {
     assert_eq!(s.tenant_budgets["team"].tokens, Some(1000));
     let s = resolve(
         &ServeFlags::default(),
-        &[("FORKD_MAX_RUNNING_AGENTS", "3")],
+        &[
+            ("FORKD_MAX_RUNNING_AGENTS", "3"),
+            ("FORKD_MAX_AGENT_DEPTH", "1"),
+        ],
         file,
     )
     .unwrap();
     assert_eq!(s.max_running_agents, Some(3));
+    assert_eq!(s.max_agent_depth, 1);
     let engine = s.daemon_config("/srv/forkd".into()).unwrap().engine;
     assert_eq!(engine.max_running_agents, Some(3));
+    assert_eq!(engine.max_agent_depth, 1);
     assert_eq!(engine.tenant_budgets["ci"].usd, Some(2.5));
     let defaults = resolve(&ServeFlags::default(), &[], "").unwrap();
     assert_eq!(defaults.max_running_agents, Some(256));
+    assert_eq!(defaults.max_agent_depth, 2);
     let bad = resolve(
         &ServeFlags::default(),
         &[],

@@ -153,7 +153,7 @@ pub(super) async fn list(pool: &SqlitePool, filter: &AgentFilter) -> Result<Vec<
     }
     if !filter.include_ended {
         // A literal (not bound) list, so the planner can use the partial index `agents_live`.
-        q.push(" AND state IN ('pending', 'running')");
+        q.push(" AND state IN ('pending', 'running', 'idle')");
     }
     if let Some(after) = filter.after {
         q.push(" AND id > ").push_bind(after.to_string());

@@ -64,6 +64,10 @@ pub(super) async fn create(
         agents::mark_delivered(conn, delivered).await?;
     }
     let session_id = batch.session_id.to_string();
+    if extras.turn.is_some() {
+        // The turn's reply is answered: it is the fork message stored below.
+        super::pending::clear(conn, &session_id).await?;
+    }
     if !sessions::exists(conn, &session_id).await? {
         return Err(DbError::Store(StoreError::NotFound {
             kind: "session",

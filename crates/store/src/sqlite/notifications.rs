@@ -1,6 +1,6 @@
 //! Task notifications: ending an agent, and reading the notification log.
 
-use forkd_core::{Block, Message, Notification, NotificationStatus};
+use forkd_core::{AgentKind, Block, Message, Notification, NotificationKind, NotificationStatus};
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqlitePool};
 
 use super::agents;
@@ -19,6 +19,7 @@ struct NotificationRow {
     session_id: String,
     batch_id: Option<String>,
     agent_id: String,
+    kind: String,
     status: String,
     summary: String,
     report_json: String,
@@ -41,6 +42,8 @@ impl TryFrom<NotificationRow> for Notification {
                 .map(|b| parse_id(b, "notification batch id"))
                 .transpose()?,
             agent_id: parse_id(&row.agent_id, "notification agent id")?,
+            kind: NotificationKind::parse(&row.kind)
+                .ok_or_else(|| corrupt("notification kind", format!("unknown {:?}", row.kind)))?,
             status: NotificationStatus::parse(&row.status).ok_or_else(|| {
                 corrupt("notification status", format!("unknown {:?}", row.status))
             })?,
@@ -58,12 +61,13 @@ impl TryFrom<NotificationRow> for Notification {
 struct Owner {
     session_id: String,
     batch_id: Option<String>,
+    kind: String,
     report_to: String,
 }
 
 macro_rules! notification_columns {
     () => {
-        "seq, session_id, batch_id, agent_id, status, summary, report_json, input_tokens, \
+        "seq, session_id, batch_id, agent_id, kind, status, summary, report_json, input_tokens, \
          cache_creation_input_tokens, cache_read_input_tokens, output_tokens, cost_usd, \
          created_at_ms"
     };
@@ -87,10 +91,19 @@ pub(super) async fn finish_agent(
     agents::live_state(conn, &agent_id).await?;
     agents::check_lease(conn, lease).await?;
     let owner: Owner =
-        sqlx::query_as("SELECT session_id, batch_id, report_to FROM agents WHERE id = ?")
+        sqlx::query_as("SELECT session_id, batch_id, kind, report_to FROM agents WHERE id = ?")
             .bind(&agent_id)
             .fetch_one(&mut *conn)
             .await?;
+    let kind = AgentKind::parse(&owner.kind)
+        .map(NotificationKind::of)
+        .ok_or_else(|| corrupt("agent kind", format!("unknown {:?}", owner.kind)))?;
+    if kind == NotificationKind::Turn {
+        return Err(DbError::Store(StoreError::Conflict(format!(
+            "agent {agent_id} is a session's main loop, which never ends; its turns end with \
+             end_turn"
+        ))));
+    }
     let session_id = n.session_id.to_string();
     let batch_id = opt_id(n.batch_id);
     if owner.session_id != session_id || owner.batch_id != batch_id {
@@ -109,7 +122,60 @@ pub(super) async fn finish_agent(
         n.created_at_ms,
     )
     .await?;
+    let notification = insert(conn, n, kind).await?;
+    // A caller that waits for the report carries it in its own tool result. A client batch's
+    // children report to the parent together: one digest, appended when the last of them ends.
+    if ReportTo::parse(&owner.report_to) != Some(ReportTo::Caller) {
+        match n.batch_id {
+            Some(batch) if batch_shape(conn, batch).await? == "client" => {
+                append_digest_if_last(conn, batch, &notification).await?;
+            }
+            _ => append_to_parent(conn, &notification).await?,
+        }
+    }
+    Ok(notification)
+}
 
+/// Runs inside the caller's write transaction: the main loop's turn ends — the agent goes idle,
+/// its lease checked — and a turn handed to the background stores its notification of kind
+/// `turn`. Nothing is appended to the transcript: the turn's reply is in it already.
+pub(super) async fn end_turn(
+    conn: &mut SqliteConnection,
+    lease: &Lease,
+    n: Option<&NewNotification>,
+) -> Result<Option<Notification>> {
+    let agent_id = lease.agent_id.to_string();
+    let kind: Option<String> = sqlx::query_scalar("SELECT kind FROM agents WHERE id = ?")
+        .bind(&agent_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    if kind.as_deref() != Some(AgentKind::Parent.as_str()) {
+        return Err(DbError::Store(StoreError::Conflict(format!(
+            "agent {agent_id} is not a session's main loop; only those have turns"
+        ))));
+    }
+    agents::release(conn, lease, forkd_core::AgentState::Idle).await?;
+    let Some(n) = n else {
+        return Ok(None);
+    };
+    if n.agent_id != lease.agent_id {
+        return Err(DbError::Store(StoreError::Conflict(format!(
+            "a turn notification for agent {} under a lease on agent {agent_id}",
+            n.agent_id
+        ))));
+    }
+    Ok(Some(insert(conn, n, NotificationKind::Turn).await?))
+}
+
+/// Stores a notification with the next sequence number.
+async fn insert(
+    conn: &mut SqliteConnection,
+    n: &NewNotification,
+    kind: NotificationKind,
+) -> Result<Notification> {
+    let agent_id = n.agent_id.to_string();
+    let session_id = n.session_id.to_string();
+    let batch_id = opt_id(n.batch_id);
     let report_json = serde_json::to_string(&n.report).map_err(|e| {
         DbError::Database(sqlx::Error::Encode(
             format!("notification report: {e}").into(),
@@ -117,13 +183,15 @@ pub(super) async fn finish_agent(
     })?;
     let usage = UsageRow::from_usage(&n.usage)?;
     let seq: i64 = sqlx::query_scalar(
-        "INSERT INTO notifications (session_id, batch_id, agent_id, status, summary, report_json, \
-         input_tokens, cache_creation_input_tokens, cache_read_input_tokens, output_tokens, \
-         cost_usd, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+        "INSERT INTO notifications (session_id, batch_id, agent_id, kind, status, summary, \
+         report_json, input_tokens, cache_creation_input_tokens, cache_read_input_tokens, \
+         output_tokens, cost_usd, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+         RETURNING seq",
     )
     .bind(&session_id)
     .bind(&batch_id)
     .bind(&agent_id)
+    .bind(kind.as_str())
     .bind(n.status.as_str())
     .bind(&n.summary)
     .bind(report_json)
@@ -137,29 +205,19 @@ pub(super) async fn finish_agent(
     .await
     .map_err(|e| conflict_if_duplicate(e, || format!("agent {agent_id} already notified")))?;
 
-    let notification = Notification {
+    Ok(Notification {
         seq: from_i64(seq, "notification seq")?,
         session_id: n.session_id,
         batch_id: n.batch_id,
         agent_id: n.agent_id,
+        kind,
         status: n.status,
         summary: n.summary.clone(),
         report: n.report.clone(),
         usage: n.usage,
         cost_usd: n.cost_usd,
         created_at_ms: n.created_at_ms,
-    };
-    // A caller that waits for the report carries it in its own tool result. A client batch's
-    // children report to the parent together: one digest, appended when the last of them ends.
-    if ReportTo::parse(&owner.report_to) != Some(ReportTo::Caller) {
-        match n.batch_id {
-            Some(batch) if batch_shape(conn, batch).await? == "client" => {
-                append_digest_if_last(conn, batch, &notification).await?;
-            }
-            _ => append_to_parent(conn, &notification).await?,
-        }
-    }
-    Ok(notification)
+    })
 }
 
 async fn batch_shape(conn: &mut SqliteConnection, batch: BatchId) -> Result<String> {

@@ -15,6 +15,8 @@ use crate::output::{optional_id, state_name, usage_json};
 pub(crate) struct Counts {
     pub(crate) running: usize,
     pub(crate) pending: usize,
+    /// Main-loop agents between turns.
+    pub(crate) idle: usize,
     pub(crate) ended: usize,
 }
 
@@ -22,13 +24,14 @@ impl Counts {
     fn add(&mut self, state: AgentState) {
         match state {
             AgentState::Running => self.running += 1,
+            AgentState::Idle => self.idle += 1,
             AgentState::Completed | AgentState::Failed | AgentState::Killed => self.ended += 1,
             AgentState::Pending | AgentState::Unspecified => self.pending += 1,
         }
     }
 
     pub(crate) fn total(&self) -> usize {
-        self.running + self.pending + self.ended
+        self.running + self.pending + self.idle + self.ended
     }
 
     /// A group's state: `running` while any agent runs, else `pending` while any waits, else

@@ -114,6 +114,7 @@ fn groups_sum_their_agents() {
         Counts {
             running: 1,
             pending: 1,
+            idle: 0,
             ended: 1
         }
     );

@@ -1,0 +1,137 @@
+//! Schema upgrades keep what was stored: a database written by the schema before migration 0014
+//! (which rebuilds `agents` and `notifications`) opens with every row intact, its main loops
+//! `idle`, its notifications of the right kind, and its notification sequence going on where it
+//! stood (a seq is never reused, even one whose row is gone).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use forkd_core::store::{Lease, NotificationFilter};
+use forkd_core::{AgentId, AgentKind, AgentState, NotificationKind, SessionId};
+use forkd_store::{Durability, SqliteStore, Store};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+
+#[tokio::test]
+async fn the_turn_lifecycle_migration_keeps_agents_and_notifications() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("forkd.db");
+    let options = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .foreign_keys(true);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    sqlx::migrate!("../../migrations")
+        .run_to(13, &pool)
+        .await
+        .unwrap();
+
+    let (session, parent, typed, running) = (
+        SessionId::new(),
+        AgentId::new(),
+        AgentId::new(),
+        AgentId::new(),
+    );
+    sqlx::query(
+        "INSERT INTO sessions (id, model, system_prompt, tools_json, max_tokens, workspace, \
+         coordinator, interactive, permission_mode, created_at_ms) \
+         VALUES (?, 'claude-sonnet-4-5', 'Sys.', '[]', 8192, '/tmp', 0, 0, 'default', 1)",
+    )
+    .bind(session.to_string())
+    .execute(&pool)
+    .await
+    .unwrap();
+    for (id, kind, state) in [
+        (parent, "parent", "pending"),
+        (typed, "typed", "completed"),
+        (running, "typed", "running"),
+    ] {
+        sqlx::query(
+            "INSERT INTO agents (id, session_id, kind, idx, state, created_at_ms, updated_at_ms) \
+             VALUES (?, ?, ?, 0, ?, 1, 1)",
+        )
+        .bind(id.to_string())
+        .bind(session.to_string())
+        .bind(kind)
+        .bind(state)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    // Two notifications; the later one's row is deleted, so the sequence stands past the last row.
+    for (seq, agent) in [(1, typed), (2, running)] {
+        sqlx::query(
+            "INSERT INTO notifications (seq, session_id, agent_id, status, summary, report_json, \
+             input_tokens, cache_creation_input_tokens, cache_read_input_tokens, output_tokens, \
+             cost_usd, created_at_ms) VALUES (?, ?, ?, 'completed', 's', ?, 1, 2, 3, 4, 0.5, 1)",
+        )
+        .bind(seq)
+        .bind(session.to_string())
+        .bind(agent.to_string())
+        .bind(serde_json::to_string(&forkd_core::report::Report::default()).unwrap())
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    sqlx::query("DELETE FROM notifications WHERE seq = 2")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+
+    let store = SqliteStore::open(&path, Durability::Normal).await.unwrap();
+    let idle = store.get_agent(parent).await.unwrap().unwrap();
+    assert_eq!(
+        (idle.kind, idle.state),
+        (AgentKind::Parent, AgentState::Idle)
+    );
+    assert_eq!(
+        store.get_agent(running).await.unwrap().unwrap().state,
+        AgentState::Running
+    );
+    let notes = store
+        .notifications(0, &NotificationFilter::default(), 0)
+        .await
+        .unwrap();
+    assert_eq!(notes.len(), 1);
+    assert_eq!((notes[0].seq, notes[0].kind), (1, NotificationKind::Typed));
+    assert_eq!(notes[0].usage.cache_read_input_tokens, 3);
+
+    // The main loop's turns: a turn notification goes on from the sequence, past the deleted 2.
+    let lease: Lease = store.claim_agent(parent).await.unwrap();
+    let turn = forkd_core::store::NewNotification {
+        session_id: session,
+        batch_id: None,
+        agent_id: parent,
+        status: forkd_core::NotificationStatus::Completed,
+        summary: "done".into(),
+        report: forkd_core::report::Report::default(),
+        usage: forkd_core::Usage::default(),
+        cost_usd: 0.0,
+        created_at_ms: 2,
+    };
+    let stored = store.end_turn(&lease, Some(&turn)).await.unwrap().unwrap();
+    assert_eq!((stored.seq, stored.kind), (3, NotificationKind::Turn));
+    let lease = store.claim_agent(parent).await.unwrap();
+    let again = store.end_turn(&lease, Some(&turn)).await.unwrap().unwrap();
+    assert_eq!(
+        again.seq, 4,
+        "a main loop has a notification per backgrounded turn"
+    );
+    assert_eq!(
+        store.get_agent(parent).await.unwrap().unwrap().state,
+        AgentState::Idle
+    );
+    // Foreign keys still hold after the rebuild.
+    let check = SqlitePoolOptions::new()
+        .connect_with(SqliteConnectOptions::new().filename(&path))
+        .await
+        .unwrap();
+    let problems: Vec<(String,)> = sqlx::query_as("SELECT \"table\" FROM pragma_foreign_key_check")
+        .fetch_all(&check)
+        .await
+        .unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+}
