@@ -151,6 +151,7 @@ impl Engine {
                     full_output: None,
                     started_at_ms: now_ms(),
                     finished_at_ms: None,
+                    process: None,
                 },
             )
             .await?;
