@@ -22,7 +22,9 @@
 //! and everything it starts never hold the lifeline. The write end closes when the call ends
 //! (after its group is killed) or when the daemon dies, since the kernel closes a dead process's
 //! files; the sentinel then reads EOF and kills its whole group. (`PR_SET_PDEATHSIG` would only
-//! reach the leader, not what it started in the background.)
+//! reach the leader, not what it started in the background.) The group is also reported through
+//! [`ToolContext::process_groups`], so the engine can record it and a later daemon can stop it
+//! should the sentinel itself have been killed ([`crate::process`]).
 
 use std::io::PipeWriter;
 use std::os::fd::OwnedFd;
@@ -45,6 +47,7 @@ use crate::context::{ToolContext, ToolLimits, ToolOutput};
 use crate::env::child_env;
 use crate::error::ToolError;
 use crate::input::{optional_positive, required_str};
+use crate::process;
 
 /// How long to keep reading output after the process group is gone. Only a process that left
 /// the group (`setsid`) can hold the pipe open past that; its output is not worth a hang.
@@ -95,6 +98,13 @@ async fn execute(command: &str, limit: Duration, ctx: &ToolContext) -> std::io::
         lifeline,
     } = spawn(command, ctx.workspace.root())?;
     let group = GroupGuard::new(&child, lifeline)?;
+    if let Some(groups) = &ctx.process_groups
+        && let Ok(recorded) = process::group_of(group.leader())
+    {
+        // Without `/proc` nothing is recorded; the sentinel still guards the group. A closed
+        // channel means nobody records.
+        let _ = groups.send(recorded);
+    }
     let mut output = HeadTail::new(ctx.limits.output_cap);
     let ending = drive(&mut child, &mut pipe, &mut output, limit, &ctx.cancel).await?;
     // Kill the group before reaping, so a timed-out shell's children die with it; on a normal
@@ -232,6 +242,11 @@ impl GroupGuard {
         })
     }
 
+    /// The group's leader (and id).
+    fn leader(&self) -> u32 {
+        self.group.as_raw().unsigned_abs()
+    }
+
     fn kill(self) {
         drop(self);
     }
@@ -248,7 +263,6 @@ impl Drop for GroupGuard {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::process;
     use serde_json::json;
 
     #[test]
@@ -361,5 +375,24 @@ mod tests {
         GroupGuard::new(&spawned.child, spawned.lifeline)
             .unwrap()
             .kill();
+    }
+
+    /// The group is reported once spawned, as the leader it is: the command's own shell.
+    #[tokio::test]
+    async fn the_group_is_reported_with_the_commands_own_pid() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let ctx = ToolContext::new(
+            crate::Workspace::new(dir.path()).unwrap(),
+            CancellationToken::new(),
+        )
+        .with_process_groups(tx);
+        let out = run(&json!({"command": "echo $$"}), &ctx).await;
+        assert!(!out.is_error, "{}", out.content);
+        let group = rx.try_recv().unwrap();
+        assert_eq!(out.content.trim(), group.pgid.to_string());
+        assert_eq!(group.boot_id, process::boot_id().unwrap());
+        assert!(group.start_ticks > 0);
+        assert!(rx.try_recv().is_err(), "reported once");
     }
 }
