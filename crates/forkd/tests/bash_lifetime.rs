@@ -18,15 +18,27 @@ use forkd_test_support::{
 
 type Client = pb::forkd_client::ForkdClient<tonic::transport::Channel>;
 
-fn start(home: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_forkd"))
+/// A `forkd serve` process, killed with SIGKILL when dropped: by the test on purpose, or by a
+/// failing test's unwinding, which must not leave a daemon behind.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start(home: &Path) -> Daemon {
+    let child = Command::new(env!("CARGO_BIN_EXE_forkd"))
         .args(["serve", "--sim-speed", "0.05", "--grace", "1s"])
         .env("FORKD_HOME", home)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .unwrap()
+        .unwrap();
+    Daemon(child)
 }
 
 async fn client(home: &Path) -> Client {
@@ -82,7 +94,7 @@ async fn child_running(c: &mut Client, ws: &Path, command: &str) -> pb::ForkBatc
 
 /// Restarts the daemon and waits for the child to end: completed, its Bash call answered as
 /// interrupted.
-async fn resumed_child_completes(home: &Path, batch: &pb::ForkBatchResponse) -> Child {
+async fn resumed_child_completes(home: &Path, batch: &pb::ForkBatchResponse) -> Daemon {
     let daemon = start(home);
     let mut c = client(home).await;
     let done = wait_for_batch(&mut c, &batch.batch_id, 1, Duration::from_secs(30))
@@ -99,9 +111,9 @@ async fn resumed_child_completes(home: &Path, batch: &pb::ForkBatchResponse) -> 
     daemon
 }
 
-fn kill9(mut daemon: Child) {
-    daemon.kill().unwrap(); // SIGKILL
-    daemon.wait().unwrap();
+/// SIGKILL, and the daemon is reaped.
+fn kill9(daemon: Daemon) {
+    drop(daemon);
 }
 
 #[tokio::test]
