@@ -183,6 +183,22 @@ pub struct ToolCall {
     pub full_output: Option<String>,
     pub started_at_ms: i64,
     pub finished_at_ms: Option<i64>,
+    /// The process group a Bash call started, recorded while it runs, so that a later daemon
+    /// can stop it if the call was cut off.
+    pub process: Option<ProcessGroup>,
+}
+
+/// A tool call's process group, as a later daemon needs it to find that same group again: its
+/// id alone could name another group by then (ids are reused), so the group is known by its
+/// leader's start time and the boot it ran in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessGroup {
+    /// The process group id: the leader's pid.
+    pub pgid: i32,
+    /// The leader's start time, in clock ticks since boot (field 22 of `/proc/PID/stat`).
+    pub start_ticks: u64,
+    /// The machine's boot id (`/proc/sys/kernel/random/boot_id`).
+    pub boot_id: String,
 }
 
 /// A snapshot of the stored agents, for the metrics endpoint: how many of each kind are in each
@@ -345,6 +361,14 @@ pub trait Store: Send + Sync + 'static {
         result: &Block,
         full_output: Option<&str>,
         at_ms: i64,
+    ) -> Result<()>;
+    /// Records the process group a running tool call started (`Conflict` if the call has no
+    /// open intent). The call must be the leased agent's.
+    async fn record_tool_process(
+        &self,
+        lease: &Lease,
+        tool_use_id: &str,
+        process: &ProcessGroup,
     ) -> Result<()>;
     /// An agent's tool calls in the order they started.
     async fn tool_calls(&self, agent: AgentId) -> Result<Vec<ToolCall>>;

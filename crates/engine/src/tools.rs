@@ -4,17 +4,20 @@
 //! Calls run one after another, in the order the model wrote them: a later call may depend on
 //! an earlier one's effect (write, then run). A call whose intent was stored but whose result
 //! was not (the daemon died, the run was handed over) is never blindly run again: a read-only
-//! call is re-run, a mutating one gets an explicit "interrupted" error.
+//! call is re-run, a mutating one gets an explicit "interrupted" error — after the process
+//! group it started, recorded while it ran, is stopped if it still runs on this machine.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use forkd_core::plan::{Calls, ForkLimits, Forker, plan};
 use forkd_core::session::{PermissionMode, PermissionRules, Session};
-use forkd_core::store::ToolCall;
+use forkd_core::store::{ProcessGroup, ToolCall};
 use forkd_core::tools::AGENT_TOOL;
 use forkd_core::{Agent, AgentKind, Block, Message, RawJson};
 use forkd_tools::{Decision, Policy, Rule, ToolContext, ToolOutput, Workspace};
 use serde_json::Value;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{EngineError, Result};
@@ -31,6 +34,9 @@ const REPLACEMENT_HEAD: usize = 4_000;
 const INTERRUPTED: &str = "Interrupted: this call was started but its result was never recorded \
      (the agent was interrupted). It may or may not have taken effect — check the state before \
      retrying.";
+
+/// How long a resumed run waits for a cut-off call's leftover process group to be gone.
+const LEFTOVER_WAIT: Duration = Duration::from_secs(5);
 
 /// The context of one turn's tool calls.
 pub(crate) struct ToolTurn<'a> {
@@ -115,6 +121,9 @@ impl Engine {
                     ..
                 }) => result.clone(),
                 Some(call) if !call.read_only => {
+                    if let Some(group) = &call.process {
+                        stop_leftover(id, group).await;
+                    }
                     let result = Block::tool_result(id, INTERRUPTED, true);
                     store
                         .finish_tool_call(turn.lease, id, &result, None, now_ms())
@@ -154,6 +163,7 @@ impl Engine {
                     full_output: None,
                     started_at_ms: now_ms(),
                     finished_at_ms: None,
+                    process: None,
                 },
             )
             .await?;
@@ -166,10 +176,10 @@ impl Engine {
             self.agent_call(turn, id, input).await
         } else {
             match policy.decide(name, input, &ctx.workspace) {
-                Decision::Allow => forkd_tools::run_tool(name, input, ctx).await,
+                Decision::Allow => self.run_tool(turn, id, name, input, ctx).await?,
                 Decision::Deny(reason) => ToolOutput::error(format!("Permission denied: {reason}")),
                 Decision::Ask(what) => match self.ask_person(turn, name, input, what).await {
-                    Ok(()) => forkd_tools::run_tool(name, input, ctx).await,
+                    Ok(()) => self.run_tool(turn, id, name, input, ctx).await?,
                     Err(denied) => ToolOutput::error(denied),
                 },
             }
@@ -184,6 +194,71 @@ impl Engine {
             .finish_tool_call(turn.lease, id, &result, full.as_deref(), now_ms())
             .await?;
         Ok(result)
+    }
+}
+
+impl Engine {
+    /// Runs a built-in tool, recording the process group it starts (Bash) while it runs, under
+    /// the run's lease like the call's other writes. A failed write ends the call (dropping it
+    /// kills its group), as a failed result write would.
+    async fn run_tool(
+        &self,
+        turn: &ToolTurn<'_>,
+        id: &str,
+        name: &str,
+        input: &Value,
+        ctx: &ToolContext,
+    ) -> Result<ToolOutput> {
+        let (groups, mut started) = mpsc::unbounded_channel();
+        let ctx = ctx.clone().with_process_groups(groups);
+        let run = forkd_tools::run_tool(name, input, &ctx);
+        tokio::pin!(run);
+        loop {
+            tokio::select! {
+                biased;
+                Some(group) = started.recv() => {
+                    self.inner
+                        .store
+                        .record_tool_process(turn.lease, id, &group)
+                        .await?;
+                }
+                output = &mut run => return Ok(output),
+            }
+        }
+    }
+}
+
+/// Stops what is left of a cut-off call's process group (its daemon died and its sentinel did
+/// not stop it) before the call is reported as interrupted, so nothing it started still runs
+/// behind the model's back. Failing to look or to kill is logged, not fatal: the group may well
+/// be gone already.
+async fn stop_leftover(tool_use_id: &str, group: &ProcessGroup) {
+    use forkd_tools::Leftover;
+    match forkd_tools::process::stop_leftover(group, LEFTOVER_WAIT).await {
+        Ok(Leftover::Stopped) => tracing::info!(
+            tool_use.id = tool_use_id,
+            pgid = group.pgid,
+            "Stopped the process group of an interrupted tool call"
+        ),
+        Ok(Leftover::StillAlive) => tracing::warn!(
+            tool_use.id = tool_use_id,
+            pgid = group.pgid,
+            "The process group of an interrupted tool call was killed but has not ended yet"
+        ),
+        Ok(found @ (Leftover::NotRunning | Leftover::Reused | Leftover::OtherBoot)) => {
+            tracing::debug!(
+                tool_use.id = tool_use_id,
+                pgid = group.pgid,
+                ?found,
+                "An interrupted tool call's process group is not running"
+            );
+        }
+        Err(err) => tracing::warn!(
+            tool_use.id = tool_use_id,
+            pgid = group.pgid,
+            error = %err,
+            "Could not stop the process group of an interrupted tool call"
+        ),
     }
 }
 

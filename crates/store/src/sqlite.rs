@@ -36,8 +36,8 @@ use crate::StoreError;
 use crate::error::Result;
 use crate::{
     AgentFilter, AgentParams, BatchExtras, Budget, DbError, IdempotencyRecord, Lease, NewChild,
-    NewNotification, NotificationFilter, RequestFilter, RequestRecord, Spend, SpendScope, Store,
-    StoredMessage, ToolCall,
+    NewNotification, NotificationFilter, ProcessGroup, RequestFilter, RequestRecord, Spend,
+    SpendScope, Store, StoredMessage, ToolCall,
 };
 
 type StoreResult<T> = std::result::Result<T, crate::StoreError>;
@@ -449,6 +449,21 @@ impl Store for SqliteStore {
         db(async move {
             let mut tx = self.begin_write().await?;
             tool_calls::finish(&mut tx, lease, tool_use_id, result, full_output, at_ms).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await)
+    }
+
+    async fn record_tool_process(
+        &self,
+        lease: &Lease,
+        tool_use_id: &str,
+        process: &ProcessGroup,
+    ) -> StoreResult<()> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            tool_calls::record_process(&mut tx, lease, tool_use_id, process).await?;
             tx.commit().await?;
             Ok(())
         }

@@ -218,8 +218,17 @@ async fn a_newer_claim_fences_the_older_run_across_stores() -> TestResult {
         full_output: None,
         started_at_ms: 1,
         finished_at_ms: None,
+        process: None,
     };
     assert!(superseded(one.begin_tool_call(&old, &call).await));
+    let group = forkd_store::ProcessGroup {
+        pgid: 4242,
+        start_ticks: 7,
+        boot_id: "boot".into(),
+    };
+    assert!(superseded(
+        one.record_tool_process(&old, "t1", &group).await
+    ));
     assert!(superseded(
         one.release_agent(&old, AgentState::Pending).await
     ));

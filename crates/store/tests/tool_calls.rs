@@ -3,7 +3,7 @@
 mod support;
 
 use forkd_core::Block;
-use forkd_store::{Store, StoreError, ToolCall};
+use forkd_store::{ProcessGroup, Store, StoreError, ToolCall};
 use support::{TestResult, seeded, temp_store};
 
 fn intent(agent: forkd_core::AgentId, id: &str, read_only: bool, at: i64) -> ToolCall {
@@ -17,6 +17,7 @@ fn intent(agent: forkd_core::AgentId, id: &str, read_only: bool, at: i64) -> Too
         full_output: None,
         started_at_ms: at,
         finished_at_ms: None,
+        process: None,
     }
 }
 
@@ -61,5 +62,47 @@ async fn intents_then_results_in_order_and_results_are_final() -> TestResult {
     // The mutating call's intent stands without a result: it was interrupted.
     assert_eq!(calls[1].result, None);
     assert!(!calls[1].read_only);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_running_call_records_its_process_group() -> TestResult {
+    let (_dir, store) = temp_store().await?;
+    let (_session, fx) = seeded(&store, 1).await?;
+    let agent = fx.children[0].agent.id;
+    let lease = store.claim_agent(agent).await?;
+    let group = ProcessGroup {
+        pgid: 4242,
+        start_ticks: u64::from(u32::MAX) + 5,
+        boot_id: "8f2c6a4e-0d1b-4c55-9a7e-3b0f1e2d4c6b".into(),
+    };
+
+    // No intent yet: nothing to record it on.
+    let early = store.record_tool_process(&lease, "t1", &group).await;
+    assert!(matches!(early, Err(StoreError::Conflict(_))), "{early:?}");
+    store
+        .begin_tool_call(&lease, &intent(agent, "t1", false, 10))
+        .await?;
+    store.record_tool_process(&lease, "t1", &group).await?;
+    let calls = store.tool_calls(agent).await?;
+    assert_eq!(calls[0].process.as_ref(), Some(&group));
+    assert_eq!(calls[0].result, None);
+
+    // The group stays recorded with the result; a finished call takes no new group.
+    let result = Block::tool_result("t1", "done", false);
+    store
+        .finish_tool_call(&lease, "t1", &result, None, 20)
+        .await?;
+    let late = store.record_tool_process(&lease, "t1", &group).await;
+    assert!(matches!(late, Err(StoreError::Conflict(_))), "{late:?}");
+    let calls = store.tool_calls(agent).await?;
+    assert_eq!(calls[0].process.as_ref(), Some(&group));
+    assert_eq!(calls[0].result.as_ref(), Some(&result));
+
+    // An intent stored with its group keeps it.
+    let mut with_group = intent(agent, "t2", false, 30);
+    with_group.process = Some(group.clone());
+    store.begin_tool_call(&lease, &with_group).await?;
+    assert_eq!(store.tool_calls(agent).await?[1].process, Some(group));
     Ok(())
 }

@@ -6,14 +6,31 @@
 //! still all there: a failing test run is an error *and* the model needs its log.
 //!
 //! Lifetime: the command's whole process group is killed (SIGKILL) when the call ends, however
-//! it ends (exit, timeout, cancellation, or the future being dropped), so nothing it started in
-//! the background outlives the tool call. Bash is not a sandbox: it runs with the daemon's user
-//! rights, and only the file tools are confined to the workspace.
+//! it ends (exit, timeout, cancellation, or the future being dropped), and when the daemon that
+//! started it dies, however it dies (SIGKILL included), so nothing it started in the background
+//! outlives the tool call or the daemon. Only a process that leaves the group (`setsid`, or
+//! `set -m`'s job groups) escapes. Bash is not a sandbox: it runs with the daemon's user rights,
+//! and only the file tools are confined to the workspace.
+//!
+//! The daemon's death is seen by a sentinel inside the group, through a pipe, the *lifeline*:
+//! the daemon holds its write end (close-on-exec, so no other program it starts inherits it) and
+//! never writes to it; the spawned shell gets the read end as stdin, moves it to fd 3 and sets
+//! stdin to `/dev/null`, starts `(read <&3; kill -KILL 0) >/dev/null 2>&1 &` — a subshell in
+//! the same group, ignoring the signals a command may send its own group, whose output goes
+//! nowhere — and then execs `bash -c COMMAND` without fd 3. The exec keeps the shell's pid, so
+//! the group's leader is the command's own shell, whose exit status is the call's; the command
+//! and everything it starts never hold the lifeline. The write end closes when the call ends
+//! (after its group is killed) or when the daemon dies, since the kernel closes a dead process's
+//! files; the sentinel then reads EOF and kills its whole group. (`PR_SET_PDEATHSIG` would only
+//! reach the leader, not what it started in the background.) The group is also reported through
+//! [`ToolContext::process_groups`], so the engine can record it and a later daemon can stop it
+//! should the sentinel itself have been killed ([`crate::process`]).
 
+use std::io::PipeWriter;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
@@ -30,10 +47,17 @@ use crate::context::{ToolContext, ToolLimits, ToolOutput};
 use crate::env::child_env;
 use crate::error::ToolError;
 use crate::input::{optional_positive, required_str};
+use crate::process;
 
 /// How long to keep reading output after the process group is gone. Only a process that left
 /// the group (`setsid`) can hold the pipe open past that; its output is not worth a hang.
 const DRAIN_GRACE: Duration = Duration::from_secs(1);
+
+/// The script the spawned `bash -c` runs, with the lifeline's read end as stdin and the command
+/// as `$1`: the sentinel, then the command's own shell in its place (see the module doc).
+const LAUNCHER: &str = "exec 3<&0 </dev/null; \
+    (trap '' HUP INT QUIT TERM; read -r _ <&3; kill -KILL 0) >/dev/null 2>&1 & \
+    exec bash -c \"$1\" 3<&-";
 
 /// Runs Bash `{command, timeout?}`.
 pub async fn run(input: &Value, ctx: &ToolContext) -> ToolOutput {
@@ -68,8 +92,19 @@ enum Ending {
 }
 
 async fn execute(command: &str, limit: Duration, ctx: &ToolContext) -> std::io::Result<ToolOutput> {
-    let (mut child, mut pipe) = spawn(command, ctx.workspace.root())?;
-    let group = GroupGuard::new(&child)?;
+    let Spawned {
+        mut child,
+        output: mut pipe,
+        lifeline,
+    } = spawn(command, ctx.workspace.root())?;
+    let group = GroupGuard::new(&child, lifeline)?;
+    if let Some(groups) = &ctx.process_groups
+        && let Ok(recorded) = process::group_of(group.leader())
+    {
+        // Without `/proc` nothing is recorded; the sentinel still guards the group. A closed
+        // channel means nobody records.
+        let _ = groups.send(recorded);
+    }
     let mut output = HeadTail::new(ctx.limits.output_cap);
     let ending = drive(&mut child, &mut pipe, &mut output, limit, &ctx.cancel).await?;
     // Kill the group before reaping, so a timed-out shell's children die with it; on a normal
@@ -82,27 +117,47 @@ async fn execute(command: &str, limit: Duration, ctx: &ToolContext) -> std::io::
     Ok(render(ending, output, limit))
 }
 
-/// Starts `bash -c command` in a new process group with stdout and stderr on one pipe, so the
-/// model sees them interleaved as a terminal would show them.
-fn spawn(command: &str, root: &Path) -> std::io::Result<(Child, pipe::Receiver)> {
+/// A command just started.
+struct Spawned {
+    /// The command's shell: the leader of its process group.
+    child: Child,
+    /// Its stdout and stderr.
+    output: pipe::Receiver,
+    /// The daemon's end of the sentinel's pipe: when it closes, the sentinel kills the group.
+    lifeline: PipeWriter,
+}
+
+/// Starts `bash -c command` (behind [`LAUNCHER`]'s sentinel) in a new process group with stdout
+/// and stderr on one pipe, so the model sees them interleaved as a terminal would show them.
+fn spawn(command: &str, root: &Path) -> std::io::Result<Spawned> {
     let (reader, writer) = std::io::pipe()?;
     let writer_err = writer.try_clone()?;
+    // Both ends are close-on-exec: only the shell's stdin (a copy made for it alone) survives
+    // into the group, and the write end stays the daemon's.
+    let (lifeline_reader, lifeline) = std::io::pipe()?;
     let mut cmd = Command::new("bash");
     cmd.arg("-c")
+        .arg(LAUNCHER)
+        .arg("forkd-bash")
         .arg(command)
         .current_dir(root)
         .env_clear()
         .envs(child_env(|name| std::env::var_os(name), root))
-        .stdin(Stdio::null())
+        .stdin(lifeline_reader)
         .stdout(writer)
         .stderr(writer_err)
         .process_group(0)
         .kill_on_drop(true);
     let child = cmd.spawn()?;
-    // `cmd` holds our copies of the pipe's write end; until they close, EOF never comes.
+    // `cmd` holds our copies of the output pipe's write end (until they close, EOF never comes)
+    // and of the lifeline's read end.
     drop(cmd);
-    let reader = pipe::Receiver::from_owned_fd(OwnedFd::from(reader))?;
-    Ok((child, reader))
+    let output = pipe::Receiver::from_owned_fd(OwnedFd::from(reader))?;
+    Ok(Spawned {
+        child,
+        output,
+        lifeline,
+    })
 }
 
 /// Reads output until the shell exits, the deadline passes or the call is cancelled.
@@ -167,13 +222,15 @@ fn render(ending: Ending, output: HeadTail, limit: Duration) -> ToolOutput {
 }
 
 /// Kills the command's process group when dropped, so even an abandoned tool call (its future
-/// dropped mid-run) leaves no processes behind.
+/// dropped mid-run) leaves no processes behind; holds the lifeline until then.
 struct GroupGuard {
     group: Pid,
+    /// Closed only after the group is killed: fields are dropped after [`Drop::drop`] runs.
+    _lifeline: PipeWriter,
 }
 
 impl GroupGuard {
-    fn new(child: &Child) -> std::io::Result<GroupGuard> {
+    fn new(child: &Child, lifeline: PipeWriter) -> std::io::Result<GroupGuard> {
         let pid = child
             .id()
             .ok_or_else(|| std::io::Error::other("bash exited before its pid was read"))?;
@@ -181,7 +238,13 @@ impl GroupGuard {
         // `process_group(0)` made the shell the leader of a group with its own pid as id.
         Ok(GroupGuard {
             group: Pid::from_raw(pid),
+            _lifeline: lifeline,
         })
+    }
+
+    /// The group's leader (and id).
+    fn leader(&self) -> u32 {
+        self.group.as_raw().unsigned_abs()
     }
 
     fn kill(self) {
@@ -210,5 +273,126 @@ mod tests {
         assert_eq!(secs(json!({"timeout": 5})), 5);
         assert_eq!(secs(json!({"timeout": 120_000})), 600);
         assert!(timeout(&json!({"timeout": 0}), &limits).is_err());
+    }
+
+    /// Starts `command` as the tool does, but with no guard: nothing kills its group except the
+    /// sentinel. Returns once the command printed `started`.
+    async fn started(command: &str, root: &Path) -> Spawned {
+        let mut spawned = spawn(command, root).unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !String::from_utf8_lossy(&seen).contains("started") {
+            let n = timeout_at(
+                Instant::now() + Duration::from_secs(10),
+                spawned.output.read(&mut buf),
+            )
+            .await
+            .expect("the command never started")
+            .unwrap();
+            assert!(
+                n > 0,
+                "output ended early: {}",
+                String::from_utf8_lossy(&seen)
+            );
+            seen.extend_from_slice(&buf[..n]);
+        }
+        spawned
+    }
+
+    fn pgid(child: &Child) -> i32 {
+        i32::try_from(child.id().unwrap()).unwrap()
+    }
+
+    /// Where the process's fds point (`pipe:[123]`, `/dev/null`…).
+    fn fd_targets(pid: i32) -> Vec<String> {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|dir| {
+                dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                    .map(|t| t.display().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The daemon's death, simulated: only the daemon's end of the lifeline closes (no guard
+    /// kills anything), and the sentinel kills every process of the group, background ones
+    /// included.
+    #[tokio::test]
+    async fn the_sentinel_kills_the_whole_group_when_the_lifeline_closes() {
+        let dir = tempfile::tempdir().unwrap();
+        let Spawned {
+            mut child,
+            output: _output,
+            lifeline,
+        } = started(
+            "sleep 100 & sleep 100 & sleep 100 & echo started; wait",
+            dir.path(),
+        )
+        .await;
+        let group = pgid(&child);
+        // The shell, its three background sleepers (forked before `started`), and the sentinel.
+        let members = process::live_members(group).unwrap();
+        assert_eq!(members.len(), 5, "{members:?}");
+
+        drop(lifeline);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = process::live_members(group).unwrap();
+            if left.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "processes survived: {left:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The leader (this process's child, reaped only now) was killed too.
+        assert_eq!(child.wait().await.unwrap().signal(), Some(9));
+    }
+
+    /// Only the sentinel holds the lifeline: the command's shell (and so whatever it starts)
+    /// has neither end, and its stdin is `/dev/null`.
+    #[tokio::test]
+    async fn the_command_never_holds_the_lifeline() {
+        use std::os::fd::AsRawFd;
+
+        let dir = tempfile::tempdir().unwrap();
+        let spawned = started("echo started; sleep 100", dir.path()).await;
+        let lifeline =
+            std::fs::read_link(format!("/proc/self/fd/{}", spawned.lifeline.as_raw_fd()))
+                .unwrap()
+                .display()
+                .to_string();
+        assert!(lifeline.starts_with("pipe:"), "{lifeline}");
+        let leader = pgid(&spawned.child);
+        let holders: Vec<i32> = process::live_members(leader)
+            .unwrap()
+            .into_iter()
+            .filter(|pid| fd_targets(*pid).contains(&lifeline))
+            .collect();
+        assert_eq!(holders.len(), 1, "{holders:?}");
+        assert_ne!(holders[0], leader, "the command's shell holds the lifeline");
+        let stdin = std::fs::read_link(format!("/proc/{leader}/fd/0")).unwrap();
+        assert_eq!(stdin, Path::new("/dev/null"));
+        GroupGuard::new(&spawned.child, spawned.lifeline)
+            .unwrap()
+            .kill();
+    }
+
+    /// The group is reported once spawned, as the leader it is: the command's own shell.
+    #[tokio::test]
+    async fn the_group_is_reported_with_the_commands_own_pid() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let ctx = ToolContext::new(
+            crate::Workspace::new(dir.path()).unwrap(),
+            CancellationToken::new(),
+        )
+        .with_process_groups(tx);
+        let out = run(&json!({"command": "echo $$"}), &ctx).await;
+        assert!(!out.is_error, "{}", out.content);
+        let group = rx.try_recv().unwrap();
+        assert_eq!(out.content.trim(), group.pgid.to_string());
+        assert_eq!(group.boot_id, process::boot_id().unwrap());
+        assert!(group.start_ticks > 0);
+        assert!(rx.try_recv().is_err(), "reported once");
     }
 }

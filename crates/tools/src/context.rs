@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::ToolError;
@@ -44,15 +45,31 @@ pub struct ToolContext {
     /// Cancelled when the agent is killed or its run stops; Bash kills its process group then.
     pub cancel: CancellationToken,
     pub limits: ToolLimits,
+    /// Told the process group of each Bash command once it is spawned, so the caller can
+    /// record it while the command runs (see [`crate::process`]).
+    pub process_groups: Option<UnboundedSender<crate::process::ProcessGroup>>,
 }
 
 impl ToolContext {
-    /// A context with default limits.
+    /// A context with default limits that reports no process group.
     pub fn new(workspace: Workspace, cancel: CancellationToken) -> ToolContext {
         ToolContext {
             workspace,
             cancel,
             limits: ToolLimits::default(),
+            process_groups: None,
+        }
+    }
+
+    /// The same context, telling `groups` the process group of each Bash command it spawns.
+    #[must_use]
+    pub fn with_process_groups(
+        self,
+        groups: UnboundedSender<crate::process::ProcessGroup>,
+    ) -> ToolContext {
+        ToolContext {
+            process_groups: Some(groups),
+            ..self
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod grep;
 mod input;
 mod pattern;
 pub mod permission;
+pub mod process;
 pub mod read;
 mod rule;
 mod walk;
@@ -27,6 +28,7 @@ pub mod write;
 pub use context::{ToolContext, ToolLimits, ToolOutput};
 pub use error::ToolError;
 pub use permission::{Decision, Policy};
+pub use process::{Leftover, ProcessGroup};
 pub use rule::{Rule, RuleError};
 pub use workspace::{Access, Workspace};
 

@@ -1,0 +1,257 @@
+//! Process groups as a later daemon finds them again: a Bash call's group is recorded by its id,
+//! its leader's start time and the machine's boot id, all read from `/proc` (Linux); a daemon
+//! resuming an agent whose call was cut off stops that group if it still runs — and only that
+//! group, never one that has reused its id since.
+//!
+//! Why these three: a group's id is its leader's pid, and pids are reused. While the leader
+//! exists (even as a zombie) its pid, and so the group's id, cannot name anything else; the
+//! leader's start time (ticks since boot) tells it from a later process with the same pid, and
+//! the boot id tells this boot from an earlier one (or another machine sharing the store), where
+//! start times and pids mean nothing. A group whose leader is gone is left alone: its id may
+//! already lead another group (a daemonizing process's, say), and nothing left in `/proc` tells
+//! the two apart. The Bash tool's sentinel (see [`crate::bash`]) is what stops a group when its
+//! daemon dies; stopping a leftover group here is the second line, for a sentinel that was killed.
+
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::time::{Instant, sleep};
+
+pub use forkd_core::store::ProcessGroup;
+
+/// How often [`stop_leftover`] looks whether the killed group is gone.
+const POLL: Duration = Duration::from_millis(10);
+
+/// What [`stop_leftover`] found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leftover {
+    /// Recorded in another boot or on another machine: nothing of it runs here.
+    OtherBoot,
+    /// Its leader is gone: the group ended (or lost its leader, and its id may name another
+    /// group now); nothing was killed.
+    NotRunning,
+    /// The group's id is a process started at another time: the id was reused, nothing killed.
+    Reused,
+    /// The group was still alive; it was killed, and every process of it is gone.
+    Stopped,
+    /// The group was killed, but some of its processes were still there when the wait ended.
+    StillAlive,
+}
+
+/// One line of `/proc/PID/stat`, the fields after the command name (which may hold spaces and
+/// parentheses, so the line is split after its last `)`).
+struct Stat {
+    state: char,
+    pgrp: i32,
+    start_ticks: u64,
+}
+
+impl Stat {
+    fn parse(line: &str) -> Option<Stat> {
+        let (_, rest) = line.rsplit_once(')')?;
+        // Fields 3 (state) onwards; field N is at index N - 3.
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        Some(Stat {
+            state: fields.first()?.chars().next()?,
+            pgrp: fields.get(5 - 3)?.parse().ok()?,
+            start_ticks: fields.get(22 - 3)?.parse().ok()?,
+        })
+    }
+
+    fn read(pid: i32) -> std::io::Result<Stat> {
+        let line = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        Stat::parse(&line).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("/proc/{pid}/stat does not parse: {line:?}"),
+            )
+        })
+    }
+
+    /// Whether the process can still run: not a zombie waiting to be reaped, not dead.
+    fn live(&self) -> bool {
+        !matches!(self.state, 'Z' | 'X' | 'x')
+    }
+}
+
+/// This boot's id (a random UUID the kernel picks at boot).
+pub fn boot_id() -> std::io::Result<String> {
+    Ok(std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?
+        .trim()
+        .to_owned())
+}
+
+/// The process group that `leader` leads (a process started with `process_group(0)`), as a
+/// later daemon will need it. Read while `leader` is this process's unreaped child, so its pid
+/// still names it.
+pub fn group_of(leader: u32) -> std::io::Result<ProcessGroup> {
+    let pid = i32::try_from(leader).map_err(std::io::Error::other)?;
+    let stat = Stat::read(pid)?;
+    Ok(ProcessGroup {
+        pgid: pid,
+        start_ticks: stat.start_ticks,
+        boot_id: boot_id()?,
+    })
+}
+
+/// The processes of group `pgid` that can still run (zombies are done), by pid.
+pub fn live_members(pgid: i32) -> std::io::Result<Vec<i32>> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc")? {
+        let Some(pid) = entry?
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // A process may end between the listing and the read: then it is not a member.
+        if let Ok(stat) = Stat::read(pid)
+            && stat.pgrp == pgid
+            && stat.live()
+        {
+            pids.push(pid);
+        }
+    }
+    Ok(pids)
+}
+
+/// Stops what is left of a recorded group: if its leader still exists on this machine (same
+/// boot id, same start time), the whole group is killed (SIGKILL) and this waits, at most
+/// `within`, until none of its processes can run any more. A group recorded in another boot,
+/// whose leader is gone, or whose id now names another process is left alone.
+///
+/// An error is a failure to look (no `/proc`) or to kill (another user's processes).
+pub async fn stop_leftover(group: &ProcessGroup, within: Duration) -> std::io::Result<Leftover> {
+    if boot_id()? != group.boot_id {
+        return Ok(Leftover::OtherBoot);
+    }
+    let leader = match Stat::read(group.pgid) {
+        Ok(stat) => stat,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Leftover::NotRunning);
+        }
+        Err(err) => return Err(err),
+    };
+    if leader.start_ticks != group.start_ticks {
+        return Ok(Leftover::Reused);
+    }
+    // The leader (alive, or a zombie not yet reaped) still holds the id: the group is ours.
+    match killpg(Pid::from_raw(group.pgid), Signal::SIGKILL) {
+        Ok(()) | Err(Errno::ESRCH) => {}
+        Err(err) => return Err(err.into()),
+    }
+    let deadline = Instant::now() + within;
+    loop {
+        if live_members(group.pgid)?.is_empty() {
+            return Ok(Leftover::Stopped);
+        }
+        if Instant::now() >= deadline {
+            return Ok(Leftover::StillAlive);
+        }
+        sleep(POLL).await;
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+    use std::process::{Child, Command, Stdio};
+
+    #[test]
+    fn stat_lines_parse_past_odd_command_names() {
+        let line = "4242 (a) b (c)) S 1 4240 4240 0 -1 4194560 90 0 0 0 0 0 0 0 20 0 1 0 \
+                    987654 1000 100 18446744073709551615";
+        let stat = Stat::parse(line).unwrap();
+        assert_eq!(stat.state, 'S');
+        assert_eq!(stat.pgrp, 4240);
+        assert_eq!(stat.start_ticks, 987_654);
+        assert!(stat.live());
+        assert!(Stat::parse("4242 (sh) Z 1").is_none());
+    }
+
+    #[test]
+    fn this_process_reads_as_itself() {
+        let me = group_of(std::process::id()).unwrap();
+        assert_eq!(me.pgid, i32::try_from(std::process::id()).unwrap());
+        assert_eq!(me.boot_id, boot_id().unwrap());
+        assert_eq!(me.boot_id.len(), 36, "{}", me.boot_id);
+        assert_eq!(group_of(std::process::id()).unwrap(), me);
+    }
+
+    /// A group led by `sh`, with a background sleeper: `(leader, sleeper)`.
+    fn group() -> (Child, i32) {
+        let mut leader = Command::new("sh")
+            .args(["-c", "sleep 100 & echo $!; exec sleep 100"])
+            .stdout(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(leader.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        (leader, line.trim().parse().unwrap())
+    }
+
+    fn pid(child: &Child) -> i32 {
+        i32::try_from(child.id()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_live_group_whose_leader_matches_is_killed_whole() {
+        let (mut leader, sleeper) = group();
+        let recorded = group_of(leader.id()).unwrap();
+        let mut members = live_members(recorded.pgid).unwrap();
+        members.sort_unstable();
+        let mut expected = vec![pid(&leader), sleeper];
+        expected.sort_unstable();
+        assert_eq!(members, expected);
+
+        let stopped = stop_leftover(&recorded, Duration::from_secs(10)).await;
+        assert_eq!(stopped.unwrap(), Leftover::Stopped);
+        assert!(live_members(recorded.pgid).unwrap().is_empty());
+        // The leader is this test's child: a zombie until reaped, killed by SIGKILL.
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(leader.wait().unwrap().signal(), Some(9));
+        // Once the group is gone, asking again finds nothing to do.
+        let again = stop_leftover(&recorded, Duration::from_secs(1)).await;
+        assert_eq!(again.unwrap(), Leftover::NotRunning);
+    }
+
+    #[tokio::test]
+    async fn a_reused_id_or_another_boot_is_left_alone() {
+        let (mut leader, sleeper) = group();
+        let actual = group_of(leader.id()).unwrap();
+        // The same pid, started at another time: the recorded leader's pid was reused.
+        let reused = ProcessGroup {
+            start_ticks: actual.start_ticks - 1,
+            ..actual.clone()
+        };
+        let found = stop_leftover(&reused, Duration::from_secs(1)).await;
+        assert_eq!(found.unwrap(), Leftover::Reused);
+        // The same pid and start time, recorded in another boot.
+        let other_boot = ProcessGroup {
+            boot_id: "00000000-0000-0000-0000-000000000000".into(),
+            ..actual.clone()
+        };
+        let found = stop_leftover(&other_boot, Duration::from_secs(1)).await;
+        assert_eq!(found.unwrap(), Leftover::OtherBoot);
+        // Both left every process running.
+        let mut members = live_members(actual.pgid).unwrap();
+        members.sort_unstable();
+        let mut expected = vec![pid(&leader), sleeper];
+        expected.sort_unstable();
+        assert_eq!(members, expected);
+
+        let stopped = stop_leftover(&actual, Duration::from_secs(10)).await;
+        assert_eq!(stopped.unwrap(), Leftover::Stopped);
+        leader.wait().unwrap();
+    }
+}
