@@ -7,51 +7,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use binary::{Client, Daemon, client};
 use forkd_proto::v1 as pb;
 use forkd_test_support::{
-    connect, create_session, eventually, fork, transcript_text, trusted_session_request,
-    wait_for_batch,
+    create_session, eventually, fork, transcript_text, trusted_session_request, wait_for_batch,
 };
 
-type Client = pb::forkd_client::ForkdClient<tonic::transport::Channel>;
-
-/// A `forkd serve` process, killed with SIGKILL when dropped: by the test on purpose, or by a
-/// failing test's unwinding, which must not leave a daemon behind.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start(home: &Path) -> Daemon {
-    let child = Command::new(env!("CARGO_BIN_EXE_forkd"))
-        .args(["serve", "--sim-speed", "0.05", "--grace", "1s"])
-        .env("FORKD_HOME", home)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    Daemon(child)
-}
-
-async fn client(home: &Path) -> Client {
-    let addr = format!("unix://{}", home.join("forkd.sock").display());
-    eventually(Duration::from_secs(30), "forkd to come up", || async {
-        let mut c = connect(&addr).await.ok()?;
-        c.list_sessions(pb::ListSessionsRequest::default())
-            .await
-            .ok()?;
-        Some(c)
-    })
-    .await
-}
+mod binary;
 
 /// A process's state and start time (clock ticks since boot), from `/proc/PID/stat`.
 fn stat(pid: i32) -> Option<(char, u64)> {
@@ -95,7 +59,7 @@ async fn child_running(c: &mut Client, ws: &Path, command: &str) -> pb::ForkBatc
 /// Restarts the daemon and waits for the child to end: completed, its Bash call answered as
 /// interrupted.
 async fn resumed_child_completes(home: &Path, batch: &pb::ForkBatchResponse) -> Daemon {
-    let daemon = start(home);
+    let daemon = Daemon::start(home, "0.05");
     let mut c = client(home).await;
     let done = wait_for_batch(&mut c, &batch.batch_id, 1, Duration::from_secs(30))
         .await
@@ -111,11 +75,6 @@ async fn resumed_child_completes(home: &Path, batch: &pb::ForkBatchResponse) -> 
     daemon
 }
 
-/// SIGKILL, and the daemon is reaped.
-fn kill9(daemon: Daemon) {
-    drop(daemon);
-}
-
 #[tokio::test]
 async fn a_sigkilled_daemon_takes_its_bash_process_groups_with_it() {
     let home = tempfile::Builder::new()
@@ -124,7 +83,7 @@ async fn a_sigkilled_daemon_takes_its_bash_process_groups_with_it() {
         .unwrap();
     let ws = home.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
-    let daemon = start(home.path());
+    let daemon = Daemon::start(home.path(), "0.05");
     let mut c = client(home.path()).await;
     let batch = child_running(
         &mut c,
@@ -135,7 +94,7 @@ async fn a_sigkilled_daemon_takes_its_bash_process_groups_with_it() {
     let (pid, ticks) = recorded_pid(&ws.join("pid.txt")).await;
     assert!(alive(pid, ticks));
 
-    kill9(daemon);
+    daemon.kill9();
     eventually(
         Duration::from_secs(10),
         "the background job to die with its daemon",
@@ -147,7 +106,7 @@ async fn a_sigkilled_daemon_takes_its_bash_process_groups_with_it() {
 
     let daemon = resumed_child_completes(home.path(), &batch).await;
     assert!(!ws.join("after.txt").exists());
-    kill9(daemon);
+    daemon.kill9();
 }
 
 /// The second line: a command that killed its group's sentinel (the one child its shell has
@@ -161,7 +120,7 @@ async fn the_next_daemon_stops_a_recorded_group_that_outlived_its_daemon() {
         .unwrap();
     let ws = home.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
-    let daemon = start(home.path());
+    let daemon = Daemon::start(home.path(), "0.05");
     let mut c = client(home.path()).await;
     let command = "read -r sentinel < /proc/$$/task/$$/children; kill -KILL $sentinel; \
                    (sleep 15; echo done > after.txt) & echo $! > pid.txt; wait";
@@ -194,7 +153,7 @@ async fn the_next_daemon_stops_a_recorded_group_that_outlived_its_daemon() {
         "the recorded leader is the shell"
     );
 
-    kill9(daemon);
+    daemon.kill9();
     // Without its sentinel the group outlives the daemon…
     assert!(alive(pid, ticks));
     assert!(alive(pgid, leader_ticks));
@@ -204,5 +163,5 @@ async fn the_next_daemon_stops_a_recorded_group_that_outlived_its_daemon() {
     assert!(!alive(pid, ticks), "the background job survived");
     assert!(!alive(pgid, leader_ticks), "the shell survived");
     assert!(!ws.join("after.txt").exists());
-    kill9(daemon);
+    daemon.kill9();
 }

@@ -6,39 +6,17 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use binary::{Daemon, client};
 use forkd_proto::v1 as pb;
 use forkd_store::{Durability, RequestFilter, SqliteStore, Store};
-use forkd_test_support::{connect, create_session, eventually, fork, trusted_session_request};
+use forkd_test_support::{create_session, eventually, fork, trusted_session_request};
+
+mod binary;
 
 const CHILDREN: usize = 6;
 const CRASHES: usize = 3;
-
-fn start(home: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_forkd"))
-        .args(["serve", "--sim-speed", "0.05", "--grace", "1s"])
-        .env("FORKD_HOME", home)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
-async fn client(home: &Path) -> pb::forkd_client::ForkdClient<tonic::transport::Channel> {
-    let addr = format!("unix://{}", home.join("forkd.sock").display());
-    eventually(Duration::from_secs(30), "forkd to come up", || async {
-        let mut c = connect(&addr).await.ok()?;
-        c.list_sessions(pb::ListSessionsRequest::default())
-            .await
-            .ok()?;
-        Some(c)
-    })
-    .await
-}
 
 /// Every notification of the batch stored so far.
 async fn replay(
@@ -102,7 +80,7 @@ async fn crash_run(seed: u64) -> String {
         .unwrap();
     let ws = home.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
-    let mut daemon = start(home.path());
+    let mut daemon = Daemon::start(home.path(), "0.05");
     let mut c = client(home.path()).await;
     let session = create_session(&mut c, trusted_session_request(&ws))
         .await
@@ -120,10 +98,9 @@ async fn crash_run(seed: u64) -> String {
         let after = rng.u64(20..500);
         kills_ms.push(after);
         tokio::time::sleep(Duration::from_millis(after)).await;
-        daemon.kill().unwrap(); // SIGKILL
-        daemon.wait().unwrap();
+        daemon.kill9();
         seen.extend(watcher.await.unwrap());
-        daemon = start(home.path());
+        daemon = Daemon::start(home.path(), "0.05");
         c = client(home.path()).await;
     }
 
@@ -183,8 +160,7 @@ async fn crash_run(seed: u64) -> String {
         );
     }
 
-    daemon.kill().unwrap();
-    daemon.wait().unwrap();
+    daemon.kill9();
     let store = SqliteStore::open(&home.path().join("forkd.db"), Durability::Normal)
         .await
         .unwrap();

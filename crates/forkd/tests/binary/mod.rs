@@ -1,0 +1,58 @@
+//! The real `forkd serve` binary, for tests that kill it with SIGKILL and start it again on the
+//! same home.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use forkd_proto::v1 as pb;
+use forkd_test_support::{connect, eventually};
+
+pub type Client = pb::forkd_client::ForkdClient<tonic::transport::Channel>;
+
+/// A `forkd serve` process, killed with SIGKILL when dropped: by the test on purpose, or by a
+/// failing test's unwinding, which must not leave a daemon behind.
+pub struct Daemon(Child);
+
+impl Daemon {
+    /// Starts `forkd serve` on `home` with the sim at `sim_speed`.
+    pub fn start(home: &Path, sim_speed: &str) -> Daemon {
+        let child = Command::new(env!("CARGO_BIN_EXE_forkd"))
+            .args(["serve", "--sim-speed", sim_speed, "--grace", "1s"])
+            .env("FORKD_HOME", home)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Daemon(child)
+    }
+
+    /// SIGKILL, and reaped.
+    pub fn kill9(mut self) {
+        self.0.kill().unwrap();
+        self.0.wait().unwrap();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A client of the daemon on `home`, once it answers.
+pub async fn client(home: &Path) -> Client {
+    let addr = format!("unix://{}", home.join("forkd.sock").display());
+    eventually(Duration::from_secs(30), "forkd to come up", || async {
+        let mut c = connect(&addr).await.ok()?;
+        c.list_sessions(pb::ListSessionsRequest::default())
+            .await
+            .ok()?;
+        Some(c)
+    })
+    .await
+}
