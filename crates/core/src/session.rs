@@ -226,6 +226,47 @@ impl PermissionMode {
     }
 }
 
+/// What a session's `Bash` commands may touch (docs/contracts.md, "Sandbox").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SandboxMode {
+    /// Writes only inside the workspace and a private temporary directory; reads everything but
+    /// the daemon's home, other sessions' workspaces and the deny list.
+    #[default]
+    WorkspaceWrite,
+    /// The same reads; writes only in the private temporary directory.
+    ReadOnly,
+    /// No sandbox: whatever the daemon's user may do.
+    FullAccess,
+}
+
+impl SandboxMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxMode::WorkspaceWrite => "workspace-write",
+            SandboxMode::ReadOnly => "read-only",
+            SandboxMode::FullAccess => "full-access",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            SandboxMode::WorkspaceWrite,
+            SandboxMode::ReadOnly,
+            SandboxMode::FullAccess,
+        ]
+        .into_iter()
+        .find(|m| m.as_str() == s)
+    }
+}
+
+/// A session's sandbox: its mode, and whether its commands may use the network.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Sandbox {
+    pub mode: SandboxMode,
+    pub allow_network: bool,
+}
+
 /// Everything that decides a request's cache key, except the messages: one type, so no caller can
 /// assemble a child's request from anything but the parent's stored values.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -250,6 +291,8 @@ pub struct Session {
     pub permission_mode: PermissionMode,
     /// Allow and deny rules (`Bash(cargo test:*)`, `Write(src/**)`); deny wins.
     pub rules: PermissionRules,
+    /// What its `Bash` commands may touch.
+    pub sandbox: Sandbox,
     pub created_at_ms: i64,
 }
 

@@ -65,6 +65,8 @@ pub struct EngineConfig {
     pub max_running_agents: Option<usize>,
     /// The most model requests in flight at once (`None`: no cap); more wait their turn.
     pub max_concurrent_requests: Option<usize>,
+    /// The sandbox of sessions' Bash commands.
+    pub sandbox: SandboxConfig,
     /// Spending limits per tenant (by name); an agent of a tenant over its budget fails.
     pub tenant_budgets: std::collections::HashMap<String, forkd_core::store::Budget>,
 }
@@ -86,8 +88,47 @@ impl Default for EngineConfig {
             auto_background: Some(Duration::from_secs(120)),
             fork_always_async: true,
             tenant_budgets: std::collections::HashMap::new(),
+            sandbox: SandboxConfig::default(),
             max_running_agents: Some(256),
             max_concurrent_requests: Some(64),
+        }
+    }
+}
+
+/// How sessions' Bash commands are sandboxed (docs/contracts.md, "Sandbox").
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxConfig {
+    /// The mode of a session that asks for none.
+    pub default_mode: forkd_core::session::SandboxMode,
+    /// Hidden from every sandboxed command: the daemon's home and the deny list. (The other
+    /// sessions' workspaces are added per call.)
+    pub hidden: Vec<std::path::PathBuf>,
+    /// Where each session's private temporary directory is made (`ROOT/SESSION_ID`); the others
+    /// are hidden from it.
+    pub tmp_root: std::path::PathBuf,
+    /// Tenants (by name) that may create `full-access` sessions; callers on the Unix socket
+    /// always may.
+    pub full_access_tenants: std::collections::HashSet<String>,
+}
+
+impl SandboxConfig {
+    /// The default deny list, under `home` (the daemon user's home directory).
+    pub fn default_deny(home: &std::path::Path) -> Vec<std::path::PathBuf> {
+        forkd_tools::sandbox::DEFAULT_DENY
+            .iter()
+            .map(|p| home.join(p))
+            .collect()
+    }
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+        Self {
+            default_mode: forkd_core::session::SandboxMode::default(),
+            hidden: home.as_deref().map(Self::default_deny).unwrap_or_default(),
+            tmp_root: std::env::temp_dir().join("forkd-sandbox"),
+            full_access_tenants: std::collections::HashSet::new(),
         }
     }
 }

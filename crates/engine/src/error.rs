@@ -24,6 +24,9 @@ pub enum EngineError {
     /// batch itself (too many children, an empty or oversized directive).
     #[error("{0}")]
     ForkRefused(#[source] forkd_core::plan::Refusal),
+    /// The caller may not ask for this (a remote tenant asking for an unconfined sandbox).
+    #[error("{0}")]
+    Forbidden(String),
     /// An idempotency key was first used for a call with other parameters.
     #[error(
         "idempotency key {key:?} was first used for a {call} call with other parameters; \

@@ -39,7 +39,7 @@ use tokio_util::task::TaskTracker;
 pub use agents::TranscriptEntry;
 pub use attach::{AgentEvent, AgentEventStream, auto_background};
 pub use batch::{BatchOptions, SubmittedBatch};
-pub use config::{EngineConfig, RetryPolicy};
+pub use config::{EngineConfig, RetryPolicy, SandboxConfig};
 pub use diagnose::{CacheExplanation, Divergence, first_differing_part};
 pub use error::EngineError;
 pub use forkd_provider::{FailureKind, ProviderError};

@@ -9,6 +9,7 @@ use forkd_core::session::{
     CacheSafeParams, PermissionMode, PermissionRules, Session, SystemTemplate, ThinkingConfig,
     ToolDef, ToolsJson,
 };
+use forkd_core::session::{Sandbox, SandboxMode};
 use forkd_core::tools::{AgentTypeListing, builtin_definitions_with_types};
 use forkd_core::{Block, Message, SessionId};
 
@@ -47,6 +48,10 @@ pub struct NewSession {
     pub tenant: String,
     /// A retry with the same key and parameters returns the first call's session.
     pub idempotency_key: Option<String>,
+    /// What its Bash commands may touch; `None`: the daemon's default mode.
+    pub sandbox: Option<SandboxMode>,
+    /// Its Bash commands may use the network.
+    pub allow_network: bool,
 }
 
 impl NewSession {
@@ -69,6 +74,8 @@ impl NewSession {
             self.thinking_budget,
             self.external_tools,
             self.max_tokens,
+            self.sandbox.map(SandboxMode::as_str),
+            self.allow_network,
             self.allow_rules,
             self.deny_rules,
         ]);
@@ -96,6 +103,27 @@ fn first_message(files: &[ContextFile]) -> Message {
         )]);
     }
     Message::user(files.iter().map(context_block).collect())
+}
+
+impl Engine {
+    /// The session's sandbox: the mode it asks for, or the daemon's default. `full-access` is for
+    /// callers on the Unix socket and for the tenants the configuration allows.
+    fn check_sandbox(&self, req: &NewSession, tenant: &str) -> Result<Sandbox> {
+        let cfg = &self.config().sandbox;
+        let mode = req.sandbox.unwrap_or(cfg.default_mode);
+        let local = tenant == forkd_core::session::LOCAL_TENANT;
+        if mode == SandboxMode::FullAccess && !local && !cfg.full_access_tenants.contains(tenant) {
+            return Err(EngineError::Forbidden(format!(
+                "tenant {tenant:?} may not create full-access sessions (unsandboxed commands); \
+                 the daemon's operator allows it with allow_full_access = true under \
+                 [tenants.{tenant}] in config.toml"
+            )));
+        }
+        Ok(Sandbox {
+            mode,
+            allow_network: req.allow_network,
+        })
+    }
 }
 
 fn invalid(msg: String) -> EngineError {
@@ -271,6 +299,7 @@ impl Engine {
             .map(|(i, t)| ToolDef::parse(t).map_err(|e| invalid(format!("external tool {i}: {e}"))))
             .collect::<Result<Vec<_>>>()?;
         let rules = check_rules(req.allow_rules.clone(), req.deny_rules.clone())?;
+        let sandbox = self.check_sandbox(&req, &tenant)?;
         // The types the Agent tool lists, as they are now: fixed with the session's tools.
         let types = self.agent_types(&workspace);
         let listed: Vec<AgentTypeListing<'_>> = types
@@ -295,6 +324,7 @@ impl Engine {
             interactive: req.interactive,
             permission_mode: req.permission_mode,
             rules,
+            sandbox,
             created_at_ms: now_ms(),
         };
         self.inner

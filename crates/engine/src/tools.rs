@@ -11,11 +11,13 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use forkd_core::plan::{Calls, ForkLimits, Forker, plan};
+use forkd_core::session::SandboxMode;
 use forkd_core::session::{PermissionMode, PermissionRules, Session};
 use forkd_core::store::{ProcessGroup, ToolCall};
 use forkd_core::tools::AGENT_TOOL;
 use forkd_core::{Agent, AgentKind, Block, Message, RawJson};
-use forkd_tools::{Decision, Policy, Rule, ToolContext, ToolOutput, Workspace};
+use forkd_tools::sandbox::SandboxPaths;
+use forkd_tools::{Decision, Policy, Rule, SandboxSpec, ToolContext, ToolOutput, Workspace};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -106,7 +108,10 @@ impl Engine {
             .map(|c| (c.tool_use_id.clone(), c))
             .collect();
         let workspace = Workspace::new(&turn.session.workspace).map_err(EngineError::Workspace)?;
-        let ctx = ToolContext::new(workspace, turn.cancel.clone());
+        let mut ctx = ToolContext::new(workspace, turn.cancel.clone());
+        if let Some(spec) = self.sandbox_spec(turn.session).await? {
+            ctx = ctx.with_sandbox(spec);
+        }
         let policy = policy(turn.permission_mode, &turn.session.rules);
         let mut results = Vec::new();
         for (id, name, block) in assistant.tool_uses() {
@@ -263,6 +268,33 @@ async fn stop_leftover(tool_use_id: &str, group: &ProcessGroup) {
 }
 
 impl Engine {
+    /// The sandbox of a session's Bash commands (`None` for `full-access`): hidden are the
+    /// daemon's home, the deny list, every other session's workspace and the other sessions'
+    /// private temporary directories.
+    async fn sandbox_spec(&self, session: &Session) -> Result<Option<SandboxSpec>> {
+        if session.sandbox.mode == SandboxMode::FullAccess {
+            return Ok(None);
+        }
+        let cfg = &self.config().sandbox;
+        let mut hidden = cfg.hidden.clone();
+        hidden.push(cfg.tmp_root.clone());
+        let own = std::fs::canonicalize(&session.workspace).unwrap_or(session.workspace.clone());
+        for workspace in self.inner.store.workspaces().await? {
+            let theirs = std::fs::canonicalize(&workspace).unwrap_or(workspace);
+            // A workspace that holds this one (or is it) stays readable where it is kept.
+            if theirs != own {
+                hidden.push(theirs);
+            }
+        }
+        Ok(Some(SandboxSpec {
+            sandbox: session.sandbox,
+            paths: SandboxPaths {
+                hidden,
+                tmp: cfg.tmp_root.join(session.id.to_string()),
+            },
+        }))
+    }
+
     /// A call that needs a person's approval: in an interactive session it is put to the
     /// session's clients and the agent waits; otherwise it is denied with a clear error.
     async fn ask_person(

@@ -187,6 +187,31 @@ fn provider(config: &DaemonConfig) -> anyhow::Result<Arc<dyn Provider>> {
 }
 
 /// Starts a daemon: opens the store, builds the engine, binds the listeners and serves.
+/// Says at start what the sandbox found: whether sandboxed Bash commands can run here, and if
+/// not, why (they then fail with that reason; nothing runs unconfined).
+async fn log_sandbox(sandbox: &forkd_engine::SandboxConfig) {
+    let scratch = sandbox.tmp_root.join("probe");
+    if let Err(e) = std::fs::create_dir_all(&scratch) {
+        tracing::warn!(dir = %scratch.display(), error = %e, "Cannot create the sandbox's temporary directory");
+        return;
+    }
+    let probe = forkd_tools::sandbox::probe(&scratch).await;
+    match probe.failure {
+        None => tracing::info!(
+            landlock_abi = probe.landlock_abi,
+            default = sandbox.default_mode.as_str(),
+            "Sandbox ready: Landlock, user, mount and network namespaces"
+        ),
+        Some(why) => tracing::warn!(
+            landlock_abi = probe.landlock_abi,
+            default = sandbox.default_mode.as_str(),
+            %why,
+            "Sandboxed Bash commands cannot run on this machine; they will fail saying so \
+             (sessions created with --sandbox full-access run unconfined)"
+        ),
+    }
+}
+
 pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     // Read (and so validated) now: a broken token file is a start-up error, not a surprise at
     // the first call. The server re-reads it when it changes.
@@ -226,6 +251,10 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     let provider = provider(&config)?;
     let mut engine_config = config.engine.clone();
     engine_config.agent_dirs.push(config.home.join("agents"));
+    // The daemon's home (database, socket, tokens) is hidden from every sandboxed command.
+    let home = std::fs::canonicalize(&config.home).unwrap_or_else(|_| config.home.clone());
+    engine_config.sandbox.hidden.push(home);
+    log_sandbox(&engine_config.sandbox).await;
     let engine = Engine::new(Arc::new(store), provider, engine_config);
 
     let socket_path = config.socket_path();

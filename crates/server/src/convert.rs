@@ -38,6 +38,8 @@ pub(crate) fn session(s: &Session, message_count: u64) -> pb::Session {
         created_at: Some(timestamp(s.created_at_ms)),
         allow_rules: s.rules.allow.clone(),
         deny_rules: s.rules.deny.clone(),
+        sandbox: s.sandbox.mode.as_str().to_owned(),
+        allow_network: s.sandbox.allow_network,
     }
 }
 

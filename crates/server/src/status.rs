@@ -54,6 +54,7 @@ fn engine_status(err: EngineError) -> Status {
     match err {
         E::InvalidRequest(_) => Status::invalid_argument(msg),
         E::NotFound { .. } => Status::not_found(msg),
+        E::Forbidden(_) => Status::permission_denied(msg),
         E::ForkRefused(refusal) if !refusal.is_state() => Status::invalid_argument(msg),
         E::WrongState(_)
         | E::ForkRefused(_)

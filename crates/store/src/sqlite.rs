@@ -371,6 +371,17 @@ impl Store for SqliteStore {
         .await)
     }
 
+    async fn workspaces(&self) -> StoreResult<Vec<std::path::PathBuf>> {
+        db(async move {
+            let rows: Vec<String> =
+                sqlx::query_scalar("SELECT DISTINCT workspace FROM sessions ORDER BY workspace")
+                    .fetch_all(&self.reader)
+                    .await?;
+            Ok(rows.into_iter().map(std::path::PathBuf::from).collect())
+        }
+        .await)
+    }
+
     async fn set_pending_reply(
         &self,
         lease: &Lease,

@@ -48,6 +48,7 @@ use crate::env::child_env;
 use crate::error::ToolError;
 use crate::input::{optional_positive, required_str};
 use crate::process;
+use crate::sandbox::Prepared;
 
 /// How long to keep reading output after the process group is gone. Only a process that left
 /// the group (`setsid`) can hold the pipe open past that; its output is not worth a hang.
@@ -92,11 +93,29 @@ enum Ending {
 }
 
 async fn execute(command: &str, limit: Duration, ctx: &ToolContext) -> std::io::Result<ToolOutput> {
+    let prepared = match &ctx.sandbox {
+        Some(spec) => match Prepared::new(spec.sandbox, &spec.paths, ctx.workspace.root()) {
+            Ok(prepared) => prepared,
+            Err(e) => return Ok(ToolOutput::error(e.to_string())),
+        },
+        None => None,
+    };
+    let spawned = spawn(command, ctx.workspace.root(), prepared);
     let Spawned {
         mut child,
         output: mut pipe,
         lifeline,
-    } = spawn(command, ctx.workspace.root())?;
+    } = match spawned {
+        Ok(spawned) => spawned,
+        Err(e) if ctx.sandbox.is_some() => {
+            return Ok(ToolOutput::error(format!(
+                "the command could not enter its sandbox ({e}): this machine may lack \
+                 unprivileged user namespaces or Landlock; the command did not run. A session \
+                 whose commands may run unconfined is created with --sandbox full-access"
+            )));
+        }
+        Err(e) => return Err(e),
+    };
     let group = GroupGuard::new(&child, lifeline)?;
     if let Some(groups) = &ctx.process_groups
         && let Ok(recorded) = process::group_of(group.leader())
@@ -129,7 +148,7 @@ struct Spawned {
 
 /// Starts `bash -c command` (behind [`LAUNCHER`]'s sentinel) in a new process group with stdout
 /// and stderr on one pipe, so the model sees them interleaved as a terminal would show them.
-fn spawn(command: &str, root: &Path) -> std::io::Result<Spawned> {
+fn spawn(command: &str, root: &Path, sandbox: Option<Prepared>) -> std::io::Result<Spawned> {
     let (reader, writer) = std::io::pipe()?;
     let writer_err = writer.try_clone()?;
     // Both ends are close-on-exec: only the shell's stdin (a copy made for it alone) survives
@@ -148,6 +167,9 @@ fn spawn(command: &str, root: &Path) -> std::io::Result<Spawned> {
         .stderr(writer_err)
         .process_group(0)
         .kill_on_drop(true);
+    if let Some(sandbox) = sandbox {
+        sandbox.apply(&mut cmd);
+    }
     let child = cmd.spawn()?;
     // `cmd` holds our copies of the output pipe's write end (until they close, EOF never comes)
     // and of the lifeline's read end.
@@ -278,7 +300,7 @@ mod tests {
     /// Starts `command` as the tool does, but with no guard: nothing kills its group except the
     /// sentinel. Returns once the command printed `started`.
     async fn started(command: &str, root: &Path) -> Spawned {
-        let mut spawned = spawn(command, root).unwrap();
+        let mut spawned = spawn(command, root, None).unwrap();
         let mut seen = Vec::new();
         let mut buf = [0u8; 1024];
         while !String::from_utf8_lossy(&seen).contains("started") {

@@ -48,6 +48,15 @@ pub struct ToolContext {
     /// Told the process group of each Bash command once it is spawned, so the caller can
     /// record it while the command runs (see [`crate::process`]).
     pub process_groups: Option<UnboundedSender<crate::process::ProcessGroup>>,
+    /// The sandbox Bash commands run in; `None`: unconfined (`full-access`).
+    pub sandbox: Option<SandboxSpec>,
+}
+
+/// A session's sandbox and the paths it hides and lends, for Bash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxSpec {
+    pub sandbox: crate::sandbox::Sandbox,
+    pub paths: crate::sandbox::SandboxPaths,
 }
 
 impl ToolContext {
@@ -58,6 +67,16 @@ impl ToolContext {
             cancel,
             limits: ToolLimits::default(),
             process_groups: None,
+            sandbox: None,
+        }
+    }
+
+    /// The same context, running Bash commands in `sandbox`.
+    #[must_use]
+    pub fn with_sandbox(self, sandbox: SandboxSpec) -> ToolContext {
+        ToolContext {
+            sandbox: Some(sandbox),
+            ..self
         }
     }
 

@@ -21,11 +21,12 @@ pub mod permission;
 pub mod process;
 pub mod read;
 mod rule;
+pub mod sandbox;
 mod walk;
 pub mod workspace;
 pub mod write;
 
-pub use context::{ToolContext, ToolLimits, ToolOutput};
+pub use context::{SandboxSpec, ToolContext, ToolLimits, ToolOutput};
 pub use error::ToolError;
 pub use permission::{Decision, Policy};
 pub use process::{Leftover, ProcessGroup};

@@ -45,6 +45,9 @@ pub enum SessionCommand {
 }
 
 /// Permission modes (docs/contracts.md); checked here so a typo is a usage error, not a round trip.
+/// The sandbox modes `--sandbox` takes.
+pub(crate) const SANDBOX_MODES: [&str; 3] = ["workspace-write", "read-only", "full-access"];
+
 pub(crate) const PERMISSION_MODES: [&str; 6] = [
     "default",
     "acceptEdits",
@@ -84,6 +87,16 @@ pub struct CreateArgs {
     /// How tool calls are permitted.
     #[arg(long, value_name = "MODE", value_parser = PERMISSION_MODES)]
     pub permission_mode: Option<String>,
+
+    /// What its Bash commands may touch: `workspace-write` (writes only in the workspace and a
+    /// private temporary directory; the daemon's home and other workspaces hidden),
+    /// `read-only`, or `full-access` (unconfined). The daemon's default when omitted.
+    #[arg(long, value_name = "MODE", value_parser = SANDBOX_MODES)]
+    pub sandbox: Option<String>,
+
+    /// Let its Bash commands use the network (off in a sandbox by default).
+    #[arg(long)]
+    pub allow_network: bool,
 
     /// Extended-thinking budget in tokens; 0 disables thinking.
     #[arg(long, value_name = "TOKENS", default_value_t = 0)]
@@ -269,6 +282,8 @@ fn create_request(args: CreateArgs) -> Result<CreateSessionRequest, CliError> {
         coordinator: args.coordinator,
         interactive: args.interactive,
         permission_mode: args.permission_mode.unwrap_or_default(),
+        sandbox: args.sandbox.unwrap_or_default(),
+        allow_network: args.allow_network,
         thinking_budget_tokens: args.thinking_budget,
         max_tokens: args.max_tokens.unwrap_or_default(),
         allow_rules: args.allow_rules,
@@ -351,6 +366,8 @@ mod tests {
             coordinator: false,
             interactive: false,
             permission_mode: None,
+            sandbox: None,
+            allow_network: false,
             thinking_budget: 0,
             max_tokens: None,
             allow_rules: Vec::new(),

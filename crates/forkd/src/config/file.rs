@@ -58,6 +58,13 @@ pub struct FileConfig {
     /// Models the price table does not know, or new prices and windows for those it does:
     /// `[models.NAME]`.
     pub models: Option<BTreeMap<String, ModelSection>>,
+    /// The sandbox of sessions that ask for none: `workspace-write`, `read-only` or
+    /// `full-access`.
+    pub sandbox: Option<String>,
+    /// Paths no sandboxed command may read (`~` is the daemon user's home); replaces the default
+    /// list (`~/.ssh`, `~/.gnupg`, `~/.aws`, `~/.config/gcloud`, `~/.docker`, `~/.kube`,
+    /// `~/.netrc`).
+    pub sandbox_deny: Option<Vec<String>>,
     /// Per-tenant settings: `[tenants.NAME]`.
     pub tenants: Option<BTreeMap<String, TenantSection>>,
     /// The `anthropic` provider's settings.
@@ -74,6 +81,8 @@ pub struct TenantSection {
     pub budget_usd: Option<f64>,
     /// Once the tenant's agents have used this many tokens (all kinds), its agents fail.
     pub budget_tokens: Option<u64>,
+    /// The tenant may create `full-access` (unsandboxed) sessions.
+    pub allow_full_access: Option<bool>,
 }
 
 /// `[models.NAME]` in `config.toml`: a model's context window and prices (USD per million
@@ -217,6 +226,38 @@ impl FileConfig {
             });
         }
         Ok(models)
+    }
+
+    /// The tenants allowed `full-access` sessions.
+    pub(super) fn full_access_tenants(&self) -> std::collections::BTreeSet<String> {
+        self.tenants
+            .iter()
+            .flatten()
+            .filter(|(_, t)| t.allow_full_access == Some(true))
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// `sandbox_deny`, with `~` expanded to `home`.
+    pub(super) fn sandbox_deny(&self, home: Option<&Path>) -> anyhow::Result<Option<Vec<PathBuf>>> {
+        let Some(list) = &self.sandbox_deny else {
+            return Ok(None);
+        };
+        let mut paths = Vec::new();
+        for entry in list {
+            let path = match (entry.strip_prefix("~/"), home) {
+                (Some(rest), Some(home)) => home.join(rest),
+                (Some(_), None) => bail!(
+                    "{CONFIG_FILE}: sandbox_deny: {entry:?} starts with ~ but HOME is not set"
+                ),
+                (None, _) => PathBuf::from(entry),
+            };
+            if !path.is_absolute() {
+                bail!("{CONFIG_FILE}: sandbox_deny: {entry:?} must be absolute or start with ~/");
+            }
+            paths.push(path);
+        }
+        Ok(Some(paths))
     }
 
     /// The `[tenants.NAME]` budgets, each checked to be positive: a zero or negative budget

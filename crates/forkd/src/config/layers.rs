@@ -42,7 +42,7 @@ impl<E: Fn(&str) -> Option<String>> Layers<E> {
     }
 
     /// A variable's value. A blank one counts as unset, so `FORKD_X= forkd serve` clears it.
-    fn var(&self, name: &str) -> Option<String> {
+    pub(super) fn var(&self, name: &str) -> Option<String> {
         (self.env)(name).filter(|v| !v.trim().is_empty())
     }
 }

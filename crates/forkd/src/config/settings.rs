@@ -38,6 +38,8 @@ pub struct Settings {
     pub max_concurrent_requests: Option<usize>,
     pub max_agent_depth: u32,
     pub tenant_budgets: BTreeMap<String, forkd_store::Budget>,
+    /// The sandbox of sessions' Bash commands.
+    pub sandbox: forkd_engine::SandboxConfig,
     /// The price table with `[models]` applied.
     pub models: forkd_core::pricing::Models,
     /// The provider variables, environment over file.
@@ -79,6 +81,7 @@ impl Default for Settings {
             max_concurrent_requests: engine.max_concurrent_requests,
             max_agent_depth: engine.max_agent_depth,
             tenant_budgets: BTreeMap::new(),
+            sandbox: engine.sandbox,
             models: engine.models,
             provider_vars: ProviderVars::default(),
         }
@@ -166,6 +169,15 @@ impl Settings {
         let depth = layers.pick(None, "FORKD_MAX_AGENT_DEPTH", from_str, depth)?;
         self.max_agent_depth = depth.unwrap_or(self.max_agent_depth);
         self.tenant_budgets = file.tenant_budgets()?;
+        let file_mode = file.sandbox.as_deref();
+        let file_mode = file_mode.map(|v| sandbox_mode("sandbox", v)).transpose()?;
+        let mode = layers.pick(None, "FORKD_SANDBOX", sandbox_mode, file_mode)?;
+        self.sandbox.default_mode = mode.unwrap_or(self.sandbox.default_mode);
+        let home = layers.var("HOME").map(PathBuf::from);
+        if let Some(deny) = file.sandbox_deny(home.as_deref())? {
+            self.sandbox.hidden = deny;
+        }
+        self.sandbox.full_access_tenants = file.full_access_tenants().into_iter().collect();
         self.models = file.models()?;
         Ok(())
     }
@@ -253,6 +265,7 @@ impl Settings {
             .map(|(name, budget)| (name.clone(), *budget))
             .collect();
         config.engine.models = self.models.clone();
+        config.engine.sandbox = self.sandbox.clone();
         config.tls = self.tls.clone();
         if self.fsync_every_commit {
             config.durability = Durability::Full;
@@ -274,4 +287,11 @@ impl Settings {
         }
         Ok(config)
     }
+}
+
+/// A sandbox mode's name.
+fn sandbox_mode(name: &str, value: &str) -> anyhow::Result<forkd_core::session::SandboxMode> {
+    forkd_core::session::SandboxMode::parse(value.trim()).ok_or_else(|| {
+        anyhow::anyhow!("{name} = {value:?}: use workspace-write, read-only or full-access")
+    })
 }

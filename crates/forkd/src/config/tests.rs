@@ -401,3 +401,46 @@ fn the_help_shows_the_defaults_resolve_applies() {
         assert!(help.contains(&expected), "{expected} in\n{help}");
     }
 }
+
+#[test]
+fn the_sandbox_default_deny_list_and_full_access_tenants_come_from_the_file() {
+    let file = "sandbox = \"read-only\"\nsandbox_deny = [\"~/.secrets\", \"/srv/keys\"]\n\
+                [tenants.ci]\nallow_full_access = true\n[tenants.web]\nbudget_usd = 1.0\n";
+    let s = resolve(&ServeFlags::default(), &[("HOME", "/home/me")], file).unwrap();
+    let engine = s.daemon_config("/srv/forkd".into()).unwrap().engine;
+    assert_eq!(
+        engine.sandbox.default_mode,
+        forkd_core::session::SandboxMode::ReadOnly
+    );
+    assert_eq!(
+        engine.sandbox.hidden,
+        vec![
+            PathBuf::from("/home/me/.secrets"),
+            PathBuf::from("/srv/keys")
+        ]
+    );
+    assert!(engine.sandbox.full_access_tenants.contains("ci"));
+    assert!(!engine.sandbox.full_access_tenants.contains("web"));
+    let env_wins = resolve(
+        &ServeFlags::default(),
+        &[("FORKD_SANDBOX", "full-access"), ("HOME", "/home/me")],
+        file,
+    )
+    .unwrap();
+    assert_eq!(
+        env_wins.sandbox.default_mode,
+        forkd_core::session::SandboxMode::FullAccess
+    );
+    let defaults = resolve(&ServeFlags::default(), &[], "").unwrap();
+    assert_eq!(
+        defaults.sandbox.default_mode,
+        forkd_core::session::SandboxMode::WorkspaceWrite
+    );
+    for (bad, says) in [
+        ("sandbox = \"none\"\n", "use workspace-write"),
+        ("sandbox_deny = [\"relative\"]\n", "must be absolute"),
+    ] {
+        let err = resolve(&ServeFlags::default(), &[("HOME", "/home/me")], bad).unwrap_err();
+        assert!(format!("{err:#}").contains(says), "{bad}: {err:#}");
+    }
+}

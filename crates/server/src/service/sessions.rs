@@ -1,7 +1,7 @@
 //! Session RPCs.
 
 use forkd_core::SessionId;
-use forkd_core::session::PermissionMode;
+use forkd_core::session::{PermissionMode, SandboxMode};
 use forkd_engine::{ContextFile, NewSession, SessionView};
 use forkd_proto::v1 as pb;
 use tonic::Status;
@@ -38,6 +38,15 @@ impl ForkdService {
                 ))
             })?,
         };
+        let sandbox = match req.sandbox.as_str() {
+            "" => None,
+            other => Some(SandboxMode::parse(other).ok_or_else(|| {
+                ApiError::BadRequest(format!(
+                    "unknown sandbox {:?}; use workspace-write, read-only or full-access",
+                    other.chars().take(64).collect::<String>()
+                ))
+            })?),
+        };
         let new = NewSession {
             system_prompt: req.system_prompt,
             context_files: req
@@ -62,6 +71,8 @@ impl ForkdService {
             deny_rules: req.deny_rules,
             tenant: String::new(),
             idempotency_key: Some(req.idempotency_key).filter(|k| !k.is_empty()),
+            sandbox,
+            allow_network: req.allow_network,
         };
         let view = self.engine.for_tenant(tenant).create_session(new).await?;
         Ok(pb::CreateSessionResponse {

@@ -1,8 +1,8 @@
 //! Sessions and their transcripts.
 
 use forkd_core::session::{
-    CacheSafeParams, PermissionMode, PermissionRules, RenderedSystem, Session, ThinkingConfig,
-    ToolsJson,
+    CacheSafeParams, PermissionMode, PermissionRules, RenderedSystem, Sandbox, SandboxMode,
+    Session, ThinkingConfig, ToolsJson,
 };
 use forkd_core::{Message, SessionId};
 use sqlx::{SqliteConnection, SqlitePool};
@@ -18,7 +18,8 @@ use crate::{DbError, StoredMessage};
 macro_rules! session_columns {
     () => {
         "id, model, system_prompt, tools_json, thinking_budget, max_tokens, workspace, \
-         coordinator, interactive, permission_mode, created_at_ms, allow_rules, deny_rules, tenant"
+         coordinator, interactive, permission_mode, created_at_ms, allow_rules, deny_rules, tenant, \
+         sandbox, allow_network"
     };
 }
 
@@ -38,6 +39,8 @@ struct SessionRow {
     allow_rules: String,
     deny_rules: String,
     tenant: String,
+    sandbox: String,
+    allow_network: bool,
 }
 
 impl TryFrom<SessionRow> for Session {
@@ -78,6 +81,11 @@ impl TryFrom<SessionRow> for Session {
                 deny: serde_json::from_str(&row.deny_rules)
                     .map_err(|e| corrupt("deny rules", e))?,
             },
+            sandbox: Sandbox {
+                mode: SandboxMode::parse(&row.sandbox)
+                    .ok_or_else(|| corrupt("sandbox", format!("unknown mode {:?}", row.sandbox)))?,
+                allow_network: row.allow_network,
+            },
             created_at_ms: row.created_at_ms,
         })
     }
@@ -104,7 +112,7 @@ pub(super) async fn create(
     sqlx::query(concat!(
         "INSERT INTO sessions (",
         session_columns!(),
-        ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     ))
     .bind(&id)
     .bind(&p.model)
@@ -120,6 +128,8 @@ pub(super) async fn create(
     .bind(serde_json::to_string(&session.rules.allow).unwrap_or_else(|_| "[]".into()))
     .bind(serde_json::to_string(&session.rules.deny).unwrap_or_else(|_| "[]".into()))
     .bind(&session.tenant)
+    .bind(session.sandbox.mode.as_str())
+    .bind(session.sandbox.allow_network)
     .execute(&mut *conn)
     .await
     .map_err(|e| conflict_if_duplicate(e, || format!("session {id} already exists")))?;

@@ -58,6 +58,10 @@ pub fn session() -> TestResult<Session> {
             allow: vec!["Bash(cargo test:*)".into()],
             deny: vec!["Write(secrets/**)".into(), "Read(ünï/**)".into()],
         },
+        sandbox: forkd_core::session::Sandbox {
+            mode: forkd_core::session::SandboxMode::ReadOnly,
+            allow_network: true,
+        },
         created_at_ms: 1_700_000_000_000,
     })
 }

@@ -9,6 +9,8 @@
 //!   model: sim                    # optional; the daemon's default
 //!   workspace: .                  # optional; the file's directory
 //!   permission_mode: dontAsk      # optional
+//!   sandbox: workspace-write      # optional: read-only, full-access; the daemon's default
+//!   allow_network: false          # optional: let Bash use the network
 //!   allow: ["Bash(cargo test:*)"] # optional rule lists
 //!   deny: ["Write(secrets/**)"]
 //! directives:
@@ -31,7 +33,7 @@ use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 use crate::commands::fork;
-use crate::commands::session::{PERMISSION_MODES, absolute_workspace, read_text};
+use crate::commands::session::{PERMISSION_MODES, SANDBOX_MODES, absolute_workspace, read_text};
 use crate::exit::CliError;
 
 /// The file as written.
@@ -56,6 +58,9 @@ struct SessionSpec {
     model: Option<String>,
     workspace: Option<PathBuf>,
     permission_mode: Option<String>,
+    sandbox: Option<String>,
+    #[serde(default)]
+    allow_network: bool,
     #[serde(default)]
     allow: Vec<String>,
     #[serde(default)]
@@ -199,6 +204,14 @@ impl Spec {
                 PERMISSION_MODES.join(", ")
             ));
         }
+        if let Some(mode) = &self.session.sandbox
+            && !SANDBOX_MODES.contains(&mode.as_str())
+        {
+            return Err(format!(
+                "`session.sandbox`: unknown mode `{mode}` (expected one of {})",
+                SANDBOX_MODES.join(", ")
+            ));
+        }
         if self.directives.is_empty() {
             return Err("`directives` must list at least one directive".into());
         }
@@ -253,6 +266,8 @@ impl Spec {
             model: s.model.unwrap_or_default(),
             workspace,
             permission_mode: s.permission_mode.unwrap_or_default(),
+            sandbox: s.sandbox.unwrap_or_default(),
+            allow_network: s.allow_network,
             allow_rules: s.allow,
             deny_rules: s.deny,
             idempotency_key: session_key(&self.key),

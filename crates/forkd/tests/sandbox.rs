@@ -1,0 +1,125 @@
+//! The sandbox end to end, through the real daemon: the escape a fork child tried when the issue
+//! was filed (list the daemon's home, read its database, write beside the workspace) is refused
+//! in a default session and allowed in a `full-access` one; and `full-access` is refused to a
+//! remote tenant unless the configuration allows that tenant.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use forkd_proto::v1 as pb;
+use forkd_server::TokenStore;
+use forkd_test_support::{
+    connect, create_session, fork, spawn_daemon, spawn_daemon_with, transcript_text,
+    trusted_session_request, wait_for_batch,
+};
+use tonic::{Code, Request};
+
+type Client = pb::forkd_client::ForkdClient<tonic::transport::Channel>;
+
+/// Runs the escape in a child of a new session of `sandbox` (empty: the daemon's default) and
+/// returns what the child saw.
+async fn escape(c: &mut Client, home: &Path, ws: &Path, sandbox: &str) -> String {
+    let session = create_session(
+        c,
+        pb::CreateSessionRequest {
+            sandbox: sandbox.into(),
+            ..trusted_session_request(ws)
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        session.sandbox,
+        if sandbox.is_empty() {
+            "workspace-write"
+        } else {
+            sandbox
+        }
+    );
+    let home = home.display();
+    let command = format!(
+        "ls -la {home}; head -c 15 {home}/forkd.db; echo; echo pwned > {}/../outside.txt",
+        ws.display()
+    );
+    let input = serde_json::json!({ "command": command });
+    let script = format!("Look around.\n@sim tool Bash {input}\n@sim say done");
+    let batch = fork(c, &session.session_id, &[script.as_str()], None)
+        .await
+        .unwrap();
+    wait_for_batch(c, &batch.batch_id, 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    transcript_text(c, &batch.agent_ids[0]).await.unwrap()
+}
+
+#[tokio::test]
+async fn the_issues_escape_is_refused_in_the_default_sandbox_and_open_in_full_access() {
+    let daemon = spawn_daemon().await.unwrap();
+    let mut c = daemon.client().await.unwrap();
+    let base = tempfile::tempdir().unwrap();
+    let ws = base.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let outside = base.path().join("outside.txt");
+
+    let confined = escape(&mut c, daemon.home_path(), &ws, "").await;
+    assert!(!confined.contains("SQLite format"), "{confined}");
+    assert!(!confined.contains("forkd.sock"), "{confined}");
+    assert!(
+        !outside.exists(),
+        "the write beside the workspace was refused"
+    );
+
+    let open = escape(&mut c, daemon.home_path(), &ws, "full-access").await;
+    assert!(open.contains("SQLite format"), "{open}");
+    assert!(open.contains("forkd.sock"), "{open}");
+    assert!(outside.exists());
+}
+
+#[tokio::test]
+async fn full_access_is_refused_to_a_remote_tenant_the_config_does_not_allow() {
+    const LOOPBACK: SocketAddr =
+        SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+    let mut secrets = Vec::new();
+    let daemon = spawn_daemon_with(|c| {
+        c.listen = Some(LOOPBACK);
+        let tokens = TokenStore::in_home(&c.home);
+        secrets.push(tokens.create("web").unwrap());
+        secrets.push(tokens.create("ci").unwrap());
+        c.engine.sandbox.full_access_tenants.insert("ci".into());
+    })
+    .await
+    .unwrap();
+    let addr = format!("http://127.0.0.1:{}", daemon.tcp_addr().unwrap().port());
+    let ws = tempfile::tempdir().unwrap();
+    let ask = |secret: &str| {
+        let mut request = Request::new(pb::CreateSessionRequest {
+            sandbox: "full-access".into(),
+            ..trusted_session_request(ws.path())
+        });
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {secret}").parse().unwrap());
+        request
+    };
+    let mut c = connect(&addr).await.unwrap();
+    let refused = c
+        .create_session(ask(secrets[0].expose()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("allow_full_access"),
+        "{refused:?}"
+    );
+    let allowed = c.create_session(ask(secrets[1].expose())).await.unwrap();
+    let session = allowed.into_inner().session.unwrap();
+    assert_eq!(session.sandbox, "full-access");
+    // A mode nobody knows is the client's error.
+    let mut bad = ask(secrets[1].expose());
+    bad.get_mut().sandbox = "none".into();
+    let status = c.create_session(bad).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+}

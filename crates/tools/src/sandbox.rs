@@ -1,0 +1,423 @@
+//! The sandbox of `Bash` commands (docs/contracts.md, "Sandbox").
+//!
+//! A sandboxed command's process enters the sandbox itself, between fork and exec, so the shell
+//! and everything it starts — background processes included — inherit it; nothing parses the
+//! command. What it does there was all prepared in the daemon beforehand (paths, maps, the
+//! Landlock ruleset), so the forked child only makes system calls:
+//!
+//! 1. **Namespaces.** `unshare` a user namespace (mapping the daemon's own uid and gid to
+//!    themselves), a mount namespace and, unless the session allows the network, a network
+//!    namespace — which has no interface but a loopback that is down, so no connection of any
+//!    kind leaves it (TCP, UDP, 127.0.0.1 included).
+//! 2. **Hiding.** In the private mount namespace, what the command must not read is covered: an
+//!    empty read-only tmpfs over each hidden directory, `/dev/null` over each hidden file. Hidden
+//!    are the daemon's home (`FORKD_HOME`: its database, socket, tokens), the other sessions'
+//!    workspaces and the deny list (`~/.ssh`, `~/.aws`, …). A hidden directory that holds the
+//!    command's own workspace or temporary directory is not covered whole: its other entries
+//!    are, recursively, along the path to what is kept. Everything else reads as before
+//!    (toolchains, system directories, the user's home), so `cargo` and `python3` work where they
+//!    are installed. Paths hidden through `/proc/self/root` stay hidden: it is the same mount
+//!    namespace.
+//! 3. **Landlock.** `PR_SET_NO_NEW_PRIVS`, then the ruleset: writes (create, remove, rename,
+//!    truncate, write) only beneath the workspace (`workspace-write`) and the private temporary
+//!    directory, and to `/dev/null`-like devices. A path is judged where it resolves, so a
+//!    symlink planted in the workspace does not lead a write out of it. A Landlock domain also
+//!    cannot change the mount table (the covers stay on) nor trace or read the memory and
+//!    environment of processes outside it (the daemon's API keys stay its own).
+//!
+//! `full-access` applies none of this. Where the kernel lacks something a mode needs, the command
+//! fails to start with an error naming it, never runs unconfined; [`probe`] tells the daemon at
+//! start what it found.
+//!
+//! This is the one module of forkd with `unsafe` code: the system calls made between fork and
+//! exec, and the few made to prepare them.
+
+#![allow(unsafe_code)]
+
+use std::collections::BTreeSet;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use landlock::{
+    ABI, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreatedAttr,
+};
+
+pub use forkd_core::session::{Sandbox, SandboxMode};
+
+/// The deny list used when the daemon's configuration names none, relative to the home
+/// directory: credentials a command has no business reading.
+pub const DEFAULT_DENY: [&str; 7] = [
+    ".ssh",
+    ".gnupg",
+    ".aws",
+    ".config/gcloud",
+    ".docker",
+    ".kube",
+    ".netrc",
+];
+
+/// What a sandboxed command must not see, and where it may keep temporary files: set by the
+/// daemon per call.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SandboxPaths {
+    /// Hidden from the command: the daemon's home, the other sessions' workspaces, the deny
+    /// list. Paths that do not exist are skipped.
+    pub hidden: Vec<PathBuf>,
+    /// The command's private temporary directory (`TMPDIR`), created if missing; writable in
+    /// every mode.
+    pub tmp: PathBuf,
+}
+
+/// Why a sandboxed command could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error(
+        "the {mode} sandbox needs Landlock, which this kernel does not offer{detail}; the command \
+         did not run. A session whose commands may run unconfined is created with --sandbox \
+         full-access"
+    )]
+    NoLandlock { mode: &'static str, detail: String },
+    #[error("the sandbox could not be prepared: {0}")]
+    Prepare(String),
+}
+
+/// A sandbox prepared in the daemon, entered by the command's own process before exec.
+pub(crate) struct Prepared {
+    ruleset: OwnedFd,
+    unshare: libc::c_int,
+    setgroups_path: CString,
+    uid_map_path: CString,
+    gid_map_path: CString,
+    uid_map: Vec<u8>,
+    gid_map: Vec<u8>,
+    root: CString,
+    tmpfs: CString,
+    tmpfs_options: CString,
+    dev_null: CString,
+    /// What to cover, and whether it is a directory.
+    covers: Vec<(CString, bool)>,
+    /// The private temporary directory, for the command's `TMPDIR`.
+    pub(crate) tmp: PathBuf,
+}
+
+/// The Landlock ABI the kernel offers (0: none).
+pub fn landlock_abi() -> i64 {
+    // SAFETY: landlock_create_ruleset with a null attribute, size 0 and the VERSION flag only
+    // returns the ABI version (or an error); it touches no memory.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            1u32, // LANDLOCK_CREATE_RULESET_VERSION
+        )
+    };
+    abi.max(0)
+}
+
+impl Prepared {
+    /// Prepares the sandbox of a command working in `workspace`; `None` for `full-access`.
+    pub(crate) fn new(
+        sandbox: Sandbox,
+        paths: &SandboxPaths,
+        workspace: &Path,
+    ) -> Result<Option<Prepared>, SandboxError> {
+        if sandbox.mode == SandboxMode::FullAccess {
+            return Ok(None);
+        }
+        let abi = landlock_abi();
+        if abi < 1 {
+            return Err(SandboxError::NoLandlock {
+                mode: sandbox.mode.as_str(),
+                detail: String::new(),
+            });
+        }
+        std::fs::create_dir_all(&paths.tmp).map_err(|e| {
+            SandboxError::Prepare(format!("cannot create {}: {e}", paths.tmp.display()))
+        })?;
+        let tmp = canonical(&paths.tmp)?;
+        let workspace = canonical(workspace)?;
+        let writable: Vec<&Path> = match sandbox.mode {
+            SandboxMode::WorkspaceWrite => vec![&workspace, &tmp],
+            _ => vec![&tmp],
+        };
+        let ruleset = ruleset(&writable)?;
+        let hidden: Vec<PathBuf> = paths
+            .hidden
+            .iter()
+            .filter_map(|p| std::fs::canonicalize(p).ok())
+            .collect();
+        let covers = covers(&hidden, &[workspace.as_path(), tmp.as_path()])
+            .into_iter()
+            .map(|(path, dir)| Ok((c_path(&path)?, dir)))
+            .collect::<Result<Vec<_>, SandboxError>>()?;
+        // SAFETY: getuid and getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let mut unshare = libc::CLONE_NEWUSER | libc::CLONE_NEWNS;
+        if !sandbox.allow_network {
+            unshare |= libc::CLONE_NEWNET;
+        }
+        Ok(Some(Prepared {
+            ruleset,
+            unshare,
+            setgroups_path: c_str("/proc/self/setgroups")?,
+            uid_map_path: c_str("/proc/self/uid_map")?,
+            gid_map_path: c_str("/proc/self/gid_map")?,
+            uid_map: format!("{uid} {uid} 1").into_bytes(),
+            gid_map: format!("{gid} {gid} 1").into_bytes(),
+            root: c_str("/")?,
+            tmpfs: c_str("tmpfs")?,
+            tmpfs_options: c_str("mode=000,size=4k,nr_inodes=1")?,
+            dev_null: c_str("/dev/null")?,
+            covers,
+            tmp,
+        }))
+    }
+
+    /// Makes `cmd`'s process enter this sandbox before it execs, with its `TMPDIR` set to the
+    /// private temporary directory.
+    pub(crate) fn apply(self, cmd: &mut tokio::process::Command) {
+        cmd.env("TMPDIR", &self.tmp);
+        // SAFETY: `enter` only makes system calls on data prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || self.enter());
+        }
+    }
+
+    /// Enters the sandbox. Runs in the command's process between fork and exec, so it only makes
+    /// system calls on what [`Prepared::new`] made ready: no allocation, no lock.
+    fn enter(&self) -> io::Result<()> {
+        // SAFETY: each call below is a plain system call on pointers to memory this value owns
+        // (NUL-terminated strings, byte buffers) that outlives the call.
+        unsafe {
+            check(libc::unshare(self.unshare))?;
+            // Writing "deny" is refused where it is not needed (a privileged caller): harmless.
+            let _ = write_file(&self.setgroups_path, b"deny");
+            write_file(&self.uid_map_path, &self.uid_map)?;
+            write_file(&self.gid_map_path, &self.gid_map)?;
+            // Nothing mounted here propagates back to the daemon's namespace.
+            check(libc::mount(
+                std::ptr::null(),
+                self.root.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ))?;
+            for (path, dir) in &self.covers {
+                if *dir {
+                    check(libc::mount(
+                        self.tmpfs.as_ptr(),
+                        path.as_ptr(),
+                        self.tmpfs.as_ptr(),
+                        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                        self.tmpfs_options.as_ptr().cast(),
+                    ))?;
+                } else {
+                    check(libc::mount(
+                        self.dev_null.as_ptr(),
+                        path.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND,
+                        std::ptr::null(),
+                    ))?;
+                }
+            }
+            check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+            let restricted = libc::syscall(
+                libc::SYS_landlock_restrict_self,
+                self.ruleset.as_raw_fd(),
+                0u32,
+            );
+            if restricted != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The Landlock ruleset: every write-like access handled, granted beneath `writable` and on the
+/// devices a shell writes to.
+fn ruleset(writable: &[&Path]) -> Result<OwnedFd, SandboxError> {
+    let prepare = |e: &dyn std::fmt::Display| SandboxError::Prepare(format!("Landlock: {e}"));
+    // Best effort above V1: an older kernel still confines writes, without the newer rights
+    // (truncate, device ioctls) that it cannot handle.
+    let write: BitFlags<AccessFs> = AccessFs::from_write(ABI::V5);
+    let mut created = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(write)
+        .map_err(|e| prepare(&e))?
+        .create()
+        .map_err(|e| prepare(&e))?;
+    for dir in writable {
+        let fd = PathFd::new(dir).map_err(|e| prepare(&e))?;
+        created = created
+            .add_rule(PathBeneath::new(fd, write))
+            .map_err(|e| prepare(&e))?;
+    }
+    for device in ["/dev/null", "/dev/zero", "/dev/full"] {
+        if let Ok(fd) = PathFd::new(device) {
+            created = created
+                .add_rule(PathBeneath::new(fd, AccessFs::WriteFile))
+                .map_err(|e| prepare(&e))?;
+        }
+    }
+    let fd: Option<OwnedFd> = created.into();
+    fd.ok_or_else(|| SandboxError::NoLandlock {
+        mode: "workspace-write",
+        detail: " (no ruleset could be created)".into(),
+    })
+}
+
+/// What to cover so that `hidden` cannot be read while `keep` stays reachable: a hidden path
+/// that holds a kept one is not covered itself, its other entries are (recursively, along the
+/// path to what is kept). Each with whether it is a directory.
+pub(crate) fn covers(hidden: &[PathBuf], keep: &[&Path]) -> Vec<(PathBuf, bool)> {
+    let mut out = BTreeSet::new();
+    for path in hidden {
+        cover(path, keep, &mut out);
+    }
+    out.into_iter().collect()
+}
+
+fn cover(path: &Path, keep: &[&Path], out: &mut BTreeSet<(PathBuf, bool)>) {
+    if keep.contains(&path) {
+        return;
+    }
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return;
+    };
+    if !keep.iter().any(|k| k.starts_with(path)) {
+        // Symlinks were resolved when the paths were made canonical; one found inside a
+        // directory being split is covered as what it is (a file), which hides its name.
+        out.insert((path.to_path_buf(), meta.is_dir()));
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        cover(&entry.path(), keep, out);
+    }
+}
+
+fn canonical(path: &Path) -> Result<PathBuf, SandboxError> {
+    std::fs::canonicalize(path)
+        .map_err(|e| SandboxError::Prepare(format!("{}: {e}", path.display())))
+}
+
+fn c_path(path: &Path) -> Result<CString, SandboxError> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| SandboxError::Prepare(format!("{} holds a NUL byte", path.display())))
+}
+
+fn c_str(s: &str) -> Result<CString, SandboxError> {
+    CString::new(s).map_err(|_| SandboxError::Prepare(format!("{s:?} holds a NUL byte")))
+}
+
+fn check(rc: libc::c_int) -> io::Result<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Writes `bytes` to the file at `path` with bare system calls (safe between fork and exec).
+///
+/// # Safety
+/// `path` must be NUL-terminated and live for the call.
+unsafe fn write_file(path: &CString, bytes: &[u8]) -> io::Result<()> {
+    // SAFETY: the caller's contract; open, write and close take no locks.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let written = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+        libc::close(fd);
+        if written < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// What the sandbox found on this machine: the daemon logs it at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// The Landlock ABI (0: none).
+    pub landlock_abi: i64,
+    /// `None` when a sandboxed `true` ran; otherwise why it could not.
+    pub failure: Option<String>,
+}
+
+/// Runs `true` in a `workspace-write` sandbox without network in `scratch`, to learn whether
+/// sandboxed commands can run here.
+pub async fn probe(scratch: &Path) -> Probe {
+    let landlock_abi = landlock_abi();
+    let paths = SandboxPaths {
+        hidden: Vec::new(),
+        tmp: scratch.join("tmp"),
+    };
+    let sandbox = Sandbox {
+        mode: SandboxMode::WorkspaceWrite,
+        allow_network: false,
+    };
+    let failure = match Prepared::new(sandbox, &paths, scratch) {
+        Err(e) => Some(e.to_string()),
+        Ok(None) => None,
+        Ok(Some(prepared)) => {
+            let mut cmd = tokio::process::Command::new("true");
+            cmd.stdin(std::process::Stdio::null());
+            prepared.apply(&mut cmd);
+            match cmd.status().await {
+                Ok(status) if status.success() => None,
+                Ok(status) => Some(format!("a sandboxed `true` ended with {status}")),
+                Err(e) => Some(format!("a sandboxed command cannot start: {e}")),
+            }
+        }
+    };
+    Probe {
+        landlock_abi,
+        failure,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_hidden_directory_holding_a_kept_one_is_covered_around_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        let home = root.join("home");
+        for d in ["home/ws/src", "home/tmp/s1", "home/tmp/s2", "home/agents"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        std::fs::write(home.join("forkd.db"), "x").unwrap();
+        let (ws, tmp) = (home.join("ws"), home.join("tmp/s1"));
+        let other = root.join("other-ws");
+        std::fs::create_dir_all(&other).unwrap();
+        let got = covers(&[home.clone(), other.clone()], &[&ws, &tmp]);
+        let want = vec![
+            (home.join("agents"), true),
+            (home.join("forkd.db"), false),
+            (home.join("tmp/s2"), true),
+            (other, true),
+        ];
+        let mut want = want;
+        want.sort();
+        assert_eq!(got, want);
+        // Nothing hidden that holds nothing kept is split; a kept path itself is never covered.
+        assert_eq!(covers(std::slice::from_ref(&ws), &[&ws]), Vec::new());
+        assert_eq!(covers(&[root.join("missing")], &[&ws]), Vec::new());
+    }
+}
