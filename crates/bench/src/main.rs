@@ -13,6 +13,7 @@ mod memory;
 mod notify;
 mod overhead;
 mod report;
+mod sandbox;
 mod scale;
 
 use std::path::PathBuf;
@@ -32,6 +33,7 @@ enum Figure {
     Durability,
     Notifications,
     Scale,
+    Sandbox,
 }
 
 /// forkd's benchmark suite.
@@ -92,6 +94,7 @@ async fn run_figure(figure: Figure, ctx: &common::Ctx) -> anyhow::Result<Section
         Figure::Durability => durability::run(ctx).await,
         Figure::Notifications => notify::run(ctx).await,
         Figure::Scale => scale::run(ctx).await,
+        Figure::Sandbox => sandbox::run(ctx).await,
     }
 }
 

@@ -127,7 +127,7 @@ impl Default for SandboxConfig {
         Self {
             default_mode: forkd_core::session::SandboxMode::default(),
             hidden: home.as_deref().map(Self::default_deny).unwrap_or_default(),
-            tmp_root: std::env::temp_dir().join("forkd-sandbox"),
+            tmp_root: forkd_tools::sandbox::default_tmp_root(),
             full_access_tenants: std::collections::HashSet::new(),
         }
     }

@@ -60,6 +60,12 @@ pub const DEFAULT_DENY: [&str; 7] = [
     ".netrc",
 ];
 
+/// Where sessions' private temporary directories go by default: one folder per user under the
+/// system's temporary directory, so two users' daemons never share it.
+pub fn default_tmp_root() -> PathBuf {
+    std::env::temp_dir().join(format!("forkd-sandbox-{}", nix::unistd::getuid()))
+}
+
 /// What a sandboxed command must not see, and where it may keep temporary files: set by the
 /// daemon per call.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
