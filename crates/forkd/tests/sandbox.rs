@@ -20,8 +20,8 @@ use tonic::{Code, Request};
 type Client = pb::forkd_client::ForkdClient<tonic::transport::Channel>;
 
 /// Runs the escape in a child of a new session of `sandbox` (empty: the daemon's default) and
-/// returns what the child saw.
-async fn escape(c: &mut Client, home: &Path, ws: &Path, sandbox: &str) -> String {
+/// returns what the child saw. `other` is another session's workspace.
+async fn escape(c: &mut Client, home: &Path, ws: &Path, other: &Path, sandbox: &str) -> String {
     let session = create_session(
         c,
         pb::CreateSessionRequest {
@@ -41,7 +41,9 @@ async fn escape(c: &mut Client, home: &Path, ws: &Path, sandbox: &str) -> String
     );
     let home = home.display();
     let command = format!(
-        "ls -la {home}; head -c 15 {home}/forkd.db; echo; echo pwned > {}/../outside.txt",
+        "ls -la {home}; head -c 15 {home}/forkd.db; echo; cat {}/notes.md; \
+         echo pwned > {}/../outside.txt",
+        other.display(),
         ws.display()
     );
     let input = serde_json::json!({ "command": command });
@@ -63,17 +65,26 @@ async fn the_issues_escape_is_refused_in_the_default_sandbox_and_open_in_full_ac
     let ws = base.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     let outside = base.path().join("outside.txt");
+    // Another session's workspace, with something of its own.
+    let other = base.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("notes.md"), "their-private-notes").unwrap();
+    create_session(&mut c, trusted_session_request(&other))
+        .await
+        .unwrap();
 
-    let confined = escape(&mut c, daemon.home_path(), &ws, "").await;
+    let confined = escape(&mut c, daemon.home_path(), &ws, &other, "").await;
     assert!(!confined.contains("SQLite format"), "{confined}");
+    assert!(!confined.contains("their-private-notes"), "{confined}");
     assert!(!confined.contains("forkd.sock"), "{confined}");
     assert!(
         !outside.exists(),
         "the write beside the workspace was refused"
     );
 
-    let open = escape(&mut c, daemon.home_path(), &ws, "full-access").await;
+    let open = escape(&mut c, daemon.home_path(), &ws, &other, "full-access").await;
     assert!(open.contains("SQLite format"), "{open}");
+    assert!(open.contains("their-private-notes"), "{open}");
     assert!(open.contains("forkd.sock"), "{open}");
     assert!(outside.exists());
 }

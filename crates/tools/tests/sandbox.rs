@@ -271,3 +271,27 @@ async fn a_build_with_a_build_script_works_in_the_workspace() {
         out.content
     );
 }
+
+/// A sandbox that cannot be set up fails the call with the reason; the command never runs
+/// unconfined.
+#[tokio::test]
+async fn a_sandbox_that_cannot_be_set_up_never_runs_the_command() {
+    let world = World::new();
+    let blocker = world.env.base.join("not-a-dir");
+    std::fs::write(&blocker, "").unwrap();
+    let ctx = world.env.ctx.clone().with_sandbox(SandboxSpec {
+        sandbox: Sandbox {
+            mode: SandboxMode::WorkspaceWrite,
+            allow_network: false,
+        },
+        paths: SandboxPaths {
+            hidden: Vec::new(),
+            // Its parent is a file: the temporary directory cannot be made.
+            tmp: blocker.join("tmp"),
+        },
+    });
+    let out = bash_in(&ctx, "echo ran > ran.txt").await;
+    assert!(out.is_error, "{}", out.content);
+    assert!(out.content.contains("sandbox"), "{}", out.content);
+    assert!(!world.env.root().join("ran.txt").exists());
+}
