@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod calc;
+pub mod compaction;
 pub mod digest;
 pub mod fork;
 pub mod ids;

@@ -297,6 +297,17 @@ pub trait Store: Send + Sync + 'static {
         session: SessionId,
         reply: &Message,
     ) -> Result<()>;
+    /// Stores a compaction boundary of the session's transcript, checking the lease of the
+    /// session's main loop: `to_seq` must name an assistant message of the transcript past the
+    /// previous boundary (`Conflict` otherwise).
+    async fn append_compaction(
+        &self,
+        lease: &Lease,
+        session: SessionId,
+        compaction: &crate::compaction::Compaction,
+    ) -> Result<()>;
+    /// The session's compaction boundaries, oldest first.
+    async fn compactions(&self, session: SessionId) -> Result<Vec<crate::compaction::Compaction>>;
     /// The reply a parent turn was answering when it was cut off, if any.
     async fn pending_reply(&self, session: SessionId) -> Result<Option<Message>>;
 

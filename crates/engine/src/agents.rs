@@ -14,6 +14,9 @@ pub struct TranscriptEntry {
     /// True for the parent's history and the fork message: bytes the agent shares with its
     /// siblings.
     pub shared: bool,
+    /// A compaction's summary, shown where its boundary is: the requests after it start with
+    /// this message instead of everything before it. Not a message of the transcript itself.
+    pub compaction: bool,
 }
 
 impl Engine {
@@ -132,16 +135,28 @@ impl Engine {
         let store = &self.inner.store;
         let mut out = Vec::new();
         if agent.kind == AgentKind::Parent {
-            // A session's main loop speaks in the session's own transcript.
-            return Ok(store
-                .session_messages(agent.session_id, None)
+            // A session's main loop speaks in the session's own transcript; its compaction
+            // boundaries are marked where they sit.
+            let mut boundaries = store
+                .compactions(agent.session_id)
                 .await?
                 .into_iter()
-                .map(|m| TranscriptEntry {
+                .peekable();
+            for m in store.session_messages(agent.session_id, None).await? {
+                while let Some(c) = boundaries.next_if(|c| c.to_seq == m.seq) {
+                    out.push(TranscriptEntry {
+                        message: c.summary,
+                        shared: false,
+                        compaction: true,
+                    });
+                }
+                out.push(TranscriptEntry {
                     message: m.message,
                     shared: false,
-                })
-                .collect());
+                    compaction: false,
+                });
+            }
+            return Ok(out);
         }
         if agent.kind == AgentKind::Fork
             && let Some(batch_id) = agent.batch_id
@@ -155,12 +170,14 @@ impl Engine {
                     out.push(TranscriptEntry {
                         message: m.message,
                         shared: true,
+                        compaction: false,
                     });
                 }
                 if let Some(assistant) = batch.assistant() {
                     out.push(TranscriptEntry {
                         message: assistant.clone(),
                         shared: true,
+                        compaction: false,
                     });
                 }
             }
@@ -171,12 +188,14 @@ impl Engine {
             out.push(TranscriptEntry {
                 message: Message::user(first),
                 shared: false,
+                compaction: false,
             });
         }
         for m in store.agent_messages(id).await? {
             out.push(TranscriptEntry {
                 message: m.message,
                 shared: false,
+                compaction: false,
             });
         }
         Ok(out)

@@ -37,6 +37,9 @@ pub struct EngineConfig {
     pub max_session_bytes: usize,
     /// The most children one batch may fork.
     pub max_children_per_batch: usize,
+    /// A parent's request whose input plus `max_tokens` would pass this share of its model's
+    /// window compacts the transcript first.
+    pub compact_threshold: f64,
     /// How many levels below its session an agent may be started: a session's fork children
     /// and typed agents are at 1, a typed agent a fork child starts at 2. A call past it is a
     /// tool error. (Typed agents are not offered the Agent tool.)
@@ -79,6 +82,7 @@ impl Default for EngineConfig {
             max_session_bytes: 8 * 1024 * 1024,
             max_children_per_batch: 1000,
             max_agent_depth: 2,
+            compact_threshold: 0.9,
             max_turns: 50,
             default_model: DEFAULT_MODEL.to_owned(),
             models: Models::default(),

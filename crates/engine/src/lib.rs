@@ -8,6 +8,7 @@ pub mod agent_types;
 mod agents;
 mod attach;
 mod batch;
+mod compact;
 mod config;
 mod diagnose;
 mod error;
@@ -175,7 +176,7 @@ impl Engine {
         self.inner.draining.is_cancelled()
     }
 
-    fn turn_lock(&self, id: SessionId) -> Arc<Mutex<()>> {
+    pub(crate) fn turn_lock(&self, id: SessionId) -> Arc<Mutex<()>> {
         self.inner.turn_locks.get(id)
     }
 

@@ -458,7 +458,7 @@ impl Engine {
 
     /// The session's own main-loop agent, created on its first turn. It carries the parent's
     /// requests and tool calls; it is `running` during a turn and `pending` between turns.
-    async fn parent_agent(&self, session: &Session) -> Result<Agent> {
+    pub(crate) async fn parent_agent(&self, session: &Session) -> Result<Agent> {
         let store = &self.inner.store;
         let existing = store
             .list_agents(&AgentFilter {
@@ -514,7 +514,7 @@ impl Engine {
                 None => {
                     self.check_budgets(session.id, None).await?;
                     let completion = self
-                        .parent_request(session, parent, request, events)
+                        .parent_request(session, parent, &turn.lease, request, events)
                         .await?;
                     usage += completion.usage;
                     cost += crate::model::cost(
@@ -589,31 +589,38 @@ impl Engine {
         Err(EngineError::TurnLimit(self.config().max_turns))
     }
 
-    /// One model request of the parent on its whole transcript, streaming text to the client.
+    /// One model request of the parent on its transcript (from its latest compaction boundary),
+    /// streaming text to the client. A request that would pass the compaction threshold
+    /// compacts the transcript first.
     async fn parent_request(
         &self,
         session: &Session,
         parent: &Agent,
+        lease: &Lease,
         turn: u32,
         events: &Events,
     ) -> Result<Completion> {
-        let history: Vec<Message> = self
-            .inner
-            .store
-            .session_messages(session.id, None)
-            .await?
-            .into_iter()
-            .map(|m| m.message)
-            .collect();
+        let mut view = self.parent_view(session).await?;
         // The main loop's request is the session's transcript: its counts are kept.
-        let input_tokens = self
-            .history_tokens(session, Some(history.len() as u64))
-            .await?;
+        let mut input_tokens = self.view_tokens(session, &view).await?;
+        if self.needs_compaction(session, input_tokens) {
+            match self.compact(session, parent, lease, turn, None).await {
+                Ok(_) => {
+                    view = self.parent_view(session).await?;
+                    input_tokens = self.view_tokens(session, &view).await?;
+                }
+                // Nothing to compact yet: the window check below decides.
+                Err(EngineError::WrongState(why)) => {
+                    tracing::warn!(%why, "The request passes the compaction threshold");
+                }
+                Err(e) => return Err(e),
+            }
+        }
         let call = ModelCall {
             agent: parent,
             turn,
             params: &session.params,
-            conversation: &Conversation::plain(history),
+            conversation: &Conversation::plain(view.messages),
             prefix: PrefixEnd::LastBlock,
             input_tokens: Some(input_tokens),
         };

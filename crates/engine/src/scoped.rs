@@ -155,6 +155,16 @@ impl TenantEngine<'_> {
             .await
     }
 
+    /// Compacts the session now; see [`Engine::compact_session`].
+    pub async fn compact_session(
+        &self,
+        id: SessionId,
+        instructions: Option<String>,
+    ) -> Result<forkd_core::compaction::Compaction> {
+        self.own_session_id(id).await?;
+        self.engine.compact_session(id, instructions).await
+    }
+
     pub async fn fork_batch(
         &self,
         id: SessionId,

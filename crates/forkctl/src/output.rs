@@ -193,7 +193,7 @@ pub fn estimate_json(e: &EstimateForkCostResponse) -> Value {
 pub fn message_json(m: &TranscriptMessage) -> Value {
     let content = serde_json::from_str::<Value>(&m.content_json)
         .unwrap_or_else(|_| Value::String(m.content_json.clone()));
-    json!({ "role": m.role, "content": content, "shared": m.shared })
+    json!({ "role": m.role, "content": content, "shared": m.shared, "compaction": m.compaction })
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 mod agent_params;
 mod agents;
 mod batches;
+mod compactions;
 mod convert;
 mod idempotency;
 mod notifications;
@@ -395,6 +396,28 @@ impl Store for SqliteStore {
             Ok(())
         }
         .await)
+    }
+
+    async fn append_compaction(
+        &self,
+        lease: &Lease,
+        session: SessionId,
+        compaction: &forkd_core::compaction::Compaction,
+    ) -> StoreResult<()> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            compactions::append(&mut tx, lease, session, compaction).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await)
+    }
+
+    async fn compactions(
+        &self,
+        session: SessionId,
+    ) -> StoreResult<Vec<forkd_core::compaction::Compaction>> {
+        db(async move { compactions::list(&self.reader, session).await }.await)
     }
 
     async fn pending_reply(&self, session: SessionId) -> StoreResult<Option<Message>> {

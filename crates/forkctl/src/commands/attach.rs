@@ -41,6 +41,7 @@ pub async fn run(args: AttachArgs, client: &mut Client, out: &Printer) -> anyhow
                     role: m.role,
                     content_json: m.content_json,
                     shared: false,
+                    compaction: false,
                 };
                 if out.is_json() {
                     let mut value = message_json(&message);

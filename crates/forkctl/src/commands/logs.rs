@@ -49,10 +49,15 @@ pub async fn run(args: LogsArgs, client: &mut Client, out: &Printer) -> anyhow::
     super::attach::run(attach, client, out).await
 }
 
-/// `role:` (marked when inherited), then each block indented beneath it.
+/// `role:` (marked when inherited), then each block indented beneath it. A compaction's summary
+/// is announced by a rule: the requests after it start there.
 pub(crate) fn render_message(message: &TranscriptMessage) -> String {
     let shared = if message.shared { " (shared)" } else { "" };
-    let mut out = format!("{}{shared}:\n", message.role);
+    let mut out = String::new();
+    if message.compaction {
+        out.push_str("──── compacted: the requests from here on start with this summary ────\n");
+    }
+    out.push_str(&format!("{}{shared}:\n", message.role));
     match serde_json::from_str::<Value>(&message.content_json) {
         Ok(content) => render_content(&content, &mut out),
         // Not JSON: show it as it is rather than hide it.
@@ -118,6 +123,7 @@ mod tests {
             role: role.into(),
             content_json: content_json.into(),
             shared,
+            compaction: false,
         }
     }
 

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Subcommand};
 use forkd_proto::v1::session_event::Event;
 use forkd_proto::v1::{
-    ContextFile, CreateSessionRequest, GetSessionRequest, ListSessionsRequest, SendMessageRequest,
-    Session,
+    CompactSessionRequest, ContextFile, CreateSessionRequest, GetSessionRequest,
+    ListSessionsRequest, SendMessageRequest, Session,
 };
 use serde_json::json;
 
@@ -42,12 +42,21 @@ pub enum SessionCommand {
         #[arg(long)]
         idempotency_key: Option<String>,
     },
+    /// Compact the session's transcript now: the model summarizes it up to its last reply, and
+    /// later requests start from the summary (refused while a turn runs).
+    Compact {
+        /// The session's id.
+        session_id: String,
+        /// What the summary must keep, added to forkd's instruction.
+        #[arg(long, value_name = "TEXT")]
+        instructions: Option<String>,
+    },
 }
 
-/// Permission modes (docs/contracts.md); checked here so a typo is a usage error, not a round trip.
 /// The sandbox modes `--sandbox` takes.
 pub(crate) const SANDBOX_MODES: [&str; 3] = ["workspace-write", "read-only", "full-access"];
 
+/// Permission modes (docs/contracts.md); checked here so a typo is a usage error, not a round trip.
 pub(crate) const PERMISSION_MODES: [&str; 6] = [
     "default",
     "acceptEdits",
@@ -148,6 +157,33 @@ pub async fn run(args: SessionArgs, client: &mut Client, out: &Printer) -> anyho
                 idempotency_key: idempotency_key.unwrap_or_default(),
             };
             run_send(request, client, out).await
+        }
+        SessionCommand::Compact {
+            session_id,
+            instructions,
+        } => {
+            let reply = client
+                .compact_session(CompactSessionRequest {
+                    session_id,
+                    instructions: instructions.unwrap_or_default(),
+                })
+                .await?
+                .into_inner();
+            if out.is_json() {
+                out.value(&serde_json::json!({
+                    "from_seq": reply.from_seq,
+                    "to_seq": reply.to_seq,
+                    "summary_json": reply.summary_json,
+                }))?;
+            } else {
+                out.line(format!(
+                    "compacted: messages {}–{} summarized; requests go on from message {}",
+                    reply.from_seq,
+                    reply.to_seq.saturating_sub(1),
+                    reply.to_seq
+                ))?;
+            }
+            Ok(exit::OK)
         }
     }
 }

@@ -235,16 +235,17 @@ fn transcript_message_content_is_parsed_in_order() {
         role: "assistant".into(),
         content_json: r#"[{"type":"text","text":"hi"}]"#.into(),
         shared: true,
+        compaction: false,
     };
     let v = message_json(&m);
     assert_eq!(
         v,
-        json!({"role": "assistant", "content": [{"type": "text", "text": "hi"}], "shared": true})
+        json!({"role": "assistant", "content": [{"type": "text", "text": "hi"}], "shared": true, "compaction": false})
     );
     // Key order is kept (serde_json's `preserve_order`), so output mirrors what the model saw.
     assert_eq!(
         v.to_string(),
-        r#"{"role":"assistant","content":[{"type":"text","text":"hi"}],"shared":true}"#
+        r#"{"role":"assistant","content":[{"type":"text","text":"hi"}],"shared":true,"compaction":false}"#
     );
     let bad = TranscriptMessage {
         content_json: "{oops".into(),

@@ -128,6 +128,14 @@ impl Forkd for Fake {
         ))
     }
 
+    async fn compact_session(
+        &self,
+        request: Request<forkd_proto::v1::CompactSessionRequest>,
+    ) -> Result<Response<forkd_proto::v1::CompactSessionResponse>, Status> {
+        check_token(&request)?;
+        Err(Status::unimplemented("the fake daemon compacts nothing"))
+    }
+
     async fn spawn_agent(
         &self,
         request: Request<SpawnAgentRequest>,

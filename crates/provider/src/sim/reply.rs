@@ -97,8 +97,60 @@ fn tool_id(script_text: &str, step: usize, index: usize) -> String {
     format!("toolu_sim_{}", hex::encode(&h.finalize()[..12]))
 }
 
+/// The opening of forkd's compaction instruction (`forkd_core::compaction::INSTRUCTION`).
+const COMPACTION_REQUEST: &str = "<compaction-request>";
+
+/// A compaction request — the last user message ends with the instruction — gets what a model
+/// asked for a summary writes: one line per user request of the conversation, oldest first, so
+/// a summary of a summary keeps what came before.
+fn summary(messages: &[SimMessage]) -> Option<Reply> {
+    let last = messages.last().filter(|m| m.role == Role::User)?;
+    if !text_blocks(last)
+        .next_back()
+        .is_some_and(|t| t.trim_start().starts_with(COMPACTION_REQUEST))
+    {
+        return None;
+    }
+    let mut lines = Vec::new();
+    for m in messages.iter().filter(|m| m.role == Role::User) {
+        for text in text_blocks(m) {
+            let text = text.trim_start();
+            if text.starts_with(COMPACTION_REQUEST) {
+                continue;
+            }
+            if text.starts_with("<compaction-summary>") {
+                // The earlier summary's lines, kept as they are.
+                lines.extend(
+                    text.lines()
+                        .filter(|l| l.starts_with("- "))
+                        .map(str::to_owned),
+                );
+            } else if let Some(first) = text.lines().map(str::trim).find(|l| !l.is_empty()) {
+                lines.push(format!("- {}", first.chars().take(120).collect::<String>()));
+            }
+        }
+    }
+    let mut text = format!("The user asked, in order:\n{}", lines.join("\n"));
+    // What is in progress, verbatim: the latest script, so the sim carries on with it as a model
+    // carries on with the task its summary describes.
+    let latest = locate(messages);
+    if latest.scripted {
+        text.push_str("\n\nIn progress, the latest request as the user wrote it:\n");
+        text.push_str(latest.directive);
+    }
+    Some(Reply {
+        blocks: vec![OutBlock::Text(text)],
+        stop_reason: "end_turn",
+        mods: Mods::default(),
+        script_key: Sha256::digest(b"compaction").into(),
+    })
+}
+
 /// The reply to a conversation.
 pub(crate) fn reply(messages: &[SimMessage]) -> Reply {
+    if let Some(summary) = summary(messages) {
+        return summary;
+    }
     let Located {
         message,
         directive,

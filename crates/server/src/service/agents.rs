@@ -193,6 +193,7 @@ impl ForkdService {
                     role: e.message.role.as_str().to_owned(),
                     content_json: e.message.content_json(),
                     shared: e.shared,
+                    compaction: e.compaction,
                 })
                 .collect(),
         })

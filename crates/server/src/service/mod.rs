@@ -83,6 +83,16 @@ impl Forkd for ForkdService {
         reply(self.send_message_rpc(tenant(&req)?, req.into_inner()).await)
     }
 
+    async fn compact_session(
+        &self,
+        req: Request<pb::CompactSessionRequest>,
+    ) -> Reply<pb::CompactSessionResponse> {
+        reply(
+            self.compact_session_rpc(tenant(&req)?, req.into_inner())
+                .await,
+        )
+    }
+
     async fn fork_batch(&self, req: Request<pb::ForkBatchRequest>) -> Reply<pb::ForkBatchResponse> {
         reply(self.fork_batch_rpc(tenant(&req)?, req.into_inner()).await)
     }

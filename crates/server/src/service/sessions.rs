@@ -92,6 +92,25 @@ impl ForkdService {
         })
     }
 
+    pub(super) async fn compact_session_rpc(
+        &self,
+        tenant: Tenant,
+        req: pb::CompactSessionRequest,
+    ) -> Result<pb::CompactSessionResponse, ApiError> {
+        let id = parse_session_id(&req.session_id)?;
+        let instructions = Some(req.instructions).filter(|i| !i.trim().is_empty());
+        let c = self
+            .engine
+            .for_tenant(tenant)
+            .compact_session(id, instructions)
+            .await?;
+        Ok(pb::CompactSessionResponse {
+            from_seq: c.from_seq,
+            to_seq: c.to_seq,
+            summary_json: c.summary.content_json(),
+        })
+    }
+
     pub(super) async fn list_sessions_rpc(
         &self,
         tenant: Tenant,
