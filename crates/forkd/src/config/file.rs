@@ -55,6 +55,9 @@ pub struct FileConfig {
     /// How many levels below its session an agent may be started (a fork child's typed agent
     /// is at 2).
     pub max_agent_depth: Option<u32>,
+    /// Compact a session before a request whose input plus `max_tokens` would pass this share
+    /// of its model's window.
+    pub compact_threshold: Option<f64>,
     /// Models the price table does not know, or new prices and windows for those it does:
     /// `[models.NAME]`.
     pub models: Option<BTreeMap<String, ModelSection>>,

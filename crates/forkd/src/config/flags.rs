@@ -41,6 +41,12 @@ pub struct ServeFlags {
     /// (env FORKD_WARMUP_GATING=false).
     #[arg(long)]
     pub no_warmup_gating: bool,
+    #[arg(long, value_name = "SHARE", help = with_default(
+        "Compact a session before a request that would pass this share of its model's window \
+         (env FORKD_COMPACT_THRESHOLD)",
+        |d| d.compact_threshold,
+    ))]
+    pub compact_threshold: Option<f64>,
     #[arg(long, value_name = "SECS", help = with_default(
         "Hand an attached client to the background after this many seconds; 0: never \
          (env FORKD_AUTO_BACKGROUND_SECS)",

@@ -37,6 +37,7 @@ pub struct Settings {
     pub max_running_agents: Option<usize>,
     pub max_concurrent_requests: Option<usize>,
     pub max_agent_depth: u32,
+    pub compact_threshold: f64,
     pub tenant_budgets: BTreeMap<String, forkd_store::Budget>,
     /// The sandbox of sessions' Bash commands.
     pub sandbox: forkd_engine::SandboxConfig,
@@ -80,6 +81,7 @@ impl Default for Settings {
             max_running_agents: engine.max_running_agents,
             max_concurrent_requests: engine.max_concurrent_requests,
             max_agent_depth: engine.max_agent_depth,
+            compact_threshold: engine.compact_threshold,
             tenant_budgets: BTreeMap::new(),
             sandbox: engine.sandbox,
             models: engine.models,
@@ -168,6 +170,20 @@ impl Settings {
         let depth = file.max_agent_depth;
         let depth = layers.pick(None, "FORKD_MAX_AGENT_DEPTH", from_str, depth)?;
         self.max_agent_depth = depth.unwrap_or(self.max_agent_depth);
+        let threshold = layers.pick(
+            flags.compact_threshold,
+            "FORKD_COMPACT_THRESHOLD",
+            from_str,
+            file.compact_threshold,
+        )?;
+        if let Some(t) = threshold {
+            if !(0.1..=1.0).contains(&t) {
+                anyhow::bail!(
+                    "compact_threshold = {t}: a share of the window between 0.1 and 1.0"
+                );
+            }
+            self.compact_threshold = t;
+        }
         self.tenant_budgets = file.tenant_budgets()?;
         let file_mode = file.sandbox.as_deref();
         let file_mode = file_mode.map(|v| sandbox_mode("sandbox", v)).transpose()?;
@@ -259,6 +275,7 @@ impl Settings {
         config.engine.max_running_agents = self.max_running_agents;
         config.engine.max_concurrent_requests = self.max_concurrent_requests;
         config.engine.max_agent_depth = self.max_agent_depth;
+        config.engine.compact_threshold = self.compact_threshold;
         config.engine.tenant_budgets = self
             .tenant_budgets
             .iter()

@@ -86,6 +86,18 @@ fn caps_and_tenant_budgets_come_from_the_file_and_the_environment() {
     let defaults = resolve(&ServeFlags::default(), &[], "").unwrap();
     assert_eq!(defaults.max_running_agents, Some(256));
     assert_eq!(defaults.max_agent_depth, 2);
+    assert_eq!(defaults.compact_threshold, 0.9);
+    let flags = ServeFlags {
+        compact_threshold: Some(0.75),
+        ..ServeFlags::default()
+    };
+    let s = resolve(&flags, &[("FORKD_COMPACT_THRESHOLD", "0.8")], "compact_threshold = 0.5\n")
+        .unwrap();
+    assert_eq!(s.compact_threshold, 0.75, "the flag wins");
+    let s = resolve(&ServeFlags::default(), &[], "compact_threshold = 0.5\n").unwrap();
+    assert_eq!(s.daemon_config("/srv".into()).unwrap().engine.compact_threshold, 0.5);
+    let bad = resolve(&ServeFlags::default(), &[], "compact_threshold = 1.5\n").unwrap_err();
+    assert!(format!("{bad:#}").contains("between 0.1 and 1.0"), "{bad:#}");
     let bad = resolve(
         &ServeFlags::default(),
         &[],
