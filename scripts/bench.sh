@@ -6,7 +6,7 @@
 #
 #   --quick          a smaller run (under 2 minutes on 2 cores; the full run is under 10)
 #   --json FILE      also write every figure and raw measurement as one JSON object
-#   --only FIGURES   comma-separated: cache,overhead,memory,durability,notifications,scale,sandbox
+#   --only FIGURES   comma-separated: cache,overhead,memory,durability,notifications,scale,sandbox,compaction
 #   --dir DIR        where the temporary databases go (default: $TMPDIR or /tmp); use a disk,
 #                    not tmpfs, for honest fsync figures
 #   --out FILE       where the Markdown report goes: `-` for stdout only. Default: a full run

@@ -8,6 +8,7 @@
 
 mod cache;
 mod common;
+mod compaction;
 mod durability;
 mod memory;
 mod notify;
@@ -34,6 +35,7 @@ enum Figure {
     Notifications,
     Scale,
     Sandbox,
+    Compaction,
 }
 
 /// forkd's benchmark suite.
@@ -95,6 +97,7 @@ async fn run_figure(figure: Figure, ctx: &common::Ctx) -> anyhow::Result<Section
         Figure::Notifications => notify::run(ctx).await,
         Figure::Scale => scale::run(ctx).await,
         Figure::Sandbox => sandbox::run(ctx).await,
+        Figure::Compaction => compaction::run(ctx).await,
     }
 }
 

@@ -178,9 +178,7 @@ impl Settings {
         )?;
         if let Some(t) = threshold {
             if !(0.1..=1.0).contains(&t) {
-                anyhow::bail!(
-                    "compact_threshold = {t}: a share of the window between 0.1 and 1.0"
-                );
+                anyhow::bail!("compact_threshold = {t}: a share of the window between 0.1 and 1.0");
             }
             self.compact_threshold = t;
         }

@@ -91,13 +91,26 @@ fn caps_and_tenant_budgets_come_from_the_file_and_the_environment() {
         compact_threshold: Some(0.75),
         ..ServeFlags::default()
     };
-    let s = resolve(&flags, &[("FORKD_COMPACT_THRESHOLD", "0.8")], "compact_threshold = 0.5\n")
-        .unwrap();
+    let s = resolve(
+        &flags,
+        &[("FORKD_COMPACT_THRESHOLD", "0.8")],
+        "compact_threshold = 0.5\n",
+    )
+    .unwrap();
     assert_eq!(s.compact_threshold, 0.75, "the flag wins");
     let s = resolve(&ServeFlags::default(), &[], "compact_threshold = 0.5\n").unwrap();
-    assert_eq!(s.daemon_config("/srv".into()).unwrap().engine.compact_threshold, 0.5);
+    assert_eq!(
+        s.daemon_config("/srv".into())
+            .unwrap()
+            .engine
+            .compact_threshold,
+        0.5
+    );
     let bad = resolve(&ServeFlags::default(), &[], "compact_threshold = 1.5\n").unwrap_err();
-    assert!(format!("{bad:#}").contains("between 0.1 and 1.0"), "{bad:#}");
+    assert!(
+        format!("{bad:#}").contains("between 0.1 and 1.0"),
+        "{bad:#}"
+    );
     let bad = resolve(
         &ServeFlags::default(),
         &[],
