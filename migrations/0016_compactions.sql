@@ -13,3 +13,8 @@ CREATE TABLE compactions (
     PRIMARY KEY (session_id, to_seq),
     FOREIGN KEY (session_id, to_seq) REFERENCES session_messages (session_id, seq)
 ) STRICT;
+
+-- The compaction boundary a batch's fork point was taken after: its children's history is that
+-- compaction's summary and the messages from there to the fork point, as the parent's requests
+-- saw it. NULL: the transcript from its start (every batch stored before).
+ALTER TABLE batches ADD COLUMN compacted_to INTEGER CHECK (compacted_to IS NULL OR compacted_to > 0);

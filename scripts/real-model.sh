@@ -235,6 +235,14 @@ wait_until "the timing proxy" 30 curl -sf "http://127.0.0.1:$PROXY_PORT/health"
 export FORKD_HOME=$WORK/home
 SOCK=$FORKD_HOME/forkd.sock
 mkdir -p "$FORKD_HOME" "$WORK/workspace"
+# The local model's window and prices, so forkd checks (and compacts) against the server's real
+# context and prices nothing as a Claude model.
+cat >"$FORKD_HOME/config.toml" <<TOML
+[models.gemma-3-270m]
+context_window = $LLAMA_CTX
+input_per_mtok = 0.0
+output_per_mtok = 0.0
+TOML
 log "starting forkd serve (FORKD_HOME=$FORKD_HOME)"
 FORKD_PROVIDER=anthropic \
     ANTHROPIC_BASE_URL="http://127.0.0.1:$PROXY_PORT" \
@@ -263,7 +271,7 @@ create_session() { # name
         >"$dir/system.md"
     cp "$WORK/context.md" "$dir/notes.md"
     (cd "$dir" && forkctl session create --system-file system.md --context-file notes.md \
-        --workspace "$WORK/workspace" --max-tokens "$MAX_TOKENS")
+        --workspace "$WORK/workspace" --max-tokens "$MAX_TOKENS" --model gemma-3-270m)
 }
 
 DIRECTIVES=(

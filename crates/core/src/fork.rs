@@ -137,6 +137,11 @@ pub struct ForkBatch {
     pub session_id: SessionId,
     /// How many of the parent's messages the children inherit: the shared history.
     pub fork_point: u64,
+    /// The compaction boundary of the parent's transcript the fork point was taken after: the
+    /// children's history is that compaction's summary and the messages from `compacted_to` up
+    /// to the fork point — what the parent's own requests saw. `None`: the transcript from its
+    /// start (no compaction before the fork point, or a batch stored before compaction existed).
+    pub compacted_to: Option<u64>,
     pub shape: ForkShape,
     /// The blocks before each child's directive in its first user message: the placeholder
     /// tool_results for every tool_use in `A` (model forks), then the boilerplate block.
@@ -240,6 +245,7 @@ impl ForkBatch {
             id,
             session_id,
             fork_point,
+            compacted_to: None,
             shape: ForkShape::Model { assistant },
             shared_user_blocks,
             created_at_ms,
@@ -253,6 +259,7 @@ impl ForkBatch {
             id,
             session_id,
             fork_point,
+            compacted_to: None,
             shape: ForkShape::Client,
             shared_user_blocks: vec![Block::text(&client_boilerplate_text())],
             created_at_ms,

@@ -743,6 +743,7 @@ fn load(s: &Stored, children: &[Directive]) -> Fork {
         id: BatchId::parse(&s.batch.0).unwrap(),
         session_id: SessionId::parse(&s.batch.1).unwrap(),
         fork_point: s.batch.2,
+        compacted_to: None,
         shape: ForkShape::Model {
             assistant: Message::from_stored(Role::Assistant, &s.assistant).unwrap(),
         },

@@ -163,12 +163,9 @@ impl Engine {
         {
             let batch = self.get_batch(batch_id).await?;
             if include_shared {
-                for m in store
-                    .session_messages(agent.session_id, Some(batch.fork_point))
-                    .await?
-                {
+                for message in self.inherited_history(&batch).await? {
                     out.push(TranscriptEntry {
-                        message: m.message,
+                        message,
                         shared: true,
                         compaction: false,
                     });

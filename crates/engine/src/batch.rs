@@ -281,6 +281,12 @@ impl Engine {
                 (batch, vec![note])
             }
         };
+        // Forked after a compaction, the children inherit what the parent's requests saw.
+        let mut batch = batch;
+        batch.compacted_to = self
+            .compaction_before(session_id, batch.fork_point)
+            .await?
+            .map(|c| c.to_seq);
         self.inner
             .store
             .create_fork_batch(

@@ -26,6 +26,77 @@ pub(crate) struct ParentView {
 }
 
 impl Engine {
+    /// The session's latest compaction whose boundary is at or before `seq`: what the parent's
+    /// requests saw of the transcript's first `seq` messages.
+    pub(crate) async fn compaction_before(
+        &self,
+        session: SessionId,
+        seq: u64,
+    ) -> Result<Option<Compaction>> {
+        Ok(self
+            .inner
+            .store
+            .compactions(session)
+            .await?
+            .into_iter()
+            .rfind(|c| c.to_seq <= seq))
+    }
+
+    /// The history a batch's children inherit: the parent's transcript up to the fork point, or,
+    /// for a batch forked after a compaction, that compaction's summary and the messages from
+    /// its boundary to the fork point.
+    pub(crate) async fn inherited_history(
+        &self,
+        batch: &forkd_core::fork::ForkBatch,
+    ) -> Result<Vec<Message>> {
+        let store = &self.inner.store;
+        let summary = match batch.compacted_to {
+            Some(to) => Some(
+                store
+                    .compactions(batch.session_id)
+                    .await?
+                    .into_iter()
+                    .find(|c| c.to_seq == to)
+                    .ok_or_else(|| {
+                        EngineError::Invariant(format!(
+                            "batch {} was forked after a compaction at message {to} of session \
+                             {}, which is not stored",
+                            batch.id, batch.session_id
+                        ))
+                    })?
+                    .summary,
+            ),
+            None => None,
+        };
+        let from = batch.compacted_to.unwrap_or(0);
+        let messages = store
+            .session_messages_from(batch.session_id, from, Some(batch.fork_point))
+            .await?
+            .into_iter()
+            .map(|m| m.message);
+        Ok(summary.into_iter().chain(messages).collect())
+    }
+
+    /// The input tokens of a request on the transcript's first `upto` messages (tools and
+    /// system prompt included), from the counts kept per message; after a compaction
+    /// (`(to_seq, summary)`), its summary and the messages from its boundary.
+    pub(crate) async fn inherited_tokens(
+        &self,
+        session: &Session,
+        upto: Option<u64>,
+        compaction: Option<(u64, &Message)>,
+    ) -> Result<u64> {
+        let all = self.history_tokens(session, upto).await?;
+        Ok(match compaction {
+            Some((to_seq, summary)) => {
+                let head = self.history_tokens(session, Some(0)).await?;
+                let before = self.history_tokens(session, Some(to_seq)).await?;
+                head + (all - before) + crate::window::message_tokens(summary)
+            }
+            None => all,
+        })
+    }
+
     /// The parent's conversation as its next request sees it.
     pub(crate) async fn parent_view(&self, session: &Session) -> Result<ParentView> {
         let store = &self.inner.store;
@@ -51,14 +122,9 @@ impl Engine {
 
     /// The input tokens of the parent's request on `view`, from the counts kept per message.
     pub(crate) async fn view_tokens(&self, session: &Session, view: &ParentView) -> Result<u64> {
-        let all = self.history_tokens(session, Some(view.len)).await?;
-        Ok(match &view.compaction {
-            Some(c) => {
-                let before = self.history_tokens(session, Some(c.to_seq)).await?;
-                all - before + crate::window::message_tokens(&c.summary)
-            }
-            None => all,
-        })
+        let compaction = view.compaction.as_ref().map(|c| (c.to_seq, &c.summary));
+        self.inherited_tokens(session, Some(view.len), compaction)
+            .await
     }
 
     /// Whether the parent's next request, `input_tokens` of it, passes the compaction threshold

@@ -616,11 +616,50 @@ impl Engine {
                 Err(e) => return Err(e),
             }
         }
+        match self
+            .parent_call(session, parent, turn, view.messages, input_tokens, events)
+            .await
+        {
+            // The provider counts more tokens than forkd did: compact, and ask once more.
+            Err(EngineError::Provider(e)) if e.is_prompt_too_long() => {
+                tracing::warn!(error = %e, "The provider says the prompt is too long; compacting");
+                match self.compact(session, parent, lease, turn, None).await {
+                    Ok(_) => {}
+                    Err(EngineError::WrongState(why)) => {
+                        return Err(too_long(&e, &format!("and it cannot be compacted: {why}")));
+                    }
+                    Err(other) => return Err(other),
+                }
+                let view = self.parent_view(session).await?;
+                let input_tokens = self.view_tokens(session, &view).await?;
+                self.parent_call(session, parent, turn, view.messages, input_tokens, events)
+                    .await
+                    .map_err(|again| match again {
+                        EngineError::Provider(e) if e.is_prompt_too_long() => {
+                            too_long(&e, "even after the transcript was compacted")
+                        }
+                        other => other,
+                    })
+            }
+            other => other,
+        }
+    }
+
+    /// Sends one parent request on `messages`, streaming its text to the client.
+    async fn parent_call(
+        &self,
+        session: &Session,
+        parent: &Agent,
+        turn: u32,
+        messages: Vec<Message>,
+        input_tokens: u64,
+        events: &Events,
+    ) -> Result<Completion> {
         let call = ModelCall {
             agent: parent,
             turn,
             params: &session.params,
-            conversation: &Conversation::plain(view.messages),
+            conversation: &Conversation::plain(messages),
             prefix: PrefixEnd::LastBlock,
             input_tokens: Some(input_tokens),
         };
@@ -635,6 +674,19 @@ impl Engine {
             .await?;
         Ok(answer.completion)
     }
+}
+
+/// The provider's "prompt is too long", saying what forkd did about it.
+fn too_long(e: &forkd_provider::ProviderError, what: &str) -> EngineError {
+    let message = match e {
+        forkd_provider::ProviderError::Status { message, .. } => message.clone(),
+        other => other.to_string(),
+    };
+    EngineError::Provider(forkd_provider::ProviderError::Status {
+        status: 400,
+        message: format!("{message} ({what})"),
+        retry_after: None,
+    })
 }
 
 async fn send(events: &Events, event: ParentEvent) {

@@ -245,8 +245,10 @@ impl Engine {
         directive: &Block,
         own: &[Message],
     ) -> Result<u64> {
+        // A batch forked after a compaction inherits its summary: the history's first message.
+        let compaction = ctx.batch.compacted_to.zip(ctx.history.first());
         let history = self
-            .history_tokens(&ctx.session, Some(ctx.batch.fork_point))
+            .inherited_tokens(&ctx.session, Some(ctx.batch.fork_point), compaction)
             .await?;
         let assistant = ctx.batch.assistant().map_or(0, message_tokens);
         let shared: u64 = ctx.batch.shared_user_blocks.iter().map(block_tokens).sum();
@@ -273,19 +275,28 @@ impl Engine {
         let probe = ForkBatch::client(BatchId::new(), session.id, 0, 0);
         let shared: u64 = probe.shared_user_blocks.iter().map(block_tokens).sum();
         let directive = ForkBatch::directive_block(longest);
-        let history = self.history_tokens(session, fork_point).await?;
+        let point = match fork_point {
+            Some(point) => point,
+            None => self.inner.store.session_message_count(session.id).await?,
+        };
+        let compaction = self.compaction_before(session.id, point).await?;
+        let history = self
+            .inherited_tokens(
+                session,
+                Some(point),
+                compaction.as_ref().map(|c| (c.to_seq, &c.summary)),
+            )
+            .await?;
         let estimate = history + shared + block_tokens(&directive);
         if !room.near_edge(estimate) || !self.inner.provider.counts_tokens() {
             return room.check_estimate(&session.params.model, estimate);
         }
         // Near the edge: the longest child's first request, built as its run will build it,
         // for the provider to count.
-        let messages = self
-            .inner
-            .store
-            .session_messages_from(session.id, 0, fork_point)
-            .await?;
-        let history: Vec<Message> = messages.into_iter().map(|m| m.message).collect();
+        let mut probe = probe;
+        probe.fork_point = point;
+        probe.compacted_to = compaction.map(|c| c.to_seq);
+        let history = self.inherited_history(&probe).await?;
         let conversation = probe.child_conversation(&history, &directive, &[]);
         let body = || request::serialize(&session.params, &conversation, true).body;
         self.check_near_edge(room, &session.params, estimate, body)

@@ -148,3 +148,99 @@ async fn a_client_compacts_between_turns_not_during_one() {
         forkd_core::AgentState::Idle
     );
 }
+
+/// A batch forked before a compaction inherits the whole transcript up to its fork point, and
+/// keeps it after a restart; one forked after it inherits the summary and what followed — the
+/// prefix the parent's own requests now carry — identical for every sibling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_forked_before_and_after_a_compaction_inherit_what_the_parent_saw() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = common::engine(dir.path()).await;
+    let mut new = common::new_session(dir.path(), "Sys.");
+    new.context_files[0].content = "background ".repeat(5_000);
+    let s = engine.create_session(new).await.unwrap();
+    turn(&engine, s.id, "Start.\n@sim say one").await;
+    let directives = |tag: &str| {
+        (0..2)
+            .map(|i| forkd_core::Directive {
+                description: format!("{tag} {i}"),
+                prompt: format!("Part {i} of {tag}.\n@sim say {tag} {i} done"),
+            })
+            .collect::<Vec<_>>()
+    };
+    let before = engine
+        .fork_batch(s.id, directives("before"), Default::default())
+        .await
+        .unwrap();
+    for id in &before.agent_ids {
+        common::ended(&engine, *id).await;
+    }
+    let c = engine.compact_session(s.id, None).await.unwrap();
+    turn(&engine, s.id, "Go on.\n@sim say two").await;
+    let after = engine
+        .fork_batch(s.id, directives("after"), Default::default())
+        .await
+        .unwrap();
+    for id in &after.agent_ids {
+        common::ended(&engine, *id).await;
+    }
+    let first = engine.get_batch(before.batch_id).await.unwrap();
+    let second = engine.get_batch(after.batch_id).await.unwrap();
+    assert_eq!(first.compacted_to, None);
+    assert_eq!(second.compacted_to, Some(c.to_seq));
+
+    let first_requests = |batch: forkd_core::BatchId| {
+        let engine = engine.clone();
+        async move {
+            engine
+                .store()
+                .list_requests(&RequestFilter {
+                    batch_id: Some(batch),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|r| r.turn == 0)
+                .collect::<Vec<_>>()
+        }
+    };
+    let old = first_requests(before.batch_id).await;
+    let new = first_requests(after.batch_id).await;
+    assert_eq!(new.len(), 2);
+    assert_eq!(
+        new[0].prefix_fingerprint, new[1].prefix_fingerprint,
+        "siblings share the prefix"
+    );
+    // The context (~5k tokens) is behind the boundary: the later children do not carry it.
+    assert!(
+        new[0].usage.total_input() + 3_000 < old[0].usage.total_input(),
+        "{} against {}",
+        new[0].usage.total_input(),
+        old[0].usage.total_input()
+    );
+    assert!(
+        new[1].usage.cache_read_input_tokens > 0,
+        "the second sibling read the first's"
+    );
+
+    // After a restart the earlier batch's children still see the whole transcript, unchanged.
+    let seen = |engine: Engine, agent| async move {
+        engine
+            .transcript(agent, true)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.message.content_json())
+            .collect::<Vec<_>>()
+    };
+    let child = before.agent_ids[0];
+    let was = seen(engine.clone(), child).await;
+    engine.shutdown(Duration::from_millis(100)).await;
+    let restarted = common::engine(dir.path()).await;
+    let is = seen(restarted.clone(), child).await;
+    assert_eq!(was, is);
+    assert!(!is.iter().any(|m| m.contains("compaction-summary")));
+    let later = seen(restarted, after.agent_ids[0]).await;
+    assert!(later[0].contains("compaction-summary"), "{later:?}");
+}

@@ -210,3 +210,64 @@ async fn a_client_batch_on_a_thinking_session_completes_against_sim_server() {
     .unwrap();
     assert!(turn_text(&events).is_some_and(|t| t.contains("all fine")));
 }
+
+/// A provider that counts more tokens than forkd does refuses a request as "prompt is too long"
+/// (here: forkd is told the model's window is 1M tokens, `forkd sim-server` holds it to 200k):
+/// the session compacts and the request is sent once more, and the turn answers.
+#[tokio::test]
+async fn a_prompt_too_long_compacts_the_session_and_retries_once() {
+    let base_url = sim_server(StreamCuts::default()).await;
+    let workspace = tempfile::tempdir().unwrap();
+    let daemon = spawn_daemon_with(|c| {
+        c.provider = ProviderKind::Anthropic;
+        let mut settings = AnthropicConfig::new("test-key");
+        settings.base_url = base_url;
+        c.anthropic = Some(settings);
+        let sonnet = forkd_core::pricing::model(forkd_core::pricing::DEFAULT_MODEL).unwrap();
+        c.engine.models =
+            forkd_core::pricing::Models::default().with(forkd_core::pricing::ModelSpec {
+                context_window: 1_000_000,
+                ..sonnet.clone()
+            });
+    })
+    .await
+    .unwrap();
+    let mut client = daemon.client().await.unwrap();
+    // ~180k tokens of context: one more long message passes the real window.
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
+            context_files: vec![pb::ContextFile {
+                path: "design.md".into(),
+                content: "design ".repeat(180_000),
+            }],
+            max_tokens: 1024,
+            ..session_request(workspace.path())
+        },
+    )
+    .await
+    .unwrap();
+    let send = |text: String| pb::SendMessageRequest {
+        session_id: session.session_id.clone(),
+        text,
+        ..Default::default()
+    };
+    let long = "note ".repeat(12_000);
+    let first = run_turn(&mut client, send(format!("{long}\n@sim say first")))
+        .await
+        .unwrap();
+    assert!(turn_text(&first).unwrap().contains("first"), "{first:?}");
+    // This request is ~205k tokens: sim-server refuses it; forkd compacts and retries.
+    let second = run_turn(&mut client, send(format!("{long}\n@sim say second")))
+        .await
+        .unwrap();
+    assert!(
+        turn_text(&second).is_some_and(|t| t.contains("second")),
+        "{second:?}"
+    );
+    let transcript = forkd_test_support::session_transcript(&mut client, &session.session_id)
+        .await
+        .unwrap();
+    let compacted = transcript.iter().filter(|m| m.compaction).count();
+    assert_eq!(compacted, 1);
+}

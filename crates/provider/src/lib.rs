@@ -158,6 +158,24 @@ impl ProviderError {
         }
     }
 
+    /// Whether the provider refused the request for not fitting its model's context window:
+    /// Anthropic's "prompt is too long" (and its "exceed context limit" for input plus
+    /// `max_tokens`), OpenAI's `context_length_exceeded`.
+    pub fn is_prompt_too_long(&self) -> bool {
+        match self {
+            ProviderError::Status {
+                status: 400 | 413,
+                message,
+                ..
+            } => {
+                message.contains("prompt is too long")
+                    || message.contains("exceed context limit")
+                    || message.contains("context_length_exceeded")
+            }
+            _ => false,
+        }
+    }
+
     /// Whether sending the same request again may succeed (429, 529, 5xx, dropped streams).
     pub fn is_retryable(&self) -> bool {
         matches!(

@@ -89,15 +89,9 @@ impl Engine {
         if let Some(ctx) = self.cached_batch(batch_id) {
             return Ok(ctx);
         }
-        let store = &self.inner.store;
         let batch = self.get_batch(batch_id).await?;
         let session = self.get_session(agent.session_id).await?;
-        let history = store
-            .session_messages(agent.session_id, Some(batch.fork_point))
-            .await?
-            .into_iter()
-            .map(|m| m.message)
-            .collect();
+        let history = self.inherited_history(&batch).await?;
         let ctx = Arc::new(BatchContext {
             session,
             batch,

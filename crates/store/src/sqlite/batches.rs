@@ -18,6 +18,7 @@ struct BatchRow {
     id: String,
     session_id: String,
     fork_point: i64,
+    compacted_to: Option<i64>,
     shape: String,
     assistant_json: String,
     shared_user_blocks_json: String,
@@ -34,6 +35,10 @@ impl TryFrom<BatchRow> for ForkBatch {
             id: parse_id(&row.id, "batch id")?,
             session_id: parse_id(&row.session_id, "batch session id")?,
             fork_point: from_i64(row.fork_point, "fork_point")?,
+            compacted_to: row
+                .compacted_to
+                .map(|to| from_i64(to, "compacted_to"))
+                .transpose()?,
             shape: match row.shape.as_str() {
                 "model" => ForkShape::Model {
                     assistant: Message::from_stored(Role::Assistant, &row.assistant_json)
@@ -111,8 +116,8 @@ pub(super) async fn create(
     let id = batch.id.to_string();
     sqlx::query(
         "INSERT INTO batches (id, session_id, fork_point, shape, assistant_json, \
-         shared_user_blocks_json, created_at_ms, budget_usd, budget_tokens) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+         shared_user_blocks_json, created_at_ms, budget_usd, budget_tokens, compacted_to) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(&id)
     .bind(&session_id)
@@ -129,6 +134,12 @@ pub(super) async fn create(
             .map(|t| to_i64(t, "budget_tokens"))
             .transpose()?,
     )
+    .bind(
+        batch
+            .compacted_to
+            .map(|to| to_i64(to, "compacted_to"))
+            .transpose()?,
+    )
     .execute(&mut *conn)
     .await
     .map_err(|e| conflict_if_duplicate(e, || format!("batch {id} already exists")))?;
@@ -141,8 +152,8 @@ pub(super) async fn create(
 
 pub(super) async fn get(pool: &SqlitePool, id: BatchId) -> Result<Option<ForkBatch>> {
     let row: Option<BatchRow> = sqlx::query_as(
-        "SELECT id, session_id, fork_point, shape, assistant_json, shared_user_blocks_json, \
-         created_at_ms FROM batches WHERE id = ?",
+        "SELECT id, session_id, fork_point, compacted_to, shape, assistant_json, \
+         shared_user_blocks_json, created_at_ms FROM batches WHERE id = ?",
     )
     .bind(id.to_string())
     .fetch_optional(pool)
