@@ -236,9 +236,13 @@ impl Engine {
         })?;
         let parent = self.parent_agent(&session).await?;
         let lease = self.inner.store.claim_agent(parent.id).await?;
-        let outcome = self
-            .compact(&session, &parent, &lease, 0, instructions.as_deref())
-            .await;
+        // Like a run, it stops where it stands when the daemon stops: no boundary is stored
+        // unless the summary came back whole.
+        let shutdown = self.inner.shutdown.clone();
+        let outcome = tokio::select! {
+            outcome = self.compact(&session, &parent, &lease, 0, instructions.as_deref()) => outcome,
+            () = shutdown.cancelled() => return Err(EngineError::Draining),
+        };
         if let Err(e) = self.inner.store.end_turn(&lease, None).await {
             tracing::warn!(error = %e, "Cannot mark the parent idle after a compaction");
         }

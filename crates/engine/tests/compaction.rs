@@ -244,3 +244,72 @@ async fn batches_forked_before_and_after_a_compaction_inherit_what_the_parent_sa
     let later = seen(restarted, after.agent_ids[0]).await;
     assert!(later[0].contains("compaction-summary"), "{later:?}");
 }
+
+/// A daemon that stops in the middle of a compaction leaves the old state — no boundary, the
+/// transcript whole — and the next one compacts from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_cut_off_leaves_no_half_boundary() {
+    let dir = tempfile::tempdir().unwrap();
+    let slow = forkd_provider::SimConfig { speed: 1.0 };
+    let first = common::engine_on(
+        common::store(dir.path()).await,
+        slow,
+        EngineConfig::default(),
+    );
+    let s = first
+        .create_session(common::new_session(dir.path(), "Sys."))
+        .await
+        .unwrap();
+    turn(&first, s.id, "Start.\n@sim say one").await;
+    let before = first
+        .store()
+        .session_messages(s.id, None)
+        .await
+        .unwrap()
+        .len();
+    let compacting = tokio::spawn({
+        let first = first.clone();
+        async move { first.compact_session(s.id, None).await }
+    });
+    // The summary request is in flight (the sim streams at its realistic pace).
+    common::eventually(
+        Duration::from_secs(20),
+        "the summary request to start",
+        || async {
+            first
+                .get_agent(
+                    first
+                        .store()
+                        .list_agents(&forkd_core::store::AgentFilter {
+                            session_id: Some(s.id),
+                            ..Default::default()
+                        })
+                        .await
+                        .unwrap()[0]
+                        .id,
+                )
+                .await
+                .unwrap()
+                .state
+                == forkd_core::AgentState::Running
+        },
+    )
+    .await;
+    first.shutdown(Duration::ZERO).await;
+    let _ = compacting.await;
+
+    let second = common::engine(dir.path()).await;
+    second.resume_interrupted().await.unwrap();
+    assert!(second.store().compactions(s.id).await.unwrap().is_empty());
+    assert_eq!(
+        second
+            .store()
+            .session_messages(s.id, None)
+            .await
+            .unwrap()
+            .len(),
+        before
+    );
+    let c = second.compact_session(s.id, None).await.unwrap();
+    assert_eq!(c.from_seq, 0);
+}
