@@ -8,34 +8,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bin_dir="${FORKD_BIN_DIR:-target/release}"
-if [[ -z "${FORKD_BIN_DIR:-}" ]]; then
-  cargo build --release --locked --bin forkd --bin forkctl >&2
-fi
-forkd="$(pwd)/$bin_dir/forkd"
-forkctl="$(pwd)/$bin_dir/forkctl"
+source scripts/lib.sh
+forkd_binaries
 [[ -x /usr/bin/time ]] || { echo "needs GNU time (/usr/bin/time; Debian: apt-get install time)" >&2; exit 1; }
 
 home="$(mktemp -d /tmp/forkd-ctlmem.XXXXXX)"
-export FORKD_HOME="$home"
-export FORKD_ADDR="unix://$home/forkd.sock"
-daemon_pid=""
 cleanup() {
-  if [[ -n "$daemon_pid" ]] && kill -0 "$daemon_pid" 2>/dev/null; then
-    kill "$daemon_pid" 2>/dev/null || true
-    wait "$daemon_pid" 2>/dev/null || true
-  fi
+  stop_forkd
   rm -rf "$home"
 }
 trap cleanup EXIT
-
-"$forkd" serve --sim-speed 0 >"$home/forkd.log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 1 100); do
-  [[ -S "$home/forkd.sock" ]] && break
-  sleep 0.1
-done
-[[ -S "$home/forkd.sock" ]] || { cat "$home/forkd.log" >&2; echo "forkd did not start" >&2; exit 1; }
+start_forkd "$home" --sim-speed 0
 
 echo "You are a careful reviewer." >"$home/system.md"
 printf '| N | forkctl peak RSS, MiB | wall s | JUnit cases |\n|---|---|---|---|\n'
@@ -53,7 +36,7 @@ for n in 100 1000; do
   } >"$file"
   start=$(date +%s.%N)
   /usr/bin/time -f '%M' -o "$home/rss-$n" \
-    "$forkctl" run "$file" --wait --junit "$home/junit-$n.xml" >"$home/run-$n.out" 2>&1 || {
+    "$FORKCTL" run "$file" --wait --junit "$home/junit-$n.xml" >"$home/run-$n.out" 2>&1 || {
     cat "$home/run-$n.out" >&2; exit 1; }
   end=$(date +%s.%N)
   cases=$(grep -c '<testcase' "$home/junit-$n.xml")

@@ -12,12 +12,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bin_dir="${FORKD_BIN_DIR:-target/release}"
-if [[ -z "${FORKD_BIN_DIR:-}" ]]; then
-  cargo build --release --locked --bin forkd --bin forkctl >&2
-fi
-forkd="$(pwd)/$bin_dir/forkd"
-forkctl="$(pwd)/$bin_dir/forkctl"
+source scripts/lib.sh
+forkd_binaries
+forkctl="$FORKCTL"
 
 now() { date +%s.%N; }
 since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$1" "$2"; }
@@ -40,11 +37,8 @@ run() {
   local how="$1" auto="$2"
   local home
   home="$(mktemp -d /tmp/forkd-handoff.XXXXXX)"
-  export FORKD_HOME="$home" FORKD_ADDR="unix://$home/forkd.sock"
-  FORKD_AUTO_BACKGROUND_SECS="$auto" "$forkd" serve --sim-speed 1 >"$home/forkd.log" 2>&1 &
-  local daemon=$!
-  trap 'kill $daemon 2>/dev/null || true; rm -rf "$home"' RETURN
-  for _ in $(seq 1 100); do [[ -S "$home/forkd.sock" ]] && break; sleep 0.1; done
+  FORKD_AUTO_BACKGROUND_SECS="$auto" start_forkd "$home" --sim-speed 1
+  trap 'stop_forkd; rm -rf "$home"' RETURN
   echo "You plan work." >"$home/system.md"
   local sid
   sid="$("$forkctl" --json session create --system-file "$home/system.md" --workspace "$home" |

@@ -8,33 +8,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bin_dir="${FORKD_BIN_DIR:-target/release}"
-if [[ -z "${FORKD_BIN_DIR:-}" ]]; then
-  cargo build --release --locked --bin forkd --bin forkctl >&2
-fi
-forkd="$bin_dir/forkd"
-forkctl="$bin_dir/forkctl"
+source scripts/lib.sh
+forkd_binaries
+forkd="$FORKD"
+forkctl="$FORKCTL"
 
 home="$(mktemp -d /tmp/forkd-smoke.XXXXXX)"
-export FORKD_HOME="$home"
-export FORKD_ADDR="unix://$home/forkd.sock"
-daemon_pid=""
 cleanup() {
-  if [[ -n "$daemon_pid" ]] && kill -0 "$daemon_pid" 2>/dev/null; then
-    kill "$daemon_pid" 2>/dev/null || true
-    wait "$daemon_pid" 2>/dev/null || true
-  fi
+  stop_forkd
   rm -rf "$home"
 }
 trap cleanup EXIT
-
-"$forkd" serve --sim-speed 0 >"$home/forkd.log" 2>&1 &
-daemon_pid=$!
-for _ in $(seq 1 100); do
-  [[ -S "$home/forkd.sock" ]] && break
-  sleep 0.1
-done
-[[ -S "$home/forkd.sock" ]] || { cat "$home/forkd.log" >&2; echo "forkd did not start" >&2; exit 1; }
+start_forkd "$home" --sim-speed 0
+daemon_pid=$DAEMON_PID
 
 echo "You are a careful reviewer." >"$home/system.md"
 sid="$("$forkctl" --json session create --system-file "$home/system.md" \

@@ -230,6 +230,21 @@ impl Block {
         }
     }
 
+    /// The text content of a tool_result block (empty when it has none, or holds blocks).
+    pub fn tool_result_text(&self) -> Option<String> {
+        match self.kind {
+            BlockKind::ToolResult { .. } => Some(
+                self.raw
+                    .value()
+                    .get("content")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
+            ),
+            _ => None,
+        }
+    }
+
     /// The input of a tool_use block.
     pub fn tool_input(&self) -> Option<Value> {
         match self.kind {

@@ -567,13 +567,7 @@ impl Engine {
                     is_error,
                 } = block.kind()
                 {
-                    let content = block
-                        .raw()
-                        .value()
-                        .get("content")
-                        .and_then(|c| c.as_str())
-                        .unwrap_or("")
-                        .to_owned();
+                    let content = block.tool_result_text().unwrap_or_default();
                     send(
                         events,
                         ParentEvent::ToolResult {

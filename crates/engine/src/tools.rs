@@ -400,13 +400,7 @@ impl Engine {
             block.kind(),
             forkd_core::BlockKind::ToolResult { is_error: true, .. }
         );
-        let content = block
-            .raw()
-            .value()
-            .get("content")
-            .and_then(|c| c.as_str())
-            .unwrap_or("")
-            .to_owned();
+        let content = block.tool_result_text().unwrap_or_default();
         if is_error {
             ToolOutput::error(content)
         } else {

@@ -642,6 +642,31 @@ async fn a_parent_turn_after_a_thousand_child_thinking_batch_is_valid_and_small(
     );
 }
 
+/// A parent turn that delegates to a `Plan` agent scripted to sleep `sleep`, then says
+/// "delegated".
+fn delegating(sleep: &str) -> String {
+    format!(
+        "Plan it.\n@sim agent {{\"description\":\"plan\",\"prompt\":\"Plan slowly.\\n@sim sleep \
+         {sleep}\\n@sim say the plan: step 1, step 2\",\"subagent_type\":\"Plan\"}}\n@sim say \
+         delegated"
+    )
+}
+
+/// The session's typed agent, once it runs.
+async fn running_typed(engine: &Engine, s: &Session) -> forkd_core::Agent {
+    eventually(
+        Duration::from_secs(30),
+        "the typed agent to run",
+        || async {
+            agents_of(engine, s, AgentKind::Typed)
+                .await
+                .into_iter()
+                .find(|a| a.state == AgentState::Running)
+        },
+    )
+    .await
+}
+
 /// How a parent's wait on a typed agent is handed to the background.
 #[derive(Debug, Clone, Copy)]
 enum Signal {
@@ -673,23 +698,8 @@ async fn a_backgrounded_wait_frees_the_parent(signal: Signal) {
         config,
     );
     let s = session(&engine, dir.path()).await;
-    let script = concat!(
-        "Plan it.\n",
-        r#"@sim agent {"description":"plan","prompt":"Plan slowly.\n@sim sleep 8s\n@sim say the plan: step 1, step 2","subagent_type":"Plan"}"#,
-        "\n@sim say delegated",
-    );
-    let mut stream = engine.send_message(s.id, script.into()).await.unwrap();
-    let typed = eventually(
-        Duration::from_secs(30),
-        "the typed agent to run",
-        || async {
-            agents_of(&engine, &s, AgentKind::Typed)
-                .await
-                .into_iter()
-                .find(|a| a.state == AgentState::Running)
-        },
-    )
-    .await;
+    let mut stream = engine.send_message(s.id, delegating("8s")).await.unwrap();
+    let typed = running_typed(&engine, &s).await;
     let main_loop = agents_of(&engine, &s, AgentKind::Parent).await[0].id;
     match signal {
         Signal::MainLoop => engine.background(main_loop).await.unwrap(),
@@ -802,23 +812,8 @@ async fn a_turn_cut_off_while_waiting_on_a_typed_agent_resumes_without_a_second_
         EngineConfig::default(),
     );
     let s = session(&first, dir.path()).await;
-    let script = concat!(
-        "Plan it.\n",
-        r#"@sim agent {"description":"plan","prompt":"Plan slowly.\n@sim sleep 6s\n@sim say the plan: step 1, step 2","subagent_type":"Plan"}"#,
-        "\n@sim say delegated",
-    );
-    let stream = first.send_message(s.id, script.into()).await.unwrap();
-    let typed = eventually(
-        Duration::from_secs(30),
-        "the typed agent to run",
-        || async {
-            agents_of(&first, &s, AgentKind::Typed)
-                .await
-                .into_iter()
-                .find(|a| a.state == AgentState::Running)
-        },
-    )
-    .await;
+    let stream = first.send_message(s.id, delegating("6s")).await.unwrap();
+    let typed = running_typed(&first, &s).await;
     first.shutdown(Duration::ZERO).await;
     drop(stream);
     let parent_requests = |engine: Engine| async move {

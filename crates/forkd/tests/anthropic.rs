@@ -32,6 +32,15 @@ async fn sim_server(cuts: StreamCuts) -> String {
     format!("http://{addr}")
 }
 
+/// Points the daemon's `anthropic` provider at a `forkd sim-server`.
+fn use_sim_server(c: &mut forkd::daemon::DaemonConfig, base_url: String) {
+    c.provider = ProviderKind::Anthropic;
+    let mut settings = AnthropicConfig::new("test-key");
+    settings.base_url = base_url;
+    settings.retry.backoff_base = Duration::from_millis(5);
+    c.anthropic = Some(settings);
+}
+
 /// Runs one 5-child batch; returns each child's usage in directive order and its status.
 async fn batch(
     anthropic: Option<String>,
@@ -40,11 +49,7 @@ async fn batch(
 ) -> Vec<(i32, pb::Usage)> {
     let daemon = spawn_daemon_with(|c| {
         if let Some(base_url) = anthropic {
-            c.provider = ProviderKind::Anthropic;
-            let mut settings = AnthropicConfig::new("test-key");
-            settings.base_url = base_url;
-            settings.retry.backoff_base = Duration::from_millis(5);
-            c.anthropic = Some(settings);
+            use_sim_server(c, base_url);
         }
     })
     .await
@@ -140,14 +145,9 @@ async fn injected_overloads_and_a_cut_stream_still_complete_every_child() {
 async fn a_client_batch_on_a_thinking_session_completes_against_sim_server() {
     let base_url = sim_server(StreamCuts::default()).await;
     let workspace = tempfile::tempdir().unwrap();
-    let daemon = spawn_daemon_with(|c| {
-        c.provider = ProviderKind::Anthropic;
-        let mut settings = AnthropicConfig::new("test-key");
-        settings.base_url = base_url;
-        c.anthropic = Some(settings);
-    })
-    .await
-    .unwrap();
+    let daemon = spawn_daemon_with(|c| use_sim_server(c, base_url))
+        .await
+        .unwrap();
     let mut client = daemon.client().await.unwrap();
     let session = create_session(
         &mut client,
@@ -219,10 +219,7 @@ async fn a_prompt_too_long_compacts_the_session_and_retries_once() {
     let base_url = sim_server(StreamCuts::default()).await;
     let workspace = tempfile::tempdir().unwrap();
     let daemon = spawn_daemon_with(|c| {
-        c.provider = ProviderKind::Anthropic;
-        let mut settings = AnthropicConfig::new("test-key");
-        settings.base_url = base_url;
-        c.anthropic = Some(settings);
+        use_sim_server(c, base_url);
         let sonnet = forkd_core::pricing::model(forkd_core::pricing::DEFAULT_MODEL).unwrap();
         c.engine.models =
             forkd_core::pricing::Models::default().with(forkd_core::pricing::ModelSpec {
