@@ -17,9 +17,10 @@
 //!   batch, a `<task-notification>`, a batch digest, a handed-back report), before it reads the
 //!   transcript's length: seqs stay contiguous, and a model's fork finds the transcript exactly
 //!   as long as it expects or fails with `Conflict`.
-//! - **A batch's row** is locked by a child of a client's batch that ends and reports to the
-//!   transcript, before it counts its live siblings: of two last children ending at once, the
-//!   second sees the first ended and appends the one digest.
+//! - **A batch's row** is locked by a child that ends and reports to the transcript, before it
+//!   reads the batch's shape; a client batch's child counts its live siblings under that lock, so
+//!   of two last children ending at once, the second sees the first ended and appends the one
+//!   digest (and the others append nothing, so they need not lock the session).
 //! - **The notification counter** (`notification_seq`, one row) gives each notification its seq
 //!   inside the inserting transaction and stays locked until commit, so seqs commit in order: a
 //!   reader that has seen seq n has seen every seq below it.
