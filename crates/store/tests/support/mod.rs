@@ -207,15 +207,27 @@ impl TestStore {
         for store in stores {
             store.close().await;
         }
-        let mut admin = PgConnection::connect(server).await?;
+        drop_database(server, name).await
+    }
+}
+
+/// Drops a test's database once its stores are closed. A plain `DROP DATABASE` waits for an
+/// autovacuum worker to leave (`WITH (FORCE)` would fail on it without the right to signal it);
+/// `FORCE` is the fallback for a connection of the test that is still open.
+async fn drop_database(server: &str, name: &str) -> TestResult {
+    let mut admin = PgConnection::connect(server).await?;
+    let plain = sqlx::query(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}")))
+        .execute(&mut admin)
+        .await;
+    if plain.is_err() {
         sqlx::query(AssertSqlSafe(format!(
             "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
         )))
         .execute(&mut admin)
         .await?;
-        admin.close().await?;
-        Ok(())
     }
+    admin.close().await?;
+    Ok(())
 }
 
 /// Runs one conformance test on a fresh store of `backend`, then drops the store's database,
