@@ -12,7 +12,7 @@ use forkd_provider::{
     SimProvider,
 };
 use forkd_server::{Listeners, ServerConfig, TlsConfig, TokenStore};
-use forkd_store::{Durability, SqliteStore};
+use forkd_store::{Durability, PgStore, SqliteStore, Store};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -27,11 +27,71 @@ pub enum ProviderKind {
     Openai,
 }
 
+/// A PostgreSQL database URL (`postgres://user:password@host:5432/database`). It shows itself
+/// (`Debug`, `Display`) without its password, so it can be logged.
+#[derive(Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(transparent)]
+pub struct DatabaseUrl(String);
+
+impl DatabaseUrl {
+    pub fn new(url: impl Into<String>) -> Self {
+        Self(url.into())
+    }
+
+    /// The URL itself, password included: for connecting, never for printing.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// `postgres://` or `postgresql://`, else an error naming `source` (where the URL was set)
+    /// and saying what is accepted.
+    pub fn check(&self, source: &str) -> anyhow::Result<()> {
+        let scheme = self.0.split_once("://").map(|(scheme, _)| scheme);
+        match scheme {
+            Some(s)
+                if s.eq_ignore_ascii_case("postgres") || s.eq_ignore_ascii_case("postgresql") =>
+            {
+                Ok(())
+            }
+            _ => bail!(
+                "{source}: {self:?} is not a PostgreSQL URL: use \
+                 postgres://user:password@host:5432/database, or set none to keep state in \
+                 FORKD_HOME/forkd.db"
+            ),
+        }
+    }
+}
+
+impl std::str::FromStr for DatabaseUrl {
+    type Err = std::convert::Infallible;
+
+    /// Takes any text: [`DatabaseUrl::check`] judges it, in an error that does not show the
+    /// password (a parser's error would quote the value whole).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self::new(s))
+    }
+}
+
+impl std::fmt::Display for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&forkd_store::redacted_url(&self.0))
+    }
+}
+
+impl std::fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.to_string())
+    }
+}
+
 /// Everything a daemon needs to start.
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
-    /// Holds the database and the socket.
+    /// Holds the socket, and the SQLite database unless `database_url` is set.
     pub home: PathBuf,
+    /// A PostgreSQL database to keep the daemon's state in instead of `home/forkd.db`. One daemon
+    /// per database: several daemons sharing one are not supported yet.
+    pub database_url: Option<DatabaseUrl>,
     /// An extra TCP listener. Off loopback it needs at least one bearer token in
     /// `home/tokens.json`, or the daemon refuses to start.
     pub listen: Option<SocketAddr>,
@@ -57,6 +117,7 @@ impl DaemonConfig {
     pub fn new(home: PathBuf) -> Self {
         Self {
             home,
+            database_url: None,
             listen: None,
             metrics_listen: None,
             tls: None,
@@ -186,7 +247,6 @@ fn provider(config: &DaemonConfig) -> anyhow::Result<Arc<dyn Provider>> {
     })
 }
 
-/// Starts a daemon: opens the store, builds the engine, binds the listeners and serves.
 /// Says at start what the sandbox found: whether sandboxed Bash commands can run here, and if
 /// not, why (they then fail with that reason; nothing runs unconfined).
 async fn log_sandbox(sandbox: &forkd_engine::SandboxConfig) {
@@ -212,6 +272,29 @@ async fn log_sandbox(sandbox: &forkd_engine::SandboxConfig) {
     }
 }
 
+/// The store: PostgreSQL at `database_url` when it is set, else SQLite in the home.
+async fn open_store(config: &DaemonConfig) -> anyhow::Result<Arc<dyn Store>> {
+    let Some(url) = &config.database_url else {
+        let db = config.home.join("forkd.db");
+        let store = SqliteStore::open(&db, config.durability)
+            .await
+            .with_context(|| format!("cannot open the database {}", db.display()))?;
+        return Ok(Arc::new(store));
+    };
+    url.check("database_url")?;
+    if config.durability == Durability::Full {
+        tracing::warn!(
+            "fsync_every_commit applies to SQLite only; PostgreSQL's own settings (synchronous_commit) decide when its commits reach the disk"
+        );
+    }
+    let store = PgStore::connect(url.as_str())
+        .await
+        .with_context(|| format!("cannot open the PostgreSQL database {url}"))?;
+    tracing::info!(database = %url, "Keeping state in PostgreSQL");
+    Ok(Arc::new(store))
+}
+
+/// Starts a daemon: opens the store, builds the engine, binds the listeners and serves.
 pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     // Read (and so validated) now: a broken token file is a start-up error, not a surprise at
     // the first call. The server re-reads it when it changes.
@@ -244,10 +327,7 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
         None => None,
     };
     prepare_home(&config.home)?;
-    let db = config.home.join("forkd.db");
-    let store = SqliteStore::open(&db, config.durability)
-        .await
-        .with_context(|| format!("cannot open the database {}", db.display()))?;
+    let store = open_store(&config).await?;
     let provider = provider(&config)?;
     let mut engine_config = config.engine.clone();
     engine_config.agent_dirs.push(config.home.join("agents"));
@@ -255,11 +335,12 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     let home = std::fs::canonicalize(&config.home).unwrap_or_else(|_| config.home.clone());
     engine_config.sandbox.hidden.push(home);
     log_sandbox(&engine_config.sandbox).await;
-    let engine = Engine::new(Arc::new(store), provider, engine_config);
+    let engine = Engine::new(store, provider, engine_config);
 
     let socket_path = config.socket_path();
     // Binding the socket is what proves no other daemon serves this home: only then may this
-    // one resume the agents it finds running.
+    // one resume the agents it finds running. (On PostgreSQL it proves nothing about other homes
+    // on the same database: one daemon per database is the operator's part for now.)
     let unix = bind_socket(&socket_path).await?;
     let resumed = engine.resume_interrupted().await?;
     if resumed > 0 {

@@ -69,7 +69,7 @@ const CORPUS: &[(&str, &str)] = corpus![
     "crates/store/src/sqlite/batches.rs",
     "crates/store/src/sqlite/sessions.rs",
     "crates/store/src/sqlite/requests.rs",
-    "crates/store/src/sqlite/convert.rs",
+    "crates/store/src/rows/convert.rs",
     "crates/provider/src/lib.rs",
     "crates/provider/src/accumulate.rs",
     "crates/provider/src/tokens.rs",

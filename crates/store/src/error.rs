@@ -1,10 +1,10 @@
-//! The errors of the SQLite implementation: the interface's [`StoreError`] plus the driver's,
+//! The store's errors: the interface's [`StoreError`] plus the driver's,
 //! which become [`StoreError::Database`] at the [`crate::Store`] boundary (the interface cannot
 //! know sqlx).
 
 use forkd_core::store::StoreError;
 
-/// What went wrong inside the SQLite store.
+/// What went wrong inside a store.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum DbError {
     #[error(transparent)]

@@ -11,7 +11,6 @@ mod agent_params;
 mod agents;
 mod batches;
 mod compactions;
-mod convert;
 mod idempotency;
 mod notifications;
 mod pending;
@@ -33,8 +32,9 @@ use sqlx::sqlite::{
 };
 use sqlx::{Sqlite, Transaction};
 
-use crate::StoreError;
 use crate::error::Result;
+use crate::rows::convert::{from_i64, now_ms};
+use crate::rows::sessions::not_found as session_not_found;
 use crate::{
     AgentFilter, AgentParams, BatchExtras, Budget, DbError, IdempotencyRecord, Lease, NewChild,
     NewNotification, NotificationFilter, ProcessGroup, RequestFilter, RequestRecord, Spend,
@@ -42,6 +42,11 @@ use crate::{
 };
 
 type StoreResult<T> = std::result::Result<T, crate::StoreError>;
+
+/// A `limit` argument where 0 means none, as SQLite's `LIMIT` (which reads -1 as none).
+fn limit_param(limit: u32) -> i64 {
+    if limit == 0 { -1 } else { i64::from(limit) }
+}
 
 /// A store operation's outcome at the interface: the driver's errors become [`crate::StoreError`].
 fn db<T>(outcome: Result<T>) -> StoreResult<T> {
@@ -180,7 +185,9 @@ impl SqliteStore {
             if problems.is_empty() {
                 Ok(())
             } else {
-                Err(DbError::Store(StoreError::Corrupt(problems.join("; "))))
+                Err(DbError::Store(crate::StoreError::Corrupt(
+                    problems.join("; "),
+                )))
             }
         }
         .await)
@@ -357,10 +364,7 @@ impl Store for SqliteStore {
             let mut tx = self.begin_write().await?;
             let session_id = agent.session_id.to_string();
             if !sessions::exists(&mut tx, &session_id).await? {
-                return Err(DbError::Store(StoreError::NotFound {
-                    kind: "session",
-                    id: session_id,
-                }));
+                return Err(session_not_found(session_id));
             }
             agents::insert(&mut tx, agent, directive_block).await?;
             if let Some(params) = params {
@@ -391,7 +395,7 @@ impl Store for SqliteStore {
     ) -> StoreResult<()> {
         db(async move {
             let mut tx = self.begin_write().await?;
-            pending::set(&mut tx, lease, session, reply, convert::now_ms()).await?;
+            pending::set(&mut tx, lease, session, reply, now_ms()).await?;
             tx.commit().await?;
             Ok(())
         }
@@ -445,19 +449,16 @@ impl Store for SqliteStore {
             }
             let session_id = session.to_string();
             if !sessions::exists(&mut tx, &session_id).await? {
-                return Err(DbError::Store(StoreError::NotFound {
-                    kind: "session",
-                    id: session_id,
-                }));
+                return Err(session_not_found(session_id));
             }
-            let first = convert::session_len(&mut tx, &session_id).await?;
+            let first = sessions::len(&mut tx, &session_id).await?;
             for (seq, message) in (first..).zip(messages) {
-                convert::insert_session_message(&mut tx, &session_id, seq, message, at_ms).await?;
+                sessions::insert_message(&mut tx, &session_id, seq, message, at_ms).await?;
             }
             agents::mark_delivered(&mut tx, delivered).await?;
             pending::clear(&mut tx, &session_id).await?;
             tx.commit().await?;
-            convert::from_i64(first, "session message seq")
+            from_i64(first, "session message seq")
         }
         .await)
     }

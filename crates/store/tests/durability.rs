@@ -1,16 +1,82 @@
-//! What survives a restart, and what many concurrent writers do to the database.
+//! What survives a restart, and what many concurrent writers, and two stores on one database, do
+//! to it.
 
 mod support;
-
-use std::sync::Arc;
 
 use forkd_core::{AgentState, Block, Message, NotificationStatus};
 use forkd_store::{AgentFilter, Durability, NotificationFilter, SqliteStore, Store, StoreError};
 use sqlx::Connection;
-use support::{TestResult, db_path, ended, finish, seeded, temp_store};
+use support::{TestResult, TestStore, conformance, db_path, ended, finish, seeded};
 
-/// Everything a daemon needs after a restart: sessions, transcripts, batches, agents, their
-/// transcripts and the notification log.
+conformance!(
+    a_reopened_store_keeps_everything,
+    many_concurrent_writers_never_see_busy,
+    two_stores_on_one_database_write_at_once,
+    a_newer_claim_fences_the_older_run_across_stores,
+);
+
+/// Everything a daemon needs after a restart — sessions, transcripts, batches, agents, their
+/// transcripts and the notification log — read by another store on the same database, and the
+/// notification seq going on from where it stood.
+async fn a_reopened_store_keeps_everything(store: TestStore) -> TestResult {
+    let (session, fx) = seeded(&*store, 3).await?;
+    let child = &fx.children[0].agent;
+    let lease = store.claim_agent(child.id).await?;
+    store
+        .append_agent_message(
+            &lease,
+            &Message::assistant(vec![Block::text("working — ✓")]),
+        )
+        .await?;
+    let n = finish(
+        &*store,
+        &ended(&fx.children[1].agent, NotificationStatus::Completed, 9),
+        None,
+    )
+    .await?;
+    let everything = AgentFilter {
+        include_ended: true,
+        ..AgentFilter::default()
+    };
+    let agents = store.list_agents(&everything).await?;
+
+    let reopened = store.reopen().await?;
+    assert_eq!(
+        reopened.get_session(session.id).await?,
+        Some(session.clone())
+    );
+    assert_eq!(
+        reopened.session_messages(session.id, None).await?,
+        store.session_messages(session.id, None).await?
+    );
+    assert_eq!(
+        reopened.get_batch(fx.batch.id).await?,
+        Some(fx.batch.clone())
+    );
+    assert_eq!(reopened.list_agents(&everything).await?, agents);
+    assert_eq!(
+        reopened.agent_messages(child.id).await?,
+        store.agent_messages(child.id).await?
+    );
+    assert_eq!(
+        reopened
+            .notifications(0, &NotificationFilter::default(), 0)
+            .await?,
+        vec![n.clone()]
+    );
+    assert_eq!(reopened.last_notification_seq().await?, n.seq);
+    let next = finish(
+        &*reopened,
+        &ended(&fx.children[2].agent, NotificationStatus::Killed, 10),
+        None,
+    )
+    .await?;
+    assert_eq!(next.seq, n.seq + 1);
+    Ok(())
+}
+
+/// SQLite only: what survives a restart under each durability, the daemon killed (no close, no
+/// checkpoint) or closed in order, and the file sound and in WAL mode afterwards.
 #[tokio::test]
 async fn a_reopened_database_keeps_everything() -> TestResult {
     for durability in [Durability::Normal, Durability::Full] {
@@ -94,20 +160,18 @@ async fn a_reopened_database_keeps_everything() -> TestResult {
 }
 
 /// 50 tasks appending at once (each to its own agent and to a shared one) all succeed, and the
-/// shared transcript's seqs come out as exactly 0..50: writes queue, none fails with SQLITE_BUSY.
-#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
-async fn many_concurrent_writers_never_see_busy() -> TestResult {
+/// shared transcript's seqs come out as exactly 0..50: writes queue, none fails (with
+/// SQLITE_BUSY, or on PostgreSQL with a duplicate seq or a deadlock).
+async fn many_concurrent_writers_never_see_busy(store: TestStore) -> TestResult {
     const TASKS: usize = 50;
-    let (_dir, store) = temp_store().await?;
     // One more child than tasks: the last one's transcript is the one they all append to.
-    let (session, fx) = seeded(&store, TASKS + 1).await?;
+    let (session, fx) = seeded(&*store, TASKS + 1).await?;
     let shared = fx.children[TASKS].agent.id;
     let shared_lease = store.claim_agent(shared).await?;
-    let store = Arc::new(store);
 
     let mut handles = Vec::new();
     for (i, child) in fx.children[..TASKS].iter().enumerate() {
-        let store = Arc::clone(&store);
+        let store = store.shared();
         let own = child.agent.id;
         handles.push(tokio::spawn(async move {
             let text = format!("message {i}");
@@ -138,22 +202,20 @@ async fn many_concurrent_writers_never_see_busy() -> TestResult {
         .count();
     // Every task's own agent, and the shared one they all appended to.
     assert_eq!(running, TASKS + 1);
-    store.integrity_check().await?;
+    store.check_integrity().await?;
     Ok(())
 }
 
-/// Two stores on one file (two daemons, or the daemon and a CLI) write at the same time: the
-/// second writer waits on the busy timeout instead of failing, thanks to `BEGIN IMMEDIATE`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_stores_on_one_file_share_the_write_lock() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let path = db_path(&dir);
-    let one = SqliteStore::open(&path, Durability::Normal).await?;
-    let two = SqliteStore::open(&path, Durability::Normal).await?;
-    let (_, fx) = seeded(&one, 3).await?;
+/// Two stores on one database (two daemons, or the daemon and a CLI) write at the same time: on
+/// SQLite the second writer waits on the busy timeout instead of failing, thanks to
+/// `BEGIN IMMEDIATE`; on PostgreSQL each waits for the row locks it needs.
+async fn two_stores_on_one_database_write_at_once(store: TestStore) -> TestResult {
+    let one = store.shared();
+    let two = store.reopen().await?;
+    let (_, fx) = seeded(&*one, 3).await?;
     let [a, b, c] = [0, 1, 2].map(|i| fx.children[i].agent.id);
 
-    let write = |store: SqliteStore, id| {
+    let write = |store: std::sync::Arc<dyn Store>, id| {
         tokio::spawn(async move {
             let lease = store.claim_agent(id).await?;
             for i in 0..100 {
@@ -177,19 +239,17 @@ async fn two_stores_on_one_file_share_the_write_lock() -> TestResult {
     for id in [a, b, c] {
         assert_eq!(two.agent_messages(id).await?.len(), 100);
     }
-    one.integrity_check().await?;
+    store.check_integrity().await?;
     Ok(())
 }
 
-/// Two runs of one agent in two processes (two stores on one file): the newer claim fences the
-/// older run, whose writes are all refused from then on, so the transcript is never interleaved.
-#[tokio::test]
-async fn a_newer_claim_fences_the_older_run_across_stores() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let path = db_path(&dir);
-    let one = SqliteStore::open(&path, Durability::Normal).await?;
-    let two = SqliteStore::open(&path, Durability::Normal).await?;
-    let (_, fx) = seeded(&one, 1).await?;
+/// Two runs of one agent in two processes (two stores on one database): the newer claim fences
+/// the older run, whose writes are all refused from then on, so the transcript is never
+/// interleaved.
+async fn a_newer_claim_fences_the_older_run_across_stores(store: TestStore) -> TestResult {
+    let one = store.shared();
+    let two = store.reopen().await?;
+    let (_, fx) = seeded(&*one, 1).await?;
     let child = &fx.children[0].agent;
     let m = |text: &str| Message::assistant(vec![Block::text(text)]);
 

@@ -6,22 +6,28 @@ mod support;
 use forkd_core::{
     AgentId, AgentState, Block, Message, NotificationStatus, RequestId, SessionId, Usage,
 };
-use forkd_store::{
-    AgentFilter, NotificationFilter, RequestFilter, RequestRecord, Store, StoreError,
-};
-use support::{TestResult, ended, finish, fork, history, seeded, temp_store};
+use forkd_store::{AgentFilter, NotificationFilter, RequestFilter, RequestRecord, StoreError};
+use support::{TestResult, TestStore, conformance, ended, finish, fork, history, seeded};
 
-#[tokio::test]
-async fn an_agent_ends_once_and_tells_its_parent() -> TestResult {
-    let (_dir, store) = temp_store().await?;
-    let (session, fx) = seeded(&store, 2).await?;
+conformance!(
+    an_agent_ends_once_and_tells_its_parent,
+    notifications_are_sequenced_and_filtered,
+    agents_list_by_filter_and_page_by_id,
+    agent_transcripts_append_in_order,
+    requests_are_recorded_and_add_up_on_their_agent,
+    caller_reports_reach_the_transcript_only_when_handed_back,
+    stats_count_agents_by_state_and_sum_recent_batches,
+);
+
+async fn an_agent_ends_once_and_tells_its_parent(store: TestStore) -> TestResult {
+    let (session, fx) = seeded(&*store, 2).await?;
     let child = &fx.children[0].agent;
 
     store
         .set_agent_state(child.id, AgentState::Running, None)
         .await?;
     let n = finish(
-        &store,
+        &*store,
         &ended(child, NotificationStatus::Failed, 5_000),
         Some("boom"),
     )
@@ -43,7 +49,7 @@ async fn an_agent_ends_once_and_tells_its_parent() -> TestResult {
     );
 
     let again = finish(
-        &store,
+        &*store,
         &ended(child, NotificationStatus::Completed, 6_000),
         None,
     )
@@ -58,7 +64,7 @@ async fn an_agent_ends_once_and_tells_its_parent() -> TestResult {
     let mut ghost = ended(child, NotificationStatus::Killed, 0);
     ghost.agent_id = AgentId::new();
     assert!(matches!(
-        finish(&store, &ghost, None).await,
+        finish(&*store, &ghost, None).await,
         Err(StoreError::NotFound { kind: "agent", .. })
     ));
     assert!(matches!(
@@ -70,10 +76,8 @@ async fn an_agent_ends_once_and_tells_its_parent() -> TestResult {
     Ok(())
 }
 
-#[tokio::test]
-async fn notifications_are_sequenced_and_filtered() -> TestResult {
-    let (_dir, store) = temp_store().await?;
-    let (session, first) = seeded(&store, 3).await?;
+async fn notifications_are_sequenced_and_filtered(store: TestStore) -> TestResult {
+    let (session, first) = seeded(&*store, 3).await?;
     let len = store.session_message_count(session.id).await?;
     let second = fork(&session, len, 2)?;
     store
@@ -95,7 +99,7 @@ async fn notifications_are_sequenced_and_filtered() -> TestResult {
     for (i, child) in order.iter().enumerate() {
         let at = 10_000 + i64::try_from(i)?;
         finish(
-            &store,
+            &*store,
             &ended(&child.agent, NotificationStatus::Completed, at),
             None,
         )
@@ -171,10 +175,8 @@ async fn notifications_are_sequenced_and_filtered() -> TestResult {
     Ok(())
 }
 
-#[tokio::test]
-async fn agents_list_by_filter_and_page_by_id() -> TestResult {
-    let (_dir, store) = temp_store().await?;
-    let (session, fx) = seeded(&store, 5).await?;
+async fn agents_list_by_filter_and_page_by_id(store: TestStore) -> TestResult {
+    let (session, fx) = seeded(&*store, 5).await?;
     let ids: Vec<AgentId> = fx.children.iter().map(|c| c.agent.id).collect();
     let listed = |filter: AgentFilter| {
         let store = store.clone();
@@ -209,7 +211,7 @@ async fn agents_list_by_filter_and_page_by_id() -> TestResult {
     assert_eq!(pages.concat(), ids);
 
     finish(
-        &store,
+        &*store,
         &ended(&fx.children[1].agent, NotificationStatus::Killed, 1),
         None,
     )
@@ -228,10 +230,8 @@ async fn agents_list_by_filter_and_page_by_id() -> TestResult {
     Ok(())
 }
 
-#[tokio::test]
-async fn agent_transcripts_append_in_order() -> TestResult {
-    let (_dir, store) = temp_store().await?;
-    let (_, fx) = seeded(&store, 1).await?;
+async fn agent_transcripts_append_in_order(store: TestStore) -> TestResult {
+    let (_, fx) = seeded(&*store, 1).await?;
     let id = fx.children[0].agent.id;
     assert!(store.agent_messages(id).await?.is_empty());
     let messages = history()?;
@@ -302,10 +302,8 @@ fn request(agent: &forkd_core::Agent, turn: u32, usage: Usage, cost: f64) -> Req
     }
 }
 
-#[tokio::test]
-async fn requests_are_recorded_and_add_up_on_their_agent() -> TestResult {
-    let (_dir, store) = temp_store().await?;
-    let (session, fx) = seeded(&store, 2).await?;
+async fn requests_are_recorded_and_add_up_on_their_agent(store: TestStore) -> TestResult {
+    let (session, fx) = seeded(&*store, 2).await?;
     let (a, b) = (&fx.children[0].agent, &fx.children[1].agent);
     let u = |n| Usage {
         input_tokens: n,
@@ -365,9 +363,7 @@ async fn requests_are_recorded_and_add_up_on_their_agent() -> TestResult {
 
 /// An agent that reports to its caller adds nothing to the transcript when it ends; handing its
 /// report back appends its notification then (ended) or at its end (live), exactly once.
-#[tokio::test]
-async fn caller_reports_reach_the_transcript_only_when_handed_back() -> TestResult {
-    let (_dir, store) = temp_store().await?;
+async fn caller_reports_reach_the_transcript_only_when_handed_back(store: TestStore) -> TestResult {
     let session = support::session()?;
     store.create_session(&session, &history()?, None).await?;
     let mut fx = fork(&session, 4, 2)?;
@@ -385,7 +381,7 @@ async fn caller_reports_reach_the_transcript_only_when_handed_back() -> TestResu
     let (ended_one, live_one) = (&fx.children[0].agent, &fx.children[1].agent);
     let len = store.session_message_count(session.id).await?;
     finish(
-        &store,
+        &*store,
         &ended(ended_one, NotificationStatus::Completed, 7),
         None,
     )
@@ -407,7 +403,7 @@ async fn caller_reports_reach_the_transcript_only_when_handed_back() -> TestResu
     assert_eq!(store.redirect_reports(&[ended_one.id]).await?, 0);
     // The live one appends its own when it ends.
     finish(
-        &store,
+        &*store,
         &ended(live_one, NotificationStatus::Failed, 8),
         Some("x"),
     )
@@ -418,11 +414,9 @@ async fn caller_reports_reach_the_transcript_only_when_handed_back() -> TestResu
 
 /// The metrics snapshot: agents counted by kind and state, and a batch listed while it has a live
 /// child or a child that changed within the window, with its children's usage summed.
-#[tokio::test]
-async fn stats_count_agents_by_state_and_sum_recent_batches() -> TestResult {
+async fn stats_count_agents_by_state_and_sum_recent_batches(store: TestStore) -> TestResult {
     use forkd_core::AgentKind;
-    let (_dir, store) = temp_store().await?;
-    let (session, fx) = seeded(&store, 3).await?;
+    let (session, fx) = seeded(&*store, 3).await?;
     let kids: Vec<_> = fx.children.iter().map(|c| &c.agent).collect();
     let u = |n| Usage {
         input_tokens: n,
@@ -437,7 +431,7 @@ async fn stats_count_agents_by_state_and_sum_recent_batches() -> TestResult {
         .record_request(&request(kids[1], 0, u(10), 0.25))
         .await?;
     finish(
-        &store,
+        &*store,
         &ended(kids[0], NotificationStatus::Completed, 5_000),
         None,
     )
@@ -470,7 +464,12 @@ async fn stats_count_agents_by_state_and_sum_recent_batches() -> TestResult {
 
     // Once every child has ended, the batch is listed only while its last change is recent.
     for kid in &kids[1..] {
-        finish(&store, &ended(kid, NotificationStatus::Failed, 6_000), None).await?;
+        finish(
+            &*store,
+            &ended(kid, NotificationStatus::Failed, 6_000),
+            None,
+        )
+        .await?;
     }
     let stats = store.stats(6_000).await?;
     assert_eq!(forks(&stats, AgentState::Failed), 2);

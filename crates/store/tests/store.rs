@@ -1,16 +1,22 @@
-//! The store's sessions and fork batches on a real database file: byte-exact round trips,
-//! pagination and the fork batch's transcript check.
+//! The store's sessions and fork batches, on both backends: byte-exact round trips, pagination
+//! and the fork batch's transcript check.
 
 mod support;
 
 use forkd_core::agent::Directive;
 use forkd_core::{AgentId, AgentState, Message, Role, SessionId, Usage};
 use forkd_store::{SqliteStore, Store, StoreError};
-use support::{TestResult, fork, history, seeded, session, temp_store};
+use support::{TestResult, TestStore, conformance, fork, history, seeded, session};
 
-#[tokio::test]
-async fn sessions_and_transcripts_round_trip_byte_for_byte() -> TestResult {
-    let (_dir, store) = temp_store().await?;
+conformance!(
+    sessions_and_transcripts_round_trip_byte_for_byte,
+    sessions_page_in_creation_order,
+    a_fork_batch_stores_its_shared_prefix_once_and_its_children,
+    a_fork_batch_conflicts_when_the_transcript_moved_on,
+    other_agents_can_be_inserted_beside_the_trait,
+);
+
+async fn sessions_and_transcripts_round_trip_byte_for_byte(store: TestStore) -> TestResult {
     let session = session()?;
     let history = history()?;
     store.create_session(&session, &history, None).await?;
@@ -50,13 +56,11 @@ async fn sessions_and_transcripts_round_trip_byte_for_byte() -> TestResult {
         store.create_session(&session, &[], None).await,
         Err(StoreError::Conflict(_))
     ));
-    store.integrity_check().await?;
+    store.check_integrity().await?;
     Ok(())
 }
 
-#[tokio::test]
-async fn sessions_page_in_creation_order() -> TestResult {
-    let (_dir, store) = temp_store().await?;
+async fn sessions_page_in_creation_order(store: TestStore) -> TestResult {
     let mut ids = Vec::new();
     for _ in 0..5 {
         let s = session()?;
@@ -77,10 +81,10 @@ async fn sessions_page_in_creation_order() -> TestResult {
     Ok(())
 }
 
-#[tokio::test]
-async fn a_fork_batch_stores_its_shared_prefix_once_and_its_children() -> TestResult {
-    let (_dir, store) = temp_store().await?;
-    let (session, fx) = seeded(&store, 3).await?;
+async fn a_fork_batch_stores_its_shared_prefix_once_and_its_children(
+    store: TestStore,
+) -> TestResult {
+    let (session, fx) = seeded(&*store, 3).await?;
 
     let batch = store.get_batch(fx.batch.id).await?.ok_or("batch missing")?;
     assert_eq!(batch, fx.batch);
@@ -119,9 +123,7 @@ async fn a_fork_batch_stores_its_shared_prefix_once_and_its_children() -> TestRe
     Ok(())
 }
 
-#[tokio::test]
-async fn a_fork_batch_conflicts_when_the_transcript_moved_on() -> TestResult {
-    let (_dir, store) = temp_store().await?;
+async fn a_fork_batch_conflicts_when_the_transcript_moved_on(store: TestStore) -> TestResult {
     let session = session()?;
     store.create_session(&session, &history()?, None).await?;
 
@@ -184,9 +186,7 @@ async fn a_fork_batch_conflicts_when_the_transcript_moved_on() -> TestResult {
     Ok(())
 }
 
-#[tokio::test]
-async fn other_agents_can_be_inserted_beside_the_trait() -> TestResult {
-    let store = SqliteStore::open_in_memory().await?;
+async fn other_agents_can_be_inserted_beside_the_trait(store: TestStore) -> TestResult {
     let session = session()?;
     store.create_session(&session, &[], None).await?;
     let typed = forkd_core::Agent {
@@ -233,7 +233,18 @@ async fn other_agents_can_be_inserted_beside_the_trait() -> TestResult {
         Err(StoreError::Conflict(_))
     ));
 
-    // A batch on an in-memory store behaves like on a file.
+    // A typed agent of a session that does not exist is refused.
+    let mut orphan = typed.clone();
+    orphan.id = AgentId::new();
+    orphan.session_id = SessionId::new();
+    assert!(matches!(
+        store.insert_agent(&orphan, None, None).await,
+        Err(StoreError::NotFound {
+            kind: "session",
+            ..
+        })
+    ));
+
     let fx = fork(&session, 0, 1)?;
     store
         .create_fork_batch(
@@ -244,5 +255,26 @@ async fn other_agents_can_be_inserted_beside_the_trait() -> TestResult {
         )
         .await?;
     assert_eq!(store.session_message_count(session.id).await?, 2);
+    Ok(())
+}
+
+/// SQLite only: a store in memory (the engine's unit tests use one) behaves like one on a file.
+#[tokio::test]
+async fn an_in_memory_sqlite_store_takes_a_batch() -> TestResult {
+    let store = SqliteStore::open_in_memory().await?;
+    let session = session()?;
+    store.create_session(&session, &[], None).await?;
+    let fx = fork(&session, 0, 2)?;
+    store
+        .create_fork_batch(
+            &fx.batch,
+            std::slice::from_ref(&fx.parent_results),
+            &fx.children,
+            &forkd_store::BatchExtras::default(),
+        )
+        .await?;
+    assert_eq!(store.session_message_count(session.id).await?, 2);
+    assert_eq!(store.get_batch(fx.batch.id).await?, Some(fx.batch));
+    store.integrity_check().await?;
     Ok(())
 }

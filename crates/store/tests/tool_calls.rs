@@ -3,8 +3,13 @@
 mod support;
 
 use forkd_core::Block;
-use forkd_store::{ProcessGroup, Store, StoreError, ToolCall};
-use support::{TestResult, seeded, temp_store};
+use forkd_store::{ProcessGroup, StoreError, ToolCall};
+use support::{TestResult, TestStore, conformance, seeded};
+
+conformance!(
+    intents_then_results_in_order_and_results_are_final,
+    a_running_call_records_its_process_group,
+);
 
 fn intent(agent: forkd_core::AgentId, id: &str, read_only: bool, at: i64) -> ToolCall {
     ToolCall {
@@ -21,10 +26,8 @@ fn intent(agent: forkd_core::AgentId, id: &str, read_only: bool, at: i64) -> Too
     }
 }
 
-#[tokio::test]
-async fn intents_then_results_in_order_and_results_are_final() -> TestResult {
-    let (_dir, store) = temp_store().await?;
-    let (_session, fx) = seeded(&store, 1).await?;
+async fn intents_then_results_in_order_and_results_are_final(store: TestStore) -> TestResult {
+    let (_session, fx) = seeded(&*store, 1).await?;
     let agent = fx.children[0].agent.id;
     let lease = store.claim_agent(agent).await?;
 
@@ -65,10 +68,8 @@ async fn intents_then_results_in_order_and_results_are_final() -> TestResult {
     Ok(())
 }
 
-#[tokio::test]
-async fn a_running_call_records_its_process_group() -> TestResult {
-    let (_dir, store) = temp_store().await?;
-    let (_session, fx) = seeded(&store, 1).await?;
+async fn a_running_call_records_its_process_group(store: TestStore) -> TestResult {
+    let (_session, fx) = seeded(&*store, 1).await?;
     let agent = fx.children[0].agent.id;
     let lease = store.claim_agent(agent).await?;
     let group = ProcessGroup {

@@ -13,7 +13,7 @@ use serde::Deserialize;
 
 use super::LogFormat;
 use super::flags::humantime_duration;
-use crate::daemon::ProviderKind;
+use crate::daemon::{DatabaseUrl, ProviderKind};
 
 /// The configuration file's name in `FORKD_HOME`.
 pub const CONFIG_FILE: &str = "config.toml";
@@ -40,6 +40,8 @@ pub struct FileConfig {
     pub grace: Option<String>,
     /// SQLite `synchronous=FULL`.
     pub fsync_every_commit: Option<bool>,
+    /// Keep state in this PostgreSQL database instead of `forkd.db` (shown without its password).
+    pub database_url: Option<DatabaseUrl>,
     /// The log filter, as `RUST_LOG` takes it.
     pub log: Option<String>,
     /// `text` or `json`.

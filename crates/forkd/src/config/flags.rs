@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::LogFormat;
 use super::settings::Settings;
-use crate::daemon::ProviderKind;
+use crate::daemon::{DatabaseUrl, ProviderKind};
 
 /// The command line of `forkd serve`, as far as it sets settings. Every field is optional so
 /// that an absent flag lets the environment or the file decide.
@@ -37,6 +37,11 @@ pub struct ServeFlags {
     /// (env FORKD_FSYNC_EVERY_COMMIT).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     pub fsync_every_commit: Option<bool>,
+    /// Keep state in this PostgreSQL database (postgres://user:password@host:5432/database)
+    /// instead of FORKD_HOME/forkd.db (env FORKD_DATABASE_URL). A command line is visible to
+    /// other users: give a password in the environment or config.toml instead.
+    #[arg(long, value_name = "URL")]
+    pub database_url: Option<DatabaseUrl>,
     /// Send every child of a batch at once instead of warming the cache with the first
     /// (env FORKD_WARMUP_GATING=false).
     #[arg(long)]

@@ -15,7 +15,7 @@ use super::LogFormat;
 use super::file::{CONFIG_FILE, FileConfig, PROVIDER_VARS};
 use super::flags::ServeFlags;
 use super::layers::{Layers, boolean, duration, from_str, path, text, value_enum};
-use crate::daemon::{DaemonConfig, ProviderKind, TlsFiles};
+use crate::daemon::{DaemonConfig, DatabaseUrl, ProviderKind, TlsFiles};
 
 /// Every setting of `forkd serve`, resolved.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +29,8 @@ pub struct Settings {
     pub metrics_listen: Option<SocketAddr>,
     pub grace: Duration,
     pub fsync_every_commit: bool,
+    /// PostgreSQL instead of SQLite; `None`: `forkd.db` in the home.
+    pub database_url: Option<DatabaseUrl>,
     /// The log filter.
     pub log: String,
     pub log_format: LogFormat,
@@ -75,6 +77,7 @@ impl Default for Settings {
             metrics_listen: daemon.metrics_listen,
             grace: Duration::from_secs(10),
             fsync_every_commit: daemon.durability == Durability::Full,
+            database_url: daemon.database_url,
             log: "info".to_owned(),
             log_format: LogFormat::default(),
             tls: daemon.tls,
@@ -235,7 +238,7 @@ impl Settings {
         Ok(())
     }
 
-    /// The process: shutdown grace, durability and logging.
+    /// The process: shutdown grace, the database, durability and logging.
     fn resolve_process<E: Fn(&str) -> Option<String>>(
         &mut self,
         flags: &ServeFlags,
@@ -252,6 +255,14 @@ impl Settings {
             file.fsync_every_commit,
         )?;
         self.fsync_every_commit = fsync.unwrap_or(self.fsync_every_commit);
+        // Checked here, whichever layer gives it, so that the error names where it came from
+        // (and shows the URL without its password).
+        let flag = flags.database_url.clone();
+        check_database_url(flag.as_ref(), "--database-url")?;
+        let file_url = file.database_url.clone();
+        check_database_url(file_url.as_ref(), &format!("{CONFIG_FILE}: database_url"))?;
+        let url = layers.pick(flag, "FORKD_DATABASE_URL", database_url, file_url)?;
+        self.database_url = url.or(self.database_url.take());
         let log = layers.pick(flags.log.clone(), "RUST_LOG", text, file.log.clone())?;
         self.log = log.unwrap_or_else(|| std::mem::take(&mut self.log));
         let format = flags.log_format;
@@ -282,6 +293,7 @@ impl Settings {
         config.engine.models = self.models.clone();
         config.engine.sandbox = self.sandbox.clone();
         config.tls = self.tls.clone();
+        config.database_url = self.database_url.clone();
         if self.fsync_every_commit {
             config.durability = Durability::Full;
         }
@@ -302,6 +314,18 @@ impl Settings {
         }
         Ok(config)
     }
+}
+
+/// `FORKD_DATABASE_URL`'s value, checked to be a PostgreSQL URL.
+fn database_url(name: &str, value: &str) -> anyhow::Result<DatabaseUrl> {
+    let url = DatabaseUrl::new(value.trim());
+    url.check(name)?;
+    Ok(url)
+}
+
+/// Checks a database URL that a flag or the file gave.
+fn check_database_url(url: Option<&DatabaseUrl>, source: &str) -> anyhow::Result<()> {
+    url.map_or(Ok(()), |url| url.check(source))
 }
 
 /// A sandbox mode's name.

@@ -469,3 +469,80 @@ fn the_sandbox_default_deny_list_and_full_access_tenants_come_from_the_file() {
         assert!(format!("{err:#}").contains(says), "{bad}: {err:#}");
     }
 }
+
+#[test]
+fn the_database_url_comes_from_each_source_and_never_shows_its_password() {
+    let url = |s: &Settings| s.database_url.as_ref().map(|u| u.as_str().to_owned());
+    let file = "database_url = \"postgres://forkd:file-secret@db.example:5432/forkd\"\n";
+    assert_eq!(
+        resolve(&ServeFlags::default(), &[], "")
+            .unwrap()
+            .database_url,
+        None
+    );
+    let s = resolve(&ServeFlags::default(), &[], file).unwrap();
+    assert_eq!(
+        url(&s).as_deref(),
+        Some("postgres://forkd:file-secret@db.example:5432/forkd")
+    );
+    let env = [(
+        "FORKD_DATABASE_URL",
+        "postgresql://forkd:env-secret@127.0.0.1/forkd",
+    )];
+    let s = resolve(&ServeFlags::default(), &env, file).unwrap();
+    assert_eq!(
+        url(&s).as_deref(),
+        Some("postgresql://forkd:env-secret@127.0.0.1/forkd")
+    );
+    let flags = ServeFlags {
+        database_url: Some("postgres://flag@db.example/forkd".parse().unwrap()),
+        ..ServeFlags::default()
+    };
+    let s = resolve(&flags, &env, file).unwrap();
+    assert_eq!(url(&s).as_deref(), Some("postgres://flag@db.example/forkd"));
+    let config = s.daemon_config("/srv/forkd".into()).unwrap();
+    assert_eq!(config.database_url, s.database_url);
+
+    // What the settings and the daemon's configuration show (debug output, logs) hides it.
+    let s = resolve(&ServeFlags::default(), &env, file).unwrap();
+    let shown = format!("{s:?} {:?}", s.daemon_config("/srv/forkd".into()).unwrap());
+    assert!(!shown.contains("secret"), "{shown}");
+    assert!(
+        shown.contains("postgresql://forkd:***@127.0.0.1/forkd"),
+        "{shown}"
+    );
+    let file_config = format!("{:?}", FileConfig::parse(file).unwrap());
+    assert!(!file_config.contains("secret"), "{file_config}");
+
+    // Only PostgreSQL URLs, from any source, even one a higher layer overrides; the error names
+    // the source and shows no password.
+    let bad_flag = ServeFlags {
+        database_url: Some("mysql://root:flag-secret@h/d".parse().unwrap()),
+        ..ServeFlags::default()
+    };
+    for (flags, vars, file, source) in [
+        (
+            &ServeFlags::default(),
+            &[("FORKD_DATABASE_URL", "mysql://root:env-secret@h/d")][..],
+            "",
+            "FORKD_DATABASE_URL: \"mysql://root:***@h/d\"",
+        ),
+        (
+            &ServeFlags::default(),
+            &env[..],
+            "database_url = \"sqlite:///srv/forkd.db\"",
+            "config.toml: database_url: \"sqlite:///srv/forkd.db\"",
+        ),
+        (
+            &bad_flag,
+            &[][..],
+            "",
+            "--database-url: \"mysql://root:***@h/d\"",
+        ),
+    ] {
+        let err = format!("{:#}", resolve(flags, vars, file).unwrap_err());
+        assert!(err.contains(source), "{err}");
+        assert!(err.contains("is not a PostgreSQL URL"), "{err}");
+        assert!(!err.contains("secret"), "{err}");
+    }
+}

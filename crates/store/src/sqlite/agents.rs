@@ -1,87 +1,18 @@
 //! Agents: their rows, lifecycle moves and own (sidechain) transcripts.
 
-use forkd_core::agent::Directive;
-use forkd_core::{Agent, AgentId, AgentKind, AgentState, Block, Message, ReportTo};
+use forkd_core::{Agent, AgentId, AgentState, Block, Message};
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqlitePool};
 
-use super::convert::{
-    MessageRow, UsageRow, conflict_if_duplicate, corrupt, from_i64, limit_param, now_ms, opt_id,
-    parse_id, stored_messages, to_i64,
-};
-use crate::StoreError;
 use crate::error::Result;
-use crate::{AgentFilter, DbError, Lease, StoredMessage};
-
-macro_rules! agent_columns {
-    () => {
-        "id, session_id, batch_id, kind, idx, state, description, prompt, query_source, report_to, \
-         input_tokens, cache_creation_input_tokens, cache_read_input_tokens, output_tokens, \
-         cost_usd, error, created_at_ms, updated_at_ms"
-    };
-}
-
-#[derive(sqlx::FromRow)]
-struct AgentRow {
-    id: String,
-    session_id: String,
-    batch_id: Option<String>,
-    kind: String,
-    idx: i64,
-    state: String,
-    description: Option<String>,
-    prompt: Option<String>,
-    query_source: Option<String>,
-    report_to: String,
-    #[sqlx(flatten)]
-    usage: UsageRow,
-    cost_usd: f64,
-    error: Option<String>,
-    created_at_ms: i64,
-    updated_at_ms: i64,
-}
-
-fn parse_state(text: &str) -> Result<AgentState> {
-    AgentState::parse(text).ok_or_else(|| corrupt("agent state", format!("unknown {text:?}")))
-}
-
-impl TryFrom<AgentRow> for Agent {
-    type Error = DbError;
-
-    fn try_from(row: AgentRow) -> Result<Self> {
-        let kind = AgentKind::parse(&row.kind)
-            .ok_or_else(|| corrupt("agent kind", format!("unknown {:?}", row.kind)))?;
-        // The schema keeps description and prompt both set or both NULL.
-        let directive = match (row.description, row.prompt) {
-            (Some(description), Some(prompt)) => Some(Directive {
-                description,
-                prompt,
-            }),
-            _ => None,
-        };
-        Ok(Agent {
-            id: parse_id(&row.id, "agent id")?,
-            session_id: parse_id(&row.session_id, "agent session id")?,
-            batch_id: row
-                .batch_id
-                .as_deref()
-                .map(|b| parse_id(b, "agent batch id"))
-                .transpose()?,
-            kind,
-            index: from_i64(row.idx, "agent index")?,
-            state: parse_state(&row.state)?,
-            directive,
-            query_source: row.query_source,
-            report_to: ReportTo::parse(&row.report_to).ok_or_else(|| {
-                corrupt("agent report_to", format!("unknown {:?}", row.report_to))
-            })?,
-            usage: row.usage.into_usage()?,
-            cost_usd: row.cost_usd,
-            error: row.error,
-            created_at_ms: row.created_at_ms,
-            updated_at_ms: row.updated_at_ms,
-        })
-    }
-}
+use crate::rows::agents::{
+    AgentRow, AgentValues, INSERT_AGENT, agent_columns, bind_agent, check_generation, ended,
+    not_found, parse_state,
+};
+use crate::rows::convert::{
+    INSERT_AGENT_MESSAGE, MessageRow, conflict_if_duplicate, corrupt, from_i64, now_ms,
+    stored_messages,
+};
+use crate::{AgentFilter, Lease, StoredMessage};
 
 /// Inserts an agent row as given (state, totals and all).
 pub(super) async fn insert(
@@ -89,35 +20,11 @@ pub(super) async fn insert(
     agent: &Agent,
     directive_block: Option<&Block>,
 ) -> Result<()> {
-    let id = agent.id.to_string();
-    let usage = UsageRow::from_usage(&agent.usage)?;
-    sqlx::query(concat!(
-        "INSERT INTO agents (",
-        agent_columns!(),
-        ", directive_block_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-    ))
-    .bind(&id)
-    .bind(agent.session_id.to_string())
-    .bind(opt_id(agent.batch_id))
-    .bind(agent.kind.as_str())
-    .bind(to_i64(agent.index, "agent index")?)
-    .bind(agent.state.as_str())
-    .bind(agent.directive.as_ref().map(|d| d.description.as_str()))
-    .bind(agent.directive.as_ref().map(|d| d.prompt.as_str()))
-    .bind(agent.query_source.as_deref())
-    .bind(agent.report_to.as_str())
-    .bind(usage.input_tokens)
-    .bind(usage.cache_creation_input_tokens)
-    .bind(usage.cache_read_input_tokens)
-    .bind(usage.output_tokens)
-    .bind(agent.cost_usd)
-    .bind(agent.error.as_deref())
-    .bind(agent.created_at_ms)
-    .bind(agent.updated_at_ms)
-    .bind(directive_block.map(|b| b.raw().as_str()))
-    .execute(conn)
-    .await
-    .map_err(|e| conflict_if_duplicate(e, || format!("agent {id} already exists")))?;
+    let values = AgentValues::new(agent, directive_block)?;
+    bind_agent!(sqlx::query(INSERT_AGENT), &values)
+        .execute(conn)
+        .await
+        .map_err(|e| conflict_if_duplicate(e, || format!("agent {} already exists", values.id)))?;
     Ok(())
 }
 
@@ -159,7 +66,7 @@ pub(super) async fn list(pool: &SqlitePool, filter: &AgentFilter) -> Result<Vec<
         q.push(" AND id > ").push_bind(after.to_string());
     }
     q.push(" ORDER BY id LIMIT ")
-        .push_bind(limit_param(filter.limit));
+        .push_bind(super::limit_param(filter.limit));
     let rows: Vec<AgentRow> = q.build_query_as().fetch_all(pool).await?;
     rows.into_iter().map(Agent::try_from).collect()
 }
@@ -175,13 +82,6 @@ pub(super) async fn directive_block(pool: &SqlitePool, id: AgentId) -> Result<Op
         .transpose()
 }
 
-fn not_found(id: impl ToString) -> DbError {
-    DbError::Store(StoreError::NotFound {
-        kind: "agent",
-        id: id.to_string(),
-    })
-}
-
 /// The agent's current state; `NotFound` when there is no such agent, `Conflict` when it ended.
 pub(super) async fn live_state(conn: &mut SqliteConnection, id: &str) -> Result<AgentState> {
     let state: Option<String> = sqlx::query_scalar("SELECT state FROM agents WHERE id = ?")
@@ -190,10 +90,7 @@ pub(super) async fn live_state(conn: &mut SqliteConnection, id: &str) -> Result<
         .await?;
     let state = parse_state(&state.ok_or_else(|| not_found(id))?)?;
     if state.is_terminal() {
-        return Err(DbError::Store(StoreError::Conflict(format!(
-            "agent {id} already ended ({})",
-            state.as_str()
-        ))));
+        return Err(ended(id, state));
     }
     Ok(state)
 }
@@ -257,18 +154,7 @@ pub(super) async fn check_lease(conn: &mut SqliteConnection, lease: &Lease) -> R
         .bind(lease.agent_id.to_string())
         .fetch_optional(conn)
         .await?;
-    let current: u64 = from_i64(
-        current.ok_or_else(|| not_found(lease.agent_id))?,
-        "agent generation",
-    )?;
-    if current != lease.generation {
-        return Err(DbError::Store(StoreError::Superseded {
-            agent: lease.agent_id,
-            held: lease.generation,
-            current,
-        }));
-    }
-    Ok(())
+    check_generation(lease, current.ok_or_else(|| not_found(lease.agent_id))?)
 }
 
 /// Moves the leased (live) agent to another live state.
@@ -312,17 +198,14 @@ pub(super) async fn append_message(
     .fetch_optional(&mut *conn)
     .await?;
     let seq = next.ok_or_else(|| not_found(&id))?;
-    sqlx::query(
-        "INSERT INTO agent_messages (agent_id, seq, role, content_json, created_at_ms) \
-         VALUES (?, ?, ?, ?, ?)",
-    )
-    .bind(&id)
-    .bind(seq)
-    .bind(message.role.as_str())
-    .bind(message.content_json())
-    .bind(now_ms())
-    .execute(conn)
-    .await?;
+    sqlx::query(INSERT_AGENT_MESSAGE)
+        .bind(&id)
+        .bind(seq)
+        .bind(message.role.as_str())
+        .bind(message.content_json())
+        .bind(now_ms())
+        .execute(conn)
+        .await?;
     from_i64(seq, "agent message seq")
 }
 

@@ -5,8 +5,8 @@ use forkd_core::{Message, Role, SessionId};
 use sqlx::{SqliteConnection, SqlitePool};
 
 use super::agents;
-use super::convert::{corrupt, from_i64, to_i64};
 use crate::error::Result;
+use crate::rows::convert::{corrupt, from_i64, to_i64};
 use crate::{DbError, Lease, StoreError};
 
 #[derive(sqlx::FromRow)]

@@ -2,46 +2,21 @@
 
 use sqlx::{SqliteConnection, SqlitePool};
 
-use super::convert::{conflict_if_duplicate, corrupt, from_i64};
 use crate::error::Result;
-use crate::{DbError, IdempotencyRecord, IdempotentCall, Spend, SpendScope};
-
-#[derive(sqlx::FromRow)]
-struct KeyRow {
-    tenant: String,
-    key: String,
-    kind: String,
-    request_sha256: String,
-    resource_id: String,
-    created_at_ms: i64,
-}
-
-impl TryFrom<KeyRow> for IdempotencyRecord {
-    type Error = DbError;
-
-    fn try_from(row: KeyRow) -> Result<Self> {
-        Ok(IdempotencyRecord {
-            kind: IdempotentCall::parse(&row.kind).ok_or_else(|| {
-                corrupt("idempotency key kind", format!("unknown {:?}", row.kind))
-            })?,
-            tenant: row.tenant,
-            key: row.key,
-            request_sha256: row.request_sha256,
-            resource_id: row.resource_id,
-            created_at_ms: row.created_at_ms,
-        })
-    }
-}
+use crate::rows::convert::{conflict_if_duplicate, from_i64};
+use crate::rows::idempotency::{INSERT_KEY, KeyRow, bind_key, key_columns, taken};
+use crate::{IdempotencyRecord, Spend, SpendScope};
 
 pub(super) async fn get(
     pool: &SqlitePool,
     tenant: &str,
     key: &str,
 ) -> Result<Option<IdempotencyRecord>> {
-    let row: Option<KeyRow> = sqlx::query_as(
-        "SELECT tenant, key, kind, request_sha256, resource_id, created_at_ms \
-         FROM idempotency_keys WHERE tenant = ? AND key = ?",
-    )
+    let row: Option<KeyRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        key_columns!(),
+        " FROM idempotency_keys WHERE tenant = ? AND key = ?"
+    ))
     .bind(tenant)
     .bind(key)
     .fetch_optional(pool)
@@ -51,26 +26,10 @@ pub(super) async fn get(
 
 /// Runs inside the write transaction that creates the key's resource.
 pub(super) async fn insert(conn: &mut SqliteConnection, r: &IdempotencyRecord) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO idempotency_keys (tenant, key, kind, request_sha256, resource_id, \
-         created_at_ms) VALUES (?, ?, ?, ?, ?, ?)",
-    )
-    .bind(&r.tenant)
-    .bind(&r.key)
-    .bind(r.kind.as_str())
-    .bind(&r.request_sha256)
-    .bind(&r.resource_id)
-    .bind(r.created_at_ms)
-    .execute(conn)
-    .await
-    .map_err(|e| {
-        conflict_if_duplicate(e, || {
-            format!(
-                "idempotency key {:?} of tenant {} is taken",
-                r.key, r.tenant
-            )
-        })
-    })?;
+    bind_key!(sqlx::query(INSERT_KEY), r)
+        .execute(conn)
+        .await
+        .map_err(|e| conflict_if_duplicate(e, || taken(r)))?;
     Ok(())
 }
 

@@ -1,77 +1,18 @@
 //! Task notifications: ending an agent, and reading the notification log.
 
-use forkd_core::{AgentKind, Block, Message, Notification, NotificationKind, NotificationStatus};
+use forkd_core::{AgentId, BatchId, ReportTo};
+use forkd_core::{Block, Message, Notification, NotificationKind};
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqlitePool};
 
-use super::agents;
-use super::convert::{
-    UsageRow, conflict_if_duplicate, corrupt, from_i64, insert_session_message, limit_param,
-    opt_id, parse_id, session_len,
-};
+use super::{agents, sessions};
 use crate::StoreError;
 use crate::error::Result;
+use crate::rows::convert::{bound, conflict_if_duplicate, from_i64, parse_id};
+use crate::rows::notifications::{
+    NotificationRow, NotificationValues, Owner, bind_notification, check_main_loop, check_owner,
+    check_turn_notification, new_notification_columns, notification_columns, stored,
+};
 use crate::{DbError, Lease, NewNotification, NotificationFilter};
-use forkd_core::{AgentId, BatchId, ReportTo};
-
-#[derive(sqlx::FromRow)]
-struct NotificationRow {
-    seq: i64,
-    session_id: String,
-    batch_id: Option<String>,
-    agent_id: String,
-    kind: String,
-    status: String,
-    summary: String,
-    report_json: String,
-    #[sqlx(flatten)]
-    usage: UsageRow,
-    cost_usd: f64,
-    created_at_ms: i64,
-}
-
-impl TryFrom<NotificationRow> for Notification {
-    type Error = DbError;
-
-    fn try_from(row: NotificationRow) -> Result<Self> {
-        Ok(Notification {
-            seq: from_i64(row.seq, "notification seq")?,
-            session_id: parse_id(&row.session_id, "notification session id")?,
-            batch_id: row
-                .batch_id
-                .as_deref()
-                .map(|b| parse_id(b, "notification batch id"))
-                .transpose()?,
-            agent_id: parse_id(&row.agent_id, "notification agent id")?,
-            kind: NotificationKind::parse(&row.kind)
-                .ok_or_else(|| corrupt("notification kind", format!("unknown {:?}", row.kind)))?,
-            status: NotificationStatus::parse(&row.status).ok_or_else(|| {
-                corrupt("notification status", format!("unknown {:?}", row.status))
-            })?,
-            summary: row.summary,
-            report: serde_json::from_str(&row.report_json)
-                .map_err(|e| corrupt("notification report", e))?,
-            usage: row.usage.into_usage()?,
-            cost_usd: row.cost_usd,
-            created_at_ms: row.created_at_ms,
-        })
-    }
-}
-
-#[derive(sqlx::FromRow)]
-struct Owner {
-    session_id: String,
-    batch_id: Option<String>,
-    kind: String,
-    report_to: String,
-}
-
-macro_rules! notification_columns {
-    () => {
-        "seq, session_id, batch_id, agent_id, kind, status, summary, report_json, input_tokens, \
-         cache_creation_input_tokens, cache_read_input_tokens, output_tokens, cost_usd, \
-         created_at_ms"
-    };
-}
 
 /// Runs inside the caller's write transaction: the agent's end, its notification and the parent's
 /// `<task-notification>` message commit together or not at all.
@@ -95,24 +36,7 @@ pub(super) async fn finish_agent(
             .bind(&agent_id)
             .fetch_one(&mut *conn)
             .await?;
-    let kind = AgentKind::parse(&owner.kind)
-        .map(NotificationKind::of)
-        .ok_or_else(|| corrupt("agent kind", format!("unknown {:?}", owner.kind)))?;
-    if kind == NotificationKind::Turn {
-        return Err(DbError::Store(StoreError::Conflict(format!(
-            "agent {agent_id} is a session's main loop, which never ends; its turns end with \
-             end_turn"
-        ))));
-    }
-    let session_id = n.session_id.to_string();
-    let batch_id = opt_id(n.batch_id);
-    if owner.session_id != session_id || owner.batch_id != batch_id {
-        return Err(DbError::Store(StoreError::Conflict(format!(
-            "notification for agent {agent_id} names session {session_id} and batch {batch_id:?}; \
-             the agent belongs to session {} and batch {:?}",
-            owner.session_id, owner.batch_id
-        ))));
-    }
+    let kind = check_owner(&owner, n)?;
 
     agents::update_state(
         conn,
@@ -149,21 +73,12 @@ pub(super) async fn end_turn(
         .bind(&agent_id)
         .fetch_optional(&mut *conn)
         .await?;
-    if kind.as_deref() != Some(AgentKind::Parent.as_str()) {
-        return Err(DbError::Store(StoreError::Conflict(format!(
-            "agent {agent_id} is not a session's main loop; only those have turns"
-        ))));
-    }
+    check_main_loop(kind.as_deref(), lease)?;
     agents::release(conn, lease, forkd_core::AgentState::Idle).await?;
     let Some(n) = n else {
         return Ok(None);
     };
-    if n.agent_id != lease.agent_id {
-        return Err(DbError::Store(StoreError::Conflict(format!(
-            "a turn notification for agent {} under a lease on agent {agent_id}",
-            n.agent_id
-        ))));
-    }
+    check_turn_notification(n, lease)?;
     Ok(Some(insert(conn, n, NotificationKind::Turn).await?))
 }
 
@@ -173,51 +88,19 @@ async fn insert(
     n: &NewNotification,
     kind: NotificationKind,
 ) -> Result<Notification> {
-    let agent_id = n.agent_id.to_string();
-    let session_id = n.session_id.to_string();
-    let batch_id = opt_id(n.batch_id);
-    let report_json = serde_json::to_string(&n.report).map_err(|e| {
-        DbError::Database(sqlx::Error::Encode(
-            format!("notification report: {e}").into(),
-        ))
-    })?;
-    let usage = UsageRow::from_usage(&n.usage)?;
-    let seq: i64 = sqlx::query_scalar(
-        "INSERT INTO notifications (session_id, batch_id, agent_id, kind, status, summary, \
-         report_json, input_tokens, cache_creation_input_tokens, cache_read_input_tokens, \
-         output_tokens, cost_usd, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-         RETURNING seq",
+    let values = NotificationValues::new(n, kind)?;
+    let seq: i64 = bind_notification!(
+        sqlx::query_scalar(concat!(
+            "INSERT INTO notifications (",
+            new_notification_columns!(),
+            ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq"
+        )),
+        &values
     )
-    .bind(&session_id)
-    .bind(&batch_id)
-    .bind(&agent_id)
-    .bind(kind.as_str())
-    .bind(n.status.as_str())
-    .bind(&n.summary)
-    .bind(report_json)
-    .bind(usage.input_tokens)
-    .bind(usage.cache_creation_input_tokens)
-    .bind(usage.cache_read_input_tokens)
-    .bind(usage.output_tokens)
-    .bind(n.cost_usd)
-    .bind(n.created_at_ms)
     .fetch_one(&mut *conn)
     .await
-    .map_err(|e| conflict_if_duplicate(e, || format!("agent {agent_id} already notified")))?;
-
-    Ok(Notification {
-        seq: from_i64(seq, "notification seq")?,
-        session_id: n.session_id,
-        batch_id: n.batch_id,
-        agent_id: n.agent_id,
-        kind,
-        status: n.status,
-        summary: n.summary.clone(),
-        report: n.report.clone(),
-        usage: n.usage,
-        cost_usd: n.cost_usd,
-        created_at_ms: n.created_at_ms,
-    })
+    .map_err(|e| conflict_if_duplicate(e, || values.duplicate()))?;
+    stored(n, kind, seq)
 }
 
 async fn batch_shape(conn: &mut SqliteConnection, batch: BatchId) -> Result<String> {
@@ -250,16 +133,16 @@ async fn append_digest_if_last(
     let all = list(&mut *conn, 0, &filter, 0).await?;
     let message = forkd_core::digest::batch_digest(batch, &all);
     let session_id = last.session_id.to_string();
-    let next = session_len(conn, &session_id).await?;
-    insert_session_message(conn, &session_id, next, &message, last.created_at_ms).await
+    let next = sessions::len(conn, &session_id).await?;
+    sessions::insert_message(conn, &session_id, next, &message, last.created_at_ms).await
 }
 
 /// Appends a notification's `<task-notification>` text to its session's transcript.
 async fn append_to_parent(conn: &mut SqliteConnection, notification: &Notification) -> Result<()> {
     let session_id = notification.session_id.to_string();
     let message = Message::user(vec![Block::text(&notification.to_parent_text())]);
-    let next = session_len(conn, &session_id).await?;
-    insert_session_message(
+    let next = sessions::len(conn, &session_id).await?;
+    sessions::insert_message(
         conn,
         &session_id,
         next,
@@ -321,8 +204,7 @@ pub(super) async fn list<'c>(
         notification_columns!(),
         " FROM notifications WHERE seq > "
     ));
-    // A cursor past i64::MAX is past every seq SQLite can assign.
-    q.push_bind(i64::try_from(since_seq).unwrap_or(i64::MAX));
+    q.push_bind(bound(since_seq));
     if let Some(session_id) = filter.session_id {
         q.push(" AND session_id = ")
             .push_bind(session_id.to_string());
@@ -338,7 +220,8 @@ pub(super) async fn list<'c>(
     if let Some(agent_id) = filter.agent_id {
         q.push(" AND agent_id = ").push_bind(agent_id.to_string());
     }
-    q.push(" ORDER BY seq LIMIT ").push_bind(limit_param(limit));
+    q.push(" ORDER BY seq LIMIT ")
+        .push_bind(super::limit_param(limit));
     let rows: Vec<NotificationRow> = q.build_query_as().fetch_all(conn).await?;
     rows.into_iter().map(Notification::try_from).collect()
 }

@@ -5,9 +5,9 @@ use forkd_core::{Message, Role, SessionId};
 use sqlx::{SqliteConnection, SqlitePool};
 
 use super::agents;
-use super::convert::corrupt;
 use crate::Lease;
 use crate::error::Result;
+use crate::rows::convert::corrupt;
 
 pub(super) async fn set(
     conn: &mut SqliteConnection,

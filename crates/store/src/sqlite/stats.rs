@@ -1,23 +1,10 @@
 //! The snapshot the metrics endpoint reports: agents by kind and state, and recent batches.
 
-use forkd_core::{AgentKind, AgentState};
 use sqlx::SqlitePool;
 
-use super::convert::{UsageRow, corrupt, from_i64, parse_id};
+use crate::Stats;
 use crate::error::Result;
-use crate::{AgentCount, BatchStats, Stats};
-
-#[derive(sqlx::FromRow)]
-struct BatchRow {
-    batch_id: String,
-    session_id: String,
-    tenant: String,
-    children: i64,
-    ended: i64,
-    #[sqlx(flatten)]
-    usage: UsageRow,
-    cost_usd: f64,
-}
+use crate::rows::stats::{BatchStatsRow, agent_count};
 
 pub(super) async fn stats(pool: &SqlitePool, batches_since_ms: i64) -> Result<Stats> {
     // One read transaction: the counts and the batches are one snapshot.
@@ -26,20 +13,7 @@ pub(super) async fn stats(pool: &SqlitePool, batches_since_ms: i64) -> Result<St
         sqlx::query_as("SELECT kind, state, COUNT(*) FROM agents GROUP BY kind, state")
             .fetch_all(&mut *tx)
             .await?;
-    let agents = counts
-        .into_iter()
-        .map(|(kind, state, count)| {
-            Ok(AgentCount {
-                kind: AgentKind::parse(&kind)
-                    .ok_or_else(|| corrupt("agent kind", format!("unknown {kind:?}")))?,
-                state: AgentState::parse(&state)
-                    .ok_or_else(|| corrupt("agent state", format!("unknown {state:?}")))?,
-                count: from_i64(count, "agent count")?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-
-    let rows: Vec<BatchRow> = sqlx::query_as(
+    let rows: Vec<BatchStatsRow> = sqlx::query_as(
         "SELECT a.batch_id, a.session_id, s.tenant, COUNT(*) AS children, \
          SUM(a.state IN ('completed', 'failed', 'killed')) AS ended, \
          SUM(a.input_tokens) AS input_tokens, \
@@ -58,19 +32,11 @@ pub(super) async fn stats(pool: &SqlitePool, batches_since_ms: i64) -> Result<St
     .fetch_all(&mut *tx)
     .await?;
     tx.commit().await?;
-    let batches = rows
-        .into_iter()
-        .map(|row| {
-            Ok(BatchStats {
-                batch_id: parse_id(&row.batch_id, "batch id")?,
-                session_id: parse_id(&row.session_id, "batch session id")?,
-                tenant: row.tenant,
-                children: from_i64(row.children, "batch children")?,
-                ended: from_i64(row.ended, "batch ended children")?,
-                usage: row.usage.into_usage()?,
-                cost_usd: row.cost_usd,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Stats { agents, batches })
+    Ok(Stats {
+        agents: counts.into_iter().map(agent_count).collect::<Result<_>>()?,
+        batches: rows
+            .into_iter()
+            .map(BatchStatsRow::into_stats)
+            .collect::<Result<_>>()?,
+    })
 }

@@ -1,8 +1,18 @@
-//! Fixtures shared by the store's integration tests: sessions, transcripts, batches, agents.
+//! Fixtures shared by the store's integration tests: a fresh store of either backend, sessions,
+//! transcripts, batches, agents.
+//!
+//! Most tests are conformance tests: written once against `dyn Store`, and run on each backend by
+//! [`conformance!`], which makes `sqlite::NAME` and `postgres::NAME` of each. A PostgreSQL test
+//! gets a database of its own on the server `FORKD_TEST_DATABASE_URL` names, dropped when the
+//! test ends; without that variable it says so and passes, unless `CI` is set: then it fails, as
+//! it does whenever the server cannot be reached.
 
 #![allow(dead_code)] // Each test binary uses its own subset.
 
+use std::future::Future;
+use std::ops::Deref;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use forkd_core::agent::{Directive, FORK_QUERY_SOURCE};
 use forkd_core::fork::{ForkBatch, client_fork_message, fork_directives};
@@ -14,12 +24,244 @@ use forkd_core::{
     Agent, AgentKind, AgentState, BatchId, Block, Message, NotificationStatus, RawJson, SessionId,
     Usage,
 };
-use forkd_store::{Durability, NewChild, NewNotification, SqliteStore, Store};
+use forkd_store::{
+    Durability, NewChild, NewNotification, PgStore, SqliteStore, Store, redacted_url,
+};
+use sqlx::{AssertSqlSafe, Connection, PgConnection};
 use tempfile::TempDir;
 
 pub type TestResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
-/// A store on a fresh file; keep the directory alive as long as the store.
+/// Where the PostgreSQL tests find their server.
+pub const DATABASE_URL_VAR: &str = "FORKD_TEST_DATABASE_URL";
+
+/// Connections each PostgreSQL test store keeps at most: tests run in parallel on one server.
+const TEST_CONNECTIONS: u32 = 4;
+
+/// One test per backend for each conformance test named: `sqlite::NAME` and `postgres::NAME`,
+/// each calling `NAME(store)` on a fresh store of its backend.
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() -> crate::support::TestResult {
+                    crate::support::run(crate::support::Backend::Sqlite, super::$name).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() -> crate::support::TestResult {
+                    crate::support::run(crate::support::Backend::Postgres, super::$name).await
+                }
+            )*
+        }
+    };
+}
+pub(crate) use conformance;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A fresh store for one test. Dereferences to the store; cheap to clone.
+#[derive(Clone)]
+pub struct TestStore {
+    store: Arc<dyn Store>,
+    database: Arc<Database>,
+}
+
+/// Where a test store's data lives.
+enum Database {
+    Sqlite {
+        dir: TempDir,
+        store: SqliteStore,
+    },
+    Postgres {
+        /// The server's URL, as the environment gave it.
+        server: String,
+        /// The test's own database on it, and its URL.
+        name: String,
+        url: String,
+        /// Every store opened on it, closed before it is dropped.
+        stores: Mutex<Vec<PgStore>>,
+    },
+}
+
+impl Deref for TestStore {
+    type Target = dyn Store;
+
+    fn deref(&self) -> &dyn Store {
+        &*self.store
+    }
+}
+
+impl TestStore {
+    /// A fresh store of `backend`; `None` when the PostgreSQL tests are skipped.
+    async fn open(backend: Backend) -> TestResult<Option<Self>> {
+        match backend {
+            Backend::Sqlite => {
+                let (dir, store) = temp_store().await?;
+                Ok(Some(Self {
+                    store: Arc::new(store.clone()),
+                    database: Arc::new(Database::Sqlite { dir, store }),
+                }))
+            }
+            Backend::Postgres => Self::open_postgres().await,
+        }
+    }
+
+    async fn open_postgres() -> TestResult<Option<Self>> {
+        let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty());
+        let server = match std::env::var(DATABASE_URL_VAR) {
+            Ok(url) if !url.trim().is_empty() => url,
+            _ if ci => {
+                return Err(format!(
+                    "CI is set but {DATABASE_URL_VAR} is not: the PostgreSQL store tests must run \
+                     in CI (set {DATABASE_URL_VAR}=postgres://user:password@host:5432/postgres)"
+                )
+                .into());
+            }
+            _ => {
+                println!(
+                    "skipped: set {DATABASE_URL_VAR}=postgres://… to run the PostgreSQL store tests"
+                );
+                return Ok(None);
+            }
+        };
+        let name = format!("forkd_test_{}", uuid::Uuid::now_v7().simple());
+        let mut admin = PgConnection::connect(&server).await.map_err(|e| {
+            format!(
+                "cannot reach {DATABASE_URL_VAR} ({}): {e}",
+                redacted_url(&server)
+            )
+        })?;
+        sqlx::query(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut admin)
+            .await?;
+        admin.close().await?;
+        let url = with_database(&server, &name)?;
+        let store = PgStore::connect_with(&url, TEST_CONNECTIONS).await?;
+        Ok(Some(Self {
+            store: Arc::new(store.clone()),
+            database: Arc::new(Database::Postgres {
+                server,
+                name,
+                url,
+                stores: Mutex::new(vec![store]),
+            }),
+        }))
+    }
+
+    pub fn backend(&self) -> Backend {
+        match *self.database {
+            Database::Sqlite { .. } => Backend::Sqlite,
+            Database::Postgres { .. } => Backend::Postgres,
+        }
+    }
+
+    /// The store, to hand to tasks.
+    pub fn shared(&self) -> Arc<dyn Store> {
+        Arc::clone(&self.store)
+    }
+
+    /// Another store on the same database: a second daemon, or this one restarted.
+    pub async fn reopen(&self) -> TestResult<Arc<dyn Store>> {
+        match &*self.database {
+            Database::Sqlite { dir, .. } => Ok(Arc::new(
+                SqliteStore::open(&db_path(dir), Durability::Normal).await?,
+            )),
+            Database::Postgres { url, stores, .. } => {
+                let store = PgStore::connect_with(url, TEST_CONNECTIONS).await?;
+                stores.lock().map_err(|_| "poisoned")?.push(store.clone());
+                Ok(Arc::new(store))
+            }
+        }
+    }
+
+    /// Checks what the database does not check on its own: SQLite's file and its foreign keys
+    /// (PostgreSQL enforces every constraint at every write).
+    pub async fn check_integrity(&self) -> TestResult {
+        if let Database::Sqlite { store, .. } = &*self.database {
+            store.integrity_check().await?;
+        }
+        Ok(())
+    }
+
+    /// Drops a PostgreSQL test's database.
+    async fn clean_up(&self) -> TestResult {
+        let Database::Postgres {
+            server,
+            name,
+            stores,
+            ..
+        } = &*self.database
+        else {
+            return Ok(());
+        };
+        let stores: Vec<PgStore> = stores.lock().map_err(|_| "poisoned")?.drain(..).collect();
+        for store in stores {
+            store.close().await;
+        }
+        drop_database(server, name).await
+    }
+}
+
+/// Drops a test's database once its stores are closed. A plain `DROP DATABASE` waits for an
+/// autovacuum worker to leave (`WITH (FORCE)` would fail on it without the right to signal it);
+/// `FORCE` is the fallback for a connection of the test that is still open.
+async fn drop_database(server: &str, name: &str) -> TestResult {
+    let mut admin = PgConnection::connect(server).await?;
+    let plain = sqlx::query(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}")))
+        .execute(&mut admin)
+        .await;
+    if plain.is_err() {
+        sqlx::query(AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+        )))
+        .execute(&mut admin)
+        .await?;
+    }
+    admin.close().await?;
+    Ok(())
+}
+
+/// Runs one conformance test on a fresh store of `backend`, then drops the store's database,
+/// whether the test passed, failed or panicked.
+pub async fn run<F, Fut>(backend: Backend, test: F) -> TestResult
+where
+    F: FnOnce(TestStore) -> Fut,
+    Fut: Future<Output = TestResult> + Send + 'static,
+{
+    let Some(store) = TestStore::open(backend).await? else {
+        return Ok(());
+    };
+    let outcome = tokio::spawn(test(store.clone())).await;
+    store.clean_up().await?;
+    match outcome {
+        Ok(result) => result,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `url` with its database replaced by `name`.
+fn with_database(url: &str, name: &str) -> TestResult<String> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| format!("{DATABASE_URL_VAR} is not a URL"))?;
+    let host_at = rest.rfind('@').map_or(0, |i| i + 1);
+    let (user, host) = rest.split_at(host_at);
+    let (host, tail) = host.split_at(host.find(['/', '?']).unwrap_or(host.len()));
+    let query = tail.find('?').map_or("", |i| &tail[i..]);
+    Ok(format!("{scheme}://{user}{host}/{name}{query}"))
+}
+
+/// A SQLite store on a fresh file; keep the directory alive as long as the store.
 pub async fn temp_store() -> TestResult<(TempDir, SqliteStore)> {
     let dir = tempfile::tempdir()?;
     let store = SqliteStore::open(&db_path(&dir), Durability::Normal).await?;
@@ -139,7 +381,7 @@ pub fn fork(session: &Session, fork_point: u64, n: usize) -> TestResult<Fixture>
 }
 
 /// Creates `session` with [`history`] and one batch of `n` children at its end.
-pub async fn seeded(store: &SqliteStore, n: usize) -> TestResult<(Session, Fixture)> {
+pub async fn seeded(store: &dyn Store, n: usize) -> TestResult<(Session, Fixture)> {
     let session = session()?;
     let history = history()?;
     store.create_session(&session, &history, None).await?;
@@ -184,10 +426,97 @@ pub fn ended(child: &Agent, status: NotificationStatus, at_ms: i64) -> NewNotifi
 
 /// Ends an agent the way a run does: claims it, then finishes under that lease.
 pub async fn finish(
-    store: &SqliteStore,
+    store: &dyn Store,
     n: &NewNotification,
     error: Option<&str>,
 ) -> Result<forkd_core::Notification, forkd_store::StoreError> {
     let lease = store.claim_agent(n.agent_id).await?;
     store.finish_agent(&lease, n, error).await
+}
+
+/// A client's batch of `n` directives at `fork_point`: no fork message; its launch note is what
+/// the parent's transcript gains. Its children report to the transcript with one digest.
+pub fn client_fork(session: &Session, fork_point: u64, n: usize) -> TestResult<Fixture> {
+    let id = BatchId::new();
+    let created = session.created_at_ms + 2000;
+    let batch = ForkBatch::client(id, session.id, fork_point, created);
+    let directives: Vec<Directive> = (0..n)
+        .map(|i| Directive {
+            description: format!("client part {i}"),
+            prompt: format!("Do client part {i}"),
+        })
+        .collect();
+    let children = directives
+        .iter()
+        .enumerate()
+        .map(|(index, directive)| {
+            Ok(NewChild {
+                agent: Agent {
+                    id: forkd_core::AgentId::new(),
+                    session_id: session.id,
+                    batch_id: Some(id),
+                    kind: AgentKind::Fork,
+                    index: u32::try_from(index)?,
+                    state: AgentState::Pending,
+                    directive: Some(directive.clone()),
+                    query_source: Some(FORK_QUERY_SOURCE.into()),
+                    report_to: forkd_core::ReportTo::Transcript,
+                    usage: Usage::default(),
+                    cost_usd: 0.0,
+                    error: None,
+                    created_at_ms: created,
+                    updated_at_ms: created,
+                },
+                directive_block: ForkBatch::directive_block(directive),
+            })
+        })
+        .collect::<TestResult<Vec<_>>>()?;
+    Ok(Fixture {
+        batch,
+        children,
+        parent_results: forkd_core::digest::launch_note(id, &directives),
+    })
+}
+
+/// A session's main-loop agent, idle between turns, as the engine creates it.
+pub fn main_loop(session: &Session) -> Agent {
+    Agent {
+        id: forkd_core::AgentId::new(),
+        session_id: session.id,
+        batch_id: None,
+        kind: AgentKind::Parent,
+        index: 0,
+        state: AgentState::Idle,
+        directive: None,
+        query_source: None,
+        report_to: forkd_core::ReportTo::Transcript,
+        usage: Usage::default(),
+        cost_usd: 0.0,
+        error: None,
+        created_at_ms: session.created_at_ms,
+        updated_at_ms: session.created_at_ms,
+    }
+}
+
+/// A typed agent of `session` that reports to `report_to`, running.
+pub fn typed(session: &Session, report_to: forkd_core::ReportTo) -> Agent {
+    Agent {
+        id: forkd_core::AgentId::new(),
+        session_id: session.id,
+        batch_id: None,
+        kind: AgentKind::Typed,
+        index: 0,
+        state: AgentState::Running,
+        directive: Some(Directive {
+            description: "explore".into(),
+            prompt: "Map the crate.".into(),
+        }),
+        query_source: None,
+        report_to,
+        usage: Usage::default(),
+        cost_usd: 0.0,
+        error: None,
+        created_at_ms: session.created_at_ms,
+        updated_at_ms: session.created_at_ms,
+    }
 }

@@ -1,41 +1,47 @@
-//! Conversions between rows and domain values, shared by the table modules.
+//! Conversions between column values and domain values, shared by the table modules of both
+//! implementations.
 //!
-//! SQLite stores integers as `i64`; forkd counts in `u64`/`u32`. A value that does not fit on the
-//! way in is an encoding error (nothing is written); on the way out it is a corrupt row.
+//! Both databases store integers as `i64`; forkd counts in `u64`/`u32`. A value that does not fit
+//! on the way in is an encoding error (nothing is written); on the way out it is a corrupt row.
 
 use std::fmt::Display;
 use std::str::FromStr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use forkd_core::{Block, Message, Role, Usage};
-use sqlx::SqliteConnection;
 
 use crate::StoreError;
 use crate::error::Result;
 use crate::{DbError, StoredMessage};
 
 /// A stored value that no longer decodes.
-pub(super) fn corrupt(what: &str, err: impl Display) -> DbError {
+pub(crate) fn corrupt(what: &str, err: impl Display) -> DbError {
     DbError::Store(StoreError::Corrupt(format!("{what}: {err}")))
 }
 
-/// A `u64` (or `u32`) as SQLite's `INTEGER`.
-pub(super) fn to_i64(value: impl Into<u64>, what: &'static str) -> Result<i64> {
+/// A `u64` (or `u32`) as a 64-bit integer column.
+pub(crate) fn to_i64(value: impl Into<u64>, what: &'static str) -> Result<i64> {
     let value = value.into();
     i64::try_from(value).map_err(|_| {
         DbError::Database(sqlx::Error::Encode(
-            format!("{what} {value} does not fit SQLite's INTEGER").into(),
+            format!("{what} {value} does not fit a 64-bit integer column").into(),
         ))
     })
 }
 
-/// A stored `INTEGER` as an unsigned count.
-pub(super) fn from_i64<T: TryFrom<i64>>(value: i64, what: &'static str) -> Result<T> {
+/// A stored 64-bit integer as an unsigned count.
+pub(crate) fn from_i64<T: TryFrom<i64>>(value: i64, what: &'static str) -> Result<T> {
     T::try_from(value).map_err(|_| corrupt(what, format!("{value} is out of range")))
 }
 
+/// A bound on a stored position (a seq, a cursor): any bound past `i64::MAX` is past every
+/// position either database can hold.
+pub(crate) fn bound(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
 /// A stored id string as its typed id.
-pub(super) fn parse_id<T>(text: &str, what: &'static str) -> Result<T>
+pub(crate) fn parse_id<T>(text: &str, what: &'static str) -> Result<T>
 where
     T: FromStr,
     T::Err: Display,
@@ -43,25 +49,20 @@ where
     text.parse().map_err(|e| corrupt(what, e))
 }
 
-/// A `limit` argument where 0 means none, as SQLite's `LIMIT`.
-pub(super) fn limit_param(limit: u32) -> i64 {
-    if limit == 0 { -1 } else { i64::from(limit) }
-}
-
 /// Optional ids are stored as NULL or their string.
-pub(super) fn opt_id(id: Option<impl Display>) -> Option<String> {
+pub(crate) fn opt_id(id: Option<impl Display>) -> Option<String> {
     id.map(|id| id.to_string())
 }
 
 /// The current time, for the writes whose callers pass no timestamp.
-pub(super) fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// A block list as one JSON content array: the blocks' bytes joined, nothing re-encoded.
-pub(super) fn content_array(blocks: &[Block]) -> String {
+pub(crate) fn content_array(blocks: &[Block]) -> String {
     let mut out =
         String::with_capacity(2 + blocks.iter().map(|b| b.raw().len() + 1).sum::<usize>());
     out.push('[');
@@ -76,7 +77,7 @@ pub(super) fn content_array(blocks: &[Block]) -> String {
 }
 
 /// Splits a stored content array back into blocks, each keeping its bytes verbatim.
-pub(super) fn blocks_from_array(text: &str, what: &'static str) -> Result<Vec<Block>> {
+pub(crate) fn blocks_from_array(text: &str, what: &'static str) -> Result<Vec<Block>> {
     let raw: Vec<&serde_json::value::RawValue> =
         serde_json::from_str(text).map_err(|e| corrupt(what, e))?;
     raw.into_iter()
@@ -86,7 +87,7 @@ pub(super) fn blocks_from_array(text: &str, what: &'static str) -> Result<Vec<Bl
 
 /// The four usage columns every accounting table carries.
 #[derive(sqlx::FromRow)]
-pub(super) struct UsageRow {
+pub(crate) struct UsageRow {
     pub input_tokens: i64,
     pub cache_creation_input_tokens: i64,
     pub cache_read_input_tokens: i64,
@@ -124,7 +125,7 @@ impl UsageRow {
 
 /// One transcript row, of a session or of an agent.
 #[derive(sqlx::FromRow)]
-pub(super) struct MessageRow {
+pub(crate) struct MessageRow {
     seq: i64,
     role: String,
     content_json: String,
@@ -148,46 +149,20 @@ impl TryFrom<MessageRow> for StoredMessage {
 }
 
 /// Converts fetched transcript rows, in order.
-pub(super) fn stored_messages(rows: Vec<MessageRow>) -> Result<Vec<StoredMessage>> {
+pub(crate) fn stored_messages(rows: Vec<MessageRow>) -> Result<Vec<StoredMessage>> {
     rows.into_iter().map(StoredMessage::try_from).collect()
 }
 
-/// The length of a session's transcript: the seq its next message gets.
-pub(super) async fn session_len(conn: &mut SqliteConnection, session_id: &str) -> Result<i64> {
-    // Seqs are contiguous from 0, so MAX + 1 is the length; unlike COUNT it is one index seek.
-    let len: i64 = sqlx::query_scalar(
-        "SELECT COALESCE(MAX(seq) + 1, 0) FROM session_messages WHERE session_id = ?",
-    )
-    .bind(session_id)
-    .fetch_one(conn)
-    .await?;
-    Ok(len)
-}
+/// Appends a message to a session's transcript: session id, seq, role, content, time.
+pub(crate) const INSERT_SESSION_MESSAGE: &str = "INSERT INTO session_messages (session_id, seq, role, content_json, created_at_ms) \
+     VALUES ($1, $2, $3, $4, $5)";
 
-/// Appends `message` to a session's transcript at `seq`.
-pub(super) async fn insert_session_message(
-    conn: &mut SqliteConnection,
-    session_id: &str,
-    seq: i64,
-    message: &Message,
-    created_at_ms: i64,
-) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO session_messages (session_id, seq, role, content_json, created_at_ms) \
-         VALUES (?, ?, ?, ?, ?)",
-    )
-    .bind(session_id)
-    .bind(seq)
-    .bind(message.role.as_str())
-    .bind(message.content_json())
-    .bind(created_at_ms)
-    .execute(conn)
-    .await?;
-    Ok(())
-}
+/// Appends a message to an agent's own transcript: agent id, seq, role, content, time.
+pub(crate) const INSERT_AGENT_MESSAGE: &str = "INSERT INTO agent_messages (agent_id, seq, role, content_json, created_at_ms) \
+     VALUES ($1, $2, $3, $4, $5)";
 
 /// Turns a unique-key violation into a `Conflict` naming what already exists.
-pub(super) fn conflict_if_duplicate(err: sqlx::Error, what: impl FnOnce() -> String) -> DbError {
+pub(crate) fn conflict_if_duplicate(err: sqlx::Error, what: impl FnOnce() -> String) -> DbError {
     match err.as_database_error() {
         Some(db) if db.is_unique_violation() => DbError::Store(StoreError::Conflict(what())),
         _ => DbError::Database(err),

@@ -1,0 +1,264 @@
+//! Agents: their rows, lifecycle moves and own (sidechain) transcripts.
+
+use forkd_core::{Agent, AgentId, AgentState, Block, Message};
+use sqlx::{PgConnection, PgPool, Postgres, QueryBuilder};
+
+use crate::error::Result;
+use crate::rows::agents::{
+    AgentRow, AgentValues, INSERT_AGENT, agent_columns, bind_agent, check_generation, ended,
+    not_found, parse_state,
+};
+use crate::rows::convert::{
+    INSERT_AGENT_MESSAGE, MessageRow, conflict_if_duplicate, corrupt, from_i64, now_ms,
+    stored_messages,
+};
+use crate::{AgentFilter, Lease, StoredMessage};
+
+/// Inserts an agent row as given (state, totals and all).
+pub(super) async fn insert(
+    conn: &mut PgConnection,
+    agent: &Agent,
+    directive_block: Option<&Block>,
+) -> Result<()> {
+    let values = AgentValues::new(agent, directive_block)?;
+    bind_agent!(sqlx::query(INSERT_AGENT), &values)
+        .execute(conn)
+        .await
+        .map_err(|e| conflict_if_duplicate(e, || format!("agent {} already exists", values.id)))?;
+    Ok(())
+}
+
+pub(super) async fn get(pool: &PgPool, id: AgentId) -> Result<Option<Agent>> {
+    let row: Option<AgentRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        agent_columns!(),
+        " FROM agents WHERE id = $1"
+    ))
+    .bind(id.to_string())
+    .fetch_optional(pool)
+    .await?;
+    row.map(Agent::try_from).transpose()
+}
+
+pub(super) async fn list(pool: &PgPool, filter: &AgentFilter) -> Result<Vec<Agent>> {
+    let mut q = QueryBuilder::<Postgres>::new(concat!(
+        "SELECT ",
+        agent_columns!(),
+        " FROM agents WHERE TRUE"
+    ));
+    if let Some(session_id) = filter.session_id {
+        q.push(" AND session_id = ")
+            .push_bind(session_id.to_string());
+    }
+    if let Some(tenant) = &filter.tenant {
+        q.push(" AND session_id IN (SELECT id FROM sessions WHERE tenant = ")
+            .push_bind(tenant.name().to_owned())
+            .push(")");
+    }
+    if let Some(batch_id) = filter.batch_id {
+        q.push(" AND batch_id = ").push_bind(batch_id.to_string());
+    }
+    if !filter.include_ended {
+        // A literal (not bound) list, so the planner can use the partial index `agents_live`.
+        q.push(" AND state IN ('pending', 'running', 'idle')");
+    }
+    if let Some(after) = filter.after {
+        q.push(" AND id > ").push_bind(after.to_string());
+    }
+    q.push(" ORDER BY id LIMIT ")
+        .push_bind(super::limit_param(filter.limit));
+    let rows: Vec<AgentRow> = q.build_query_as().fetch_all(pool).await?;
+    rows.into_iter().map(Agent::try_from).collect()
+}
+
+pub(super) async fn directive_block(pool: &PgPool, id: AgentId) -> Result<Option<Block>> {
+    let text: Option<Option<String>> =
+        sqlx::query_scalar("SELECT directive_block_json FROM agents WHERE id = $1")
+            .bind(id.to_string())
+            .fetch_optional(pool)
+            .await?;
+    text.flatten()
+        .map(|t| Block::from_stored(&t).map_err(|e| corrupt("directive block", e)))
+        .transpose()
+}
+
+/// Locks an agent's row until the transaction ends (see the module docs) and reads its state and
+/// generation; `None` when there is no such agent.
+async fn lock(conn: &mut PgConnection, id: &str) -> Result<Option<(String, i64)>> {
+    Ok(
+        sqlx::query_as("SELECT state, generation FROM agents WHERE id = $1 FOR NO KEY UPDATE")
+            .bind(id)
+            .fetch_optional(conn)
+            .await?,
+    )
+}
+
+/// Locks the rows of several agents, in id order (the order every transaction that locks more
+/// than one agent takes them in, so that two of them never wait for each other). Missing agents
+/// are skipped.
+pub(super) async fn lock_all<'a>(
+    conn: &mut PgConnection,
+    ids: impl IntoIterator<Item = &'a AgentId>,
+) -> Result<()> {
+    let mut ids: Vec<String> = ids.into_iter().map(ToString::to_string).collect();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    sqlx::query("SELECT id FROM agents WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE")
+        .bind(&ids)
+        .fetch_all(conn)
+        .await?;
+    Ok(())
+}
+
+/// Locks the agent and reads its current state; `NotFound` when there is no such agent,
+/// `Conflict` when it ended.
+pub(super) async fn live_state(conn: &mut PgConnection, id: &str) -> Result<AgentState> {
+    let (state, _) = lock(conn, id).await?.ok_or_else(|| not_found(id))?;
+    let state = parse_state(&state)?;
+    if state.is_terminal() {
+        return Err(ended(id, state));
+    }
+    Ok(state)
+}
+
+/// Sets an agent's state, error and update time (the caller holds its lock and has checked that
+/// it is live).
+pub(super) async fn update_state(
+    conn: &mut PgConnection,
+    id: &str,
+    state: AgentState,
+    error: Option<&str>,
+    updated_at_ms: i64,
+) -> Result<()> {
+    sqlx::query("UPDATE agents SET state = $1, error = $2, updated_at_ms = $3 WHERE id = $4")
+        .bind(state.as_str())
+        .bind(error)
+        .bind(updated_at_ms)
+        .bind(id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Sets a live agent's state; bumps its generation, fencing whatever run held it.
+pub(super) async fn set_state(
+    conn: &mut PgConnection,
+    id: AgentId,
+    state: AgentState,
+    error: Option<&str>,
+) -> Result<()> {
+    let id = id.to_string();
+    live_state(conn, &id).await?;
+    bump_generation(conn, &id).await?;
+    update_state(conn, &id, state, error, now_ms()).await
+}
+
+async fn bump_generation(conn: &mut PgConnection, id: &str) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "UPDATE agents SET generation = generation + 1 WHERE id = $1 RETURNING generation",
+    )
+    .bind(id)
+    .fetch_one(conn)
+    .await?)
+}
+
+/// Claims a live agent for a new run: a new generation, and the state `running`. A write of the
+/// older run in flight holds the agent's lock, so the claim waits for it; every later one fails.
+pub(super) async fn claim(conn: &mut PgConnection, id: AgentId) -> Result<Lease> {
+    let key = id.to_string();
+    live_state(conn, &key).await?;
+    let generation = bump_generation(conn, &key).await?;
+    update_state(conn, &key, AgentState::Running, None, now_ms()).await?;
+    Ok(Lease {
+        agent_id: id,
+        generation: from_i64(generation, "agent generation")?,
+    })
+}
+
+/// Locks the agent and checks that `lease` is still its newest claim; `Superseded` when a newer
+/// run claimed it, `NotFound` when there is no such agent. The lock holds until commit, so no
+/// claim can come between the check and the write it guards.
+pub(super) async fn check_lease(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
+    let (_, current) = lock(conn, &lease.agent_id.to_string())
+        .await?
+        .ok_or_else(|| not_found(lease.agent_id))?;
+    check_generation(lease, current)
+}
+
+/// Moves the leased (live) agent to another live state.
+pub(super) async fn release(
+    conn: &mut PgConnection,
+    lease: &Lease,
+    state: AgentState,
+) -> Result<()> {
+    check_lease(conn, lease).await?;
+    let id = lease.agent_id.to_string();
+    live_state(conn, &id).await?;
+    update_state(conn, &id, state, None, now_ms()).await
+}
+
+/// Marks agents whose reports their caller has delivered: they report to the transcript again
+/// (and, having ended, never will). The caller holds their locks ([`lock_all`]).
+pub(super) async fn mark_delivered(conn: &mut PgConnection, agents: &[AgentId]) -> Result<()> {
+    if agents.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<String> = agents.iter().map(ToString::to_string).collect();
+    sqlx::query("UPDATE agents SET report_to = 'transcript' WHERE id = ANY($1)")
+        .bind(&ids)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Appends a message to the leased agent's own transcript; the lease check's lock makes the
+/// next seq this transaction's.
+pub(super) async fn append_message(
+    conn: &mut PgConnection,
+    lease: &Lease,
+    message: &Message,
+) -> Result<u64> {
+    check_lease(conn, lease).await?;
+    let id = lease.agent_id.to_string();
+    let seq: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(MAX(seq) + 1, 0) FROM agent_messages WHERE agent_id = $1",
+    )
+    .bind(&id)
+    .fetch_one(&mut *conn)
+    .await?;
+    sqlx::query(INSERT_AGENT_MESSAGE)
+        .bind(&id)
+        .bind(seq)
+        .bind(message.role.as_str())
+        .bind(message.content_json())
+        .bind(now_ms())
+        .execute(conn)
+        .await?;
+    from_i64(seq, "agent message seq")
+}
+
+pub(super) async fn messages(pool: &PgPool, id: AgentId) -> Result<Vec<StoredMessage>> {
+    let id = id.to_string();
+    let mut conn = pool.acquire().await?;
+    let rows: Vec<MessageRow> = sqlx::query_as(
+        "SELECT seq, role, content_json, created_at_ms FROM agent_messages \
+         WHERE agent_id = $1 ORDER BY seq",
+    )
+    .bind(&id)
+    .fetch_all(&mut *conn)
+    .await?;
+    if rows.is_empty() {
+        // Rows are never deleted, so checking existence after the read cannot race.
+        let found: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM agents WHERE id = $1)")
+            .bind(&id)
+            .fetch_one(&mut *conn)
+            .await?;
+        if !found {
+            return Err(not_found(id));
+        }
+    }
+    stored_messages(rows)
+}

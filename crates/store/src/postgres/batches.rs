@@ -1,0 +1,88 @@
+//! Fork batches: the shared assistant message, the children's shared user blocks, the children.
+
+use forkd_core::fork::ForkBatch;
+use forkd_core::{BatchId, Message};
+use sqlx::{PgConnection, PgPool};
+
+use super::{agents, sessions};
+use crate::StoreError;
+use crate::error::Result;
+use crate::rows::batches::{
+    BatchRow, BatchValues, INSERT_BATCH, batch_columns, bind_batch, budget as stored_budget,
+    check_children, check_placed,
+};
+use crate::rows::convert::conflict_if_duplicate;
+use crate::rows::sessions::not_found;
+use crate::{BatchExtras, Budget, DbError, NewChild};
+
+/// Runs inside the caller's write transaction. The session's lock makes the transcript check and
+/// the appends atomic: of two batches forking a model's reply at one point, the second finds the
+/// first's messages and fails with `Conflict`.
+pub(super) async fn create(
+    conn: &mut PgConnection,
+    batch: &ForkBatch,
+    parent_messages: &[Message],
+    children: &[NewChild],
+    extras: &BatchExtras<'_>,
+) -> Result<()> {
+    if let Some((lease, delivered)) = extras.turn {
+        agents::lock_all(conn, std::iter::once(&lease.agent_id).chain(delivered)).await?;
+        agents::check_lease(conn, lease).await?;
+    }
+    let session_id = batch.session_id.to_string();
+    let exists = sessions::lock(conn, &session_id).await?;
+    if let Some((_, delivered)) = extras.turn {
+        agents::mark_delivered(conn, delivered).await?;
+        // The turn's reply is answered: it is the fork message stored below.
+        super::pending::clear(conn, &session_id).await?;
+    }
+    if !exists {
+        return Err(not_found(session_id));
+    }
+    let len = sessions::len(conn, &session_id).await?;
+    check_placed(batch, len)?;
+    check_children(batch, children)?;
+
+    let appended = batch.assistant().into_iter().chain(parent_messages);
+    for (seq, message) in (len..).zip(appended) {
+        sessions::insert_message(conn, &session_id, seq, message, batch.created_at_ms).await?;
+    }
+
+    let values = BatchValues::new(batch, extras)?;
+    bind_batch!(sqlx::query(INSERT_BATCH), &values)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| conflict_if_duplicate(e, || format!("batch {} already exists", values.id)))?;
+
+    for child in children {
+        agents::insert(conn, &child.agent, Some(&child.directive_block)).await?;
+    }
+    Ok(())
+}
+
+pub(super) async fn get(pool: &PgPool, id: BatchId) -> Result<Option<ForkBatch>> {
+    let row: Option<BatchRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        batch_columns!(),
+        " FROM batches WHERE id = $1"
+    ))
+    .bind(id.to_string())
+    .fetch_optional(pool)
+    .await?;
+    row.map(ForkBatch::try_from).transpose()
+}
+
+pub(super) async fn budget(pool: &PgPool, id: BatchId) -> Result<Budget> {
+    let row: Option<(Option<f64>, Option<i64>)> =
+        sqlx::query_as("SELECT budget_usd, budget_tokens FROM batches WHERE id = $1")
+            .bind(id.to_string())
+            .fetch_optional(pool)
+            .await?;
+    let (usd, tokens) = row.ok_or_else(|| {
+        DbError::Store(StoreError::NotFound {
+            kind: "batch",
+            id: id.to_string(),
+        })
+    })?;
+    stored_budget(usd, tokens)
+}

@@ -1,0 +1,89 @@
+//! Tool calls: intent before the call runs, result after.
+
+use forkd_core::{AgentId, Block};
+use sqlx::{PgConnection, PgPool};
+
+use super::agents;
+use crate::error::Result;
+use crate::rows::tool_calls::{
+    INSERT_INTENT, IntentValues, ProcessValues, RECORD_PROCESS, RECORD_RESULT, ToolCallRow,
+    bind_intent, check_owner, no_open_intent, tool_call_columns,
+};
+use crate::{Lease, ProcessGroup, ToolCall};
+
+/// Records a call's intent. Recording it again (a read-only call re-run after an interruption)
+/// keeps the first intent.
+pub(super) async fn begin(conn: &mut PgConnection, lease: &Lease, call: &ToolCall) -> Result<()> {
+    check_owner(call, lease)?;
+    agents::check_lease(conn, lease).await?;
+    let values = IntentValues::new(call)?;
+    bind_intent!(sqlx::query(INSERT_INTENT), &values)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Records the process group of a call that is still running (its intent recorded, no result).
+pub(super) async fn record_process(
+    conn: &mut PgConnection,
+    lease: &Lease,
+    tool_use_id: &str,
+    process: &ProcessGroup,
+) -> Result<()> {
+    agents::check_lease(conn, lease).await?;
+    let agent = lease.agent_id;
+    let p = ProcessValues::new(process)?;
+    let done = sqlx::query(RECORD_PROCESS)
+        .bind(p.pgid)
+        .bind(p.start_ticks)
+        .bind(p.boot_id)
+        .bind(agent.to_string())
+        .bind(tool_use_id)
+        .execute(conn)
+        .await?;
+    if done.rows_affected() == 0 {
+        return Err(no_open_intent(tool_use_id, agent));
+    }
+    Ok(())
+}
+
+/// Records a call's result; the call's intent must have been recorded, and a result is final.
+pub(super) async fn finish(
+    conn: &mut PgConnection,
+    lease: &Lease,
+    tool_use_id: &str,
+    result: &Block,
+    full_output: Option<&str>,
+    at_ms: i64,
+) -> Result<()> {
+    agents::check_lease(conn, lease).await?;
+    let agent = lease.agent_id;
+    let done = sqlx::query(RECORD_RESULT)
+        .bind(result.raw().as_str())
+        .bind(full_output)
+        .bind(at_ms)
+        .bind(agent.to_string())
+        .bind(tool_use_id)
+        .execute(conn)
+        .await?;
+    if done.rows_affected() == 0 {
+        return Err(no_open_intent(tool_use_id, agent));
+    }
+    Ok(())
+}
+
+/// An agent's calls in the order they started; calls of one millisecond in the order they were
+/// stored (`ord`, SQLite's rowid).
+pub(super) async fn list(pool: &PgPool, agent: AgentId) -> Result<Vec<ToolCall>> {
+    sqlx::query_as::<_, ToolCallRow>(concat!(
+        "SELECT ",
+        tool_call_columns!(),
+        " FROM tool_calls WHERE agent_id = $1 ORDER BY started_at_ms, ord"
+    ))
+    .bind(agent.to_string())
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .map(ToolCall::try_from)
+    .collect()
+}

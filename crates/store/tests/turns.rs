@@ -1,0 +1,504 @@
+//! A session's main loop and what its turns store, on both backends: turns appended under the
+//! main loop's lease, pending replies, a turn's end and its notification, delivered reports,
+//! idempotency keys, budgets and spending, client batches and their digest.
+
+mod support;
+
+use forkd_core::{
+    AgentState, Block, Message, NotificationKind, NotificationStatus, ReportTo, SessionId,
+};
+use forkd_store::{
+    BatchExtras, Budget, IdempotencyRecord, IdempotentCall, NewNotification, SpendScope, StoreError,
+};
+use support::{
+    TestResult, TestStore, client_fork, conformance, ended, finish, fork, history, main_loop,
+    seeded, session, typed,
+};
+
+conformance!(
+    a_turn_appends_under_the_main_loops_lease,
+    a_turn_ends_idle_with_or_without_its_notification,
+    a_turn_marks_the_reports_it_carries_delivered,
+    a_turn_that_forks_stores_its_reply_with_the_batch,
+    idempotency_keys_name_what_they_created,
+    spending_adds_up_by_batch_and_by_tenant,
+    workspaces_are_listed_once_each,
+    a_client_batch_reports_with_one_digest_when_its_last_child_ends,
+);
+
+fn key(kind: IdempotentCall, key: &str, resource_id: String) -> IdempotencyRecord {
+    IdempotencyRecord {
+        tenant: "local".into(),
+        key: key.into(),
+        kind,
+        request_sha256: format!("sha256 of {key}"),
+        resource_id,
+        created_at_ms: 1_234,
+    }
+}
+
+fn text(role_user: bool, text: &str) -> Message {
+    let blocks = vec![Block::text(text)];
+    if role_user {
+        Message::user(blocks)
+    } else {
+        Message::assistant(blocks)
+    }
+}
+
+fn turn_notification(agent: &forkd_core::Agent, at_ms: i64) -> NewNotification {
+    let mut n = ended(agent, NotificationStatus::Completed, at_ms);
+    n.batch_id = None;
+    n
+}
+
+async fn a_turn_appends_under_the_main_loops_lease(store: TestStore) -> TestResult {
+    let session = session()?;
+    store.create_session(&session, &history()?, None).await?;
+    let parent = main_loop(&session);
+    store.insert_agent(&parent, None, None).await?;
+    let lease = store.claim_agent(parent.id).await?;
+    assert_eq!(lease.generation, 1);
+
+    // The reply is stored before its tool calls run, then answered with the turn.
+    let reply = text(false, "I will read it.");
+    assert_eq!(store.pending_reply(session.id).await?, None);
+    store.set_pending_reply(&lease, session.id, &reply).await?;
+    let newer = text(false, "I will read it — again.");
+    store.set_pending_reply(&lease, session.id, &newer).await?;
+    assert_eq!(store.pending_reply(session.id).await?, Some(newer.clone()));
+
+    let record = key(
+        IdempotentCall::SendMessage,
+        "k-turn",
+        format!("{}/4", session.id),
+    );
+    let messages = [newer.clone(), text(true, "results")];
+    let first = store
+        .append_turn(&lease, session.id, &messages, &[], Some(&record), 77)
+        .await?;
+    assert_eq!(first, 4);
+    assert_eq!(store.pending_reply(session.id).await?, None);
+    assert_eq!(
+        store.idempotency_key("local", "k-turn").await?,
+        Some(record.clone())
+    );
+    let tail = store.session_messages_from(session.id, 4, None).await?;
+    assert_eq!(
+        tail.iter()
+            .map(|m| (m.seq, m.created_at_ms))
+            .collect::<Vec<_>>(),
+        [(4, 77), (5, 77)]
+    );
+    assert_eq!(tail[0].message, newer);
+    let middle = store.session_messages_from(session.id, 2, Some(5)).await?;
+    assert_eq!(middle.iter().map(|m| m.seq).collect::<Vec<_>>(), [2, 3, 4]);
+
+    // The key is taken: nothing of the second call is stored.
+    let again = store
+        .append_turn(&lease, session.id, &messages, &[], Some(&record), 78)
+        .await;
+    assert!(matches!(again, Err(StoreError::Conflict(_))), "{again:?}");
+    assert_eq!(store.session_message_count(session.id).await?, 6);
+
+    let missing = store
+        .append_turn(&lease, SessionId::new(), &messages, &[], None, 79)
+        .await;
+    assert!(
+        matches!(
+            missing,
+            Err(StoreError::NotFound {
+                kind: "session",
+                ..
+            })
+        ),
+        "{missing:?}"
+    );
+
+    // A newer claim fences the turn: neither its reply nor its messages are stored.
+    let newest = store.claim_agent(parent.id).await?;
+    assert!(newest.generation > lease.generation);
+    let fenced = store.set_pending_reply(&lease, session.id, &reply).await;
+    assert!(
+        matches!(fenced, Err(StoreError::Superseded { .. })),
+        "{fenced:?}"
+    );
+    let fenced = store
+        .append_turn(&lease, session.id, &messages, &[], None, 80)
+        .await;
+    assert!(
+        matches!(fenced, Err(StoreError::Superseded { .. })),
+        "{fenced:?}"
+    );
+    assert_eq!(store.session_message_count(session.id).await?, 6);
+    assert_eq!(store.pending_reply(session.id).await?, None);
+    Ok(())
+}
+
+async fn a_turn_ends_idle_with_or_without_its_notification(store: TestStore) -> TestResult {
+    let (session, fx) = seeded(&*store, 1).await?;
+    let parent = main_loop(&session);
+    store.insert_agent(&parent, None, None).await?;
+    let len = store.session_message_count(session.id).await?;
+
+    let lease = store.claim_agent(parent.id).await?;
+    assert_eq!(store.end_turn(&lease, None).await?, None);
+    let idle = store
+        .get_agent(parent.id)
+        .await?
+        .ok_or("main loop missing")?;
+    assert_eq!(idle.state, AgentState::Idle);
+
+    // A turn handed to the background ends with a notification of kind `turn`, and nothing is
+    // appended to the transcript; a main loop has one per such turn.
+    for round in 1..=2 {
+        let lease = store.claim_agent(parent.id).await?;
+        let stored = store
+            .end_turn(&lease, Some(&turn_notification(&parent, 100 + round)))
+            .await?
+            .ok_or("no turn notification")?;
+        assert_eq!(stored.kind, NotificationKind::Turn);
+        assert_eq!(stored.seq, u64::try_from(round)?);
+        assert_eq!(stored.batch_id, None);
+    }
+    assert_eq!(store.last_notification_seq().await?, 2);
+    assert_eq!(store.session_message_count(session.id).await?, len);
+
+    // Only a main loop has turns, and a main loop never ends.
+    let child = &fx.children[0].agent;
+    let child_lease = store.claim_agent(child.id).await?;
+    let not_a_turn = store.end_turn(&child_lease, None).await;
+    assert!(
+        matches!(not_a_turn, Err(StoreError::Conflict(_))),
+        "{not_a_turn:?}"
+    );
+    let lease = store.claim_agent(parent.id).await?;
+    let never = store
+        .finish_agent(&lease, &turn_notification(&parent, 200), None)
+        .await;
+    assert!(matches!(never, Err(StoreError::Conflict(_))), "{never:?}");
+    // A turn's notification names its own agent.
+    let stranger = store
+        .end_turn(&lease, Some(&turn_notification(child, 201)))
+        .await;
+    assert!(
+        matches!(stranger, Err(StoreError::Conflict(_))),
+        "{stranger:?}"
+    );
+    // Nothing of the refused calls was stored.
+    assert_eq!(store.last_notification_seq().await?, 2);
+    let parent_now = store
+        .get_agent(parent.id)
+        .await?
+        .ok_or("main loop missing")?;
+    assert_eq!(parent_now.state, AgentState::Running);
+    Ok(())
+}
+
+async fn a_turn_marks_the_reports_it_carries_delivered(store: TestStore) -> TestResult {
+    let session = session()?;
+    store.create_session(&session, &history()?, None).await?;
+    let parent = main_loop(&session);
+    store.insert_agent(&parent, None, None).await?;
+    let (waited, other) = (
+        typed(&session, ReportTo::Caller),
+        typed(&session, ReportTo::Caller),
+    );
+    for agent in [&waited, &other] {
+        store
+            .insert_agent(agent, Some(&Block::text("Map the crate.")), None)
+            .await?;
+    }
+    let mut expected = vec![waited.id, other.id];
+    expected.sort();
+    assert_eq!(store.caller_reports().await?, expected);
+
+    let lease = store.claim_agent(parent.id).await?;
+    store
+        .append_turn(
+            &lease,
+            session.id,
+            &[text(false, "Its report: done.")],
+            &[waited.id],
+            None,
+            5,
+        )
+        .await?;
+    assert_eq!(store.caller_reports().await?, vec![other.id]);
+    let delivered = store.get_agent(waited.id).await?.ok_or("agent missing")?;
+    assert_eq!(delivered.report_to, ReportTo::Transcript);
+    store.mark_delivered(&[other.id]).await?;
+    assert!(store.caller_reports().await?.is_empty());
+    Ok(())
+}
+
+async fn a_turn_that_forks_stores_its_reply_with_the_batch(store: TestStore) -> TestResult {
+    let session = session()?;
+    store.create_session(&session, &history()?, None).await?;
+    let parent = main_loop(&session);
+    store.insert_agent(&parent, None, None).await?;
+    let waited = typed(&session, ReportTo::Caller);
+    store.insert_agent(&waited, None, None).await?;
+    let lease = store.claim_agent(parent.id).await?;
+    let fx = fork(&session, 4, 2)?;
+    let reply = fx.batch.assistant().ok_or("a model's batch")?.clone();
+    store.set_pending_reply(&lease, session.id, &reply).await?;
+
+    let delivered = [waited.id];
+    let turn = BatchExtras {
+        turn: Some((&lease, &delivered)),
+        ..BatchExtras::default()
+    };
+    // A superseded turn stores nothing of its batch.
+    let newer = store.claim_agent(parent.id).await?;
+    let fenced = store
+        .create_fork_batch(
+            &fx.batch,
+            std::slice::from_ref(&fx.parent_results),
+            &fx.children,
+            &turn,
+        )
+        .await;
+    assert!(
+        matches!(fenced, Err(StoreError::Superseded { .. })),
+        "{fenced:?}"
+    );
+    assert_eq!(store.get_batch(fx.batch.id).await?, None);
+    assert_eq!(store.pending_reply(session.id).await?, Some(reply.clone()));
+
+    let turn = BatchExtras {
+        turn: Some((&newer, &delivered)),
+        ..BatchExtras::default()
+    };
+    store
+        .create_fork_batch(
+            &fx.batch,
+            std::slice::from_ref(&fx.parent_results),
+            &fx.children,
+            &turn,
+        )
+        .await?;
+    assert_eq!(store.pending_reply(session.id).await?, None);
+    assert!(store.caller_reports().await?.is_empty());
+    let transcript = store.session_messages(session.id, None).await?;
+    assert_eq!(transcript.len(), 6);
+    assert_eq!(transcript[4].message, reply);
+    Ok(())
+}
+
+async fn idempotency_keys_name_what_they_created(store: TestStore) -> TestResult {
+    let first = session()?;
+    let record = key(IdempotentCall::CreateSession, "k1", first.id.to_string());
+    store.create_session(&first, &[], Some(&record)).await?;
+    assert_eq!(store.idempotency_key("local", "k1").await?, Some(record));
+    assert_eq!(store.idempotency_key("local", "k2").await?, None);
+    assert_eq!(store.idempotency_key("other", "k1").await?, None);
+
+    // The key is taken: the second session is not created.
+    let second = session()?;
+    let retry = key(IdempotentCall::CreateSession, "k1", second.id.to_string());
+    let taken = store.create_session(&second, &[], Some(&retry)).await;
+    assert!(matches!(taken, Err(StoreError::Conflict(_))), "{taken:?}");
+    assert_eq!(store.get_session(second.id).await?, None);
+    // Keys are per tenant.
+    let mut elsewhere = retry.clone();
+    elsewhere.tenant = "other".into();
+    store.create_session(&second, &[], Some(&elsewhere)).await?;
+
+    let fx = fork(&first, 0, 1)?;
+    let batch_key = key(IdempotentCall::ForkBatch, "k3", fx.batch.id.to_string());
+    let extras = BatchExtras {
+        idempotency: Some(&batch_key),
+        ..BatchExtras::default()
+    };
+    store
+        .create_fork_batch(
+            &fx.batch,
+            std::slice::from_ref(&fx.parent_results),
+            &fx.children,
+            &extras,
+        )
+        .await?;
+    let stored = store
+        .idempotency_key("local", "k3")
+        .await?
+        .ok_or("batch key missing")?;
+    assert_eq!(stored.kind, IdempotentCall::ForkBatch);
+    assert_eq!(stored.resource_id, fx.batch.id.to_string());
+
+    let len = store.session_message_count(first.id).await?;
+    let again = fork(&first, len, 1)?;
+    let taken = store
+        .create_fork_batch(
+            &again.batch,
+            std::slice::from_ref(&again.parent_results),
+            &again.children,
+            &extras,
+        )
+        .await;
+    assert!(matches!(taken, Err(StoreError::Conflict(_))), "{taken:?}");
+    assert_eq!(store.get_batch(again.batch.id).await?, None);
+    assert_eq!(store.session_message_count(first.id).await?, len);
+    Ok(())
+}
+
+async fn spending_adds_up_by_batch_and_by_tenant(store: TestStore) -> TestResult {
+    let session = session()?;
+    store.create_session(&session, &history()?, None).await?;
+    let budget = Budget {
+        usd: Some(2.5),
+        tokens: Some(1_000_000),
+    };
+    let fx = fork(&session, 4, 2)?;
+    let extras = BatchExtras {
+        budget,
+        ..BatchExtras::default()
+    };
+    store
+        .create_fork_batch(
+            &fx.batch,
+            std::slice::from_ref(&fx.parent_results),
+            &fx.children,
+            &extras,
+        )
+        .await?;
+    assert_eq!(store.batch_budget(fx.batch.id).await?, budget);
+    let unbounded = fork(&session, 6, 1)?;
+    store
+        .create_fork_batch(
+            &unbounded.batch,
+            std::slice::from_ref(&unbounded.parent_results),
+            &unbounded.children,
+            &BatchExtras::default(),
+        )
+        .await?;
+    assert_eq!(
+        store.batch_budget(unbounded.batch.id).await?,
+        Budget::default()
+    );
+    let missing = store.batch_budget(forkd_core::BatchId::new()).await;
+    assert!(
+        matches!(missing, Err(StoreError::NotFound { kind: "batch", .. })),
+        "{missing:?}"
+    );
+
+    let nothing = store.spend(SpendScope::Batch(fx.batch.id)).await?;
+    assert_eq!((nothing.usd, nothing.tokens), (0.0, 0));
+    for (i, child) in fx.children.iter().chain(&unbounded.children).enumerate() {
+        let i = u64::try_from(i)? + 1;
+        let record = forkd_store::RequestRecord {
+            id: forkd_core::RequestId::new(),
+            agent_id: child.agent.id,
+            session_id: session.id,
+            batch_id: child.agent.batch_id,
+            turn: 0,
+            model: "claude-test-1".into(),
+            usage: forkd_core::Usage {
+                input_tokens: i,
+                cache_creation_input_tokens: 10 * i,
+                cache_read_input_tokens: 100 * i,
+                output_tokens: 1000 * i,
+            },
+            cost_usd: 0.25,
+            prefix_fingerprint: "sha256:abc".into(),
+            prefix_parts: vec![],
+            message_count: None,
+            body_bytes: 1,
+            first_token_ms: None,
+            stop_reason: None,
+            created_at_ms: 1,
+        };
+        store.record_request(&record).await?;
+    }
+    let batch = store.spend(SpendScope::Batch(fx.batch.id)).await?;
+    assert!((batch.usd - 0.5).abs() < 1e-12);
+    assert_eq!(batch.tokens, 1111 * 3);
+    let tenant = store.spend(SpendScope::Tenant("local")).await?;
+    assert!((tenant.usd - 0.75).abs() < 1e-12);
+    assert_eq!(tenant.tokens, 1111 * 6);
+    let other = store.spend(SpendScope::Tenant("other")).await?;
+    assert_eq!((other.usd, other.tokens), (0.0, 0));
+    Ok(())
+}
+
+async fn workspaces_are_listed_once_each(store: TestStore) -> TestResult {
+    assert!(store.workspaces().await?.is_empty());
+    for dir in ["/srv/b", "/srv/a", "/srv/b", "/srv/a-z"] {
+        let mut s = session()?;
+        s.workspace = dir.into();
+        store.create_session(&s, &[], None).await?;
+    }
+    assert_eq!(
+        store.workspaces().await?,
+        ["/srv/a", "/srv/a-z", "/srv/b"].map(std::path::PathBuf::from)
+    );
+    Ok(())
+}
+
+async fn a_client_batch_reports_with_one_digest_when_its_last_child_ends(
+    store: TestStore,
+) -> TestResult {
+    let session = session()?;
+    store.create_session(&session, &history()?, None).await?;
+    // A client's batch may not fork past the transcript's end...
+    let ahead = client_fork(&session, 5, 1)?;
+    let refused = store
+        .create_fork_batch(
+            &ahead.batch,
+            std::slice::from_ref(&ahead.parent_results),
+            &ahead.children,
+            &BatchExtras::default(),
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Conflict(_))),
+        "{refused:?}"
+    );
+    // ...but may fork before it (a finished turn, while a later one is in flight).
+    let fx = client_fork(&session, 3, 3)?;
+    store
+        .create_fork_batch(
+            &fx.batch,
+            std::slice::from_ref(&fx.parent_results),
+            &fx.children,
+            &BatchExtras::default(),
+        )
+        .await?;
+    assert_eq!(store.get_batch(fx.batch.id).await?, Some(fx.batch.clone()));
+    let transcript = store.session_messages(session.id, None).await?;
+    assert_eq!(transcript.len(), 5);
+    assert_eq!(transcript[4].message, fx.parent_results);
+
+    let statuses = [
+        NotificationStatus::Completed,
+        NotificationStatus::Failed,
+        NotificationStatus::Killed,
+    ];
+    for (i, (child, status)) in fx.children.iter().zip(statuses).enumerate() {
+        finish(
+            &*store,
+            &ended(&child.agent, status, 500 + i64::try_from(i)?),
+            None,
+        )
+        .await?;
+        let len = store.session_message_count(session.id).await?;
+        if i < 2 {
+            assert_eq!(len, 5, "no digest while a child is live");
+        } else {
+            assert_eq!(len, 6, "one digest once the last child ended");
+        }
+    }
+    let digest = store
+        .session_messages_from(session.id, 5, None)
+        .await?
+        .pop()
+        .ok_or("no digest")?;
+    let text = digest.message.text();
+    assert!(text.contains("<batch-notification>"), "{text}");
+    assert!(
+        text.contains("3 children: 1 completed, 1 failed, 1 killed"),
+        "{text}"
+    );
+    assert_eq!(digest.created_at_ms, 502);
+    Ok(())
+}
