@@ -14,6 +14,7 @@
 pub(crate) mod agent_params;
 pub(crate) mod agents;
 pub(crate) mod batches;
+pub(crate) mod compactions;
 pub(crate) mod convert;
 pub(crate) mod idempotency;
 pub(crate) mod notifications;
