@@ -190,7 +190,9 @@ CREATE TABLE tool_calls (
     input_json          TEXT    NOT NULL,
     read_only           BOOLEAN NOT NULL,
     result_json         TEXT,
-    full_output         TEXT,
+    -- The whole output when the model was shown a shortened form: bytes (UTF-8 text), since a
+    -- command's output may hold NUL bytes, which TEXT cannot.
+    full_output         BYTEA,
     started_at_ms       BIGINT  NOT NULL,
     finished_at_ms      BIGINT,
     -- The process group a Bash call started: all three set or all NULL.

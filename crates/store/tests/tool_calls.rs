@@ -9,6 +9,7 @@ use support::{TestResult, TestStore, conformance, seeded};
 conformance!(
     intents_then_results_in_order_and_results_are_final,
     a_running_call_records_its_process_group,
+    output_with_nul_bytes_is_kept_as_it_was,
 );
 
 fn intent(agent: forkd_core::AgentId, id: &str, read_only: bool, at: i64) -> ToolCall {
@@ -105,5 +106,25 @@ async fn a_running_call_records_its_process_group(store: TestStore) -> TestResul
     with_group.process = Some(group.clone());
     store.begin_tool_call(&lease, &with_group).await?;
     assert_eq!(store.tool_calls(agent).await?[1].process, Some(group));
+    Ok(())
+}
+
+/// A command's output may hold NUL bytes (`find -print0`, a binary file): its result and its
+/// whole output read back as they were written.
+async fn output_with_nul_bytes_is_kept_as_it_was(store: TestStore) -> TestResult {
+    let (_session, fx) = seeded(&*store, 1).await?;
+    let agent = fx.children[0].agent.id;
+    let lease = store.claim_agent(agent).await?;
+    store
+        .begin_tool_call(&lease, &intent(agent, "t1", false, 10))
+        .await?;
+    let output = "./a\0./b ünï\0";
+    let result = Block::tool_result("t1", output, false);
+    store
+        .finish_tool_call(&lease, "t1", &result, Some(output), 20)
+        .await?;
+    let calls = store.tool_calls(agent).await?;
+    assert_eq!(calls[0].result.as_ref(), Some(&result));
+    assert_eq!(calls[0].full_output.as_deref(), Some(output));
     Ok(())
 }

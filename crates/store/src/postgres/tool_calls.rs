@@ -5,6 +5,7 @@ use sqlx::{PgConnection, PgPool};
 
 use super::agents;
 use crate::error::Result;
+use crate::rows::convert::corrupt;
 use crate::rows::tool_calls::{
     INSERT_INTENT, IntentValues, ProcessValues, RECORD_PROCESS, RECORD_RESULT, ToolCallRow,
     bind_intent, check_owner, no_open_intent, tool_call_columns,
@@ -60,7 +61,7 @@ pub(super) async fn finish(
     let agent = lease.agent_id;
     let done = sqlx::query(RECORD_RESULT)
         .bind(result.raw().as_str())
-        .bind(full_output)
+        .bind(full_output.map(str::as_bytes))
         .bind(at_ms)
         .bind(agent.to_string())
         .bind(tool_use_id)
@@ -72,18 +73,34 @@ pub(super) async fn finish(
     Ok(())
 }
 
+/// A call's row and its whole output, stored as bytes: a command's output may hold NUL bytes,
+/// which PostgreSQL's text cannot.
+#[derive(sqlx::FromRow)]
+struct Row {
+    #[sqlx(flatten)]
+    call: ToolCallRow,
+    full_output: Option<Vec<u8>>,
+}
+
 /// An agent's calls in the order they started; calls of one millisecond in the order they were
 /// stored (`ord`, SQLite's rowid).
 pub(super) async fn list(pool: &PgPool, agent: AgentId) -> Result<Vec<ToolCall>> {
-    sqlx::query_as::<_, ToolCallRow>(concat!(
+    sqlx::query_as::<_, Row>(concat!(
         "SELECT ",
         tool_call_columns!(),
-        " FROM tool_calls WHERE agent_id = $1 ORDER BY started_at_ms, ord"
+        ", full_output FROM tool_calls WHERE agent_id = $1 ORDER BY started_at_ms, ord"
     ))
     .bind(agent.to_string())
     .fetch_all(pool)
     .await?
     .into_iter()
-    .map(ToolCall::try_from)
+    .map(|row| {
+        let full_output = row
+            .full_output
+            .map(String::from_utf8)
+            .transpose()
+            .map_err(|e| corrupt("tool call full output", e))?;
+        row.call.into_call(full_output)
+    })
     .collect()
 }

@@ -15,7 +15,6 @@ pub(crate) struct ToolCallRow {
     input_json: String,
     read_only: bool,
     result_json: Option<String>,
-    full_output: Option<String>,
     started_at_ms: i64,
     finished_at_ms: Option<i64>,
     process_pgid: Option<i64>,
@@ -23,12 +22,12 @@ pub(crate) struct ToolCallRow {
     process_boot_id: Option<String>,
 }
 
-/// The columns [`ToolCallRow`] reads.
+/// The columns [`ToolCallRow`] reads: all but `full_output`, which each database stores its own
+/// way (SQLite as text, PostgreSQL as bytes, since a command's output may hold NUL bytes).
 macro_rules! tool_call_columns {
     () => {
-        "agent_id, tool_use_id, name, input_json, read_only, \
-     result_json, full_output, started_at_ms, finished_at_ms, process_pgid, process_start_ticks, \
-     process_boot_id"
+        "agent_id, tool_use_id, name, input_json, read_only, result_json, started_at_ms, \
+         finished_at_ms, process_pgid, process_start_ticks, process_boot_id"
     };
 }
 pub(crate) use tool_call_columns;
@@ -71,29 +70,28 @@ fn process(
     }
 }
 
-impl TryFrom<ToolCallRow> for ToolCall {
-    type Error = DbError;
-
-    fn try_from(row: ToolCallRow) -> Result<Self> {
+impl ToolCallRow {
+    /// The call, with the `full_output` read beside the row.
+    pub fn into_call(self, full_output: Option<String>) -> Result<ToolCall> {
         Ok(ToolCall {
-            agent_id: parse_id(&row.agent_id, "tool call agent id")?,
-            tool_use_id: row.tool_use_id,
-            name: row.name,
-            input_json: row.input_json,
-            read_only: row.read_only,
-            result: row
+            agent_id: parse_id(&self.agent_id, "tool call agent id")?,
+            tool_use_id: self.tool_use_id,
+            name: self.name,
+            input_json: self.input_json,
+            read_only: self.read_only,
+            result: self
                 .result_json
                 .as_deref()
                 .map(Block::from_stored)
                 .transpose()
                 .map_err(|e| corrupt("tool call result", e))?,
-            full_output: row.full_output,
-            started_at_ms: row.started_at_ms,
-            finished_at_ms: row.finished_at_ms,
+            full_output,
+            started_at_ms: self.started_at_ms,
+            finished_at_ms: self.finished_at_ms,
             process: process(
-                row.process_pgid,
-                row.process_start_ticks,
-                row.process_boot_id,
+                self.process_pgid,
+                self.process_start_ticks,
+                self.process_boot_id,
             )?,
         })
     }

@@ -76,16 +76,24 @@ pub(super) async fn finish(
     Ok(())
 }
 
+/// A call's row and its whole output, stored as text.
+#[derive(sqlx::FromRow)]
+struct Row {
+    #[sqlx(flatten)]
+    call: ToolCallRow,
+    full_output: Option<String>,
+}
+
 pub(super) async fn list(pool: &SqlitePool, agent: AgentId) -> Result<Vec<ToolCall>> {
-    sqlx::query_as::<_, ToolCallRow>(concat!(
+    sqlx::query_as::<_, Row>(concat!(
         "SELECT ",
         tool_call_columns!(),
-        " FROM tool_calls WHERE agent_id = ? ORDER BY started_at_ms, rowid"
+        ", full_output FROM tool_calls WHERE agent_id = ? ORDER BY started_at_ms, rowid"
     ))
     .bind(agent.to_string())
     .fetch_all(pool)
     .await?
     .into_iter()
-    .map(ToolCall::try_from)
+    .map(|row| row.call.into_call(row.full_output))
     .collect()
 }
