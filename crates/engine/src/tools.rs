@@ -109,7 +109,11 @@ impl Engine {
             .collect();
         let workspace = Workspace::new(&turn.session.workspace).map_err(EngineError::Workspace)?;
         let mut ctx = ToolContext::new(workspace, turn.cancel.clone());
-        if let Some(spec) = self.sandbox_spec(turn.session).await? {
+        // Only Bash runs in the sandbox: the spec (every session's workspace, read from the
+        // store) is built for the turns that call it.
+        if assistant.tool_uses().any(|(_, name, _)| name == "Bash")
+            && let Some(spec) = self.sandbox_spec(turn.session).await?
+        {
             ctx = ctx.with_sandbox(spec);
         }
         let policy = policy(turn.permission_mode, &turn.session.rules);
