@@ -89,6 +89,7 @@ async fn append_rate(
             error: None,
             created_at_ms: now,
             updated_at_ms: now,
+            held_by: None,
         };
         store
             .insert_agent(&agent, Some(&Block::text("Append.")), None)

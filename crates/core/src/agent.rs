@@ -156,6 +156,9 @@ pub struct Agent {
     pub error: Option<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// The daemon that last claimed the agent: the one running it while it runs (see
+    /// [`crate::store::Holder`]), the one that ran it last once it has ended.
+    pub held_by: Option<crate::DaemonId>,
 }
 
 /// What a notification is about: a fork child or a typed agent that ended, or a parent turn

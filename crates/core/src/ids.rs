@@ -101,6 +101,12 @@ id_type!(
     RequestId,
     "request"
 );
+id_type!(
+    /// One running daemon: a fresh id each time `forkd serve` starts. Agents' leases name the
+    /// daemon that holds them.
+    DaemonId,
+    "daemon"
+);
 
 #[cfg(test)]
 mod tests {

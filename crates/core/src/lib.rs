@@ -27,7 +27,7 @@ pub use agent::{
     Agent, AgentKind, AgentState, Directive, Notification, NotificationKind, NotificationStatus,
     ReportTo,
 };
-pub use ids::{AgentId, BatchId, RequestId, SessionId};
+pub use ids::{AgentId, BatchId, DaemonId, RequestId, SessionId};
 pub use json::RawJson;
 pub use message::{Block, BlockKind, Message, Role};
 pub use tenant::Tenant;

@@ -12,8 +12,8 @@ use crate::fork::ForkBatch;
 use crate::report::Report;
 use crate::session::Session;
 use crate::{
-    Agent, AgentId, AgentState, BatchId, Block, Message, Notification, NotificationStatus,
-    RequestId, SessionId, Usage,
+    Agent, AgentId, AgentState, BatchId, Block, DaemonId, Message, Notification,
+    NotificationStatus, RequestId, SessionId, Usage,
 };
 
 /// A store operation that failed.
@@ -34,6 +34,10 @@ pub enum StoreError {
         held: u64,
         current: u64,
     },
+    /// Another daemon holds the agent: it is running there, under a lease that has not expired.
+    /// It may be claimed once the lease expires (the holder died) or the holder lets it go.
+    #[error("agent {agent} is running on daemon {daemon}")]
+    Held { agent: AgentId, daemon: DaemonId },
     /// Stored bytes that no longer decode: a bug or a damaged database.
     #[error("corrupt row: {0}")]
     Corrupt(String),
@@ -126,6 +130,56 @@ pub struct BatchExtras<'a> {
 pub struct Lease {
     pub agent_id: AgentId,
     pub generation: u64,
+}
+
+/// The daemon a store works for, and how long its claims on agents last without renewal.
+///
+/// A run's claim (see [`Lease`]) also makes its daemon the agent's *holder* until a deadline that
+/// the daemon pushes back by heartbeat ([`Store::renew_leases`]). While that deadline has not
+/// passed, no other daemon may claim the running agent ([`StoreError::Held`]); once it has (the
+/// holder died, or lost its database), any daemon may adopt the agent
+/// ([`Store::adoptable_agents`]) and resume it from its transcript. Deadlines are read on the
+/// database's clock where it has one, so daemons on several machines agree on them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holder {
+    pub daemon: DaemonId,
+    /// How long a claim lasts without renewal.
+    pub lease: std::time::Duration,
+}
+
+impl Holder {
+    /// The lease a daemon takes unless configured otherwise: a dead daemon's agents are adopted
+    /// within this (plus one heartbeat of the adopter); a live one renews three times within it.
+    pub const DEFAULT_LEASE: std::time::Duration = std::time::Duration::from_secs(5);
+
+    /// A fresh daemon id with the default lease.
+    pub fn new() -> Self {
+        Self {
+            daemon: DaemonId::new(),
+            lease: Self::DEFAULT_LEASE,
+        }
+    }
+
+    /// The lease in whole milliseconds, for the `lease_expires_at_ms` column.
+    pub fn lease_ms(&self) -> i64 {
+        i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
+impl Default for Holder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What a heartbeat found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Renewal {
+    /// Agents whose leases were pushed back.
+    pub renewed: u64,
+    /// Agents this daemon holds that a client asked to kill through another daemon
+    /// ([`Store::request_kill`]): their runs must stop and record the kill.
+    pub kills: Vec<AgentId>,
 }
 
 /// A message of a transcript with its position.
@@ -354,9 +408,26 @@ pub trait Store: Send + Sync + 'static {
         state: AgentState,
         error: Option<&str>,
     ) -> Result<()>;
-    /// Claims a live agent for a new run (`Conflict` if it already ended): increments its
-    /// generation, sets it `running`, and returns the lease every later write of the run checks.
+    /// Claims a live agent for a new run (`Conflict` if it already ended; `Held` while another
+    /// daemon runs it under a lease that has not expired): increments its generation, sets it
+    /// `running` and held by this store's daemon ([`Store::holder`]) for one lease, and returns
+    /// the lease every later write of the run checks.
     async fn claim_agent(&self, id: AgentId) -> Result<Lease>;
+    /// The daemon this store claims agents for.
+    fn holder(&self) -> Holder;
+    /// The heartbeat: pushes back the lease of every live agent this daemon holds, and says
+    /// which of them a client asked to kill through another daemon.
+    async fn renew_leases(&self) -> Result<Renewal>;
+    /// Live agents that no daemon holds any longer: `pending` or `running`, with no holder or
+    /// a lease that has expired (their daemon died). Any daemon may claim them.
+    async fn adoptable_agents(&self) -> Result<Vec<Agent>>;
+    /// Asks for a live agent to be killed, wherever it runs: the request is stored with the
+    /// agent, so its holder finds it at its next heartbeat and any later claim sees it
+    /// ([`Store::kill_requested`]). Returns the daemon that holds the agent under a lease that
+    /// has not expired, if one does (`Conflict` if the agent already ended).
+    async fn request_kill(&self, id: AgentId) -> Result<Option<DaemonId>>;
+    /// Whether a kill was asked for the agent ([`Store::request_kill`]).
+    async fn kill_requested(&self, id: AgentId) -> Result<bool>;
     /// Moves the leased agent to a live `state` (a parent back to `pending` between turns).
     async fn release_agent(&self, lease: &Lease, state: AgentState) -> Result<()>;
     /// Appends one message to the leased agent's own transcript; returns its seq.

@@ -2,7 +2,7 @@
 
 use forkd_core::fork::ForkBatch;
 use forkd_core::store::AgentFilter;
-use forkd_core::{Agent, AgentId, AgentKind, AgentState, BatchId, Message};
+use forkd_core::{Agent, AgentId, AgentKind, BatchId, Message};
 
 use crate::Engine;
 use crate::error::{EngineError, Result};
@@ -20,82 +20,45 @@ pub struct TranscriptEntry {
 }
 
 impl Engine {
-    /// Resumes every agent a previous daemon left pending or running, each under its own id
-    /// from its stored transcript (its requests carry the same bytes as before, so they read
-    /// the cache). A tool call that was cut off is re-run only if it is read-only. A parent's
-    /// turn that was cut off continues from its transcript. Reports that a parent turn was
-    /// waiting to deliver go to the transcript: that turn's reply was never stored. A batch's
-    /// children resume together, behind warm-up gating when its prefix has gone cold (see
-    /// [`resume_gating`]). Returns how many agents were resumed.
+    /// Resumes, at start, every agent that no live daemon holds: on SQLite every live one a
+    /// previous daemon left pending or running; on PostgreSQL those whose holder's lease has
+    /// expired. Each resumes under its own id from its stored transcript (its requests carry
+    /// the same bytes as before, so they read the cache). A tool call that was cut off is re-run
+    /// only if it is read-only. A parent's turn that was cut off continues from its transcript.
+    /// Reports that a parent turn was waiting to deliver go to the transcript: that turn's reply
+    /// was never stored. A batch's children resume together, behind warm-up gating when its
+    /// prefix has gone cold (see [`resume_gating`]). Returns how many agents were resumed.
     pub async fn resume_interrupted(&self) -> Result<usize> {
+        self.adopt().await
+    }
+
+    /// Starts a batch's resumed children (index, id) together, gated when its prefix is cold.
+    pub(crate) async fn resume_batch(&self, batch: BatchId, mut children: Vec<(u32, AgentId)>) {
         let store = &self.inner.store;
-        let undelivered = store.caller_reports().await?;
-        if !undelivered.is_empty() {
-            let appended = store.redirect_reports(&undelivered).await?;
-            tracing::info!(
-                agents = undelivered.len(),
-                appended,
-                "Reports of an interrupted parent turn go to the transcript"
-            );
-        }
-        let live = store.list_agents(&AgentFilter::default()).await?;
-        let mut resumed = 0;
-        // A batch's live children, in index order, to start together.
-        let mut batches: std::collections::BTreeMap<BatchId, Vec<(u32, AgentId)>> =
-            Default::default();
-        for agent in &live {
-            if agent.kind == AgentKind::Parent {
-                if agent.state == AgentState::Running {
-                    // One session's broken turn must not keep the others from resuming.
-                    match self.resume_turn(agent.clone()).await {
-                        Ok(()) => resumed += 1,
-                        Err(e) => tracing::error!(
-                            agent.id = %agent.id,
-                            error = %e,
-                            "Cannot resume the parent's turn; it stays running for the next start"
-                        ),
-                    }
-                }
-                continue;
+        children.sort_unstable();
+        let ids: Vec<AgentId> = children
+            .into_iter()
+            .map(|(_, id)| id)
+            .filter(|id| !self.runs().contains_key(id))
+            .collect();
+        let last_request = match store
+            .list_requests(&forkd_core::store::RequestFilter {
+                batch_id: Some(batch),
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(records) => records.iter().map(|r| r.created_at_ms).max(),
+            // Not knowing, gate: a wait of one response against a cache write per child.
+            Err(e) => {
+                tracing::warn!(batch.id = %batch, error = %e, "Cannot read the batch's requests");
+                None
             }
-            tracing::info!(agent.id = %agent.id, state = agent.state.as_str(), "Resuming an agent");
-            resumed += 1;
-            match (agent.kind, agent.batch_id) {
-                (AgentKind::Fork, Some(batch)) => batches
-                    .entry(batch)
-                    .or_default()
-                    .push((agent.index, agent.id)),
-                _ => self.start_agent(agent.id),
-            }
-        }
-        let now = crate::now_ms();
-        for (batch, mut children) in batches {
-            children.sort_unstable();
-            let ids: Vec<AgentId> = children
-                .into_iter()
-                .map(|(_, id)| id)
-                .filter(|id| !self.runs().contains_key(id))
-                .collect();
-            let last_request = match store
-                .list_requests(&forkd_core::store::RequestFilter {
-                    batch_id: Some(batch),
-                    ..Default::default()
-                })
-                .await
-            {
-                Ok(records) => records.iter().map(|r| r.created_at_ms).max(),
-                // Not knowing, gate: a wait of one response against a cache write per child.
-                Err(e) => {
-                    tracing::warn!(batch.id = %batch, error = %e, "Cannot read the batch's requests");
-                    None
-                }
-            };
-            let gating =
-                self.inner.config.warmup_gating && resume_gating(ids.len(), last_request, now);
-            tracing::info!(batch.id = %batch, children = ids.len(), gating, "Resuming a batch");
-            self.start_batch(&ids, gating);
-        }
-        Ok(resumed)
+        };
+        let gating = self.inner.config.warmup_gating
+            && resume_gating(ids.len(), last_request, crate::now_ms());
+        tracing::info!(batch.id = %batch, children = ids.len(), gating, "Resuming a batch");
+        self.start_batch(&ids, gating);
     }
 
     pub async fn get_agent(&self, id: AgentId) -> Result<Agent> {

@@ -90,6 +90,7 @@ fn child(
             error: None,
             created_at_ms: now,
             updated_at_ms: now,
+            held_by: None,
         },
     }
 }

@@ -235,7 +235,7 @@ impl Engine {
             ))
         })?;
         let parent = self.parent_agent(&session).await?;
-        let lease = self.inner.store.claim_agent(parent.id).await?;
+        let lease = self.claim_main_loop(&parent).await?;
         // Like a run, it stops where it stands when the daemon stops: no boundary is stored
         // unless the summary came back whole.
         let shutdown = self.inner.shutdown.clone();

@@ -87,6 +87,8 @@ impl From<StoreError> for EngineError {
     fn from(err: StoreError) -> Self {
         match err {
             StoreError::NotFound { kind, id } => EngineError::NotFound { kind, id },
+            // Another daemon runs it: the caller asked for something only its holder may do.
+            held @ StoreError::Held { .. } => EngineError::WrongState(held.to_string()),
             other => EngineError::Store(other),
         }
     }

@@ -12,6 +12,7 @@ mod compact;
 mod config;
 mod diagnose;
 mod error;
+mod leases;
 pub mod metrics;
 mod model;
 mod notify;
@@ -100,6 +101,9 @@ struct Inner {
     tenancy: tenancy::Tenancy,
     /// Token counts of transcripts, for the context-window checks.
     token_counts: window::TokenCounts,
+    /// Sessions whose workspace this machine lacks (their agents are left to other daemons),
+    /// so that the log says so once.
+    missing_workspaces: StdMutex<std::collections::HashSet<SessionId>>,
     /// Sibling prefix divergences seen (also counted in the metrics).
     divergences: std::sync::atomic::AtomicU64,
     tasks: TaskTracker,
@@ -129,6 +133,7 @@ impl Engine {
                 batches: run::BatchCache::default(),
                 tenancy: tenancy::Tenancy::default(),
                 divergences: std::sync::atomic::AtomicU64::new(0),
+                missing_workspaces: StdMutex::default(),
                 token_counts: window::TokenCounts::default(),
                 prompts: permissions::Prompts::default(),
                 runs: StdMutex::new(HashMap::new()),

@@ -212,7 +212,7 @@ impl Engine {
         })?;
         let parent = self.parent_agent(&session).await?;
         let parent_id = parent.id;
-        let lease = self.inner.store.claim_agent(parent.id).await?;
+        let lease = self.claim_main_loop(&parent).await?;
         let backgrounds = self.inner.backgrounds.subscribe();
         let message = Message::user(vec![Block::text(&text)]);
         let stored = self
@@ -243,6 +243,18 @@ impl Engine {
         let handoff = Arc::new(Handoff::default());
         let rx = self.spawn_turn(session, parent, lease, guard, handoff.clone(), None);
         Ok(self.foreground(parent_id, rx, backgrounds, handoff))
+    }
+
+    /// Claims a session's main loop for a turn (or a compaction): refused while a turn runs on
+    /// another daemon, whose lease on the main loop has not expired.
+    pub(crate) async fn claim_main_loop(&self, parent: &Agent) -> Result<Lease> {
+        match self.inner.store.claim_agent(parent.id).await {
+            Err(StoreError::Held { daemon, .. }) => Err(EngineError::WrongState(format!(
+                "session {} is already running a turn (on daemon {daemon}); wait for it to end",
+                parent.session_id
+            ))),
+            other => Ok(other?),
+        }
     }
 
     /// Marks the parent idle again, with the turn's notification when it was handed to the
@@ -488,6 +500,7 @@ impl Engine {
                     error: None,
                     created_at_ms: now,
                     updated_at_ms: now,
+                    held_by: None,
                 };
                 store.insert_agent(&agent, None, None).await?;
                 agent

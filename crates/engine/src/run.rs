@@ -13,7 +13,7 @@ use forkd_provider::StreamEvent;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-pub(crate) use lifecycle::{Queued, Raced};
+pub(crate) use lifecycle::{KILLED, Queued, Raced};
 pub(crate) use load::{BatchCache, BatchContext};
 
 use crate::Engine;
@@ -84,6 +84,22 @@ impl Engine {
                 None
             }
         };
+        if let Some(lease) = &lease
+            && self.kill_was_requested(id).await
+        {
+            // Killed through a daemon that did not run it while no daemon did: it ends here,
+            // without another request.
+            if let Some(g) = gate.as_mut() {
+                g.open();
+            }
+            let partial = self.partial_text(id).await;
+            return Some((
+                *lease,
+                NotificationStatus::Killed,
+                partial,
+                Some(KILLED.to_owned()),
+            ));
+        }
         let outcome = match &lease {
             Some(lease) => Some(self.drive(lease, &mut gate, cancel).await),
             None => None,

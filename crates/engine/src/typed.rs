@@ -150,6 +150,7 @@ impl Engine {
             error: None,
             created_at_ms: now,
             updated_at_ms: now,
+            held_by: None,
         };
         let block = Block::text(&directive.prompt);
         self.inner

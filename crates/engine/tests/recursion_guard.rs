@@ -65,6 +65,7 @@ async fn fork_and_run(query_source: Option<&str>) -> (NotificationStatus, String
         error: None,
         created_at_ms: 0,
         updated_at_ms: 0,
+        held_by: None,
     };
     let tool_use = fork::fork_directives(batch.assistant().unwrap())[0]
         .0

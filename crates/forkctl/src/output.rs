@@ -133,6 +133,7 @@ pub fn agent_json(a: &Agent) -> Value {
         "cache_read_share": a.cache_read_share,
         "description": a.description,
         "error": if a.error.is_empty() { Value::Null } else { json!(a.error) },
+        "daemon": optional_id(&a.daemon),
     })
 }
 

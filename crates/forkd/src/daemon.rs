@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use forkd_core::DaemonId;
 use forkd_engine::{Engine, EngineConfig};
 use forkd_provider::{
     AnthropicConfig, AnthropicProvider, OpenAiConfig, OpenAiProvider, Provider, SimConfig,
     SimProvider,
 };
 use forkd_server::{Listeners, ServerConfig, TlsConfig, TokenStore};
-use forkd_store::{Durability, PgStore, SqliteStore, Store};
+use forkd_store::{Durability, Holder, PgStore, SqliteStore, Store};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -89,9 +90,12 @@ impl std::fmt::Debug for DatabaseUrl {
 pub struct DaemonConfig {
     /// Holds the socket, and the SQLite database unless `database_url` is set.
     pub home: PathBuf,
-    /// A PostgreSQL database to keep the daemon's state in instead of `home/forkd.db`. One daemon
-    /// per database: several daemons sharing one are not supported yet.
+    /// A PostgreSQL database to keep the daemon's state in instead of `home/forkd.db`. Several
+    /// daemons may share one: each claims the agents it runs with a lease it renews by heartbeat,
+    /// and adopts those of a daemon whose leases expired.
     pub database_url: Option<DatabaseUrl>,
+    /// How long this daemon's claims on running agents last without a heartbeat.
+    pub lease: Duration,
     /// An extra TCP listener. Off loopback it needs at least one bearer token in
     /// `home/tokens.json`, or the daemon refuses to start.
     pub listen: Option<SocketAddr>,
@@ -118,6 +122,7 @@ impl DaemonConfig {
         Self {
             home,
             database_url: None,
+            lease: forkd_store::Holder::DEFAULT_LEASE,
             listen: None,
             metrics_listen: None,
             tls: None,
@@ -272,14 +277,15 @@ async fn log_sandbox(sandbox: &forkd_engine::SandboxConfig) {
     }
 }
 
-/// The store: PostgreSQL at `database_url` when it is set, else SQLite in the home.
-async fn open_store(config: &DaemonConfig) -> anyhow::Result<Arc<dyn Store>> {
+/// The store: PostgreSQL at `database_url` when it is set, else SQLite in the home; it claims
+/// agents for `holder`.
+async fn open_store(config: &DaemonConfig, holder: Holder) -> anyhow::Result<Arc<dyn Store>> {
     let Some(url) = &config.database_url else {
         let db = config.home.join("forkd.db");
         let store = SqliteStore::open(&db, config.durability)
             .await
             .with_context(|| format!("cannot open the database {}", db.display()))?;
-        return Ok(Arc::new(store));
+        return Ok(Arc::new(store.with_holder(holder)));
     };
     url.check("database_url")?;
     if config.durability == Durability::Full {
@@ -291,7 +297,7 @@ async fn open_store(config: &DaemonConfig) -> anyhow::Result<Arc<dyn Store>> {
         .await
         .with_context(|| format!("cannot open the PostgreSQL database {url}"))?;
     tracing::info!(database = %url, "Keeping state in PostgreSQL");
-    Ok(Arc::new(store))
+    Ok(Arc::new(store.with_holder(holder)))
 }
 
 /// Starts a daemon: opens the store, builds the engine, binds the listeners and serves.
@@ -322,12 +328,18 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
         Some(files) => Some(TlsConfig::from_files(&files.cert, &files.key)?),
         None => None,
     };
+    // A fresh id each start: it names this daemon in leases, logs, `forkctl ps` and metrics.
+    let holder = Holder {
+        daemon: DaemonId::new(),
+        lease: config.lease,
+    };
+    tracing::info!(daemon.id = %holder.daemon, lease = ?holder.lease, "forkd daemon starting");
     let metrics = match config.metrics_listen {
-        Some(addr) => Some(crate::metrics::Endpoint::bind(addr).await?),
+        Some(addr) => Some(crate::metrics::Endpoint::bind(addr, holder.daemon).await?),
         None => None,
     };
     prepare_home(&config.home)?;
-    let store = open_store(&config).await?;
+    let store = open_store(&config, holder).await?;
     let provider = provider(&config)?;
     let mut engine_config = config.engine.clone();
     engine_config.agent_dirs.push(config.home.join("agents"));
@@ -338,14 +350,17 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     let engine = Engine::new(store, provider, engine_config);
 
     let socket_path = config.socket_path();
-    // Binding the socket is what proves no other daemon serves this home: only then may this
-    // one resume the agents it finds running. (On PostgreSQL it proves nothing about other homes
-    // on the same database: one daemon per database is the operator's part for now.)
+    // Binding the socket is what proves no other daemon serves this home, and so (on SQLite)
+    // this database. Only then does this daemon resume the agents no daemon holds: on SQLite
+    // every live one (a predecessor on this home is gone); on PostgreSQL those whose holder's
+    // lease has expired. The heartbeat then renews this daemon's leases and adopts those that
+    // expire later.
     let unix = bind_socket(&socket_path).await?;
     let resumed = engine.resume_interrupted().await?;
     if resumed > 0 {
-        tracing::info!(resumed, "Resumed agents a previous daemon left running");
+        tracing::info!(resumed, "Resumed agents no live daemon holds");
     }
+    engine.start_heartbeat();
 
     let (tcp, tcp_addr) = match config.listen {
         Some(addr) => {

@@ -40,7 +40,7 @@ enum Command {
         #[arg(long, env = "FORKD_HOME")]
         home: Option<PathBuf>,
         #[command(flatten)]
-        flags: ServeFlags,
+        flags: Box<ServeFlags>,
     },
     /// Manage the bearer tokens that clients present (FORKD_TOKEN); a token's name is its
     /// tenant. A running daemon sees changes at its next call.
@@ -135,7 +135,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve { home, mut flags } => {
             flags.log_format = cli.log_format;
-            serve(home, flags).await
+            serve(home, *flags).await
         }
         Command::Token { home, action } => {
             init_tracing_with(tracing_subscriber::EnvFilter::new("warn"), log_format);

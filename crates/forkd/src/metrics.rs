@@ -51,15 +51,21 @@ pub(crate) struct Endpoint {
 
 impl Endpoint {
     /// Installs the process's Prometheus recorder and binds `addr`. One process has one recorder:
-    /// a second daemon in the same process asking for metrics fails here.
-    pub(crate) async fn bind(addr: SocketAddr) -> anyhow::Result<Self> {
+    /// a second daemon in the same process asking for metrics fails here. Every series carries
+    /// the label `daemon`, so that several daemons on one database can be told apart.
+    pub(crate) async fn bind(
+        addr: SocketAddr,
+        daemon: forkd_core::DaemonId,
+    ) -> anyhow::Result<Self> {
         if !addr.ip().is_loopback() {
             tracing::warn!(%addr, "Serving metrics off loopback: the endpoint has no authentication");
         }
         let listener = TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
-        let recorder = PrometheusBuilder::new().build_recorder();
+        let recorder = PrometheusBuilder::new()
+            .add_global_label("daemon", daemon.to_string())
+            .build_recorder();
         let handle = recorder.handle();
         metrics::set_global_recorder(recorder).map_err(|_| {
             anyhow::anyhow!(
@@ -121,7 +127,8 @@ async fn scrape(State((engine, handle)): State<(Engine, PrometheusHandle)>) -> i
     }
     let mut text = handle.render();
     if let Some(stats) = &stats {
-        render_batches(&mut text, &stats.batches);
+        let daemon = engine.store().holder().daemon;
+        render_batches(&mut text, &stats.batches, daemon);
     }
     (
         [(
@@ -149,8 +156,8 @@ fn set_agent_gauges(stats: &Stats) {
 
 /// Appends `forkd_batch_cache_read_share`, one series per batch that runs or ended within
 /// [`BATCH_WINDOW`]. Written here rather than through the recorder, which would keep a series
-/// for every batch the process ever saw.
-fn render_batches(text: &mut String, batches: &[BatchStats]) {
+/// for every batch the process ever saw; labelled with the daemon like the recorder's series.
+fn render_batches(text: &mut String, batches: &[BatchStats], daemon: forkd_core::DaemonId) {
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
     }
@@ -164,7 +171,7 @@ fn render_batches(text: &mut String, batches: &[BatchStats]) {
     for b in batches {
         let _ = writeln!(
             text,
-            "{BATCH_SHARE}{{batch_id=\"{}\",session_id=\"{}\",tenant=\"{}\"}} {}",
+            "{BATCH_SHARE}{{daemon=\"{daemon}\",batch_id=\"{}\",session_id=\"{}\",tenant=\"{}\"}} {}",
             b.batch_id,
             b.session_id,
             escape_label(&b.tenant),
@@ -215,7 +222,8 @@ mod tests {
             cost_usd: 0.1,
         };
         let mut text = "forkd_requests_total 3".to_owned();
-        render_batches(&mut text, std::slice::from_ref(&batch));
+        let daemon = forkd_core::DaemonId::new();
+        render_batches(&mut text, std::slice::from_ref(&batch), daemon);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "forkd_requests_total 3");
         assert!(lines[1].starts_with("# HELP forkd_batch_cache_read_share "));
@@ -223,7 +231,7 @@ mod tests {
         assert_eq!(
             lines[3],
             format!(
-                "forkd_batch_cache_read_share{{batch_id=\"{}\",session_id=\"{}\",tenant=\"ci\"}} 0.8",
+                "forkd_batch_cache_read_share{{daemon=\"{daemon}\",batch_id=\"{}\",session_id=\"{}\",tenant=\"ci\"}} 0.8",
                 batch.batch_id, batch.session_id
             )
         );

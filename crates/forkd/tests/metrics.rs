@@ -27,9 +27,42 @@ async fn scrape(addr: std::net::SocketAddr) -> String {
 /// The value of a sample line `name{labels} value` (or `name value`).
 fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
+        .map(without_daemon)
         .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|l| l.rsplit(' ').next().map(str::to_owned))
         .and_then(|v| v.parse().ok())
+}
+
+/// A line of the scrape without its `daemon` label (every series carries the daemon's id, see
+/// [`every_series_names_its_daemon`]); any other line as it is.
+fn without_daemon(line: &str) -> String {
+    let Some(start) = line.find("daemon=\"") else {
+        return line.to_owned();
+    };
+    let value_end = line[start + 8..]
+        .find('"')
+        .map_or(line.len(), |i| start + 8 + i + 1);
+    let end = if line[value_end..].starts_with(',') {
+        value_end + 1
+    } else {
+        value_end
+    };
+    format!("{}{}", &line[..start], &line[end..])
+        .replace("{}", "")
+        .replace(",}", "}")
+}
+
+/// Every sample of forkd's series carries the label `daemon`: several daemons on one database
+/// report to one Prometheus.
+fn every_series_names_its_daemon(text: &str) {
+    let samples: Vec<&str> = text.lines().filter(|l| l.starts_with("forkd_")).collect();
+    assert!(!samples.is_empty(), "{text}");
+    for line in samples {
+        assert!(
+            line.contains("daemon=\""),
+            "a series without its daemon: {line}"
+        );
+    }
 }
 
 /// The requests recorded for a batch.
@@ -138,6 +171,7 @@ async fn a_batch_shows_up_in_the_metrics_and_its_requests_can_be_explained() {
         .unwrap();
     let text = scrape(addr).await;
     assert!(text.starts_with("HTTP/1."), "{text}");
+    every_series_names_its_daemon(&text);
     assert_eq!(
         sample(&text, "forkd_prefix_divergences_total"),
         Some(1.0),

@@ -10,10 +10,12 @@ use std::time::Duration;
 use forkd::daemon::DatabaseUrl;
 use forkd_proto::v1 as pb;
 use forkd_test_support::{
-    create_session, fork, run_turn, session_request, session_transcript, spawn_daemon_with,
-    turn_text, wait_for_batch,
+    create_session, eventually, fork, run_turn, session_request, session_transcript,
+    spawn_daemon_with, turn_text, wait_for_batch,
 };
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
+
+mod binary;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -191,4 +193,170 @@ async fn a_database_url_that_is_not_postgres_stops_the_start() {
     assert!(err.contains("is not a PostgreSQL URL"), "{err}");
     assert!(err.contains("mysql://root:***@db.example/forkd"), "{err}");
     assert!(!err.contains("hunter2"), "{err}");
+}
+
+/// Two real `forkd serve` processes on one database, each on its own home: a client of daemon B
+/// sees and kills an agent that daemon A runs; when A is killed with SIGKILL, B adopts A's
+/// running children once their leases expire, and each ends exactly once.
+#[tokio::test]
+async fn two_daemons_share_agents_kill_across_and_adopt_after_a_sigkill() {
+    let Some((url, handle)) = scratch_database().await else {
+        return;
+    };
+    let outcome = tokio::spawn(share_kill_and_adopt(url)).await;
+    drop_database(&handle).await;
+    if let Err(e) = outcome {
+        std::panic::resume_unwind(e.into_panic());
+    }
+}
+
+async fn share_kill_and_adopt(url: String) {
+    const LEASE: Duration = Duration::from_secs(1);
+    let env = [("FORKD_DATABASE_URL", url.as_str()), ("FORKD_LEASE", "1s")];
+    let (home_a, home_b, workspace) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let a = binary::Daemon::start_with(home_a.path(), "1", &env);
+    let b = binary::Daemon::start_with(home_b.path(), "1", &env);
+    let mut on_a = binary::client(home_a.path()).await;
+    let mut on_b = binary::client(home_b.path()).await;
+
+    // A batch submitted to A: four children that each stream a slow reply.
+    let session = create_session(&mut on_a, session_request(workspace.path()))
+        .await
+        .unwrap();
+    let prompts: Vec<String> = (0..4)
+        .map(|i| format!("Check part {i}.\n@sim sleep 8s\n@sim say part {i} checked"))
+        .collect();
+    let prompts: Vec<&str> = prompts.iter().map(String::as_str).collect();
+    let batch = fork(&mut on_a, &session.session_id, &prompts, Some(false))
+        .await
+        .unwrap();
+
+    // B serves the session and its agents too: all four running, on A.
+    let agents = eventually(DEADLINE, "A to run the four children", || {
+        let mut on_b = on_b.clone();
+        let batch_id = batch.batch_id.clone();
+        async move {
+            let agents = list_batch(&mut on_b, &batch_id).await;
+            let running = agents
+                .iter()
+                .all(|a| a.state == pb::AgentState::Running as i32 && !a.daemon.is_empty());
+            (agents.len() == 4 && running).then_some(agents)
+        }
+    })
+    .await;
+    let daemon_a = agents[0].daemon.clone();
+    assert!(agents.iter().all(|x| x.daemon == daemon_a), "{agents:?}");
+    let session_on_b = on_b
+        .get_session(pb::GetSessionRequest {
+            session_id: session.session_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(session_on_b.session.is_some());
+
+    // Killed through B: A stops it at its next heartbeat.
+    let victim = batch.agent_ids[3].clone();
+    on_b.kill(pb::KillRequest {
+        agent_id: victim.clone(),
+    })
+    .await
+    .unwrap();
+    eventually(DEADLINE, "the kill to reach A", || {
+        let mut on_b = on_b.clone();
+        let victim = victim.clone();
+        async move {
+            let agent = get_agent(&mut on_b, &victim).await;
+            (agent.state == pb::AgentState::Killed as i32).then_some(())
+        }
+    })
+    .await;
+
+    // A dies mid-run: B adopts the three others once A's leases expire, and finishes them.
+    drop(on_a);
+    a.kill9();
+    let killed_at = std::time::Instant::now();
+    let adopted = eventually(DEADLINE, "B to adopt A's children", || {
+        let mut on_b = on_b.clone();
+        let batch_id = batch.batch_id.clone();
+        let (daemon_a, victim) = (daemon_a.clone(), victim.clone());
+        async move {
+            let agents = list_batch(&mut on_b, &batch_id).await;
+            let moved = agents
+                .iter()
+                .filter(|x| x.agent_id != victim)
+                .all(|x| !x.daemon.is_empty() && x.daemon != daemon_a);
+            moved.then_some(agents)
+        }
+    })
+    .await;
+    println!(
+        "adopted {} children {:.2} s after SIGKILL (lease {} s)",
+        adopted.len() - 1,
+        killed_at.elapsed().as_secs_f64(),
+        LEASE.as_secs()
+    );
+    let done = wait_for_batch(&mut on_b, &batch.batch_id, 4, DEADLINE)
+        .await
+        .unwrap();
+    let mut ids: Vec<&str> = done.iter().map(|n| n.agent_id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 4, "one notification per child: {done:?}");
+    for n in &done {
+        let expected = if n.agent_id == victim {
+            pb::NotificationStatus::Killed
+        } else {
+            pb::NotificationStatus::Completed
+        };
+        assert_eq!(n.status, expected as i32, "{n:?}");
+    }
+    // Each adopted child's transcript holds one final reply: it was not answered twice.
+    for id in batch.agent_ids.iter().take(3) {
+        let transcript = on_b
+            .get_transcript(pb::GetTranscriptRequest {
+                agent_id: id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let replies = transcript
+            .messages
+            .iter()
+            .filter(|m| m.role == "assistant")
+            .count();
+        assert_eq!(replies, 1, "{transcript:?}");
+    }
+    drop(on_b);
+    drop(b);
+}
+
+async fn list_batch(client: &mut binary::Client, batch_id: &str) -> Vec<pb::Agent> {
+    client
+        .list_agents(pb::ListAgentsRequest {
+            batch_id: batch_id.to_owned(),
+            include_ended: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .agents
+}
+
+async fn get_agent(client: &mut binary::Client, id: &str) -> pb::Agent {
+    client
+        .get_agent(pb::GetAgentRequest {
+            agent_id: id.to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap()
 }

@@ -75,6 +75,7 @@ pub(crate) fn agent(a: &Agent) -> pb::Agent {
         index: a.index,
         created_at: Some(timestamp(a.created_at_ms)),
         updated_at: Some(timestamp(a.updated_at_ms)),
+        daemon: a.held_by.map(|d| d.to_string()).unwrap_or_default(),
     }
 }
 

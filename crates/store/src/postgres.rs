@@ -33,8 +33,11 @@
 //! foreign-key checks of rows inserted elsewhere, so writers queue but never deadlock.
 //!
 //! This serializes writes between the tasks of one daemon and equally between daemons sharing the
-//! database; what this slice does not do is let several daemons run agents from one database
-//! (leases that expire, adopting another daemon's agents): one daemon per database.
+//! database. Which daemon runs an agent is decided by leases (see `Holder` in
+//! `forkd_core::store`): a claim makes its daemon the running agent's holder until a deadline
+//! on the database's clock (`clock_timestamp()`), which the holder's heartbeat pushes back;
+//! another daemon's claim is refused (`Held`) until the deadline has passed. The heartbeat
+//! locks the rows it renews in id order, like every write that locks several agents.
 
 mod agent_params;
 mod agents;
@@ -53,10 +56,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use forkd_core::fork::ForkBatch;
 use forkd_core::session::Session;
-use forkd_core::{Agent, AgentId, AgentState, BatchId, Block, Message, Notification, SessionId};
+use forkd_core::store::{Holder, Renewal};
+use forkd_core::{
+    Agent, AgentId, AgentState, BatchId, Block, DaemonId, Message, Notification, SessionId,
+};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
+
+use crate::rows::agents::NewAgents;
 
 use crate::error::Result;
 use crate::rows::convert::{from_i64, now_ms};
@@ -126,6 +134,8 @@ pub fn redacted_url(url: &str) -> String {
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// The daemon this store claims agents for.
+    holder: Holder,
 }
 
 impl PgStore {
@@ -144,9 +154,18 @@ impl PgStore {
                 .connect(url)
                 .await?;
             MIGRATOR.run(&pool).await?;
-            Ok(Self { pool })
+            Ok(Self {
+                pool,
+                holder: Holder::new(),
+            })
         }
         .await)
+    }
+
+    /// This store, claiming agents for `holder` (a daemon's id and lease) instead of a fresh one.
+    pub fn with_holder(mut self, holder: Holder) -> Self {
+        self.holder = holder;
+        self
     }
 
     /// Closes every connection, waiting for those in use.
@@ -320,6 +339,8 @@ impl Store for PgStore {
                 return Err(session_not_found(session_id));
             }
             agents::insert(&mut tx, agent, directive_block).await?;
+            let id = agent.id.to_string();
+            agents::hold_new(&mut tx, NewAgents::Agent, &id, &self.holder).await?;
             if let Some(params) = params {
                 agent_params::insert(&mut tx, agent.id, params).await?;
             }
@@ -343,6 +364,8 @@ impl Store for PgStore {
         db(async move {
             let mut tx = self.begin_write().await?;
             batches::create(&mut tx, batch, parent_messages, children, extras).await?;
+            let id = batch.id.to_string();
+            agents::hold_new(&mut tx, NewAgents::Batch, &id, &self.holder).await?;
             if let Some(record) = extras.idempotency {
                 idempotency::insert(&mut tx, record).await?;
             }
@@ -394,11 +417,43 @@ impl Store for PgStore {
     async fn claim_agent(&self, id: AgentId) -> StoreResult<Lease> {
         db(async move {
             let mut tx = self.begin_write().await?;
-            let lease = agents::claim(&mut tx, id).await?;
+            let lease = agents::claim(&mut tx, id, &self.holder).await?;
             tx.commit().await?;
             Ok(lease)
         }
         .await)
+    }
+
+    fn holder(&self) -> Holder {
+        self.holder
+    }
+
+    async fn renew_leases(&self) -> StoreResult<Renewal> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            let renewal = agents::renew(&mut tx, &self.holder).await?;
+            tx.commit().await?;
+            Ok(renewal)
+        }
+        .await)
+    }
+
+    async fn adoptable_agents(&self) -> StoreResult<Vec<Agent>> {
+        db(async move { agents::adoptable(&self.pool).await }.await)
+    }
+
+    async fn request_kill(&self, id: AgentId) -> StoreResult<Option<DaemonId>> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            let holder = agents::request_kill(&mut tx, id).await?;
+            tx.commit().await?;
+            Ok(holder)
+        }
+        .await)
+    }
+
+    async fn kill_requested(&self, id: AgentId) -> StoreResult<bool> {
+        db(async move { agents::kill_requested(&self.pool, id).await }.await)
     }
 
     async fn release_agent(&self, lease: &Lease, state: AgentState) -> StoreResult<()> {

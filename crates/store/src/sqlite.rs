@@ -25,7 +25,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use forkd_core::fork::ForkBatch;
 use forkd_core::session::Session;
-use forkd_core::{Agent, AgentId, AgentState, BatchId, Block, Message, Notification, SessionId};
+use forkd_core::store::{Holder, Renewal};
+use forkd_core::{
+    Agent, AgentId, AgentState, BatchId, Block, DaemonId, Message, Notification, SessionId,
+};
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -33,6 +36,7 @@ use sqlx::sqlite::{
 use sqlx::{Sqlite, Transaction};
 
 use crate::error::Result;
+use crate::rows::agents::NewAgents;
 use crate::rows::convert::{from_i64, now_ms};
 use crate::rows::sessions::not_found as session_not_found;
 use crate::{
@@ -103,6 +107,8 @@ pub struct SqliteStore {
     writer: SqlitePool,
     /// Connections that only read (`query_only`), so a bug cannot write around the writer.
     reader: SqlitePool,
+    /// The daemon this store claims agents for.
+    holder: Holder,
 }
 
 impl SqliteStore {
@@ -127,13 +133,26 @@ impl SqliteStore {
                 .connect_with(base.clone().journal_mode(SqliteJournalMode::Wal))
                 .await?;
             MIGRATOR.run(&writer).await?;
+            // The daemon that held these agents is gone: only one daemon uses a SQLite database
+            // (it serves on the socket in its home, and a second one refuses to start there).
+            agents::expire_all(&mut *writer.acquire().await?).await?;
             let reader = SqlitePoolOptions::new()
                 .max_connections(READERS)
                 .connect_with(base.pragma("query_only", "ON"))
                 .await?;
-            Ok(Self { writer, reader })
+            Ok(Self {
+                writer,
+                reader,
+                holder: Holder::new(),
+            })
         }
         .await)
+    }
+
+    /// This store, claiming agents for `holder` (a daemon's id and lease) instead of a fresh one.
+    pub fn with_holder(mut self, holder: Holder) -> Self {
+        self.holder = holder;
+        self
     }
 
     /// A private database in memory, for tests: one connection serves reads and writes, and the
@@ -156,6 +175,7 @@ impl SqliteStore {
             Ok(Self {
                 writer: pool.clone(),
                 reader: pool,
+                holder: Holder::new(),
             })
         }
         .await)
@@ -272,6 +292,8 @@ impl Store for SqliteStore {
         db(async move {
             let mut tx = self.begin_write().await?;
             batches::create(&mut tx, batch, parent_messages, children, extras).await?;
+            let id = batch.id.to_string();
+            agents::hold_new(&mut tx, NewAgents::Batch, &id, &self.holder).await?;
             if let Some(record) = extras.idempotency {
                 idempotency::insert(&mut tx, record).await?;
             }
@@ -323,11 +345,43 @@ impl Store for SqliteStore {
     async fn claim_agent(&self, id: AgentId) -> StoreResult<Lease> {
         db(async move {
             let mut tx = self.begin_write().await?;
-            let lease = agents::claim(&mut tx, id).await?;
+            let lease = agents::claim(&mut tx, id, &self.holder).await?;
             tx.commit().await?;
             Ok(lease)
         }
         .await)
+    }
+
+    fn holder(&self) -> Holder {
+        self.holder
+    }
+
+    async fn renew_leases(&self) -> StoreResult<Renewal> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            let renewal = agents::renew(&mut tx, &self.holder).await?;
+            tx.commit().await?;
+            Ok(renewal)
+        }
+        .await)
+    }
+
+    async fn adoptable_agents(&self) -> StoreResult<Vec<Agent>> {
+        db(async move { agents::adoptable(&self.reader).await }.await)
+    }
+
+    async fn request_kill(&self, id: AgentId) -> StoreResult<Option<DaemonId>> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            let holder = agents::request_kill(&mut tx, id).await?;
+            tx.commit().await?;
+            Ok(holder)
+        }
+        .await)
+    }
+
+    async fn kill_requested(&self, id: AgentId) -> StoreResult<bool> {
+        db(async move { agents::kill_requested(&self.reader, id).await }.await)
     }
 
     async fn release_agent(&self, lease: &Lease, state: AgentState) -> StoreResult<()> {
@@ -367,6 +421,8 @@ impl Store for SqliteStore {
                 return Err(session_not_found(session_id));
             }
             agents::insert(&mut tx, agent, directive_block).await?;
+            let id = agent.id.to_string();
+            agents::hold_new(&mut tx, NewAgents::Agent, &id, &self.holder).await?;
             if let Some(params) = params {
                 agent_params::insert(&mut tx, agent.id, params).await?;
             }

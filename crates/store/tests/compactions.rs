@@ -35,6 +35,7 @@ async fn main_loop(
         error: None,
         created_at_ms: 1,
         updated_at_ms: 1,
+        held_by: None,
     };
     store.insert_agent(&parent, None, None).await?;
     let lease = store.claim_agent(parent.id).await?;

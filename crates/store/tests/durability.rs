@@ -243,12 +243,13 @@ async fn two_stores_on_one_database_write_at_once(store: TestStore) -> TestResul
     Ok(())
 }
 
-/// Two runs of one agent in two processes (two stores on one database): the newer claim fences
-/// the older run, whose writes are all refused from then on, so the transcript is never
-/// interleaved.
+/// Two runs of one agent in two processes (two stores on one database): once the first one's
+/// lease has expired (it stopped renewing: hung, or cut off from the database), the second
+/// claims the agent, and the newer claim fences the older run, whose writes are all refused from
+/// then on, so the transcript is never interleaved.
 async fn a_newer_claim_fences_the_older_run_across_stores(store: TestStore) -> TestResult {
-    let one = store.shared();
-    let two = store.reopen().await?;
+    let lease = std::time::Duration::from_millis(100);
+    let one = store.daemon_with_lease(lease).await?;
     let (_, fx) = seeded(&*one, 1).await?;
     let child = &fx.children[0].agent;
     let m = |text: &str| Message::assistant(vec![Block::text(text)]);
@@ -256,6 +257,8 @@ async fn a_newer_claim_fences_the_older_run_across_stores(store: TestStore) -> T
     let old = one.claim_agent(child.id).await?;
     one.append_agent_message(&old, &m("old run, turn 1"))
         .await?;
+    tokio::time::sleep(3 * lease).await;
+    let two = store.reopen().await?;
     let new = two.claim_agent(child.id).await?;
     assert!(new.generation > old.generation);
 

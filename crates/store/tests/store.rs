@@ -112,7 +112,12 @@ async fn a_fork_batch_stores_its_shared_prefix_once_and_its_children(
             .get_agent(child.agent.id)
             .await?
             .ok_or("agent missing")?;
-        assert_eq!(agent, child.agent);
+        // Stored as given, and held by the daemon that created it (see `leases.rs`).
+        let held = forkd_core::Agent {
+            held_by: Some(store.holder().daemon),
+            ..child.agent.clone()
+        };
+        assert_eq!(agent, held);
         let block = store.agent_directive_block(child.agent.id).await?;
         assert_eq!(
             block.map(|b| b.raw().as_str().to_owned()),
@@ -207,6 +212,7 @@ async fn other_agents_can_be_inserted_beside_the_trait(store: TestStore) -> Test
         error: None,
         created_at_ms: 1,
         updated_at_ms: 1,
+        held_by: None,
     };
     let own = forkd_store::AgentParams {
         params: forkd_core::session::CacheSafeParams {
@@ -225,7 +231,11 @@ async fn other_agents_can_be_inserted_beside_the_trait(store: TestStore) -> Test
             Some(&own),
         )
         .await?;
-    assert_eq!(store.get_agent(typed.id).await?, Some(typed.clone()));
+    let held = forkd_core::Agent {
+        held_by: Some(store.holder().daemon),
+        ..typed.clone()
+    };
+    assert_eq!(store.get_agent(typed.id).await?, Some(held));
     assert_eq!(store.agent_params(typed.id).await?, Some(own));
     assert_eq!(store.agent_params(AgentId::new()).await?, None);
     assert!(matches!(

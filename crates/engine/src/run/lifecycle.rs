@@ -19,6 +19,9 @@ use crate::batch::WarmupGate;
 use crate::error::EngineError;
 use crate::{Engine, now_ms};
 
+/// The error a killed agent ends with.
+pub(crate) const KILLED: &str = "killed by a client before it finished";
+
 /// How often an agent's end is attempted before giving up (about a minute in all).
 const FINISH_ATTEMPTS: u32 = 16;
 
@@ -201,24 +204,34 @@ impl Engine {
     }
 
     /// Kills an agent: its run stops at once (its Bash process group with it), and it ends
-    /// `killed`, with a notification carrying whatever it had said so far.
+    /// `killed`, with a notification carrying whatever it had said so far. An agent that another
+    /// daemon runs is stopped by that daemon, at its next heartbeat.
     ///
     /// A session's main loop is never killed (the session lives on): killing it cancels the
     /// turn it is running. The turn's stored messages stay; its unfinished reply is dropped.
     pub async fn kill(&self, id: AgentId) -> Result<(), EngineError> {
         let agent = self.get_agent(id).await?;
         if agent.kind == AgentKind::Parent {
-            let turn = self.runs().get(&id).cloned();
-            let Some(token) = turn else {
-                return Err(EngineError::WrongState(format!(
+            if self.kill_here(id) {
+                tracing::info!(agent.id = %id, "Parent turn cancelled");
+                return Ok(());
+            }
+            let not_running = || {
+                EngineError::WrongState(format!(
                     "session {} is not running a turn; there is nothing to cancel",
                     agent.session_id
-                )));
+                ))
             };
-            self.killed().insert(id);
-            token.cancel();
-            tracing::info!(agent.id = %id, "Parent turn cancelled");
-            return Ok(());
+            if agent.state != forkd_core::AgentState::Running {
+                return Err(not_running());
+            }
+            return match self.inner.store.request_kill(id).await? {
+                Some(daemon) if daemon != self.inner.store.holder().daemon => {
+                    tracing::info!(agent.id = %id, %daemon, "Turn cancel passed to the daemon running it");
+                    Ok(())
+                }
+                _ => Err(not_running()),
+            };
         }
         if agent.state.is_terminal() {
             return Err(EngineError::WrongState(format!(
@@ -226,16 +239,22 @@ impl Engine {
                 agent.state.as_str()
             )));
         }
-        let run = self.runs().get(&id).cloned();
-        match run {
-            Some(token) => {
-                self.killed().insert(id);
-                token.cancel();
-            }
-            // Nothing runs it (it never started here): record the kill directly.
-            None => self.record_kill(id).await,
+        if self.kill_here(id) {
+            tracing::info!(agent.id = %id, "Agent killed");
+            return Ok(());
         }
-        tracing::info!(agent.id = %id, "Agent killed");
+        // Not running here: the request is stored with the agent, so that the daemon running it
+        // stops it at its next heartbeat, and any run that claims it later sees it.
+        match self.inner.store.request_kill(id).await? {
+            Some(daemon) if daemon != self.inner.store.holder().daemon => {
+                tracing::info!(agent.id = %id, %daemon, "Kill passed to the daemon running the agent");
+            }
+            // Nothing runs it (it never started, or its daemon died): record the kill here.
+            _ => {
+                self.record_kill(id).await;
+                tracing::info!(agent.id = %id, "Agent killed");
+            }
+        }
         Ok(())
     }
 
@@ -247,12 +266,29 @@ impl Engine {
             Ok(lease) => lease,
             // Ended meanwhile: its own end stands.
             Err(StoreError::Conflict(_)) => return,
+            // Another daemon took it meanwhile: it finds the stored request and kills it.
+            Err(StoreError::Held { daemon, .. }) => {
+                tracing::info!(%daemon, "The killed agent runs on another daemon, which stops it");
+                return;
+            }
             Err(e) => {
                 tracing::error!(error = %e, "Cannot claim the killed agent; it stays live in the store");
                 return;
             }
         };
-        let partial = match self.inner.store.agent_messages(id).await {
+        let partial = self.partial_text(id).await;
+        self.finish_with_retries(
+            &lease,
+            NotificationStatus::Killed,
+            partial,
+            Some(KILLED.to_owned()),
+        )
+        .await;
+    }
+
+    /// What a killed agent had said so far: the text of its last reply, if any.
+    pub(crate) async fn partial_text(&self, id: AgentId) -> Option<String> {
+        match self.inner.store.agent_messages(id).await {
             Ok(messages) => messages
                 .into_iter()
                 .rev()
@@ -264,14 +300,18 @@ impl Engine {
                 tracing::warn!(error = %e, "Cannot read the killed agent's transcript");
                 None
             }
-        };
-        self.finish_with_retries(
-            &lease,
-            NotificationStatus::Killed,
-            partial,
-            Some("killed by a client before it finished".to_owned()),
-        )
-        .await;
+        }
+    }
+
+    /// Whether a client asked (through any daemon) for the agent to be killed. Not knowing, it
+    /// runs: a kill asked meanwhile reaches it through the heartbeat.
+    pub(crate) async fn kill_was_requested(&self, id: AgentId) -> bool {
+        self.inner
+            .store
+            .kill_requested(id)
+            .await
+            .inspect_err(|e| tracing::warn!(error = %e, "Cannot read whether a kill was asked"))
+            .unwrap_or(false)
     }
 
     /// Records an agent's end, retrying a store that is briefly unavailable (a busy database):

@@ -97,12 +97,14 @@ pub(crate) fn right_align(table: &mut Table, columns: std::ops::Range<usize>) {
     }
 }
 
-/// `ps`: full ids (scripts copy them), then state, the four token counts, read share and cost.
+/// `ps`: full ids (scripts copy them), then state, the daemon running the agent, the four
+/// token counts, read share and cost.
 pub fn agents_table(agents: &[Agent]) -> String {
     let header = [
         "AGENT",
         "KIND",
         "STATE",
+        "DAEMON",
         "IN",
         "WRITE",
         "READ",
@@ -118,6 +120,7 @@ pub fn agents_table(agents: &[Agent]) -> String {
             a.agent_id.clone(),
             a.kind.clone(),
             state_name(a.state()).to_owned(),
+            short_daemon(&a.daemon).to_owned(),
             tokens(u.input_tokens),
             tokens(u.cache_creation_input_tokens),
             tokens(u.cache_read_input_tokens),
@@ -127,8 +130,17 @@ pub fn agents_table(agents: &[Agent]) -> String {
             first_line(&a.description, 40),
         ]);
     }
-    right_align(&mut t, 3..9);
+    right_align(&mut t, 4..10);
     finish(t)
+}
+
+/// A daemon id's last 12 hex digits: random, where its first ones are the time it started (two
+/// daemons started together share them). `-` for none.
+fn short_daemon(id: &str) -> &str {
+    match id.len() {
+        0 => "-",
+        n => &id[n.saturating_sub(12)..],
+    }
 }
 
 /// `session list`.

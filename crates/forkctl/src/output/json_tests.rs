@@ -99,6 +99,7 @@ fn agent() {
         usage: Some(usage()),
         cost_usd: 0.5,
         cache_read_share: 0.75,
+        daemon: "D".into(),
         ..Default::default()
     };
     assert_eq!(
@@ -114,6 +115,7 @@ fn agent() {
             "cache_read_share": 0.75,
             "description": "fix the tests",
             "error": null,
+            "daemon": "D",
         })
     );
     let parent = Agent {

@@ -12,7 +12,7 @@ use forkd_core::pricing::{self, ModelSpec, Models};
 use serde::Deserialize;
 
 use super::LogFormat;
-use super::flags::humantime_duration;
+use super::flags::{humantime_duration, lease_duration};
 use crate::daemon::{DatabaseUrl, ProviderKind};
 
 /// The configuration file's name in `FORKD_HOME`.
@@ -38,6 +38,9 @@ pub struct FileConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// How long calls in flight may take to finish on shutdown (`10s`, `1m`).
     pub grace: Option<String>,
+    /// How long a daemon's claim on a running agent lasts without a heartbeat (`"5s"`); another
+    /// daemon on the same PostgreSQL adopts the agent after it expires.
+    pub lease: Option<String>,
     /// SQLite `synchronous=FULL`.
     pub fsync_every_commit: Option<bool>,
     /// Keep state in this PostgreSQL database instead of `forkd.db` (shown without its password).
@@ -192,6 +195,16 @@ impl FileConfig {
             .map(|v| {
                 humantime_duration(v)
                     .map_err(|e| anyhow::anyhow!("{CONFIG_FILE}: grace = {v:?}: {e}"))
+            })
+            .transpose()
+    }
+
+    /// `lease`, parsed like `grace`; zero is refused (no daemon could keep a claim).
+    pub(super) fn lease(&self) -> anyhow::Result<Option<Duration>> {
+        self.lease
+            .as_deref()
+            .map(|v| {
+                lease_duration(v).map_err(|e| anyhow::anyhow!("{CONFIG_FILE}: lease = {v:?}: {e}"))
             })
             .transpose()
     }

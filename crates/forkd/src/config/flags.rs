@@ -64,6 +64,12 @@ pub struct ServeFlags {
         |d| humantime::format_duration(d.grace),
     ))]
     pub grace: Option<Duration>,
+    #[arg(long, value_parser = lease_duration, help = with_default(
+        "How long this daemon's claim on a running agent lasts without a heartbeat; another \
+         daemon on the same PostgreSQL adopts the agent once it expires (env FORKD_LEASE)",
+        |d| humantime::format_duration(d.lease),
+    ))]
+    pub lease: Option<Duration>,
     /// PEM certificate chain: serve TLS on the TCP listener (env FORKD_TLS_CERT).
     #[arg(long, value_name = "FILE")]
     pub tls_cert: Option<PathBuf>,
@@ -81,6 +87,15 @@ pub struct ServeFlags {
 }
 
 /// Parses a duration such as `10s` or `1m 30s`.
+/// A lease: a duration of at least 100 ms (a heartbeat renews it three times within it).
+pub fn lease_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime_duration(s)?;
+    if d < Duration::from_millis(100) {
+        return Err("a lease must last at least 100ms".into());
+    }
+    Ok(d)
+}
+
 pub fn humantime_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| e.to_string())
 }

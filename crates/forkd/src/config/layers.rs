@@ -83,6 +83,11 @@ pub(super) fn duration(name: &str, value: &str) -> anyhow::Result<std::time::Dur
     humantime_duration(value).map_err(|e| anyhow::anyhow!("{name}={value:?}: {e}"))
 }
 
+/// A lease (see [`super::flags::lease_duration`]).
+pub(super) fn lease(name: &str, value: &str) -> anyhow::Result<std::time::Duration> {
+    super::flags::lease_duration(value).map_err(|e| anyhow::anyhow!("{name}={value:?}: {e}"))
+}
+
 /// Text taken as it is (a log filter, an API key).
 pub(super) fn text(_: &str, value: &str) -> anyhow::Result<String> {
     Ok(value.to_owned())

@@ -14,7 +14,7 @@ use forkd_store::Durability;
 use super::LogFormat;
 use super::file::{CONFIG_FILE, FileConfig, PROVIDER_VARS};
 use super::flags::ServeFlags;
-use super::layers::{Layers, boolean, duration, from_str, path, text, value_enum};
+use super::layers::{Layers, boolean, duration, from_str, lease, path, text, value_enum};
 use crate::daemon::{DaemonConfig, DatabaseUrl, ProviderKind, TlsFiles};
 
 /// Every setting of `forkd serve`, resolved.
@@ -28,6 +28,8 @@ pub struct Settings {
     pub listen: Option<SocketAddr>,
     pub metrics_listen: Option<SocketAddr>,
     pub grace: Duration,
+    /// How long this daemon's claims on running agents last without a heartbeat.
+    pub lease: Duration,
     pub fsync_every_commit: bool,
     /// PostgreSQL instead of SQLite; `None`: `forkd.db` in the home.
     pub database_url: Option<DatabaseUrl>,
@@ -76,6 +78,7 @@ impl Default for Settings {
             listen: daemon.listen,
             metrics_listen: daemon.metrics_listen,
             grace: Duration::from_secs(10),
+            lease: daemon.lease,
             fsync_every_commit: daemon.durability == Durability::Full,
             database_url: daemon.database_url,
             log: "info".to_owned(),
@@ -247,6 +250,8 @@ impl Settings {
     ) -> anyhow::Result<()> {
         let grace = layers.pick(flags.grace, "FORKD_GRACE", duration, file.grace()?)?;
         self.grace = grace.unwrap_or(self.grace);
+        let lease = layers.pick(flags.lease, "FORKD_LEASE", lease, file.lease()?)?;
+        self.lease = lease.unwrap_or(self.lease);
         let fsync = flags.fsync_every_commit;
         let fsync = layers.pick(
             fsync,
@@ -294,6 +299,7 @@ impl Settings {
         config.engine.sandbox = self.sandbox.clone();
         config.tls = self.tls.clone();
         config.database_url = self.database_url.clone();
+        config.lease = self.lease;
         if self.fsync_every_commit {
             config.durability = Durability::Full;
         }

@@ -19,10 +19,16 @@ pub struct Daemon(Child);
 impl Daemon {
     /// Starts `forkd serve` on `home` with the sim at `sim_speed`.
     pub fn start(home: &Path, sim_speed: &str) -> Daemon {
+        Self::start_with(home, sim_speed, &[])
+    }
+
+    /// [`Daemon::start`] with more environment (`FORKD_DATABASE_URL`, `FORKD_LEASE`).
+    pub fn start_with(home: &Path, sim_speed: &str, env: &[(&str, &str)]) -> Daemon {
         let child = Command::new(env!("CARGO_BIN_EXE_forkd"))
             .args(["serve", "--sim-speed", sim_speed, "--grace", "1s"])
             .env("FORKD_HOME", home)
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -4,12 +4,16 @@ use forkd_core::{Agent, AgentId, AgentState, Block, Message};
 use sqlx::{PgConnection, PgPool, Postgres, QueryBuilder};
 
 use crate::error::Result;
+use forkd_core::DaemonId;
+use forkd_core::store::{Holder, Renewal};
+use sqlx::AssertSqlSafe;
+
 use crate::rows::agents::{
-    AgentRow, AgentValues, INSERT_AGENT, agent_columns, bind_agent, check_generation, ended,
-    not_found, parse_state,
+    AgentRow, AgentValues, INSERT_AGENT, NewAgents, agent_columns, bind_agent, check_generation,
+    check_holder, ended, not_found, parse_state,
 };
 use crate::rows::convert::{
-    INSERT_AGENT_MESSAGE, MessageRow, conflict_if_duplicate, corrupt, from_i64, now_ms,
+    INSERT_AGENT_MESSAGE, MessageRow, conflict_if_duplicate, corrupt, from_i64, now_ms, parse_id,
     stored_messages,
 };
 use crate::{AgentFilter, Lease, StoredMessage};
@@ -165,17 +169,139 @@ async fn bump_generation(conn: &mut PgConnection, id: &str) -> Result<i64> {
     .await?)
 }
 
-/// Claims a live agent for a new run: a new generation, and the state `running`. A write of the
-/// older run in flight holds the agent's lock, so the claim waits for it; every later one fails.
-pub(super) async fn claim(conn: &mut PgConnection, id: AgentId) -> Result<Lease> {
+/// Milliseconds since the Unix epoch on the database's clock: leases are written and compared on
+/// it, so daemons on machines whose clocks differ agree on when one expires.
+const DB_NOW_MS: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
+
+/// Claims a live agent for a new run: a new generation, the state `running`, and `holder` as
+/// its holder for one lease. `Held` while another daemon's lease on the running agent lasts. A
+/// write of the older run in flight holds the agent's lock, so the claim waits for it; every
+/// later one fails.
+pub(super) async fn claim(conn: &mut PgConnection, id: AgentId, holder: &Holder) -> Result<Lease> {
     let key = id.to_string();
-    live_state(conn, &key).await?;
+    let state = live_state(conn, &key).await?;
+    let (held_by, expires, now): (Option<String>, Option<i64>, i64) =
+        sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT held_by, lease_expires_at_ms, {DB_NOW_MS} FROM agents WHERE id = $1"
+        )))
+        .bind(&key)
+        .fetch_one(&mut *conn)
+        .await?;
+    check_holder(id, state, held_by.as_deref(), expires, now, holder)?;
     let generation = bump_generation(conn, &key).await?;
     update_state(conn, &key, AgentState::Running, None, now_ms()).await?;
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE agents SET held_by = $1, lease_expires_at_ms = {DB_NOW_MS} + $2 WHERE id = $3"
+    )))
+    .bind(holder.daemon.to_string())
+    .bind(holder.lease_ms())
+    .bind(&key)
+    .execute(conn)
+    .await?;
     Ok(Lease {
         agent_id: id,
         generation: from_i64(generation, "agent generation")?,
     })
+}
+
+/// Makes `holder` the holder, for one lease, of the new live agents that `column` (`id` or
+/// `batch_id`) equals `key` for: whoever created them answers for them until it runs them, and
+/// if it dies they are adopted.
+pub(super) async fn hold_new(
+    conn: &mut PgConnection,
+    column: NewAgents,
+    key: &str,
+    holder: &Holder,
+) -> Result<()> {
+    let column = match column {
+        NewAgents::Agent => "id",
+        NewAgents::Batch => "batch_id",
+    };
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE agents SET held_by = $1, lease_expires_at_ms = {DB_NOW_MS} + $2 \
+         WHERE {column} = $3 AND state IN ('pending', 'running')"
+    )))
+    .bind(holder.daemon.to_string())
+    .bind(holder.lease_ms())
+    .bind(key)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The heartbeat: pushes back the leases `holder` holds on live agents, and reads the kills
+/// asked of them. Rows another transaction has locked (a run writing) are renewed at once
+/// after it commits; the update takes the rows in id order, as every multi-row lock does.
+pub(super) async fn renew(conn: &mut PgConnection, holder: &Holder) -> Result<Renewal> {
+    let daemon = holder.daemon.to_string();
+    let ids: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM agents WHERE held_by = $1 AND state IN ('pending', 'running') \
+         ORDER BY id FOR NO KEY UPDATE",
+    )
+    .bind(&daemon)
+    .fetch_all(&mut *conn)
+    .await?;
+    let renewed = sqlx::query(AssertSqlSafe(format!(
+        "UPDATE agents SET lease_expires_at_ms = {DB_NOW_MS} + $1 \
+         WHERE id = ANY($2) AND held_by = $3"
+    )))
+    .bind(holder.lease_ms())
+    .bind(&ids)
+    .bind(&daemon)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    let kills: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM agents WHERE id = ANY($1) AND kill_requested ORDER BY id",
+    )
+    .bind(&ids)
+    .fetch_all(conn)
+    .await?;
+    Ok(Renewal {
+        renewed,
+        kills: kills
+            .iter()
+            .map(|id| parse_id(id, "agent id"))
+            .collect::<Result<_>>()?,
+    })
+}
+
+/// Live agents that nobody holds: no holder, or a lease that has expired.
+pub(super) async fn adoptable(pool: &PgPool) -> Result<Vec<Agent>> {
+    let rows: Vec<AgentRow> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT {} FROM agents WHERE state IN ('pending', 'running') \
+         AND (held_by IS NULL OR lease_expires_at_ms IS NULL \
+              OR lease_expires_at_ms <= {DB_NOW_MS}) \
+         ORDER BY id",
+        agent_columns!()
+    )))
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter().map(Agent::try_from).collect()
+}
+
+/// Stores a kill request with a live agent; returns its holder while its lease lasts.
+pub(super) async fn request_kill(conn: &mut PgConnection, id: AgentId) -> Result<Option<DaemonId>> {
+    let key = id.to_string();
+    live_state(conn, &key).await?;
+    let held: Option<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "UPDATE agents SET kill_requested = TRUE WHERE id = $1 \
+         RETURNING CASE WHEN lease_expires_at_ms > {DB_NOW_MS} THEN held_by END"
+    )))
+    .bind(&key)
+    .fetch_one(conn)
+    .await?;
+    held.as_deref()
+        .map(|d| parse_id(d, "agent holder"))
+        .transpose()
+}
+
+pub(super) async fn kill_requested(pool: &PgPool, id: AgentId) -> Result<bool> {
+    let asked: Option<bool> = sqlx::query_scalar("SELECT kill_requested FROM agents WHERE id = $1")
+        .bind(id.to_string())
+        .fetch_optional(pool)
+        .await?;
+    asked.ok_or_else(|| not_found(id))
 }
 
 /// Locks the agent and checks that `lease` is still its newest claim; `Superseded` when a newer

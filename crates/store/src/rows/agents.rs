@@ -1,7 +1,8 @@
 //! Agent rows.
 
 use forkd_core::agent::Directive;
-use forkd_core::{Agent, AgentKind, AgentState, Block, ReportTo};
+use forkd_core::store::Holder;
+use forkd_core::{Agent, AgentId, AgentKind, AgentState, Block, ReportTo};
 
 use super::convert::{UsageRow, corrupt, from_i64, opt_id, parse_id, to_i64};
 use crate::error::Result;
@@ -12,7 +13,7 @@ macro_rules! agent_columns {
     () => {
         "id, session_id, batch_id, kind, idx, state, description, prompt, query_source, report_to, \
          input_tokens, cache_creation_input_tokens, cache_read_input_tokens, output_tokens, \
-         cost_usd, error, created_at_ms, updated_at_ms"
+         cost_usd, error, created_at_ms, updated_at_ms, held_by"
     };
 }
 pub(crate) use agent_columns;
@@ -23,7 +24,7 @@ pub(crate) const INSERT_AGENT: &str = concat!(
     "INSERT INTO agents (",
     agent_columns!(),
     ", directive_block_json) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
-     $14, $15, $16, $17, $18, $19)"
+     $14, $15, $16, $17, $18, $19, $20)"
 );
 
 #[derive(sqlx::FromRow)]
@@ -44,6 +45,7 @@ pub(crate) struct AgentRow {
     error: Option<String>,
     created_at_ms: i64,
     updated_at_ms: i64,
+    held_by: Option<String>,
 }
 
 pub(crate) fn parse_state(text: &str) -> Result<AgentState> {
@@ -87,6 +89,11 @@ impl TryFrom<AgentRow> for Agent {
             error: row.error,
             created_at_ms: row.created_at_ms,
             updated_at_ms: row.updated_at_ms,
+            held_by: row
+                .held_by
+                .as_deref()
+                .map(|d| parse_id(d, "agent holder"))
+                .transpose()?,
         })
     }
 }
@@ -108,6 +115,7 @@ pub(crate) struct AgentValues<'a> {
     pub error: Option<&'a str>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    pub held_by: Option<String>,
     pub directive_block_json: Option<&'a str>,
 }
 
@@ -129,6 +137,7 @@ impl<'a> AgentValues<'a> {
             error: agent.error.as_deref(),
             created_at_ms: agent.created_at_ms,
             updated_at_ms: agent.updated_at_ms,
+            held_by: opt_id(agent.held_by),
             directive_block_json: directive_block.map(|b| b.raw().as_str()),
         })
     }
@@ -157,6 +166,7 @@ macro_rules! bind_agent {
             .bind(v.error)
             .bind(v.created_at_ms)
             .bind(v.updated_at_ms)
+            .bind(&v.held_by)
             .bind(v.directive_block_json)
     }};
 }
@@ -176,6 +186,36 @@ pub(crate) fn ended(id: &str, state: AgentState) -> DbError {
         "agent {id} already ended ({})",
         state.as_str()
     )))
+}
+
+/// Which new agents a driver's `hold_new` makes its daemon hold: one agent, or a batch's
+/// children.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum NewAgents {
+    Agent,
+    Batch,
+}
+
+/// `Held` when a daemon other than `me` holds the running agent under a lease that has not
+/// expired at `now_ms` (on the clock the lease was written with).
+pub(crate) fn check_holder(
+    id: AgentId,
+    state: AgentState,
+    holder: Option<&str>,
+    expires_at_ms: Option<i64>,
+    now_ms: i64,
+    me: &Holder,
+) -> Result<()> {
+    let (Some(holder), Some(expires)) = (holder, expires_at_ms) else {
+        return Ok(());
+    };
+    if state != AgentState::Running || expires <= now_ms || holder == me.daemon.to_string() {
+        return Ok(());
+    }
+    Err(DbError::Store(StoreError::Held {
+        agent: id,
+        daemon: parse_id(holder, "agent holder")?,
+    }))
 }
 
 /// `Superseded` unless `current` (the agent's stored generation) is the lease's.

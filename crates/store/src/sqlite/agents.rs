@@ -4,12 +4,15 @@ use forkd_core::{Agent, AgentId, AgentState, Block, Message};
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqlitePool};
 
 use crate::error::Result;
+use forkd_core::DaemonId;
+use forkd_core::store::{Holder, Renewal};
+
 use crate::rows::agents::{
-    AgentRow, AgentValues, INSERT_AGENT, agent_columns, bind_agent, check_generation, ended,
-    not_found, parse_state,
+    AgentRow, AgentValues, INSERT_AGENT, NewAgents, agent_columns, bind_agent, check_generation,
+    check_holder, ended, not_found, parse_state,
 };
 use crate::rows::convert::{
-    INSERT_AGENT_MESSAGE, MessageRow, conflict_if_duplicate, corrupt, from_i64, now_ms,
+    INSERT_AGENT_MESSAGE, MessageRow, conflict_if_duplicate, corrupt, from_i64, now_ms, parse_id,
     stored_messages,
 };
 use crate::{AgentFilter, Lease, StoredMessage};
@@ -135,16 +138,145 @@ async fn bump_generation(conn: &mut SqliteConnection, id: &str) -> Result<i64> {
     .await?)
 }
 
-/// Claims a live agent for a new run: a new generation, and the state `running`.
-pub(super) async fn claim(conn: &mut SqliteConnection, id: AgentId) -> Result<Lease> {
+/// Claims a live agent for a new run: a new generation, the state `running`, and `holder` as
+/// its holder for one lease. `Held` while another daemon's lease on the running agent lasts.
+pub(super) async fn claim(
+    conn: &mut SqliteConnection,
+    id: AgentId,
+    holder: &Holder,
+) -> Result<Lease> {
     let key = id.to_string();
-    live_state(conn, &key).await?;
+    let state = live_state(conn, &key).await?;
+    let (held_by, expires): (Option<String>, Option<i64>) =
+        sqlx::query_as("SELECT held_by, lease_expires_at_ms FROM agents WHERE id = ?")
+            .bind(&key)
+            .fetch_one(&mut *conn)
+            .await?;
+    let now = now_ms();
+    check_holder(id, state, held_by.as_deref(), expires, now, holder)?;
     let generation = bump_generation(conn, &key).await?;
-    update_state(conn, &key, AgentState::Running, None, now_ms()).await?;
+    update_state(conn, &key, AgentState::Running, None, now).await?;
+    sqlx::query("UPDATE agents SET held_by = ?, lease_expires_at_ms = ? WHERE id = ?")
+        .bind(holder.daemon.to_string())
+        .bind(now.saturating_add(holder.lease_ms()))
+        .bind(&key)
+        .execute(conn)
+        .await?;
     Ok(Lease {
         agent_id: id,
         generation: from_i64(generation, "agent generation")?,
     })
+}
+
+/// Makes `holder` the holder, for one lease, of the new live agents that `column` (`id` or
+/// `batch_id`) equals `key` for: whoever created them answers for them until it runs them, and
+/// if it dies they are adopted.
+pub(super) async fn hold_new(
+    conn: &mut SqliteConnection,
+    column: NewAgents,
+    key: &str,
+    holder: &Holder,
+) -> Result<()> {
+    let sql = match column {
+        NewAgents::Agent => {
+            "UPDATE agents SET held_by = ?, lease_expires_at_ms = ? \
+             WHERE id = ? AND state IN ('pending', 'running')"
+        }
+        NewAgents::Batch => {
+            "UPDATE agents SET held_by = ?, lease_expires_at_ms = ? \
+             WHERE batch_id = ? AND state IN ('pending', 'running')"
+        }
+    };
+    sqlx::query(sql)
+        .bind(holder.daemon.to_string())
+        .bind(now_ms().saturating_add(holder.lease_ms()))
+        .bind(key)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// The heartbeat: pushes back the leases `holder` holds on live agents, and reads the kills
+/// asked of them.
+pub(super) async fn renew(conn: &mut SqliteConnection, holder: &Holder) -> Result<Renewal> {
+    let daemon = holder.daemon.to_string();
+    let renewed = sqlx::query(
+        "UPDATE agents SET lease_expires_at_ms = ? \
+         WHERE held_by = ? AND state IN ('pending', 'running')",
+    )
+    .bind(now_ms().saturating_add(holder.lease_ms()))
+    .bind(&daemon)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    let kills: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM agents WHERE held_by = ? AND kill_requested = 1 \
+         AND state IN ('pending', 'running') ORDER BY id",
+    )
+    .bind(&daemon)
+    .fetch_all(conn)
+    .await?;
+    Ok(Renewal {
+        renewed,
+        kills: kills
+            .iter()
+            .map(|id| parse_id(id, "agent id"))
+            .collect::<Result<_>>()?,
+    })
+}
+
+/// Live agents that nobody holds: no holder, or a lease that has expired.
+pub(super) async fn adoptable(pool: &SqlitePool) -> Result<Vec<Agent>> {
+    let rows: Vec<AgentRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        agent_columns!(),
+        " FROM agents WHERE state IN ('pending', 'running') \
+          AND (held_by IS NULL OR lease_expires_at_ms IS NULL OR lease_expires_at_ms <= ?) \
+          ORDER BY id"
+    ))
+    .bind(now_ms())
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter().map(Agent::try_from).collect()
+}
+
+/// Ends every lease: a SQLite database is one daemon's, so whoever held its agents before this
+/// daemon opened it is gone.
+pub(super) async fn expire_all(conn: &mut SqliteConnection) -> Result<()> {
+    sqlx::query(
+        "UPDATE agents SET lease_expires_at_ms = NULL WHERE lease_expires_at_ms IS NOT NULL",
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Stores a kill request with a live agent; returns its holder while its lease lasts.
+pub(super) async fn request_kill(
+    conn: &mut SqliteConnection,
+    id: AgentId,
+) -> Result<Option<DaemonId>> {
+    let key = id.to_string();
+    live_state(conn, &key).await?;
+    let held: Option<String> = sqlx::query_scalar(
+        "UPDATE agents SET kill_requested = 1 WHERE id = ? \
+         RETURNING CASE WHEN lease_expires_at_ms > ? THEN held_by END",
+    )
+    .bind(&key)
+    .bind(now_ms())
+    .fetch_one(conn)
+    .await?;
+    held.as_deref()
+        .map(|d| parse_id(d, "agent holder"))
+        .transpose()
+}
+
+pub(super) async fn kill_requested(pool: &SqlitePool, id: AgentId) -> Result<bool> {
+    let asked: Option<bool> = sqlx::query_scalar("SELECT kill_requested FROM agents WHERE id = ?")
+        .bind(id.to_string())
+        .fetch_optional(pool)
+        .await?;
+    asked.ok_or_else(|| not_found(id))
 }
 
 /// Checks that `lease` is still the agent's newest claim; `Superseded` when a newer run claimed

@@ -75,6 +75,11 @@ pub(super) async fn end_turn(
         .await?;
     check_main_loop(kind.as_deref(), lease)?;
     agents::release(conn, lease, forkd_core::AgentState::Idle).await?;
+    // A cancel asked of the turn (through another daemon) ends with it.
+    sqlx::query("UPDATE agents SET kill_requested = 0 WHERE id = ?")
+        .bind(&agent_id)
+        .execute(&mut *conn)
+        .await?;
     let Some(n) = n else {
         return Ok(None);
     };

@@ -25,7 +25,7 @@ use forkd_core::{
     Usage,
 };
 use forkd_store::{
-    Durability, NewChild, NewNotification, PgStore, SqliteStore, Store, redacted_url,
+    Durability, Holder, NewChild, NewNotification, PgStore, SqliteStore, Store, redacted_url,
 };
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 use tempfile::TempDir;
@@ -171,16 +171,38 @@ impl TestStore {
 
     /// Another store on the same database: a second daemon, or this one restarted.
     pub async fn reopen(&self) -> TestResult<Arc<dyn Store>> {
+        self.reopen_as(Holder::new()).await
+    }
+
+    /// Another store on the same database, claiming agents for `holder`: a second daemon with
+    /// a lease of its own. (Opening a SQLite database ends its earlier holders' leases.)
+    pub async fn reopen_as(&self, holder: Holder) -> TestResult<Arc<dyn Store>> {
         match &*self.database {
             Database::Sqlite { dir, .. } => Ok(Arc::new(
-                SqliteStore::open(&db_path(dir), Durability::Normal).await?,
+                SqliteStore::open(&db_path(dir), Durability::Normal)
+                    .await?
+                    .with_holder(holder),
             )),
             Database::Postgres { url, stores, .. } => {
-                let store = PgStore::connect_with(url, TEST_CONNECTIONS).await?;
+                let store = PgStore::connect_with(url, TEST_CONNECTIONS)
+                    .await?
+                    .with_holder(holder);
                 stores.lock().map_err(|_| "poisoned")?.push(store.clone());
                 Ok(Arc::new(store))
             }
         }
+    }
+
+    /// A second daemon whose claims last `lease`.
+    pub async fn daemon_with_lease(
+        &self,
+        lease: std::time::Duration,
+    ) -> TestResult<Arc<dyn Store>> {
+        self.reopen_as(Holder {
+            daemon: forkd_core::DaemonId::new(),
+            lease,
+        })
+        .await
     }
 
     /// Checks what the database does not check on its own: SQLite's file and its foreign keys
@@ -365,6 +387,7 @@ pub fn fork(session: &Session, fork_point: u64, n: usize) -> TestResult<Fixture>
             error: None,
             created_at_ms: created,
             updated_at_ms: created,
+            held_by: None,
         };
         ids.push((tool_use_id, agent.id));
         children.push(NewChild {
@@ -466,6 +489,7 @@ pub fn client_fork(session: &Session, fork_point: u64, n: usize) -> TestResult<F
                     error: None,
                     created_at_ms: created,
                     updated_at_ms: created,
+                    held_by: None,
                 },
                 directive_block: ForkBatch::directive_block(directive),
             })
@@ -495,6 +519,7 @@ pub fn main_loop(session: &Session) -> Agent {
         error: None,
         created_at_ms: session.created_at_ms,
         updated_at_ms: session.created_at_ms,
+        held_by: None,
     }
 }
 
@@ -518,5 +543,6 @@ pub fn typed(session: &Session, report_to: forkd_core::ReportTo) -> Agent {
         error: None,
         created_at_ms: session.created_at_ms,
         updated_at_ms: session.created_at_ms,
+        held_by: None,
     }
 }

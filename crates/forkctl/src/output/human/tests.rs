@@ -68,13 +68,21 @@ fn ps_prints_full_ids_and_right_aligned_numbers() {
         cost_usd: 0.012_34,
         cache_read_share: 0.995,
         description: "Fix the tests".into(),
+        daemon: "0192ffff-0000-7111-8222-333344445555".into(),
+        ..Default::default()
+    };
+    let unclaimed = Agent {
+        agent_id: "0192aaaa-bbbb-7ccc-8ddd-ffffffffffff".into(),
+        kind: "fork".into(),
+        state: AgentState::Pending as i32,
         ..Default::default()
     };
     let expected = [
-        "AGENT                                 KIND  STATE     IN  WRITE    READ    OUT  READ %     COST  DESCRIPTION",
-        "0192aaaa-bbbb-7ccc-8ddd-eeeeeeeeeeee  fork  running  210      0  48,500  1,234   99.5%  $0.0123  Fix the tests",
+        "AGENT                                 KIND  STATE    DAEMON         IN  WRITE    READ    OUT  READ %     COST  DESCRIPTION",
+        "0192aaaa-bbbb-7ccc-8ddd-eeeeeeeeeeee  fork  running  333344445555  210      0  48,500  1,234   99.5%  $0.0123  Fix the tests",
+        "0192aaaa-bbbb-7ccc-8ddd-ffffffffffff  fork  pending  -               0      0       0      0    0.0%  $0.0000",
     ];
-    assert_eq!(agents_table(&[agent]), expected.join("\n"));
+    assert_eq!(agents_table(&[agent, unclaimed]), expected.join("\n"));
 }
 
 #[test]

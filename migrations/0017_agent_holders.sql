@@ -1,0 +1,13 @@
+-- Leases between daemons. A run's claim also makes its daemon the agent's holder until
+-- `lease_expires_at_ms`, which the daemon pushes back by heartbeat; while it has not passed, no
+-- other daemon may claim the running agent. Once it has (the holder died), any daemon may adopt
+-- the agent. SQLite is one daemon's database, so its leases only matter within that daemon (the
+-- same code runs on both backends); PostgreSQL shares them between daemons.
+ALTER TABLE agents ADD COLUMN held_by TEXT;
+ALTER TABLE agents ADD COLUMN lease_expires_at_ms INTEGER;
+-- A kill asked through a daemon that does not hold the agent: its holder finds it at its next
+-- heartbeat, and any later claim sees it.
+ALTER TABLE agents ADD COLUMN kill_requested INTEGER NOT NULL DEFAULT 0
+    CHECK (kill_requested IN (0, 1));
+
+CREATE INDEX agents_held ON agents (held_by) WHERE state IN ('pending', 'running');
