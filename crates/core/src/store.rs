@@ -172,6 +172,26 @@ impl Default for Holder {
     }
 }
 
+/// What woke a daemon that listens to a database it shares with other daemons (see
+/// [`Store::listen`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wakeup {
+    /// Notifications may have been stored (or the connection was lost and reopened, and some
+    /// may have been missed): the stored rows are the truth, read from the last seq seen.
+    Notifications,
+    /// A client asked, through some daemon, for the agent's attached clients to be handed to
+    /// the background ([`Store::signal_background`]).
+    Background(AgentId),
+}
+
+/// Wake-ups from a database several daemons share (see [`Store::listen`]).
+#[async_trait]
+pub trait Wakeups: Send {
+    /// Returns the next wake-up. An error means none for now: the caller reads the tables
+    /// anyway, waits, and calls again.
+    async fn next(&mut self) -> Result<Wakeup>;
+}
+
 /// What a heartbeat found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Renewal {
@@ -501,6 +521,15 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<Notification>>;
     /// The highest notification seq stored (0 when none).
     async fn last_notification_seq(&self) -> Result<u64>;
+    /// Wake-ups from the daemons sharing this database: whenever any of them stores a
+    /// notification or passes on a background signal. `None` for a database only this daemon
+    /// uses (SQLite), where its own commits and signals are all there is.
+    async fn listen(&self) -> Result<Option<Box<dyn Wakeups>>>;
+    /// Passes a background signal for the agent to every daemon listening ([`Wakeup::Background`]):
+    /// clients attached to it through another daemon are handed to the background too. A
+    /// signal, not state: a daemon that is not listening at that moment does not get it. Does
+    /// nothing on a database only this daemon uses.
+    async fn signal_background(&self, id: AgentId) -> Result<()>;
     /// Agents counted by kind and state, and the fork batches that have a child not yet ended or
     /// a child that changed at or after `batches_since_ms`.
     async fn stats(&self, batches_since_ms: i64) -> Result<Stats>;

@@ -42,6 +42,10 @@ pub(crate) struct Published {
 
 type Events = mpsc::Sender<Result<AgentEvent>>;
 
+/// How often a client attached through a daemon that shares its database reads the agent's new
+/// messages from the store (the agent may run on another daemon).
+const REMOTE_POLL: Duration = Duration::from_millis(250);
+
 impl Engine {
     /// Appends a message to an agent's transcript and publishes it to attached clients.
     pub(crate) async fn append_own(
@@ -73,6 +77,8 @@ impl Engine {
             )));
         }
         let _ = self.inner.backgrounds.send(id);
+        // Clients attached through other daemons sharing the database hear it from there.
+        self.inner.store.signal_background(id).await?;
         Ok(())
     }
 
@@ -113,8 +119,18 @@ impl Engine {
         }
         let deadline = after(self.config().auto_background);
         tokio::pin!(deadline);
+        // An agent another daemon runs stores its messages there: on a shared database they are
+        // read from the store as they come (its end arrives with its notification).
+        let mut remote = tokio::time::interval(REMOTE_POLL);
+        remote.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let shared = self.shared_store();
         loop {
             tokio::select! {
+                _ = remote.tick(), if shared => {
+                    if !self.replay_messages(id, &mut next, tx).await {
+                        return;
+                    }
+                }
                 msg = live.messages.recv() => match msg {
                     Ok(p) if p.agent == id && p.seq >= next => {
                         next = p.seq + 1;

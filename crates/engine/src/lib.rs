@@ -68,6 +68,10 @@ struct Inner {
     config: EngineConfig,
     /// Live notifications, sent after they are committed to the store.
     notifications: broadcast::Sender<Notification>,
+    /// Set on a database several daemons share: the live notifications are then read back from
+    /// the store in seq order by one task (see `notify::feed_from_store`), which this wakes
+    /// after each of this daemon's own commits.
+    store_feed: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
     /// One lock per session: appends to a session's transcript (a fork batch, a notification)
     /// must see the transcript's current length, so they are serialized per session.
     session_locks: LockMap<SessionId>,
@@ -126,6 +130,7 @@ impl Engine {
                 provider,
                 config,
                 notifications,
+                store_feed: std::sync::OnceLock::new(),
                 session_locks: LockMap::default(),
                 turn_locks: LockMap::default(),
                 turn_starts: StdMutex::default(),

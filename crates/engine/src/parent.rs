@@ -272,7 +272,7 @@ impl Engine {
                     seq = stored.seq,
                     "Turn ended in the background"
                 );
-                let _ = self.inner.notifications.send(stored);
+                self.publish(stored);
             }
             Ok(None) | Err(StoreError::Superseded { .. }) => {}
             Err(e) => tracing::warn!(error = %e, "Cannot mark the parent idle"),

@@ -356,6 +356,8 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     // lease has expired. The heartbeat then renews this daemon's leases and adopts those that
     // expire later.
     let unix = bind_socket(&socket_path).await?;
+    // Before anything runs, so that every notification reaches this daemon's subscribers.
+    engine.start_notification_feed().await?;
     let resumed = engine.resume_interrupted().await?;
     if resumed > 0 {
         tracing::info!(resumed, "Resumed agents no live daemon holds");

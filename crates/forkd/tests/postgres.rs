@@ -223,17 +223,44 @@ async fn share_kill_and_adopt(url: String) {
     let mut on_a = binary::client(home_a.path()).await;
     let mut on_b = binary::client(home_b.path()).await;
 
-    // A batch submitted to A: four children that each stream a slow reply.
+    // A batch submitted to A: four children that each list the workspace (a reply that streams
+    // over 2 s), then stream a slow final reply.
     let session = create_session(&mut on_a, session_request(workspace.path()))
         .await
         .unwrap();
     let prompts: Vec<String> = (0..4)
-        .map(|i| format!("Check part {i}.\n@sim sleep 8s\n@sim say part {i} checked"))
+        .map(|i| {
+            format!(
+                "Check part {i}.\n@sim sleep 2s\n@sim tool Glob {{\"pattern\":\"*\"}}\n\
+                 @sim sleep 8s\n@sim say part {i} checked"
+            )
+        })
         .collect();
     let prompts: Vec<&str> = prompts.iter().map(String::as_str).collect();
     let batch = fork(&mut on_a, &session.session_id, &prompts, Some(false))
         .await
         .unwrap();
+
+    // A subscriber on B, from before any child ends: it hears A's notifications live.
+    let mut live = on_b
+        .subscribe_notifications(pb::SubscribeNotificationsRequest {
+            batch_id: batch.batch_id.clone(),
+            follow: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let heard = tokio::spawn(async move {
+        let mut heard = Vec::new();
+        while heard.len() < 4 {
+            match tokio::time::timeout(DEADLINE, live.message()).await {
+                Ok(Ok(Some(n))) => heard.push(n),
+                other => panic!("the live stream on B stopped: {other:?} after {heard:?}"),
+            }
+        }
+        heard
+    });
 
     // B serves the session and its agents too: all four running, on A.
     let agents = eventually(DEADLINE, "A to run the four children", || {
@@ -258,6 +285,44 @@ async fn share_kill_and_adopt(url: String) {
         .unwrap()
         .into_inner();
     assert!(session_on_b.session.is_some());
+
+    // Attached through B to a child that A runs: its messages arrive as A stores them, while A
+    // still runs it; a background signal given through A reaches the client on B.
+    let watched = batch.agent_ids[2].clone();
+    let mut attached = on_b
+        .attach(pb::AttachRequest {
+            agent_id: watched.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = tokio::time::timeout(DEADLINE, attached.message())
+        .await
+        .expect("a message of the attached agent")
+        .unwrap()
+        .expect("the attach stream ended early");
+    assert!(
+        matches!(first.event, Some(pb::agent_event::Event::Message(_))),
+        "{first:?}"
+    );
+    assert_eq!(get_agent(&mut on_b, &watched).await.daemon, daemon_a);
+    on_a.background(pb::BackgroundRequest {
+        agent_id: watched.clone(),
+    })
+    .await
+    .unwrap();
+    let launched = loop {
+        let event = tokio::time::timeout(DEADLINE, attached.message())
+            .await
+            .expect("the background signal through A")
+            .unwrap()
+            .expect("the attach stream ended without async_launched");
+        if let Some(pb::agent_event::Event::AsyncLaunched(l)) = event.event {
+            break l;
+        }
+    };
+    assert_eq!(launched.agent_id, watched);
 
     // Killed through B: A stops it at its next heartbeat.
     let victim = batch.agent_ids[3].clone();
@@ -315,6 +380,15 @@ async fn share_kill_and_adopt(url: String) {
         };
         assert_eq!(n.status, expected as i32, "{n:?}");
     }
+    // The subscriber on B heard each end once, in seq order: the kill recorded by A, the others
+    // by B after adopting them.
+    let heard = heard.await.unwrap();
+    assert!(heard.windows(2).all(|w| w[0].seq < w[1].seq), "{heard:?}");
+    let mut heard_ids: Vec<&str> = heard.iter().map(|n| n.agent_id.as_str()).collect();
+    heard_ids.sort_unstable();
+    heard_ids.dedup();
+    assert_eq!(heard_ids.len(), 4, "{heard:?}");
+
     // Each adopted child's transcript holds one final reply: it was not answered twice.
     for id in batch.agent_ids.iter().take(3) {
         let transcript = on_b
@@ -330,7 +404,8 @@ async fn share_kill_and_adopt(url: String) {
             .iter()
             .filter(|m| m.role == "assistant")
             .count();
-        assert_eq!(replies, 1, "{transcript:?}");
+        // The listing, and the final reply: none answered twice.
+        assert_eq!(replies, 2, "{transcript:?}");
     }
     drop(on_b);
     drop(b);

@@ -56,12 +56,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use forkd_core::fork::ForkBatch;
 use forkd_core::session::Session;
-use forkd_core::store::{Holder, Renewal};
+use forkd_core::store::{Holder, Renewal, Wakeup, Wakeups};
 use forkd_core::{
     Agent, AgentId, AgentState, BatchId, Block, DaemonId, Message, Notification, SessionId,
 };
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 
 use crate::rows::agents::NewAgents;
@@ -181,6 +181,33 @@ impl PgStore {
             .pool
             .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
             .await?)
+    }
+}
+
+/// The channel of background signals; the payload is the agent's id.
+const BACKGROUNDS: &str = "forkd_backgrounds";
+
+/// `LISTEN` on the notification and background channels, on a connection of its own.
+struct Listener(PgListener);
+
+#[async_trait]
+impl Wakeups for Listener {
+    async fn next(&mut self) -> StoreResult<Wakeup> {
+        loop {
+            // `None`: the connection was lost (and is reopened at the next call); notifications
+            // sent meanwhile are lost, so the caller catches up from the table.
+            let received = self.0.try_recv().await.map_err(crate::DbError::from);
+            let Some(note) = received.map_err(crate::StoreError::from)? else {
+                return Ok(Wakeup::Notifications);
+            };
+            if note.channel() != BACKGROUNDS {
+                return Ok(Wakeup::Notifications);
+            }
+            match note.payload().parse() {
+                Ok(id) => return Ok(Wakeup::Background(id)),
+                Err(e) => tracing::warn!(error = %e, "A background signal without an agent id"),
+            }
+        }
     }
 }
 
@@ -609,6 +636,30 @@ impl Store for PgStore {
 
     async fn last_notification_seq(&self) -> StoreResult<u64> {
         db(async move { notifications::last_seq(&self.pool).await }.await)
+    }
+
+    async fn listen(&self) -> StoreResult<Option<Box<dyn Wakeups>>> {
+        db(async move {
+            let mut listener = PgListener::connect_with(&self.pool).await?;
+            listener
+                .listen_all([notifications::CHANNEL, BACKGROUNDS])
+                .await?;
+            let wakeups: Box<dyn Wakeups> = Box::new(Listener(listener));
+            Ok(Some(wakeups))
+        }
+        .await)
+    }
+
+    async fn signal_background(&self, id: AgentId) -> StoreResult<()> {
+        db(async move {
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(BACKGROUNDS)
+                .bind(id.to_string())
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        }
+        .await)
     }
 
     async fn stats(&self, batches_since_ms: i64) -> StoreResult<crate::Stats> {

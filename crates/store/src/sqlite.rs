@@ -25,7 +25,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use forkd_core::fork::ForkBatch;
 use forkd_core::session::Session;
-use forkd_core::store::{Holder, Renewal};
+use forkd_core::store::{Holder, Renewal, Wakeups};
 use forkd_core::{
     Agent, AgentId, AgentState, BatchId, Block, DaemonId, Message, Notification, SessionId,
 };
@@ -647,6 +647,15 @@ impl Store for SqliteStore {
 
     async fn last_notification_seq(&self) -> StoreResult<u64> {
         db(async move { notifications::last_seq(&self.reader).await }.await)
+    }
+
+    async fn listen(&self) -> StoreResult<Option<Box<dyn Wakeups>>> {
+        // One daemon uses this database: it sees its own notifications as it commits them.
+        Ok(None)
+    }
+
+    async fn signal_background(&self, _: AgentId) -> StoreResult<()> {
+        Ok(())
     }
 
     async fn stats(&self, batches_since_ms: i64) -> StoreResult<crate::Stats> {

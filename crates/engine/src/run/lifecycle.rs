@@ -402,8 +402,7 @@ impl Engine {
             cost_usd = stored.cost_usd,
             "Agent ended"
         );
-        // No receiver is fine: subscribers replay from the store.
-        let _ = self.inner.notifications.send(stored);
+        self.publish(stored);
         crate::metrics::notification(status.as_str(), committing.elapsed());
         Ok(())
     }

@@ -105,6 +105,9 @@ pub(super) async fn end_turn(
     Ok(Some(insert(conn, n, NotificationKind::Turn).await?))
 }
 
+/// The channel on which every stored notification wakes the daemons that `LISTEN`.
+pub(super) const CHANNEL: &str = "forkd_notifications";
+
 /// Stores a notification with the next sequence number, taken from the counter row, which stays
 /// locked until this transaction ends: seqs commit in the order they are taken.
 async fn insert(
@@ -128,6 +131,11 @@ async fn insert(
     .execute(&mut *conn)
     .await
     .map_err(|e| conflict_if_duplicate(e, || values.duplicate()))?;
+    // Delivered at commit (and only then) to every daemon listening: a wake-up, not the row.
+    sqlx::query("SELECT pg_notify($1, '')")
+        .bind(CHANNEL)
+        .execute(&mut *conn)
+        .await?;
     stored(n, kind, seq)
 }
 
