@@ -11,3 +11,9 @@ ALTER TABLE agents ADD COLUMN kill_requested INTEGER NOT NULL DEFAULT 0
     CHECK (kill_requested IN (0, 1));
 
 CREATE INDEX agents_held ON agents (held_by) WHERE state IN ('pending', 'running');
+
+CREATE INDEX agents_pending ON agents (batch_id, idx) WHERE state = 'pending';
+
+-- When a batch's warm-up gate opened (its first child's response started, or the batch was not
+-- gated): from then on any daemon with free slots may take its pending children.
+ALTER TABLE batches ADD COLUMN gate_opened_at_ms INTEGER;

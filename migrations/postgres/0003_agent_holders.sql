@@ -9,3 +9,9 @@ ALTER TABLE agents ADD COLUMN lease_expires_at_ms BIGINT;
 ALTER TABLE agents ADD COLUMN kill_requested BOOLEAN NOT NULL DEFAULT FALSE;
 
 CREATE INDEX agents_held ON agents (held_by) WHERE state IN ('pending', 'running');
+
+-- When a batch's warm-up gate opened (its first child's response started, or the batch was not
+-- gated): from then on any daemon with free slots may take its pending children.
+ALTER TABLE batches ADD COLUMN gate_opened_at_ms BIGINT;
+
+CREATE INDEX agents_pending ON agents (batch_id, idx) WHERE state = 'pending';

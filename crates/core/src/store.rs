@@ -429,7 +429,7 @@ pub trait Store: Send + Sync + 'static {
         error: Option<&str>,
     ) -> Result<()>;
     /// Claims a live agent for a new run (`Conflict` if it already ended; `Held` while another
-    /// daemon runs it under a lease that has not expired): increments its generation, sets it
+    /// daemon holds it, pending or running, under a lease that has not expired): increments its generation, sets it
     /// `running` and held by this store's daemon ([`Store::holder`]) for one lease, and returns
     /// the lease every later write of the run checks.
     async fn claim_agent(&self, id: AgentId) -> Result<Lease>;
@@ -448,6 +448,20 @@ pub trait Store: Send + Sync + 'static {
     async fn request_kill(&self, id: AgentId) -> Result<Option<DaemonId>>;
     /// Whether a kill was asked for the agent ([`Store::request_kill`]).
     async fn kill_requested(&self, id: AgentId) -> Result<bool>;
+    /// Records that the batch's warm-up gate opened (idempotent): its pending children may now
+    /// run on any daemon ([`Store::take_pending`]).
+    async fn open_gate(&self, batch: BatchId) -> Result<()>;
+    /// Takes up to `limit` pending fork children that another daemon holds, for this daemon to
+    /// run at once: they become `running`, held by this daemon (no other daemon takes or claims
+    /// them while it renews; its runs claim them again). Children of batches whose warm-up gate opened, or was
+    /// created more than `gate_timeout` ago (a gate never waits forever), first batch first, in
+    /// index order. Rows another daemon is taking at the same moment are skipped, not waited
+    /// for (`FOR UPDATE SKIP LOCKED`).
+    async fn take_pending(
+        &self,
+        limit: u32,
+        gate_timeout: std::time::Duration,
+    ) -> Result<Vec<AgentId>>;
     /// Moves the leased agent to a live `state` (a parent back to `pending` between turns).
     async fn release_agent(&self, lease: &Lease, state: AgentState) -> Result<()>;
     /// Appends one message to the leased agent's own transcript; returns its seq.

@@ -58,7 +58,7 @@ impl Engine {
         let gating = self.inner.config.warmup_gating
             && resume_gating(ids.len(), last_request, crate::now_ms());
         tracing::info!(batch.id = %batch, children = ids.len(), gating, "Resuming a batch");
-        self.start_batch(&ids, gating);
+        self.start_batch(batch, &ids, gating);
     }
 
     pub async fn get_agent(&self, id: AgentId) -> Result<Agent> {

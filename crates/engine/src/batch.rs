@@ -8,6 +8,9 @@ use forkd_core::store::{
     AgentFilter, BatchExtras, Budget, IdempotencyRecord, IdempotentCall, NewChild,
 };
 use forkd_core::{Agent, AgentId, AgentKind, AgentState, BatchId, Directive, SessionId, Usage};
+use std::sync::Arc;
+
+use forkd_core::store::Store;
 use tokio::sync::watch;
 
 use crate::error::{EngineError, Result};
@@ -50,16 +53,32 @@ pub(crate) struct BatchStart {
 
 /// Opens when the first child's response has started (or when the first child ends without
 /// one), releasing its siblings. Dropping the sender opens it too, so no sibling waits forever.
+/// Opening it is also recorded in the store, where other daemons sharing the database see it
+/// before they take any of the batch's pending children.
 pub(crate) struct WarmupGate {
     tx: Option<watch::Sender<bool>>,
+    store: Arc<dyn Store>,
+    batch: BatchId,
 }
 
 impl WarmupGate {
     pub(crate) fn open(&mut self) {
         if let Some(tx) = self.tx.take() {
             tx.send_replace(true);
+            record_open_gate(&self.store, self.batch);
         }
     }
+}
+
+/// Records in the store that `batch`'s gate is open, without holding up the caller (a child's
+/// stream): a write that fails only keeps other daemons waiting until the gate's timeout.
+fn record_open_gate(store: &Arc<dyn Store>, batch: BatchId) {
+    let store = Arc::clone(store);
+    tokio::spawn(async move {
+        if let Err(e) = store.open_gate(batch).await {
+            tracing::warn!(batch.id = %batch, error = %e, "Cannot record that the batch's gate opened");
+        }
+    });
 }
 
 fn invalid_fork(err: ForkError) -> EngineError {
@@ -313,7 +332,7 @@ impl Engine {
             gating,
             "Fork batch submitted"
         );
-        self.start_batch(&agent_ids, gating);
+        self.start_batch(batch_id, &agent_ids, gating);
         Ok(SubmittedBatch {
             batch_id,
             agent_ids,
@@ -322,9 +341,17 @@ impl Engine {
 
     /// Starts a batch's children. Under gating the first child goes alone; the others wait for
     /// its response to start, so they find the shared prefix already cached.
-    pub(crate) fn start_batch(&self, agent_ids: &[AgentId], gating: bool) {
-        let (tx, rx) = watch::channel(!gating || agent_ids.len() < 2);
-        let mut gate = Some(WarmupGate { tx: Some(tx) });
+    pub(crate) fn start_batch(&self, batch: BatchId, agent_ids: &[AgentId], gating: bool) {
+        let open = !gating || agent_ids.len() < 2;
+        if open {
+            record_open_gate(&self.inner.store, batch);
+        }
+        let (tx, rx) = watch::channel(open);
+        let mut gate = Some(WarmupGate {
+            tx: (!open).then_some(tx),
+            store: Arc::clone(&self.inner.store),
+            batch,
+        });
         for (i, id) in agent_ids.iter().enumerate() {
             let own_gate = if i == 0 { gate.take() } else { None };
             let wait = (i > 0).then(|| rx.clone());

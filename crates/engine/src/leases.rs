@@ -15,6 +15,14 @@ use forkd_core::{Agent, AgentId, AgentKind, AgentState, BatchId, SessionId};
 use crate::Engine;
 use crate::error::Result;
 
+/// How many pending children a daemon without a cap on running agents takes from others per
+/// heartbeat.
+const TAKE_UNCAPPED: usize = 64;
+
+/// How long a batch's warm-up gate may stay shut before other daemons take its pending children
+/// anyway: a gate never waits forever (its first child's daemon may be slow, or gone).
+const GATE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How many heartbeats fit in one lease: a daemon keeps its claims through two missed ones.
 const HEARTBEATS_PER_LEASE: u32 = 3;
 
@@ -64,6 +72,33 @@ impl Engine {
             Ok(adopted) => tracing::info!(adopted, "Adopted agents whose daemon stopped renewing"),
             Err(e) => tracing::warn!(error = %e, "Cannot look for agents to adopt"),
         }
+        match self.take_shared_work().await {
+            Ok(0) => {}
+            Ok(taken) => tracing::info!(taken, "Took pending children another daemon had queued"),
+            Err(e) => tracing::warn!(error = %e, "Cannot look for pending children to take"),
+        }
+    }
+
+    /// Takes pending fork children that other daemons hold but have not started (their own
+    /// cap on running agents keeps them queued), as many as this daemon has free slots (up to
+    /// [`TAKE_UNCAPPED`] a beat without a cap), and runs them. Only children of batches whose
+    /// warm-up gate opened (or timed out): they read the cache their first sibling wrote.
+    async fn take_shared_work(&self) -> Result<usize> {
+        let running = self.runs().len();
+        let free = match self.inner.config.max_running_agents {
+            Some(cap) => cap.saturating_sub(running),
+            None => TAKE_UNCAPPED,
+        };
+        if free == 0 {
+            return Ok(0);
+        }
+        let limit = u32::try_from(free).unwrap_or(u32::MAX);
+        let taken = self.inner.store.take_pending(limit, GATE_TIMEOUT).await?;
+        for id in &taken {
+            // Released already: the gate opened where the batch started.
+            self.start_agent(*id);
+        }
+        Ok(taken.len())
     }
 
     /// Stops this daemon's run of `id` as killed; false when no run of it is here.

@@ -13,86 +13,17 @@ use forkd_test_support::{
     create_session, eventually, fork, run_turn, session_request, session_transcript,
     spawn_daemon_with, turn_text, wait_for_batch,
 };
-use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
 mod binary;
+mod pg;
+
+use pg::with_scratch_database;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// A fresh database on the test server, and the server's URL to drop it through; `None` when
-/// the PostgreSQL tests are skipped.
-async fn scratch_database() -> Option<(String, String)> {
-    let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty());
-    let server = match std::env::var("FORKD_TEST_DATABASE_URL") {
-        Ok(url) if !url.trim().is_empty() => url,
-        _ => {
-            assert!(
-                !ci,
-                "CI is set but FORKD_TEST_DATABASE_URL is not: the PostgreSQL tests must run in CI"
-            );
-            println!(
-                "skipped: set FORKD_TEST_DATABASE_URL=postgres://… to run the PostgreSQL store tests"
-            );
-            return None;
-        }
-    };
-    let name = format!(
-        "forkd_daemon_test_{}_{}",
-        std::process::id(),
-        fastrand::u32(..)
-    );
-    let mut admin = PgConnection::connect(&server)
-        .await
-        .unwrap_or_else(|e| panic!("cannot reach FORKD_TEST_DATABASE_URL: {e}"));
-    sqlx::query(AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    admin.close().await.unwrap();
-    // The server's URL with the database replaced (the path after the host).
-    let (scheme, rest) = server.split_once("://").unwrap();
-    let host_at = rest.rfind('@').map_or(0, |i| i + 1);
-    let host_end = rest[host_at..]
-        .find(['/', '?'])
-        .map_or(rest.len(), |i| host_at + i);
-    let query = rest[host_end..]
-        .find('?')
-        .map_or("", |i| &rest[host_end + i..]);
-    let url = format!("{scheme}://{}/{name}{query}", &rest[..host_end]);
-    Some((url, format!("{server}\n{name}")))
-}
-
-/// Drops the test's database. A plain `DROP DATABASE` waits for an autovacuum worker to leave
-/// (`WITH (FORCE)` would fail on it without the right to signal it); `FORCE` is the fallback for
-/// a connection of the test that is still open.
-async fn drop_database(handle: &str) {
-    let (server, name) = handle.split_once('\n').unwrap();
-    let mut admin = PgConnection::connect(server).await.unwrap();
-    let plain = sqlx::query(AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}")))
-        .execute(&mut admin)
-        .await;
-    if plain.is_err() {
-        sqlx::query(AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-        )))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    }
-    admin.close().await.unwrap();
-}
-
 #[tokio::test]
 async fn a_daemon_on_postgres_forks_restarts_and_keeps_everything() {
-    let Some((url, handle)) = scratch_database().await else {
-        return;
-    };
-    // In a task of its own, so that the database is dropped whether the test passes or panics.
-    let outcome = tokio::spawn(forks_restarts_and_keeps_everything(url)).await;
-    drop_database(&handle).await;
-    if let Err(e) = outcome {
-        std::panic::resume_unwind(e.into_panic());
-    }
+    with_scratch_database(forks_restarts_and_keeps_everything).await;
 }
 
 async fn forks_restarts_and_keeps_everything(url: String) {
@@ -200,14 +131,7 @@ async fn a_database_url_that_is_not_postgres_stops_the_start() {
 /// running children once their leases expire, and each ends exactly once.
 #[tokio::test]
 async fn two_daemons_share_agents_kill_across_and_adopt_after_a_sigkill() {
-    let Some((url, handle)) = scratch_database().await else {
-        return;
-    };
-    let outcome = tokio::spawn(share_kill_and_adopt(url)).await;
-    drop_database(&handle).await;
-    if let Err(e) = outcome {
-        std::panic::resume_unwind(e.into_panic());
-    }
+    with_scratch_database(share_kill_and_adopt).await;
 }
 
 async fn share_kill_and_adopt(url: String) {
@@ -434,4 +358,82 @@ async fn get_agent(client: &mut binary::Client, id: &str) -> pb::Agent {
         .into_inner()
         .agent
         .unwrap()
+}
+
+/// Work is shared out: daemon A may run two agents at a time, so most of a batch submitted to
+/// it waits in its queue; daemon B, with free slots, takes those pending children once the
+/// batch's warm-up gate has opened, and runs them. Each child runs once, on one daemon.
+#[tokio::test]
+async fn a_daemon_with_free_slots_takes_pending_children_from_a_busy_one() {
+    with_scratch_database(share_out_pending_children).await;
+}
+
+async fn share_out_pending_children(url: String) {
+    const CHILDREN: usize = 8;
+    let common = [("FORKD_DATABASE_URL", url.as_str()), ("FORKD_LEASE", "1s")];
+    let busy: Vec<(&str, &str)> = common
+        .iter()
+        .copied()
+        .chain([("FORKD_MAX_RUNNING_AGENTS", "2")])
+        .collect();
+    let (home_a, home_b, workspace) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let _a = binary::Daemon::start_with(home_a.path(), "1", &busy);
+    let _b = binary::Daemon::start_with(home_b.path(), "1", &common);
+    let mut on_a = binary::client(home_a.path()).await;
+    let mut on_b = binary::client(home_b.path()).await;
+
+    let session = create_session(&mut on_a, session_request(workspace.path()))
+        .await
+        .unwrap();
+    let prompts: Vec<String> = (0..CHILDREN)
+        .map(|i| format!("Part {i}.\n@sim sleep 3s\n@sim say part {i} done"))
+        .collect();
+    let prompts: Vec<&str> = prompts.iter().map(String::as_str).collect();
+    let batch = fork(&mut on_a, &session.session_id, &prompts, None)
+        .await
+        .unwrap();
+    let done = wait_for_batch(&mut on_b, &batch.batch_id, CHILDREN, DEADLINE)
+        .await
+        .unwrap();
+    let mut ids: Vec<&str> = done.iter().map(|n| n.agent_id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), CHILDREN, "{done:?}");
+    assert!(
+        done.iter()
+            .all(|n| n.status == pb::NotificationStatus::Completed as i32),
+        "{done:?}"
+    );
+    let agents = list_batch(&mut on_b, &batch.batch_id).await;
+    let mut by_daemon: std::collections::BTreeMap<&str, usize> = Default::default();
+    for agent in &agents {
+        *by_daemon.entry(agent.daemon.as_str()).or_default() += 1;
+    }
+    println!("children per daemon: {by_daemon:?}");
+    assert_eq!(
+        by_daemon.len(),
+        2,
+        "both daemons ran children: {by_daemon:?}"
+    );
+    // One reply each: nobody ran a child twice.
+    for id in &batch.agent_ids {
+        let transcript = on_b
+            .get_transcript(pb::GetTranscriptRequest {
+                agent_id: id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let replies = transcript
+            .messages
+            .iter()
+            .filter(|m| m.role == "assistant")
+            .count();
+        assert_eq!(replies, 1, "{transcript:?}");
+    }
 }

@@ -384,6 +384,31 @@ impl Store for SqliteStore {
         db(async move { agents::kill_requested(&self.reader, id).await }.await)
     }
 
+    async fn open_gate(&self, batch: BatchId) -> StoreResult<()> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            agents::open_gate(&mut tx, batch).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await)
+    }
+
+    async fn take_pending(
+        &self,
+        limit: u32,
+        gate_timeout: std::time::Duration,
+    ) -> StoreResult<Vec<AgentId>> {
+        let timeout_ms = i64::try_from(gate_timeout.as_millis()).unwrap_or(i64::MAX);
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            let taken = agents::take_pending(&mut tx, &self.holder, limit, timeout_ms).await?;
+            tx.commit().await?;
+            Ok(taken)
+        }
+        .await)
+    }
+
     async fn release_agent(&self, lease: &Lease, state: AgentState) -> StoreResult<()> {
         db(async move {
             let mut tx = self.begin_write().await?;

@@ -135,14 +135,16 @@ async fn the_last_children_of_a_client_batch_append_one_digest(store: TestStore)
 /// reader that has seen seq n has seen every seq below it), and the seqs come out as 1..=N.
 async fn notifications_are_never_seen_out_of_seq_order(store: TestStore) -> TestResult {
     const CHILDREN: usize = 64;
+    // The reader and half the writers on stores of their own: three daemons' worth of
+    // connections, so that writers overlap and the reader never waits for them. Each writer
+    // ends the children it created (a daemon runs those it holds).
+    let (reading, writing) = (store.reopen().await?, store.reopen().await?);
     let mut children = Vec::new();
-    for _ in 0..CHILDREN {
-        let (_, fx) = seeded(&*store, 1).await?;
+    for i in 0..CHILDREN {
+        let creator = if i % 2 == 0 { &*store } else { &*writing };
+        let (_, fx) = seeded(creator, 1).await?;
         children.extend(fx.children.into_iter().map(|c| c.agent));
     }
-    // The reader and half the writers on stores of their own: three daemons' worth of
-    // connections, so that writers overlap and the reader never waits for them.
-    let (reading, writing) = (store.reopen().await?, store.reopen().await?);
     let done = Arc::new(AtomicBool::new(false));
     let reader = {
         let (store, done) = (reading, Arc::clone(&done));

@@ -21,6 +21,7 @@ conformance!(
     the_heartbeat_renews_leases_and_brings_kills_asked_elsewhere,
     a_kill_of_an_agent_no_daemon_holds_is_left_to_whoever_records_it,
     an_idle_main_loop_is_claimed_by_any_daemon_and_a_cancel_ends_with_its_turn,
+    pending_children_are_taken_by_other_daemons_once_their_gate_opens,
     a_sqlite_database_opened_again_ends_its_earlier_holders_leases,
 );
 
@@ -40,8 +41,9 @@ async fn a_running_agent_is_held_by_its_daemon_until_its_lease_expires(
     let a = store.daemon_with_lease(LONG).await?;
     let b = store.daemon_with_lease(LONG).await?;
     let c = store.daemon_with_lease(SHORT).await?;
-    let (_, fx) = seeded(&*a, 2).await?;
-    let [one, two] = [0, 1].map(|i| fx.children[i].agent.id);
+    let (_, fx) = seeded(&*a, 1).await?;
+    let (_, theirs) = seeded(&*c, 1).await?;
+    let (one, two) = (fx.children[0].agent.id, theirs.children[0].agent.id);
 
     // A runs `one`: B can neither claim nor adopt it.
     let lease = a.claim_agent(one).await?;
@@ -89,13 +91,14 @@ async fn new_agents_are_held_by_the_daemon_that_created_them(store: TestStore) -
         assert_eq!(agent.held_by, Some(a.holder().daemon));
         assert_eq!(agent.state, AgentState::Pending);
     }
-    // Pending, held: nobody adopts them while their creator renews.
+    // Pending, held: nobody adopts or claims them while their creator renews.
     assert!(b.adoptable_agents().await?.is_empty());
-    // A pending agent is not running anywhere: any daemon may claim it (the creator's own run
-    // then finds it held, and leaves it).
-    b.claim_agent(fx.children[0].agent.id).await?;
-    let taken = a.claim_agent(fx.children[0].agent.id).await;
-    assert!(matches!(taken, Err(StoreError::Held { .. })), "{taken:?}");
+    let first = fx.children[0].agent.id;
+    let refused = b.claim_agent(first).await;
+    assert!(
+        matches!(refused, Err(StoreError::Held { .. })),
+        "{refused:?}"
+    );
 
     // A daemon that dies with agents it created but never ran: they are adopted.
     let typed = support::typed(&session, forkd_core::ReportTo::Transcript);
@@ -241,4 +244,64 @@ async fn a_sqlite_database_opened_again_ends_its_earlier_holders_leases(
     );
     b.claim_agent(child).await?;
     Ok(())
+}
+
+async fn pending_children_are_taken_by_other_daemons_once_their_gate_opens(
+    store: TestStore,
+) -> TestResult {
+    let a = store.daemon_with_lease(LONG).await?;
+    let b = store.daemon_with_lease(LONG).await?;
+    let c = store.daemon_with_lease(LONG).await?;
+    let fx = batch_now(&*a, 4).await?;
+    let ids: Vec<_> = fx.children.iter().map(|x| x.agent.id).collect();
+
+    // Gated: child 1 has not started; nobody else takes its siblings.
+    assert!(b.take_pending(10, LONG).await?.is_empty());
+    a.claim_agent(ids[0]).await?;
+    b.open_gate(fx.batch.id).await?;
+    b.open_gate(fx.batch.id).await?;
+
+    // Open: B takes two, C the rest, in index order; none twice, never the running one.
+    assert_eq!(b.take_pending(2, LONG).await?, ids[1..3]);
+    assert_eq!(c.take_pending(10, LONG).await?, ids[3..]);
+    assert!(b.take_pending(10, LONG).await?.is_empty());
+    // The creator finds them held by the daemons that took them; they run there.
+    let held = a.claim_agent(ids[1]).await;
+    assert!(matches!(held, Err(StoreError::Held { daemon, .. }) if daemon == b.holder().daemon));
+    b.claim_agent(ids[1]).await?;
+    let taken = c.get_agent(ids[3]).await?.ok_or("agent missing")?;
+    assert_eq!(taken.held_by, Some(c.holder().daemon));
+    assert_eq!(taken.state, AgentState::Running);
+
+    // A gate that never opened stops holding the children back after the timeout.
+    let late = batch_now(&*a, 2).await?;
+    assert!(b.take_pending(10, LONG).await?.is_empty());
+    expire(SHORT).await;
+    let taken = b.take_pending(10, SHORT).await?;
+    assert_eq!(taken.len(), 2, "{taken:?}");
+    assert!(taken.contains(&late.children[0].agent.id));
+    Ok(())
+}
+
+/// A session with one batch of `n` children created now (the gate's timeout counts from the
+/// batch's creation).
+async fn batch_now(store: &dyn forkd_store::Store, n: usize) -> TestResult<support::Fixture> {
+    let mut session = support::session()?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis();
+    // The fixture's batch is created 2 s after its session: a few seconds ago, all told.
+    session.created_at_ms = i64::try_from(now)? - 10_000;
+    let history = support::history()?;
+    store.create_session(&session, &history, None).await?;
+    let fx = support::fork(&session, u64::try_from(history.len())?, n)?;
+    store
+        .create_fork_batch(
+            &fx.batch,
+            std::slice::from_ref(&fx.parent_results),
+            &fx.children,
+            &forkd_store::BatchExtras::default(),
+        )
+        .await?;
+    Ok(fx)
 }

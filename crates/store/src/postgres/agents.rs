@@ -4,8 +4,8 @@ use forkd_core::{Agent, AgentId, AgentState, Block, Message};
 use sqlx::{PgConnection, PgPool, Postgres, QueryBuilder};
 
 use crate::error::Result;
-use forkd_core::DaemonId;
 use forkd_core::store::{Holder, Renewal};
+use forkd_core::{BatchId, DaemonId};
 use sqlx::AssertSqlSafe;
 
 use crate::rows::agents::{
@@ -278,6 +278,56 @@ pub(super) async fn adoptable(pool: &PgPool) -> Result<Vec<Agent>> {
     .fetch_all(pool)
     .await?;
     rows.into_iter().map(Agent::try_from).collect()
+}
+
+/// Records that a batch's warm-up gate opened (the first time only).
+pub(super) async fn open_gate(conn: &mut PgConnection, batch: BatchId) -> Result<()> {
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE batches SET gate_opened_at_ms = {DB_NOW_MS} \
+         WHERE id = $1 AND gate_opened_at_ms IS NULL"
+    )))
+    .bind(batch.to_string())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Takes up to `limit` pending children held by other daemons, of batches whose gate opened
+/// (or timed out): they are `running`, held by `holder`, from now on (no other daemon takes or
+/// claims them), and its runs claim them again. Rows another transaction holds locked (a
+/// daemon taking or claiming them) are skipped rather than waited for.
+pub(super) async fn take_pending(
+    conn: &mut PgConnection,
+    holder: &Holder,
+    limit: u32,
+    gate_timeout_ms: i64,
+) -> Result<Vec<AgentId>> {
+    let ids: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "WITH picked AS ( \
+           SELECT a.id FROM agents AS a JOIN batches AS b ON b.id = a.batch_id \
+           WHERE a.state = 'pending' AND a.kind = 'fork' \
+             AND (a.held_by IS NULL OR a.held_by <> $1) \
+             AND (b.gate_opened_at_ms IS NOT NULL OR b.created_at_ms <= {DB_NOW_MS} - $2) \
+           ORDER BY a.batch_id, a.idx LIMIT $3 \
+           FOR NO KEY UPDATE OF a SKIP LOCKED) \
+         UPDATE agents SET held_by = $1, lease_expires_at_ms = {DB_NOW_MS} + $4, \
+           state = 'running', generation = generation + 1, updated_at_ms = $5 \
+         FROM picked WHERE agents.id = picked.id RETURNING agents.id"
+    )))
+    .bind(holder.daemon.to_string())
+    .bind(gate_timeout_ms)
+    .bind(i64::from(limit))
+    .bind(holder.lease_ms())
+    .bind(now_ms())
+    .fetch_all(conn)
+    .await?;
+    let mut ids: Vec<AgentId> = ids
+        .iter()
+        .map(|id| parse_id(id, "agent id"))
+        .collect::<Result<_>>()?;
+    // Ids are time-ordered: a batch's children in creation (and index) order.
+    ids.sort_unstable();
+    Ok(ids)
 }
 
 /// Stores a kill request with a live agent; returns its holder while its lease lasts.

@@ -196,8 +196,9 @@ pub(crate) enum NewAgents {
     Batch,
 }
 
-/// `Held` when a daemon other than `me` holds the running agent under a lease that has not
-/// expired at `now_ms` (on the clock the lease was written with).
+/// `Held` when a daemon other than `me` holds the pending or running agent under a lease that
+/// has not expired at `now_ms` (on the clock the lease was written with). A main loop between
+/// turns (`idle`) is held by nobody.
 pub(crate) fn check_holder(
     id: AgentId,
     state: AgentState,
@@ -209,7 +210,8 @@ pub(crate) fn check_holder(
     let (Some(holder), Some(expires)) = (holder, expires_at_ms) else {
         return Ok(());
     };
-    if state != AgentState::Running || expires <= now_ms || holder == me.daemon.to_string() {
+    let live = matches!(state, AgentState::Pending | AgentState::Running);
+    if !live || expires <= now_ms || holder == me.daemon.to_string() {
         return Ok(());
     }
     Err(DbError::Store(StoreError::Held {

@@ -4,8 +4,8 @@ use forkd_core::{Agent, AgentId, AgentState, Block, Message};
 use sqlx::{QueryBuilder, Sqlite, SqliteConnection, SqlitePool};
 
 use crate::error::Result;
-use forkd_core::DaemonId;
 use forkd_core::store::{Holder, Renewal};
+use forkd_core::{BatchId, DaemonId};
 
 use crate::rows::agents::{
     AgentRow, AgentValues, INSERT_AGENT, NewAgents, agent_columns, bind_agent, check_generation,
@@ -238,6 +238,55 @@ pub(super) async fn adoptable(pool: &SqlitePool) -> Result<Vec<Agent>> {
     .fetch_all(pool)
     .await?;
     rows.into_iter().map(Agent::try_from).collect()
+}
+
+/// Records that a batch's warm-up gate opened (the first time only).
+pub(super) async fn open_gate(conn: &mut SqliteConnection, batch: BatchId) -> Result<()> {
+    sqlx::query(
+        "UPDATE batches SET gate_opened_at_ms = ? WHERE id = ? AND gate_opened_at_ms IS NULL",
+    )
+    .bind(now_ms())
+    .bind(batch.to_string())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Takes up to `limit` pending children held by other daemons, of batches whose gate opened
+/// (or timed out): they are `running`, held by `holder`, from now on (no other daemon takes
+/// or claims them), and its runs claim them again. (SQLite has one writer: nothing to skip.)
+pub(super) async fn take_pending(
+    conn: &mut SqliteConnection,
+    holder: &Holder,
+    limit: u32,
+    gate_timeout_ms: i64,
+) -> Result<Vec<AgentId>> {
+    let now = now_ms();
+    let ids: Vec<String> = sqlx::query_scalar(
+        "UPDATE agents SET held_by = ?1, lease_expires_at_ms = ?2, state = 'running', \
+           generation = generation + 1, updated_at_ms = ?6 WHERE id IN ( \
+           SELECT a.id FROM agents AS a JOIN batches AS b ON b.id = a.batch_id \
+           WHERE a.state = 'pending' AND a.kind = 'fork' \
+             AND (a.held_by IS NULL OR a.held_by <> ?3) \
+             AND (b.gate_opened_at_ms IS NOT NULL OR b.created_at_ms <= ?4) \
+           ORDER BY a.batch_id, a.idx LIMIT ?5) \
+         RETURNING id",
+    )
+    .bind(holder.daemon.to_string())
+    .bind(now.saturating_add(holder.lease_ms()))
+    .bind(holder.daemon.to_string())
+    .bind(now.saturating_sub(gate_timeout_ms))
+    .bind(i64::from(limit))
+    .bind(now)
+    .fetch_all(conn)
+    .await?;
+    let mut ids: Vec<AgentId> = ids
+        .iter()
+        .map(|id| parse_id(id, "agent id"))
+        .collect::<Result<_>>()?;
+    // Ids are time-ordered: a batch's children in creation (and index) order.
+    ids.sort_unstable();
+    Ok(ids)
 }
 
 /// Ends every lease: a SQLite database is one daemon's, so whoever held its agents before this
