@@ -6,7 +6,11 @@
 #
 #   --quick          a smaller run (under 2 minutes on 2 cores; the full run is under 10)
 #   --json FILE      also write every figure and raw measurement as one JSON object
-#   --only FIGURES   comma-separated: cache,overhead,memory,durability,notifications,scale,sandbox,compaction
+#   --only FIGURES   comma-separated: cache,overhead,memory,durability,notifications,scale,sandbox,
+#                    compaction,scaleout
+#
+# The scale-out figure runs its PostgreSQL rows when FORKD_BENCH_DATABASE_URL names a server
+# (postgres://user:password@host:5432/postgres, a role that may create databases).
 #   --dir DIR        where the temporary databases go (default: $TMPDIR or /tmp); use a disk,
 #                    not tmpfs, for honest fsync figures
 #   --out FILE       where the Markdown report goes: `-` for stdout only. Default: a full run
@@ -27,7 +31,7 @@ args=()
 while (($#)); do
   case "$1" in
     -h|--help)
-      sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     --out)
@@ -54,7 +58,8 @@ if [[ -z $out ]]; then
 fi
 
 echo "Building forkd-bench (release)…" >&2
-cargo build --release --quiet -p forkd-bench
+# forkd too: the scale-out figure runs real `forkd serve` processes beside forkd-bench.
+cargo build --release --quiet -p forkd-bench -p forkd
 BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/forkd-bench"
 
 report=$(mktemp)

@@ -16,6 +16,7 @@ mod overhead;
 mod report;
 mod sandbox;
 mod scale;
+mod scaleout;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -36,6 +37,7 @@ enum Figure {
     Scale,
     Sandbox,
     Compaction,
+    Scaleout,
 }
 
 /// forkd's benchmark suite.
@@ -98,6 +100,7 @@ async fn run_figure(figure: Figure, ctx: &common::Ctx) -> anyhow::Result<Section
         Figure::Scale => scale::run(ctx).await,
         Figure::Sandbox => sandbox::run(ctx).await,
         Figure::Compaction => compaction::run(ctx).await,
+        Figure::Scaleout => scaleout::run(ctx).await,
     }
 }
 
