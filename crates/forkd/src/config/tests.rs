@@ -546,3 +546,33 @@ fn the_database_url_comes_from_each_source_and_never_shows_its_password() {
         assert!(!err.contains("secret"), "{err}");
     }
 }
+
+#[test]
+fn the_lease_comes_from_its_layers_and_must_last() {
+    let s = resolve(&ServeFlags::default(), &[], "").unwrap();
+    assert_eq!(s.lease, Duration::from_secs(5));
+    let s = resolve(&ServeFlags::default(), &[], "lease = \"2s\"").unwrap();
+    assert_eq!(s.lease, Duration::from_secs(2));
+    let s = resolve(
+        &ServeFlags::default(),
+        &[("FORKD_LEASE", "750ms")],
+        "lease = \"2s\"",
+    )
+    .unwrap();
+    assert_eq!(s.lease, Duration::from_millis(750));
+    assert_eq!(
+        s.daemon_config(PathBuf::from("/h")).unwrap().lease,
+        Duration::from_millis(750)
+    );
+    let err = resolve(&ServeFlags::default(), &[], "lease = \"0s\"")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("lease") && err.contains("at least 100ms"),
+        "{err}"
+    );
+    let err = resolve(&ServeFlags::default(), &[("FORKD_LEASE", "10ms")], "")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("FORKD_LEASE"), "{err}");
+}
