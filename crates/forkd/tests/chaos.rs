@@ -106,9 +106,10 @@ async fn chaos(seed: u64, url: String, sim: String) {
     let adopted_after = eventually(DEADLINE, "the survivors to adopt the batch", || {
         let (mut c, batch_id, dead) = (watching.clone(), batch_id.clone(), dead.clone());
         async move {
-            let agents = list_batch(&mut c, &batch_id).await;
+            let agents = binary::list_batch(&mut c, &batch_id).await;
             let held = agents.iter().any(|a| {
-                !is_terminal(a.state) && (a.daemon.is_empty() || dead.as_deref() == Some(&a.daemon))
+                !binary::is_terminal(a.state)
+                    && (a.daemon.is_empty() || dead.as_deref() == Some(&a.daemon))
             });
             (!held).then(|| killed_at.elapsed())
         }
@@ -116,7 +117,7 @@ async fn chaos(seed: u64, url: String, sim: String) {
     .await;
 
     let heard = heard.await.unwrap();
-    let agents = list_batch(&mut watching, &batch.batch_id).await;
+    let agents = binary::list_batch(&mut watching, &batch.batch_id).await;
     let ran = std::fs::read_to_string(workspace.path().join("ran.log")).unwrap_or_default();
     let mut runs: BTreeMap<&str, usize> = BTreeMap::new();
     for line in ran.lines() {
@@ -233,27 +234,4 @@ async fn get_daemon_id(client: &mut binary::Client, ids: &[String]) -> Option<St
         }
     }
     None
-}
-
-async fn list_batch(client: &mut binary::Client, batch_id: &str) -> Vec<pb::Agent> {
-    client
-        .list_agents(pb::ListAgentsRequest {
-            batch_id: batch_id.to_owned(),
-            include_ended: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .agents
-}
-
-fn is_terminal(state: i32) -> bool {
-    [
-        pb::AgentState::Completed,
-        pb::AgentState::Failed,
-        pb::AgentState::Killed,
-    ]
-    .iter()
-    .any(|s| *s as i32 == state)
 }

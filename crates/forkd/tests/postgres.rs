@@ -191,7 +191,7 @@ async fn share_kill_and_adopt(url: String) {
         let mut on_b = on_b.clone();
         let batch_id = batch.batch_id.clone();
         async move {
-            let agents = list_batch(&mut on_b, &batch_id).await;
+            let agents = binary::list_batch(&mut on_b, &batch_id).await;
             let running = agents
                 .iter()
                 .all(|a| a.state == pb::AgentState::Running as i32 && !a.daemon.is_empty());
@@ -230,7 +230,10 @@ async fn share_kill_and_adopt(url: String) {
         matches!(first.event, Some(pb::agent_event::Event::Message(_))),
         "{first:?}"
     );
-    assert_eq!(get_agent(&mut on_b, &watched).await.daemon, daemon_a);
+    assert_eq!(
+        binary::get_agent(&mut on_b, &watched).await.daemon,
+        daemon_a
+    );
     on_a.background(pb::BackgroundRequest {
         agent_id: watched.clone(),
     })
@@ -259,7 +262,7 @@ async fn share_kill_and_adopt(url: String) {
         let mut on_b = on_b.clone();
         let victim = victim.clone();
         async move {
-            let agent = get_agent(&mut on_b, &victim).await;
+            let agent = binary::get_agent(&mut on_b, &victim).await;
             (agent.state == pb::AgentState::Killed as i32).then_some(())
         }
     })
@@ -274,7 +277,7 @@ async fn share_kill_and_adopt(url: String) {
         let batch_id = batch.batch_id.clone();
         let (daemon_a, victim) = (daemon_a.clone(), victim.clone());
         async move {
-            let agents = list_batch(&mut on_b, &batch_id).await;
+            let agents = binary::list_batch(&mut on_b, &batch_id).await;
             let moved = agents
                 .iter()
                 .filter(|x| x.agent_id != victim)
@@ -315,54 +318,13 @@ async fn share_kill_and_adopt(url: String) {
 
     // Each adopted child's transcript holds one final reply: it was not answered twice.
     for id in batch.agent_ids.iter().take(3) {
-        let transcript = on_b
-            .get_transcript(pb::GetTranscriptRequest {
-                agent_id: id.clone(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let replies = transcript
-            .messages
-            .iter()
-            .filter(|m| m.role == "assistant")
-            .count();
         // The listing, and the final reply: none answered twice.
-        assert_eq!(replies, 2, "{transcript:?}");
+        assert_eq!(binary::assistant_replies(&mut on_b, id).await, 2, "{id}");
     }
     drop(on_b);
     drop(b);
 }
 
-async fn list_batch(client: &mut binary::Client, batch_id: &str) -> Vec<pb::Agent> {
-    client
-        .list_agents(pb::ListAgentsRequest {
-            batch_id: batch_id.to_owned(),
-            include_ended: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .agents
-}
-
-async fn get_agent(client: &mut binary::Client, id: &str) -> pb::Agent {
-    client
-        .get_agent(pb::GetAgentRequest {
-            agent_id: id.to_owned(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .agent
-        .unwrap()
-}
-
-/// Work is shared out: daemon A may run two agents at a time, so most of a batch submitted to
-/// it waits in its queue; daemon B, with free slots, takes those pending children once the
-/// batch's warm-up gate has opened, and runs them. Each child runs once, on one daemon.
 #[tokio::test]
 async fn a_daemon_with_free_slots_takes_pending_children_from_a_busy_one() {
     with_scratch_database(share_out_pending_children).await;
@@ -408,7 +370,7 @@ async fn share_out_pending_children(url: String) {
             .all(|n| n.status == pb::NotificationStatus::Completed as i32),
         "{done:?}"
     );
-    let agents = list_batch(&mut on_b, &batch.batch_id).await;
+    let agents = binary::list_batch(&mut on_b, &batch.batch_id).await;
     let mut by_daemon: std::collections::BTreeMap<&str, usize> = Default::default();
     for agent in &agents {
         *by_daemon.entry(agent.daemon.as_str()).or_default() += 1;
@@ -421,19 +383,6 @@ async fn share_out_pending_children(url: String) {
     );
     // One reply each: nobody ran a child twice.
     for id in &batch.agent_ids {
-        let transcript = on_b
-            .get_transcript(pb::GetTranscriptRequest {
-                agent_id: id.clone(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let replies = transcript
-            .messages
-            .iter()
-            .filter(|m| m.role == "assistant")
-            .count();
-        assert_eq!(replies, 1, "{transcript:?}");
+        assert_eq!(binary::assistant_replies(&mut on_b, id).await, 1, "{id}");
     }
 }

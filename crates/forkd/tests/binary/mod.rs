@@ -62,3 +62,56 @@ pub async fn client(home: &Path) -> Client {
     })
     .await
 }
+
+/// Every agent of a batch, ended ones included.
+pub async fn list_batch(client: &mut Client, batch_id: &str) -> Vec<pb::Agent> {
+    client
+        .list_agents(pb::ListAgentsRequest {
+            batch_id: batch_id.to_owned(),
+            include_ended: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .agents
+}
+
+pub async fn get_agent(client: &mut Client, id: &str) -> pb::Agent {
+    client
+        .get_agent(pb::GetAgentRequest {
+            agent_id: id.to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap()
+}
+
+/// How many replies the agent's own transcript holds.
+pub async fn assistant_replies(client: &mut Client, id: &str) -> usize {
+    let transcript = client
+        .get_transcript(pb::GetTranscriptRequest {
+            agent_id: id.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    transcript
+        .messages
+        .iter()
+        .filter(|m| m.role == "assistant")
+        .count()
+}
+
+pub fn is_terminal(state: i32) -> bool {
+    [
+        pb::AgentState::Completed,
+        pb::AgentState::Failed,
+        pb::AgentState::Killed,
+    ]
+    .iter()
+    .any(|s| *s as i32 == state)
+}
