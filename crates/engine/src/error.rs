@@ -67,6 +67,10 @@ pub enum EngineError {
     #[error("{what} did not end within {} s; it goes on in the background", .after.as_secs())]
     TimedOut { what: String, after: Duration },
     /// The session's workspace cannot be used for tools (missing, not a directory, unreadable).
+    /// An MCP server a new session asked for did not start or list its tools.
+    #[error("the session was not created: {0}")]
+    McpServer(#[source] forkd_mcp::ServerError),
+
     #[error("the session's workspace is unusable: {0}")]
     Workspace(#[source] forkd_tools::ToolError),
     /// The operation was stopped by a client (a parent turn cancelled with `Kill`).
