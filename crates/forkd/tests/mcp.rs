@@ -352,3 +352,63 @@ async fn a_session_s_own_servers_are_for_the_local_user_and_allowed_tenants() {
         .unwrap();
     assert!(log.contains(r#""content":"7""#), "{log}");
 }
+
+#[tokio::test]
+async fn a_streamable_http_server_s_tools_run_too() {
+    let Some(python) = mcp_python() else { return };
+    let mut server = std::process::Command::new(&python)
+        .args([mcp_fixture().display().to_string(), "http".into()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let url = format!("http://127.0.0.1:{}/mcp", line.trim());
+    let daemon = spawn_daemon_with(|c| {
+        let def = json!({"mcpServers": {"remote": {
+            "type": "http", "url": url, "headers": {"X-Forkd-Test": "${FORKD_TEST_UNSET:-yes}"}
+        }}});
+        std::fs::write(c.home.join("mcp.json"), def.to_string()).unwrap();
+    })
+    .await
+    .unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    // The server binds its port before it serves: creation is retried until it answers.
+    let request = pb::CreateSessionRequest {
+        mcp_servers: vec!["remote".into()],
+        allow_rules: vec!["mcp__remote".into()],
+        ..session_request(ws.path())
+    };
+    let session = eventually(DEADLINE, "the HTTP server to answer", || {
+        let mut client = client.clone();
+        let request = request.clone();
+        async move { client.create_session(request).await.ok() }
+    })
+    .await
+    .into_inner()
+    .session
+    .unwrap();
+    let batch = fork(
+        &mut client,
+        &session.session_id,
+        &["Echo.\n@sim tool mcp__remote__echo {\"text\":\"over http\"}\n@sim say echoed"],
+        None,
+    )
+    .await
+    .unwrap();
+    wait_for_batch(&mut client, &batch.batch_id, 1, DEADLINE)
+        .await
+        .unwrap();
+    let log = transcript_text(&mut client, &batch.agent_ids[0])
+        .await
+        .unwrap();
+    assert!(log.contains("echo: over http"), "{log}");
+    let _ = server.kill();
+    let _ = server.wait();
+}

@@ -136,3 +136,55 @@ async fn a_sigkilled_daemon_takes_its_mcp_servers_with_it() {
     )
     .await;
 }
+
+/// A read-only MCP call (by the operator's `readOnlyTools`) cut off by the daemon's death runs
+/// again after the restart, and its result reaches the model.
+#[tokio::test]
+async fn a_cut_off_read_only_call_runs_again_after_a_restart() {
+    let Some(python) = mcp_python() else { return };
+    let home = tempfile::Builder::new()
+        .prefix("forkd-mcp-")
+        .tempdir()
+        .unwrap();
+    let ws = home.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let def = json!({"mcpServers": {"calc": {
+        "command": python,
+        "args": [mcp_fixture().display().to_string(), "stdio"],
+        "readOnlyTools": ["sleep"],
+        "sandbox": "full-access",
+    }}});
+    std::fs::write(home.path().join("mcp.json"), def.to_string()).unwrap();
+    let daemon = Daemon::start(home.path(), "0.05");
+    let mut c = client(home.path()).await;
+    let session = create_session(
+        &mut c,
+        pb::CreateSessionRequest {
+            mcp_servers: vec!["calc".into()],
+            ..session_request(&ws)
+        },
+    )
+    .await
+    .unwrap();
+    let marker = ws.join("started.txt");
+    let input = json!({"seconds": 2, "marker": marker.display().to_string()});
+    let script = format!("Wait.\n@sim tool mcp__calc__sleep {input}\n@sim say finished");
+    let batch = fork(&mut c, &session.session_id, &[script.as_str()], None)
+        .await
+        .unwrap();
+    eventually(DEADLINE, "the call to start", || async { marker.exists() }).await;
+    daemon.kill9();
+    std::fs::remove_file(&marker).unwrap();
+
+    let daemon = Daemon::start(home.path(), "0.05");
+    let mut c = client(home.path()).await;
+    wait_for_batch(&mut c, &batch.batch_id, 1, DEADLINE)
+        .await
+        .unwrap();
+    let log = transcript_text(&mut c, &batch.agent_ids[0]).await.unwrap();
+    assert!(log.contains(r#""content":"slept""#), "{log}");
+    assert!(!log.contains("Interrupted"), "{log}");
+    // It ran again: the new server wrote the marker anew.
+    assert!(marker.exists());
+    daemon.kill9();
+}
