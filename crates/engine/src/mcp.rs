@@ -82,7 +82,6 @@ impl Engine {
         &self,
         req: &McpRequest,
         tenant: &str,
-        session: &forkd_core::session::Sandbox,
     ) -> Result<SessionTools> {
         let cfg = &self.config().mcp;
         let mut specs: Vec<ServerSpec> = Vec::new();
@@ -132,7 +131,6 @@ impl Engine {
                 own.push(spec);
             }
         }
-        let _ = session;
         let mut seen = BTreeSet::new();
         for spec in specs.iter().chain(&own) {
             if !seen.insert(spec.name.clone()) {

@@ -296,7 +296,7 @@ impl Engine {
         let rules = check_rules(req.allow_rules.clone(), req.deny_rules.clone())?;
         let sandbox = self.check_sandbox(&req, &tenant)?;
         // Last of the checks, as it starts processes: every server's tools, listed once now.
-        let mcp = self.session_tools(&req.mcp, &tenant, &sandbox).await?;
+        let mcp = self.session_tools(&req.mcp, &tenant).await?;
         // The types the Agent tool lists, as they are now: fixed with the session's tools.
         let types = self.agent_types(&workspace);
         let listed: Vec<AgentTypeListing<'_>> = types

@@ -124,17 +124,10 @@ struct Conn {
 }
 
 impl Conn {
+    /// Ends the connection at once (its service is cancelled when dropped) and kills the stdio
+    /// server's process group.
     fn close(&self) {
-        if let Some(service) = self
-            .service
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-        {
-            drop(service.cancellation_token());
-            // Dropping a running service cancels it.
-            drop(service);
-        }
+        drop(self.take_service());
         drop(
             self.process
                 .lock()
@@ -142,7 +135,18 @@ impl Conn {
                 .take(),
         );
     }
+
+    fn take_service(&self) -> Option<RunningService<RoleClient, ()>> {
+        self.service
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
 }
+
+/// How long a stopping server's connection may take to close (an HTTP server is told the
+/// session ends) before it is dropped.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Default)]
 struct State {
@@ -416,6 +420,9 @@ impl Server {
     async fn stop(&self) {
         let mut state = self.state.lock().await;
         if let Some(conn) = state.conn.take() {
+            if let Some(mut service) = conn.take_service() {
+                let _ = service.close_with_timeout(CLOSE_TIMEOUT).await;
+            }
             conn.close();
         }
     }
