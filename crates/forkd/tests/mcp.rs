@@ -412,3 +412,114 @@ async fn a_streamable_http_server_s_tools_run_too() {
     let _ = server.kill();
     let _ = server.wait();
 }
+
+/// The notification that ends `agent_id`.
+async fn ended(
+    client: &mut pb::forkd_client::ForkdClient<tonic::transport::Channel>,
+    agent_id: &str,
+) -> pb::Notification {
+    let mut stream = client
+        .subscribe_notifications(pb::SubscribeNotificationsRequest {
+            agent_id: agent_id.to_owned(),
+            follow: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    tokio::time::timeout(DEADLINE, stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn typed_agents_name_mcp_tools_and_a_kill_cancels_a_call() {
+    let Some(python) = mcp_python() else { return };
+    let daemon = spawn_daemon_with(|c| {
+        write_mcp_json(
+            &c.home,
+            &python,
+            json!({"sandbox": "full-access"}),
+            json!({}),
+        );
+    })
+    .await
+    .unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(ws.path().join(".forkd/agents")).unwrap();
+    std::fs::write(
+        ws.path().join(".forkd/agents/adder.md"),
+        "---\nname: adder\ndescription: Adds\ntools: Read, mcp__calc__*\n\
+         disallowedTools: mcp__calc__echo\n---\nYou add numbers.\n",
+    )
+    .unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
+            mcp_servers: vec!["calc".into()],
+            permission_mode: "bypassPermissions".into(),
+            ..session_request(ws.path())
+        },
+    )
+    .await
+    .unwrap();
+    let spawn = |prompt: &str| pb::SpawnAgentRequest {
+        session_id: session.session_id.clone(),
+        subagent_type: "adder".into(),
+        description: "add".into(),
+        prompt: prompt.to_owned(),
+    };
+    let adder = client
+        .spawn_agent(spawn(
+            "Add.\n@sim tool mcp__calc__add {\"a\":5,\"b\":6}\n@sim tool mcp__calc__echo {\"text\":\"x\"}\n@sim say added",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let note = ended(&mut client, &adder.agent_id).await;
+    assert_eq!(note.status, pb::NotificationStatus::Completed as i32);
+    let log = transcript_text(&mut client, &adder.agent_id).await.unwrap();
+    assert!(log.contains(r#""content":"11""#), "{log}");
+    assert!(
+        log.contains("Tool mcp__calc__echo is not available to this agent"),
+        "{log}"
+    );
+
+    // Killing an agent cancels the call it is waiting on.
+    let marker = ws.path().join("started.txt");
+    let input = json!({"seconds": 600, "marker": marker.display().to_string()});
+    let sleeper = client
+        .spawn_agent(spawn(&format!(
+            "Wait.\n@sim tool mcp__calc__sleep {input}\n@sim say slept"
+        )))
+        .await
+        .unwrap()
+        .into_inner();
+    eventually(DEADLINE, "the call to start", || async { marker.exists() }).await;
+    client
+        .kill(pb::KillRequest {
+            agent_id: sleeper.agent_id.clone(),
+        })
+        .await
+        .unwrap();
+    let note = ended(&mut client, &sleeper.agent_id).await;
+    assert_eq!(
+        note.status,
+        pb::NotificationStatus::Killed as i32,
+        "{note:?}"
+    );
+    // The server is still there for other calls.
+    let again = client
+        .spawn_agent(spawn(
+            "Add.\n@sim tool mcp__calc__add {\"a\":1,\"b\":2}\n@sim say added",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    ended(&mut client, &again.agent_id).await;
+    let log = transcript_text(&mut client, &again.agent_id).await.unwrap();
+    assert!(log.contains(r#""content":"3""#), "{log}");
+}
