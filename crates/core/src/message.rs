@@ -161,6 +161,39 @@ impl Block {
         }
     }
 
+    /// A tool_result whose content is an array of blocks (text and images), as an MCP tool's
+    /// result with images is. `content` must be a JSON array.
+    pub fn tool_result_content(tool_use_id: &str, content: &RawJson, is_error: bool) -> Self {
+        #[derive(Serialize)]
+        struct Blocks<'a> {
+            r#type: &'static str,
+            tool_use_id: &'a str,
+            content: &'a serde_json::value::RawValue,
+            #[serde(skip_serializing_if = "std::ops::Not::not")]
+            is_error: bool,
+        }
+        let raw = serde_json::value::RawValue::from_string(content.as_str().to_owned())
+            .ok()
+            .map(|content| {
+                RawJson::encode(&Blocks {
+                    r#type: "tool_result",
+                    tool_use_id,
+                    content: &content,
+                    is_error,
+                })
+            });
+        match raw {
+            Some(raw) => Self {
+                kind: BlockKind::ToolResult {
+                    tool_use_id: tool_use_id.to_owned(),
+                    is_error,
+                },
+                raw,
+            },
+            None => Self::tool_result(tool_use_id, content.as_str(), is_error),
+        }
+    }
+
     /// Ingests a block from outside (a client or a provider's response): validated and compacted
     /// once. Blocks carrying `cache_control` are refused: breakpoints are forkd's to place.
     pub fn parse(text: &str) -> Result<Self, BlockError> {
@@ -233,14 +266,16 @@ impl Block {
     /// The text content of a tool_result block (empty when it has none, or holds blocks).
     pub fn tool_result_text(&self) -> Option<String> {
         match self.kind {
-            BlockKind::ToolResult { .. } => Some(
-                self.raw
-                    .value()
-                    .get("content")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
-            ),
+            BlockKind::ToolResult { .. } => Some(match self.raw.value().get("content") {
+                Some(Value::String(text)) => text.clone(),
+                // A result with images: its text blocks.
+                Some(Value::Array(items)) => items
+                    .iter()
+                    .filter_map(|i| i.get("text").and_then(Value::as_str))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+                _ => String::new(),
+            }),
             _ => None,
         }
     }

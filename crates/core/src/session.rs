@@ -293,7 +293,67 @@ pub struct Session {
     pub rules: PermissionRules,
     /// What its `Bash` commands may touch.
     pub sandbox: Sandbox,
+    /// The MCP servers it uses and the tools it got from them, fixed at creation.
+    pub mcp: SessionMcp,
     pub created_at_ms: i64,
+}
+
+/// Who defined one of a session's MCP servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum McpOrigin {
+    /// The daemon's operator (`$FORKD_HOME/mcp.json`): found again by name after a restart.
+    Operator,
+    /// The session's own definition: kept in the daemon's memory only (it may hold secrets),
+    /// so its tools fail with a clear error after the daemon restarts.
+    Session,
+}
+
+/// One MCP server a session uses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct McpServerRef {
+    pub name: String,
+    pub origin: McpOrigin,
+}
+
+/// One MCP tool in a session's pool: its name there, and where it comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct McpToolRef {
+    /// `mcp__SERVER__TOOL`, valid for every provider.
+    pub name: String,
+    pub server: String,
+    /// Its name on the server, as the call sends it.
+    pub tool: String,
+    /// Read-only because the operator's configuration says so (never because the server does):
+    /// allowed in every permission mode, and run again when a restart cut it off.
+    pub read_only: bool,
+}
+
+/// A session's MCP servers and tools.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionMcp {
+    pub servers: Vec<McpServerRef>,
+    pub tools: Vec<McpToolRef>,
+}
+
+impl SessionMcp {
+    /// The MCP tool the pool names `name`, if it is one.
+    pub fn tool(&self, name: &str) -> Option<&McpToolRef> {
+        self.tools.iter().find(|t| t.name == name)
+    }
+
+    pub fn server(&self, name: &str) -> Option<&McpServerRef> {
+        self.servers.iter().find(|s| s.name == name)
+    }
+
+    /// The pool names of the tools that count as read-only.
+    pub fn read_only_tools(&self) -> Vec<String> {
+        self.tools
+            .iter()
+            .filter(|t| t.read_only)
+            .map(|t| t.name.clone())
+            .collect()
+    }
 }
 
 /// The tenant of callers that present no token on the daemon's Unix socket.

@@ -184,14 +184,15 @@ impl AgentType {
     /// tool: a typed agent does its work itself (no recursion of agents), and as it shares no
     /// cache with its session there is no tools array to keep byte-identical by keeping it.
     pub fn tool_defs(&self, pool: &[ToolDef]) -> Vec<ToolDef> {
+        let listed = |names: &[String], tool: &str| names.iter().any(|n| names_tool(n, tool));
         pool.iter()
             .filter(|t| t.name != AGENT_TOOL)
             .filter(|t| {
                 self.tools
                     .as_ref()
-                    .is_none_or(|names| names.contains(&t.name))
+                    .is_none_or(|names| listed(names, &t.name))
             })
-            .filter(|t| !self.disallowed_tools.contains(&t.name))
+            .filter(|t| !listed(&self.disallowed_tools, &t.name))
             .cloned()
             .collect()
     }
@@ -357,6 +358,30 @@ fn check_name(path: &Path, name: &str) -> Result<(), AgentTypeError> {
     Ok(())
 }
 
+/// Whether an entry of `tools:` / `disallowedTools:` names `tool`: its name, or for MCP tools
+/// `mcp__SERVER__*` or `mcp__SERVER` (every tool of the server).
+fn names_tool(entry: &str, tool: &str) -> bool {
+    if entry == tool {
+        return true;
+    }
+    if !entry.starts_with(MCP_PREFIX) || !tool.starts_with(MCP_PREFIX) {
+        return false;
+    }
+    match entry.strip_suffix('*') {
+        Some(prefix) => tool.starts_with(prefix),
+        None => {
+            !entry[MCP_PREFIX.len()..].contains("__")
+                && tool
+                    .strip_prefix(entry)
+                    .is_some_and(|rest| rest.starts_with("__"))
+        }
+    }
+}
+
+/// MCP tools' names start so; which a session has is known only when it is created, so a type
+/// may name any (a session without them simply does not offer them).
+const MCP_PREFIX: &str = "mcp__";
+
 fn check_tools(
     path: &Path,
     field: &'static str,
@@ -365,7 +390,7 @@ fn check_tools(
 ) -> Result<(), AgentTypeError> {
     let unknown: Vec<String> = names
         .iter()
-        .filter(|n| !known.contains(n))
+        .filter(|n| !known.contains(n) && !n.starts_with(MCP_PREFIX))
         .cloned()
         .collect();
     if unknown.is_empty() {
@@ -484,6 +509,34 @@ mod tests {
             permission_mode: None,
             source: AgentTypeSource::File(PathBuf::from("x.md")),
         }
+    }
+
+    #[test]
+    fn mcp_tools_may_be_listed_by_name_or_by_server() {
+        let text = "---\nname: triage\ndescription: d\ntools: Read, mcp__github__*, mcp__docs\n\
+                    disallowedTools: mcp__github__delete_repo\n---\nP\n";
+        let t = match parse_type(Path::new("x.md"), text, &known()) {
+            Ok(t) => t,
+            Err(e) => panic!("{e}"),
+        };
+        let def = |name: &str| ToolDef {
+            name: name.into(),
+            raw: RawJson::encode(name),
+        };
+        let pool = [
+            def("Agent"),
+            def("Bash"),
+            def("Read"),
+            def("mcp__docs__search"),
+            def("mcp__docsx__search"),
+            def("mcp__github__create_issue"),
+            def("mcp__github__delete_repo"),
+        ];
+        let names: Vec<String> = t.tool_defs(&pool).into_iter().map(|d| d.name).collect();
+        assert_eq!(
+            names,
+            ["Read", "mcp__docs__search", "mcp__github__create_issue"]
+        );
     }
 
     #[test]

@@ -70,6 +70,8 @@ pub struct EngineConfig {
     pub max_concurrent_requests: Option<usize>,
     /// The sandbox of sessions' Bash commands.
     pub sandbox: SandboxConfig,
+    /// MCP servers: the operator's, and who may define their own.
+    pub mcp: crate::mcp::McpConfig,
     /// Spending limits per tenant (by name); an agent of a tenant over its budget fails.
     pub tenant_budgets: std::collections::HashMap<String, forkd_core::store::Budget>,
 }
@@ -93,6 +95,7 @@ impl Default for EngineConfig {
             fork_always_async: true,
             tenant_budgets: std::collections::HashMap::new(),
             sandbox: SandboxConfig::default(),
+            mcp: crate::mcp::McpConfig::default(),
             max_running_agents: Some(256),
             max_concurrent_requests: Some(64),
         }

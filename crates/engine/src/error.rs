@@ -66,6 +66,9 @@ pub enum EngineError {
     /// A wait the engine bounds ran out (a parent waiting on a synchronous typed agent).
     #[error("{what} did not end within {} s; it goes on in the background", .after.as_secs())]
     TimedOut { what: String, after: Duration },
+    /// An MCP server a new session asked for did not start or list its tools.
+    #[error("the session was not created: {0}")]
+    McpServer(#[source] forkd_mcp::ServerError),
     /// The session's workspace cannot be used for tools (missing, not a directory, unreadable).
     #[error("the session's workspace is unusable: {0}")]
     Workspace(#[source] forkd_tools::ToolError),

@@ -13,6 +13,7 @@ mod config;
 mod diagnose;
 mod error;
 mod leases;
+pub mod mcp;
 pub mod metrics;
 mod model;
 mod notify;
@@ -45,6 +46,7 @@ pub use config::{EngineConfig, RetryPolicy, SandboxConfig};
 pub use diagnose::{CacheExplanation, Divergence, first_differing_part};
 pub use error::EngineError;
 pub use forkd_provider::{FailureKind, ProviderError};
+pub use mcp::{McpConfig, McpRequest};
 pub use notify::NotificationStream;
 pub use parent::{ParentEvent, ParentEventStream};
 pub use permissions::{PermissionAnswer, PermissionPrompt, PromptStream};
@@ -111,6 +113,10 @@ struct Inner {
     /// Sibling prefix divergences seen (also counted in the metrics).
     divergences: std::sync::atomic::AtomicU64,
     tasks: TaskTracker,
+    /// The MCP servers this daemon started (one per tenant and definition).
+    mcp: forkd_mcp::Pool,
+    /// Sessions' own MCP server definitions: in memory only, since they may hold secrets.
+    mcp_own: StdMutex<HashMap<SessionId, Vec<forkd_mcp::ServerSpec>>>,
     /// Cancelled when shutdown begins: runs finish the call in flight and start no other.
     draining: CancellationToken,
     shutdown: CancellationToken,
@@ -146,6 +152,8 @@ impl Engine {
                 messages: broadcast::channel(NOTIFICATION_BUFFER).0,
                 backgrounds: broadcast::channel(NOTIFICATION_BUFFER).0,
                 tasks: TaskTracker::new(),
+                mcp: forkd_mcp::Pool::default(),
+                mcp_own: StdMutex::default(),
                 draining: CancellationToken::new(),
                 shutdown: CancellationToken::new(),
             }),
@@ -179,6 +187,8 @@ impl Engine {
         self.inner.shutdown.cancel();
         // Cancelled runs stop at their next await point; give them a moment to unwind.
         let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.tasks.wait()).await;
+        // No run calls a server any more: stop them all (their process groups are killed).
+        self.inner.mcp.shutdown().await;
     }
 
     /// Whether the engine is draining for shutdown: runs start nothing new.

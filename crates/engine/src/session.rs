@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use forkd_core::pricing::Models;
 use forkd_core::session::{
     CacheSafeParams, PermissionMode, PermissionRules, Session, SystemTemplate, ThinkingConfig,
-    ToolDef, ToolsJson,
+    ToolsJson,
 };
 use forkd_core::session::{Sandbox, SandboxMode};
 use forkd_core::tools::{AgentTypeListing, builtin_definitions_with_types};
@@ -38,8 +38,8 @@ pub struct NewSession {
     pub interactive: bool,
     pub permission_mode: PermissionMode,
     pub thinking_budget: Option<u32>,
-    /// External (MCP) tool definitions as JSON objects.
-    pub external_tools: Vec<String>,
+    /// The MCP servers it uses: the operator's by name, and its own definitions.
+    pub mcp: crate::mcp::McpRequest,
     pub max_tokens: Option<u32>,
     /// Permission rules such as `Bash(cargo test:*)` or `Write(src/**)`.
     pub allow_rules: Vec<String>,
@@ -72,7 +72,8 @@ impl NewSession {
             self.interactive,
             self.permission_mode.as_str(),
             self.thinking_budget,
-            self.external_tools,
+            self.mcp.servers,
+            self.mcp.config_json,
             self.max_tokens,
             self.sandbox.map(SandboxMode::as_str),
             self.allow_network,
@@ -197,7 +198,7 @@ fn session_bytes(req: &NewSession) -> usize {
             .iter()
             .map(|f| f.path.len() + f.content.len())
             .sum::<usize>()
-        + req.external_tools.iter().map(String::len).sum::<usize>()
+        + req.mcp.config_json.as_ref().map_or(0, String::len)
 }
 
 /// Today's date (UTC) as `YYYY-MM-DD`, for rendered system prompts.
@@ -292,14 +293,10 @@ impl Engine {
             .filter(|m| *m > 0)
             .unwrap_or(cfg.default_max_tokens);
         let thinking = check_thinking(req.thinking_budget, max_tokens)?;
-        let external = req
-            .external_tools
-            .iter()
-            .enumerate()
-            .map(|(i, t)| ToolDef::parse(t).map_err(|e| invalid(format!("external tool {i}: {e}"))))
-            .collect::<Result<Vec<_>>>()?;
         let rules = check_rules(req.allow_rules.clone(), req.deny_rules.clone())?;
         let sandbox = self.check_sandbox(&req, &tenant)?;
+        // Last of the checks, as it starts processes: every server's tools, listed once now.
+        let mcp = self.session_tools(&req.mcp, &tenant).await?;
         // The types the Agent tool lists, as they are now: fixed with the session's tools.
         let types = self.agent_types(&workspace);
         let listed: Vec<AgentTypeListing<'_>> = types
@@ -315,7 +312,7 @@ impl Engine {
             params: CacheSafeParams {
                 system: template(&req, &workspace, &model).render(),
                 model,
-                tools: ToolsJson::assemble(builtin_definitions_with_types(&listed), external),
+                tools: ToolsJson::assemble(builtin_definitions_with_types(&listed), mcp.defs),
                 thinking,
                 max_tokens,
             },
@@ -325,6 +322,7 @@ impl Engine {
             permission_mode: req.permission_mode,
             rules,
             sandbox,
+            mcp: mcp.mcp,
             created_at_ms: now_ms(),
         };
         self.inner
@@ -335,6 +333,7 @@ impl Engine {
                 keyed.as_ref().map(|(_, record)| record),
             )
             .await?;
+        self.keep_own_servers(session.id, mcp.own);
         tracing::info!(session.id = %session.id, model = %session.params.model, "Session created");
         // Counted now, once, so that a batch forked from the session does not pay for it.
         if let Err(e) = self.history_tokens(&session, None).await {

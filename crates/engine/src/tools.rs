@@ -56,25 +56,56 @@ pub(crate) struct ToolTurn<'a> {
 }
 
 /// The agent's permission policy: its mode and its session's rules (checked when the session
-/// was created, so none fails to parse here).
-fn policy(mode: PermissionMode, rules: &PermissionRules) -> Policy {
+/// was created, so none fails to parse here), with the MCP tools the operator marked read-only.
+fn policy(mode: PermissionMode, session: &Session) -> Policy {
+    let rules: &PermissionRules = &session.rules;
     let parse = |rules: &[String]| rules.iter().filter_map(|r| Rule::parse(r).ok()).collect();
     Policy {
         mode,
         allow: parse(&rules.allow),
         deny: parse(&rules.deny),
+        read_only: session.mcp.read_only_tools(),
     }
+}
+
+/// What a tool produced: a built-in's output, or an MCP tool's (which may hold images).
+enum Ran {
+    Builtin(ToolOutput),
+    Mcp(forkd_mcp::CallOutput),
 }
 
 /// The model-facing form of an output: whole, or its head with a note when it is too long. The
 /// decision is made once, when the call finishes, and stored with the result.
 fn shown(tool_use_id: &str, output: &ToolOutput) -> (Block, Option<String>) {
-    let content = &output.content;
+    let (text, full) = shorten(&output.content);
+    (
+        Block::tool_result(tool_use_id, &text, output.is_error),
+        full,
+    )
+}
+
+/// An MCP call's result as the model sees it: its text shortened like a built-in's output, and
+/// its images as image blocks.
+fn shown_mcp(tool_use_id: &str, output: &forkd_mcp::CallOutput) -> (Block, Option<String>) {
+    if output.images.is_empty() {
+        let text = if output.is_error {
+            ToolOutput::error(output.text.clone())
+        } else {
+            ToolOutput::ok(output.text.clone())
+        };
+        return shown(tool_use_id, &text);
+    }
+    let (text, full) = shorten(&output.text);
+    (
+        crate::mcp::result_with_images(tool_use_id, &text, output),
+        full,
+    )
+}
+
+/// A text whole, or its head with a note (and the whole text to store) when it is too long.
+fn shorten(content: &str) -> (String, Option<String>) {
     if content.len() <= REPLACEMENT_THRESHOLD {
-        return (
-            Block::tool_result(tool_use_id, content, output.is_error),
-            None,
-        );
+        return (content.to_owned(), None);
     }
     let cut = (0..=REPLACEMENT_HEAD)
         .rev()
@@ -87,10 +118,7 @@ fn shown(tool_use_id: &str, output: &ToolOutput) -> (Block, Option<String>) {
         &content[..cut],
         content.len()
     );
-    (
-        Block::tool_result(tool_use_id, &text, output.is_error),
-        Some(content.clone()),
-    )
+    (text, Some(content.to_owned()))
 }
 
 impl Engine {
@@ -116,7 +144,7 @@ impl Engine {
         {
             ctx = ctx.with_sandbox(spec);
         }
-        let policy = policy(turn.permission_mode, &turn.session.rules);
+        let policy = policy(turn.permission_mode, turn.session);
         let mut results = Vec::new();
         for (id, name, block) in assistant.tool_uses() {
             if self.draining() {
@@ -157,6 +185,7 @@ impl Engine {
         policy: &Policy,
     ) -> Result<Block> {
         let store = &self.inner.store;
+        let mcp = turn.session.mcp.tool(name);
         store
             .begin_tool_call(
                 turn.lease,
@@ -167,7 +196,10 @@ impl Engine {
                     input_json: input.to_string(),
                     // An Agent call may be answered again: the agent it starts has an id derived
                     // from the call, so a second answer finds it instead of starting another.
-                    read_only: forkd_tools::is_read_only(name) || name == AGENT_TOOL,
+                    // An MCP tool only when the operator's configuration says so.
+                    read_only: forkd_tools::is_read_only(name)
+                        || name == AGENT_TOOL
+                        || mcp.is_some_and(|t| t.read_only),
                     result: None,
                     full_output: None,
                     started_at_ms: now_ms(),
@@ -177,28 +209,31 @@ impl Engine {
             )
             .await?;
         let output = if !turn.offered.iter().any(|t| t == name) {
-            ToolOutput::error(format!(
+            Ran::Builtin(ToolOutput::error(format!(
                 "Tool {name} is not available to this agent; its tools are: {}.",
                 turn.offered.join(", ")
-            ))
+            )))
         } else if name == AGENT_TOOL {
-            self.agent_call(turn, id, input).await
+            Ran::Builtin(self.agent_call(turn, id, input).await)
         } else {
-            match policy.decide(name, input, &ctx.workspace) {
-                Decision::Allow => self.run_tool(turn, id, name, input, ctx).await?,
-                Decision::Deny(reason) => ToolOutput::error(format!("Permission denied: {reason}")),
-                Decision::Ask(what) => match self.ask_person(turn, name, input, what).await {
-                    Ok(()) => self.run_tool(turn, id, name, input, ctx).await?,
-                    Err(denied) => ToolOutput::error(denied),
-                },
+            let allowed = match policy.decide(name, input, &ctx.workspace) {
+                Decision::Allow => Ok(()),
+                Decision::Deny(reason) => Err(format!("Permission denied: {reason}")),
+                Decision::Ask(what) => self.ask_person(turn, name, input, what).await,
+            };
+            match (allowed, mcp) {
+                (Err(denied), _) => Ran::Builtin(ToolOutput::error(denied)),
+                (Ok(()), Some(tool)) => {
+                    Ran::Mcp(self.mcp_call(turn.session, tool, input, &turn.cancel).await)
+                }
+                (Ok(()), None) => Ran::Builtin(self.run_tool(turn, id, name, input, ctx).await?),
             }
         };
-        tracing::debug!(
-            tool = name,
-            is_error = output.is_error,
-            "Tool call finished"
-        );
-        let (result, full) = shown(id, &output);
+        let (result, full) = match &output {
+            Ran::Builtin(output) => shown(id, output),
+            Ran::Mcp(output) => shown_mcp(id, output),
+        };
+        tracing::debug!(tool = name, "Tool call finished");
         store
             .finish_tool_call(turn.lease, id, &result, full.as_deref(), now_ms())
             .await?;

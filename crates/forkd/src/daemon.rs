@@ -300,6 +300,27 @@ async fn open_store(config: &DaemonConfig, holder: Holder) -> anyhow::Result<Arc
     Ok(Arc::new(store.with_holder(holder)))
 }
 
+/// The operator's MCP servers, from `home/mcp.json` (none when it is missing), with `${VAR}`
+/// expanded from the daemon's environment. A broken file stops the start, naming what is wrong.
+fn operator_mcp_servers(
+    home: &Path,
+) -> anyhow::Result<std::collections::HashMap<String, forkd_mcp::ServerSpec>> {
+    let path = home.join("mcp.json");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Default::default()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let servers = forkd_engine::McpConfig::from_file(&text, &|name| std::env::var(name).ok())
+        .with_context(|| format!("{} is not usable", path.display()))?;
+    if !servers.is_empty() {
+        let mut names: Vec<&str> = servers.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        tracing::info!(servers = %names.join(", "), "MCP servers defined");
+    }
+    Ok(servers)
+}
+
 /// Starts a daemon: opens the store, builds the engine, binds the listeners and serves.
 pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     // Read (and so validated) now: a broken token file is a start-up error, not a surprise at
@@ -346,6 +367,7 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     // The daemon's home (database, socket, tokens) is hidden from every sandboxed command.
     let home = std::fs::canonicalize(&config.home).unwrap_or_else(|_| config.home.clone());
     engine_config.sandbox.hidden.push(home);
+    engine_config.mcp.servers = operator_mcp_servers(&config.home)?;
     log_sandbox(&engine_config.sandbox).await;
     let engine = Engine::new(store, provider, engine_config);
 

@@ -40,6 +40,7 @@ pub(crate) fn session(s: &Session, message_count: u64) -> pb::Session {
         deny_rules: s.rules.deny.clone(),
         sandbox: s.sandbox.mode.as_str().to_owned(),
         allow_network: s.sandbox.allow_network,
+        mcp_servers: s.mcp.servers.iter().map(|m| m.name.clone()).collect(),
     }
 }
 

@@ -60,6 +60,7 @@ fn engine_status(err: EngineError) -> Status {
         | E::ForkRefused(_)
         | E::KeyReused { .. }
         | E::Workspace(_)
+        | E::McpServer(_)
         | E::ContextWindow { .. } => Status::failed_precondition(msg),
         E::BudgetSpent { .. } | E::TurnLimit(_) => Status::resource_exhausted(msg),
         E::Provider(provider) => provider_status(provider.kind(), msg),

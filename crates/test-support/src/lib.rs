@@ -329,3 +329,28 @@ pub async fn wait_for_path(path: &Path) {
     let what = format!("{} to appear", path.display());
     eventually(Duration::from_secs(20), what, || async { path.exists() }).await;
 }
+
+/// The MCP server the tests run (`fixtures/mcp_server.py`, built on the official Python SDK).
+pub fn mcp_fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/mcp_server.py")
+}
+
+/// A Python with the MCP SDK (`FORKD_TEST_MCP_PYTHON`, else `python3`), or `None` after saying
+/// that the test is skipped. With `CI` set a missing SDK fails the test instead: `.ci/run`
+/// installs it.
+pub fn mcp_python() -> Option<String> {
+    let python = std::env::var("FORKD_TEST_MCP_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = std::process::Command::new(&python)
+        .args(["-c", "import mcp.server.mcpserver"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        return Some(python);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{python} lacks the MCP SDK (pip install mcp); .ci/run installs it"
+    );
+    eprintln!("SKIPPED: {python} lacks the MCP SDK (pip install mcp), which this test needs");
+    None
+}

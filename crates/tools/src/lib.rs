@@ -22,6 +22,7 @@ pub mod process;
 pub mod read;
 mod rule;
 pub mod sandbox;
+pub mod server;
 mod walk;
 pub mod workspace;
 pub mod write;

@@ -38,6 +38,9 @@ pub struct Policy {
     pub mode: PermissionMode,
     pub allow: Vec<Rule>,
     pub deny: Vec<Rule>,
+    /// Further tools that only look (the MCP tools the operator marked read-only): allowed in
+    /// every mode, like Read.
+    pub read_only: Vec<String>,
 }
 
 impl Policy {
@@ -59,7 +62,7 @@ impl Policy {
         {
             return Decision::Deny(format!("{tool} is denied by the permission rule `{rule}`"));
         }
-        if self.mode == PermissionMode::Plan && !never_asks(tool) {
+        if self.mode == PermissionMode::Plan && !self.never_asks(tool) {
             return Decision::Deny(format!(
                 "plan mode is read-only: {tool} is not allowed until the plan is approved"
             ));
@@ -74,8 +77,13 @@ impl Policy {
         self.by_mode(tool, &subject)
     }
 
+    /// Tools every mode allows: the read-only ones, and Agent (a child runs under its own mode).
+    fn never_asks(&self, tool: &str) -> bool {
+        crate::is_read_only(tool) || tool == AGENT_TOOL || self.read_only.iter().any(|t| t == tool)
+    }
+
     fn by_mode(&self, tool: &str, subject: &Subject) -> Decision {
-        if self.mode == PermissionMode::BypassPermissions || never_asks(tool) {
+        if self.mode == PermissionMode::BypassPermissions || self.never_asks(tool) {
             return Decision::Allow;
         }
         if let Subject::Path(Err(reason)) = subject {
@@ -90,11 +98,6 @@ impl Policy {
             _ => Decision::Ask(question(tool, subject)),
         }
     }
-}
-
-/// Tools every mode allows: the read-only ones, and Agent (a child runs under its own mode).
-fn never_asks(tool: &str) -> bool {
-    crate::is_read_only(tool) || tool == AGENT_TOOL
 }
 
 /// What rules match a call against: Bash's command, or a path tool's resolved target.

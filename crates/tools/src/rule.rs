@@ -11,6 +11,9 @@
 //! `echo rm`). Still best effort — a shell can hide a command in many ways: deny rules narrow
 //! what the model does by accident, they do not sandbox it.
 //!
+//! MCP tools are named `mcp__SERVER__TOOL`; `mcp__SERVER` alone, or `mcp__SERVER__*`, matches
+//! every tool of that server (a `*` may only end an `mcp__` name).
+//!
 //! Path rules (Read, Write, Edit, Glob, Grep) match the workspace-relative path of the resolved
 //! target with gitignore-like globs (see `pattern.rs`).
 
@@ -18,6 +21,9 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::pattern::PathPattern;
+
+/// The prefix of MCP tools' names.
+const MCP_PREFIX: &str = "mcp__";
 
 /// The tools whose rules take a path glob.
 const PATH_TOOLS: [&str; 5] = ["Read", "Write", "Edit", "Glob", "Grep"];
@@ -93,8 +99,12 @@ impl Rule {
                 (tool.trim(), Some(inner.trim()))
             }
         };
-        let valid_name = !tool.is_empty()
-            && tool
+        let name = match tool.strip_suffix('*') {
+            Some(prefix) if tool.starts_with(MCP_PREFIX) && spec.is_none() => prefix,
+            _ => tool,
+        };
+        let valid_name = !name.is_empty()
+            && name
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
         if !valid_name {
@@ -118,7 +128,7 @@ impl Rule {
     }
 
     pub(crate) fn matches(&self, tool: &str, subject: &Subject, purpose: Purpose) -> bool {
-        if self.tool != tool {
+        if !self.names(tool) {
             return false;
         }
         match (&self.spec, subject) {
@@ -132,6 +142,26 @@ impl Rule {
                     .any(|s| word_starts(&s).any(|start| self.command_matches(&s[start..]))),
             },
             _ => false,
+        }
+    }
+
+    /// Whether the rule is about `tool`: its name, or (for MCP) its server's tools.
+    fn names(&self, tool: &str) -> bool {
+        if self.tool == tool {
+            return true;
+        }
+        if !self.tool.starts_with(MCP_PREFIX) || !tool.starts_with(MCP_PREFIX) {
+            return false;
+        }
+        match self.tool.strip_suffix('*') {
+            Some(prefix) => tool.starts_with(prefix),
+            // `mcp__SERVER`: a server's name, not a tool's (tools have a second `__`).
+            None => {
+                !self.tool[MCP_PREFIX.len()..].contains("__")
+                    && tool
+                        .strip_prefix(self.tool.as_str())
+                        .is_some_and(|rest| rest.starts_with("__"))
+            }
         }
     }
 
@@ -226,6 +256,29 @@ fn word_starts(command: &str) -> impl Iterator<Item = usize> + '_ {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
+
+    #[test]
+    fn mcp_rules_name_a_tool_or_a_whole_server() {
+        let tool = |rule: &str, name: &str| {
+            Rule::parse(rule)
+                .unwrap()
+                .matches(name, &Subject::Nothing, Purpose::Deny)
+        };
+        assert!(tool("mcp__github__*", "mcp__github__create_issue"));
+        assert!(tool("mcp__github", "mcp__github__create_issue"));
+        assert!(tool(
+            "mcp__github__create_issue",
+            "mcp__github__create_issue"
+        ));
+        assert!(!tool("mcp__github", "mcp__githubx__create_issue"));
+        assert!(!tool(
+            "mcp__github__create_issue",
+            "mcp__github__create_issues"
+        ));
+        assert!(!tool("mcp__git*", "Bash"));
+        assert!(Rule::parse("Bash*").is_err());
+        assert!(Rule::parse("mcp__x__*(arg)").is_err());
+    }
     use super::*;
 
     fn bash(command: &str) -> Subject {

@@ -124,7 +124,39 @@ fn policy(mode: PermissionMode, allow: &[&str], deny: &[&str]) -> Policy {
         mode,
         allow: rules(allow),
         deny: rules(deny),
+        read_only: vec!["mcp__docs__search".into()],
     }
+}
+
+#[test]
+fn mcp_tools_ask_unless_the_operator_marked_them_read_only_and_rules_name_servers() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = forkd_tools::Workspace::new(dir.path()).unwrap();
+    let input = serde_json::json!({});
+    let p = policy(PermissionMode::Default, &[], &[]);
+    assert!(matches!(
+        p.decide("mcp__github__create_issue", &input, &ws),
+        Decision::Ask(_)
+    ));
+    assert_eq!(p.decide("mcp__docs__search", &input, &ws), Decision::Allow);
+    let plan = policy(PermissionMode::Plan, &[], &[]);
+    assert_eq!(
+        plan.decide("mcp__docs__search", &input, &ws),
+        Decision::Allow
+    );
+    assert!(matches!(
+        plan.decide("mcp__github__create_issue", &input, &ws),
+        Decision::Deny(_)
+    ));
+    let p = policy(PermissionMode::Default, &["mcp__github__*"], &["mcp__docs"]);
+    assert_eq!(
+        p.decide("mcp__github__create_issue", &input, &ws),
+        Decision::Allow
+    );
+    assert!(matches!(
+        p.decide("mcp__docs__search", &input, &ws),
+        Decision::Deny(_)
+    ));
 }
 
 #[test]

@@ -107,6 +107,16 @@ pub struct CreateArgs {
     #[arg(long)]
     pub allow_network: bool,
 
+    /// An MCP server the daemon's operator defined ($FORKD_HOME/mcp.json), by name; its tools
+    /// join the session's as mcp__NAME__TOOL. Repeat for more.
+    #[arg(long = "mcp", value_name = "NAME")]
+    pub mcp: Vec<String>,
+
+    /// The session's own MCP servers, a .mcp.json file ({"mcpServers": {...}}). Accepted from the
+    /// local user (the Unix socket) and from tenants the daemon's configuration allows.
+    #[arg(long, value_name = "FILE")]
+    pub mcp_config: Option<PathBuf>,
+
     /// Extended-thinking budget in tokens; 0 disables thinking.
     #[arg(long, value_name = "TOKENS", default_value_t = 0)]
     pub thinking_budget: u32,
@@ -320,6 +330,11 @@ fn create_request(args: CreateArgs) -> Result<CreateSessionRequest, CliError> {
         permission_mode: args.permission_mode.unwrap_or_default(),
         sandbox: args.sandbox.unwrap_or_default(),
         allow_network: args.allow_network,
+        mcp_servers: args.mcp,
+        mcp_config_json: match &args.mcp_config {
+            Some(path) => read_text(path, "MCP configuration")?,
+            None => String::new(),
+        },
         thinking_budget_tokens: args.thinking_budget,
         max_tokens: args.max_tokens.unwrap_or_default(),
         allow_rules: args.allow_rules,
@@ -404,6 +419,8 @@ mod tests {
             permission_mode: None,
             sandbox: None,
             allow_network: false,
+            mcp: Vec::new(),
+            mcp_config: None,
             thinking_budget: 0,
             max_tokens: None,
             allow_rules: Vec::new(),

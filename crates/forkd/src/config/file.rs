@@ -91,6 +91,9 @@ pub struct TenantSection {
     pub budget_tokens: Option<u64>,
     /// The tenant may create `full-access` (unsandboxed) sessions.
     pub allow_full_access: Option<bool>,
+    /// The tenant may define its own MCP servers (`--mcp-config`), stdio ones included: commands
+    /// run on the daemon's host.
+    pub allow_mcp_config: Option<bool>,
 }
 
 /// `[models.NAME]` in `config.toml`: a model's context window and prices (USD per million
@@ -244,6 +247,16 @@ impl FileConfig {
             });
         }
         Ok(models)
+    }
+
+    /// The tenants allowed their own MCP server definitions.
+    pub(super) fn mcp_config_tenants(&self) -> std::collections::BTreeSet<String> {
+        self.tenants
+            .iter()
+            .flatten()
+            .filter(|(_, t)| t.allow_mcp_config == Some(true))
+            .map(|(name, _)| name.clone())
+            .collect()
     }
 
     /// The tenants allowed `full-access` sessions.

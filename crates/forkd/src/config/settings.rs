@@ -45,6 +45,9 @@ pub struct Settings {
     pub tenant_budgets: BTreeMap<String, forkd_store::Budget>,
     /// The sandbox of sessions' Bash commands.
     pub sandbox: forkd_engine::SandboxConfig,
+    /// The tenants that may define their own MCP servers (the servers are read from
+    /// `$FORKD_HOME/mcp.json` when the daemon starts).
+    pub mcp_config_tenants: std::collections::BTreeSet<String>,
     /// The price table with `[models]` applied.
     pub models: forkd_core::pricing::Models,
     /// The provider variables, environment over file.
@@ -90,6 +93,7 @@ impl Default for Settings {
             compact_threshold: engine.compact_threshold,
             tenant_budgets: BTreeMap::new(),
             sandbox: engine.sandbox,
+            mcp_config_tenants: Default::default(),
             models: engine.models,
             provider_vars: ProviderVars::default(),
         }
@@ -198,6 +202,7 @@ impl Settings {
             self.sandbox.hidden = deny;
         }
         self.sandbox.full_access_tenants = file.full_access_tenants().into_iter().collect();
+        self.mcp_config_tenants = file.mcp_config_tenants();
         self.models = file.models()?;
         Ok(())
     }
@@ -297,6 +302,7 @@ impl Settings {
             .collect();
         config.engine.models = self.models.clone();
         config.engine.sandbox = self.sandbox.clone();
+        config.engine.mcp.config_tenants = self.mcp_config_tenants.iter().cloned().collect();
         config.tls = self.tls.clone();
         config.database_url = self.database_url.clone();
         config.lease = self.lease;

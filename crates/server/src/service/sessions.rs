@@ -47,6 +47,15 @@ impl ForkdService {
                 ))
             })?),
         };
+        #[allow(deprecated, reason = "read only to refuse it")]
+        if !req.external_tools_json.is_empty() {
+            return Err(ApiError::BadRequest(
+                "external_tools_json is no longer accepted: it advertised tools that nothing \
+                 could run. Enable MCP servers instead (mcp_servers: the operator's, by name; \
+                 mcp_config_json: the session's own .mcp.json), whose tools forkd runs"
+                    .into(),
+            ));
+        }
         let new = NewSession {
             system_prompt: req.system_prompt,
             context_files: req
@@ -65,7 +74,10 @@ impl ForkdService {
             interactive: req.interactive,
             permission_mode,
             thinking_budget: Some(req.thinking_budget_tokens).filter(|b| *b > 0),
-            external_tools: req.external_tools_json,
+            mcp: forkd_engine::McpRequest {
+                servers: req.mcp_servers,
+                config_json: Some(req.mcp_config_json).filter(|c| !c.trim().is_empty()),
+            },
             max_tokens: Some(req.max_tokens).filter(|m| *m > 0),
             allow_rules: req.allow_rules,
             deny_rules: req.deny_rules,

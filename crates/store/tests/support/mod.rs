@@ -326,6 +326,18 @@ pub fn session() -> TestResult<Session> {
             mode: forkd_core::session::SandboxMode::ReadOnly,
             allow_network: true,
         },
+        mcp: forkd_core::session::SessionMcp {
+            servers: vec![forkd_core::session::McpServerRef {
+                name: "gït.hub".into(),
+                origin: forkd_core::session::McpOrigin::Operator,
+            }],
+            tools: vec![forkd_core::session::McpToolRef {
+                name: "mcp__g_t_hub__search".into(),
+                server: "gït.hub".into(),
+                tool: "search".into(),
+                read_only: true,
+            }],
+        },
         created_at_ms: 1_700_000_000_000,
     })
 }

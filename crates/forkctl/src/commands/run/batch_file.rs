@@ -11,6 +11,7 @@
 //!   permission_mode: dontAsk      # optional
 //!   sandbox: workspace-write      # optional: read-only, full-access; the daemon's default
 //!   allow_network: false          # optional: let Bash use the network
+//!   mcp: [github]                 # optional: the operator's MCP servers, by name
 //!   allow: ["Bash(cargo test:*)"] # optional rule lists
 //!   deny: ["Write(secrets/**)"]
 //! directives:
@@ -61,6 +62,8 @@ struct SessionSpec {
     sandbox: Option<String>,
     #[serde(default)]
     allow_network: bool,
+    #[serde(default)]
+    mcp: Vec<String>,
     #[serde(default)]
     allow: Vec<String>,
     #[serde(default)]
@@ -268,6 +271,7 @@ impl Spec {
             permission_mode: s.permission_mode.unwrap_or_default(),
             sandbox: s.sandbox.unwrap_or_default(),
             allow_network: s.allow_network,
+            mcp_servers: s.mcp,
             allow_rules: s.allow,
             deny_rules: s.deny,
             idempotency_key: session_key(&self.key),

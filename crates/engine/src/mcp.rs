@@ -1,0 +1,304 @@
+//! MCP servers in sessions: which servers a session may use (the operator's by name; its own
+//! definitions only for the local user and the tenants the configuration allows), their tools
+//! listed once at creation into the session's pool, and their calls.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use forkd_core::session::{
+    LOCAL_TENANT, McpOrigin, McpServerRef, McpToolRef, Session, SessionMcp, ToolDef,
+};
+use forkd_core::{Block, RawJson, SessionId};
+use forkd_mcp::{CallOutput, McpFile, Origin, PoolPaths, Server, ServerSpec, ServerTool};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::Engine;
+use crate::error::{EngineError, Result};
+
+/// The most characters of a tool's description that reach the model (each is in every request).
+const DESCRIPTION_CHARS: usize = 2_000;
+
+/// The daemon's MCP configuration.
+#[derive(Debug, Clone, Default)]
+pub struct McpConfig {
+    /// The operator's servers (`$FORKD_HOME/mcp.json`), resolved (`${VAR}` expanded) at start.
+    pub servers: HashMap<String, ServerSpec>,
+    /// Tenants that may send their own server definitions (`allow_mcp_config = true` under
+    /// `[tenants.NAME]`); callers on the Unix socket always may.
+    pub config_tenants: HashSet<String>,
+}
+
+impl McpConfig {
+    /// Reads the operator's `mcp.json`; `env` is the daemon's environment (for `${VAR}`).
+    pub fn from_file(
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> std::result::Result<HashMap<String, ServerSpec>, forkd_mcp::ConfigError> {
+        McpFile::parse(text)?
+            .servers
+            .iter()
+            .map(|(name, def)| Ok((name.clone(), def.resolve(name, Origin::Operator, env)?)))
+            .collect()
+    }
+}
+
+/// What a client asks for: servers of the operator's by name, and its own definitions (a
+/// `.mcp.json` text).
+#[derive(Debug, Clone, Default)]
+pub struct McpRequest {
+    pub servers: Vec<String>,
+    pub config_json: Option<String>,
+}
+
+/// A session's MCP set-up, before the session is stored.
+pub(crate) struct SessionTools {
+    pub defs: Vec<ToolDef>,
+    pub mcp: SessionMcp,
+    /// The session's own definitions, kept in memory (never stored: they may hold secrets).
+    pub own: Vec<ServerSpec>,
+}
+
+fn invalid(msg: String) -> EngineError {
+    EngineError::InvalidRequest(msg)
+}
+
+impl Engine {
+    /// Where the MCP servers live, and what a sandboxed one must not read: the daemon's home,
+    /// the deny list, the sandboxes' temporary directories and every session's workspace.
+    pub(crate) async fn mcp_paths(&self) -> Result<PoolPaths> {
+        let cfg = &self.config().sandbox;
+        let mut hidden = cfg.hidden.clone();
+        hidden.push(cfg.tmp_root.clone());
+        hidden.extend(self.inner.store.workspaces().await?);
+        Ok(PoolPaths {
+            root: cfg.tmp_root.join("mcp"),
+            hidden,
+        })
+    }
+
+    /// Resolves, starts and lists the servers a new session asks for.
+    pub(crate) async fn session_tools(
+        &self,
+        req: &McpRequest,
+        tenant: &str,
+    ) -> Result<SessionTools> {
+        let cfg = &self.config().mcp;
+        let mut specs: Vec<ServerSpec> = Vec::new();
+        for name in &req.servers {
+            let spec = cfg.servers.get(name).ok_or_else(|| {
+                let mut known: Vec<&str> = cfg.servers.keys().map(String::as_str).collect();
+                known.sort_unstable();
+                invalid(format!(
+                    "unknown MCP server {:?}; the daemon's operator defines servers in \
+                     $FORKD_HOME/mcp.json (defined: {})",
+                    crate::session::clip(name, 64),
+                    if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
+                ))
+            })?;
+            specs.push(spec.clone());
+        }
+        let mut own = Vec::new();
+        if let Some(text) = req.config_json.as_deref().filter(|t| !t.trim().is_empty()) {
+            if tenant != LOCAL_TENANT && !cfg.config_tenants.contains(tenant) {
+                return Err(EngineError::Forbidden(format!(
+                    "tenant {tenant:?} may not define its own MCP servers (a stdio server is a \
+                     command run on the daemon's host); it may enable the operator's servers by \
+                     name (--mcp NAME), or the operator allows it with allow_mcp_config = true \
+                     under [tenants.{tenant}] in config.toml"
+                )));
+            }
+            let file = McpFile::parse(text).map_err(|e| invalid(e.to_string()))?;
+            for (name, def) in &file.servers {
+                let spec = def
+                    .resolve(name, Origin::Session, &|_| None)
+                    .map_err(|e| invalid(e.to_string()))?;
+                if let forkd_mcp::Transport::Stdio { sandbox, .. } = &spec.transport {
+                    let full = sandbox.mode == forkd_core::session::SandboxMode::FullAccess;
+                    let allowed = tenant == LOCAL_TENANT
+                        || self.config().sandbox.full_access_tenants.contains(tenant);
+                    if full && !allowed {
+                        return Err(EngineError::Forbidden(format!(
+                            "MCP server {name:?}: tenant {tenant:?} may not run unsandboxed \
+                             (full-access) servers"
+                        )));
+                    }
+                }
+                own.push(spec);
+            }
+        }
+        let mut seen = BTreeSet::new();
+        for spec in specs.iter().chain(&own) {
+            if !seen.insert(spec.name.clone()) {
+                return Err(invalid(format!(
+                    "MCP server {:?} is named twice (by --mcp and in the session's own \
+                     definitions)",
+                    spec.name
+                )));
+            }
+        }
+        let paths = self.mcp_paths().await?;
+        let mut listed: Vec<(ServerSpec, Vec<ServerTool>)> = Vec::new();
+        for spec in specs.iter().chain(&own) {
+            let server = self.inner.mcp.server(tenant, spec, &paths);
+            let tools = server.tools().await.map_err(EngineError::McpServer)?;
+            listed.push((spec.clone(), tools));
+        }
+        let mut mcp = SessionMcp::default();
+        for spec in &specs {
+            mcp.servers.push(McpServerRef {
+                name: spec.name.clone(),
+                origin: McpOrigin::Operator,
+            });
+        }
+        for spec in &own {
+            mcp.servers.push(McpServerRef {
+                name: spec.name.clone(),
+                origin: McpOrigin::Session,
+            });
+        }
+        let (defs, tools) = tool_defs(&listed);
+        mcp.tools = tools;
+        Ok(SessionTools { defs, mcp, own })
+    }
+
+    /// Keeps a session's own server definitions for its calls (in memory only).
+    pub(crate) fn keep_own_servers(&self, session: SessionId, own: Vec<ServerSpec>) {
+        if own.is_empty() {
+            return;
+        }
+        self.inner
+            .mcp_own
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(session, own);
+    }
+
+    /// The server a session's MCP tool belongs to, or why it cannot be reached.
+    async fn mcp_server(
+        &self,
+        session: &Session,
+        server: &str,
+    ) -> std::result::Result<Arc<Server>, String> {
+        let origin = session
+            .mcp
+            .server(server)
+            .map_or(McpOrigin::Operator, |s| s.origin);
+        let spec = match origin {
+            McpOrigin::Operator => self.config().mcp.servers.get(server).cloned().ok_or_else(
+                || {
+                    format!(
+                        "MCP server {server:?} is no longer defined in the daemon's mcp.json; the \
+                     call did not run. Work without it."
+                    )
+                },
+            )?,
+            McpOrigin::Session => self
+                .inner
+                .mcp_own
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get(&session.id)
+                .and_then(|own| own.iter().find(|s| s.name == server).cloned())
+                .ok_or_else(|| {
+                    format!(
+                        "MCP server {server:?} was defined by this session, and such \
+                         definitions (which may hold secrets) are not kept across a daemon \
+                         restart; the call did not run. Work without it."
+                    )
+                })?,
+        };
+        let paths = self.mcp_paths().await.map_err(|e| e.to_string())?;
+        Ok(self.inner.mcp.server(&session.tenant, &spec, &paths))
+    }
+
+    /// Runs an MCP tool of the session's pool.
+    pub(crate) async fn mcp_call(
+        &self,
+        session: &Session,
+        tool: &McpToolRef,
+        input: &Value,
+        cancel: &CancellationToken,
+    ) -> CallOutput {
+        match self.mcp_server(session, &tool.server).await {
+            Ok(server) => server.call(&tool.tool, input.clone(), cancel).await,
+            Err(message) => CallOutput::error(message),
+        }
+    }
+}
+
+/// The pool's definitions of the listed tools, named `mcp__SERVER__TOOL` (sorted by server,
+/// then tool, so collision suffixes never depend on listing order), with where each comes from.
+fn tool_defs(listed: &[(ServerSpec, Vec<ServerTool>)]) -> (Vec<ToolDef>, Vec<McpToolRef>) {
+    let mut all: Vec<(&ServerSpec, &ServerTool)> = listed
+        .iter()
+        .flat_map(|(spec, tools)| tools.iter().map(move |t| (spec, t)))
+        .collect();
+    all.sort_by(|a, b| (&a.0.name, &a.1.name).cmp(&(&b.0.name, &b.1.name)));
+    // Built-in names are taken, so no MCP tool can shadow one.
+    let mut taken: BTreeSet<String> = forkd_core::tools::builtin_definitions()
+        .into_iter()
+        .map(|d| d.name)
+        .collect();
+    let mut defs = Vec::new();
+    let mut refs = Vec::new();
+    for (spec, tool) in all {
+        let name = forkd_mcp::names::tool_name(&spec.name, &tool.name, &mut taken);
+        let description: String = tool.description.chars().take(DESCRIPTION_CHARS).collect();
+        let mut schema = tool.input_schema.clone();
+        if !schema.is_object() {
+            schema = json!({"type": "object"});
+        }
+        defs.push(ToolDef {
+            name: name.clone(),
+            raw: RawJson::encode(&json!({
+                "name": name,
+                "description": description,
+                "input_schema": schema,
+            })),
+        });
+        refs.push(McpToolRef {
+            name,
+            server: spec.name.clone(),
+            tool: tool.name.clone(),
+            read_only: spec.read_only_tools.contains(&tool.name),
+        });
+    }
+    (defs, refs)
+}
+
+/// Images of a result over this many bytes (base64) are left out with a note.
+const MAX_IMAGE_BYTES: usize = 5 * 1024 * 1024;
+
+/// The tool_result of a call that returned images: its text (already shortened) and the images
+/// as image blocks.
+pub(crate) fn result_with_images(tool_use_id: &str, text: &str, out: &CallOutput) -> Block {
+    let mut content = Vec::new();
+    let mut notes = Vec::new();
+    for image in &out.images {
+        if image.data.len() > MAX_IMAGE_BYTES {
+            notes.push(format!(
+                "[an image of {} bytes was left out: over the {MAX_IMAGE_BYTES}-byte limit]",
+                image.data.len()
+            ));
+            continue;
+        }
+        content.push(json!({
+            "type": "image",
+            "source": {"type": "base64", "media_type": image.media_type, "data": image.data},
+        }));
+    }
+    let mut text = text.to_owned();
+    for note in notes {
+        text.push('\n');
+        text.push_str(&note);
+    }
+    if !text.is_empty() {
+        content.insert(0, json!({"type": "text", "text": text}));
+    }
+    Block::tool_result_content(tool_use_id, &RawJson::encode(&content), out.is_error)
+}

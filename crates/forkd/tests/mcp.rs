@@ -1,0 +1,525 @@
+//! MCP servers end to end: the daemon's operator defines a server in `$FORKD_HOME/mcp.json`, a
+//! session enables it by name, fork children call its tools through `@sim tool mcp__…` and get
+//! the server's real results. The server is the fixture built on the official Python MCP SDK
+//! (`crates/test-support/fixtures/mcp_server.py`); without the SDK these tests skip, in CI they
+//! fail.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use forkd_proto::v1 as pb;
+use forkd_server::TokenStore;
+use forkd_store::RequestFilter;
+use forkd_test_support::{
+    connect, create_session, eventually, fork, mcp_fixture, mcp_python, session_request,
+    spawn_daemon_with, transcript_text, wait_for_batch,
+};
+use serde_json::json;
+use tonic::{Code, Request};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Writes the operator's `mcp.json` with the fixture as server `calc` (and `extra` servers).
+fn write_mcp_json(home: &Path, python: &str, calc: serde_json::Value, extra: serde_json::Value) {
+    let mut calc_def = json!({
+        "command": python,
+        "args": [mcp_fixture().display().to_string(), "stdio"],
+        "readOnlyTools": ["add", "pid"],
+    });
+    calc_def
+        .as_object_mut()
+        .unwrap()
+        .extend(calc.as_object().unwrap().clone());
+    let mut servers = json!({"calc": calc_def});
+    servers
+        .as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    std::fs::write(
+        home.join("mcp.json"),
+        json!({"mcpServers": servers}).to_string(),
+    )
+    .unwrap();
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+    })
+}
+
+#[tokio::test]
+async fn fork_children_call_a_servers_tools_and_get_its_real_results() {
+    let Some(python) = mcp_python() else { return };
+    let mut daemon = spawn_daemon_with(|c| {
+        write_mcp_json(&c.home, &python, json!({}), json!({}));
+    })
+    .await
+    .unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
+            mcp_servers: vec!["calc".into()],
+            allow_rules: vec!["mcp__calc__echo".into(), "mcp__calc__pixel".into()],
+            deny_rules: vec!["mcp__calc__write_file".into()],
+            ..session_request(ws.path())
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(session.mcp_servers, ["calc"]);
+    for tool in [
+        "mcp__calc__add",
+        "mcp__calc__dotted_name",
+        "mcp__calc__echo",
+    ] {
+        assert!(
+            session.tool_names.contains(&tool.to_owned()),
+            "{:?}",
+            session.tool_names
+        );
+    }
+    // MCP tools come after the built-ins (SPEC §3.2).
+    let first_mcp = session
+        .tool_names
+        .iter()
+        .position(|n| n.starts_with("mcp__"))
+        .unwrap();
+    assert!(
+        session.tool_names[first_mcp..]
+            .iter()
+            .all(|n| n.starts_with("mcp__"))
+    );
+
+    let directives = [
+        "Add.\n@sim tool mcp__calc__add {\"a\":2,\"b\":40}\n@sim say added",
+        "Echo.\n@sim tool mcp__calc__echo {\"text\":\"hello there\"}\n@sim say echoed",
+        "Picture.\n@sim tool mcp__calc__pixel {}\n@sim say drew",
+        "Write.\n@sim tool mcp__calc__write_file {\"path\":\"x\",\"text\":\"y\"}\n@sim say denied",
+        "Fail.\n@sim tool mcp__calc__fail {\"message\":\"no luck here\"}\n@sim say failed",
+        "Pid.\n@sim tool mcp__calc__pid {}\n@sim say pid",
+    ];
+    let batch = fork(&mut client, &session.session_id, &directives, None)
+        .await
+        .unwrap();
+    let done = wait_for_batch(&mut client, &batch.batch_id, directives.len(), DEADLINE)
+        .await
+        .unwrap();
+    assert!(
+        done.iter()
+            .all(|n| n.status == pb::NotificationStatus::Completed as i32),
+        "{done:?}"
+    );
+    let mut logs = Vec::new();
+    for id in &batch.agent_ids {
+        logs.push(transcript_text(&mut client, id).await.unwrap());
+    }
+    // The server's real results, in each child's transcript.
+    assert!(logs[0].contains(r#""content":"42""#), "{}", logs[0]);
+    assert!(logs[1].contains("echo: hello there"), "{}", logs[1]);
+    assert!(
+        logs[2].contains(r#""type":"image""#) && logs[2].contains("image/png"),
+        "{}",
+        logs[2]
+    );
+    assert!(
+        logs[3].contains("denied by the permission rule `mcp__calc__write_file`"),
+        "{}",
+        logs[3]
+    );
+    assert!(
+        logs[4].contains("no luck here") && logs[4].contains(r#""is_error":true"#),
+        "{}",
+        logs[4]
+    );
+
+    // Siblings' first requests are byte-identical up to their directives.
+    let engine = &daemon.daemon().unwrap().engine;
+    let requests = engine
+        .store()
+        .list_requests(&RequestFilter {
+            batch_id: Some(batch.batch_id.parse().unwrap()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut first: HashMap<String, &str> = HashMap::new();
+    for r in requests.iter().filter(|r| r.turn == 0) {
+        first.insert(r.agent_id.to_string(), r.prefix_fingerprint.as_str());
+    }
+    assert_eq!(first.len(), directives.len());
+    let fingerprints: std::collections::HashSet<&str> = first.values().copied().collect();
+    assert_eq!(fingerprints.len(), 1, "{first:?}");
+
+    // Shutdown stops the server: no process of it is left.
+    let pid: i32 = logs[5]
+        .split("\"content\":\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {}", logs[5]));
+    assert!(alive(pid));
+    daemon.stop().await.unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the MCP server to stop",
+        || async move { (!alive(pid)).then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn crashes_timeouts_and_servers_that_never_start_are_clear_errors() {
+    let Some(python) = mcp_python() else { return };
+    let daemon = spawn_daemon_with(|c| {
+        write_mcp_json(
+            &c.home,
+            &python,
+            json!({"timeoutSecs": 1}),
+            json!({"broken": {"command": "bash", "args": ["-c", "echo cannot import things >&2; exit 2"]}}),
+        );
+    })
+    .await
+    .unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+
+    // A server that never starts fails the session's creation, naming it and why.
+    let refused = client
+        .create_session(pb::CreateSessionRequest {
+            mcp_servers: vec!["calc".into(), "broken".into()],
+            ..session_request(ws.path())
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(
+        refused.message().contains("\"broken\"")
+            && refused.message().contains("cannot import things"),
+        "{refused:?}"
+    );
+    // So does an unknown name, and tools nothing runs.
+    let unknown = client
+        .create_session(pb::CreateSessionRequest {
+            mcp_servers: vec!["nope".into()],
+            ..session_request(ws.path())
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Code::InvalidArgument);
+    assert!(unknown.message().contains("calc"), "{unknown:?}");
+    #[allow(deprecated)]
+    let external = client
+        .create_session(pb::CreateSessionRequest {
+            external_tools_json: vec![r#"{"name":"x","input_schema":{}}"#.into()],
+            ..session_request(ws.path())
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(external.code(), Code::InvalidArgument);
+    assert!(external.message().contains("mcp_servers"), "{external:?}");
+
+    // The daemon keeps serving: a crash mid-call and a timeout are tool errors.
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
+            mcp_servers: vec!["calc".into()],
+            permission_mode: "bypassPermissions".into(),
+            ..session_request(ws.path())
+        },
+    )
+    .await
+    .unwrap();
+    let directives = [
+        "Crash.\n@sim tool mcp__calc__crash {}\n@sim say crashed",
+        "Slow.\n@sim tool mcp__calc__sleep {\"seconds\":600}\n@sim say slept",
+    ];
+    let batch = fork(&mut client, &session.session_id, &directives, None)
+        .await
+        .unwrap();
+    wait_for_batch(&mut client, &batch.batch_id, 2, DEADLINE)
+        .await
+        .unwrap();
+    let crashed = transcript_text(&mut client, &batch.agent_ids[0])
+        .await
+        .unwrap();
+    assert!(crashed.contains("stopped during the call"), "{crashed}");
+    let slow = transcript_text(&mut client, &batch.agent_ids[1])
+        .await
+        .unwrap();
+    assert!(
+        slow.contains("did not answer the call within 1 s")
+            || slow.contains("stopped during the call"),
+        "{slow}"
+    );
+    // And the server comes back for later calls.
+    let later = ["Add.\n@sim tool mcp__calc__add {\"a\":1,\"b\":1}\n@sim say added"];
+    let deadline = std::time::Instant::now() + DEADLINE;
+    loop {
+        let batch = fork(&mut client, &session.session_id, &later, None)
+            .await
+            .unwrap();
+        wait_for_batch(&mut client, &batch.batch_id, 1, DEADLINE)
+            .await
+            .unwrap();
+        let log = transcript_text(&mut client, &batch.agent_ids[0])
+            .await
+            .unwrap();
+        if log.contains(r#""content":"2""#) {
+            break;
+        }
+        assert!(log.contains("restarted"), "{log}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never came back: {log}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_session_s_own_servers_are_for_the_local_user_and_allowed_tenants() {
+    let Some(python) = mcp_python() else { return };
+    const LOOPBACK: SocketAddr =
+        SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+    let mut secrets = Vec::new();
+    let daemon = spawn_daemon_with(|c| {
+        c.listen = Some(LOOPBACK);
+        let tokens = TokenStore::in_home(&c.home);
+        secrets.push(tokens.create("web").unwrap());
+        secrets.push(tokens.create("ci").unwrap());
+        c.engine.mcp.config_tenants.insert("ci".into());
+    })
+    .await
+    .unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let own = json!({"mcpServers": {"mine": {
+        "command": python, "args": [mcp_fixture().display().to_string(), "stdio"]
+    }}})
+    .to_string();
+    let request = || pb::CreateSessionRequest {
+        mcp_config_json: own.clone(),
+        permission_mode: "bypassPermissions".into(),
+        ..session_request(ws.path())
+    };
+    let addr = format!("http://127.0.0.1:{}", daemon.tcp_addr().unwrap().port());
+    let mut tcp = connect(&addr).await.unwrap();
+    let as_tenant = |secret: &str| {
+        let mut r = Request::new(request());
+        r.metadata_mut()
+            .insert("authorization", format!("Bearer {secret}").parse().unwrap());
+        r
+    };
+    let refused = tcp
+        .create_session(as_tenant(secrets[0].expose()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("allow_mcp_config"),
+        "{refused:?}"
+    );
+    let allowed = tcp
+        .create_session(as_tenant(secrets[1].expose()))
+        .await
+        .unwrap();
+    assert_eq!(allowed.into_inner().session.unwrap().mcp_servers, ["mine"]);
+
+    // The local user's own server runs its calls.
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(&mut client, request()).await.unwrap();
+    let batch = fork(
+        &mut client,
+        &session.session_id,
+        &["Add.\n@sim tool mcp__mine__add {\"a\":3,\"b\":4}\n@sim say added"],
+        None,
+    )
+    .await
+    .unwrap();
+    wait_for_batch(&mut client, &batch.batch_id, 1, DEADLINE)
+        .await
+        .unwrap();
+    let log = transcript_text(&mut client, &batch.agent_ids[0])
+        .await
+        .unwrap();
+    assert!(log.contains(r#""content":"7""#), "{log}");
+}
+
+#[tokio::test]
+async fn a_streamable_http_server_s_tools_run_too() {
+    let Some(python) = mcp_python() else { return };
+    let mut server = std::process::Command::new(&python)
+        .args([mcp_fixture().display().to_string(), "http".into()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let url = format!("http://127.0.0.1:{}/mcp", line.trim());
+    let daemon = spawn_daemon_with(|c| {
+        let def = json!({"mcpServers": {"remote": {
+            "type": "http", "url": url, "headers": {"X-Forkd-Test": "${FORKD_TEST_UNSET:-yes}"}
+        }}});
+        std::fs::write(c.home.join("mcp.json"), def.to_string()).unwrap();
+    })
+    .await
+    .unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    // The server binds its port before it serves: creation is retried until it answers.
+    let request = pb::CreateSessionRequest {
+        mcp_servers: vec!["remote".into()],
+        allow_rules: vec!["mcp__remote".into()],
+        ..session_request(ws.path())
+    };
+    let session = eventually(DEADLINE, "the HTTP server to answer", || {
+        let mut client = client.clone();
+        let request = request.clone();
+        async move { client.create_session(request).await.ok() }
+    })
+    .await
+    .into_inner()
+    .session
+    .unwrap();
+    let batch = fork(
+        &mut client,
+        &session.session_id,
+        &["Echo.\n@sim tool mcp__remote__echo {\"text\":\"over http\"}\n@sim say echoed"],
+        None,
+    )
+    .await
+    .unwrap();
+    wait_for_batch(&mut client, &batch.batch_id, 1, DEADLINE)
+        .await
+        .unwrap();
+    let log = transcript_text(&mut client, &batch.agent_ids[0])
+        .await
+        .unwrap();
+    assert!(log.contains("echo: over http"), "{log}");
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+/// The notification that ends `agent_id`.
+async fn ended(
+    client: &mut pb::forkd_client::ForkdClient<tonic::transport::Channel>,
+    agent_id: &str,
+) -> pb::Notification {
+    let mut stream = client
+        .subscribe_notifications(pb::SubscribeNotificationsRequest {
+            agent_id: agent_id.to_owned(),
+            follow: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    tokio::time::timeout(DEADLINE, stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn typed_agents_name_mcp_tools_and_a_kill_cancels_a_call() {
+    let Some(python) = mcp_python() else { return };
+    let daemon = spawn_daemon_with(|c| {
+        write_mcp_json(
+            &c.home,
+            &python,
+            json!({"sandbox": "full-access"}),
+            json!({}),
+        );
+    })
+    .await
+    .unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(ws.path().join(".forkd/agents")).unwrap();
+    std::fs::write(
+        ws.path().join(".forkd/agents/adder.md"),
+        "---\nname: adder\ndescription: Adds\ntools: Read, mcp__calc__*\n\
+         disallowedTools: mcp__calc__echo\n---\nYou add numbers.\n",
+    )
+    .unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
+            mcp_servers: vec!["calc".into()],
+            permission_mode: "bypassPermissions".into(),
+            ..session_request(ws.path())
+        },
+    )
+    .await
+    .unwrap();
+    let spawn = |prompt: &str| pb::SpawnAgentRequest {
+        session_id: session.session_id.clone(),
+        subagent_type: "adder".into(),
+        description: "add".into(),
+        prompt: prompt.to_owned(),
+    };
+    let adder = client
+        .spawn_agent(spawn(
+            "Add.\n@sim tool mcp__calc__add {\"a\":5,\"b\":6}\n@sim tool mcp__calc__echo {\"text\":\"x\"}\n@sim say added",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let note = ended(&mut client, &adder.agent_id).await;
+    assert_eq!(note.status, pb::NotificationStatus::Completed as i32);
+    let log = transcript_text(&mut client, &adder.agent_id).await.unwrap();
+    assert!(log.contains(r#""content":"11""#), "{log}");
+    assert!(
+        log.contains("Tool mcp__calc__echo is not available to this agent"),
+        "{log}"
+    );
+
+    // Killing an agent cancels the call it is waiting on.
+    let marker = ws.path().join("started.txt");
+    let input = json!({"seconds": 600, "marker": marker.display().to_string()});
+    let sleeper = client
+        .spawn_agent(spawn(&format!(
+            "Wait.\n@sim tool mcp__calc__sleep {input}\n@sim say slept"
+        )))
+        .await
+        .unwrap()
+        .into_inner();
+    eventually(DEADLINE, "the call to start", || async { marker.exists() }).await;
+    client
+        .kill(pb::KillRequest {
+            agent_id: sleeper.agent_id.clone(),
+        })
+        .await
+        .unwrap();
+    let note = ended(&mut client, &sleeper.agent_id).await;
+    assert_eq!(
+        note.status,
+        pb::NotificationStatus::Killed as i32,
+        "{note:?}"
+    );
+    // The server is still there for other calls.
+    let again = client
+        .spawn_agent(spawn(
+            "Add.\n@sim tool mcp__calc__add {\"a\":1,\"b\":2}\n@sim say added",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    ended(&mut client, &again.agent_id).await;
+    let log = transcript_text(&mut client, &again.agent_id).await.unwrap();
+    assert!(log.contains(r#""content":"3""#), "{log}");
+}

@@ -1,0 +1,429 @@
+//! The daemon's MCP servers: one connection (and, for stdio, one process) per tenant and server
+//! definition, started when a session that uses it is created (or, after a daemon restart, at
+//! its first call), kept while the daemon runs, restarted with backoff after a crash, stopped at
+//! shutdown.
+//!
+//! A server is never shared across tenants: the key is the tenant plus a digest of the resolved
+//! definition. Calls run concurrently on one connection; the state lock is held only to find or
+//! start the connection, never across a call.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use forkd_tools::sandbox::SandboxPaths;
+use forkd_tools::server::{ServerCommand, ServerProcess, log_tail, spawn_server};
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::{Peer, RoleClient, RunningService, ServiceError, ServiceExt};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{ServerSpec, Transport};
+use crate::output::{CallOutput, map_result};
+
+/// How long a server may take to start and answer `initialize` and `tools/list`.
+pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// The first wait before restarting a server that failed; doubled at each failure in a row.
+const BACKOFF_BASE: Duration = Duration::from_millis(500);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// A tool as its server lists it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerTool {
+    pub name: String,
+    pub description: String,
+    pub input_schema: Value,
+}
+
+/// Why a server could not be used.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("MCP server {server:?} {message}")]
+pub struct ServerError {
+    pub server: String,
+    pub message: String,
+}
+
+/// Where servers live on disk and what their sandbox hides.
+#[derive(Debug, Clone, Default)]
+pub struct PoolPaths {
+    /// Each server gets a directory under this one (its cwd, `HOME`, temporary files, log).
+    pub root: PathBuf,
+    /// What a sandboxed server must not read (the daemon's home, the deny list, sessions'
+    /// workspaces, other sandboxes' temporary directories).
+    pub hidden: Vec<PathBuf>,
+}
+
+/// A server's identity in the pool: its tenant and the digest of its resolved definition.
+type ServerKey = (String, String);
+
+/// The daemon's servers.
+#[derive(Clone, Default)]
+pub struct Pool {
+    servers: Arc<StdMutex<HashMap<ServerKey, Arc<Server>>>>,
+}
+
+impl Pool {
+    /// The server for `tenant` and `spec`, created (not started) if it is new.
+    pub fn server(&self, tenant: &str, spec: &ServerSpec, paths: &PoolPaths) -> Arc<Server> {
+        let key = (tenant.to_owned(), spec.digest());
+        let mut servers = self
+            .servers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        servers
+            .entry(key)
+            .or_insert_with(|| Arc::new(Server::new(tenant, spec.clone(), paths)))
+            .clone()
+    }
+
+    /// Stops every server: connections closed, processes (and their groups) killed.
+    pub async fn shutdown(&self) {
+        let servers: Vec<Arc<Server>> = self
+            .servers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
+        for server in servers {
+            server.stop().await;
+        }
+    }
+
+    /// How many server processes or connections are up (for tests and metrics).
+    pub async fn running(&self) -> usize {
+        let servers: Vec<Arc<Server>> = self
+            .servers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        let mut up = 0;
+        for server in servers {
+            if server.state.lock().await.conn.is_some() {
+                up += 1;
+            }
+        }
+        up
+    }
+}
+
+/// One live connection.
+struct Conn {
+    peer: Peer<RoleClient>,
+    service: StdMutex<Option<RunningService<RoleClient, ()>>>,
+    /// The stdio server's process; dropping it kills the process group.
+    process: StdMutex<Option<ServerProcess>>,
+}
+
+impl Conn {
+    /// Ends the connection at once (its service is cancelled when dropped) and kills the stdio
+    /// server's process group.
+    fn close(&self) {
+        drop(self.take_service());
+        drop(
+            self.process
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take(),
+        );
+    }
+
+    fn take_service(&self) -> Option<RunningService<RoleClient, ()>> {
+        self.service
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+}
+
+/// How long a stopping server's connection may take to close (an HTTP server is told the
+/// session ends) before it is dropped.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Default)]
+struct State {
+    conn: Option<Arc<Conn>>,
+    /// Failures in a row, and when the next start may be tried.
+    failures: u32,
+    retry_at: Option<Instant>,
+    /// The tools of the last listing.
+    tools: Vec<ServerTool>,
+}
+
+/// One server of one tenant.
+pub struct Server {
+    spec: ServerSpec,
+    dir: PathBuf,
+    hidden: Vec<PathBuf>,
+    state: Mutex<State>,
+}
+
+impl Server {
+    fn new(tenant: &str, spec: ServerSpec, paths: &PoolPaths) -> Server {
+        let tenant_digest = hex::encode(&Sha256::digest(tenant.as_bytes())[..6]);
+        let dir = paths
+            .root
+            .join(format!("mcp-{tenant_digest}-{}", spec.digest()));
+        Server {
+            spec,
+            dir,
+            hidden: paths.hidden.clone(),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    pub fn spec(&self) -> &ServerSpec {
+        &self.spec
+    }
+
+    fn err(&self, message: impl Into<String>) -> ServerError {
+        ServerError {
+            server: self.spec.name.clone(),
+            message: message.into(),
+        }
+    }
+
+    /// The server's tools, starting it if it is not up.
+    pub async fn tools(&self) -> Result<Vec<ServerTool>, ServerError> {
+        let mut state = self.state.lock().await;
+        self.ensure(&mut state).await?;
+        Ok(state.tools.clone())
+    }
+
+    /// The live connection, started if there is none (and the backoff allows).
+    async fn ensure(&self, state: &mut State) -> Result<Arc<Conn>, ServerError> {
+        if let Some(conn) = &state.conn {
+            if !conn.peer.is_transport_closed() {
+                return Ok(conn.clone());
+            }
+            self.mark_failed(state, "Stopped");
+        }
+        if let Some(at) = state.retry_at {
+            let now = Instant::now();
+            if at > now {
+                return Err(self.err(format!(
+                    "failed and is being restarted; the next attempt is in {} ms",
+                    (at - now).as_millis()
+                )));
+            }
+        }
+        match tokio::time::timeout(START_TIMEOUT, self.start()).await {
+            Ok(Ok((conn, tools))) => {
+                state.conn = Some(conn.clone());
+                state.tools = tools;
+                state.failures = 0;
+                state.retry_at = None;
+                tracing::info!(mcp.server = %self.spec.name, tools = state.tools.len(), "MCP server started");
+                Ok(conn)
+            }
+            Ok(Err(message)) => {
+                self.mark_failed(state, "Failed to start");
+                Err(self.err(message))
+            }
+            Err(_) => {
+                self.mark_failed(state, "Timed out starting");
+                Err(self.err(format!(
+                    "did not answer initialize and tools/list within {} s{}",
+                    START_TIMEOUT.as_secs(),
+                    self.stderr_note()
+                )))
+            }
+        }
+    }
+
+    fn mark_failed(&self, state: &mut State, what: &str) {
+        if let Some(conn) = state.conn.take() {
+            conn.close();
+        }
+        state.failures = state.failures.saturating_add(1);
+        let backoff = BACKOFF_BASE
+            .saturating_mul(1 << state.failures.min(8).saturating_sub(1))
+            .min(BACKOFF_MAX);
+        state.retry_at = Some(Instant::now() + backoff);
+        tracing::warn!(mcp.server = %self.spec.name, failures = state.failures, ?backoff, "{what}: MCP server down");
+    }
+
+    fn stderr_note(&self) -> String {
+        match log_tail(&self.dir.join("stderr.log"), 3) {
+            tail if tail.is_empty() => String::new(),
+            tail => format!("; its stderr ends with: {tail}"),
+        }
+    }
+
+    /// Starts the server and lists its tools; the error is the message for the model or client.
+    async fn start(&self) -> Result<(Arc<Conn>, Vec<ServerTool>), String> {
+        let (service, process) = match &self.spec.transport {
+            Transport::Stdio {
+                command,
+                args,
+                env,
+                sandbox,
+            } => {
+                let cmd = ServerCommand {
+                    program: command.clone(),
+                    args: args.clone(),
+                    env: env.clone(),
+                    dir: self.dir.join("home"),
+                    sandbox: (sandbox.mode != forkd_core::session::SandboxMode::FullAccess).then(
+                        || {
+                            (
+                                *sandbox,
+                                SandboxPaths {
+                                    hidden: self.hidden.clone(),
+                                    tmp: self.dir.join("tmp"),
+                                },
+                            )
+                        },
+                    ),
+                };
+                let _ = std::fs::remove_file(cmd.log_path());
+                let mut process = spawn_server(&cmd).map_err(|e| e.to_string())?;
+                let (stdin, stdout) = process
+                    .take_pipes()
+                    .ok_or("internal: the server's pipes are gone")?;
+                let service = ().serve((stdout, stdin)).await.map_err(|e| {
+                    format!(
+                        "did not start: {e}{}",
+                        match log_tail(&cmd.log_path(), 3) {
+                            tail if tail.is_empty() => String::new(),
+                            tail => format!("; its stderr ends with: {tail}"),
+                        }
+                    )
+                })?;
+                (service, Some(process))
+            }
+            Transport::Http { url, headers } => {
+                let mut map = HashMap::new();
+                for (name, value) in headers {
+                    let name = reqwest::header::HeaderName::try_from(name.as_str())
+                        .map_err(|e| format!("has an invalid header name {name:?}: {e}"))?;
+                    let value = reqwest::header::HeaderValue::try_from(value.as_str())
+                        .map_err(|e| format!("has an invalid value for header {name}: {e}"))?;
+                    map.insert(name, value);
+                }
+                let config =
+                    StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(map);
+                let transport =
+                    StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+                let service =
+                    ().serve(transport)
+                        .await
+                        .map_err(|e| format!("at {url} did not start: {e}"))?;
+                (service, None)
+            }
+        };
+        let peer = service.peer().clone();
+        let listed = peer
+            .list_all_tools()
+            .await
+            .map_err(|e| format!("did not list its tools: {e}"))?;
+        let tools = listed
+            .into_iter()
+            .map(|tool| ServerTool {
+                name: tool.name.to_string(),
+                description: tool
+                    .description
+                    .as_deref()
+                    .map(str::to_owned)
+                    .unwrap_or_default(),
+                input_schema: Value::Object((*tool.input_schema).clone()),
+            })
+            .collect();
+        let conn = Arc::new(Conn {
+            peer,
+            service: StdMutex::new(Some(service)),
+            process: StdMutex::new(process),
+        });
+        Ok((conn, tools))
+    }
+
+    /// Calls `tool` (its name on the server) with `arguments`, within the server's time limit;
+    /// a cancellation (the agent was killed) abandons the call and tells the server.
+    pub async fn call(
+        &self,
+        tool: &str,
+        arguments: Value,
+        cancel: &CancellationToken,
+    ) -> CallOutput {
+        let conn = {
+            let mut state = self.state.lock().await;
+            match self.ensure(&mut state).await {
+                Ok(conn) => {
+                    if !state.tools.iter().any(|t| t.name == tool) {
+                        return CallOutput::error(format!(
+                            "MCP server {:?} no longer has the tool {tool:?} (it lists: {}). \
+                             Work without it.",
+                            self.spec.name,
+                            state
+                                .tools
+                                .iter()
+                                .map(|t| t.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ));
+                    }
+                    conn
+                }
+                Err(e) => return CallOutput::error(format!("{e}. The call did not run.")),
+            }
+        };
+        let Value::Object(arguments) = arguments else {
+            return CallOutput::error("The tool's input must be a JSON object.");
+        };
+        let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        let limit = self.spec.call_timeout;
+        let outcome = tokio::select! {
+            result = conn.peer.call_tool(params) => Some(result),
+            () = tokio::time::sleep(limit) => None,
+            () = cancel.cancelled() => {
+                return CallOutput::error("The call was cancelled: the agent was stopped.");
+            }
+        };
+        match outcome {
+            None => CallOutput::error(format!(
+                "MCP server {:?} did not answer the call within {} s (its timeout); the call \
+                 was cancelled. It may or may not have taken effect.",
+                self.spec.name,
+                limit.as_secs()
+            )),
+            Some(Ok(result)) => match serde_json::to_value(&result) {
+                Ok(value) => map_result(&value),
+                Err(e) => CallOutput::error(format!("The server's result is not usable: {e}")),
+            },
+            Some(Err(ServiceError::McpError(e))) => CallOutput::error(format!(
+                "MCP server {:?} refused the call: {}",
+                self.spec.name, e.message
+            )),
+            Some(Err(e)) => {
+                let mut state = self.state.lock().await;
+                if state.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn)) {
+                    self.mark_failed(&mut state, "Crashed during a call");
+                }
+                CallOutput::error(format!(
+                    "MCP server {:?} stopped during the call ({e}){}. It is restarted for the \
+                     next call; this call may or may not have taken effect.",
+                    self.spec.name,
+                    self.stderr_note()
+                ))
+            }
+        }
+    }
+
+    async fn stop(&self) {
+        let mut state = self.state.lock().await;
+        if let Some(conn) = state.conn.take() {
+            if let Some(mut service) = conn.take_service() {
+                let _ = service.close_with_timeout(CLOSE_TIMEOUT).await;
+            }
+            conn.close();
+        }
+    }
+}
