@@ -29,6 +29,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start: the size of `Serve`'s flags costs nothing worth boxing them for.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Serve the gRPC API on $FORKD_HOME/forkd.sock (and TCP with --listen).

@@ -1,0 +1,542 @@
+//! The JSON API the page reads and the actions it takes, all through the tenant-scoped engine.
+
+use std::collections::{BTreeMap, HashMap};
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use forkd_core::pricing::CacheTtl;
+use forkd_core::query::{AgentFilter, RequestFilter, RequestRecord};
+use forkd_core::{Agent, AgentId, AgentKind, BatchId, RequestId, SessionId, Tenant};
+use forkd_engine::{Engine, EngineError, PermissionAnswer, SessionView, StatsScope, TenantEngine};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::AppState;
+use crate::auth::{Actor, Caller};
+use crate::error::WebError;
+use crate::views::{self, AgentRow, RequestView};
+
+type Reply = Result<Json<Value>, WebError>;
+
+/// Sessions shown in the list: the most recent ones.
+const MAX_SESSIONS: usize = 500;
+
+pub(crate) fn not_found(kind: &'static str, id: &str) -> WebError {
+    WebError::Engine(EngineError::NotFound {
+        kind,
+        id: id.chars().take(64).collect(),
+    })
+}
+
+pub(crate) fn session_id(s: &str) -> Result<SessionId, WebError> {
+    SessionId::parse(s).map_err(|_| not_found("session", s))
+}
+
+pub(crate) fn batch_id(s: &str) -> Result<BatchId, WebError> {
+    BatchId::parse(s).map_err(|_| not_found("batch", s))
+}
+
+pub(crate) fn agent_id(s: &str) -> Result<AgentId, WebError> {
+    AgentId::parse(s).map_err(|_| not_found("agent", s))
+}
+
+fn to_json<T: Serialize>(value: &T) -> Value {
+    serde_json::to_value(value).unwrap_or(Value::Null)
+}
+
+/// One line of the sessions list.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct SessionSummary {
+    pub id: String,
+    pub model: String,
+    /// The main loop's state: `idle` between turns, `running` during one.
+    pub state: String,
+    /// The main loop's model requests.
+    pub turns: u64,
+    pub batches: usize,
+    pub agents: usize,
+    pub running: usize,
+    pub cost_usd: f64,
+    pub last_activity_ms: i64,
+    pub created_at_ms: i64,
+    pub messages: u64,
+    pub interactive: bool,
+    pub coordinator: bool,
+}
+
+fn main_loop(agents: &[Agent]) -> Option<&Agent> {
+    agents.iter().find(|a| a.kind == AgentKind::Parent)
+}
+
+pub(crate) async fn summary(
+    scoped: &TenantEngine<'_>,
+    view: SessionView,
+) -> Result<SessionSummary, WebError> {
+    let s = &view.session;
+    let agents = scoped
+        .list_agents(AgentFilter {
+            session_id: Some(s.id),
+            include_ended: true,
+            ..AgentFilter::default()
+        })
+        .await?;
+    let main = main_loop(&agents);
+    let turns = match main {
+        Some(m) => scoped
+            .list_requests(RequestFilter {
+                agent_id: Some(m.id),
+                ..RequestFilter::default()
+            })
+            .await?
+            .len() as u64,
+        None => 0,
+    };
+    let batches: std::collections::HashSet<_> = agents.iter().filter_map(|a| a.batch_id).collect();
+    Ok(SessionSummary {
+        id: s.id.to_string(),
+        model: s.params.model.clone(),
+        state: main.map_or("idle", |m| m.state.as_str()).to_owned(),
+        turns,
+        batches: batches.len(),
+        agents: agents
+            .iter()
+            .filter(|a| a.kind != AgentKind::Parent)
+            .count(),
+        running: agents
+            .iter()
+            .filter(|a| a.kind != AgentKind::Parent && !a.state.is_terminal())
+            .count(),
+        cost_usd: agents.iter().map(|a| a.cost_usd).sum(),
+        last_activity_ms: agents
+            .iter()
+            .map(|a| a.updated_at_ms)
+            .chain([s.created_at_ms])
+            .max()
+            .unwrap_or(s.created_at_ms),
+        created_at_ms: s.created_at_ms,
+        messages: view.message_count,
+        interactive: s.interactive,
+        coordinator: s.coordinator,
+    })
+}
+
+/// The tenant's sessions, most recent activity first.
+pub(crate) async fn summaries(
+    engine: &Engine,
+    tenant: &Tenant,
+) -> Result<Vec<SessionSummary>, WebError> {
+    let scoped = engine.for_tenant(tenant.clone());
+    let mut views = Vec::new();
+    let mut after = None;
+    loop {
+        let page = scoped.list_sessions(after, 200).await?;
+        let full = page.len() == 200;
+        after = page.last().map(|v| v.session.id);
+        views.extend(page);
+        if !full {
+            break;
+        }
+    }
+    // The newest sessions (ids are UUID v7: creation order).
+    let skip = views.len().saturating_sub(MAX_SESSIONS);
+    let mut out = Vec::with_capacity(views.len() - skip);
+    for view in views.into_iter().skip(skip) {
+        out.push(summary(&scoped, view).await?);
+    }
+    out.sort_by_key(|s| std::cmp::Reverse(s.last_activity_ms));
+    Ok(out)
+}
+
+pub(crate) async fn sessions(caller: Caller, State(state): State<AppState>) -> Reply {
+    let list = summaries(&state.engine, &caller.tenant).await?;
+    Ok(Json(json!({ "sessions": list })))
+}
+
+/// A batch's line in its session's page.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct BatchSummary {
+    pub id: String,
+    pub created_at_ms: i64,
+    pub children: usize,
+    pub states: BTreeMap<&'static str, usize>,
+    pub cost_usd: f64,
+}
+
+pub(crate) fn batch_summaries(agents: &[Agent]) -> Vec<BatchSummary> {
+    let mut by_batch: BTreeMap<BatchId, BatchSummary> = BTreeMap::new();
+    for a in agents.iter().filter(|a| a.kind == AgentKind::Fork) {
+        let Some(b) = a.batch_id else { continue };
+        let entry = by_batch.entry(b).or_insert_with(|| BatchSummary {
+            id: b.to_string(),
+            created_at_ms: a.created_at_ms,
+            children: 0,
+            states: BTreeMap::new(),
+            cost_usd: 0.0,
+        });
+        entry.children += 1;
+        *entry.states.entry(a.state.as_str()).or_default() += 1;
+        entry.cost_usd += a.cost_usd;
+        entry.created_at_ms = entry.created_at_ms.min(a.created_at_ms);
+    }
+    by_batch.into_values().collect()
+}
+
+pub(crate) async fn session(
+    caller: Caller,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Reply {
+    let id = session_id(&id)?;
+    let scoped = state.engine.for_tenant(caller.tenant);
+    let view = scoped.session(id).await?;
+    let (permission_mode, sandbox) = (
+        format!("{:?}", view.session.permission_mode),
+        format!("{:?}", view.session.sandbox),
+    );
+    let summary = summary(&scoped, view).await?;
+    let agents = scoped
+        .list_agents(AgentFilter {
+            session_id: Some(id),
+            include_ended: true,
+            ..AgentFilter::default()
+        })
+        .await?;
+    let main = main_loop(&agents);
+    let transcript = match main {
+        Some(m) => scoped
+            .transcript(m.id, true)
+            .await?
+            .iter()
+            .map(|e| views::entry(e, None))
+            .collect(),
+        None => Vec::new(),
+    };
+    let typed: Vec<AgentRow> = agents
+        .iter()
+        .filter(|a| a.kind == AgentKind::Typed)
+        .map(AgentRow::from)
+        .collect();
+    Ok(Json(json!({
+        "session": summary,
+        "main_agent": main.map(AgentRow::from),
+        "permission_mode": permission_mode,
+        "sandbox": sandbox,
+        "transcript": transcript,
+        "batches": batch_summaries(&agents),
+        "typed": typed,
+    })))
+}
+
+/// One child on a batch's timeline: times in ms since the epoch.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct TimelineRow {
+    pub agent_id: String,
+    pub index: u32,
+    /// When the batch stored the child (it waits from then, pending or behind the gate).
+    pub created_at_ms: i64,
+    /// When its first model response ended (the request's record is made then).
+    pub first_reply_ms: Option<i64>,
+    /// Its first request's time to first token.
+    pub first_token_ms: Option<u64>,
+    /// When it ended.
+    pub ended_at_ms: Option<i64>,
+}
+
+pub(crate) fn timeline(agents: &[Agent], records: &[RequestRecord]) -> Vec<TimelineRow> {
+    let mut first: HashMap<AgentId, &RequestRecord> = HashMap::new();
+    for r in records {
+        let e = first.entry(r.agent_id).or_insert(r);
+        if (r.turn, r.created_at_ms) < (e.turn, e.created_at_ms) {
+            *e = r;
+        }
+    }
+    let mut rows: Vec<TimelineRow> = agents
+        .iter()
+        .filter(|a| a.kind == AgentKind::Fork)
+        .map(|a| {
+            let f = first.get(&a.id);
+            TimelineRow {
+                agent_id: a.id.to_string(),
+                index: a.index,
+                created_at_ms: a.created_at_ms,
+                first_reply_ms: f.map(|r| r.created_at_ms),
+                first_token_ms: f.and_then(|r| r.first_token_ms),
+                ended_at_ms: a.state.is_terminal().then_some(a.updated_at_ms),
+            }
+        })
+        .collect();
+    rows.sort_by_key(|r| r.index);
+    rows
+}
+
+/// The batch's figures: its cache statistics, the calculator for its shape, the calculator's
+/// curve over N, and the timeline.
+pub(crate) async fn batch_figures(
+    engine: &Engine,
+    tenant: &Tenant,
+    id: BatchId,
+    agents: &[Agent],
+) -> Result<Value, WebError> {
+    let scoped = engine.for_tenant(tenant.clone());
+    let batch = scoped.batch(id).await?;
+    let model = scoped.session(batch.session_id).await?.session.params.model;
+    let stats = scoped.cache_stats(StatsScope::Batch(id)).await?;
+    let records = scoped
+        .list_requests(RequestFilter {
+            batch_id: Some(id),
+            ..RequestFilter::default()
+        })
+        .await?;
+    let rows = timeline(agents, &records);
+    let children = rows.len().max(1) as u64;
+    // The calculator for this batch's shape: its shared prefix and its children's mean
+    // directive (first request's input beyond the prefix).
+    let firsts: Vec<u64> = {
+        let mut first: HashMap<AgentId, (u32, i64, u64)> = HashMap::new();
+        for r in &records {
+            let e =
+                first
+                    .entry(r.agent_id)
+                    .or_insert((r.turn, r.created_at_ms, r.usage.total_input()));
+            if (r.turn, r.created_at_ms) < (e.0, e.1) {
+                *e = (r.turn, r.created_at_ms, r.usage.total_input());
+            }
+        }
+        first.values().map(|e| e.2).collect()
+    };
+    let prefix = stats.shared_prefix_tokens;
+    let directive = if firsts.is_empty() {
+        0
+    } else {
+        firsts.iter().map(|t| t.saturating_sub(prefix)).sum::<u64>() / firsts.len() as u64
+    };
+    let estimate = engine
+        .estimate_fork_cost(
+            Some(&model),
+            prefix,
+            directive,
+            children,
+            CacheTtl::default(),
+        )
+        .ok();
+    let mut curve = Vec::new();
+    let top = children.max(8);
+    for n in curve_points(top) {
+        if let Ok(e) =
+            engine.estimate_fork_cost(Some(&model), prefix, directive, n, CacheTtl::default())
+        {
+            curve.push(
+                json!({ "n": n, "fork": e.fork_cost_usd, "independent": e.independent_cost_usd }),
+            );
+        }
+    }
+    Ok(json!({
+        "model": model,
+        "stats": {
+            "children": stats.children,
+            "shared_prefix_tokens": stats.shared_prefix_tokens,
+            "usage": stats.usage,
+            "read_share": views::read_share(&stats.usage),
+            "requests": stats.requests,
+            "cost_usd": stats.cost_usd,
+            "input_cost_usd": stats.input_cost_usd,
+            "independent_cost_usd": stats.independent_cost_usd,
+            "saving": stats.saving,
+        },
+        "calc": {
+            "prefix_tokens": prefix,
+            "directive_tokens": directive,
+            "children": children,
+            "estimate": estimate,
+            "curve": curve,
+        },
+        "timeline": rows,
+    }))
+}
+
+/// Up to 24 values of N from 1 to `top`, `top` included.
+fn curve_points(top: u64) -> Vec<u64> {
+    let steps = top.min(24);
+    let mut points: Vec<u64> = (1..=steps).map(|i| (i * top).div_ceil(steps)).collect();
+    points.dedup();
+    points
+}
+
+pub(crate) async fn batch_agents(
+    engine: &Engine,
+    tenant: &Tenant,
+    id: BatchId,
+) -> Result<Vec<Agent>, WebError> {
+    Ok(engine
+        .for_tenant(tenant.clone())
+        .list_agents(AgentFilter {
+            batch_id: Some(id),
+            include_ended: true,
+            ..AgentFilter::default()
+        })
+        .await?)
+}
+
+pub(crate) async fn batch(
+    caller: Caller,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Reply {
+    let id = batch_id(&id)?;
+    let scoped = state.engine.for_tenant(caller.tenant.clone());
+    let batch = scoped.batch(id).await?;
+    let agents = batch_agents(&state.engine, &caller.tenant, id).await?;
+    let figures = batch_figures(&state.engine, &caller.tenant, id, &agents).await?;
+    Ok(Json(json!({
+        "batch": {
+            "id": batch.id.to_string(),
+            "session_id": batch.session_id.to_string(),
+            "created_at_ms": batch.created_at_ms,
+        },
+        "figures": figures,
+    })))
+}
+
+pub(crate) async fn agent(
+    caller: Caller,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Reply {
+    let id = agent_id(&id)?;
+    let scoped = state.engine.for_tenant(caller.tenant);
+    let agent = scoped.agent(id).await?;
+    // The transcript and how many of its messages are the agent's own, read until they agree
+    // (the transcript only grows): the own ones carry their seqs, and the live stream goes on
+    // from the next seq.
+    let mut own_before = scoped.own_message_count(id).await?;
+    let mut entries = scoped.transcript(id, true).await?;
+    for _ in 0..5 {
+        let own_after = scoped.own_message_count(id).await?;
+        if own_after == own_before {
+            break;
+        }
+        own_before = own_after;
+        entries = scoped.transcript(id, true).await?;
+    }
+    let parent = agent.kind == AgentKind::Parent;
+    let own = if parent { 0 } else { own_before as usize };
+    let head = entries.len().saturating_sub(own);
+    let transcript: Vec<_> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| views::entry(e, (i >= head).then(|| (i - head) as u64)))
+        .collect();
+    let requests: Vec<RequestView> = scoped
+        .list_requests(RequestFilter {
+            agent_id: Some(id),
+            ..RequestFilter::default()
+        })
+        .await?
+        .iter()
+        .map(RequestView::from)
+        .collect();
+    Ok(Json(json!({
+        "agent": AgentRow::from(&agent),
+        "directive": agent.directive.as_ref().map(|d| json!({"description": d.description, "prompt": d.prompt})),
+        "transcript": transcript,
+        "next_seq": own,
+        "requests": requests,
+    })))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct ExplainQuery {
+    a: String,
+    b: Option<String>,
+}
+
+pub(crate) async fn explain(
+    caller: Caller,
+    State(state): State<AppState>,
+    Query(q): Query<ExplainQuery>,
+) -> Reply {
+    let parse = |s: &str| RequestId::parse(s).map_err(|_| not_found("request", s));
+    let a = parse(&q.a)?;
+    let b = match q.b.as_deref().filter(|s| !s.is_empty()) {
+        Some(s) => Some(parse(s)?),
+        None => None,
+    };
+    let e = state
+        .engine
+        .for_tenant(caller.tenant)
+        .explain_cache(a, b)
+        .await?;
+    Ok(Json(json!({
+        "request_id": e.request_id,
+        "other_request_id": e.other_request_id,
+        "same_prefix": e.same_prefix,
+        "part": e.part,
+        "kind": e.kind,
+        "byte": e.byte,
+        "exact": e.exact,
+        "excerpt": e.excerpt,
+        "other_excerpt": e.other_excerpt,
+        "note": e.note,
+    })))
+}
+
+pub(crate) async fn kill(
+    Actor(tenant): Actor,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Reply {
+    let id = agent_id(&id)?;
+    state.engine.for_tenant(tenant.clone()).kill(id).await?;
+    tracing::info!(agent.id = %id, tenant = %tenant, "Agent killed from the web view");
+    Ok(Json(json!({})))
+}
+
+pub(crate) async fn background(
+    Actor(tenant): Actor,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Reply {
+    let id = agent_id(&id)?;
+    state.engine.for_tenant(tenant).background(id).await?;
+    Ok(Json(json!({})))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct AnswerBody {
+    /// `allow`, `always` or `deny`.
+    answer: String,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+pub(crate) async fn answer_prompt(
+    Actor(tenant): Actor,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Json(body): Json<AnswerBody>,
+) -> Reply {
+    let answer = match body.answer.as_str() {
+        "allow" => PermissionAnswer::AllowOnce,
+        "always" => PermissionAnswer::AllowAlways,
+        "deny" => PermissionAnswer::Deny(body.reason.filter(|r| !r.is_empty())),
+        other => {
+            return Err(WebError::BadRequest(format!(
+                "answer {other:?}: use allow, always or deny"
+            )));
+        }
+    };
+    state
+        .engine
+        .for_tenant(tenant)
+        .answer_prompt(&id, answer)
+        .await?;
+    Ok(Json(json!({})))
+}
+
+pub(crate) fn agent_rows(agents: &[Agent]) -> Vec<AgentRow> {
+    agents.iter().map(AgentRow::from).collect()
+}
+
+pub(crate) fn json_of<T: Serialize>(value: &T) -> Value {
+    to_json(value)
+}
