@@ -5,7 +5,8 @@
 //! Needs `node`, Chromium (`/usr/bin/chromium`, or `FORKD_TEST_CHROMIUM`) and the driver's npm
 //! package (`npm ci --prefix crates/web/e2e`). Without them the test says what is missing and
 //! passes; with `CI` set it fails instead (`.ci/run` installs them). `FORKD_WEB_SCREENSHOTS=DIR`
-//! saves the batch and agent views there (the README's screenshots).
+//! saves the batch and agent views there, relative to the workspace's root (the README's
+//! screenshots: `FORKD_WEB_SCREENSHOTS=docs`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -149,8 +150,10 @@ fn the_web_view_in_a_real_browser() {
         .env("CHROMIUM", chromium())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    if let Some(dir) = std::env::var_os("FORKD_WEB_SCREENSHOTS") {
-        command.env("SCREENSHOTS", dir);
+    if let Some(dir) = std::env::var_os("FORKD_WEB_SCREENSHOTS").filter(|d| !d.is_empty()) {
+        // Relative to the workspace's root, whichever directory the test runs in.
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        command.env("SCREENSHOTS", root.join(dir));
     }
     let child = command.spawn().unwrap();
     let pid = child.id();

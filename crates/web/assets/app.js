@@ -222,7 +222,8 @@ function transcriptView(messages, container) {
   const rest = messages.filter((m) => !m.shared);
   container.replaceChildren(
     shared.length ? h('details', { class: 'shared' },
-      h('summary', {}, 'inherited context: ', String(shared.length), ' messages shared with the siblings'),
+      h('summary', {}, 'inherited context: ', String(shared.length), shared.length === 1 ? ' message' : ' messages',
+        ' shared with the siblings'),
       ...shared.map(messageView)) : '',
     ...rest.map(messageView));
 }
@@ -352,7 +353,7 @@ async function batchView(id, t0) {
   };
   const reorder = () => {
     order = [...rows.values()].filter((r) => !filter || r.state === filter).sort((a, b) => a.index - b.index);
-    spacer.style.height = (order.length * ROW + ROW) + 'px';
+    spacer.style.height = ((order.length + 1) * ROW + 4) + 'px';
     draw();
   };
   const drawWindow = () => {
@@ -449,7 +450,8 @@ function timelineChart(rows) {
   const shown = rows.slice(0, 200);
   if (!shown.length) return h('p', { class: 'muted' }, 'No children.');
   const t0 = Math.min(...shown.map((r) => r.created_at_ms));
-  const t1 = Math.max(Date.now() > t0 ? 0 : 0, ...shown.map((r) => r.ended_at_ms || r.first_reply_ms || r.created_at_ms)) || t0 + 1;
+  const open = shown.some((r) => !r.ended_at_ms);
+  const t1 = Math.max(open ? Date.now() : 0, ...shown.map((r) => r.ended_at_ms || r.first_reply_ms || r.created_at_ms)) || t0 + 1;
   const W = 560, L = 40, R = 10, RH = Math.max(2, Math.min(12, 200 / shown.length * 2));
   const H = shown.length * RH + 30;
   const x = (t) => L + (t - t0) / Math.max(1, t1 - t0) * (W - L - R);
@@ -461,6 +463,10 @@ function timelineChart(rows) {
       bars.push(s('rect', { x: x(r.created_at_ms), y: yy, width: Math.max(1, x(reply) - x(r.created_at_ms)), height: RH - 1, fill: '#e5d3a8' },
         s('title', {}, `child ${r.index + 1}: first reply after ${((reply - r.created_at_ms) / 1000).toFixed(2)} s, first token ${r.first_token_ms ?? '?'} ms`)));
       bars.push(s('rect', { x: x(reply) - 1, y: yy, width: 2, height: RH - 1, fill: '#b7791f' }));
+    }
+    if (!reply && !r.ended_at_ms) {
+      bars.push(s('rect', { x: x(r.created_at_ms), y: yy, width: Math.max(1, x(t1) - x(r.created_at_ms)), height: RH - 1, fill: '#e5d3a8', opacity: .5 },
+        s('title', {}, `child ${r.index + 1}: no reply yet`)));
     }
     if (r.ended_at_ms) {
       const from = reply || r.created_at_ms;
@@ -528,8 +534,8 @@ async function agentView(id) {
   };
   const drawReport = (n) => report.replaceChildren(h('h2', {}, 'Report · ', n.status),
     h('div', { class: 'panel', id: 'report-text' },
-      h('p', {}, n.summary),
-      n.report.result ? h('div', { class: 'text' }, n.report.result) : '',
+      n.report.scope ? h('p', {}, h('b', {}, 'Scope: '), n.report.scope) : '',
+      n.report.result ? h('div', { class: 'text' }, n.report.result) : h('p', {}, n.summary),
       n.report.issues ? h('p', {}, h('b', {}, 'Issues: '), n.report.issues) : '',
       n.report.key_files?.length ? h('p', {}, h('b', {}, 'Key files: '), n.report.key_files.join(', ')) : ''));
 
