@@ -11,7 +11,7 @@
 // 1000-child page's load time is measured and printed, not asserted.
 
 import { execFileSync } from 'node:child_process';
-import { writeFileSync } from 'node:fs';
+import { existsSync, writeFileSync } from 'node:fs';
 import { strict as assert } from 'node:assert';
 import { chromium } from 'playwright-core';
 
@@ -121,6 +121,19 @@ try {
   await page.waitForSelector('#agent-state:has-text("killed")', WAIT);
   const killed = forkctl(TOKEN_A, ['ps', '--session', sid, '-a']).find((a) => a.agent_id === kids[2]);
   assert.equal(killed?.state, 'killed', 'forkctl sees the child killed');
+
+  step('answer a permission prompt from the page (an interactive session)');
+  const [{ session_id: asks }] = forkctl(TOKEN_A, ['session', 'create', '--system-file', `${WORK}/system.md`,
+    '--workspace', WORK, '--interactive', '--permission-mode', 'bubble']);
+  await page.goto(`${FORKD_UI}#/session/${asks}`);
+  await page.waitForSelector('h1:has-text("Session")', WAIT);
+  const [{ agent_ids: [asker] }] = forkctl(TOKEN_A, ['fork', asks,
+    '-d', 'Write a file\n@sim tool Write {"file_path":"approved.txt","content":"yes"}\n@sim say written']);
+  await page.click('.prompt[data-prompt-id] button:has-text("Allow once")', WAIT);
+  await page.waitForSelector('.prompt:has-text("answered: allow")', WAIT);
+  await page.goto(`${FORKD_UI}#/agent/${asker}`);
+  await page.waitForSelector('#agent-state:has-text("completed")', WAIT);
+  assert.ok(existsSync(`${WORK}/approved.txt`), 'the approved Write ran');
 
   step('tenant bob sees none of alice\'s sessions, and her ids are "not found"');
   const bobContext = await browser.newContext();

@@ -32,6 +32,8 @@ use crate::views::{self, AgentRow, NotificationView, RequestView};
 
 /// How often what has no stream of its own is read again.
 const TICK: Duration = Duration::from_secs(1);
+/// A batch's figures are sent at most once in this many ticks.
+const FIGURES_EVERY: u32 = 3;
 
 type Tx = mpsc::Sender<Event>;
 type EventStream =
@@ -268,6 +270,8 @@ pub(crate) async fn batch(
         let mut changes = Changes::default();
         let mut every = tokio::time::interval(TICK);
         let mut figures_due = true;
+        // A batch's figures read all its request records: at most every few ticks.
+        let mut since_figures = FIGURES_EVERY;
         loop {
             tokio::select! {
                 n = notes.next() => match n {
@@ -287,8 +291,10 @@ pub(crate) async fn batch(
                         figures_due = true;
                         if tx.send(event("agents", &changed)).await.is_err() { return }
                     }
-                    if figures_due {
+                    since_figures += 1;
+                    if figures_due && since_figures >= FIGURES_EVERY {
                         figures_due = false;
+                        since_figures = 0;
                         let ev = match api::batch_figures(&engine, &tenant, id, &agents).await {
                             Ok(figures) => event("figures", &figures),
                             Err(e) => error_event(&e),
@@ -356,8 +362,13 @@ pub(crate) async fn agent(
                         }
                         // Handed to the background (or the auto-background delay passed): the
                         // page keeps following, from where it was.
-                        Some(Ok(AgentEvent::AsyncLaunched)) | None => {
+                        Some(Ok(AgentEvent::AsyncLaunched)) => {
                             attached = engine.for_tenant(tenant.clone()).attach(id, next).await.ok();
+                            Ok(())
+                        }
+                        // The engine is stopping: nothing more will come.
+                        None => {
+                            attached = None;
                             Ok(())
                         }
                         Some(Err(e)) => {
