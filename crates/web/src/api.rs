@@ -354,10 +354,11 @@ pub(crate) async fn batch_figures(
     }))
 }
 
-/// Up to 24 values of N from 1 to `top`, `top` included.
+/// Up to 25 values of N from 1 to `top`, both included.
 fn curve_points(top: u64) -> Vec<u64> {
-    let steps = top.min(24);
-    let mut points: Vec<u64> = (1..=steps).map(|i| (i * top).div_ceil(steps)).collect();
+    let steps = top.clamp(1, 24);
+    let mut points = vec![1];
+    points.extend((1..=steps).map(|i| (i * top).div_ceil(steps)));
     points.dedup();
     points
 }
@@ -539,4 +540,102 @@ pub(crate) fn agent_rows(agents: &[Agent]) -> Vec<AgentRow> {
 
 pub(crate) fn json_of<T: Serialize>(value: &T) -> Value {
     to_json(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use forkd_core::{AgentState, ReportTo, SessionId};
+
+    use super::*;
+
+    fn child(session: SessionId, batch: BatchId, index: u32, state: AgentState) -> Agent {
+        Agent {
+            id: AgentId::new(),
+            session_id: session,
+            batch_id: Some(batch),
+            kind: AgentKind::Fork,
+            index,
+            state,
+            directive: None,
+            query_source: None,
+            report_to: ReportTo::default(),
+            usage: forkd_core::Usage::default(),
+            cost_usd: 0.5,
+            error: None,
+            created_at_ms: 1_000,
+            updated_at_ms: 9_000,
+        }
+    }
+
+    fn record(agent: &Agent, turn: u32, at: i64, first_token_ms: Option<u64>) -> RequestRecord {
+        RequestRecord {
+            id: RequestId::new(),
+            agent_id: agent.id,
+            session_id: agent.session_id,
+            batch_id: agent.batch_id,
+            turn,
+            model: "m".into(),
+            usage: forkd_core::Usage::default(),
+            cost_usd: 0.0,
+            prefix_fingerprint: String::new(),
+            prefix_parts: Vec::new(),
+            message_count: None,
+            body_bytes: 0,
+            first_token_ms,
+            stop_reason: None,
+            created_at_ms: at,
+        }
+    }
+
+    #[test]
+    fn the_timeline_takes_each_childs_first_request_and_ends_only_ended_children() {
+        let (session, batch) = (SessionId::new(), BatchId::new());
+        let done = child(session, batch, 1, AgentState::Completed);
+        let running = child(session, batch, 0, AgentState::Running);
+        let records = [
+            record(&done, 1, 5_000, Some(10)),
+            record(&done, 0, 3_000, Some(400)),
+            record(&running, 0, 2_000, Some(900)),
+        ];
+        let rows = timeline(&[done.clone(), running.clone()], &records);
+        assert_eq!(rows.iter().map(|r| r.index).collect::<Vec<_>>(), [0, 1]);
+        assert_eq!(rows[0].agent_id, running.id.to_string());
+        assert_eq!(
+            (rows[0].first_reply_ms, rows[0].first_token_ms),
+            (Some(2_000), Some(900))
+        );
+        assert_eq!(rows[0].ended_at_ms, None);
+        assert_eq!(
+            (rows[1].first_reply_ms, rows[1].first_token_ms),
+            (Some(3_000), Some(400))
+        );
+        assert_eq!(rows[1].ended_at_ms, Some(9_000));
+    }
+
+    #[test]
+    fn batches_are_summed_by_state() {
+        let (session, batch) = (SessionId::new(), BatchId::new());
+        let agents = [
+            child(session, batch, 0, AgentState::Completed),
+            child(session, batch, 1, AgentState::Completed),
+            child(session, batch, 2, AgentState::Killed),
+        ];
+        let summaries = batch_summaries(&agents);
+        assert_eq!(summaries.len(), 1);
+        assert_eq!(summaries[0].children, 3);
+        assert_eq!(summaries[0].states.get("completed"), Some(&2));
+        assert_eq!(summaries[0].states.get("killed"), Some(&1));
+        assert!((summaries[0].cost_usd - 1.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_curve_runs_from_one_to_n_in_at_most_25_points() {
+        assert_eq!(curve_points(8), (1..=8).collect::<Vec<_>>());
+        assert_eq!(curve_points(1), [1]);
+        let big = curve_points(1000);
+        assert!(big.len() <= 25);
+        assert_eq!(big.first(), Some(&1));
+        assert_eq!(big.last(), Some(&1000));
+        assert!(big.windows(2).all(|w| w[0] < w[1]));
+    }
 }
