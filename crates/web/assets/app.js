@@ -182,11 +182,16 @@ function blockView(b) {
   switch (b.type) {
     case 'text': {
       const text = b.text || '';
-      if (text.includes('<task-notification>')) {
+      if (text.trimStart().startsWith('<task-notification>')) {
         const status = (text.match(/<status>([^<]*)<\/status>/) || [])[1] || '';
         const agent = (text.match(/<agent-id>([^<]*)<\/agent-id>/) || [])[1] || '';
         return h('details', { class: 'notification' },
           h('summary', {}, 'task notification · agent ', short(agent), ' · ', status), h('pre', {}, text));
+      }
+      if (text.length > 4000) {
+        // A context file or a long paste: folded, its first line as the summary.
+        return h('details', {}, h('summary', {}, (text.split('\n')[0] || '').slice(0, 100), ' … (', num(text.length), ' characters)'),
+          h('div', { class: 'text' }, text));
       }
       return h('div', { class: 'text' }, text);
     }

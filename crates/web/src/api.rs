@@ -189,9 +189,18 @@ pub(crate) async fn session(
     let id = session_id(&id)?;
     let scoped = state.engine.for_tenant(caller.tenant);
     let view = scoped.session(id).await?;
+    let sandbox = &view.session.sandbox;
     let (permission_mode, sandbox) = (
-        format!("{:?}", view.session.permission_mode),
-        format!("{:?}", view.session.sandbox),
+        view.session.permission_mode.as_str().to_owned(),
+        format!(
+            "{}{}",
+            sandbox.mode.as_str(),
+            if sandbox.allow_network {
+                ", network allowed"
+            } else {
+                ""
+            }
+        ),
     );
     let summary = summary(&scoped, view).await?;
     let agents = scoped
