@@ -344,6 +344,10 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
         Some(files) => Some(TlsConfig::from_files(&files.cert, &files.key)?),
         None => None,
     };
+    let metrics = match config.metrics_listen {
+        Some(addr) => Some(crate::metrics::Endpoint::bind(addr).await?),
+        None => None,
+    };
     let ui = match config.ui_listen {
         Some(addr) => {
             let paths = config.tls.as_ref().map(|f| forkd_web::TlsPaths {
@@ -352,10 +356,6 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
             });
             Some(forkd_web::WebEndpoint::bind(addr, paths).await?)
         }
-        None => None,
-    };
-    let metrics = match config.metrics_listen {
-        Some(addr) => Some(crate::metrics::Endpoint::bind(addr).await?),
         None => None,
     };
     prepare_home(&config.home)?;
