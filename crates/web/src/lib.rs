@@ -12,6 +12,7 @@ mod assets;
 mod auth;
 mod error;
 mod live;
+mod summaries;
 mod views;
 
 use std::net::SocketAddr;

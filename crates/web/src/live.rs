@@ -25,9 +25,10 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::AppState;
-use crate::api::{self, agent_id, batch_id, session_id};
+use crate::api::{agent_id, batch_id, session_id};
 use crate::auth::Caller;
 use crate::error::WebError;
+use crate::summaries;
 use crate::views::{self, AgentRow, NotificationView, RequestView};
 
 /// How often what has no stream of its own is read again.
@@ -106,7 +107,7 @@ pub(crate) async fn sessions(caller: Caller, State(state): State<AppState>) -> E
         let mut every = tokio::time::interval(TICK);
         loop {
             every.tick().await;
-            let ev = match api::summaries(&engine, &tenant).await {
+            let ev = match summaries::summaries(&engine, &tenant).await {
                 Ok(list) => {
                     let value = serde_json::json!({ "sessions": list });
                     if last.as_ref() == Some(&value) {
@@ -208,7 +209,7 @@ async fn session_tick(
     let scoped = engine.for_tenant(tenant.clone());
     let read = async {
         let view = scoped.session(id).await?;
-        let summary = api::summary(&scoped, view).await?;
+        let summary = summaries::summary(&scoped, view).await?;
         let agents = scoped
             .list_agents(AgentFilter {
                 session_id: Some(id),
@@ -223,12 +224,12 @@ async fn session_tick(
         Err(e) => return vec![error_event(&e)],
     };
     let mut out = Vec::new();
-    let summary = api::json_of(&summary);
+    let summary = summaries::json_of(&summary);
     if last_summary.as_ref() != Some(&summary) {
         out.push(event("session", &summary));
         *last_summary = Some(summary);
     }
-    let batches = api::json_of(&api::batch_summaries(&agents));
+    let batches = summaries::json_of(&summaries::batch_summaries(&agents));
     if last_batches.as_ref() != Some(&batches) {
         out.push(event("batches", &batches));
         *last_batches = Some(batches);
@@ -282,11 +283,11 @@ pub(crate) async fn batch(
                     None => return,
                 },
                 _ = every.tick() => {
-                    let agents = match api::batch_agents(&engine, &tenant, id).await {
+                    let agents = match summaries::batch_agents(&engine, &tenant, id).await {
                         Ok(agents) => agents,
                         Err(e) => { let _ = tx.send(error_event(&e)).await; return }
                     };
-                    let changed = changes.changed(api::agent_rows(&agents));
+                    let changed = changes.changed(summaries::agent_rows(&agents));
                     if !changed.is_empty() {
                         figures_due = true;
                         if tx.send(event("agents", &changed)).await.is_err() { return }
@@ -295,7 +296,7 @@ pub(crate) async fn batch(
                     if figures_due && since_figures >= FIGURES_EVERY {
                         figures_due = false;
                         since_figures = 0;
-                        let ev = match api::batch_figures(&engine, &tenant, id, &agents).await {
+                        let ev = match summaries::batch_figures(&engine, &tenant, id, &agents).await {
                             Ok(figures) => event("figures", &figures),
                             Err(e) => error_event(&e),
                         };
