@@ -285,3 +285,19 @@ impl TenantEngine<'_> {
         self.engine.explain_cache(request, other).await
     }
 }
+
+/// Reads the web view needs besides the gRPC API's (added beside it, not into it).
+impl TenantEngine<'_> {
+    /// One of the tenant's batches.
+    pub async fn batch(&self, id: BatchId) -> Result<ForkBatch> {
+        self.own_batch(id).await
+    }
+
+    /// How many messages of an agent's transcript are its own (stored for it, with seqs
+    /// `0..n`): the rest of [`TenantEngine::transcript`] with `include_shared`, before them, is
+    /// what it inherited or was given. An attach stream from seq `n` continues it.
+    pub async fn own_message_count(&self, id: AgentId) -> Result<u64> {
+        self.own_agent(id).await?;
+        Ok(self.engine.store().agent_messages(id).await?.len() as u64)
+    }
+}

@@ -103,7 +103,11 @@ pub struct DaemonConfig {
     /// free one: see [`RunningDaemon::metrics_addr`]). One process has one metrics recorder: a
     /// second daemon in the same process asking for it fails to start.
     pub metrics_listen: Option<SocketAddr>,
-    /// TLS on the TCP listener (needs `listen`).
+    /// Serve the web view on this address (port 0 picks a free one: see
+    /// [`RunningDaemon::ui_addr`]). Off loopback it needs tokens, as `listen` does; it uses
+    /// `tls` when that is set.
+    pub ui_listen: Option<SocketAddr>,
+    /// TLS on the TCP listener and the web view (needs `listen` or `ui_listen`).
     pub tls: Option<TlsFiles>,
     pub provider: ProviderKind,
     /// The `anthropic` provider's settings; read from `ANTHROPIC_*` when unset.
@@ -125,6 +129,7 @@ impl DaemonConfig {
             lease: forkd_store::Holder::DEFAULT_LEASE,
             listen: None,
             metrics_listen: None,
+            ui_listen: None,
             tls: None,
             provider: ProviderKind::Sim,
             anthropic: None,
@@ -157,6 +162,8 @@ pub struct RunningDaemon {
     pub tcp_addr: Option<SocketAddr>,
     /// The metrics listener's address actually bound (port 0 resolved).
     pub metrics_addr: Option<SocketAddr>,
+    /// The web view's address actually bound (port 0 resolved).
+    pub ui_addr: Option<SocketAddr>,
     pub engine: Engine,
     shutdown: CancellationToken,
     server: JoinHandle<Result<(), forkd_server::ServerError>>,
@@ -341,10 +348,25 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
             tracing::warn!(%addr, "Serving TCP off loopback without TLS: bearer tokens cross the network in clear text; set --tls-cert and --tls-key");
         }
     }
+    if let Some(addr) = config.ui_listen
+        && !addr.ip().is_loopback()
+    {
+        if !has_tokens {
+            bail!(
+                "refusing to serve the web view on {addr} without bearer tokens: off loopback it \
+                 would show every session to anyone on the network. Create one with `forkd token \
+                 create NAME` (sign in with it), or serve it on 127.0.0.1"
+            );
+        }
+        if config.tls.is_none() {
+            tracing::warn!(%addr, "Serving the web view off loopback without TLS: tokens and transcripts cross the network in clear text; set --tls-cert and --tls-key");
+        }
+    }
     let tls = match &config.tls {
-        Some(_) if config.listen.is_none() => bail!(
-            "TLS applies to the TCP listener, and there is none: set --listen (or FORKD_LISTEN, \
-             or listen in config.toml) too"
+        Some(_) if config.listen.is_none() && config.ui_listen.is_none() => bail!(
+            "TLS applies to the TCP listener and the web view, and there is neither: set \
+             --listen or --ui-listen (or FORKD_LISTEN / FORKD_UI_LISTEN, or listen / ui_listen \
+             in config.toml) too"
         ),
         Some(files) => Some(TlsConfig::from_files(&files.cert, &files.key)?),
         None => None,
@@ -357,6 +379,16 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     tracing::info!(daemon.id = %holder.daemon, lease = ?holder.lease, "forkd daemon starting");
     let metrics = match config.metrics_listen {
         Some(addr) => Some(crate::metrics::Endpoint::bind(addr, holder.daemon).await?),
+        None => None,
+    };
+    let ui = match config.ui_listen {
+        Some(addr) => {
+            let paths = config.tls.as_ref().map(|f| forkd_web::TlsPaths {
+                cert: &f.cert,
+                key: &f.key,
+            });
+            Some(forkd_web::WebEndpoint::bind(addr, paths).await?)
+        }
         None => None,
     };
     prepare_home(&config.home)?;
@@ -406,6 +438,19 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
         }
         None => None,
     };
+    let ui_addr = match ui {
+        Some(endpoint) => {
+            let addr = endpoint.local_addr();
+            let scheme = if endpoint.tls() { "https" } else { "http" };
+            let web = forkd_web::WebConfig {
+                tokens: tokens.clone(),
+            };
+            endpoint.serve(engine.clone(), web, shutdown.clone());
+            tracing::info!(ui = %addr, "Serving the web view at {scheme}://{addr}/");
+            Some(addr)
+        }
+        None => None,
+    };
     let mut server_config = config.server.clone();
     server_config.tokens = Some(tokens);
     server_config.tls = tls;
@@ -424,6 +469,7 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
         socket_path,
         tcp_addr,
         metrics_addr,
+        ui_addr,
         engine,
         shutdown,
         server,

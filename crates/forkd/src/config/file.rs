@@ -36,6 +36,8 @@ pub struct FileConfig {
     pub listen: Option<SocketAddr>,
     /// Serve Prometheus metrics over HTTP (`GET /metrics`) on this address.
     pub metrics_listen: Option<SocketAddr>,
+    /// Serve the web view on this address.
+    pub ui_listen: Option<SocketAddr>,
     /// How long calls in flight may take to finish on shutdown (`10s`, `1m`).
     pub grace: Option<String>,
     /// How long a daemon's claim on a running agent lasts without a heartbeat (`"5s"`); another

@@ -23,6 +23,11 @@ pub struct ServeFlags {
     /// (env FORKD_METRICS_LISTEN). Unauthenticated: keep it on loopback or a private network.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Serve the web view on this address (env FORKD_UI_LISTEN): sessions, batches and agents,
+    /// live. Signed in with the same tokens as gRPC; off loopback, tokens must exist. TLS with
+    /// --tls-cert and --tls-key.
+    #[arg(long, value_name = "ADDR")]
+    pub ui_listen: Option<SocketAddr>,
     #[arg(long, value_enum, help = with_default(
         "The model provider (env FORKD_PROVIDER)",
         |d| value_name(&d.provider),

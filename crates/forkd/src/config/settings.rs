@@ -27,6 +27,8 @@ pub struct Settings {
     pub warmup_gating: bool,
     pub listen: Option<SocketAddr>,
     pub metrics_listen: Option<SocketAddr>,
+    /// The web view's address.
+    pub ui_listen: Option<SocketAddr>,
     pub grace: Duration,
     /// How long this daemon's claims on running agents last without a heartbeat.
     pub lease: Duration,
@@ -80,6 +82,7 @@ impl Default for Settings {
             warmup_gating: engine.warmup_gating,
             listen: daemon.listen,
             metrics_listen: daemon.metrics_listen,
+            ui_listen: daemon.ui_listen,
             grace: Duration::from_secs(10),
             lease: daemon.lease,
             fsync_every_commit: daemon.durability == Durability::Full,
@@ -225,6 +228,8 @@ impl Settings {
             file.metrics_listen,
         )?;
         self.metrics_listen = metrics.or(self.metrics_listen);
+        let ui = layers.pick(flags.ui_listen, "FORKD_UI_LISTEN", from_str, file.ui_listen)?;
+        self.ui_listen = ui.or(self.ui_listen);
         // The file's relative paths are the home's: the file lives there, whatever the cwd.
         let in_home = |p: &PathBuf| home.join(p);
         let cert = file.tls_cert.as_ref().map(in_home);
@@ -286,6 +291,7 @@ impl Settings {
         let mut config = DaemonConfig::new(home);
         config.listen = self.listen;
         config.metrics_listen = self.metrics_listen;
+        config.ui_listen = self.ui_listen;
         config.provider = self.provider;
         config.sim_speed = self.sim_speed;
         config.engine.warmup_gating = self.warmup_gating;

@@ -256,6 +256,32 @@ fn listen_and_tls_paths_resolve_and_file_paths_are_relative_to_home() {
 }
 
 #[test]
+fn ui_listen_comes_from_flag_env_or_file() {
+    let file = "ui_listen = \"127.0.0.1:8080\"";
+    let at = |port| Some(SocketAddr::from(([127, 0, 0, 1], port)));
+    let s = resolve(&ServeFlags::default(), &[], file).unwrap();
+    assert_eq!(s.ui_listen, at(8080));
+    let vars = [("FORKD_UI_LISTEN", "127.0.0.1:8081")];
+    let s = resolve(&ServeFlags::default(), &vars, file).unwrap();
+    assert_eq!(s.ui_listen, at(8081));
+    let flags = ServeFlags {
+        ui_listen: at(8082),
+        ..ServeFlags::default()
+    };
+    let s = resolve(&flags, &vars, file).unwrap();
+    let config = s.daemon_config(PathBuf::from("/srv/forkd")).unwrap();
+    assert_eq!(config.ui_listen, at(8082));
+    assert_eq!(
+        resolve(&ServeFlags::default(), &[], "").unwrap().ui_listen,
+        None
+    );
+    let err = resolve(&ServeFlags::default(), &[], "ui_listen = \"nowhere\"")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("ui_listen"), "{err}");
+}
+
+#[test]
 fn metrics_listen_comes_from_flag_env_or_file() {
     let file = "metrics_listen = \"127.0.0.1:9100\"";
     let s = resolve(&ServeFlags::default(), &[], file).unwrap();

@@ -1,0 +1,391 @@
+//! The web view's HTTP API against the real daemon, without a browser: sign-in and its cookie,
+//! tenants, cross-site protection, live streams resumed with `Last-Event-ID`, the listener
+//! rules and TLS. (`web.rs` drives the page itself in Chromium.)
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use eventsource_stream::Eventsource as _;
+use forkd::daemon::TlsFiles;
+use forkd_proto::v1 as pb;
+use forkd_test_support::{
+    TestDaemon, eventually, session_request, spawn_daemon_with, write_test_certs,
+};
+use futures::StreamExt as _;
+use reqwest::StatusCode;
+use reqwest::header::{COOKIE, SET_COOKIE};
+use serde_json::{Value, json};
+
+const LOOPBACK: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder().build().unwrap()
+}
+
+/// A signed-in browser, as far as the API can tell: its cookie and the page's CSRF token.
+struct SignedIn {
+    base: String,
+    cookie: String,
+    csrf: String,
+}
+
+impl SignedIn {
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        let res = http()
+            .get(format!("{}{path}", self.base))
+            .header(COOKIE, &self.cookie)
+            .send()
+            .await
+            .unwrap();
+        let status = res.status();
+        (status, res.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn post(&self, path: &str, csrf: Option<&str>, origin: Option<&str>) -> StatusCode {
+        let mut req = http()
+            .post(format!("{}{path}", self.base))
+            .header(COOKIE, &self.cookie)
+            .header("content-type", "application/json")
+            .body("{}");
+        if let Some(csrf) = csrf {
+            req = req.header("x-forkd-csrf", csrf);
+        }
+        if let Some(origin) = origin {
+            req = req.header("origin", origin);
+        }
+        req.send().await.unwrap().status()
+    }
+}
+
+async fn sign_in(client: &reqwest::Client, base: &str, token: &str) -> reqwest::Response {
+    client
+        .post(format!("{base}/api/signin"))
+        .json(&json!({ "token": token }))
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn signed_in(base: &str, token: &str) -> SignedIn {
+    let res = sign_in(&http(), base, token).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let cookie = res.headers()[SET_COOKIE].to_str().unwrap().to_owned();
+    let body: Value = res.json().await.unwrap();
+    SignedIn {
+        base: base.to_owned(),
+        cookie: cookie.split(';').next().unwrap().to_owned(),
+        csrf: body["csrf"].as_str().unwrap().to_owned(),
+    }
+}
+
+async fn daemon_with_ui() -> (TestDaemon, String) {
+    let daemon = spawn_daemon_with(|c| c.ui_listen = Some(LOOPBACK))
+        .await
+        .unwrap();
+    let addr = daemon.daemon().unwrap().ui_addr.unwrap();
+    (daemon, format!("http://{addr}"))
+}
+
+/// A session and a batch of `n` children made by `token`'s tenant over gRPC; waits for the
+/// children to end. Returns the session, the batch and the children.
+async fn batch_of(daemon: &TestDaemon, token: &str, n: usize) -> (String, String, Vec<String>) {
+    let mut client = daemon.client().await.unwrap();
+    let auth: tonic::metadata::MetadataValue<_> = format!("Bearer {token}").parse().unwrap();
+    let mut req = tonic::Request::new(session_request(daemon.home_path()));
+    req.metadata_mut().insert("authorization", auth.clone());
+    let session = client
+        .create_session(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .session
+        .unwrap()
+        .session_id;
+    let directives = (0..n)
+        .map(|i| pb::Directive {
+            description: format!("child {i}"),
+            prompt: format!("Child {i}\n@sim say done {i}"),
+        })
+        .collect();
+    let mut req = tonic::Request::new(pb::ForkBatchRequest {
+        session_id: session.clone(),
+        directives,
+        ..Default::default()
+    });
+    req.metadata_mut().insert("authorization", auth.clone());
+    let batch = client.fork_batch(req).await.unwrap().into_inner();
+    let engine = daemon.daemon().unwrap().engine.clone();
+    let ids = batch.agent_ids.clone();
+    eventually(Duration::from_secs(30), "the children to end", || {
+        let (engine, ids) = (engine.clone(), ids.clone());
+        async move {
+            for id in &ids {
+                let agent = engine.get_agent(id.parse().ok()?).await.ok()?;
+                if !agent.state.is_terminal() {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    })
+    .await;
+    (session, batch.batch_id, batch.agent_ids)
+}
+
+#[tokio::test]
+async fn sign_in_keeps_the_token_in_the_daemon_and_a_cookie_in_the_browser() {
+    let (daemon, base) = daemon_with_ui().await;
+    let alice = daemon.tokens().create("alice").unwrap();
+    let secret = alice.expose().to_owned();
+
+    // The page itself is public and carries no secret; the API is not.
+    let page = http().get(format!("{base}/")).send().await.unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    assert!(
+        page.headers()["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .contains("script-src 'self'")
+    );
+    assert!(page.text().await.unwrap().contains("/app.js"));
+    let res = http()
+        .get(format!("{base}/api/sessions"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+
+    let wrong = sign_in(&http(), &base, &format!("fkd_{}", "0".repeat(64))).await;
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    assert!(wrong.headers().get(SET_COOKIE).is_none());
+
+    let res = sign_in(&http(), &base, &secret).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let cookie = res.headers()[SET_COOKIE].to_str().unwrap().to_owned();
+    assert!(cookie.starts_with("forkd_ui="), "{cookie}");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    assert!(!cookie.contains("Secure"), "plain HTTP: {cookie}");
+    assert!(
+        !cookie.contains(&secret[4..]),
+        "the cookie never holds the token"
+    );
+    let body = res.text().await.unwrap();
+    assert!(
+        !body.contains(&secret[4..]),
+        "the answer never holds the token"
+    );
+
+    // A revoked token ends its sign-ins at their next call, as over gRPC.
+    let session = signed_in(&base, &secret).await;
+    assert_eq!(session.get("/api/sessions").await.0, StatusCode::OK);
+    daemon.tokens().revoke("alice").unwrap();
+    assert_eq!(
+        session.get("/api/sessions").await.0,
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+#[tokio::test]
+async fn tenants_see_only_their_own_and_actions_refuse_other_sites() {
+    let (daemon, base) = daemon_with_ui().await;
+    let alice = daemon.tokens().create("alice").unwrap().expose().to_owned();
+    let bob = daemon.tokens().create("bob").unwrap().expose().to_owned();
+    let (session, batch, children) = batch_of(&daemon, &alice, 2).await;
+    let (a, b) = (signed_in(&base, &alice).await, signed_in(&base, &bob).await);
+
+    let (status, list) = a.get("/api/sessions").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list["sessions"][0]["id"], session.as_str());
+    let (status, page) = a.get(&format!("/api/batches/{batch}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(page["figures"]["timeline"].as_array().unwrap().len(), 2);
+    let (status, agent) = a.get(&format!("/api/agents/{}", children[0])).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(agent["agent"]["state"], "completed");
+
+    let (status, list) = b.get("/api/sessions").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list["sessions"], json!([]));
+    for path in [
+        format!("/api/sessions/{session}"),
+        format!("/api/batches/{batch}"),
+        format!("/api/agents/{}", children[0]),
+        format!("/api/live/batches/{batch}"),
+        format!("/api/live/agents/{}", children[0]),
+    ] {
+        let (status, body) = b.get(&path).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
+        assert!(
+            body["error"].as_str().unwrap().contains("not found"),
+            "{path}: {body}"
+        );
+    }
+
+    // Actions need the page's CSRF token, from this very site; with both, the engine answers
+    // (the child has ended, so there is nothing to hand to the background).
+    let action = format!("/api/agents/{}/background", children[0]);
+    assert_eq!(a.post(&action, None, None).await, StatusCode::FORBIDDEN);
+    assert_eq!(
+        a.post(&action, Some("forged"), None).await,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        a.post(&action, Some(&b.csrf), None).await,
+        StatusCode::FORBIDDEN
+    );
+    let evil = Some("https://evil.example");
+    assert_eq!(
+        a.post(&action, Some(&a.csrf), evil).await,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        a.post(&action, Some(&a.csrf), Some(&base)).await,
+        StatusCode::CONFLICT
+    );
+    // Another tenant's agent is not found, with a valid token of its own.
+    assert_eq!(
+        b.post(&action, Some(&b.csrf), None).await,
+        StatusCode::NOT_FOUND
+    );
+}
+
+/// The `notification` events of a live stream, in order, until `n` have come.
+async fn notifications(res: reqwest::Response, n: usize) -> Vec<u64> {
+    let mut events = res.bytes_stream().eventsource();
+    let mut seqs = Vec::new();
+    let read = async {
+        while let Some(event) = events.next().await {
+            let event = event.unwrap();
+            if event.event == "notification" {
+                let body: Value = serde_json::from_str(&event.data).unwrap();
+                assert_eq!(event.id, body["seq"].to_string(), "the event id is the seq");
+                seqs.push(event.id.parse().unwrap());
+                if seqs.len() == n {
+                    break;
+                }
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .expect("the stream stalled");
+    seqs
+}
+
+#[tokio::test]
+async fn a_live_stream_resumes_after_the_last_event_id_without_gaps() {
+    let (daemon, base) = daemon_with_ui().await;
+    let alice = daemon.tokens().create("alice").unwrap().expose().to_owned();
+    let (_, batch, children) = batch_of(&daemon, &alice, 3).await;
+    let a = signed_in(&base, &alice).await;
+    let live = |last: Option<u64>| {
+        let mut req = http()
+            .get(format!("{base}/api/live/batches/{batch}"))
+            .header(COOKIE, &a.cookie);
+        if let Some(last) = last {
+            req = req.header("last-event-id", last.to_string());
+        }
+        req.send()
+    };
+    let all = notifications(live(None).await.unwrap(), 3).await;
+    assert!(all.windows(2).all(|w| w[0] < w[1]), "{all:?}");
+    let resumed = notifications(live(Some(all[0])).await.unwrap(), 2).await;
+    assert_eq!(
+        resumed,
+        all[1..],
+        "resumed after the last seen event, nothing skipped or repeated"
+    );
+
+    // An agent's transcript: its own messages by seq, then its end; resumed after the last one.
+    let agent_stream = |last: Option<u64>| {
+        let mut req = http()
+            .get(format!("{base}/api/live/agents/{}?from=0", children[0]))
+            .header(COOKIE, &a.cookie);
+        if let Some(last) = last {
+            req = req.header("last-event-id", last.to_string());
+        }
+        req.send()
+    };
+    let messages = |res: reqwest::Response| async move {
+        let mut events = res.bytes_stream().eventsource();
+        let mut seqs = Vec::new();
+        let read = async {
+            while let Some(event) = events.next().await {
+                let event = event.unwrap();
+                match event.event.as_str() {
+                    "message" => seqs.push(event.id.parse::<u64>().unwrap()),
+                    "ended" => break,
+                    _ => {}
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), read)
+            .await
+            .expect("the stream stalled");
+        seqs
+    };
+    let all = messages(agent_stream(None).await.unwrap()).await;
+    assert_eq!(all, (0..all.len() as u64).collect::<Vec<_>>());
+    assert!(!all.is_empty());
+    let resumed = messages(agent_stream(Some(0)).await.unwrap()).await;
+    assert_eq!(resumed, all[1..]);
+}
+
+#[tokio::test]
+async fn off_loopback_the_view_needs_tokens_and_on_loopback_without_any_it_is_local() {
+    let anywhere = SocketAddr::from(([0, 0, 0, 0], 0));
+    let refused = spawn_daemon_with(|c| c.ui_listen = Some(anywhere)).await;
+    let err = format!("{:#}", refused.err().expect("started without tokens"));
+    assert!(err.contains("without bearer tokens"), "{err}");
+
+    let (_daemon, base) = daemon_with_ui().await;
+    let me: Value = http()
+        .get(format!("{base}/api/me"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(me["tenant"], "local");
+    assert_eq!(me["signed_in"], false);
+}
+
+#[tokio::test]
+async fn the_view_serves_tls_with_the_listeners_certificate_and_a_secure_cookie() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = write_test_certs(dir.path()).unwrap();
+    let tls = TlsFiles {
+        cert: certs.cert.clone(),
+        key: certs.key.clone(),
+    };
+    let daemon = spawn_daemon_with(|c| {
+        c.ui_listen = Some(LOOPBACK);
+        c.tls = Some(tls);
+    })
+    .await
+    .unwrap();
+    let port = daemon.daemon().unwrap().ui_addr.unwrap().port();
+    let token = daemon.tokens().create("alice").unwrap().expose().to_owned();
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&certs.ca).unwrap()).unwrap();
+    let client = reqwest::Client::builder()
+        .tls_certs_only([ca])
+        .build()
+        .unwrap();
+    let base = format!("https://localhost:{port}");
+    let page = client.get(format!("{base}/")).send().await.unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    let res = sign_in(&client, &base, &token).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let cookie = res.headers()[SET_COOKIE].to_str().unwrap();
+    assert!(cookie.contains("Secure"), "{cookie}");
+    // Plain HTTP on the TLS port gets no page.
+    let plain = http().get(format!("http://127.0.0.1:{port}/")).send().await;
+    assert!(plain.is_err() || !plain.unwrap().status().is_success());
+}
