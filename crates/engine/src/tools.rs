@@ -272,6 +272,27 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// Waits until the process groups of the agent's cut-off tool calls (started, never
+    /// answered) have ended, killing what is left: a run dropped by a kill sends its Bash group
+    /// SIGKILL but cannot wait for it, and a killed notification must mean that nothing the
+    /// agent started still runs.
+    pub(crate) async fn stop_cut_off_groups(&self, agent: forkd_core::AgentId) {
+        let calls = match self.inner.store.tool_calls(agent).await {
+            Ok(calls) => calls,
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot read the killed agent's tool calls");
+                return;
+            }
+        };
+        for call in calls.iter().filter(|c| c.result.is_none()) {
+            if let Some(group) = &call.process {
+                stop_leftover(&call.tool_use_id, group).await;
+            }
+        }
+    }
+}
+
 /// Stops what is left of a cut-off call's process group (its daemon died and its sentinel did
 /// not stop it) before the call is reported as interrupted, so nothing it started still runs
 /// behind the model's back. Failing to look or to kill is logged, not fatal: the group may well

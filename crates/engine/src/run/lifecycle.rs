@@ -276,6 +276,8 @@ impl Engine {
                 return;
             }
         };
+        // Its run is gone; what its Bash calls started is killed, and now waited for.
+        self.stop_cut_off_groups(id).await;
         let partial = self.partial_text(id).await;
         self.finish_with_retries(
             &lease,
