@@ -107,6 +107,9 @@ struct Inner {
     tenancy: tenancy::Tenancy,
     /// Token counts of transcripts, for the context-window checks.
     token_counts: window::TokenCounts,
+    /// Process groups of tool calls that a kill cut off, by agent, until the kill has waited
+    /// for them (see `tools::GroupWatch`).
+    cut_off_groups: StdMutex<HashMap<forkd_core::AgentId, Vec<forkd_core::store::ProcessGroup>>>,
     /// Sessions whose workspace this machine lacks (their agents are left to other daemons),
     /// so that the log says so once.
     missing_workspaces: StdMutex<std::collections::HashSet<SessionId>>,
@@ -145,6 +148,7 @@ impl Engine {
                 tenancy: tenancy::Tenancy::default(),
                 divergences: std::sync::atomic::AtomicU64::new(0),
                 missing_workspaces: StdMutex::default(),
+                cut_off_groups: StdMutex::default(),
                 token_counts: window::TokenCounts::default(),
                 prompts: permissions::Prompts::default(),
                 runs: StdMutex::new(HashMap::new()),

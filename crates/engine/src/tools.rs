@@ -253,22 +253,64 @@ impl Engine {
         input: &Value,
         ctx: &ToolContext,
     ) -> Result<ToolOutput> {
-        let (groups, mut started) = mpsc::unbounded_channel();
+        let (groups, started) = mpsc::unbounded_channel();
         let ctx = ctx.clone().with_process_groups(groups);
         let run = forkd_tools::run_tool(name, input, &ctx);
         tokio::pin!(run);
+        let mut watch = GroupWatch {
+            engine: self,
+            agent: turn.agent.id,
+            started,
+            seen: Vec::new(),
+            ended: false,
+        };
         loop {
             tokio::select! {
                 biased;
-                Some(group) = started.recv() => {
+                Some(group) = watch.started.recv() => {
+                    watch.seen.push(group.clone());
                     self.inner
                         .store
                         .record_tool_process(turn.lease, id, &group)
                         .await?;
                 }
-                output = &mut run => return Ok(output),
+                output = &mut run => {
+                    watch.ended = true;
+                    return Ok(output);
+                }
             }
         }
+    }
+}
+
+/// The process groups a built-in tool call starts, while it runs. A call dropped before it ends
+/// (a kill drops the run) hands them to the engine in its `Drop`, synchronously, the ones not
+/// received yet included: a group may not be stored yet, and the kill must still wait for it
+/// ([`Engine::stop_cut_off_groups`]).
+struct GroupWatch<'a> {
+    engine: &'a Engine,
+    agent: forkd_core::AgentId,
+    started: mpsc::UnboundedReceiver<ProcessGroup>,
+    seen: Vec<ProcessGroup>,
+    ended: bool,
+}
+
+impl Drop for GroupWatch<'_> {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        while let Ok(group) = self.started.try_recv() {
+            self.seen.push(group);
+        }
+        if self.seen.is_empty() {
+            return;
+        }
+        self.engine
+            .cut_off_groups()
+            .entry(self.agent)
+            .or_default()
+            .append(&mut self.seen);
     }
 }
 
@@ -278,18 +320,41 @@ impl Engine {
     /// SIGKILL but cannot wait for it, and a killed notification must mean that nothing the
     /// agent started still runs.
     pub(crate) async fn stop_cut_off_groups(&self, agent: forkd_core::AgentId) {
-        let calls = match self.inner.store.tool_calls(agent).await {
-            Ok(calls) => calls,
-            Err(e) => {
-                tracing::warn!(error = %e, "Cannot read the killed agent's tool calls");
-                return;
-            }
-        };
-        for call in calls.iter().filter(|c| c.result.is_none()) {
-            if let Some(group) = &call.process {
-                stop_leftover(&call.tool_use_id, group).await;
+        // Those this daemon saw start (stored or not), then any stored by an earlier run.
+        let mut groups: Vec<(String, ProcessGroup)> = self
+            .cut_off_groups()
+            .remove(&agent)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|g| (String::new(), g))
+            .collect();
+        match self.inner.store.tool_calls(agent).await {
+            Ok(calls) => groups.extend(
+                calls
+                    .into_iter()
+                    .filter(|c| c.result.is_none())
+                    .filter_map(|c| Some((c.tool_use_id, c.process?))),
+            ),
+            Err(e) => tracing::warn!(error = %e, "Cannot read the killed agent's tool calls"),
+        }
+        let mut stopped = std::collections::HashSet::new();
+        for (tool_use_id, group) in groups {
+            if stopped.insert(group.pgid) {
+                stop_leftover(&tool_use_id, &group).await;
             }
         }
+    }
+
+    /// Process groups of tool calls dropped before they ended, by agent, until a kill waits
+    /// for them.
+    fn cut_off_groups(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<forkd_core::AgentId, Vec<ProcessGroup>>>
+    {
+        self.inner
+            .cut_off_groups
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 }
 
