@@ -75,6 +75,9 @@ pub struct RequestRecord {
     /// started none.
     pub first_token_ms: Option<u64>,
     pub stop_reason: Option<String>,
+    /// When the request was first sent (before any retry); `None` for older records.
+    pub sent_at_ms: Option<i64>,
+    /// When the record was made: the response's end.
     pub created_at_ms: i64,
 }
 

@@ -115,6 +115,7 @@ impl Engine {
             model: model.clone(),
             body: body.body.into(),
         };
+        let sent_at_ms = now_ms();
         let timed = self
             .request_with_retries(req, on_event)
             .instrument(span.clone())
@@ -135,6 +136,7 @@ impl Engine {
             body_bytes,
             first_token_ms: timed.first_token.map(crate::millis),
             stop_reason: completion.stop_reason.clone(),
+            sent_at_ms: Some(sent_at_ms),
             created_at_ms: now_ms(),
         };
         self.inner

@@ -88,6 +88,12 @@ async fn one_byte_of_system_prompt_is_caught_and_explained() {
             .chain(&other)
             .all(|r| r.first_token_ms.is_some())
     );
+    // And when it was sent, before its response ended.
+    assert!(
+        same.iter()
+            .chain(&other)
+            .all(|r| r.sent_at_ms.is_some_and(|sent| sent <= r.created_at_ms))
+    );
     let labels: Vec<&str> = same[0]
         .prefix_parts
         .iter()

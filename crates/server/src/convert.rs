@@ -140,6 +140,7 @@ pub(crate) fn request_record(r: &forkd_core::query::RequestRecord) -> pb::ModelR
         stop_reason: r.stop_reason.clone().unwrap_or_default(),
         created_at: Some(timestamp(r.created_at_ms)),
         first_token_ms: r.first_token_ms,
+        sent_at: r.sent_at_ms.map(timestamp),
     }
 }
 

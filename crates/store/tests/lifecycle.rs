@@ -298,6 +298,8 @@ fn request(agent: &forkd_core::Agent, turn: u32, usage: Usage, cost: f64) -> Req
         body_bytes: 123_456,
         first_token_ms: (turn > 0).then_some(350),
         stop_reason: Some("tool_use".into()),
+        // Both a send time and none (a record from before it was kept) read back as written.
+        sent_at_ms: (turn > 0).then_some(40),
         created_at_ms: 42 + i64::from(turn),
     }
 }

@@ -406,6 +406,7 @@ async fn spending_adds_up_by_batch_and_by_tenant(store: TestStore) -> TestResult
             body_bytes: 1,
             first_token_ms: None,
             stop_reason: None,
+            sent_at_ms: None,
             created_at_ms: 1,
         };
         store.record_request(&record).await?;

@@ -425,7 +425,7 @@ function drawFigures(container, f, n) {
         .map(([k, v]) => h('div', { class: 'stat' }, h('b', {}, v), h('span', {}, k)))),
     h('div', { class: 'row2' },
       h('div', {}, h('h2', {}, 'Input cost over N (calculator, ', f.model, ')'), costChart(c, st, n)),
-      h('div', {}, h('h2', {}, 'Timeline: waiting, first reply, end'), timelineChart(f.timeline))));
+      h('div', {}, h('h2', {}, 'Timeline: waiting, first request, first token, end'), timelineChart(f.timeline))));
 }
 
 function costChart(c, st, n) {
@@ -464,10 +464,18 @@ function timelineChart(rows) {
   for (const [i, r] of shown.entries()) {
     const yy = 6 + i * RH;
     const reply = r.first_reply_ms;
+    // Waiting (pending, or behind the warm-up gate) until its first request was sent.
+    const sent = r.first_sent_ms || r.created_at_ms;
+    if (reply && sent > r.created_at_ms) {
+      bars.push(s('rect', { x: x(r.created_at_ms), y: yy, width: Math.max(1, x(sent) - x(r.created_at_ms)), height: RH - 1, fill: '#d9d9d9' },
+        s('title', {}, `child ${r.index + 1}: waited ${((sent - r.created_at_ms) / 1000).toFixed(2)} s before its first request`)));
+    }
     if (reply) {
-      bars.push(s('rect', { x: x(r.created_at_ms), y: yy, width: Math.max(1, x(reply) - x(r.created_at_ms)), height: RH - 1, fill: '#e5d3a8' },
-        s('title', {}, `child ${r.index + 1}: first reply after ${((reply - r.created_at_ms) / 1000).toFixed(2)} s, first token ${r.first_token_ms ?? '?'} ms`)));
-      bars.push(s('rect', { x: x(reply) - 1, y: yy, width: 2, height: RH - 1, fill: '#b7791f' }));
+      bars.push(s('rect', { x: x(sent), y: yy, width: Math.max(1, x(reply) - x(sent)), height: RH - 1, fill: '#e5d3a8' },
+        s('title', {}, `child ${r.index + 1}: first request sent after ${((sent - r.created_at_ms) / 1000).toFixed(2)} s, first token ${r.first_token_ms ?? '?'} ms later, reply ended after ${((reply - r.created_at_ms) / 1000).toFixed(2)} s`)));
+      if (r.first_sent_ms && r.first_token_ms !== null) {
+        bars.push(s('rect', { x: x(sent + r.first_token_ms) - 1, y: yy, width: 2, height: RH - 1, fill: '#b7791f' }));
+      }
     }
     if (!reply && !r.ended_at_ms) {
       bars.push(s('rect', { x: x(r.created_at_ms), y: yy, width: Math.max(1, x(t1) - x(r.created_at_ms)), height: RH - 1, fill: '#e5d3a8', opacity: .5 },
@@ -483,9 +491,9 @@ function timelineChart(rows) {
       ...bars,
       s('text', { x: 2, y: 14 }, '#1'), s('text', { x: L, y: H - 4 }, '0 s'),
       s('text', { x: W - R - 50, y: H - 4 }, ((t1 - t0) / 1000).toFixed(1) + ' s')),
-    h('p', { class: 'muted' }, 'One row per child from the batch\'s start: amber while it waits (pending, or behind ',
-      'warm-up gating) and makes its first request, to the tick where that first reply ended (hover for its time to ',
-      'first token); blue from then to its end. Under warm-up gating child 1 replies first and its siblings follow.', rows.length > shown.length ? ` First ${shown.length} of ${rows.length} children.` : ''));
+    h('p', { class: 'muted' }, 'One row per child from the batch\'s start: grey while it waits (pending, or behind ',
+      'warm-up gating), amber from its first request to the end of its first reply, the tick at its first token; blue ',
+      'from then to its end. Under warm-up gating the siblings\' first requests start at child 1\'s first token.', rows.length > shown.length ? ` First ${shown.length} of ${rows.length} children.` : ''));
 }
 
 // ---------- an agent ----------

@@ -160,6 +160,8 @@ pub(crate) struct TimelineRow {
     pub index: u32,
     /// When the batch stored the child (it waits from then, pending or behind the gate).
     pub created_at_ms: i64,
+    /// When its first model request was sent (`None` for records made before it was kept).
+    pub first_sent_ms: Option<i64>,
     /// When its first model response ended (the request's record is made then).
     pub first_reply_ms: Option<i64>,
     /// Its first request's time to first token.
@@ -185,6 +187,7 @@ pub(crate) fn timeline(agents: &[Agent], records: &[RequestRecord]) -> Vec<Timel
                 agent_id: a.id.to_string(),
                 index: a.index,
                 created_at_ms: a.created_at_ms,
+                first_sent_ms: f.and_then(|r| r.sent_at_ms),
                 first_reply_ms: f.map(|r| r.created_at_ms),
                 first_token_ms: f.and_then(|r| r.first_token_ms),
                 ended_at_ms: a.state.is_terminal().then_some(a.updated_at_ms),
@@ -354,6 +357,8 @@ mod tests {
             body_bytes: 0,
             first_token_ms,
             stop_reason: None,
+            // Sent a second before its response ended.
+            sent_at_ms: Some(at - 1_000),
             created_at_ms: at,
         }
     }
@@ -372,8 +377,12 @@ mod tests {
         assert_eq!(rows.iter().map(|r| r.index).collect::<Vec<_>>(), [0, 1]);
         assert_eq!(rows[0].agent_id, running.id.to_string());
         assert_eq!(
-            (rows[0].first_reply_ms, rows[0].first_token_ms),
-            (Some(2_000), Some(900))
+            (
+                rows[0].first_sent_ms,
+                rows[0].first_reply_ms,
+                rows[0].first_token_ms
+            ),
+            (Some(1_000), Some(2_000), Some(900))
         );
         assert_eq!(rows[0].ended_at_ms, None);
         assert_eq!(

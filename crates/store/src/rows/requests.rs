@@ -21,6 +21,7 @@ pub(crate) struct RequestRow {
     message_count: Option<i64>,
     body_bytes: i64,
     first_token_ms: Option<i64>,
+    sent_at_ms: Option<i64>,
     stop_reason: Option<String>,
     created_at_ms: i64,
 }
@@ -31,7 +32,7 @@ macro_rules! request_columns {
         "id, agent_id, session_id, batch_id, turn, model, input_tokens, \
          cache_creation_input_tokens, cache_read_input_tokens, output_tokens, cost_usd, \
          prefix_fingerprint, prefix_parts, message_count, body_bytes, first_token_ms, stop_reason, \
-         created_at_ms"
+         created_at_ms, sent_at_ms"
     };
 }
 
@@ -42,7 +43,7 @@ pub(crate) const SELECT_REQUESTS: &str = concat!("SELECT ", request_columns!(), 
 pub(crate) const INSERT_REQUEST: &str = concat!(
     "INSERT INTO requests (",
     request_columns!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)"
 );
 
 /// Adds a request's usage and cost to its agent's totals: bind the [`RequestValues`]' usage and
@@ -86,6 +87,7 @@ impl TryFrom<RequestRow> for RequestRecord {
                 .map(|n| from_i64(n, "request first_token_ms"))
                 .transpose()?,
             stop_reason: row.stop_reason,
+            sent_at_ms: row.sent_at_ms,
             created_at_ms: row.created_at_ms,
         })
     }
@@ -108,6 +110,7 @@ pub(crate) struct RequestValues<'a> {
     pub first_token_ms: Option<i64>,
     pub stop_reason: Option<&'a str>,
     pub created_at_ms: i64,
+    pub sent_at_ms: Option<i64>,
 }
 
 impl<'a> RequestValues<'a> {
@@ -137,6 +140,7 @@ impl<'a> RequestValues<'a> {
                 .transpose()?,
             stop_reason: r.stop_reason.as_deref(),
             created_at_ms: r.created_at_ms,
+            sent_at_ms: r.sent_at_ms,
         })
     }
 }
@@ -164,6 +168,7 @@ macro_rules! bind_request {
             .bind(v.first_token_ms)
             .bind(v.stop_reason)
             .bind(v.created_at_ms)
+            .bind(v.sent_at_ms)
     }};
 }
 pub(crate) use bind_request;
