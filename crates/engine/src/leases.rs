@@ -28,8 +28,8 @@ const HEARTBEATS_PER_LEASE: u32 = 3;
 
 impl Engine {
     /// Starts the heartbeat: every third of a lease, this daemon renews its leases, stops the
-    /// runs that a client killed through another daemon, and adopts the agents no live daemon
-    /// holds. It beats until shutdown ends (through the drain, so that runs finishing their
+    /// runs that a client killed through another daemon, adopts the agents no live daemon
+    /// holds, takes pending children busy daemons hold, and stops idle MCP servers. It beats until shutdown ends (through the drain, so that runs finishing their
     /// last calls keep their claims), adopting nothing once the drain has begun.
     pub fn start_heartbeat(&self) {
         let engine = self.clone();
@@ -67,6 +67,7 @@ impl Engine {
         if self.draining() {
             return;
         }
+        self.stop_idle_servers().await;
         match self.adopt().await {
             Ok(0) => {}
             Ok(adopted) => tracing::info!(adopted, "Adopted agents whose daemon stopped renewing"),

@@ -19,6 +19,10 @@ use crate::error::{EngineError, Result};
 /// The most characters of a tool's description that reach the model (each is in every request).
 const DESCRIPTION_CHARS: usize = 2_000;
 
+/// How long an MCP server may go without a call before it is stopped (its next call starts it
+/// again, as after a restart).
+const IDLE_SERVER: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+
 /// The daemon's MCP configuration.
 #[derive(Debug, Clone, Default)]
 pub struct McpConfig {
@@ -66,6 +70,14 @@ fn invalid(msg: String) -> EngineError {
 impl Engine {
     /// Where the MCP servers live, and what a sandboxed one must not read: the daemon's home,
     /// the deny list, the sandboxes' temporary directories and every session's workspace.
+    /// Stops the MCP servers that have served no call for [`IDLE_SERVER`].
+    pub(crate) async fn stop_idle_servers(&self) {
+        let stopped = self.inner.mcp.stop_idle(IDLE_SERVER).await;
+        if stopped > 0 {
+            tracing::debug!(stopped, "Stopped idle MCP servers");
+        }
+    }
+
     pub(crate) async fn mcp_paths(&self) -> Result<PoolPaths> {
         let cfg = &self.config().sandbox;
         let mut hidden = cfg.hidden.clone();

@@ -1,7 +1,7 @@
 //! The daemon's MCP servers: one connection (and, for stdio, one process) per tenant and server
-//! definition, started when a session that uses it is created (or, after a daemon restart, at
-//! its first call), kept while the daemon runs, restarted with backoff after a crash, stopped at
-//! shutdown.
+//! definition, started when a session that uses it is created (or, after a daemon restart or a
+//! stop for idleness, at its next call), kept while it is used, stopped once it has been idle
+//! for a while ([`Pool::stop_idle`]), restarted with backoff after a crash, stopped at shutdown.
 //!
 //! A server is never shared across tenants: the key is the tenant plus a digest of the resolved
 //! definition. Calls run concurrently on one connection; the state lock is held only to find or
@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -96,6 +97,25 @@ impl Pool {
         }
     }
 
+    /// Stops the servers that are up but have served no call (and listed no tools) for
+    /// `idle_for`, none in flight; the next call starts them again. Returns how many stopped.
+    pub async fn stop_idle(&self, idle_for: Duration) -> usize {
+        let servers: Vec<Arc<Server>> = self
+            .servers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        let mut stopped = 0;
+        for server in servers {
+            if server.stop_if_idle(idle_for).await {
+                stopped += 1;
+            }
+        }
+        stopped
+    }
+
     /// How many server processes or connections are up (for tests and metrics).
     pub async fn running(&self) -> usize {
         let servers: Vec<Arc<Server>> = self
@@ -164,6 +184,10 @@ pub struct Server {
     dir: PathBuf,
     hidden: Vec<PathBuf>,
     state: Mutex<State>,
+    /// Calls in flight, and when the server last listed its tools or finished a call: it is
+    /// idle when none is in flight and the last use is long enough ago.
+    in_flight: AtomicU32,
+    last_used: StdMutex<Option<Instant>>,
 }
 
 impl Server {
@@ -177,6 +201,8 @@ impl Server {
             dir,
             hidden: paths.hidden.clone(),
             state: Mutex::new(State::default()),
+            in_flight: AtomicU32::new(0),
+            last_used: StdMutex::new(None),
         }
     }
 
@@ -195,6 +221,7 @@ impl Server {
     pub async fn tools(&self) -> Result<Vec<ServerTool>, ServerError> {
         let mut state = self.state.lock().await;
         self.ensure(&mut state).await?;
+        self.touch();
         Ok(state.tools.clone())
     }
 
@@ -370,11 +397,14 @@ impl Server {
                                 .join(", ")
                         ));
                     }
+                    self.in_flight.fetch_add(1, Ordering::SeqCst);
                     conn
                 }
                 Err(e) => return CallOutput::error(format!("{e}. The call did not run.")),
             }
         };
+        // Counted out however the call ends, a dropped future (a killed agent) included.
+        let _in_flight = InFlight(self);
         let Value::Object(arguments) = arguments else {
             return CallOutput::error("The tool's input must be a JSON object.");
         };
@@ -417,13 +447,55 @@ impl Server {
         }
     }
 
-    async fn stop(&self) {
+    /// Stops the server if it is up, has no call in flight and was last used `idle_for` ago.
+    /// Decided under the state lock, which a call holds while it counts itself in: no call can
+    /// start between the check and the stop.
+    async fn stop_if_idle(&self, idle_for: Duration) -> bool {
         let mut state = self.state.lock().await;
+        let last_used = *self
+            .last_used
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let idle = state.conn.is_some()
+            && self.in_flight.load(Ordering::SeqCst) == 0
+            && last_used.is_none_or(|at| at.elapsed() >= idle_for);
+        if idle {
+            tracing::info!(mcp.server = %self.spec.name, idle_secs = idle_for.as_secs(), "Stopping an idle MCP server; its next call starts it again");
+            Self::close_conn(&mut state).await;
+        }
+        idle
+    }
+
+    /// Marks the server used now.
+    fn touch(&self) {
+        *self
+            .last_used
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+    }
+
+    async fn stop(&self) {
+        Self::close_conn(&mut *self.state.lock().await).await;
+    }
+
+    /// Closes the live connection, if any: the session ended politely (within a bound), then the
+    /// process group killed.
+    async fn close_conn(state: &mut State) {
         if let Some(conn) = state.conn.take() {
             if let Some(mut service) = conn.take_service() {
                 let _ = service.close_with_timeout(CLOSE_TIMEOUT).await;
             }
             conn.close();
         }
+    }
+}
+
+/// One call in flight on a server, counted out when dropped.
+struct InFlight<'a>(&'a Server);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }

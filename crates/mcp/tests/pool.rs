@@ -89,6 +89,44 @@ async fn a_stdio_server_lists_and_runs_its_tools() {
 }
 
 #[tokio::test]
+async fn an_idle_server_is_stopped_and_its_next_call_starts_it_again() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::default();
+    let server = pool.server("t", &stdio_spec(&python, json!({})), &paths(&dir));
+    server.tools().await.unwrap();
+    assert_eq!(pool.running().await, 1);
+    // Used just now: not idle for a minute.
+    assert_eq!(pool.stop_idle(Duration::from_secs(60)).await, 0);
+    assert_eq!(pool.running().await, 1);
+
+    // A call in flight keeps it up, however long ago it was last used.
+    let cancel = CancellationToken::new();
+    let marker = dir.path().join("started");
+    let slow = {
+        let server = server.clone();
+        let cancel = cancel.clone();
+        let input = json!({"seconds": 2, "marker": marker.display().to_string()});
+        tokio::spawn(async move { server.call("sleep", input, &cancel).await })
+    };
+    // The server is inside the call once it wrote the marker.
+    while !marker.exists() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(pool.stop_idle(Duration::ZERO).await, 0);
+    let out = slow.await.unwrap();
+    assert!(!out.is_error, "{out:?}");
+
+    // Idle: stopped; the next call starts it again and runs.
+    assert_eq!(pool.stop_idle(Duration::ZERO).await, 1);
+    assert_eq!(pool.running().await, 0);
+    let out = server.call("add", json!({"a": 1, "b": 2}), &cancel).await;
+    assert!(!out.is_error && out.text == "3", "{out:?}");
+    assert_eq!(pool.running().await, 1);
+    pool.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_crash_mid_call_is_an_error_and_the_server_comes_back() {
     let Some(python) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
