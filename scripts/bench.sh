@@ -105,6 +105,14 @@ what else runs on it.
    and resumed by a new engine, against the same batches without a restart.
 5. **Notifications**: 100 subscribers through the engine and through gRPC, one notification at a
    time and in a burst, from the agent's end to each receipt.
+6. **Client batches at CI scale**: 100 and 1000 directives over 10k and 100k histories: request
+   size, cost against the calculator, wall time per child, peak RSS.
+7. **The sandbox's cost per Bash call**, against the same call unsandboxed.
+8. **Long sessions**: 40 turns of large tool output on a 32k window, compacted.
+9. **Several daemons on one PostgreSQL** (its PostgreSQL rows need \`FORKD_BENCH_DATABASE_URL\`):
+   real \`forkd serve\` processes against one sim-server — \`ForkBatch\` latency, children per
+   second, notification latency across daemons, adoption after SIGKILL — against one daemon on
+   SQLite.
 
 EOF
     cat "$report"
