@@ -179,24 +179,32 @@ const DB_NOW_MS: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT"
 /// later one fails.
 pub(super) async fn claim(conn: &mut PgConnection, id: AgentId, holder: &Holder) -> Result<Lease> {
     let key = id.to_string();
-    let state = live_state(conn, &key).await?;
-    let (held_by, expires, now): (Option<String>, Option<i64>, i64) =
+    // Locked like `lock` does, with what the holder check needs, in one read.
+    let row: Option<(String, Option<String>, Option<i64>, i64)> =
         sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT held_by, lease_expires_at_ms, {DB_NOW_MS} FROM agents WHERE id = $1"
+            "SELECT state, held_by, lease_expires_at_ms, {DB_NOW_MS} FROM agents \
+             WHERE id = $1 FOR NO KEY UPDATE"
         )))
         .bind(&key)
-        .fetch_one(&mut *conn)
+        .fetch_optional(&mut *conn)
         .await?;
+    let (state, held_by, expires, now) = row.ok_or_else(|| not_found(&key))?;
+    let state = parse_state(&state)?;
+    if state.is_terminal() {
+        return Err(ended(&key, state));
+    }
     check_holder(id, state, held_by.as_deref(), expires, now, holder)?;
-    let generation = bump_generation(conn, &key).await?;
-    update_state(conn, &key, AgentState::Running, None, now_ms()).await?;
-    sqlx::query(AssertSqlSafe(format!(
-        "UPDATE agents SET held_by = $1, lease_expires_at_ms = {DB_NOW_MS} + $2 WHERE id = $3"
+    // One write: a new generation, `running`, and this daemon's hold for one lease.
+    let generation: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "UPDATE agents SET generation = generation + 1, state = 'running', error = NULL, \
+         updated_at_ms = $1, held_by = $2, lease_expires_at_ms = {DB_NOW_MS} + $3 \
+         WHERE id = $4 RETURNING generation"
     )))
+    .bind(now_ms())
     .bind(holder.daemon.to_string())
     .bind(holder.lease_ms())
     .bind(&key)
-    .execute(conn)
+    .fetch_one(conn)
     .await?;
     Ok(Lease {
         agent_id: id,

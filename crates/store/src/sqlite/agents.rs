@@ -146,22 +146,30 @@ pub(super) async fn claim(
     holder: &Holder,
 ) -> Result<Lease> {
     let key = id.to_string();
-    let state = live_state(conn, &key).await?;
-    let (held_by, expires): (Option<String>, Option<i64>) =
-        sqlx::query_as("SELECT held_by, lease_expires_at_ms FROM agents WHERE id = ?")
+    let row: Option<(String, Option<String>, Option<i64>)> =
+        sqlx::query_as("SELECT state, held_by, lease_expires_at_ms FROM agents WHERE id = ?")
             .bind(&key)
-            .fetch_one(&mut *conn)
+            .fetch_optional(&mut *conn)
             .await?;
+    let (state, held_by, expires) = row.ok_or_else(|| not_found(&key))?;
+    let state = parse_state(&state)?;
+    if state.is_terminal() {
+        return Err(ended(&key, state));
+    }
     let now = now_ms();
     check_holder(id, state, held_by.as_deref(), expires, now, holder)?;
-    let generation = bump_generation(conn, &key).await?;
-    update_state(conn, &key, AgentState::Running, None, now).await?;
-    sqlx::query("UPDATE agents SET held_by = ?, lease_expires_at_ms = ? WHERE id = ?")
-        .bind(holder.daemon.to_string())
-        .bind(now.saturating_add(holder.lease_ms()))
-        .bind(&key)
-        .execute(conn)
-        .await?;
+    // One write: a new generation, `running`, and this daemon's hold for one lease.
+    let generation: i64 = sqlx::query_scalar(
+        "UPDATE agents SET generation = generation + 1, state = 'running', error = NULL, \
+         updated_at_ms = ?, held_by = ?, lease_expires_at_ms = ? WHERE id = ? \
+         RETURNING generation",
+    )
+    .bind(now)
+    .bind(holder.daemon.to_string())
+    .bind(now.saturating_add(holder.lease_ms()))
+    .bind(&key)
+    .fetch_one(conn)
+    .await?;
     Ok(Lease {
         agent_id: id,
         generation: from_i64(generation, "agent generation")?,
