@@ -102,6 +102,11 @@ id_type!(
     "request"
 );
 id_type!(
+    /// A permission prompt: a tool call waiting for a person's answer.
+    PromptId,
+    "permission prompt"
+);
+id_type!(
     /// One running daemon: a fresh id each time `forkd serve` starts. Agents' leases name the
     /// daemon that holds them.
     DaemonId,

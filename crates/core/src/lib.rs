@@ -14,6 +14,7 @@ pub mod json;
 pub mod message;
 pub mod plan;
 pub mod pricing;
+pub mod prompt;
 pub mod query;
 pub mod report;
 pub mod request;
@@ -27,7 +28,7 @@ pub use agent::{
     Agent, AgentKind, AgentState, Directive, Notification, NotificationKind, NotificationStatus,
     ReportTo,
 };
-pub use ids::{AgentId, BatchId, DaemonId, RequestId, SessionId};
+pub use ids::{AgentId, BatchId, DaemonId, PromptId, RequestId, SessionId};
 pub use json::RawJson;
 pub use message::{Block, BlockKind, Message, Role};
 pub use tenant::Tenant;

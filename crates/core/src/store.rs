@@ -9,11 +9,12 @@
 use async_trait::async_trait;
 
 use crate::fork::ForkBatch;
+use crate::prompt::{PermissionAnswer, PermissionPrompt};
 use crate::report::Report;
 use crate::session::Session;
 use crate::{
     Agent, AgentId, AgentState, BatchId, Block, DaemonId, Message, Notification,
-    NotificationStatus, RequestId, SessionId, Usage,
+    NotificationStatus, PromptId, RequestId, SessionId, Usage,
 };
 
 /// A store operation that failed.
@@ -182,6 +183,12 @@ pub enum Wakeup {
     /// A client asked, through some daemon, for the agent's attached clients to be handed to
     /// the background ([`Store::signal_background`]).
     Background(AgentId),
+    /// A daemon stored a permission prompt ([`Store::insert_prompt`]): its session's clients on
+    /// other daemons are shown it.
+    Prompt(PromptId),
+    /// A client answered a permission prompt through some daemon ([`Store::answer_prompt`]):
+    /// the daemon whose agent waits on it reads the answer.
+    Answer(PromptId),
 }
 
 /// Wake-ups from a database several daemons share (see [`Store::listen`]).
@@ -544,6 +551,31 @@ pub trait Store: Send + Sync + 'static {
     /// signal, not state: a daemon that is not listening at that moment does not get it. Does
     /// nothing on a database only this daemon uses.
     async fn signal_background(&self, id: AgentId) -> Result<()>;
+    /// Stores a permission prompt the leased agent puts to its session's clients, asked by this
+    /// store's daemon (`Superseded` when a newer run claimed the agent), and wakes the daemons
+    /// listening ([`Wakeup::Prompt`]). Prompts of the same agent that another daemon asked (it
+    /// died, and this daemon adopted the agent) are removed.
+    async fn insert_prompt(&self, lease: &Lease, prompt: &PermissionPrompt) -> Result<()>;
+    /// The session's open prompts, oldest first: not answered, and asked by the daemon that
+    /// still holds the agent (a prompt whose daemon died is nobody's to answer).
+    async fn open_prompts(&self, session: SessionId) -> Result<Vec<PermissionPrompt>>;
+    /// A stored prompt and its answer, if it has one (open or not).
+    async fn prompt(
+        &self,
+        id: PromptId,
+    ) -> Result<Option<(PermissionPrompt, Option<PermissionAnswer>)>>;
+    /// Answers an open prompt (`NotFound` when it is not open: answered already, its wait over,
+    /// or its daemon gone); "allow always" also allows its tool for the rest of the session, in
+    /// the same transaction. Wakes the daemons listening ([`Wakeup::Answer`]).
+    async fn answer_prompt(
+        &self,
+        id: PromptId,
+        answer: &PermissionAnswer,
+    ) -> Result<PermissionPrompt>;
+    /// Removes a prompt whose wait is over (answered, or its agent stopped).
+    async fn close_prompt(&self, id: PromptId) -> Result<()>;
+    /// Whether a client of the session answered "allow always" for `tool`.
+    async fn tool_always_allowed(&self, session: SessionId, tool: &str) -> Result<bool>;
     /// Agents counted by kind and state, and the fork batches that have a child not yet ended or
     /// a child that changed at or after `batches_since_ms`.
     async fn stats(&self, batches_since_ms: i64) -> Result<Stats>;

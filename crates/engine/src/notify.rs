@@ -47,7 +47,8 @@ impl Engine {
     /// this one: every daemon's notifications, delivered to this daemon's subscribers in seq
     /// order (read back from the table from the last seq sent, when the database wakes it with
     /// `LISTEN/NOTIFY`, after each of this daemon's own commits, and every [`FEED_POLL`] in case
-    /// wake-ups were lost to a dropped connection), and background signals for clients attached
+    /// wake-ups were lost to a dropped connection), permission prompts and answers (see
+    /// `permissions.rs`), and background signals for clients attached
     /// here. Does nothing on a database only this daemon uses.
     pub async fn start_notification_feed(&self) -> Result<(), EngineError> {
         let Some(mut wakeups) = self.inner.store.listen().await? else {
@@ -63,6 +64,7 @@ impl Engine {
         let stop = self.inner.shutdown.clone();
         let listening = wake.clone();
         let backgrounds = self.inner.backgrounds.clone();
+        let engine = self.clone();
         tokio::spawn(async move {
             loop {
                 let next = tokio::select! {
@@ -74,6 +76,8 @@ impl Engine {
                     Ok(Wakeup::Background(id)) => {
                         let _ = backgrounds.send(id);
                     }
+                    Ok(Wakeup::Prompt(id)) => engine.relay_prompt(id).await,
+                    Ok(Wakeup::Answer(id)) => engine.deliver_answer(id).await,
                     Err(e) => {
                         tracing::warn!(error = %e, "Not hearing from the other daemons; reading their notifications every {} s", FEED_POLL.as_secs());
                         tokio::select! {

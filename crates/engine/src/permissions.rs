@@ -1,77 +1,81 @@
 //! Permission prompts: a tool call that needs a person's approval, in an interactive session,
 //! is put to the session's clients; the agent waits for the answer (or its own cancellation).
 //!
-//! Prompts live in memory: an agent waiting on one is a running agent, and a daemon that stops
-//! stops the wait too. A client that subscribes late still receives every prompt still pending.
+//! Prompts are stored (`Store::insert_prompt`) while their agent waits, so a client of any
+//! daemon sharing the database sees them — replayed when it subscribes, live after — and may
+//! answer them; "allow always" is stored with the session. The daemon whose agent waits holds a
+//! channel for each of its prompts: an answer given through it arrives at once; one given
+//! through another daemon arrives with the database's wake-up ([`Wakeup::Answer`], handled in
+//! `notify.rs`), or at the next poll of the stored row when wake-ups were lost.
+//!
+//! [`Wakeup::Answer`]: forkd_core::store::Wakeup::Answer
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex as StdMutex;
+use std::time::Duration;
 
-use forkd_core::{AgentId, SessionId};
+use forkd_core::store::Lease;
+use forkd_core::{PromptId, SessionId};
 use futures::stream::BoxStream;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
+pub use forkd_core::prompt::{PermissionAnswer, PermissionPrompt};
+
 use crate::Engine;
 use crate::error::{EngineError, Result};
 
-/// A question put to a session's interactive clients.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PermissionPrompt {
-    pub id: String,
-    pub session_id: SessionId,
-    pub agent_id: AgentId,
-    pub tool: String,
-    pub input_json: String,
-    /// What is asked, in words.
-    pub question: String,
-}
+/// How often a wait, and a subscription, read the stored prompts on a database other daemons
+/// share: the bound on how late an answer or a prompt is when the database's wake-ups were lost.
+const SHARED_POLL: Duration = Duration::from_secs(1);
 
-/// A client's answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PermissionAnswer {
-    AllowOnce,
-    /// Allow this call, and this tool for the rest of the session without asking.
-    AllowAlways,
-    Deny(Option<String>),
-}
-
-/// Prompts waiting for an answer, and the tools a session always allows.
+/// This daemon's agents' waits, and the prompts its clients are shown.
 pub(crate) struct Prompts {
-    state: StdMutex<PromptState>,
+    /// The waits of this daemon's agents, by prompt.
+    waiting: StdMutex<HashMap<PromptId, oneshot::Sender<PermissionAnswer>>>,
+    /// Every prompt this daemon learns of: its own agents', and other daemons' (through the
+    /// database's wake-ups).
     bus: broadcast::Sender<PermissionPrompt>,
-}
-
-#[derive(Default)]
-struct PromptState {
-    pending: HashMap<String, (PermissionPrompt, oneshot::Sender<PermissionAnswer>)>,
-    always: HashMap<SessionId, HashSet<String>>,
 }
 
 impl Default for Prompts {
     fn default() -> Self {
         Self {
-            state: StdMutex::default(),
+            waiting: StdMutex::default(),
             bus: broadcast::channel(256).0,
         }
     }
 }
 
 impl Prompts {
-    fn state(&self) -> std::sync::MutexGuard<'_, PromptState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn waiting(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<PromptId, oneshot::Sender<PermissionAnswer>>> {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-struct PendingGuard<'a> {
-    prompts: &'a Prompts,
-    id: String,
+/// Ends a wait however it ends, a dropped future (a kill) included: the channel goes, and the
+/// stored prompt is removed, so no client is shown a prompt nobody waits on.
+struct WaitGuard {
+    engine: Engine,
+    id: PromptId,
 }
 
-impl Drop for PendingGuard<'_> {
+impl Drop for WaitGuard {
     fn drop(&mut self) {
-        self.prompts.state().pending.remove(&self.id);
+        self.engine.inner.prompts.waiting().remove(&self.id);
+        let (store, id) = (self.engine.inner.store.clone(), self.id);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(e) = store.close_prompt(id).await {
+                    // Harmless: an unanswered prompt of a stopped wait is not open once its
+                    // agent's lease moves on; the next start of a SQLite daemon removes it.
+                    tracing::warn!(prompt.id = %id, error = %e, "Cannot remove a permission prompt");
+                }
+            });
+        }
     }
 }
 
@@ -80,131 +84,164 @@ pub type PromptStream = BoxStream<'static, PermissionPrompt>;
 
 impl Engine {
     /// Whether a session's client said "allow always" for `tool`.
-    pub(crate) fn always_allowed(&self, session: SessionId, tool: &str) -> bool {
-        self.inner
-            .prompts
-            .state()
-            .always
-            .get(&session)
-            .is_some_and(|tools| tools.contains(tool))
+    pub(crate) async fn always_allowed(&self, session: SessionId, tool: &str) -> Result<bool> {
+        Ok(self.inner.store.tool_always_allowed(session, tool).await?)
     }
 
     /// Puts a prompt to the session's clients and waits for the answer; `None` if the agent
-    /// was cancelled meanwhile.
+    /// was cancelled meanwhile. The prompt is stored under the run's lease.
     pub(crate) async fn ask(
         &self,
+        lease: &Lease,
         mut prompt: PermissionPrompt,
         cancel: &CancellationToken,
-    ) -> Option<PermissionAnswer> {
-        prompt.id = forkd_core::RequestId::new().to_string();
-        let (tx, rx) = oneshot::channel();
+    ) -> Result<Option<PermissionAnswer>> {
+        prompt.id = PromptId::new();
+        let (tx, mut rx) = oneshot::channel();
         let prompts = &self.inner.prompts;
-        prompts
-            .state()
-            .pending
-            .insert(prompt.id.clone(), (prompt.clone(), tx));
+        // The channel before the row: an answer given the moment the row commits finds it.
+        prompts.waiting().insert(prompt.id, tx);
+        let _wait = WaitGuard {
+            engine: self.clone(),
+            id: prompt.id,
+        };
+        self.inner.store.insert_prompt(lease, &prompt).await?;
         tracing::info!(prompt.id = %prompt.id, tool = %prompt.tool, "Waiting for a permission answer");
-        // No subscriber yet is fine: a client that subscribes later gets the pending prompts.
+        // No subscriber yet is fine: a client that subscribes later reads the stored prompts.
         let _ = prompts.bus.send(prompt.clone());
-        // Removes the prompt however the wait ends, a dropped future (a kill) included, so no
-        // stale prompt is shown to clients that subscribe later.
-        let _pending = PendingGuard {
-            prompts,
-            id: prompt.id.clone(),
-        };
-        let answer = tokio::select! {
-            answer = rx => answer.ok(),
-            () = cancel.cancelled() => None,
-        };
-        if answer == Some(PermissionAnswer::AllowAlways) {
-            prompts
-                .state()
-                .always
-                .entry(prompt.session_id)
-                .or_default()
-                .insert(prompt.tool.clone());
+        let shared = self.shared_store();
+        loop {
+            tokio::select! {
+                answer = &mut rx => return Ok(answer.ok()),
+                () = cancel.cancelled() => return Ok(None),
+                // Wake-ups from other daemons can be lost with their connection: read the row.
+                () = tokio::time::sleep(SHARED_POLL), if shared => {
+                    if let Some((_, Some(answer))) = self.inner.store.prompt(prompt.id).await? {
+                        return Ok(Some(answer));
+                    }
+                }
+            }
         }
-        answer
     }
 
-    /// The session a pending prompt belongs to.
-    pub fn prompt_session(&self, id: &str) -> Option<SessionId> {
-        self.inner
-            .prompts
-            .state()
-            .pending
-            .get(id)
-            .map(|(prompt, _)| prompt.session_id)
+    /// Hands the stored answer of a prompt this daemon's agent waits on to its wait (the
+    /// answer was given through another daemon).
+    pub(crate) async fn deliver_answer(&self, id: PromptId) {
+        if !self.inner.prompts.waiting().contains_key(&id) {
+            return;
+        }
+        match self.inner.store.prompt(id).await {
+            Ok(Some((_, Some(answer)))) => {
+                if let Some(tx) = self.inner.prompts.waiting().remove(&id) {
+                    let _ = tx.send(answer);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                // The wait reads the row itself within a second.
+                tracing::warn!(prompt.id = %id, error = %e, "Cannot read a permission answer");
+            }
+        }
     }
 
-    /// Answers a pending prompt. `NotFound` when there is none by that id (already answered,
-    /// or its agent stopped waiting).
-    pub fn answer_prompt(&self, id: &str, answer: PermissionAnswer) -> Result<()> {
-        let pending = self.inner.prompts.state().pending.remove(id);
-        let Some((_, tx)) = pending else {
-            return Err(EngineError::NotFound {
-                kind: "permission prompt",
-                id: id.chars().take(64).collect(),
-            });
-        };
-        tx.send(answer).map_err(|_| EngineError::NotFound {
-            kind: "permission prompt",
-            id: id.to_owned(),
-        })
+    /// Shows this daemon's clients a prompt another daemon's agent asked.
+    pub(crate) async fn relay_prompt(&self, id: PromptId) {
+        match self.inner.store.prompt(id).await {
+            Ok(Some((prompt, None))) => {
+                let _ = self.inner.prompts.bus.send(prompt);
+            }
+            Ok(_) => {}
+            // Subscribers read the open prompts themselves within a second.
+            Err(e) => {
+                tracing::warn!(prompt.id = %id, error = %e, "Cannot read a permission prompt")
+            }
+        }
     }
 
-    fn pending_prompts(&self, session_id: SessionId) -> Vec<PermissionPrompt> {
-        self.inner
-            .prompts
-            .state()
-            .pending
-            .values()
-            .map(|(p, _)| p.clone())
-            .filter(|p| p.session_id == session_id)
-            .collect()
+    /// The session a stored prompt belongs to.
+    pub async fn prompt_session(&self, id: PromptId) -> Result<Option<SessionId>> {
+        Ok(self
+            .inner
+            .store
+            .prompt(id)
+            .await?
+            .map(|(prompt, _)| prompt.session_id))
     }
 
-    /// The session's prompts: those pending now, then new ones as they come.
+    /// Answers an open prompt, whichever daemon's agent waits on it. `NotFound` when it is not
+    /// open (already answered, or its agent stopped waiting).
+    pub async fn answer_prompt(&self, id: PromptId, answer: PermissionAnswer) -> Result<()> {
+        self.inner.store.answer_prompt(id, &answer).await?;
+        // This daemon's own agent: at once. Another daemon's reads it at the wake-up.
+        if let Some(tx) = self.inner.prompts.waiting().remove(&id) {
+            let _ = tx.send(answer);
+        }
+        Ok(())
+    }
+
+    /// The session's prompts: those open now, then new ones as they come.
     pub async fn subscribe_prompts(&self, session_id: SessionId) -> Result<PromptStream> {
         self.get_session(session_id).await?;
         let mut live = self.inner.prompts.bus.subscribe();
-        let pending = self.pending_prompts(session_id);
+        let open = self.inner.store.open_prompts(session_id).await?;
         let (tx, rx) = mpsc::channel(64);
         let shutdown = self.inner.shutdown.clone();
         let engine = self.clone();
+        let shared = self.shared_store();
         tokio::spawn(async move {
-            let mut seen: HashSet<String> = HashSet::new();
-            for p in pending {
-                seen.insert(p.id.clone());
-                if tx.send(p).await.is_err() {
-                    return;
-                }
-            }
+            let mut seen: HashSet<PromptId> = HashSet::new();
+            let mut open = open;
             loop {
-                let next = tokio::select! {
-                    next = live.recv() => next,
-                    () = shutdown.cancelled() => return,
-                    () = tx.closed() => return,
-                };
-                match next {
-                    Ok(p) if p.session_id == session_id && seen.insert(p.id.clone()) => {
-                        if tx.send(p).await.is_err() {
-                            return;
-                        }
+                for p in open {
+                    if seen.insert(p.id) && tx.send(p).await.is_err() {
+                        return;
                     }
-                    Ok(_) => {}
-                    // Fell behind: send whatever is still pending and was not seen yet.
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
-                        for p in engine.pending_prompts(session_id) {
-                            if seen.insert(p.id.clone()) && tx.send(p).await.is_err() {
+                }
+                open = loop {
+                    let next = tokio::select! {
+                        next = live.recv() => next,
+                        () = shutdown.cancelled() => return,
+                        () = tx.closed() => return,
+                        () = tokio::time::sleep(SHARED_POLL), if shared => {
+                            break engine.open_prompts_or_none(session_id).await;
+                        }
+                    };
+                    match next {
+                        Ok(p) if p.session_id == session_id && seen.insert(p.id) => {
+                            if tx.send(p).await.is_err() {
                                 return;
                             }
                         }
+                        Ok(_) => {}
+                        // Fell behind: send whatever is open and was not seen yet.
+                        Err(broadcast::error::RecvError::Lagged(_)) => {
+                            break engine.open_prompts_or_none(session_id).await;
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return,
                     }
-                    Err(broadcast::error::RecvError::Closed) => return,
-                }
+                };
             }
         });
         Ok(Box::pin(ReceiverStream::new(rx)))
     }
+
+    /// The session's open prompts; none (logged) when the store cannot say.
+    async fn open_prompts_or_none(&self, session: SessionId) -> Vec<PermissionPrompt> {
+        self.inner
+            .store
+            .open_prompts(session)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(session.id = %session, error = %e, "Cannot read open permission prompts");
+                Vec::new()
+            })
+    }
+}
+
+/// A prompt id as a client sent it; one that does not parse names no prompt.
+pub fn parse_prompt_id(id: &str) -> Result<PromptId> {
+    id.parse().map_err(|_| EngineError::NotFound {
+        kind: "permission prompt",
+        id: id.chars().take(64).collect(),
+    })
 }

@@ -248,9 +248,10 @@ impl TenantEngine<'_> {
             kind: "permission prompt",
             id: prompt_id.chars().take(64).collect(),
         };
-        let session = self.engine.prompt_session(prompt_id).ok_or_else(unknown)?;
+        let id = crate::permissions::parse_prompt_id(prompt_id)?;
+        let session = self.engine.prompt_session(id).await?.ok_or_else(unknown)?;
         self.own_session_id(session).await.map_err(|_| unknown())?;
-        self.engine.answer_prompt(prompt_id, answer)
+        self.engine.answer_prompt(id, answer).await
     }
 
     pub async fn cache_stats(&self, scope: StatsScope) -> Result<CacheStats> {

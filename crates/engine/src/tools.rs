@@ -430,8 +430,14 @@ impl Engine {
         what: String,
     ) -> Result<(), String> {
         let session = turn.session;
-        if self.always_allowed(session.id, name) {
-            return Ok(());
+        match self.always_allowed(session.id, name).await {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => {
+                return Err(format!(
+                    "Permission could not be checked: {e}. Try again later."
+                ));
+            }
         }
         if !session.interactive {
             return Err(format!(
@@ -441,20 +447,21 @@ impl Engine {
             ));
         }
         let prompt = PermissionPrompt {
-            id: String::new(),
+            id: forkd_core::PromptId::new(),
             session_id: session.id,
             agent_id: turn.agent.id,
             tool: name.to_owned(),
             input_json: input.to_string(),
             question: what,
         };
-        match self.ask(prompt, &turn.cancel).await {
-            Some(PermissionAnswer::AllowOnce | PermissionAnswer::AllowAlways) => Ok(()),
-            Some(PermissionAnswer::Deny(reason)) => Err(format!(
+        match self.ask(turn.lease, prompt, &turn.cancel).await {
+            Ok(Some(PermissionAnswer::AllowOnce | PermissionAnswer::AllowAlways)) => Ok(()),
+            Ok(Some(PermissionAnswer::Deny(reason))) => Err(format!(
                 "Permission denied by the user{}. Do not retry this call; work without it.",
                 reason.map(|r| format!(": {r}")).unwrap_or_default()
             )),
-            None => Err("Permission was not answered: the agent was stopped.".to_owned()),
+            Ok(None) => Err("Permission was not answered: the agent was stopped.".to_owned()),
+            Err(e) => Err(format!("Permission could not be asked: {e}.")),
         }
     }
 }

@@ -386,3 +386,154 @@ async fn share_out_pending_children(url: String) {
         assert_eq!(binary::assistant_replies(&mut on_b, id).await, 1, "{id}");
     }
 }
+
+#[tokio::test]
+async fn prompts_answers_and_idempotency_keys_reach_every_daemon() {
+    with_scratch_database(prompts_and_keys_across_daemons).await;
+}
+
+async fn next_prompt(prompts: &mut tonic::Streaming<pb::PermissionPrompt>) -> pb::PermissionPrompt {
+    tokio::time::timeout(DEADLINE, prompts.message())
+        .await
+        .expect("a permission prompt")
+        .unwrap()
+        .expect("the prompt stream ended")
+}
+
+async fn prompts_and_keys_across_daemons(url: String) {
+    let env = [("FORKD_DATABASE_URL", url.as_str()), ("FORKD_LEASE", "1s")];
+    let (home_a, home_b, workspace) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let ws = workspace.path();
+    // Only A is up when the child starts: A runs it.
+    let a = binary::Daemon::start_with(home_a.path(), "0", &env);
+    let mut on_a = binary::client(home_a.path()).await;
+    let session = create_session(
+        &mut on_a,
+        pb::CreateSessionRequest {
+            permission_mode: "bubble".into(),
+            interactive: true,
+            ..session_request(ws)
+        },
+    )
+    .await
+    .unwrap();
+    let script = "Write twice, then run a command.\n\
+        @sim tool Write {\"file_path\":\"one.txt\",\"content\":\"1\"}\n\
+        @sim tool Write {\"file_path\":\"two.txt\",\"content\":\"2\"}\n\
+        @sim tool Bash {\"command\":\"touch three.txt\"}\n\
+        @sim say done";
+    let batch = fork(&mut on_a, &session.session_id, &[script], None)
+        .await
+        .unwrap();
+    let subscribe = |mut client: binary::Client, session_id: String| async move {
+        client
+            .subscribe_permissions(pb::SubscribePermissionsRequest { session_id })
+            .await
+            .unwrap()
+            .into_inner()
+    };
+    let mut prompts_a = subscribe(on_a.clone(), session.session_id.clone()).await;
+    let first = next_prompt(&mut prompts_a).await;
+    assert_eq!(first.tool_name, "Write");
+
+    // B starts while A's child waits: its client is shown the prompt A's child asked.
+    let b = binary::Daemon::start_with(home_b.path(), "0", &env);
+    let mut on_b = binary::client(home_b.path()).await;
+    let mut prompts_b = subscribe(on_b.clone(), session.session_id.clone()).await;
+    let replayed = next_prompt(&mut prompts_b).await;
+    assert_eq!(replayed.prompt_id, first.prompt_id);
+    let runner = binary::get_agent(&mut on_b, &batch.agent_ids[0])
+        .await
+        .daemon;
+    assert!(!runner.is_empty());
+    assert!(
+        !ws.join("one.txt").exists(),
+        "the child waits for the answer"
+    );
+
+    // Answered through B, "always": A's child goes on, and does not ask for the second Write.
+    on_b.answer_permission(pb::AnswerPermissionRequest {
+        prompt_id: first.prompt_id.clone(),
+        decision: pb::PermissionDecision::AllowAlways as i32,
+        reason: String::new(),
+    })
+    .await
+    .unwrap();
+    // The Bash prompt reaches both daemons' clients live; B answers it, A no longer can.
+    let on_b_bash = next_prompt(&mut prompts_b).await;
+    let on_a_bash = next_prompt(&mut prompts_a).await;
+    assert_eq!(on_b_bash.tool_name, "Bash", "{on_b_bash:?}");
+    assert_eq!(on_a_bash.prompt_id, on_b_bash.prompt_id);
+    on_b.answer_permission(pb::AnswerPermissionRequest {
+        prompt_id: on_b_bash.prompt_id.clone(),
+        decision: pb::PermissionDecision::Deny as i32,
+        reason: "not today".into(),
+    })
+    .await
+    .unwrap();
+    let again = on_a
+        .answer_permission(pb::AnswerPermissionRequest {
+            prompt_id: on_b_bash.prompt_id,
+            decision: pb::PermissionDecision::AllowOnce as i32,
+            reason: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), tonic::Code::NotFound);
+    let done = wait_for_batch(&mut on_b, &batch.batch_id, 1, DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(done[0].status, pb::NotificationStatus::Completed as i32);
+    assert!(ws.join("one.txt").exists() && ws.join("two.txt").exists());
+    assert!(!ws.join("three.txt").exists());
+    assert_eq!(
+        binary::get_agent(&mut on_b, &batch.agent_ids[0])
+            .await
+            .daemon,
+        runner,
+        "the child ran on A throughout"
+    );
+
+    // An idempotency key used on A answers on B; racing retries through both make one batch.
+    let keyed = |key: &str, text: &str| pb::ForkBatchRequest {
+        session_id: session.session_id.clone(),
+        directives: vec![pb::Directive {
+            prompt: text.to_owned(),
+            ..Default::default()
+        }],
+        idempotency_key: key.to_owned(),
+        ..Default::default()
+    };
+    let first = on_a
+        .fork_batch(keyed("k-1", "@sim say one"))
+        .await
+        .unwrap()
+        .into_inner();
+    let retry = on_b
+        .fork_batch(keyed("k-1", "@sim say one"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(retry.batch_id, first.batch_id);
+    let other = on_b
+        .fork_batch(keyed("k-1", "@sim say something else"))
+        .await
+        .unwrap_err();
+    assert_eq!(other.code(), tonic::Code::FailedPrecondition, "{other:?}");
+    for round in 0..5 {
+        let key = format!("k-race-{round}");
+        let (mut x, mut y) = (on_a.clone(), on_b.clone());
+        let (ra, rb) = tokio::join!(
+            x.fork_batch(keyed(&key, "@sim say raced")),
+            y.fork_batch(keyed(&key, "@sim say raced")),
+        );
+        let (ra, rb) = (ra.unwrap().into_inner(), rb.unwrap().into_inner());
+        assert_eq!(ra.batch_id, rb.batch_id, "round {round}");
+    }
+    drop((on_a, on_b));
+    drop((a, b));
+}

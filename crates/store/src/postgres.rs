@@ -46,6 +46,7 @@ mod compactions;
 mod idempotency;
 mod notifications;
 mod pending;
+mod prompts;
 mod requests;
 mod sessions;
 mod stats;
@@ -55,10 +56,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use forkd_core::fork::ForkBatch;
+use forkd_core::prompt::{PermissionAnswer, PermissionPrompt};
 use forkd_core::session::Session;
 use forkd_core::store::{Holder, Renewal, Wakeup, Wakeups};
 use forkd_core::{
-    Agent, AgentId, AgentState, BatchId, Block, DaemonId, Message, Notification, SessionId,
+    Agent, AgentId, AgentState, BatchId, Block, DaemonId, Message, Notification, PromptId,
+    SessionId,
 };
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
@@ -187,7 +190,7 @@ impl PgStore {
 /// The channel of background signals; the payload is the agent's id.
 const BACKGROUNDS: &str = "forkd_backgrounds";
 
-/// `LISTEN` on the notification and background channels, on a connection of its own.
+/// `LISTEN` on the notification, background and prompt channels, on a connection of its own.
 struct Listener(PgListener);
 
 #[async_trait]
@@ -200,12 +203,19 @@ impl Wakeups for Listener {
             let Some(note) = received.map_err(crate::StoreError::from)? else {
                 return Ok(Wakeup::Notifications);
             };
-            if note.channel() != BACKGROUNDS {
-                return Ok(Wakeup::Notifications);
-            }
-            match note.payload().parse() {
-                Ok(id) => return Ok(Wakeup::Background(id)),
-                Err(e) => tracing::warn!(error = %e, "A background signal without an agent id"),
+            match note.channel() {
+                BACKGROUNDS => match note.payload().parse() {
+                    Ok(id) => return Ok(Wakeup::Background(id)),
+                    Err(e) => tracing::warn!(error = %e, "A background signal without an agent id"),
+                },
+                prompts::CHANNEL => match prompts::parse_wakeup(note.payload()) {
+                    Some((false, id)) => return Ok(Wakeup::Prompt(id)),
+                    Some((true, id)) => return Ok(Wakeup::Answer(id)),
+                    None => {
+                        tracing::warn!(payload = note.payload(), "A prompt wake-up not understood")
+                    }
+                },
+                _ => return Ok(Wakeup::Notifications),
             }
         }
     }
@@ -667,7 +677,7 @@ impl Store for PgStore {
         db(async move {
             let mut listener = PgListener::connect_with(&self.pool).await?;
             listener
-                .listen_all([notifications::CHANNEL, BACKGROUNDS])
+                .listen_all([notifications::CHANNEL, BACKGROUNDS, prompts::CHANNEL])
                 .await?;
             let wakeups: Box<dyn Wakeups> = Box::new(Listener(listener));
             Ok(Some(wakeups))
@@ -685,6 +695,55 @@ impl Store for PgStore {
             Ok(())
         }
         .await)
+    }
+
+    async fn insert_prompt(&self, lease: &Lease, prompt: &PermissionPrompt) -> StoreResult<()> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            prompts::insert(&mut tx, lease, prompt, self.holder.daemon).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await)
+    }
+
+    async fn open_prompts(&self, session: SessionId) -> StoreResult<Vec<PermissionPrompt>> {
+        db(async move { prompts::open(&self.pool, session).await }.await)
+    }
+
+    async fn prompt(
+        &self,
+        id: PromptId,
+    ) -> StoreResult<Option<(PermissionPrompt, Option<PermissionAnswer>)>> {
+        db(async move { prompts::get(&self.pool, id).await }.await)
+    }
+
+    async fn answer_prompt(
+        &self,
+        id: PromptId,
+        answer: &PermissionAnswer,
+    ) -> StoreResult<PermissionPrompt> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            let prompt = prompts::answer(&mut tx, id, answer).await?;
+            tx.commit().await?;
+            Ok(prompt)
+        }
+        .await)
+    }
+
+    async fn close_prompt(&self, id: PromptId) -> StoreResult<()> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            prompts::close(&mut tx, id).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await)
+    }
+
+    async fn tool_always_allowed(&self, session: SessionId, tool: &str) -> StoreResult<bool> {
+        db(async move { prompts::always_allowed(&self.pool, session, tool).await }.await)
     }
 
     async fn stats(&self, batches_since_ms: i64) -> StoreResult<crate::Stats> {

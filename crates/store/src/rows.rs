@@ -18,6 +18,7 @@ pub(crate) mod compactions;
 pub(crate) mod convert;
 pub(crate) mod idempotency;
 pub(crate) mod notifications;
+pub(crate) mod prompts;
 pub(crate) mod requests;
 pub(crate) mod sessions;
 pub(crate) mod stats;

@@ -14,6 +14,7 @@ mod compactions;
 mod idempotency;
 mod notifications;
 mod pending;
+mod prompts;
 mod requests;
 mod sessions;
 mod stats;
@@ -24,10 +25,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use forkd_core::fork::ForkBatch;
+use forkd_core::prompt::{PermissionAnswer, PermissionPrompt};
 use forkd_core::session::Session;
 use forkd_core::store::{Holder, Renewal, Wakeups};
 use forkd_core::{
-    Agent, AgentId, AgentState, BatchId, Block, DaemonId, Message, Notification, SessionId,
+    Agent, AgentId, AgentState, BatchId, Block, DaemonId, Message, Notification, PromptId,
+    SessionId,
 };
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
@@ -135,7 +138,11 @@ impl SqliteStore {
             MIGRATOR.run(&writer).await?;
             // The daemon that held these agents is gone: only one daemon uses a SQLite database
             // (it serves on the socket in its home, and a second one refuses to start there).
-            agents::expire_all(&mut *writer.acquire().await?).await?;
+            {
+                let mut conn = writer.acquire().await?;
+                agents::expire_all(&mut conn).await?;
+                prompts::remove_all(&mut conn).await?;
+            }
             let reader = SqlitePoolOptions::new()
                 .max_connections(READERS)
                 .connect_with(base.pragma("query_only", "ON"))
@@ -681,6 +688,55 @@ impl Store for SqliteStore {
 
     async fn signal_background(&self, _: AgentId) -> StoreResult<()> {
         Ok(())
+    }
+
+    async fn insert_prompt(&self, lease: &Lease, prompt: &PermissionPrompt) -> StoreResult<()> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            prompts::insert(&mut tx, lease, prompt, self.holder.daemon).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await)
+    }
+
+    async fn open_prompts(&self, session: SessionId) -> StoreResult<Vec<PermissionPrompt>> {
+        db(async move { prompts::open(&self.reader, session).await }.await)
+    }
+
+    async fn prompt(
+        &self,
+        id: PromptId,
+    ) -> StoreResult<Option<(PermissionPrompt, Option<PermissionAnswer>)>> {
+        db(async move { prompts::get(&self.reader, id).await }.await)
+    }
+
+    async fn answer_prompt(
+        &self,
+        id: PromptId,
+        answer: &PermissionAnswer,
+    ) -> StoreResult<PermissionPrompt> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            let prompt = prompts::answer(&mut tx, id, answer).await?;
+            tx.commit().await?;
+            Ok(prompt)
+        }
+        .await)
+    }
+
+    async fn close_prompt(&self, id: PromptId) -> StoreResult<()> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            prompts::close(&mut tx, id).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await)
+    }
+
+    async fn tool_always_allowed(&self, session: SessionId, tool: &str) -> StoreResult<bool> {
+        db(async move { prompts::always_allowed(&self.reader, session, tool).await }.await)
     }
 
     async fn stats(&self, batches_since_ms: i64) -> StoreResult<crate::Stats> {

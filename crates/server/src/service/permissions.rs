@@ -24,7 +24,7 @@ impl ForkdService {
         let prompts = self.engine.for_tenant(tenant).subscribe_prompts(id).await?;
         Ok(Box::pin(prompts.map(|p| {
             Ok(pb::PermissionPrompt {
-                prompt_id: p.id,
+                prompt_id: p.id.to_string(),
                 session_id: p.session_id.to_string(),
                 agent_id: p.agent_id.to_string(),
                 tool_name: p.tool,

@@ -171,7 +171,7 @@ async fn bump_generation(conn: &mut PgConnection, id: &str) -> Result<i64> {
 
 /// Milliseconds since the Unix epoch on the database's clock: leases are written and compared on
 /// it, so daemons on machines whose clocks differ agree on when one expires.
-const DB_NOW_MS: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
+pub(super) const DB_NOW_MS: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
 
 /// Claims a live agent for a new run: a new generation, the state `running`, and `holder` as
 /// its holder for one lease. `Held` while another daemon's lease on the running agent lasts. A
