@@ -281,13 +281,22 @@ fn ruleset(writable: &[&Path]) -> Result<OwnedFd, SandboxError> {
 
 /// What to cover so that `hidden` cannot be read while `keep` stays reachable: a hidden path
 /// that holds a kept one is not covered itself, its other entries are (recursively, along the
-/// path to what is kept). Each with whether it is a directory.
+/// path to what is kept). Each with whether it is a directory. A path inside one covered whole
+/// is left out: once its parent is covered it no longer exists to be covered (and a mount on it
+/// would fail).
 pub(crate) fn covers(hidden: &[PathBuf], keep: &[&Path]) -> Vec<(PathBuf, bool)> {
     let mut out = BTreeSet::new();
     for path in hidden {
         cover(path, keep, &mut out);
     }
-    out.into_iter().collect()
+    // In order, a covered directory comes right before what it holds.
+    let mut kept: Vec<(PathBuf, bool)> = Vec::with_capacity(out.len());
+    for (path, dir) in out {
+        if !kept.iter().any(|(p, d)| *d && path.starts_with(p)) {
+            kept.push((path, dir));
+        }
+    }
+    kept
 }
 
 fn cover(path: &Path, keep: &[&Path], out: &mut BTreeSet<(PathBuf, bool)>) {
@@ -417,11 +426,27 @@ mod tests {
             (home.join("agents"), true),
             (home.join("forkd.db"), false),
             (home.join("tmp/s2"), true),
-            (other, true),
+            (other.clone(), true),
         ];
         let mut want = want;
         want.sort();
         assert_eq!(got, want);
+        // A hidden path inside another one covered whole (a workspace in the daemon's home, or in
+        // another workspace) is covered with it, not on its own.
+        std::fs::create_dir_all(other.join("sub")).unwrap();
+        let nested = covers(
+            &[other.join("sub"), ws.clone(), other.clone(), home.clone()],
+            &[&tmp],
+        );
+        let mut want = vec![
+            (home.join("agents"), true),
+            (home.join("forkd.db"), false),
+            (home.join("tmp/s2"), true),
+            (ws.clone(), true),
+            (other.clone(), true),
+        ];
+        want.sort();
+        assert_eq!(nested, want);
         // Nothing hidden that holds nothing kept is split; a kept path itself is never covered.
         assert_eq!(covers(std::slice::from_ref(&ws), &[&ws]), Vec::new());
         assert_eq!(covers(&[root.join("missing")], &[&ws]), Vec::new());
