@@ -304,8 +304,9 @@ pub struct Session {
 pub enum McpOrigin {
     /// The daemon's operator (`$FORKD_HOME/mcp.json`): found again by name after a restart.
     Operator,
-    /// The session's own definition: kept in the daemon's memory only (it may hold secrets),
-    /// so its tools fail with a clear error after the daemon restarts.
+    /// The session's own definition (it may hold secrets): stored only sealed with the daemon's
+    /// secret key ([`SessionMcp::sealed_config`]), opened again after a restart or by another
+    /// daemon holding the same key.
     Session,
 }
 
@@ -334,6 +335,11 @@ pub struct McpToolRef {
 pub struct SessionMcp {
     pub servers: Vec<McpServerRef>,
     pub tools: Vec<McpToolRef>,
+    /// The session's own server definitions (its `.mcp.json` text), sealed with the daemon's
+    /// secret key for this session: never in the clear in the database. `None` when the session
+    /// defined none (or its daemon had no key: then they live in that daemon's memory only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed_config: Option<String>,
 }
 
 impl SessionMcp {

@@ -21,6 +21,7 @@ mod parent;
 mod permissions;
 mod run;
 mod scoped;
+pub mod sealed;
 mod session;
 mod stats;
 mod tenancy;

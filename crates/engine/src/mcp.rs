@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Engine;
 use crate::error::{EngineError, Result};
+use crate::sealed::SecretKey;
 
 /// The most characters of a tool's description that reach the model (each is in every request).
 const DESCRIPTION_CHARS: usize = 2_000;
@@ -31,6 +32,9 @@ pub struct McpConfig {
     /// Tenants that may send their own server definitions (`allow_mcp_config = true` under
     /// `[tenants.NAME]`); callers on the Unix socket always may.
     pub config_tenants: HashSet<String>,
+    /// The key that seals sessions' own server definitions in the database (see `sealed.rs`).
+    /// Without one they are kept in this daemon's memory only.
+    pub secret_key: Option<Arc<SecretKey>>,
 }
 
 impl McpConfig {
@@ -59,8 +63,10 @@ pub struct McpRequest {
 pub(crate) struct SessionTools {
     pub defs: Vec<ToolDef>,
     pub mcp: SessionMcp,
-    /// The session's own definitions, kept in memory (never stored: they may hold secrets).
+    /// The session's own definitions (kept in memory, and stored only sealed).
     pub own: Vec<ServerSpec>,
+    /// Their text, as the client sent it (what is sealed).
+    pub own_config: Option<String>,
 }
 
 fn invalid(msg: String) -> EngineError {
@@ -115,7 +121,8 @@ impl Engine {
             specs.push(spec.clone());
         }
         let mut own = Vec::new();
-        if let Some(text) = req.config_json.as_deref().filter(|t| !t.trim().is_empty()) {
+        let own_config = req.config_json.clone().filter(|t| !t.trim().is_empty());
+        if let Some(text) = own_config.as_deref() {
             if tenant != LOCAL_TENANT && !cfg.config_tenants.contains(tenant) {
                 return Err(EngineError::Forbidden(format!(
                     "tenant {tenant:?} may not define its own MCP servers (a stdio server is a \
@@ -175,7 +182,73 @@ impl Engine {
         }
         let (defs, tools) = tool_defs(&listed);
         mcp.tools = tools;
-        Ok(SessionTools { defs, mcp, own })
+        Ok(SessionTools {
+            defs,
+            mcp,
+            own,
+            own_config,
+        })
+    }
+
+    /// Seals the session's own definitions for storing with it, when the daemon has a key.
+    pub(crate) fn seal_own_servers(
+        &self,
+        session: SessionId,
+        tools: &mut SessionTools,
+    ) -> Result<()> {
+        let (Some(key), Some(text)) = (&self.config().mcp.secret_key, &tools.own_config) else {
+            return Ok(());
+        };
+        if tools.own.is_empty() {
+            return Ok(());
+        }
+        let sealed = key
+            .seal(&session.to_string(), text.as_bytes())
+            .map_err(|e| EngineError::Invariant(format!("cannot seal MCP definitions: {e}")))?;
+        tools.mcp.sealed_config = Some(sealed);
+        Ok(())
+    }
+
+    /// The session's own server definitions: kept in memory since its creation or an earlier
+    /// call, or opened from the sealed copy stored with it (after a restart, or on a daemon that
+    /// did not create it).
+    fn own_servers(&self, session: &Session) -> std::result::Result<Vec<ServerSpec>, String> {
+        let kept = self
+            .inner
+            .mcp_own
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&session.id)
+            .cloned();
+        if let Some(own) = kept {
+            return Ok(own);
+        }
+        let not_kept = "such definitions (which may hold secrets) are stored only sealed with the                         daemon's secret key";
+        let Some(sealed) = &session.mcp.sealed_config else {
+            return Err(format!(
+                "{not_kept}, and the daemon that created the session had none"
+            ));
+        };
+        let Some(key) = &self.config().mcp.secret_key else {
+            return Err(format!(
+                "{not_kept}, and this daemon has none (secret_key_file)"
+            ));
+        };
+        let text = key
+            .open(&session.id.to_string(), sealed)
+            .map_err(|e| format!("its definitions cannot be opened: {e}"))?;
+        let file = std::str::from_utf8(&text)
+            .map_err(|e| e.to_string())
+            .and_then(|t| McpFile::parse(t).map_err(|e| e.to_string()))
+            .map_err(|e| format!("its stored definitions cannot be read: {e}"))?;
+        let own = file
+            .servers
+            .iter()
+            .map(|(name, def)| def.resolve(name, Origin::Session, &|_| None))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| format!("its stored definitions cannot be read: {e}"))?;
+        self.keep_own_servers(session.id, own.clone());
+        Ok(own)
     }
 
     /// Keeps a session's own server definitions for its calls (in memory only).
@@ -210,17 +283,16 @@ impl Engine {
                 },
             )?,
             McpOrigin::Session => self
-                .inner
-                .mcp_own
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .get(&session.id)
-                .and_then(|own| own.iter().find(|s| s.name == server).cloned())
-                .ok_or_else(|| {
+                .own_servers(session)
+                .and_then(|own| {
+                    own.into_iter()
+                        .find(|s| s.name == server)
+                        .ok_or_else(|| "its definition is not among them".to_owned())
+                })
+                .map_err(|why| {
                     format!(
-                        "MCP server {server:?} was defined by this session, and such \
-                         definitions (which may hold secrets) are not kept across a daemon \
-                         restart; the call did not run. Work without it."
+                        "MCP server {server:?} was defined by this session, and {why}; the call \
+                         did not run. Work without it."
                     )
                 })?,
         };

@@ -296,7 +296,9 @@ impl Engine {
         let rules = check_rules(req.allow_rules.clone(), req.deny_rules.clone())?;
         let sandbox = self.check_sandbox(&req, &tenant)?;
         // Last of the checks, as it starts processes: every server's tools, listed once now.
-        let mcp = self.session_tools(&req.mcp, &tenant).await?;
+        let mut mcp = self.session_tools(&req.mcp, &tenant).await?;
+        let id = keyed.as_ref().map_or_else(SessionId::new, |(id, _)| *id);
+        self.seal_own_servers(id, &mut mcp)?;
         // The types the Agent tool lists, as they are now: fixed with the session's tools.
         let types = self.agent_types(&workspace);
         let listed: Vec<AgentTypeListing<'_>> = types
@@ -307,7 +309,7 @@ impl Engine {
             })
             .collect();
         let session = Session {
-            id: keyed.as_ref().map_or_else(SessionId::new, |(id, _)| *id),
+            id,
             tenant,
             params: CacheSafeParams {
                 system: template(&req, &workspace, &model).render(),

@@ -109,6 +109,10 @@ pub struct DaemonConfig {
     pub ui_listen: Option<SocketAddr>,
     /// TLS on the TCP listener and the web view (needs `listen` or `ui_listen`).
     pub tls: Option<TlsFiles>,
+    /// The key that seals sessions' own MCP server definitions in the database (32 bytes as
+    /// hex). `None`: `home/secret.key`, created on first start. Daemons sharing a database
+    /// need the same key to use each other's sessions' own servers.
+    pub secret_key_file: Option<PathBuf>,
     pub provider: ProviderKind,
     /// The `anthropic` provider's settings; read from `ANTHROPIC_*` when unset.
     pub anthropic: Option<AnthropicConfig>,
@@ -131,6 +135,7 @@ impl DaemonConfig {
             metrics_listen: None,
             ui_listen: None,
             tls: None,
+            secret_key_file: None,
             provider: ProviderKind::Sim,
             anthropic: None,
             openai: None,
@@ -307,6 +312,40 @@ async fn open_store(config: &DaemonConfig, holder: Holder) -> anyhow::Result<Arc
     Ok(Arc::new(store.with_holder(holder)))
 }
 
+/// The daemon's secret key: from `secret_key_file`, or from `home/secret.key`, written with a
+/// new random key (readable by the daemon's user only) when it does not exist yet.
+fn secret_key(config: &DaemonConfig) -> anyhow::Result<forkd_engine::sealed::SecretKey> {
+    use forkd_engine::sealed::SecretKey;
+    let (path, create) = match &config.secret_key_file {
+        Some(path) => (path.clone(), false),
+        None => (config.home.join("secret.key"), true),
+    };
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let text = SecretKey::generate_hex()?;
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .with_context(|| format!("cannot create {}", path.display()))?;
+            file.write_all(format!("{text}\n").as_bytes())
+                .and_then(|()| file.sync_all())
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            tracing::info!(file = %path.display(), "Created the secret key that seals sessions' own MCP server definitions");
+            text
+        }
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("cannot read the secret key {}", path.display()));
+        }
+    };
+    SecretKey::from_hex(&text).with_context(|| format!("{} is not a secret key", path.display()))
+}
+
 /// The operator's MCP servers, from `home/mcp.json` (none when it is missing), with `${VAR}`
 /// expanded from the daemon's environment. A broken file stops the start, naming what is wrong.
 fn operator_mcp_servers(
@@ -400,6 +439,7 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     let home = std::fs::canonicalize(&config.home).unwrap_or_else(|_| config.home.clone());
     engine_config.sandbox.hidden.push(home);
     engine_config.mcp.servers = operator_mcp_servers(&config.home)?;
+    engine_config.mcp.secret_key = Some(Arc::new(secret_key(&config)?));
     log_sandbox(&engine_config.sandbox).await;
     let engine = Engine::new(store, provider, engine_config);
 

@@ -188,3 +188,80 @@ async fn a_cut_off_read_only_call_runs_again_after_a_restart() {
     assert!(marker.exists());
     daemon.kill9();
 }
+
+/// A session's own server definitions (which may hold secrets) come back after a restart: the
+/// database holds them only sealed with the daemon's key (`$FORKD_HOME/secret.key`, created on
+/// first start, readable by the daemon's user only); a daemon with another key says so.
+#[tokio::test]
+async fn a_sessions_own_servers_come_back_after_a_restart_sealed() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(python) = mcp_python() else { return };
+    let home = tempfile::Builder::new()
+        .prefix("forkd-mcp-")
+        .tempdir()
+        .unwrap();
+    let ws = home.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let secret = format!(
+        "tok-{}",
+        forkd_core::SessionId::new().to_string().replace('-', "")
+    );
+    let own = json!({"mcpServers": {"mine": {
+        "command": python,
+        "args": [mcp_fixture().display().to_string(), "stdio"],
+        "env": {"FIXTURE_SECRET": secret, "FIXTURE_VISIBLE": "kept-across-restarts"},
+    }}})
+    .to_string();
+    let daemon = Daemon::start(home.path(), "0");
+    let mut c = client(home.path()).await;
+    let session = create_session(
+        &mut c,
+        pb::CreateSessionRequest {
+            mcp_config_json: own,
+            permission_mode: "bypassPermissions".into(),
+            ..session_request(&ws)
+        },
+    )
+    .await
+    .unwrap();
+    let add = "Add.\n@sim tool mcp__mine__add {\"a\":20,\"b\":22}\n@sim say added";
+    let log = run_child(&mut c, &session.session_id, add).await;
+    assert!(log.contains(r#""content":"42""#), "{log}");
+    let key = home.path().join("secret.key");
+    let mode = std::fs::metadata(&key).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    daemon.kill9();
+
+    // The next daemon starts the server again from the sealed definition, env values and all.
+    let daemon = Daemon::start(home.path(), "0");
+    let mut c = client(home.path()).await;
+    let log = run_child(&mut c, &session.session_id, add).await;
+    assert!(log.contains(r#""content":"42""#), "{log}");
+    let env = "Env.\n@sim tool mcp__mine__env {\"name\":\"FIXTURE_VISIBLE\"}\n@sim say read";
+    let log = run_child(&mut c, &session.session_id, env).await;
+    assert!(log.contains("kept-across-restarts"), "{log}");
+    daemon.kill9();
+    // Nothing of the definition is in the database in the clear.
+    for file in ["forkd.db", "forkd.db-wal"] {
+        let bytes = std::fs::read(home.path().join(file)).unwrap_or_default();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(!text.contains(&secret), "{file} holds the secret");
+        assert!(
+            !text.contains("FIXTURE_SECRET"),
+            "{file} holds the definition"
+        );
+    }
+
+    // A daemon holding another key cannot open it, and says why.
+    let other = home.path().join("other.key");
+    std::fs::write(&other, format!("{}\n", "ab".repeat(32))).unwrap();
+    let daemon = Daemon::start_with(
+        home.path(),
+        "0",
+        &[("FORKD_SECRET_KEY_FILE", other.to_str().unwrap())],
+    );
+    let mut c = client(home.path()).await;
+    let log = run_child(&mut c, &session.session_id, add).await;
+    assert!(log.contains("another secret key"), "{log}");
+    daemon.kill9();
+}

@@ -537,3 +537,85 @@ async fn prompts_and_keys_across_daemons(url: String) {
     drop((on_a, on_b));
     drop((a, b));
 }
+
+#[tokio::test]
+async fn an_adopted_agent_s_mcp_servers_start_on_the_daemon_that_adopted_it() {
+    let Some(python) = forkd_test_support::mcp_python() else {
+        return;
+    };
+    with_scratch_database(|url| adopt_with_mcp(url, python)).await;
+}
+
+/// A child of a session with its own MCP server, killed with its daemon (A) in the middle of a
+/// call: B adopts it, answers the cut-off call as interrupted (a session's own tools are never
+/// read-only), and runs its next call on a server it starts from the sealed definition (both
+/// daemons hold the same key).
+async fn adopt_with_mcp(url: String, python: String) {
+    let (home_a, home_b, workspace) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let key = workspace.path().join("shared.key");
+    std::fs::write(&key, format!("{}\n", "5e".repeat(32))).unwrap();
+    let env = [
+        ("FORKD_DATABASE_URL", url.as_str()),
+        ("FORKD_LEASE", "1s"),
+        ("FORKD_SECRET_KEY_FILE", key.to_str().unwrap()),
+    ];
+    let a = binary::Daemon::start_with(home_a.path(), "0", &env);
+    let mut on_a = binary::client(home_a.path()).await;
+    let own = serde_json::json!({"mcpServers": {"mine": {
+        "command": python,
+        "args": [forkd_test_support::mcp_fixture().display().to_string(), "stdio"],
+        // It writes a marker into the test's workspace, which a sandbox would hide.
+        "sandbox": "full-access",
+    }}})
+    .to_string();
+    let ws = workspace.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let session = create_session(
+        &mut on_a,
+        pb::CreateSessionRequest {
+            mcp_config_json: own,
+            permission_mode: "bypassPermissions".into(),
+            ..session_request(&ws)
+        },
+    )
+    .await
+    .unwrap();
+    let marker = ws.join("started.txt");
+    let sleep = serde_json::json!({"seconds": 600, "marker": marker.display().to_string()});
+    let script = format!(
+        "Wait, then add.\n@sim tool mcp__mine__sleep {sleep}\n\
+         @sim tool mcp__mine__add {{\"a\":20,\"b\":22}}\n@sim say added"
+    );
+    let batch = fork(&mut on_a, &session.session_id, &[script.as_str()], None)
+        .await
+        .unwrap();
+    eventually(DEADLINE, "the call to start on A", || async {
+        marker.exists()
+    })
+    .await;
+
+    let b = binary::Daemon::start_with(home_b.path(), "0", &env);
+    let mut on_b = binary::client(home_b.path()).await;
+    let runner = binary::get_agent(&mut on_b, &batch.agent_ids[0])
+        .await
+        .daemon;
+    drop(on_a);
+    a.kill9();
+    let done = wait_for_batch(&mut on_b, &batch.batch_id, 1, DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(done[0].status, pb::NotificationStatus::Completed as i32);
+    let adopted = binary::get_agent(&mut on_b, &batch.agent_ids[0]).await;
+    assert_ne!(adopted.daemon, runner, "B finished it");
+    let log = forkd_test_support::transcript_text(&mut on_b, &batch.agent_ids[0])
+        .await
+        .unwrap();
+    assert!(log.contains("Interrupted: this call was started"), "{log}");
+    assert!(log.contains(r#""content":"42""#), "{log}");
+    drop(on_b);
+    drop(b);
+}

@@ -55,6 +55,8 @@ pub struct FileConfig {
     pub tls_cert: Option<PathBuf>,
     /// PEM private key for TLS on the TCP listener.
     pub tls_key: Option<PathBuf>,
+    /// The key that seals sessions' own MCP server definitions (64 hex digits).
+    pub secret_key_file: Option<PathBuf>,
     /// The most agents running at once (0: no cap); the others wait as `pending`, in order.
     pub max_running_agents: Option<usize>,
     /// The most model requests in flight at once (0: no cap).

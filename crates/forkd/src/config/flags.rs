@@ -81,6 +81,11 @@ pub struct ServeFlags {
     /// PEM private key of --tls-cert (env FORKD_TLS_KEY).
     #[arg(long, value_name = "FILE")]
     pub tls_key: Option<PathBuf>,
+    /// The key that seals sessions' own MCP server definitions in the database: 64 hex digits
+    /// (env FORKD_SECRET_KEY_FILE) [default: $FORKD_HOME/secret.key, created on first start].
+    /// Daemons sharing one database need the same key.
+    #[arg(long, value_name = "FILE")]
+    pub secret_key_file: Option<PathBuf>,
     #[arg(long, value_name = "FILTER", help = with_default(
         "Log filter, e.g. `info` or `info,forkd_engine=debug` (env RUST_LOG)",
         |d| d.log.clone(),

@@ -39,6 +39,8 @@ pub struct Settings {
     pub log: String,
     pub log_format: LogFormat,
     pub tls: Option<TlsFiles>,
+    /// `None`: `secret.key` in the home, created on first start.
+    pub secret_key_file: Option<PathBuf>,
     /// `None`: no cap.
     pub max_running_agents: Option<usize>,
     pub max_concurrent_requests: Option<usize>,
@@ -90,6 +92,7 @@ impl Default for Settings {
             log: "info".to_owned(),
             log_format: LogFormat::default(),
             tls: daemon.tls,
+            secret_key_file: daemon.secret_key_file,
             max_running_agents: engine.max_running_agents,
             max_concurrent_requests: engine.max_concurrent_requests,
             max_agent_depth: engine.max_agent_depth,
@@ -236,6 +239,14 @@ impl Settings {
         let cert = layers.pick(flags.tls_cert.clone(), "FORKD_TLS_CERT", path, cert)?;
         let key = file.tls_key.as_ref().map(in_home);
         let key = layers.pick(flags.tls_key.clone(), "FORKD_TLS_KEY", path, key)?;
+        let secret = file.secret_key_file.as_ref().map(in_home);
+        let secret = layers.pick(
+            flags.secret_key_file.clone(),
+            "FORKD_SECRET_KEY_FILE",
+            path,
+            secret,
+        )?;
+        self.secret_key_file = secret.or(self.secret_key_file.take());
         self.tls = match (cert, key) {
             (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
             (None, None) => self.tls.take(),
@@ -310,6 +321,7 @@ impl Settings {
         config.engine.sandbox = self.sandbox.clone();
         config.engine.mcp.config_tenants = self.mcp_config_tenants.iter().cloned().collect();
         config.tls = self.tls.clone();
+        config.secret_key_file = self.secret_key_file.clone();
         config.database_url = self.database_url.clone();
         config.lease = self.lease;
         if self.fsync_every_commit {

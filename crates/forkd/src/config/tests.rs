@@ -256,6 +256,28 @@ fn listen_and_tls_paths_resolve_and_file_paths_are_relative_to_home() {
 }
 
 #[test]
+fn the_secret_key_file_comes_from_its_layers_relative_to_home() {
+    let s = resolve(&ServeFlags::default(), &[], "").unwrap();
+    assert_eq!(s.secret_key_file, None, "the daemon picks $FORKD_HOME/secret.key");
+    let file = "secret_key_file = \"keys/forkd.key\"";
+    let s = resolve(&ServeFlags::default(), &[], file).unwrap();
+    assert_eq!(
+        s.secret_key_file,
+        Some(PathBuf::from("/srv/forkd/keys/forkd.key"))
+    );
+    let vars = [("FORKD_SECRET_KEY_FILE", "/run/secrets/k")];
+    let s = resolve(&ServeFlags::default(), &vars, file).unwrap();
+    let flags = ServeFlags {
+        secret_key_file: Some(PathBuf::from("/flag.key")),
+        ..ServeFlags::default()
+    };
+    assert_eq!(s.secret_key_file, Some(PathBuf::from("/run/secrets/k")));
+    let s = resolve(&flags, &vars, file).unwrap();
+    let config = s.daemon_config(PathBuf::from("/h")).unwrap();
+    assert_eq!(config.secret_key_file, Some(PathBuf::from("/flag.key")));
+}
+
+#[test]
 fn ui_listen_comes_from_flag_env_or_file() {
     let file = "ui_listen = \"127.0.0.1:8080\"";
     let at = |port| Some(SocketAddr::from(([127, 0, 0, 1], port)));
@@ -499,7 +521,7 @@ fn the_sandbox_default_deny_list_and_full_access_tenants_come_from_the_file() {
 #[test]
 fn the_database_url_comes_from_each_source_and_never_shows_its_password() {
     let url = |s: &Settings| s.database_url.as_ref().map(|u| u.as_str().to_owned());
-    let file = "database_url = \"postgres://forkd:file-secret@db.example:5432/forkd\"\n";
+    let file = "database_url = \"postgres://forkd:file-pw-x9@db.example:5432/forkd\"\n";
     assert_eq!(
         resolve(&ServeFlags::default(), &[], "")
             .unwrap()
@@ -509,16 +531,16 @@ fn the_database_url_comes_from_each_source_and_never_shows_its_password() {
     let s = resolve(&ServeFlags::default(), &[], file).unwrap();
     assert_eq!(
         url(&s).as_deref(),
-        Some("postgres://forkd:file-secret@db.example:5432/forkd")
+        Some("postgres://forkd:file-pw-x9@db.example:5432/forkd")
     );
     let env = [(
         "FORKD_DATABASE_URL",
-        "postgresql://forkd:env-secret@127.0.0.1/forkd",
+        "postgresql://forkd:env-pw-x9@127.0.0.1/forkd",
     )];
     let s = resolve(&ServeFlags::default(), &env, file).unwrap();
     assert_eq!(
         url(&s).as_deref(),
-        Some("postgresql://forkd:env-secret@127.0.0.1/forkd")
+        Some("postgresql://forkd:env-pw-x9@127.0.0.1/forkd")
     );
     let flags = ServeFlags {
         database_url: Some("postgres://flag@db.example/forkd".parse().unwrap()),
@@ -532,24 +554,24 @@ fn the_database_url_comes_from_each_source_and_never_shows_its_password() {
     // What the settings and the daemon's configuration show (debug output, logs) hides it.
     let s = resolve(&ServeFlags::default(), &env, file).unwrap();
     let shown = format!("{s:?} {:?}", s.daemon_config("/srv/forkd".into()).unwrap());
-    assert!(!shown.contains("secret"), "{shown}");
+    assert!(!shown.contains("pw-x9"), "{shown}");
     assert!(
         shown.contains("postgresql://forkd:***@127.0.0.1/forkd"),
         "{shown}"
     );
     let file_config = format!("{:?}", FileConfig::parse(file).unwrap());
-    assert!(!file_config.contains("secret"), "{file_config}");
+    assert!(!file_config.contains("pw-x9"), "{file_config}");
 
     // Only PostgreSQL URLs, from any source, even one a higher layer overrides; the error names
     // the source and shows no password.
     let bad_flag = ServeFlags {
-        database_url: Some("mysql://root:flag-secret@h/d".parse().unwrap()),
+        database_url: Some("mysql://root:flag-pw-x9@h/d".parse().unwrap()),
         ..ServeFlags::default()
     };
     for (flags, vars, file, source) in [
         (
             &ServeFlags::default(),
-            &[("FORKD_DATABASE_URL", "mysql://root:env-secret@h/d")][..],
+            &[("FORKD_DATABASE_URL", "mysql://root:env-pw-x9@h/d")][..],
             "",
             "FORKD_DATABASE_URL: \"mysql://root:***@h/d\"",
         ),
@@ -569,7 +591,7 @@ fn the_database_url_comes_from_each_source_and_never_shows_its_password() {
         let err = format!("{:#}", resolve(flags, vars, file).unwrap_err());
         assert!(err.contains(source), "{err}");
         assert!(err.contains("is not a PostgreSQL URL"), "{err}");
-        assert!(!err.contains("secret"), "{err}");
+        assert!(!err.contains("pw-x9"), "{err}");
     }
 }
 

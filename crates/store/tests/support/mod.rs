@@ -337,6 +337,7 @@ pub fn session() -> TestResult<Session> {
                 tool: "search".into(),
                 read_only: true,
             }],
+            sealed_config: Some("v1:0011223344556677:00ff".into()),
         },
         created_at_ms: 1_700_000_000_000,
     })
