@@ -335,6 +335,34 @@ pub fn mcp_fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/mcp_server.py")
 }
 
+/// The reference MCP server `@modelcontextprotocol/server-everything` (npm, pinned by
+/// `mcp-ecosystem/package-lock.json`): its entry script, run with `node SCRIPT stdio` or
+/// `node SCRIPT streamableHttp`. `None` after saying the test is skipped when node or the
+/// package is missing (`npm ci --prefix crates/test-support/mcp-ecosystem` installs it); with
+/// `CI` set that fails the test instead: `.ci/run` installs it.
+pub fn everything_server() -> Option<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("mcp-ecosystem/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let node = std::process::Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if node && script.exists() {
+        return Some(script);
+    }
+    let why = if node {
+        "the reference MCP server is not installed (npm ci --prefix crates/test-support/mcp-ecosystem)"
+    } else {
+        "node is not installed"
+    };
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{why}; .ci/run installs it"
+    );
+    eprintln!("SKIPPED: {why}, which this test needs");
+    None
+}
+
 /// A Python with the MCP SDK (`FORKD_TEST_MCP_PYTHON`, else `python3`), or `None` after saying
 /// that the test is skipped. With `CI` set a missing SDK fails the test instead: `.ci/run`
 /// installs it.

@@ -258,7 +258,10 @@ fn listen_and_tls_paths_resolve_and_file_paths_are_relative_to_home() {
 #[test]
 fn the_secret_key_file_comes_from_its_layers_relative_to_home() {
     let s = resolve(&ServeFlags::default(), &[], "").unwrap();
-    assert_eq!(s.secret_key_file, None, "the daemon picks $FORKD_HOME/secret.key");
+    assert_eq!(
+        s.secret_key_file, None,
+        "the daemon picks $FORKD_HOME/secret.key"
+    );
     let file = "secret_key_file = \"keys/forkd.key\"";
     let s = resolve(&ServeFlags::default(), &[], file).unwrap();
     assert_eq!(
