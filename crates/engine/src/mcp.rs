@@ -308,10 +308,13 @@ impl Engine {
         input: &Value,
         cancel: &CancellationToken,
     ) -> CallOutput {
-        match self.mcp_server(session, &tool.server).await {
+        let started = std::time::Instant::now();
+        let output = match self.mcp_server(session, &tool.server).await {
             Ok(server) => server.call(&tool.tool, input.clone(), cancel).await,
             Err(message) => CallOutput::error(message),
-        }
+        };
+        crate::metrics::mcp_call(&tool.server, output.is_error, started.elapsed());
+        output
     }
 }
 

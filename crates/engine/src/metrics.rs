@@ -18,6 +18,8 @@ pub const AGENTS_ENDED: &str = "forkd_agents_ended_total";
 pub const REQUEST_SECONDS: &str = "forkd_model_request_seconds";
 pub const AGENTS: &str = "forkd_agents";
 pub const FIRST_TOKEN_SECONDS: &str = "forkd_model_first_token_seconds";
+pub const MCP_CALLS: &str = "forkd_mcp_calls_total";
+pub const MCP_CALL_SECONDS: &str = "forkd_mcp_call_seconds";
 
 /// Describes every metric, and sets the counters that matter when they are zero (a divergence
 /// counter that is absent until the first divergence is hard to alert on).
@@ -53,6 +55,15 @@ pub fn describe() {
         REQUEST_SECONDS,
         Unit::Seconds,
         "Model request time, retries included, to the end of the response"
+    );
+    describe_counter!(
+        MCP_CALLS,
+        "MCP tool calls, by server and outcome (ok, or error: the server's isError, a crash, a timeout, a server that cannot be reached)"
+    );
+    describe_histogram!(
+        MCP_CALL_SECONDS,
+        Unit::Seconds,
+        "MCP tool call time, by server, from the call to its result"
     );
     describe_histogram!(
         FIRST_TOKEN_SECONDS,
@@ -95,6 +106,12 @@ pub(crate) fn request(
     if let Some(first) = first_token {
         histogram!(FIRST_TOKEN_SECONDS).record(first.as_secs_f64());
     }
+}
+
+pub(crate) fn mcp_call(server: &str, error: bool, took: Duration) {
+    let outcome = if error { "error" } else { "ok" };
+    counter!(MCP_CALLS, "server" => server.to_owned(), "outcome" => outcome).increment(1);
+    histogram!(MCP_CALL_SECONDS, "server" => server.to_owned()).record(took.as_secs_f64());
 }
 
 pub(crate) fn prefix_divergence() {
