@@ -619,3 +619,55 @@ async fn adopt_with_mcp(url: String, python: String) {
     drop(on_b);
     drop(b);
 }
+
+#[tokio::test]
+async fn a_tenant_s_budget_counts_what_every_daemon_spent() {
+    with_scratch_database(budget_across_daemons).await;
+}
+
+/// Each daemon's configuration gives the local tenant $0.01; the first child, run through A,
+/// spends more than that; a child submitted through B then fails saying the budget is spent.
+async fn budget_across_daemons(url: String) {
+    let env = [("FORKD_DATABASE_URL", url.as_str()), ("FORKD_LEASE", "1s")];
+    let (home_a, home_b, workspace) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    for home in [home_a.path(), home_b.path()] {
+        std::fs::write(
+            home.join("config.toml"),
+            "[tenants.local]\nbudget_usd = 0.01\n",
+        )
+        .unwrap();
+    }
+    let a = binary::Daemon::start_with(home_a.path(), "0", &env);
+    let b = binary::Daemon::start_with(home_b.path(), "0", &env);
+    let mut on_a = binary::client(home_a.path()).await;
+    let mut on_b = binary::client(home_b.path()).await;
+    let session = create_session(&mut on_a, session_request(workspace.path()))
+        .await
+        .unwrap();
+    let first = fork(&mut on_a, &session.session_id, &["@sim say first"], None)
+        .await
+        .unwrap();
+    let done = wait_for_batch(&mut on_a, &first.batch_id, 1, DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(done[0].status, pb::NotificationStatus::Completed as i32);
+
+    let second = fork(&mut on_b, &session.session_id, &["@sim say second"], None)
+        .await
+        .unwrap();
+    let done = wait_for_batch(&mut on_b, &second.batch_id, 1, DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(done[0].status, pb::NotificationStatus::Failed as i32);
+    let agent = binary::get_agent(&mut on_b, &second.agent_ids[0]).await;
+    assert!(
+        agent.error.contains("budget") && agent.error.contains("tenant local"),
+        "{agent:?}"
+    );
+    drop((on_a, on_b));
+    drop((a, b));
+}
