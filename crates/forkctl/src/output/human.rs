@@ -175,6 +175,22 @@ pub fn session_table(s: &Session) -> String {
         ("model", s.model.clone()),
         ("workspace", s.workspace.clone()),
         ("permission mode", s.permission_mode.clone()),
+        (
+            "sandbox",
+            if s.allow_network {
+                format!("{}, network allowed", s.sandbox)
+            } else {
+                s.sandbox.clone()
+            },
+        ),
+        (
+            "mcp servers",
+            if s.mcp_servers.is_empty() {
+                "none".to_owned()
+            } else {
+                s.mcp_servers.join(", ")
+            },
+        ),
         ("coordinator", s.coordinator.to_string()),
         ("interactive", s.interactive.to_string()),
         (
