@@ -385,15 +385,7 @@ async fn a_streamable_http_server_s_tools_run_too() {
         allow_rules: vec!["mcp__remote".into()],
         ..session_request(ws.path())
     };
-    let session = eventually(DEADLINE, "the HTTP server to answer", || {
-        let mut client = client.clone();
-        let request = request.clone();
-        async move { client.create_session(request).await.ok() }
-    })
-    .await
-    .into_inner()
-    .session
-    .unwrap();
+    let session = forkd_test_support::create_session_when_ready(&client, request, DEADLINE).await;
     let batch = fork(
         &mut client,
         &session.session_id,

@@ -12,8 +12,8 @@ use std::time::Duration;
 use forkd_proto::v1 as pb;
 use forkd_store::RequestFilter;
 use forkd_test_support::{
-    create_session, eventually, everything_server, fork, session_request, spawn_daemon_with,
-    transcript_text, wait_for_batch,
+    create_session, create_session_when_ready, everything_server, fork, run_child, session_request,
+    spawn_daemon_with, transcript_text, wait_for_batch,
 };
 use serde_json::json;
 
@@ -139,28 +139,11 @@ async fn the_reference_server_s_tools_run_over_streamable_http() {
         allow_rules: vec!["mcp__remote".into()],
         ..session_request(ws.path())
     };
-    // The server binds its port after node starts: creation is retried until it answers.
-    let session = eventually(DEADLINE, "the reference server to answer over HTTP", || {
-        let mut client = client.clone();
-        let request = request.clone();
-        async move { client.create_session(request).await.ok() }
-    })
-    .await
-    .into_inner()
-    .session
-    .unwrap();
-    let batch = fork(
-        &mut client,
-        &session.session_id,
-        &["Sum.\n@sim tool mcp__remote__get-sum {\"a\":2,\"b\":40}\n@sim tool mcp__remote__echo {\"message\":\"over http\"}\n@sim say done"],
-        None,
-    )
-    .await
-    .unwrap();
-    wait_for_batch(&mut client, &batch.batch_id, 1, DEADLINE)
-        .await
-        .unwrap();
-    let log = transcript_text(&mut client, &batch.agent_ids[0])
+    // The server binds its port after node starts.
+    let session = create_session_when_ready(&client, request, DEADLINE).await;
+    let script = "Sum.\n@sim tool mcp__remote__get-sum {\"a\":2,\"b\":40}\n\
+                  @sim tool mcp__remote__echo {\"message\":\"over http\"}\n@sim say done";
+    let log = run_child(&mut client, &session.session_id, script, DEADLINE)
         .await
         .unwrap();
     assert!(log.contains("42"), "{log}");

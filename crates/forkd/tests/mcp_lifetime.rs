@@ -31,11 +31,9 @@ fn alive(pid: i32) -> bool {
 
 /// Forks one child running `script` and returns its transcript once it ended.
 async fn run_child(c: &mut Client, session_id: &str, script: &str) -> String {
-    let batch = fork(c, session_id, &[script], None).await.unwrap();
-    wait_for_batch(c, &batch.batch_id, 1, DEADLINE)
+    forkd_test_support::run_child(c, session_id, script, DEADLINE)
         .await
-        .unwrap();
-    transcript_text(c, &batch.agent_ids[0]).await.unwrap()
+        .unwrap()
 }
 
 /// The server's pid, asked through its `pid` tool.

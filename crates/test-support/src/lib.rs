@@ -190,6 +190,34 @@ pub async fn create_session(
         .context("the daemon returned no session")
 }
 
+/// [`create_session`] retried until the daemon accepts it (at most `deadline`): for sessions
+/// whose MCP server is a process the test just started, which answers once it has bound its port.
+pub async fn create_session_when_ready(
+    client: &ForkdClient<Channel>,
+    request: pb::CreateSessionRequest,
+    deadline: Duration,
+) -> pb::Session {
+    eventually(deadline, "the session's servers to answer", || {
+        let mut client = client.clone();
+        let request = request.clone();
+        async move { create_session(&mut client, request).await.ok() }
+    })
+    .await
+}
+
+/// Forks one child running `script`, waits for it to end (at most `deadline`) and returns its
+/// transcript (see [`transcript_text`]).
+pub async fn run_child(
+    client: &mut ForkdClient<Channel>,
+    session_id: &str,
+    script: &str,
+    deadline: Duration,
+) -> anyhow::Result<String> {
+    let batch = fork(client, session_id, &[script], None).await?;
+    wait_for_batch(client, &batch.batch_id, 1, deadline).await?;
+    transcript_text(client, &batch.agent_ids[0]).await
+}
+
 /// An agent's whole transcript (shared prefix included) as one string of content arrays, for
 /// tests that look for what the agent saw.
 pub async fn transcript_text(
