@@ -767,3 +767,68 @@ async fn a_compacted_child_replays_byte_identical_requests_after_a_restart() {
     assert!(again[0].usage().cache_read_input_tokens > 0);
     check_transcript(&restarted, child, READS).await;
 }
+
+/// A provider that counts more tokens than forkd refuses a child's request as too long (here
+/// forkd is told the window is 1M tokens, the sim holds the model to 200k): the child compacts
+/// its own part and sends the request once more, and finishes its script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_childs_prompt_too_long_compacts_it_and_retries_once() {
+    const READS: usize = 6;
+    let dir = tempfile::tempdir().unwrap();
+    // About 7,000 tokens a read (45 kB with its line numbers: under the size at which outputs
+    // are shortened).
+    let line = "forkd keeps long sessions alive by compacting them at the threshold\n";
+    std::fs::write(dir.path().join("big.txt"), line.repeat(600)).unwrap();
+    let sonnet = pricing::model(pricing::DEFAULT_MODEL).unwrap();
+    let config = EngineConfig {
+        models: Models::default().with(ModelSpec {
+            context_window: 1_000_000,
+            ..sonnet.clone()
+        }),
+        ..EngineConfig::default()
+    };
+    let recorder = Arc::new(Recorder::default());
+    let engine = Engine::new(common::store(dir.path()).await, recorder.clone(), config);
+    let mut new = common::new_session(dir.path(), "Sys.");
+    // ~175k tokens the child inherits and cannot compact: its fifth read passes 200k (less
+    // `max_tokens`), where the request before it and its summary request still fit.
+    new.context_files[0].content = "design ".repeat(173_900);
+    new.max_tokens = Some(1024);
+    let s = engine.create_session(new).await.unwrap();
+    let directive = Directive {
+        description: "big reader".into(),
+        prompt: reading_script("Big reader: read the big file.", READS, "@sim say done"),
+    };
+    let batch = engine
+        .fork_batch(s.id, vec![directive], Default::default())
+        .await
+        .unwrap();
+    let child = batch.agent_ids[0];
+    let n = common::ended(&engine, child).await;
+    assert_eq!(n.status, NotificationStatus::Completed, "{n:?}");
+    let sent = recorder.sent_with("Big reader:");
+    let refused: Vec<usize> = (0..sent.len())
+        .filter(|&i| sent[i].usage.lock().unwrap().is_none())
+        .collect();
+    let inputs: Vec<Option<u64>> = sent
+        .iter()
+        .map(|s| s.usage.lock().unwrap().map(|u| u.total_input()))
+        .collect();
+    assert!(
+        !refused.is_empty(),
+        "the sim refused a request as too long: {inputs:?} {n:?}"
+    );
+    for &i in &refused {
+        assert!(
+            is_compaction(&sent[i + 1].json()),
+            "request {i} was refused: the child compacted next"
+        );
+        assert!(
+            sent[i + 2].usage.lock().unwrap().is_some(),
+            "and asked once more"
+        );
+    }
+    let stored = engine.store().agent_compactions(child).await.unwrap();
+    assert_eq!(stored.len(), refused.len());
+    check_transcript(&engine, child, READS).await;
+}
