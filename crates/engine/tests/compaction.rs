@@ -520,6 +520,31 @@ fn check_agent_requests(sent: &[Sent], first_at: usize, first: &[Value]) -> usiz
     compactions
 }
 
+/// One line of figures for an agent's requests: how many, how many compactions, the largest
+/// input, and the share of input read from the cache (all requests, and compactions alone).
+fn figures(who: &str, sent: &[Sent]) -> String {
+    let share = |filter: &dyn Fn(&Sent) -> bool| {
+        let (read, total) = sent.iter().filter(|s| filter(s)).fold((0, 0), |(r, t), s| {
+            let u = s.usage();
+            (r + u.cache_read_input_tokens, t + u.total_input())
+        });
+        read as f64 / total.max(1) as f64
+    };
+    let compactions = sent.iter().filter(|s| is_compaction(&s.json())).count();
+    let largest = sent
+        .iter()
+        .map(|s| s.usage().total_input())
+        .max()
+        .unwrap_or(0);
+    format!(
+        "{who}: {} requests, {compactions} compactions, largest input {largest} of {WINDOW} \
+         (+{MAX_TOKENS} max_tokens), read share {:.3} (compaction requests {:.3})",
+        sent.len(),
+        share(&|_| true),
+        share(&|s| is_compaction(&s.json())),
+    )
+}
+
 /// The agent's own messages and its boundaries in its transcript: all its reads are there
 /// (none was redone after a compaction), each boundary marked where it sits.
 async fn check_transcript(engine: &Engine, agent: AgentId, reads: usize) -> usize {
@@ -623,6 +648,7 @@ async fn fork_children_compact_their_own_part_keeping_the_fork_message() {
             "the boilerplate is in the fork message"
         );
         let compactions = check_agent_requests(&sent, first_at, &first);
+        eprintln!("{}", figures(&format!("fork child {i}"), &sent));
         assert!(compactions >= 2, "child {i}: {compactions} compactions");
         assert_eq!(check_transcript(&engine, *id, READS).await, compactions);
         check_accounting(&engine, *id, &sent).await;
@@ -678,6 +704,7 @@ async fn a_typed_agent_compacts_keeping_its_prompt() {
     let prompt = messages(&sent[0].json())[0].1.clone();
     assert_eq!(prompt.len(), 1, "the prompt is one block");
     let compactions = check_agent_requests(&sent, 0, &prompt);
+    eprintln!("{}", figures("typed agent", &sent));
     assert!(compactions >= 2, "{compactions} compactions");
     assert_eq!(check_transcript(&engine, id, READS).await, compactions);
     check_accounting(&engine, id, &sent).await;
