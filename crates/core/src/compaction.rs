@@ -9,6 +9,12 @@
 //! byte for byte, plus the compaction instruction in its last user message: it reads that
 //! request's cache. Nothing is deleted: the transcript keeps every message; the boundary is
 //! stored beside it.
+//!
+//! A fork child or a typed agent compacts only its own messages: its first message (a child's
+//! fork message — the shared blocks, the boilerplate and its directive — or a typed agent's
+//! prompt) is kept whole, and the summary's blocks follow its blocks in that same user message
+//! ([`append_summary`]), so roles alternate, the siblings' shared prefix is still shared, and
+//! the recursion guard still finds the boilerplate.
 
 use crate::message::{Block, Message, Role};
 
@@ -67,6 +73,12 @@ pub fn summary_request(mut before_boundary: Vec<Message>) -> Vec<Message> {
     before_boundary
 }
 
+/// An agent's first message after a compaction: its own blocks, byte for byte, then the
+/// summary's.
+pub fn append_summary(first: &mut Message, summary: &Message) {
+    first.blocks.extend(summary.blocks.iter().cloned());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,5 +118,23 @@ mod tests {
         let req = summary_request(vec![m(Role::User, "q"), m(Role::Assistant, "a")]);
         assert_eq!(req.len(), 3);
         assert_eq!(req[2].role, Role::User);
+    }
+
+    #[test]
+    fn an_agents_first_message_keeps_its_blocks_and_takes_the_summarys() {
+        let mut first = Message::user(vec![Block::text("<forkd-fork-child>x"), Block::text("d")]);
+        let before: Vec<String> = first.blocks.iter().map(|b| b.raw().to_string()).collect();
+        append_summary(&mut first, &summary_message("done so far"));
+        assert_eq!(first.role, Role::User);
+        assert_eq!(first.blocks.len(), 3);
+        for (kept, was) in first.blocks.iter().zip(&before) {
+            assert_eq!(&kept.raw().to_string(), was);
+        }
+        assert!(
+            first.blocks[2]
+                .as_text()
+                .unwrap_or_default()
+                .starts_with(&format!("<{SUMMARY_TAG}>"))
+        );
     }
 }

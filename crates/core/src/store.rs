@@ -389,6 +389,18 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<()>;
     /// The session's compaction boundaries, oldest first.
     async fn compactions(&self, session: SessionId) -> Result<Vec<crate::compaction::Compaction>>;
+    /// Stores a compaction boundary of the leased agent's own transcript (a fork child's part
+    /// after its fork point, a typed agent's after its prompt), checking the lease: `to_seq`
+    /// must name an assistant message of the agent's own transcript past its previous boundary
+    /// (`Conflict` otherwise).
+    async fn append_agent_compaction(
+        &self,
+        lease: &Lease,
+        compaction: &crate::compaction::Compaction,
+    ) -> Result<()>;
+    /// The compaction boundaries of an agent's own transcript, oldest first.
+    async fn agent_compactions(&self, agent: AgentId)
+    -> Result<Vec<crate::compaction::Compaction>>;
     /// The reply a parent turn was answering when it was cut off, if any.
     async fn pending_reply(&self, session: SessionId) -> Result<Option<Message>>;
 

@@ -151,7 +151,17 @@ impl Engine {
                 compaction: false,
             });
         }
+        // A fork child's or typed agent's own boundaries, marked where they sit like the main
+        // loop's.
+        let mut boundaries = store.agent_compactions(id).await?.into_iter().peekable();
         for m in store.agent_messages(id).await? {
+            while let Some(c) = boundaries.next_if(|c| c.to_seq == m.seq) {
+                out.push(TranscriptEntry {
+                    message: c.summary,
+                    shared: false,
+                    compaction: true,
+                });
+            }
             out.push(TranscriptEntry {
                 message: m.message,
                 shared: false,

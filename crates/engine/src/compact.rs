@@ -3,11 +3,14 @@
 //! the older messages are replaced in the requests by a summary the model writes. The summary
 //! request is the request that produced the last assistant reply, byte for byte, plus the
 //! instruction (so it reads that request's cache); the boundary is stored beside the transcript
-//! in one transaction, and nothing of the transcript is deleted.
+//! in one transaction, and nothing of the transcript is deleted. Fork children and typed agents
+//! compact their own transcripts the same way (`agent`).
+
+mod agent;
 
 use forkd_core::compaction::{self, Compaction};
 use forkd_core::request::Conversation;
-use forkd_core::session::Session;
+use forkd_core::session::{CacheSafeParams, Session};
 use forkd_core::store::Lease;
 use forkd_core::{Agent, Block, Message, SessionId};
 
@@ -127,14 +130,15 @@ impl Engine {
             .await
     }
 
-    /// Whether the parent's next request, `input_tokens` of it, passes the compaction threshold
-    /// of its model's window (input plus `max_tokens` against `compact_threshold` × window).
-    pub(crate) fn needs_compaction(&self, session: &Session, input_tokens: u64) -> bool {
-        let Some(model) = self.config().models.get(&session.params.model) else {
+    /// Whether an agent's next request on `params`, `input_tokens` of it, passes the compaction
+    /// threshold of its model's window (input plus `max_tokens` against `compact_threshold` ×
+    /// window).
+    pub(crate) fn needs_compaction(&self, params: &CacheSafeParams, input_tokens: u64) -> bool {
+        let Some(model) = self.config().models.get(&params.model) else {
             return false;
         };
         let threshold = model.context_window as f64 * self.config().compact_threshold;
-        (input_tokens + u64::from(session.params.max_tokens)) as f64 > threshold
+        (input_tokens + u64::from(params.max_tokens)) as f64 > threshold
     }
 
     /// Compacts the session's transcript under the parent's `lease`: the model summarizes
@@ -248,4 +252,17 @@ impl Engine {
         }
         outcome
     }
+}
+
+/// The provider's "prompt is too long", saying what forkd did about it.
+pub(crate) fn too_long(e: &forkd_provider::ProviderError, what: &str) -> EngineError {
+    let message = match e {
+        forkd_provider::ProviderError::Status { message, .. } => message.clone(),
+        other => other.to_string(),
+    };
+    EngineError::Provider(forkd_provider::ProviderError::Status {
+        status: 400,
+        message: format!("{message} ({what})"),
+        retry_after: None,
+    })
 }

@@ -229,8 +229,9 @@ impl Engine {
         if agent.kind == AgentKind::Parent {
             return self.rebuild_main_loop(record).await;
         }
-        let mut run = self.load_run(agent.id).await.ok()?;
-        // The request of turn t saw the agent's own messages before its t-th reply.
+        let run = self.load_run(agent.id).await.ok()?;
+        // The request of turn t saw the agent's own messages before its t-th reply, from the
+        // boundary stored before it (one before its last reply, not at it).
         let mut replies = 0u32;
         let cut = run
             .own
@@ -244,8 +245,8 @@ impl Engine {
                 }
             })
             .unwrap_or(run.own.len());
-        run.own.truncate(cut);
-        let conversation = run.conversation();
+        let compaction = run.compactions.iter().rfind(|c| (c.to_seq as usize) < cut);
+        let conversation = run.view(compaction, cut);
         let built = build(
             &run.params,
             &conversation,

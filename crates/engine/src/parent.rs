@@ -18,6 +18,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::batch::SubmittedBatch;
+use crate::compact::too_long;
 use crate::error::{EngineError, Result};
 use crate::model::{ModelCall, PrefixEnd};
 use crate::run::Raced;
@@ -610,7 +611,7 @@ impl Engine {
         let mut view = self.parent_view(session).await?;
         // The main loop's request is the session's transcript: its counts are kept.
         let mut input_tokens = self.view_tokens(session, &view).await?;
-        if self.needs_compaction(session, input_tokens) {
+        if self.needs_compaction(&session.params, input_tokens) {
             match self.compact(session, parent, lease, turn, None).await {
                 Ok(_) => {
                     view = self.parent_view(session).await?;
@@ -681,19 +682,6 @@ impl Engine {
             .await?;
         Ok(answer.completion)
     }
-}
-
-/// The provider's "prompt is too long", saying what forkd did about it.
-fn too_long(e: &forkd_provider::ProviderError, what: &str) -> EngineError {
-    let message = match e {
-        forkd_provider::ProviderError::Status { message, .. } => message.clone(),
-        other => other.to_string(),
-    };
-    EngineError::Provider(forkd_provider::ProviderError::Status {
-        status: 400,
-        message: format!("{message} ({what})"),
-        retry_after: None,
-    })
 }
 
 async fn send(events: &Events, event: ParentEvent) {

@@ -14,14 +14,14 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use lifecycle::{KILLED, Queued, Raced};
-pub(crate) use load::{BatchCache, BatchContext};
+pub(crate) use load::{AgentRun, BatchCache, BatchContext, Shape};
 
 use crate::Engine;
 use crate::batch::WarmupGate;
+use crate::compact::too_long;
 use crate::error::EngineError;
-use crate::model::{ModelCall, PrefixEnd};
+use crate::model::{Answer, ModelCall, PrefixEnd};
 use crate::tools::ToolTurn;
-use load::Shape;
 
 /// Why a run ended without completing.
 #[derive(Debug, thiserror::Error)]
@@ -138,7 +138,6 @@ impl Engine {
         cancel: &CancellationToken,
     ) -> Result<String, RunFailure> {
         let mut run = self.load_run(lease.agent_id).await?;
-        let directive_pos = run.directive_pos();
         let max_turns = self.config().max_turns;
         // Turns already taken (a later run of the same agent continues the count).
         let mut turn = run.own.iter().filter(|m| m.role == Role::Assistant).count() as u32;
@@ -175,31 +174,7 @@ impl Engine {
             }
             self.check_budgets(run.agent.session_id, run.agent.batch_id)
                 .await?;
-            let conv = run.conversation();
-            let input_tokens = match &run.shape {
-                Shape::Fork { ctx } => Some(
-                    self.fork_child_tokens(ctx, &run.directive, &run.own)
-                        .await?,
-                ),
-                Shape::Typed => None,
-            };
-            let call = ModelCall {
-                agent: &run.agent,
-                turn,
-                params: &run.params,
-                conversation: &conv,
-                prefix: PrefixEnd::Before(directive_pos),
-                input_tokens,
-            };
-            let answer = self
-                .call_model(call, &mut |event| {
-                    if matches!(event, StreamEvent::MessageStart { .. })
-                        && let Some(g) = gate.as_mut()
-                    {
-                        g.open();
-                    }
-                })
-                .await?;
+            let answer = self.next_request(&mut run, lease, turn, gate).await?;
             self.append_own(lease, &answer.completion.message).await?;
             if turn == 0
                 && let Shape::Fork { ctx } = &run.shape
@@ -209,6 +184,66 @@ impl Engine {
             run.own.push(answer.completion.message);
             turn += 1;
         }
+    }
+
+    /// The agent's next model request. Past the compaction threshold the agent compacts its own
+    /// part first; a provider that finds the prompt too long (its count is not forkd's) makes it
+    /// compact and ask once more.
+    async fn next_request(
+        &self,
+        run: &mut AgentRun,
+        lease: &Lease,
+        turn: u32,
+        gate: &mut Option<WarmupGate>,
+    ) -> Result<Answer, EngineError> {
+        let counted = self
+            .compact_agent_if_needed(run, lease, turn, &mut opens(gate))
+            .await?;
+        let e = match self.agent_request(run, turn, counted, gate).await {
+            Err(EngineError::Provider(e)) if e.is_prompt_too_long() => e,
+            other => return other,
+        };
+        tracing::warn!(error = %e, "The provider says the agent's prompt is too long; compacting");
+        match self.compact_agent(run, lease, turn, &mut opens(gate)).await {
+            Ok(_) => {}
+            Err(EngineError::WrongState(why)) => {
+                return Err(too_long(&e, &format!("and it cannot be compacted: {why}")));
+            }
+            Err(other) => return Err(other),
+        }
+        let counted = self.agent_tokens(run).await?;
+        self.agent_request(run, turn, counted, gate)
+            .await
+            .map_err(|again| match again {
+                EngineError::Provider(e) if e.is_prompt_too_long() => {
+                    too_long(&e, "even after the agent's transcript was compacted")
+                }
+                other => other,
+            })
+    }
+
+    /// One model request of an agent on its conversation from its latest boundary; `counted`
+    /// is its input tokens from the counts kept (a typed agent's body is counted instead).
+    async fn agent_request(
+        &self,
+        run: &AgentRun,
+        turn: u32,
+        counted: u64,
+        gate: &mut Option<WarmupGate>,
+    ) -> Result<Answer, EngineError> {
+        let conversation = run.conversation();
+        let call = ModelCall {
+            agent: &run.agent,
+            turn,
+            params: &run.params,
+            conversation: &conversation,
+            prefix: PrefixEnd::Before(run.directive_pos()),
+            input_tokens: match run.shape {
+                Shape::Fork { .. } => Some(counted),
+                Shape::Typed => None,
+            },
+        };
+        self.call_model(call, &mut opens(gate)).await
     }
 
     /// A fork child's first request against its batch's first one: a different prefix is
@@ -238,6 +273,18 @@ impl Engine {
         }
         if let Some(first) = first.filter(|f| f.agent_id != record.agent_id) {
             self.compare_prefix(&first, record);
+        }
+    }
+}
+
+/// What an agent's requests stream to: its warm-up gate, if it holds one, opens at the first
+/// `MessageStart` (a compaction's request warms the shared prefix as well as a turn's).
+fn opens(gate: &mut Option<WarmupGate>) -> impl FnMut(&StreamEvent) + Send + '_ {
+    move |event| {
+        if matches!(event, StreamEvent::MessageStart { .. })
+            && let Some(g) = gate.as_mut()
+        {
+            g.open();
         }
     }
 }

@@ -238,7 +238,8 @@ impl Engine {
     }
 
     /// The input tokens of a fork child's next request, from the counts kept for its parent's
-    /// history: the shared blocks, its directive and its own messages are all that is counted.
+    /// history: the shared blocks, its directive and `own` (its own messages, from its latest
+    /// compaction boundary) are all that is counted.
     pub(crate) async fn fork_child_tokens(
         &self,
         ctx: &BatchContext,
@@ -306,7 +307,7 @@ impl Engine {
 
 /// The tokens of a request's tools and system prompt: a request with one empty text message,
 /// less that message.
-fn head_tokens(params: &CacheSafeParams) -> Result<u64> {
+pub(crate) fn head_tokens(params: &CacheSafeParams) -> Result<u64> {
     let probe = Message::user(vec![Block::text("")]);
     let probe_tokens = message_tokens(&probe);
     let body = request::serialize(params, &Conversation::plain(vec![probe]), false).body;

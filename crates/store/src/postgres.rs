@@ -358,6 +358,27 @@ impl Store for PgStore {
         db(async move { compactions::list(&self.pool, session).await }.await)
     }
 
+    async fn append_agent_compaction(
+        &self,
+        lease: &Lease,
+        compaction: &forkd_core::compaction::Compaction,
+    ) -> StoreResult<()> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            compactions::append_agent(&mut tx, lease, compaction).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await)
+    }
+
+    async fn agent_compactions(
+        &self,
+        agent: AgentId,
+    ) -> StoreResult<Vec<forkd_core::compaction::Compaction>> {
+        db(async move { compactions::list_agent(&self.pool, agent).await }.await)
+    }
+
     async fn pending_reply(&self, session: SessionId) -> StoreResult<Option<Message>> {
         db(async move { pending::get(&self.pool, session).await }.await)
     }

@@ -512,6 +512,27 @@ impl Store for SqliteStore {
         db(async move { compactions::list(&self.reader, session).await }.await)
     }
 
+    async fn append_agent_compaction(
+        &self,
+        lease: &Lease,
+        compaction: &forkd_core::compaction::Compaction,
+    ) -> StoreResult<()> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            compactions::append_agent(&mut tx, lease, compaction).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await)
+    }
+
+    async fn agent_compactions(
+        &self,
+        agent: AgentId,
+    ) -> StoreResult<Vec<forkd_core::compaction::Compaction>> {
+        db(async move { compactions::list_agent(&self.reader, agent).await }.await)
+    }
+
     async fn pending_reply(&self, session: SessionId) -> StoreResult<Option<Message>> {
         db(async move { pending::get(&self.reader, session).await }.await)
     }

@@ -1,17 +1,20 @@
 //! Compaction boundaries on both backends: stored under the main loop's lease, only before an
 //! assistant message and past the previous boundary, read back oldest first with the summary's
-//! exact bytes; a batch keeps the boundary it was forked after.
+//! exact bytes; a batch keeps the boundary it was forked after; an agent's own boundaries (a
+//! fork child's, a typed agent's) are kept per agent, under its lease, apart from the
+//! session's.
 
 mod support;
 
 use forkd_core::compaction::{Compaction, summary_message};
-use forkd_core::{Agent, AgentId, AgentKind, AgentState, ReportTo, Usage};
+use forkd_core::{Agent, AgentId, AgentKind, AgentState, Block, Message, ReportTo, Usage};
 use forkd_store::StoreError;
 use support::{TestResult, TestStore, conformance, fork, history, session};
 
 conformance!(
     boundaries_are_checked_and_read_back_in_order,
-    a_batch_keeps_its_boundary
+    a_batch_keeps_its_boundary,
+    an_agents_boundaries_are_its_own
 );
 
 /// A session with the test history (assistant messages at 1 and 3) and its main loop, claimed.
@@ -99,5 +102,69 @@ async fn a_batch_keeps_its_boundary(store: TestStore) -> TestResult {
     let stored = store.get_batch(fx.batch.id).await?.ok_or("no batch")?;
     assert_eq!(stored.compacted_to, Some(3));
     assert_eq!(stored, fx.batch);
+    Ok(())
+}
+
+async fn an_agents_boundaries_are_its_own(store: TestStore) -> TestResult {
+    let (session, parent) = main_loop(&store).await?;
+    let fx = fork(&session, 4, 2)?;
+    store
+        .create_fork_batch(
+            &fx.batch,
+            std::slice::from_ref(&fx.parent_results),
+            &fx.children,
+            &forkd_store::BatchExtras::default(),
+        )
+        .await?;
+    let (one, two) = (fx.children[0].agent.id, fx.children[1].agent.id);
+    let lease = store.claim_agent(one).await?;
+    // The child's own transcript: replies at 0, 2 and 4, tool results between them.
+    for i in 0..5 {
+        let text = format!("own {i}");
+        let message = if i % 2 == 0 {
+            Message::assistant(vec![Block::text(&text)])
+        } else {
+            Message::user(vec![Block::text(&text)])
+        };
+        store.append_agent_message(&lease, &message).await?;
+    }
+    let conflict = |r: Result<(), StoreError>| matches!(r, Err(StoreError::Conflict(_)));
+    // Before a user message, or a message the agent does not have: refused.
+    assert!(conflict(
+        store
+            .append_agent_compaction(&lease, &boundary(0, 1, "x"))
+            .await
+    ));
+    assert!(conflict(
+        store
+            .append_agent_compaction(&lease, &boundary(0, 9, "x"))
+            .await
+    ));
+    let first = boundary(0, 2, "the child's «first» 🚀");
+    store.append_agent_compaction(&lease, &first).await?;
+    assert!(conflict(
+        store.append_agent_compaction(&lease, &first).await
+    ));
+    let second = boundary(2, 4, "the child's second");
+    store.append_agent_compaction(&lease, &second).await?;
+    assert_eq!(store.agent_compactions(one).await?, vec![first, second]);
+    // Its sibling and its session have none of them.
+    assert!(store.agent_compactions(two).await?.is_empty());
+    assert!(store.compactions(session.id).await?.is_empty());
+    // The session's main loop's lease names the main loop: its boundaries go to the session.
+    assert!(conflict(
+        store
+            .append_agent_compaction(&parent, &boundary(0, 2, "not the parent's"))
+            .await
+    ));
+    // A superseded lease writes nothing.
+    store.claim_agent(one).await?;
+    assert!(matches!(
+        store
+            .append_agent_compaction(&lease, &boundary(4, 4, "stale"))
+            .await,
+        Err(StoreError::Superseded { .. })
+    ));
+    assert_eq!(store.agent_compactions(one).await?.len(), 2);
     Ok(())
 }

@@ -1,10 +1,11 @@
 //! What a run needs, loaded from the store: the agent, its params, what its conversation shares
-//! with its siblings (a batch's prefix, loaded once and shared by reference), its directive and
-//! its own messages.
+//! with its siblings (a batch's prefix, loaded once and shared by reference), its directive, its
+//! own messages and the compaction boundaries among them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
+use forkd_core::compaction::{self, Compaction};
 use forkd_core::fork::ForkBatch;
 use forkd_core::request::{BlockPos, Conversation};
 use forkd_core::session::{CacheSafeParams, PermissionMode, Session};
@@ -46,23 +47,51 @@ pub(crate) struct AgentRun {
     pub(crate) permission_mode: PermissionMode,
     pub(crate) shape: Shape,
     pub(crate) directive: Block,
+    /// All of the agent's own messages: a compaction deletes none.
     pub(crate) own: Vec<Message>,
+    /// The compaction boundaries of its own messages, oldest first.
+    pub(crate) compactions: Vec<Compaction>,
+    /// A typed agent's tools and system prompt in tokens, counted at its first request.
+    pub(crate) head_tokens: std::sync::OnceLock<u64>,
 }
 
 impl AgentRun {
+    /// The conversation of the agent's next request: its view from its latest boundary.
     pub(crate) fn conversation(&self) -> Conversation {
-        match &self.shape {
-            Shape::Fork { ctx } => {
-                ctx.batch
-                    .child_conversation(&ctx.history, &self.directive, &self.own)
-            }
+        self.view(self.compactions.last(), self.own.len())
+    }
+
+    /// The latest boundary and the own messages the next request carries: those from it on, or
+    /// all of them.
+    pub(crate) fn view_parts(&self) -> (Option<&Compaction>, &[Message]) {
+        let latest = self.compactions.last();
+        (latest, &self.own[own_from(latest, self.own.len())..])
+    }
+
+    /// The conversation of a request on the agent's first `upto` own messages as `compaction`
+    /// left them: its first message (the fork message, or a typed agent's prompt) whole with
+    /// the summary's blocks after its own, then the own messages from the boundary; without a
+    /// compaction, all of them.
+    pub(crate) fn view(&self, compaction: Option<&Compaction>, upto: usize) -> Conversation {
+        let upto = upto.min(self.own.len());
+        let own = &self.own[own_from(compaction, upto)..upto];
+        let mut conversation = match &self.shape {
+            Shape::Fork { ctx } => ctx
+                .batch
+                .child_conversation(&ctx.history, &self.directive, own),
             Shape::Typed => {
-                let mut messages = Vec::with_capacity(1 + self.own.len());
+                let mut messages = Vec::with_capacity(1 + own.len());
                 messages.push(Message::user(vec![self.directive.clone()]));
-                messages.extend_from_slice(&self.own);
+                messages.extend_from_slice(own);
                 Conversation::plain(messages)
             }
+        };
+        if let Some(c) = compaction
+            && let Some(first) = conversation.messages.get_mut(self.directive_pos().message)
+        {
+            compaction::append_summary(first, &c.summary);
         }
+        conversation
     }
 
     /// The agent's own first block: request fingerprints cover everything before it.
@@ -75,6 +104,13 @@ impl AgentRun {
             },
         }
     }
+}
+
+/// Where the own messages after `compaction` start, within the first `upto`.
+fn own_from(compaction: Option<&Compaction>, upto: usize) -> usize {
+    compaction
+        .map_or(0, |c| usize::try_from(c.to_seq).unwrap_or(usize::MAX))
+        .min(upto)
 }
 
 impl Engine {
@@ -142,6 +178,7 @@ impl Engine {
             .into_iter()
             .map(|m| m.message)
             .collect();
+        let compactions = store.agent_compactions(id).await?;
         let (session, params, permission_mode, shape) = match agent.kind {
             AgentKind::Fork => {
                 let ctx = self.batch_context(&agent).await?;
@@ -182,6 +219,8 @@ impl Engine {
             shape,
             directive,
             own,
+            compactions,
+            head_tokens: std::sync::OnceLock::new(),
         })
     }
 }

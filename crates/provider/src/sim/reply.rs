@@ -49,10 +49,41 @@ fn text_blocks(message: &SimMessage) -> impl DoubleEndedIterator<Item = &str> {
 struct Located<'a> {
     /// The user message S that holds it; steps are counted from there.
     message: Option<usize>,
-    /// The text block holding the script: the directive.
+    /// The text block holding the script: the directive (a compaction summary's copy of it).
     directive: &'a str,
     /// Whether the directive holds `@sim` lines.
     scripted: bool,
+    /// Steps of the script taken before S: those a compaction summary stands for (0 for a
+    /// script the user wrote).
+    steps_before: usize,
+}
+
+/// The header before the script in progress in a summary: the script follows it verbatim.
+const IN_PROGRESS: &str = "In progress, the latest request as the user wrote it";
+
+/// The script in progress that a summary text carries, and how many of its steps the messages
+/// it replaced had taken: `(steps, script)`. `None` for a text that is not a summary with one.
+fn summarized_script(text: &str) -> Option<(usize, &str)> {
+    let text = text.trim_start();
+    if !text.starts_with(SUMMARY_OPEN) {
+        return None;
+    }
+    let at = text.find(IN_PROGRESS)?;
+    let rest = &text[at + IN_PROGRESS.len()..];
+    let (header, script) = rest.split_once('\n')?;
+    // ", N of its steps taken:" (a summary written before steps were kept says ":" alone).
+    let steps = header
+        .trim_start_matches(',')
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    let script = script
+        .trim_end()
+        .strip_suffix(SUMMARY_CLOSE)
+        .unwrap_or(script)
+        .trim_end();
+    Some((steps, script))
 }
 
 /// The latest user text block with an `@sim` line holds the script; a fork child never reads past
@@ -69,10 +100,14 @@ fn locate(messages: &[SimMessage]) -> Located<'_> {
     };
     for (i, message) in users() {
         if let Some(text) = text_blocks(message).rev().find(|t| script::has_script(t)) {
+            // A compaction summary carries the script in progress and the steps it had taken,
+            // so the script goes on where it was, not from its start.
+            let (steps_before, directive) = summarized_script(text).unwrap_or((0, text));
             return Located {
                 message: Some(i),
-                directive: text,
+                directive,
                 scripted: true,
+                steps_before,
             };
         }
         if text_blocks(message).any(|t| t.trim_start().starts_with(&boilerplate)) {
@@ -84,7 +119,16 @@ fn locate(messages: &[SimMessage]) -> Located<'_> {
         message: latest.map(|(i, _)| i),
         directive: latest.map_or("", |(_, t)| t),
         scripted: false,
+        steps_before: 0,
     }
+}
+
+/// The steps of the located script taken so far: those before S and the replies after it.
+fn steps_taken(messages: &[SimMessage], located: &Located<'_>) -> usize {
+    let after = located
+        .message
+        .map_or(&messages[messages.len()..], |s| &messages[s + 1..]);
+    located.steps_before + after.iter().filter(|m| m.role == Role::Assistant).count()
 }
 
 /// A tool_use id that depends only on the script, the step and the call's place in the turn, so
@@ -100,9 +144,14 @@ fn tool_id(script_text: &str, step: usize, index: usize) -> String {
 /// The opening of forkd's compaction instruction (`forkd_core::compaction::INSTRUCTION`).
 const COMPACTION_REQUEST: &str = "<compaction-request>";
 
+/// The opening and the end of forkd's summary message (`forkd_core::compaction::SUMMARY_TAG`).
+const SUMMARY_OPEN: &str = "<compaction-summary>";
+const SUMMARY_CLOSE: &str = "</compaction-summary>";
+
 /// A compaction request — the last user message ends with the instruction — gets what a model
 /// asked for a summary writes: one line per user request of the conversation, oldest first, so
-/// a summary of a summary keeps what came before.
+/// a summary of a summary keeps what came before; then the script in progress, verbatim, with
+/// the number of its steps taken (a model's summary says how far the task has got).
 fn summary(messages: &[SimMessage]) -> Option<Reply> {
     let last = messages.last().filter(|m| m.role == Role::User)?;
     if !text_blocks(last)
@@ -111,14 +160,15 @@ fn summary(messages: &[SimMessage]) -> Option<Reply> {
     {
         return None;
     }
+    let boilerplate = format!("<{BOILERPLATE_TAG}>");
     let mut lines = Vec::new();
     for m in messages.iter().filter(|m| m.role == Role::User) {
         for text in text_blocks(m) {
             let text = text.trim_start();
-            if text.starts_with(COMPACTION_REQUEST) {
+            if text.starts_with(COMPACTION_REQUEST) || text.starts_with(&boilerplate) {
                 continue;
             }
-            if text.starts_with("<compaction-summary>") {
+            if text.starts_with(SUMMARY_OPEN) {
                 // The earlier summary's lines, kept as they are.
                 lines.extend(
                     text.lines()
@@ -135,7 +185,8 @@ fn summary(messages: &[SimMessage]) -> Option<Reply> {
     // carries on with the task its summary describes.
     let latest = locate(messages);
     if latest.scripted {
-        text.push_str("\n\nIn progress, the latest request as the user wrote it:\n");
+        let steps = steps_taken(messages, &latest);
+        text.push_str(&format!("\n\n{IN_PROGRESS}, {steps} of its steps taken:\n"));
         text.push_str(latest.directive);
     }
     Some(Reply {
@@ -151,15 +202,17 @@ pub(crate) fn reply(messages: &[SimMessage]) -> Reply {
     if let Some(summary) = summary(messages) {
         return summary;
     }
+    let located = locate(messages);
+    // The messages after S: their assistant turns are the steps taken (after those a summary
+    // stands for), their tool calls the files the report lists.
+    let step = steps_taken(messages, &located);
     let Located {
         message,
         directive,
         scripted,
-    } = locate(messages);
-    // The messages after S: their assistant turns are the steps taken, their tool calls the
-    // files the report lists.
+        ..
+    } = located;
     let after = message.map_or(&messages[messages.len()..], |s| &messages[s + 1..]);
-    let step = after.iter().filter(|m| m.role == Role::Assistant).count();
     let script_key: [u8; 32] = Sha256::digest(directive.as_bytes()).into();
     let parsed = if scripted {
         script::parse(directive)
@@ -259,4 +312,135 @@ fn report(directive: &str, result: &str, after: &[SimMessage], issues: &str) -> 
         list(&read),
         list(&changed),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Arc;
+
+    use forkd_core::compaction::{INSTRUCTION, SUMMARY_TAG, summary_message};
+    use serde_json::json;
+
+    use super::*;
+
+    const SCRIPT: &str = "Read three files.\n@sim tool Read {\"file_path\":\"a\"}\n\
+        @sim think next\n@sim tool Read {\"file_path\":\"b\"}\n@sim think last\n\
+        @sim tool Read {\"file_path\":\"c\"}\n@sim say read";
+
+    fn text(t: &str) -> Arc<Value> {
+        Arc::new(json!({"type": "text", "text": t}))
+    }
+
+    fn user(blocks: Vec<Arc<Value>>) -> SimMessage {
+        SimMessage {
+            role: Role::User,
+            blocks,
+        }
+    }
+
+    fn reply_message(reply: &Reply) -> SimMessage {
+        let blocks = reply
+            .blocks
+            .iter()
+            .map(|b| match b {
+                OutBlock::ToolUse { id, name, input } => Arc::new(json!({
+                    "type": "tool_use", "id": id, "name": name,
+                    "input": serde_json::from_str::<Value>(input).unwrap(),
+                })),
+                OutBlock::Text(t) => text(t),
+                OutBlock::Thinking(t) => Arc::new(json!({"type": "thinking", "thinking": t})),
+            })
+            .collect();
+        SimMessage {
+            role: Role::Assistant,
+            blocks,
+        }
+    }
+
+    fn result(id: &str) -> SimMessage {
+        user(vec![Arc::new(
+            json!({"type": "tool_result", "tool_use_id": id, "content": "x"}),
+        )])
+    }
+
+    fn first_tool(reply: &Reply) -> (String, String) {
+        reply
+            .blocks
+            .iter()
+            .find_map(|b| match b {
+                OutBlock::ToolUse { id, input, .. } => Some((id.clone(), input.clone())),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("not a tool call: {reply:?}"))
+    }
+
+    #[test]
+    fn the_summary_tags_are_cores() {
+        assert_eq!(SUMMARY_OPEN, format!("<{SUMMARY_TAG}>"));
+        assert_eq!(SUMMARY_CLOSE, format!("</{SUMMARY_TAG}>"));
+        assert!(INSTRUCTION.starts_with(COMPACTION_REQUEST));
+    }
+
+    /// A script cut by a compaction goes on at the step it had reached: the summary says how
+    /// many steps were taken, and the steps after it add to those.
+    #[test]
+    fn a_compacted_script_goes_on_where_it_was() {
+        // Two steps taken: [script, A0, R0, A1, R1].
+        let mut convo = vec![user(vec![text(SCRIPT)])];
+        for _ in 0..2 {
+            let r = reply(&convo);
+            let (id, _) = first_tool(&r);
+            convo.push(reply_message(&r));
+            convo.push(result(&id));
+        }
+        let whole = reply(&convo);
+        assert_eq!(first_tool(&whole).1, r#"{"file_path":"c"}"#);
+
+        // The boundary goes before A1: the summary request is [script, A0, R0 + instruction].
+        let mut request = convo[..3].to_vec();
+        request[2].blocks.push(text(INSTRUCTION));
+        let summary = reply(&request);
+        let OutBlock::Text(written) = &summary.blocks[0] else {
+            panic!("{summary:?}")
+        };
+        assert!(written.contains("1 of its steps taken"), "{written}");
+        assert!(written.contains(SCRIPT), "{written}");
+
+        // After it, the agent's first message keeps its blocks and the summary's follow them.
+        let stored = summary_message(written);
+        let summary_text = stored.blocks[0].as_text().unwrap().to_owned();
+        let mut compacted = vec![user(vec![text(SCRIPT), text(&summary_text)])];
+        compacted.extend_from_slice(&convo[3..]);
+        let after = reply(&compacted);
+        assert_eq!(
+            first_tool(&after),
+            first_tool(&whole),
+            "the same third step, with the same id"
+        );
+
+        // And a summary of that summary still counts from the start.
+        let mut again = compacted.clone();
+        again.push(reply_message(&after));
+        let (id, _) = first_tool(&after);
+        again.push(result(&id));
+        let mut request = again[..3].to_vec();
+        request[2].blocks.push(text(INSTRUCTION));
+        let OutBlock::Text(second) = &reply(&request).blocks[0] else {
+            panic!()
+        };
+        assert!(second.contains("2 of its steps taken"), "{second}");
+        let second = summary_message(second).blocks[0]
+            .as_text()
+            .unwrap()
+            .to_owned();
+        let mut last = vec![user(vec![text(SCRIPT), text(&second)])];
+        last.extend_from_slice(&again[3..]);
+        let done = reply(&last);
+        assert_eq!(
+            done.stop_reason, "end_turn",
+            "all three steps taken: {done:?}"
+        );
+    }
 }

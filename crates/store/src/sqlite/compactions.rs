@@ -1,12 +1,15 @@
-//! Compaction boundaries of sessions' transcripts (see `forkd_core::compaction`).
+//! Compaction boundaries of sessions' transcripts and of agents' own (see
+//! `forkd_core::compaction`).
 
-use forkd_core::SessionId;
 use forkd_core::compaction::Compaction;
+use forkd_core::{AgentId, SessionId};
 use sqlx::{SqliteConnection, SqlitePool};
 
 use super::agents;
 use crate::error::Result;
-use crate::rows::compactions::{CompactionRow, INSERT_COMPACTION, compaction_columns, refusal};
+use crate::rows::compactions::{
+    CompactionRow, INSERT_AGENT_COMPACTION, INSERT_COMPACTION, compaction_columns, refusal,
+};
 use crate::rows::convert::to_i64;
 use crate::{DbError, Lease, StoreError};
 
@@ -30,7 +33,8 @@ pub(super) async fn append(
             .bind(&session_id)
             .fetch_one(&mut *conn)
             .await?;
-    if let Some(why) = refusal(&session_id, to_seq, role.as_deref(), last) {
+    let owner = format!("session {session_id}");
+    if let Some(why) = refusal(&owner, to_seq, role.as_deref(), last) {
         return Err(DbError::Store(StoreError::Conflict(why)));
     }
     sqlx::query(INSERT_COMPACTION)
@@ -51,6 +55,53 @@ pub(super) async fn list(pool: &SqlitePool, session: SessionId) -> Result<Vec<Co
         " FROM compactions WHERE session_id = ? ORDER BY to_seq"
     ))
     .bind(session.to_string())
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter().map(Compaction::try_from).collect()
+}
+
+/// Stores a boundary of the leased agent's own transcript.
+pub(super) async fn append_agent(
+    conn: &mut SqliteConnection,
+    lease: &Lease,
+    c: &Compaction,
+) -> Result<()> {
+    agents::check_lease(conn, lease).await?;
+    let agent_id = lease.agent_id.to_string();
+    let to_seq = to_i64(c.to_seq, "to_seq")?;
+    let role: Option<String> =
+        sqlx::query_scalar("SELECT role FROM agent_messages WHERE agent_id = ? AND seq = ?")
+            .bind(&agent_id)
+            .bind(to_seq)
+            .fetch_optional(&mut *conn)
+            .await?;
+    let last: Option<i64> =
+        sqlx::query_scalar("SELECT MAX(to_seq) FROM agent_compactions WHERE agent_id = ?")
+            .bind(&agent_id)
+            .fetch_one(&mut *conn)
+            .await?;
+    let owner = format!("agent {agent_id}");
+    if let Some(why) = refusal(&owner, to_seq, role.as_deref(), last) {
+        return Err(DbError::Store(StoreError::Conflict(why)));
+    }
+    sqlx::query(INSERT_AGENT_COMPACTION)
+        .bind(&agent_id)
+        .bind(to_seq)
+        .bind(to_i64(c.from_seq, "from_seq")?)
+        .bind(c.summary.content_json())
+        .bind(c.created_at_ms)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+pub(super) async fn list_agent(pool: &SqlitePool, agent: AgentId) -> Result<Vec<Compaction>> {
+    let rows: Vec<CompactionRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        compaction_columns!(),
+        " FROM agent_compactions WHERE agent_id = ? ORDER BY to_seq"
+    ))
+    .bind(agent.to_string())
     .fetch_all(pool)
     .await?;
     rows.into_iter().map(Compaction::try_from).collect()
