@@ -2,7 +2,7 @@
 //! (`agent_compactions`), which share their columns besides the owner's id.
 
 use forkd_core::compaction::Compaction;
-use forkd_core::{Message, Role};
+use forkd_core::{AgentId, Message, Role, SessionId};
 
 use super::convert::{corrupt, from_i64};
 use crate::error::Result;
@@ -21,15 +21,81 @@ macro_rules! compaction_columns {
         "to_seq, from_seq, summary_json, created_at_ms"
     };
 }
-pub(crate) use compaction_columns;
 
-/// Inserts a boundary: session id, `to_seq`, `from_seq`, the summary's bytes, the time.
-pub(crate) const INSERT_COMPACTION: &str = "INSERT INTO compactions (session_id, to_seq, \
-     from_seq, summary_json, created_at_ms) VALUES ($1, $2, $3, $4, $5)";
+/// Whose transcript a boundary cuts: a session's (its main loop's) or an agent's own. Each names
+/// the statements that read and write its boundaries, with `$N` placeholders (which SQLite reads
+/// as PostgreSQL does).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Transcript {
+    Session(SessionId),
+    Agent(AgentId),
+}
 
-/// Inserts an agent's boundary: agent id, `to_seq`, `from_seq`, the summary's bytes, the time.
-pub(crate) const INSERT_AGENT_COMPACTION: &str = "INSERT INTO agent_compactions (agent_id, \
-     to_seq, from_seq, summary_json, created_at_ms) VALUES ($1, $2, $3, $4, $5)";
+impl Transcript {
+    /// The owner's id, as its rows store it.
+    pub(crate) fn key(self) -> String {
+        match self {
+            Self::Session(id) => id.to_string(),
+            Self::Agent(id) => id.to_string(),
+        }
+    }
+
+    /// The owner in words ("session ID", "agent ID"), for refusals.
+    pub(crate) fn owner(self) -> String {
+        match self {
+            Self::Session(id) => format!("session {id}"),
+            Self::Agent(id) => format!("agent {id}"),
+        }
+    }
+
+    /// The role of the owner's message `$2` (`$1`: the owner's id).
+    pub(crate) fn role_at(self) -> &'static str {
+        match self {
+            Self::Session(_) => {
+                "SELECT role FROM session_messages WHERE session_id = $1 AND seq = $2"
+            }
+            Self::Agent(_) => "SELECT role FROM agent_messages WHERE agent_id = $1 AND seq = $2",
+        }
+    }
+
+    /// The owner's last boundary's `to_seq`, NULL when none.
+    pub(crate) fn last(self) -> &'static str {
+        match self {
+            Self::Session(_) => "SELECT MAX(to_seq) FROM compactions WHERE session_id = $1",
+            Self::Agent(_) => "SELECT MAX(to_seq) FROM agent_compactions WHERE agent_id = $1",
+        }
+    }
+
+    /// Inserts a boundary: the owner's id, `to_seq`, `from_seq`, the summary's bytes, the time.
+    pub(crate) fn insert(self) -> &'static str {
+        match self {
+            Self::Session(_) => {
+                "INSERT INTO compactions (session_id, to_seq, from_seq, summary_json, \
+                 created_at_ms) VALUES ($1, $2, $3, $4, $5)"
+            }
+            Self::Agent(_) => {
+                "INSERT INTO agent_compactions (agent_id, to_seq, from_seq, summary_json, \
+                 created_at_ms) VALUES ($1, $2, $3, $4, $5)"
+            }
+        }
+    }
+
+    /// The owner's boundaries in order (`$1`: the owner's id), as [`CompactionRow`]s.
+    pub(crate) fn list(self) -> &'static str {
+        match self {
+            Self::Session(_) => concat!(
+                "SELECT ",
+                compaction_columns!(),
+                " FROM compactions WHERE session_id = $1 ORDER BY to_seq"
+            ),
+            Self::Agent(_) => concat!(
+                "SELECT ",
+                compaction_columns!(),
+                " FROM agent_compactions WHERE agent_id = $1 ORDER BY to_seq"
+            ),
+        }
+    }
+}
 
 impl TryFrom<CompactionRow> for Compaction {
     type Error = crate::DbError;

@@ -7,9 +7,7 @@ use sqlx::{SqliteConnection, SqlitePool};
 
 use super::agents;
 use crate::error::Result;
-use crate::rows::compactions::{
-    CompactionRow, INSERT_AGENT_COMPACTION, INSERT_COMPACTION, compaction_columns, refusal,
-};
+use crate::rows::compactions::{CompactionRow, Transcript, refusal};
 use crate::rows::convert::to_i64;
 use crate::{DbError, Lease, StoreError};
 
@@ -20,25 +18,38 @@ pub(super) async fn append(
     c: &Compaction,
 ) -> Result<()> {
     agents::check_lease(conn, lease).await?;
-    let session_id = session.to_string();
+    cut(conn, Transcript::Session(session), c).await
+}
+
+/// Stores a boundary of the leased agent's own transcript.
+pub(super) async fn append_agent(
+    conn: &mut SqliteConnection,
+    lease: &Lease,
+    c: &Compaction,
+) -> Result<()> {
+    agents::check_lease(conn, lease).await?;
+    cut(conn, Transcript::Agent(lease.agent_id), c).await
+}
+
+/// Stores `c` in `transcript` unless it may not go there (`Conflict`): before an assistant
+/// message of the owner's, past its last boundary.
+async fn cut(conn: &mut SqliteConnection, transcript: Transcript, c: &Compaction) -> Result<()> {
+    let key = transcript.key();
     let to_seq = to_i64(c.to_seq, "to_seq")?;
-    let role: Option<String> =
-        sqlx::query_scalar("SELECT role FROM session_messages WHERE session_id = ? AND seq = ?")
-            .bind(&session_id)
-            .bind(to_seq)
-            .fetch_optional(&mut *conn)
-            .await?;
-    let last: Option<i64> =
-        sqlx::query_scalar("SELECT MAX(to_seq) FROM compactions WHERE session_id = ?")
-            .bind(&session_id)
-            .fetch_one(&mut *conn)
-            .await?;
-    let owner = format!("session {session_id}");
-    if let Some(why) = refusal(&owner, to_seq, role.as_deref(), last) {
+    let role: Option<String> = sqlx::query_scalar(transcript.role_at())
+        .bind(&key)
+        .bind(to_seq)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let last: Option<i64> = sqlx::query_scalar(transcript.last())
+        .bind(&key)
+        .fetch_one(&mut *conn)
+        .await?;
+    if let Some(why) = refusal(&transcript.owner(), to_seq, role.as_deref(), last) {
         return Err(DbError::Store(StoreError::Conflict(why)));
     }
-    sqlx::query(INSERT_COMPACTION)
-        .bind(&session_id)
+    sqlx::query(transcript.insert())
+        .bind(&key)
         .bind(to_seq)
         .bind(to_i64(c.from_seq, "from_seq")?)
         .bind(c.summary.content_json())
@@ -49,60 +60,17 @@ pub(super) async fn append(
 }
 
 pub(super) async fn list(pool: &SqlitePool, session: SessionId) -> Result<Vec<Compaction>> {
-    let rows: Vec<CompactionRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        compaction_columns!(),
-        " FROM compactions WHERE session_id = ? ORDER BY to_seq"
-    ))
-    .bind(session.to_string())
-    .fetch_all(pool)
-    .await?;
-    rows.into_iter().map(Compaction::try_from).collect()
-}
-
-/// Stores a boundary of the leased agent's own transcript.
-pub(super) async fn append_agent(
-    conn: &mut SqliteConnection,
-    lease: &Lease,
-    c: &Compaction,
-) -> Result<()> {
-    agents::check_lease(conn, lease).await?;
-    let agent_id = lease.agent_id.to_string();
-    let to_seq = to_i64(c.to_seq, "to_seq")?;
-    let role: Option<String> =
-        sqlx::query_scalar("SELECT role FROM agent_messages WHERE agent_id = ? AND seq = ?")
-            .bind(&agent_id)
-            .bind(to_seq)
-            .fetch_optional(&mut *conn)
-            .await?;
-    let last: Option<i64> =
-        sqlx::query_scalar("SELECT MAX(to_seq) FROM agent_compactions WHERE agent_id = ?")
-            .bind(&agent_id)
-            .fetch_one(&mut *conn)
-            .await?;
-    let owner = format!("agent {agent_id}");
-    if let Some(why) = refusal(&owner, to_seq, role.as_deref(), last) {
-        return Err(DbError::Store(StoreError::Conflict(why)));
-    }
-    sqlx::query(INSERT_AGENT_COMPACTION)
-        .bind(&agent_id)
-        .bind(to_seq)
-        .bind(to_i64(c.from_seq, "from_seq")?)
-        .bind(c.summary.content_json())
-        .bind(c.created_at_ms)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
+    list_of(pool, Transcript::Session(session)).await
 }
 
 pub(super) async fn list_agent(pool: &SqlitePool, agent: AgentId) -> Result<Vec<Compaction>> {
-    let rows: Vec<CompactionRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        compaction_columns!(),
-        " FROM agent_compactions WHERE agent_id = ? ORDER BY to_seq"
-    ))
-    .bind(agent.to_string())
-    .fetch_all(pool)
-    .await?;
+    list_of(pool, Transcript::Agent(agent)).await
+}
+
+async fn list_of(pool: &SqlitePool, transcript: Transcript) -> Result<Vec<Compaction>> {
+    let rows: Vec<CompactionRow> = sqlx::query_as(transcript.list())
+        .bind(transcript.key())
+        .fetch_all(pool)
+        .await?;
     rows.into_iter().map(Compaction::try_from).collect()
 }
