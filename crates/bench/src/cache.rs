@@ -189,8 +189,8 @@ impl Provider for LaunchTogether {
         .boxed()
     }
 
-    fn retries_before_first_event(&self) -> bool {
-        self.inner.retries_before_first_event()
+    fn credential(&self) -> forkd_provider::Credential {
+        self.inner.credential()
     }
 }
 

@@ -282,7 +282,10 @@ pub fn engine(store: &Arc<dyn Store>, provider: Arc<dyn Provider>) -> Engine {
 
 /// The sim at `speed` (0: instant), with a cache of its own.
 pub fn sim(speed: f64) -> Arc<dyn Provider> {
-    Arc::new(SimProvider::new(SimConfig { speed }))
+    Arc::new(SimProvider::new(SimConfig {
+        speed,
+        ..SimConfig::default()
+    }))
 }
 
 /// Opens a database file as the daemon does.

@@ -192,7 +192,10 @@ async fn rebuild(ctx: &Ctx, dir: &Path, corpus: &Corpus) -> anyhow::Result<Rebui
     // The sim at a tenth of the realistic pace: once to write the cache, once to time the
     // first event; its delays scale linearly with the speed, so ×10 is the realistic figure.
     const SPEED: f64 = 0.1;
-    let sim = SimProvider::new(SimConfig { speed: SPEED });
+    let sim = SimProvider::new(SimConfig {
+        speed: SPEED,
+        ..SimConfig::default()
+    });
     let request = ModelRequest {
         model,
         body: Arc::from(body),

@@ -314,7 +314,10 @@ async fn sim_server() -> anyhow::Result<String> {
     };
     tokio::spawn(forkd_sim_server::serve(
         listener,
-        SimProvider::new(SimConfig { speed: 0.0 }),
+        SimProvider::new(SimConfig {
+            speed: 0.0,
+            ..SimConfig::default()
+        }),
         config,
         std::future::pending(),
     ));

@@ -4,26 +4,6 @@ use std::time::Duration;
 
 use forkd_core::pricing::{DEFAULT_MODEL, Models};
 
-/// How model requests that failed with a retryable error are retried.
-#[derive(Debug, Clone)]
-pub struct RetryPolicy {
-    /// Attempts in all, the first included.
-    pub max_attempts: u32,
-    /// The first backoff; doubled on each retry, with jitter, capped at `max_delay`.
-    pub base_delay: Duration,
-    pub max_delay: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        Self {
-            max_attempts: 5,
-            base_delay: Duration::from_millis(500),
-            max_delay: Duration::from_secs(20),
-        }
-    }
-}
-
 /// The engine's settings.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -52,7 +32,8 @@ pub struct EngineConfig {
     pub models: Models,
     /// `max_tokens` of each request when the session sets none.
     pub default_max_tokens: u32,
-    pub retry: RetryPolicy,
+    /// When model requests may go, and how long a refused one keeps trying.
+    pub admission: crate::AdmissionConfig,
     /// Folders of custom agent type definitions (`$FORKD_HOME/agents`); a session's
     /// `<workspace>/.forkd/agents` is read after these and wins.
     pub agent_dirs: Vec<std::path::PathBuf>,
@@ -66,8 +47,6 @@ pub struct EngineConfig {
     /// The most agents running at once (`None`: no cap). The others wait as `pending`, and
     /// start in the order they were started.
     pub max_running_agents: Option<usize>,
-    /// The most model requests in flight at once (`None`: no cap); more wait their turn.
-    pub max_concurrent_requests: Option<usize>,
     /// The sandbox of sessions' Bash commands.
     pub sandbox: SandboxConfig,
     /// MCP servers: the operator's, and who may define their own.
@@ -89,7 +68,7 @@ impl Default for EngineConfig {
             default_model: DEFAULT_MODEL.to_owned(),
             models: Models::default(),
             default_max_tokens: 8192,
-            retry: RetryPolicy::default(),
+            admission: crate::AdmissionConfig::default(),
             agent_dirs: Vec::new(),
             auto_background: Some(Duration::from_secs(120)),
             fork_always_async: true,
@@ -97,7 +76,6 @@ impl Default for EngineConfig {
             sandbox: SandboxConfig::default(),
             mcp: crate::mcp::McpConfig::default(),
             max_running_agents: Some(256),
-            max_concurrent_requests: Some(64),
         }
     }
 }

@@ -4,6 +4,7 @@
 //! speaks SQL (the store does). Each agent run is one task with its own span, tracked by the
 //! engine's [`TaskTracker`] and stopped by its [`CancellationToken`].
 
+mod admission;
 pub mod agent_types;
 mod agents;
 mod attach;
@@ -40,10 +41,11 @@ use tokio::sync::{Mutex, broadcast};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use admission::{AdmissionConfig, Class};
 pub use agents::TranscriptEntry;
 pub use attach::{AgentEvent, AgentEventStream, auto_background};
 pub use batch::{BatchOptions, SubmittedBatch};
-pub use config::{EngineConfig, RetryPolicy, SandboxConfig};
+pub use config::{EngineConfig, SandboxConfig};
 pub use diagnose::{CacheExplanation, Divergence, first_differing_part};
 pub use error::EngineError;
 pub use forkd_provider::{FailureKind, ProviderError};
@@ -102,8 +104,10 @@ struct Inner {
     /// one (its dispatcher starts with the first run).
     run_slots: Option<Arc<tokio::sync::Semaphore>>,
     run_queue: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<run::Queued>>,
-    /// Slots for model requests in flight when their number is capped.
-    request_slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// When model requests may go, per credential and model, and what follows a refusal.
+    admission: admission::Admission,
+    /// Whose limits the provider's requests count against.
+    credential: forkd_provider::Credential,
     /// Session owners and per-key locks of idempotent calls.
     tenancy: tenancy::Tenancy,
     /// Token counts of transcripts, for the context-window checks.
@@ -135,7 +139,8 @@ impl Engine {
             inner: Arc::new(Inner {
                 run_slots: slots(config.max_running_agents),
                 run_queue: std::sync::OnceLock::new(),
-                request_slots: slots(config.max_concurrent_requests),
+                admission: admission::Admission::new(config.admission.clone()),
+                credential: provider.credential(),
                 store,
                 provider,
                 config,

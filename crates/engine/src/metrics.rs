@@ -20,6 +20,12 @@ pub const AGENTS: &str = "forkd_agents";
 pub const FIRST_TOKEN_SECONDS: &str = "forkd_model_first_token_seconds";
 pub const MCP_CALLS: &str = "forkd_mcp_calls_total";
 pub const MCP_CALL_SECONDS: &str = "forkd_mcp_call_seconds";
+pub const THROTTLED: &str = "forkd_provider_throttled_total";
+pub const THROTTLED_SECONDS: &str = "forkd_provider_throttled_seconds";
+pub const LIMITER_RATE: &str = "forkd_provider_limiter_rate";
+pub const LIMITER_CONCURRENCY: &str = "forkd_provider_limiter_concurrency";
+pub const LIMITER_IN_FLIGHT: &str = "forkd_provider_limiter_in_flight";
+pub const LIMITER_WAITING: &str = "forkd_provider_limiter_waiting";
 
 /// Describes every metric, and sets the counters that matter when they are zero (a divergence
 /// counter that is absent until the first divergence is hard to alert on).
@@ -75,7 +81,69 @@ pub fn describe() {
         "Stored agents by kind (parent, fork, typed) and state (pending, running, completed, \
          failed, killed), read from the database at each scrape"
     );
+    describe_counter!(
+        THROTTLED,
+        "Model requests the provider refused and forkd sent again, by provider, model and \
+         status (429, 529, 503, …, unreachable, stream)"
+    );
+    describe_histogram!(
+        THROTTLED_SECONDS,
+        Unit::Seconds,
+        "From a request's first refusal to its admission that succeeded, by provider and model"
+    );
+    describe_gauge!(
+        LIMITER_RATE,
+        "The refill rate per second the limiter learned from the provider's headers, by \
+         provider, model and limit (requests, tokens, input_tokens, output_tokens)"
+    );
+    describe_gauge!(
+        LIMITER_CONCURRENCY,
+        "The limiter's concurrency window (AIMD on overload), by provider and model"
+    );
+    describe_gauge!(
+        LIMITER_IN_FLIGHT,
+        "Model requests in flight, by provider and model"
+    );
+    describe_gauge!(
+        LIMITER_WAITING,
+        "Model requests waiting for admission, by provider and model"
+    );
     counter!(PREFIX_DIVERGENCES).absolute(0);
+}
+
+/// A refusal that the limiter answers by waiting and sending again.
+pub(crate) fn throttled(key: &crate::admission::LimitKey, status: String) {
+    counter!(THROTTLED, "provider" => key.credential.provider, "model" => key.model.clone(),
+        "status" => status)
+    .increment(1);
+}
+
+/// How long a request that was refused waited before it went through.
+pub(crate) fn throttle_wait(key: &crate::admission::LimitKey, waited: Duration) {
+    histogram!(THROTTLED_SECONDS, "provider" => key.credential.provider,
+        "model" => key.model.clone())
+    .record(waited.as_secs_f64());
+}
+
+/// The state of one key's limiter.
+pub(crate) fn limiter(
+    key: &crate::admission::LimitKey,
+    window: f64,
+    in_flight: usize,
+    waiting: usize,
+    rates: &[(&'static str, Option<f64>)],
+) {
+    let provider = key.credential.provider;
+    let model = || key.model.clone();
+    gauge!(LIMITER_CONCURRENCY, "provider" => provider, "model" => model()).set(window);
+    gauge!(LIMITER_IN_FLIGHT, "provider" => provider, "model" => model()).set(in_flight as f64);
+    gauge!(LIMITER_WAITING, "provider" => provider, "model" => model()).set(waiting as f64);
+    for (limit, rate) in rates {
+        if let Some(rate) = rate {
+            gauge!(LIMITER_RATE, "provider" => provider, "model" => model(), "limit" => *limit)
+                .set(*rate);
+        }
+    }
 }
 
 /// Sets how many stored agents of `kind` are in `state` (the metrics endpoint does, from the

@@ -1,6 +1,6 @@
 //! Model calls: the one pipeline every agent's request goes through — a fork child's, a typed
-//! agent's and a parent turn's. It builds the body, sends it with the one retry policy (jittered
-//! exponential backoff that honours `retry-after`, for what may succeed on a second try), and
+//! agent's and a parent turn's. It builds the body, sends it through the limiter of its
+//! credential and model (`admission`: when it may go, and what happens after a refusal), and
 //! records it: prefix parts and fingerprint, time to first token, cost, metrics.
 
 use std::time::Duration;
@@ -14,8 +14,9 @@ use forkd_provider::{Accumulator, Completion, ModelRequest, ProviderError, Strea
 use futures::StreamExt;
 use tracing::Instrument;
 
-use crate::error::Result;
-use crate::{Engine, RetryPolicy, now_ms};
+use crate::admission::{Class, Cost, LimitKey, Observer, Refused, Ticket};
+use crate::error::{EngineError, Result};
+use crate::{Engine, now_ms};
 
 /// A completed model request and how long it took, retries and their waits included.
 pub(crate) struct Timed {
@@ -116,8 +117,11 @@ impl Engine {
             body: body.body.into(),
         };
         let sent_at_ms = now_ms();
+        let ticket = self
+            .ticket(&call, &req, &prefix_fingerprint, prefix_end)
+            .await?;
         let timed = self
-            .request_with_retries(req, on_event)
+            .send(req, ticket, call.agent, &prefix_fingerprint, on_event)
             .instrument(span.clone())
             .await?;
         let completion = timed.completion;
@@ -157,13 +161,58 @@ impl Engine {
 }
 
 impl Engine {
-    /// Sends a request, retrying what may succeed on a second try (429, 529, 5xx, dropped
-    /// streams) with jittered exponential backoff that honours `retry-after`, and times it.
-    async fn request_with_retries(
+    /// The limit a request counts against.
+    fn limit_key(&self, model: &str) -> LimitKey {
+        LimitKey {
+            credential: self.inner.credential.clone(),
+            model: model.to_owned(),
+        }
+    }
+
+    /// What a request asks of its limiter: who sends it, how urgent it is, and what it costs —
+    /// its input tokens the cache will not serve, and its `max_tokens`.
+    async fn ticket(
+        &self,
+        call: &ModelCall<'_>,
+        req: &ModelRequest,
+        fingerprint: &str,
+        prefix_end: Option<usize>,
+    ) -> Result<Ticket> {
+        let tenant = self.session_owner(call.agent.session_id).await?;
+        let bytes = req.body.len().max(1) as u64;
+        // The counts the engine keeps, or about four bytes a token.
+        let total = call.input_tokens.unwrap_or(bytes / 4);
+        let prefix = prefix_end.map_or(0, |end| total.saturating_mul(end as u64) / bytes);
+        let uncached = self.inner.admission.uncached_estimate(
+            &self.limit_key(&req.model),
+            call.agent.id.as_uuid().as_u128(),
+            fingerprint,
+            total,
+            prefix,
+        );
+        Ok(Ticket {
+            tenant,
+            class: match call.agent.kind {
+                forkd_core::AgentKind::Parent => Class::Interactive,
+                forkd_core::AgentKind::Fork | forkd_core::AgentKind::Typed => Class::Batch,
+            },
+            cost: Cost {
+                input_tokens: uncached as f64,
+                output_tokens: f64::from(call.params.max_tokens),
+            },
+        })
+    }
+
+    /// Sends a request through its limiter — waiting for admission, and again after a refusal
+    /// while patience lasts — and times it.
+    async fn send(
         &self,
         req: ModelRequest,
+        ticket: Ticket,
+        agent: &Agent,
+        fingerprint: &str,
         on_event: &mut (dyn FnMut(&StreamEvent) + Send),
-    ) -> Result<Timed, ProviderError> {
+    ) -> Result<Timed> {
         let started = std::time::Instant::now();
         let mut first_token = None;
         let mut timing = |event: &StreamEvent| {
@@ -172,7 +221,25 @@ impl Engine {
             }
             on_event(event);
         };
-        let completion = self.request_attempts(req, &mut timing).await?;
+        let key = self.limit_key(&req.model);
+        let agent_key = agent.id.as_uuid().as_u128();
+        let mut attempts = self.inner.admission.request(&key, ticket);
+        let stop = &self.inner.draining;
+        let completion = loop {
+            let observer = attempts.admit(stop).await.map_err(refused)?;
+            let sent = Sent {
+                observer: &observer,
+                agent: agent_key,
+                fingerprint,
+            };
+            match self.request_once(req.clone(), &sent, &mut timing).await {
+                Ok(completion) => {
+                    attempts.succeeded();
+                    break completion;
+                }
+                Err(e) => attempts.failed(e, stop).await.map_err(refused)?,
+            }
+        };
         Ok(Timed {
             completion,
             took: started.elapsed(),
@@ -180,167 +247,46 @@ impl Engine {
         })
     }
 
-    async fn request_attempts(
-        &self,
-        req: ModelRequest,
-        on_event: &mut (dyn FnMut(&StreamEvent) + Send),
-    ) -> Result<Completion, ProviderError> {
-        let policy = &self.config().retry;
-        // A provider that retries before the first event has done so already: only a stream
-        // cut off after events arrived is worth another request here.
-        let provider_retried = self.inner.provider.retries_before_first_event();
-        let mut attempt = 1;
-        loop {
-            let mut saw_event = false;
-            let mut watch = |event: &StreamEvent| {
-                saw_event = true;
-                on_event(event);
-            };
-            let outcome = self.request_once(req.clone(), &mut watch).await;
-            match outcome {
-                Ok(c) => return Ok(c),
-                Err(e)
-                    if e.is_retryable()
-                        && (saw_event || !provider_retried)
-                        && attempt < policy.max_attempts =>
-                {
-                    let delay = backoff(policy, attempt, &e);
-                    tracing::info!(attempt, error = %e, ?delay, "Retrying model request");
-                    tokio::time::sleep(delay).await;
-                    attempt += 1;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
+    /// One attempt: the response's events to `on_event`, and what they say of the limits and
+    /// the usage to the limiter.
     async fn request_once(
         &self,
         req: ModelRequest,
+        sent: &Sent<'_>,
         on_event: &mut (dyn FnMut(&StreamEvent) + Send),
     ) -> Result<Completion, ProviderError> {
-        // Held for the whole response: the cap is on requests in flight, streams included.
-        let _slot = match &self.inner.request_slots {
-            Some(slots) => slots.clone().acquire_owned().await.ok(),
-            None => None,
-        };
         let mut stream = self.inner.provider.stream(req);
         let mut acc = Accumulator::default();
         while let Some(event) = stream.next().await {
             let event = event?;
+            match &event {
+                StreamEvent::RateLimits(limits) => sent.observer.limits(limits),
+                StreamEvent::MessageStart { usage, .. }
+                | StreamEvent::MessageDelta {
+                    usage: Some(usage), ..
+                } => sent.observer.started(sent.agent, sent.fingerprint, usage),
+                _ => {}
+            }
             on_event(&event);
             acc.push(&event)?;
         }
-        acc.finish()
+        let completion = acc.finish()?;
+        sent.observer.finished(completion.usage.output_tokens);
+        Ok(completion)
     }
 }
 
-fn backoff(policy: &RetryPolicy, attempt: u32, err: &ProviderError) -> Duration {
-    if let ProviderError::Status {
-        retry_after: Some(after),
-        ..
-    } = err
-    {
-        return (*after).min(policy.max_delay);
-    }
-    let exp = policy
-        .base_delay
-        .saturating_mul(1 << attempt.saturating_sub(1).min(16));
-    let capped = exp.min(policy.max_delay);
-    // Jitter between half and all of the delay: retries of many children must not line up.
-    let fraction = 0.5 + fastrand::f64() / 2.0;
-    capped.mul_f64(fraction)
+/// What an attempt reports to the limiter with.
+struct Sent<'a> {
+    observer: &'a Observer,
+    agent: u128,
+    fingerprint: &'a str,
 }
 
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicU32, Ordering};
-
-    use forkd_provider::{EventStream, Provider};
-
-    use super::*;
-    use crate::EngineConfig;
-
-    /// Answers every request with a 529 before any event, counting the requests.
-    struct Overloaded {
-        calls: AtomicU32,
-        retries_itself: bool,
-    }
-
-    impl Provider for Overloaded {
-        fn name(&self) -> &'static str {
-            "overloaded"
-        }
-
-        fn stream(&self, _: ModelRequest) -> EventStream {
-            self.calls.fetch_add(1, Ordering::SeqCst);
-            Box::pin(futures::stream::once(async { Err(status(None)) }))
-        }
-
-        fn retries_before_first_event(&self) -> bool {
-            self.retries_itself
-        }
-    }
-
-    async fn attempts(retries_itself: bool) -> u32 {
-        let provider = Arc::new(Overloaded {
-            calls: AtomicU32::new(0),
-            retries_itself,
-        });
-        let store = forkd_store::SqliteStore::open_in_memory().await.unwrap();
-        let config = EngineConfig {
-            retry: RetryPolicy {
-                max_attempts: 4,
-                base_delay: Duration::from_millis(1),
-                max_delay: Duration::from_millis(2),
-            },
-            ..EngineConfig::default()
-        };
-        let engine = Engine::new(Arc::new(store), provider.clone(), config);
-        let req = ModelRequest {
-            model: "m".into(),
-            body: "{}".into(),
-        };
-        let outcome = engine.request_attempts(req, &mut |_| {}).await;
-        assert!(outcome.is_err());
-        provider.calls.load(Ordering::SeqCst)
-    }
-
-    /// A provider that retried before the first event already is not retried again on top
-    /// (a persistent 529 would otherwise cost its retries times the engine's).
-    #[tokio::test]
-    async fn errors_before_the_first_event_are_retried_once_not_twice_over() {
-        assert_eq!(attempts(true).await, 1);
-        assert_eq!(attempts(false).await, 4);
-    }
-
-    fn status(retry_after: Option<Duration>) -> ProviderError {
-        ProviderError::Status {
-            status: 529,
-            message: "overloaded".into(),
-            retry_after,
-        }
-    }
-
-    #[test]
-    fn backoff_grows_with_jitter_caps_and_honours_retry_after() {
-        let policy = RetryPolicy {
-            max_attempts: 10,
-            base_delay: Duration::from_millis(100),
-            max_delay: Duration::from_secs(1),
-        };
-        for attempt in 1..=3u32 {
-            let full = Duration::from_millis(100 * (1 << (attempt - 1)));
-            let d = backoff(&policy, attempt, &status(None));
-            assert!(d >= full / 2 && d <= full, "attempt {attempt}: {d:?}");
-        }
-        assert!(backoff(&policy, 9, &status(None)) <= Duration::from_secs(1));
-        let after = backoff(&policy, 1, &status(Some(Duration::from_millis(700))));
-        assert_eq!(after, Duration::from_millis(700));
-        let capped = backoff(&policy, 1, &status(Some(Duration::from_secs(60))));
-        assert_eq!(capped, Duration::from_secs(1));
+/// A request that did not go: the provider's error, or the drain of a shutdown.
+fn refused(r: Refused) -> EngineError {
+    match r {
+        Refused::Provider(e) => EngineError::Provider(e),
+        Refused::Stopped => EngineError::Draining,
     }
 }

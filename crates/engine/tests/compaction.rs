@@ -109,7 +109,10 @@ async fn a_client_compacts_between_turns_not_during_one() {
     let dir = tempfile::tempdir().unwrap();
     let engine = common::engine_on(
         common::store(dir.path()).await,
-        forkd_provider::SimConfig { speed: 1.0 },
+        forkd_provider::SimConfig {
+            speed: 1.0,
+            ..forkd_provider::SimConfig::default()
+        },
         EngineConfig::default(),
     );
     let s = engine
@@ -261,7 +264,10 @@ async fn batches_forked_before_and_after_a_compaction_inherit_what_the_parent_sa
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compaction_cut_off_leaves_no_half_boundary() {
     let dir = tempfile::tempdir().unwrap();
-    let slow = forkd_provider::SimConfig { speed: 1.0 };
+    let slow = forkd_provider::SimConfig {
+        speed: 1.0,
+        ..forkd_provider::SimConfig::default()
+    };
     let first = common::engine_on(
         common::store(dir.path()).await,
         slow,

@@ -405,7 +405,10 @@ async fn a_resumed_batch_whose_prefix_is_cold_warms_it_once() {
     // A pace at which requests sent together overlap: ungated, each would miss the cache.
     let second = engine_on(
         common::store(dir.path()).await,
-        SimConfig { speed: 0.01 },
+        SimConfig {
+            speed: 0.01,
+            ..SimConfig::default()
+        },
         EngineConfig::default(),
     );
     assert_eq!(second.resume_interrupted().await.unwrap(), 3);
@@ -461,7 +464,10 @@ async fn a_client_batch_forks_before_a_turn_in_flight_and_reports_once() {
     let dir = tempfile::tempdir().unwrap();
     let engine = common::engine_on(
         common::store(dir.path()).await,
-        SimConfig { speed: 1.0 },
+        SimConfig {
+            speed: 1.0,
+            ..SimConfig::default()
+        },
         EngineConfig::default(),
     );
     let s = session(&engine, dir.path()).await;
@@ -694,7 +700,10 @@ async fn a_backgrounded_wait_frees_the_parent(signal: Signal) {
     };
     let engine = engine_on(
         common::store(dir.path()).await,
-        SimConfig { speed: 1.0 },
+        SimConfig {
+            speed: 1.0,
+            ..SimConfig::default()
+        },
         config,
     );
     let s = session(&engine, dir.path()).await;
@@ -805,7 +814,10 @@ async fn the_auto_background_delay_frees_the_parents_wait() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_cut_off_while_waiting_on_a_typed_agent_resumes_without_a_second_one() {
     let dir = tempfile::tempdir().unwrap();
-    let sim = || SimConfig { speed: 1.0 };
+    let sim = || SimConfig {
+        speed: 1.0,
+        ..SimConfig::default()
+    };
     let first = engine_on(
         common::store(dir.path()).await,
         sim(),

@@ -246,6 +246,7 @@ fn provider(config: &DaemonConfig) -> anyhow::Result<Arc<dyn Provider>> {
     Ok(match config.provider {
         ProviderKind::Sim => Arc::new(SimProvider::new(SimConfig {
             speed: config.sim_speed,
+            ..SimConfig::default()
         })),
         ProviderKind::Anthropic => {
             let settings = match &config.anthropic {

@@ -62,6 +62,10 @@ enum Command {
         /// Require this API key (as x-api-key or Authorization: Bearer); any key when unset.
         #[arg(long, env = "FORKD_SIM_API_KEY")]
         api_key: Option<String>,
+        /// Limit the rate as the API does: `requests=N,input_tokens=N,output_tokens=N,per=1s|1m`
+        /// (any of the three; `per` defaults to 1m). Over a limit: 429 with `retry-after`.
+        #[arg(long, env = "FORKD_SIM_RATE_LIMIT")]
+        rate_limit: Option<forkd_provider::RateLimitSpec>,
     },
     /// Fork 5 directives from a ~48.5k-token context on a temporary daemon and print the savings.
     Demo {
@@ -149,12 +153,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             sim_speed,
             api_key,
+            rate_limit,
         } => {
             init_tracing(log_format);
             let listener = tokio::net::TcpListener::bind(listen).await?;
-            tracing::info!(addr = %listener.local_addr()?, "forkd sim-server serving the Anthropic Messages API");
-            let sim =
-                forkd_provider::SimProvider::new(forkd_provider::SimConfig { speed: sim_speed });
+            tracing::info!(addr = %listener.local_addr()?, ?rate_limit, "forkd sim-server serving the Anthropic Messages API");
+            let sim = forkd_provider::SimProvider::new(forkd_provider::SimConfig {
+                speed: sim_speed,
+                rate_limit,
+            });
             let config = forkd_sim_server::SimServerConfig {
                 api_key,
                 ..Default::default()

@@ -5,9 +5,8 @@
 
 use std::time::Duration;
 
-use forkd::daemon::ProviderKind;
 use forkd_proto::v1 as pb;
-use forkd_provider::{AnthropicConfig, SimConfig, SimProvider};
+use forkd_provider::{SimConfig, SimProvider};
 use forkd_sim_server::{SimServerConfig, StreamCuts};
 use forkd_test_support::{
     create_session, directives, run_turn, session_request, spawn_daemon_with, turn_text,
@@ -17,28 +16,18 @@ use forkd_test_support::{
 const DEADLINE: Duration = Duration::from_secs(60);
 
 async fn sim_server(cuts: StreamCuts) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let config = SimServerConfig {
         api_key: Some("test-key".into()),
         cuts,
     };
-    tokio::spawn(forkd_sim_server::serve(
-        listener,
-        SimProvider::new(SimConfig::default()),
-        config,
-        std::future::pending(),
-    ));
-    format!("http://{addr}")
+    forkd_test_support::sim_server(SimProvider::new(SimConfig::default()), config)
+        .await
+        .unwrap()
 }
 
 /// Points the daemon's `anthropic` provider at a `forkd sim-server`.
 fn use_sim_server(c: &mut forkd::daemon::DaemonConfig, base_url: String) {
-    c.provider = ProviderKind::Anthropic;
-    let mut settings = AnthropicConfig::new("test-key");
-    settings.base_url = base_url;
-    settings.retry.backoff_base = Duration::from_millis(5);
-    c.anthropic = Some(settings);
+    forkd_test_support::use_anthropic(c, &base_url, "test-key");
 }
 
 /// Runs one 5-child batch; returns each child's usage in directive order and its status.

@@ -45,19 +45,13 @@ async fn a_daemon_killed_mid_batch_loses_nothing_and_repeats_nothing() {
 
 /// The one sim-server the three daemons talk to, in this process.
 async fn sim_server() -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let config = SimServerConfig {
         api_key: Some(API_KEY.into()),
         cuts: StreamCuts::default(),
     };
-    tokio::spawn(forkd_sim_server::serve(
-        listener,
-        SimProvider::new(SimConfig { speed: 0.0 }),
-        config,
-        std::future::pending(),
-    ));
-    format!("http://{addr}")
+    forkd_test_support::sim_server(SimProvider::new(SimConfig::default()), config)
+        .await
+        .unwrap()
 }
 
 async fn chaos(seed: u64, url: String, sim: String) {

@@ -47,10 +47,15 @@ async fn user_messages(client: &mut ForkdClient<Channel>, session_id: &str) -> u
         .count()
 }
 
-/// Each provider failure that outlasts the retry policy, as a parent turn sees it.
+/// Each provider failure that outlasts the limiter's patience (or that asking again cannot
+/// mend), as a parent turn sees it.
 #[tokio::test]
 async fn provider_failures_reach_clients_by_what_they_mean() {
-    let daemon = spawn_daemon().await.unwrap();
+    let daemon = spawn_daemon_with(|config| {
+        config.engine.admission.patience = Duration::from_millis(500);
+    })
+    .await
+    .unwrap();
     let mut client = daemon.client().await.unwrap();
     let session = create_session(&mut client, session_request(daemon.home_path()))
         .await
@@ -58,17 +63,17 @@ async fn provider_failures_reach_clients_by_what_they_mean() {
     let sid = session.session_id;
     // (script, code, RetryInfo's delay)
     let cases = [
-        ("@sim fail 529 x20", Code::Unavailable, None),
-        ("@sim fail 500 x20", Code::Unavailable, None),
-        ("@sim fail 503 x20", Code::Unavailable, None),
+        ("@sim fail 529 x100", Code::Unavailable, None),
+        ("@sim fail 500 x100", Code::Unavailable, None),
+        ("@sim fail 503 x100", Code::Unavailable, None),
         (
-            "@sim fail 429 x20",
+            "@sim fail 429 x100",
             Code::ResourceExhausted,
             Some(Duration::from_secs(1)),
         ),
-        ("@sim fail 401 x20", Code::FailedPrecondition, None),
-        ("@sim fail 403 x20", Code::FailedPrecondition, None),
-        ("@sim fail 400 x20", Code::Internal, None),
+        ("@sim fail 401 x100", Code::FailedPrecondition, None),
+        ("@sim fail 403 x100", Code::FailedPrecondition, None),
+        ("@sim fail 400 x100", Code::Internal, None),
     ];
     for (script, code, retry) in cases {
         let status = turn(&mut client, send(&sid, script, ""))
@@ -147,8 +152,8 @@ async fn a_message_sent_again_with_its_key_is_stored_once() {
         .await
         .unwrap();
     let sid = session.session_id;
-    // Five failures: exactly what the retry policy tries before giving up.
-    let text = "Say hello.\n@sim fail 529 x5\n@sim say hello";
+    // Three 500s: what the limiter tries of a plain server error before giving up.
+    let text = "Say hello.\n@sim fail 500 x3\n@sim say hello";
 
     let failed = turn(&mut client, send(&sid, text, "k-1"))
         .await

@@ -6,46 +6,15 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use forkd_proto::v1 as pb;
-use forkd_proto::v1::forkd_client::ForkdClient;
 use forkd_server::TokenStore;
 use forkd_test_support::{
-    TestDaemon, connect, directives, session_request, spawn_daemon, spawn_daemon_with,
-    wait_for_batch,
+    Caller, directives, session_request, spawn_daemon, spawn_daemon_with, wait_for_batch,
 };
 use futures::StreamExt;
-use tonic::transport::Channel;
-use tonic::{Code, Request};
+use tonic::Code;
 
 const LOOPBACK: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
-
-/// A client of one tenant: every request carries its bearer token.
-struct Caller {
-    client: ForkdClient<Channel>,
-    secret: String,
-}
-
-impl Caller {
-    async fn new(daemon: &TestDaemon, secret: &str) -> Self {
-        let addr = daemon.tcp_addr().unwrap();
-        let client = connect(&format!("http://127.0.0.1:{}", addr.port()))
-            .await
-            .unwrap();
-        Caller {
-            client,
-            secret: secret.to_owned(),
-        }
-    }
-
-    fn req<T>(&self, message: T) -> Request<T> {
-        let mut request = Request::new(message);
-        request.metadata_mut().insert(
-            "authorization",
-            format!("Bearer {}", self.secret).parse().unwrap(),
-        );
-        request
-    }
-}
 
 /// Asserts that caller `$c`'s call `$method($request)` is refused as `NOT_FOUND`.
 macro_rules! not_found {
@@ -73,8 +42,8 @@ async fn a_tenant_sees_only_its_own_sessions_agents_and_notifications() {
     })
     .await
     .unwrap();
-    let mut alpha = Caller::new(&daemon, secrets[0].expose()).await;
-    let mut beta = Caller::new(&daemon, secrets[1].expose()).await;
+    let mut alpha = Caller::new(&daemon, secrets[0].expose()).await.unwrap();
+    let mut beta = Caller::new(&daemon, secrets[1].expose()).await.unwrap();
 
     let session = alpha
         .client

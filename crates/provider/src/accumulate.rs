@@ -60,7 +60,12 @@ impl Accumulator {
         if self.stopped {
             return Err(broken("event after message_stop"));
         }
-        if self.message_id.is_none() && !matches!(ev, StreamEvent::MessageStart { .. }) {
+        if self.message_id.is_none()
+            && !matches!(
+                ev,
+                StreamEvent::MessageStart { .. } | StreamEvent::RateLimits(_)
+            )
+        {
             return Err(broken("event before message_start"));
         }
         match ev {
@@ -135,6 +140,8 @@ impl Accumulator {
                 }
             }
             StreamEvent::MessageStop => self.stopped = true,
+            // The provider's, not the message's.
+            StreamEvent::RateLimits(_) => {}
         }
         Ok(())
     }
@@ -296,6 +303,16 @@ mod tests {
                 ..usage()
             }
         );
+        Ok(())
+    }
+
+    /// The stated limits come first, before `message_start`: they are the provider's, not the
+    /// message's, and change nothing in it.
+    #[test]
+    fn the_limits_before_message_start_are_not_part_of_the_message() -> Result<(), ProviderError> {
+        let mut events = vec![StreamEvent::RateLimits(crate::RateLimits::default())];
+        events.extend(full());
+        assert_eq!(run(&events)?, run(&full())?);
         Ok(())
     }
 

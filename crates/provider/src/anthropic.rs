@@ -2,26 +2,24 @@
 //! `/v1/messages`, its SSE stream read into [`StreamEvent`]s.
 //!
 //! The body is never parsed or re-encoded here: prompt caching matches prefixes byte for byte, so
-//! the bytes that leave are the bytes forkd built. Failures before the first event (429, 529,
-//! 5xx, refused connections, a stream cut before it said anything) are retried inside the
-//! provider with jittered exponential backoff, honouring `retry-after`; a stream cut after events
-//! were yielded is a [`ProviderError::Stream`] for the caller, which re-requests the turn.
+//! the bytes that leave are the bytes forkd built. Each request is one attempt: a failure (429,
+//! 529, 5xx, a refused connection, a cut stream) goes to the caller, whose limiter decides when
+//! to ask again. The response's `anthropic-ratelimit-*` headers come first in the stream, as a
+//! [`StreamEvent::RateLimits`].
 //!
 //! Servers that emulate the API are spoken to as they are. llama.cpp's `llama-server`, for one,
 //! answers as its own model whatever the request names (logged once, and kept in
 //! [`AnthropicProvider::served_model`]; prices and statistics stay with the session's model),
 //! never reports `cache_creation_input_tokens` (zero), sends its error bodies in the OpenAI shape
 //! and its stream errors as bare error objects (both read, see `http` and `sse`), and answers 500
-//! to a request it cannot template (retried only a little, see [`RetryPolicy`]).
+//! to a request it cannot template (the engine's limiter retries a plain 500 only a little).
 //!
 //! [`Provider::count_tokens`] asks the server's `/v1/messages/count_tokens`; where the server
 //! has none (404, 405, 501), the local estimate answers, and the endpoint is not asked again.
 //!
-//! The HTTP plumbing and the retry policy in this module's children are shared with the
-//! `openai` provider.
+//! The HTTP plumbing in this module's children is shared with the `openai` provider.
 
 pub(crate) mod http;
-mod retry;
 mod sse;
 
 use std::collections::BTreeMap;
@@ -36,11 +34,9 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-pub use retry::RetryPolicy;
-pub(crate) use retry::retrying;
-
 use crate::{
-    CountSource, EventStream, ModelRequest, Provider, ProviderError, StreamEvent, TokenCount,
+    CountSource, Credential, EventStream, ModelRequest, Provider, ProviderError, RateLimits,
+    StreamEvent, TokenCount,
 };
 
 /// Where the API is when `ANTHROPIC_BASE_URL` is unset.
@@ -71,7 +67,6 @@ pub struct AnthropicConfig {
     /// The longest silence while reading a response. The API pings during long waits, so a
     /// silence this long means the connection is dead.
     pub read_timeout: Duration,
-    pub retry: RetryPolicy,
 }
 
 impl std::fmt::Debug for AnthropicConfig {
@@ -83,7 +78,6 @@ impl std::fmt::Debug for AnthropicConfig {
             .field("version", &self.version)
             .field("connect_timeout", &self.connect_timeout)
             .field("read_timeout", &self.read_timeout)
-            .field("retry", &self.retry)
             .finish()
     }
 }
@@ -97,7 +91,6 @@ impl AnthropicConfig {
             version: API_VERSION.to_owned(),
             connect_timeout: Duration::from_secs(10),
             read_timeout: Duration::from_secs(300),
-            retry: RetryPolicy::default(),
         }
     }
 
@@ -201,17 +194,15 @@ impl AnthropicProvider {
         }
     }
 
-    /// Sends the request, retrying, until its response yields a first event.
+    /// Sends the request and reads its response up to the first event; the limits its headers
+    /// stated come with it.
     async fn open(
         &self,
         model: &str,
         body: Bytes,
-    ) -> Result<(StreamEvent, sse::Reader), ProviderError> {
-        let opened = retrying("anthropic", &self.config.retry, || {
-            self.attempt(body.clone())
-        })
-        .await?;
-        self.note_model(model, opened.1.model());
+    ) -> Result<(RateLimits, StreamEvent, sse::Reader), ProviderError> {
+        let opened = self.attempt(body).await?;
+        self.note_model(model, opened.2.model());
         Ok(opened)
     }
 
@@ -225,7 +216,10 @@ impl AnthropicProvider {
     }
 
     /// One attempt: send, check the status, read up to the first event.
-    async fn attempt(&self, body: Bytes) -> Result<(StreamEvent, sse::Reader), ProviderError> {
+    async fn attempt(
+        &self,
+        body: Bytes,
+    ) -> Result<(RateLimits, StreamEvent, sse::Reader), ProviderError> {
         let response = self
             .post(&self.endpoint, body)
             .header(ACCEPT, "text/event-stream")
@@ -236,9 +230,14 @@ impl AnthropicProvider {
             return Err(http::status_error(response).await);
         }
         http::expect_event_stream(&response)?;
+        let headers = response.headers();
+        let limits = RateLimits::from_anthropic(
+            |name| headers.get(name).and_then(|v| v.to_str().ok()),
+            std::time::SystemTime::now(),
+        );
         let mut reader = sse::Reader::new(response);
         match reader.next().await? {
-            Some(first) => Ok((first, reader)),
+            Some(first) => Ok((limits, first, reader)),
             None => Err(ProviderError::Stream(
                 "the response ended before its first event".into(),
             )),
@@ -250,11 +249,8 @@ impl AnthropicProvider {
         if self.server.no_count_endpoint.load(Ordering::Relaxed) {
             return Ok(None);
         }
-        let count_body = Bytes::from(count_body(body)?);
-        retrying("anthropic", &self.config.retry, || {
-            self.count_attempt(count_body.clone())
-        })
-        .await
+        // One attempt: a count that fails leaves the decision to forkd's estimate.
+        self.count_attempt(Bytes::from(count_body(body)?)).await
     }
 
     async fn count_attempt(&self, body: Bytes) -> Result<Option<u64>, ProviderError> {
@@ -303,7 +299,7 @@ fn count_body(body: &str) -> Result<String, ProviderError> {
 
 /// The rest of a response after its first event: every event up to `message_stop`, or the
 /// error that ended it. Nothing is retried here: the caller has already seen events.
-fn rest(first: StreamEvent, reader: sse::Reader) -> EventStream {
+fn rest(limits: RateLimits, first: StreamEvent, reader: sse::Reader) -> EventStream {
     let more = (first != StreamEvent::MessageStop).then_some(reader);
     let tail = futures::stream::unfold(more, |reader| async move {
         let mut reader = reader?;
@@ -320,18 +316,24 @@ fn rest(first: StreamEvent, reader: sse::Reader) -> EventStream {
         };
         Some((item, next))
     });
-    futures::stream::once(async move { Ok(first) })
+    let head = (!limits.is_empty()).then_some(Ok(StreamEvent::RateLimits(limits)));
+    futures::stream::iter(head)
+        .chain(futures::stream::once(async move { Ok(first) }))
         .chain(tail)
         .boxed()
 }
 
 impl Provider for AnthropicProvider {
-    fn retries_before_first_event(&self) -> bool {
-        true
-    }
-
     fn name(&self) -> &'static str {
         "anthropic"
+    }
+
+    fn credential(&self) -> Credential {
+        Credential::new(
+            self.name(),
+            &self.config.base_url,
+            Some(&self.config.api_key),
+        )
     }
 
     fn stream(&self, request: ModelRequest) -> EventStream {
@@ -340,7 +342,7 @@ impl Provider for AnthropicProvider {
         // Lazy: nothing is sent until the stream is polled, and dropping it cancels the request.
         futures::stream::once(async move { this.open(&request.model, body).await })
             .flat_map(|opened| match opened {
-                Ok((first, reader)) => rest(first, reader),
+                Ok((limits, first, reader)) => rest(limits, first, reader),
                 Err(e) => futures::stream::once(async move { Err(e) }).boxed(),
             })
             .boxed()

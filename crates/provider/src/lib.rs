@@ -6,6 +6,7 @@
 
 pub mod accumulate;
 pub mod anthropic;
+pub mod limits;
 pub mod openai;
 pub mod sim;
 pub mod tokens;
@@ -19,6 +20,7 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 
 pub use accumulate::{Accumulator, Completion};
+pub use limits::{Quota, RateLimits};
 
 /// One model request: the body bytes exactly as forkd serialized them.
 #[derive(Debug, Clone)]
@@ -39,6 +41,9 @@ pub enum BlockStart {
 /// One event of a streamed response, as in the Messages API's SSE stream.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StreamEvent {
+    /// The limits the response's headers stated (before `MessageStart`, when the provider sent
+    /// any). Not part of the message: accumulators and clients pass over it.
+    RateLimits(RateLimits),
     /// The response has started. Carries the input side of usage as known at the start
     /// (output_tokens is 0 here); a provider that learns usage only at the end (chat
     /// completions) says zero here and the whole usage in [`StreamEvent::MessageDelta`].
@@ -109,6 +114,24 @@ pub enum ProviderError {
     /// The stream broke off or could not be read.
     #[error("stream failed: {0}")]
     Stream(String),
+    /// The provider could not be reached at all: a refused connection, a name that does not
+    /// resolve, a TLS handshake that failed. Worth a retry for a short while only: a wrong
+    /// base URL must fail fast.
+    #[error("provider unreachable: {0}")]
+    Unreachable(String),
+    /// The request was tried again and again until the caller's patience ran out; `last` is
+    /// the provider's last answer, which decides what the failure means.
+    #[error(
+        "gave up after waiting {waited} for the provider ({why}): {refusals} refused attempts; \
+         last: {last}",
+        waited = humantime::format_duration(round_secs(*waited))
+    )]
+    GaveUp {
+        why: String,
+        waited: Duration,
+        refusals: u32,
+        last: Box<ProviderError>,
+    },
     /// The request was refused before it was sent (malformed body, unknown model).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
@@ -154,7 +177,8 @@ impl ProviderError {
             ProviderError::Status { .. } | ProviderError::InvalidRequest(_) => {
                 FailureKind::Rejected
             }
-            ProviderError::Stream(_) => FailureKind::Unavailable,
+            ProviderError::Stream(_) | ProviderError::Unreachable(_) => FailureKind::Unavailable,
+            ProviderError::GaveUp { last, .. } => last.kind(),
         }
     }
 
@@ -178,10 +202,45 @@ impl ProviderError {
 
     /// Whether sending the same request again may succeed (429, 529, 5xx, dropped streams).
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self.kind(),
-            FailureKind::RateLimited { .. } | FailureKind::Unavailable
-        )
+        !matches!(self, ProviderError::GaveUp { .. })
+            && matches!(
+                self.kind(),
+                FailureKind::RateLimited { .. } | FailureKind::Unavailable
+            )
+    }
+}
+
+/// A wait as shown in messages: whole seconds past a second, else milliseconds.
+fn round_secs(d: Duration) -> Duration {
+    if d >= Duration::from_secs(1) {
+        Duration::from_secs(d.as_secs())
+    } else {
+        Duration::from_millis(d.as_millis() as u64)
+    }
+}
+
+/// Who a provider's limits belong to: its kind, where it is, and whose key it uses. With the
+/// model, it names one limit (Anthropic's limits are per model class).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Credential {
+    pub provider: &'static str,
+    /// The base URL, or empty for a provider with no server (the embedded sim).
+    pub endpoint: String,
+    /// The first bytes of the key's SHA-256, in hex: never the key itself.
+    pub key_fingerprint: String,
+}
+
+impl Credential {
+    pub fn new(provider: &'static str, endpoint: &str, key: Option<&str>) -> Self {
+        use sha2::Digest;
+        let key_fingerprint = key
+            .map(|k| hex::encode(&sha2::Sha256::digest(k.as_bytes())[..6]))
+            .unwrap_or_default();
+        Self {
+            provider,
+            endpoint: endpoint.to_owned(),
+            key_fingerprint,
+        }
     }
 }
 
@@ -214,11 +273,11 @@ pub trait Provider: Send + Sync + 'static {
     /// Sends one request; the stream yields its events, or one error.
     fn stream(&self, request: ModelRequest) -> EventStream;
 
-    /// Whether the provider already retries what fails before the first event (a 429, a 529, a
-    /// refused connection), so that its caller should retry only streams cut off after events
-    /// arrived. Retrying again on top would multiply the attempts.
-    fn retries_before_first_event(&self) -> bool {
-        false
+    /// Whose limits the provider's requests count against. Providers make one attempt per
+    /// request: waiting and retrying is the caller's (forkd's limiter), which knows what else
+    /// is waiting for the same limit.
+    fn credential(&self) -> Credential {
+        Credential::new(self.name(), "", None)
     }
 
     /// Whether [`Provider::count_tokens`] asks the model's side (its tokenizer) rather than
@@ -247,6 +306,6 @@ pub(crate) fn estimate(request: &ModelRequest) -> Result<TokenCount, ProviderErr
     })
 }
 
-pub use anthropic::{AnthropicConfig, AnthropicProvider, ConfigError, RetryPolicy};
+pub use anthropic::{AnthropicConfig, AnthropicProvider, ConfigError};
 pub use openai::{OpenAiConfig, OpenAiProvider};
-pub use sim::{SimConfig, SimProvider};
+pub use sim::{Answered, RateLimitSpec, SimConfig, SimProvider};

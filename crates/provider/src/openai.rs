@@ -6,15 +6,16 @@
 //! JSON to send, and the response must be read chunk by chunk into forkd's events with its cache
 //! usage (`prompt_tokens_details.cached_tokens`) and the non-standard fields local servers add
 //! (`reasoning_content`, error chunks, calls without an index). A typed SDK would stand between
-//! forkd and those bytes, and bring its own retry policy besides the one shared with the
-//! `anthropic` provider.
+//! forkd and those bytes, and bring a retry policy of its own where forkd's limiter must be the
+//! one place that decides when a request goes again.
 //!
 //! Events are yielded as the chunks arrive (see `chunks`): `MessageStart` with the first chunk,
 //! with zero usage, and the whole usage in the closing `MessageDelta`, since chat completions
-//! report it last. As in the `anthropic` provider, a request is retried inside the provider only
-//! while nothing was yielded (error statuses, refused connections, a body that ends or fails
-//! before its first chunk); a failure after that goes to the caller, which re-requests: a cut or
-//! unreadable stream as [`ProviderError::Stream`], an error chunk as the status it names.
+//! report it last. As in the `anthropic` provider, each request is one attempt, its
+//! `x-ratelimit-*` headers yielded first as a [`StreamEvent::RateLimits`]; failures go to the
+//! caller: an error status with its `retry-after`, a refused connection as
+//! [`ProviderError::Unreachable`], a cut or unreadable stream as [`ProviderError::Stream`], an
+//! error chunk as the status it names.
 
 mod chunks;
 mod convert;
@@ -28,8 +29,10 @@ use eventsource_stream::{EventStreamError, Eventsource};
 use futures::{Stream, StreamExt};
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
 
-use crate::anthropic::{ConfigError, RetryPolicy, http, retrying};
-use crate::{EventStream, ModelRequest, Provider, ProviderError, StreamEvent};
+use crate::anthropic::{ConfigError, http};
+use crate::{
+    Credential, EventStream, ModelRequest, Provider, ProviderError, RateLimits, StreamEvent,
+};
 
 /// Where the API is when `OPENAI_BASE_URL` is unset.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
@@ -51,7 +54,6 @@ pub struct OpenAiConfig {
     /// The longest silence while reading a response (a local server prefilling a long prompt
     /// says nothing until its first token).
     pub read_timeout: Duration,
-    pub retry: RetryPolicy,
 }
 
 impl std::fmt::Debug for OpenAiConfig {
@@ -64,7 +66,6 @@ impl std::fmt::Debug for OpenAiConfig {
             .field("prompt_cache_key", &self.prompt_cache_key)
             .field("connect_timeout", &self.connect_timeout)
             .field("read_timeout", &self.read_timeout)
-            .field("retry", &self.retry)
             .finish()
     }
 }
@@ -78,7 +79,6 @@ impl Default for OpenAiConfig {
             prompt_cache_key: true,
             connect_timeout: Duration::from_secs(10),
             read_timeout: Duration::from_secs(300),
-            retry: RetryPolicy::default(),
         }
     }
 }
@@ -126,17 +126,15 @@ impl OpenAiProvider {
         })
     }
 
-    /// Converts, then sends with retries until the response yields its first events.
+    /// Converts, then sends once and reads up to the response's first events (the limits its
+    /// headers stated first, when it stated any).
     async fn open(&self, body: &str) -> Result<(Vec<StreamEvent>, Reader), ProviderError> {
         let options = convert::Options {
             model: self.config.model.clone(),
             prompt_cache_key: self.config.prompt_cache_key,
         };
         let converted = Bytes::from(convert::convert(body, &options)?);
-        retrying("openai", &self.config.retry, || {
-            self.attempt(converted.clone())
-        })
-        .await
+        self.attempt(converted).await
     }
 
     /// One attempt: send, check the status, read up to the first events.
@@ -158,12 +156,18 @@ impl OpenAiProvider {
             return Err(http::status_error(response).await);
         }
         http::expect_event_stream(&response)?;
+        let headers = response.headers();
+        let limits =
+            RateLimits::from_openai(|name| headers.get(name).and_then(|v| v.to_str().ok()));
         let mut reader = Reader {
             events: Box::pin(response.bytes_stream().eventsource()),
             draft: chunks::Draft::default(),
         };
         match reader.next().await? {
-            Some(first) => Ok((first, reader)),
+            Some(first) => {
+                let head = (!limits.is_empty()).then_some(StreamEvent::RateLimits(limits));
+                Ok((head.into_iter().chain(first).collect(), reader))
+            }
             None => Err(ProviderError::Stream(
                 "the response ended before its first event".into(),
             )),
@@ -224,12 +228,16 @@ fn rest(reader: Reader) -> EventStream {
 }
 
 impl Provider for OpenAiProvider {
-    fn retries_before_first_event(&self) -> bool {
-        true
-    }
-
     fn name(&self) -> &'static str {
         "openai"
+    }
+
+    fn credential(&self) -> Credential {
+        Credential::new(
+            self.name(),
+            &self.config.base_url,
+            self.config.api_key.as_deref(),
+        )
     }
 
     fn stream(&self, request: ModelRequest) -> EventStream {

@@ -4,8 +4,14 @@
 //! A request is processed when [`Provider::stream`] is called — that is the instant it is "sent":
 //! scripted failures are consumed and the cache is looked up then. Its own cache writes become
 //! readable only when its stream yields `message_start`, so siblings sent together all miss.
+//!
+//! With [`SimConfig::rate_limit`] the sim limits as the API does (`limit`): a request over a
+//! limit is a 429 with `retry-after` that changes nothing (no script line consumed, no cache
+//! entry refreshed), and every admitted response states the limits first
+//! ([`StreamEvent::RateLimits`](crate::StreamEvent::RateLimits)).
 
 mod cache;
+mod limit;
 mod reply;
 mod request;
 mod script;
@@ -18,8 +24,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::time::Instant;
 
-use crate::{EventStream, ModelRequest, Provider, ProviderError};
+use crate::{EventStream, ModelRequest, Provider, ProviderError, RateLimits, StreamEvent};
 use cache::PromptCache;
+pub use limit::RateLimitSpec;
 use request::BlockMemo;
 
 /// How the sim behaves.
@@ -27,6 +34,8 @@ use request::BlockMemo;
 pub struct SimConfig {
     /// Scales the latency model: 0 streams instantly (no timers at all), 1 is realistic.
     pub speed: f64,
+    /// The rate limits it enforces, as the API does; `None`: none.
+    pub rate_limit: Option<RateLimitSpec>,
 }
 
 /// State shared by every request to one sim.
@@ -35,6 +44,42 @@ struct SimState {
     cache: PromptCache,
     /// Scripted failures already served, by (script hash, line index).
     failures: HashMap<([u8; 32], usize), u32>,
+    /// The rate limits' buckets (made at the first request).
+    limiter: Option<limit::Limiter>,
+    /// The latest requests answered, oldest first.
+    answered: std::collections::VecDeque<Answered>,
+}
+
+/// One request the sim answered, as tests and benchmarks check them: when, with what status
+/// (200: admitted; 429: over a limit, or scripted; any other: scripted), and the end of its body
+/// (where its directive or message is).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answered {
+    pub at: Instant,
+    pub status: u16,
+    pub tail: String,
+}
+
+/// How many answered requests the sim remembers.
+const ANSWERED_KEPT: usize = 100_000;
+/// How much of each request's body it keeps.
+const TAIL_BYTES: usize = 512;
+
+impl SimState {
+    fn answered(&mut self, at: Instant, status: u16, body: &str) {
+        if self.answered.len() == ANSWERED_KEPT {
+            self.answered.pop_front();
+        }
+        let mut start = body.len().saturating_sub(TAIL_BYTES);
+        while !body.is_char_boundary(start) {
+            start += 1;
+        }
+        self.answered.push_back(Answered {
+            at,
+            status,
+            tail: body[start..].to_owned(),
+        });
+    }
 }
 
 /// The simulated model. Clones share one cache.
@@ -67,6 +112,25 @@ impl SimProvider {
         lock(&self.state).cache.live(Instant::now())
     }
 
+    /// The latest requests it answered (up to 100 000), oldest first.
+    pub fn answered(&self) -> Vec<Answered> {
+        lock(&self.state).answered.iter().cloned().collect()
+    }
+
+    /// The rate limits as they stand now, as the API states them in its headers; `None` when
+    /// the sim enforces none.
+    pub fn rate_limits(&self) -> Option<RateLimits> {
+        let spec = self.config.rate_limit?;
+        let now = Instant::now();
+        let mut state = lock(&self.state);
+        Some(
+            state
+                .limiter
+                .get_or_insert_with(|| limit::Limiter::new(&spec, now))
+                .limits(now),
+        )
+    }
+
     fn speed(&self) -> f64 {
         let s = self.config.speed;
         if s.is_finite() && s > 0.0 { s } else { 0.0 }
@@ -85,8 +149,35 @@ impl SimProvider {
             );
         }
         let now = Instant::now();
-        let lookup = {
+        let (lookup, limits) = {
             let mut state = lock(&self.state);
+            let lookup = state
+                .cache
+                .peek(&parsed.blocks, parsed.model.min_cache_tokens, now);
+            let cost = limit::Cost {
+                input_tokens: lookup.usage.input_tokens + lookup.usage.cache_creation_input_tokens,
+                output_tokens: stream::output_tokens(&reply.blocks),
+            };
+            if let Some(spec) = &self.config.rate_limit {
+                let limiter = state
+                    .limiter
+                    .get_or_insert_with(|| limit::Limiter::new(spec, now));
+                let wait = limiter.wait(cost, now);
+                if !wait.is_zero() {
+                    state.answered(now, 429, &request.body);
+                    return Err(ProviderError::Status {
+                        status: 429,
+                        message: format!(
+                            "sim: rate limit reached (this request needs {} uncached input and \
+                             {} output tokens); retry after {} ms",
+                            cost.input_tokens,
+                            cost.output_tokens,
+                            wait.as_millis()
+                        ),
+                        retry_after: Some(wait),
+                    });
+                }
+            }
             for fail in &reply.mods.fails {
                 let served = state
                     .failures
@@ -94,24 +185,39 @@ impl SimProvider {
                     .or_insert(0);
                 if *served < fail.times {
                     *served += 1;
+                    let (served, status) = (*served, fail.status);
+                    state.answered(now, status, &request.body);
                     return Err(ProviderError::Status {
                         status: fail.status,
                         message: format!(
                             "sim: scripted failure {} of {} (script line {})",
-                            *served,
+                            served,
                             fail.times,
                             fail.line + 1
                         ),
-                        retry_after: (fail.status == 429).then_some(Duration::from_secs(1)),
+                        retry_after: fail.retry_after,
                     });
                 }
             }
-            state
-                .cache
-                .lookup(&parsed.blocks, parsed.model.min_cache_tokens, now)
+            state.cache.touch(&lookup, now);
+            state.answered(now, 200, &request.body);
+            let limits = state.limiter.as_mut().map(|limiter| {
+                limiter.take(cost, now);
+                limiter.limits(now)
+            });
+            (lookup, limits)
         };
         let message_id = format!("msg_sim_{}", uuid::Uuid::now_v7().simple());
-        let events = stream::plan(&reply, message_id, lookup.usage, self.speed());
+        let mut events = stream::plan(&reply, message_id, lookup.usage, self.speed());
+        if let Some(limits) = limits {
+            events.insert(
+                0,
+                stream::Timed {
+                    delay: Duration::ZERO,
+                    event: StreamEvent::RateLimits(limits),
+                },
+            );
+        }
         let state = Arc::clone(&self.state);
         let writes = lookup.writes;
         Ok(stream::stream(events, move || {

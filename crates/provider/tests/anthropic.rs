@@ -14,8 +14,8 @@ use forkd_core::session::{CacheSafeParams, RenderedSystem, ToolsJson};
 use forkd_core::{BatchId, Block, Directive, Message, SessionId};
 use forkd_provider::tokens::request_input_tokens;
 use forkd_provider::{
-    AnthropicConfig, AnthropicProvider, Completion, CountSource, Provider, ProviderError,
-    RetryPolicy, SimConfig, SimProvider, StreamEvent, TokenCount,
+    AnthropicConfig, AnthropicProvider, Completion, CountSource, FailureKind, Provider,
+    ProviderError, SimConfig, SimProvider, StreamEvent, TokenCount,
 };
 use forkd_sim_server::{SimServerConfig, StreamCuts, serve};
 use futures::StreamExt;
@@ -54,18 +54,11 @@ async fn start(api_key: Option<&str>) -> Server {
     }
 }
 
-/// A provider with fast retries, so tests that retry take milliseconds.
-fn provider(base: &str, key: &str, max_retries: u32) -> AnthropicProvider {
+/// A provider on `base`. It makes one attempt per request: retrying is the engine's limiter's.
+fn provider(base: &str, key: &str) -> AnthropicProvider {
     let mut config = AnthropicConfig::new(key);
     config.base_url = base.to_owned();
     config.read_timeout = Duration::from_secs(10);
-    config.retry = RetryPolicy {
-        max_retries,
-        backoff_base: Duration::from_millis(2),
-        backoff_cap: Duration::from_millis(10),
-        max_retry_after: Duration::from_secs(5),
-        max_server_error_retries: 2,
-    };
     AnthropicProvider::new(config).unwrap()
 }
 
@@ -114,7 +107,7 @@ fn fork_children() -> Vec<String> {
 #[tokio::test]
 async fn usage_over_http_matches_the_in_process_sim() {
     let server = start(None).await;
-    let remote = provider(&server.base, "test", 0);
+    let remote = provider(&server.base, "test");
     let local = SimProvider::new(SimConfig::default());
     let body = base().cache_at(1).cache_at(-1);
     let mut bodies = vec![body.json(), body.json()];
@@ -134,61 +127,77 @@ async fn usage_over_http_matches_the_in_process_sim() {
 }
 
 #[tokio::test]
-async fn overloaded_and_server_errors_are_retried() {
+async fn each_request_is_one_attempt_and_overloads_are_retryable() {
     let server = start(None).await;
+    let provider = provider(&server.base, "test");
+    // Two scripted overloads: the first two requests get them, the third the answer.
     let flaky = base().user(&[text("Flaky.\n@sim fail 529 x2")]).json();
-    let done = bounded(&provider(&server.base, "test", 2), &flaky).await;
+    for _ in 0..2 {
+        let failed = bounded(&provider, &flaky).await;
+        match failed {
+            Err(e @ ProviderError::Status { status: 529, .. }) => assert!(e.is_retryable()),
+            other => panic!("{other:?}"),
+        }
+    }
+    let done = bounded(&provider, &flaky).await;
     assert_eq!(done.map(|c| c.stop_reason), Ok(Some("end_turn".into())));
-
-    // One retry is not enough for two failures: the caller gets the last one.
-    let flaky = base().user(&[text("Flakier.\n@sim fail 503 x2")]).json();
-    let failed = bounded(&provider(&server.base, "test", 1), &flaky).await;
-    assert!(
-        matches!(failed, Err(ProviderError::Status { status: 503, .. })),
-        "{failed:?}"
-    );
 }
 
 #[tokio::test]
-async fn a_rate_limit_waits_for_retry_after() {
+async fn a_rate_limit_is_reported_with_its_retry_after_at_once() {
     let server = start(None).await;
-    // The sim asks for one second.
+    // The sim asks for one second; waiting for it is the limiter's.
     let limited = base().user(&[text("Busy.\n@sim fail 429")]).json();
     let started = Instant::now();
-    let done = bounded(&provider(&server.base, "test", 1), &limited).await;
-    assert!(done.is_ok(), "{done:?}");
-    assert!(
-        started.elapsed() >= Duration::from_secs(1),
-        "waited {:?}",
-        started.elapsed()
-    );
+    let failed = bounded(&provider(&server.base, "test"), &limited).await;
+    match &failed {
+        Err(e @ ProviderError::Status { status: 429, .. }) => assert_eq!(
+            e.kind(),
+            FailureKind::RateLimited {
+                retry_after: Some(Duration::from_secs(1))
+            }
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(1));
 }
 
 #[tokio::test]
-async fn a_bad_request_is_not_retried() {
+async fn a_bad_request_is_final() {
     let server = start(None).await;
-    // With a retry, the second attempt would succeed: the error proves there was none.
     let bad = base().user(&[text("Bad.\n@sim fail 400")]).json();
-    let failed = bounded(&provider(&server.base, "test", 3), &bad).await;
-    assert!(
-        matches!(failed, Err(ProviderError::Status { status: 400, ref message, retry_after: None }) if message.contains("scripted failure")),
-        "{failed:?}"
-    );
+    let failed = bounded(&provider(&server.base, "test"), &bad).await;
+    match failed {
+        Err(
+            e @ ProviderError::Status {
+                status: 400,
+                retry_after: None,
+                ..
+            },
+        ) => {
+            assert!(e.to_string().contains("scripted failure"), "{e}");
+            assert!(!e.is_retryable());
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[tokio::test]
-async fn a_stream_cut_before_any_event_is_retried() {
+async fn a_stream_cut_before_any_event_is_a_retryable_error() {
     let server = start(None).await;
     server.cuts.cut_next(0);
-    let done = bounded(&provider(&server.base, "test", 2), &base().json()).await;
-    assert!(done.is_ok(), "{done:?}");
-    assert_eq!(server.cuts.streams(), 2, "the cut stream and its retry");
+    let failed = bounded(&provider(&server.base, "test"), &base().json()).await;
+    assert!(
+        failed.as_ref().is_err_and(ProviderError::is_retryable),
+        "{failed:?}"
+    );
+    assert_eq!(server.cuts.streams(), 1, "one attempt");
 }
 
 #[tokio::test]
 async fn a_stream_cut_after_events_is_the_callers_and_the_rerequest_hits_the_cache() {
     let server = start(None).await;
-    let provider = provider(&server.base, "test", 3);
+    let provider = provider(&server.base, "test");
     let body = base().cache_at(-1);
     server.cuts.cut_next(3);
     let mut stream = provider.stream(body.request());
@@ -218,11 +227,11 @@ async fn a_stream_cut_after_events_is_the_callers_and_the_rerequest_hits_the_cac
 async fn keys_are_checked_and_bearer_tokens_accepted() {
     let server = start(Some("secret")).await;
     assert!(
-        bounded(&provider(&server.base, "secret", 0), &base().json())
+        bounded(&provider(&server.base, "secret"), &base().json())
             .await
             .is_ok()
     );
-    let refused = bounded(&provider(&server.base, "wrong", 3), &base().json()).await;
+    let refused = bounded(&provider(&server.base, "wrong"), &base().json()).await;
     assert!(
         matches!(refused, Err(ProviderError::Status { status: 401, .. })),
         "{refused:?}"
@@ -294,7 +303,7 @@ async fn the_body_is_sent_byte_for_byte_with_the_api_headers() {
         .await;
     // Odd spacing and key order that any re-encoding would change.
     let body = "{\"model\":\"m\",  \"stream\":true,\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"\\u00e9\"}]}";
-    let done = bounded(&provider(&mock.uri(), "k", 0), body).await.unwrap();
+    let done = bounded(&provider(&mock.uri(), "k"), body).await.unwrap();
     assert_eq!(done.message.text(), "hello");
     // Absent cache fields are zero; ping and unknown events are skipped.
     assert_eq!(done.usage.input_tokens, 12);
@@ -347,7 +356,7 @@ async fn error_bodies_of_either_shape_give_the_message() {
             .respond_with(ResponseTemplate::new(status).set_body_raw(body, content_type))
             .mount(&mock)
             .await;
-        let failed = bounded(&provider(&mock.uri(), "k", 0), &base().json()).await;
+        let failed = bounded(&provider(&mock.uri(), "k"), &base().json()).await;
         match failed {
             Err(ProviderError::Status {
                 status: got,
@@ -362,49 +371,81 @@ async fn error_bodies_of_either_shape_give_the_message() {
 }
 
 #[tokio::test]
-async fn retries_follow_statuses_and_retry_after() {
-    let mock = MockServer::start().await;
+async fn refusals_say_what_they_are_and_how_long_to_wait() {
     let overloaded =
         r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
-    Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(529).set_body_raw(overloaded, "application/json"))
-        .up_to_n_times(1)
-        .expect(1)
-        .mount(&mock)
-        .await;
-    Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "0"))
-        .up_to_n_times(1)
-        .expect(1)
-        .mount(&mock)
-        .await;
-    Mock::given(method("POST"))
-        .respond_with(events(hello()))
-        .expect(1)
-        .mount(&mock)
-        .await;
-    let done = bounded(&provider(&mock.uri(), "k", 3), &base().json()).await;
-    assert!(done.is_ok(), "{done:?}");
+    // (response, the kind reported)
+    let cases = [
+        (
+            ResponseTemplate::new(529).set_body_raw(overloaded, "application/json"),
+            FailureKind::Unavailable,
+        ),
+        (
+            ResponseTemplate::new(429).insert_header("retry-after", "0"),
+            FailureKind::RateLimited {
+                retry_after: Some(Duration::ZERO),
+            },
+        ),
+        (
+            ResponseTemplate::new(429).insert_header("retry-after", "120"),
+            FailureKind::RateLimited {
+                retry_after: Some(Duration::from_secs(120)),
+            },
+        ),
+        (
+            ResponseTemplate::new(429),
+            FailureKind::RateLimited { retry_after: None },
+        ),
+    ];
+    for (response, kind) in cases {
+        let mock = MockServer::start().await;
+        Mock::given(method("POST"))
+            .respond_with(response)
+            .expect(1)
+            .mount(&mock)
+            .await;
+        let started = Instant::now();
+        let failed = bounded(&provider(&mock.uri(), "k"), &base().json()).await;
+        assert_eq!(
+            failed.as_ref().map_err(ProviderError::kind).err(),
+            Some(kind)
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+}
 
-    // A retry-after beyond the policy's limit is the caller's to wait for, at once.
-    let slow = MockServer::start().await;
+#[tokio::test]
+async fn the_limits_headers_come_first_in_the_stream() {
+    let mock = MockServer::start().await;
+    let reset = "2026-12-03T06:00:00Z";
     Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "120"))
-        .expect(1)
-        .mount(&slow)
+        .respond_with(
+            events(hello())
+                .insert_header("anthropic-ratelimit-requests-limit", "50")
+                .insert_header("anthropic-ratelimit-requests-remaining", "49")
+                .insert_header("anthropic-ratelimit-requests-reset", reset)
+                .insert_header("anthropic-ratelimit-input-tokens-limit", "400000")
+                .insert_header("anthropic-ratelimit-input-tokens-remaining", "390000")
+                .insert_header("anthropic-ratelimit-input-tokens-reset", reset),
+        )
+        .mount(&mock)
         .await;
-    let started = Instant::now();
-    let failed = bounded(&provider(&slow.uri(), "k", 3), &base().json()).await;
-    assert!(
-        matches!(failed, Err(ProviderError::Status { status: 429, retry_after: Some(d), .. }) if d == Duration::from_secs(120)),
-        "{failed:?}"
-    );
-    assert!(started.elapsed() < Duration::from_secs(5));
+    let provider = provider(&mock.uri(), "k");
+    let mut stream = provider.stream(base().request());
+    let first = tokio::time::timeout(LIMIT, stream.next()).await.unwrap();
+    let Some(Ok(StreamEvent::RateLimits(limits))) = first else {
+        panic!("{first:?}");
+    };
+    let requests = limits.requests.unwrap();
+    assert_eq!((requests.limit, requests.remaining), (50, 49));
+    let input = limits.input_tokens.unwrap();
+    assert_eq!((input.limit, input.remaining), (400_000, 390_000));
+    assert_eq!((limits.tokens, limits.output_tokens), (None, None));
 }
 
 #[tokio::test]
 async fn stream_oddities() {
-    // An error event before any content is retried like the status it stands for.
+    // An error event before any content stands for its status.
     let overloaded = sse(&[(
         "error",
         r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
@@ -412,17 +453,12 @@ async fn stream_oddities() {
     let mock = MockServer::start().await;
     Mock::given(method("POST"))
         .respond_with(events(overloaded))
-        .up_to_n_times(1)
         .mount(&mock)
         .await;
-    Mock::given(method("POST"))
-        .respond_with(events(hello()))
-        .mount(&mock)
-        .await;
+    let failed = bounded(&provider(&mock.uri(), "k"), &base().json()).await;
     assert!(
-        bounded(&provider(&mock.uri(), "k", 1), &base().json())
-            .await
-            .is_ok()
+        matches!(failed, Err(ProviderError::Status { status: 529, .. })),
+        "{failed:?}"
     );
 
     // A body that ends without message_stop after events is a stream error for the caller.
@@ -437,7 +473,7 @@ async fn stream_oddities() {
             .respond_with(response)
             .mount(&mock)
             .await;
-        let failed = bounded(&provider(&mock.uri(), "k", 0), &base().json()).await;
+        let failed = bounded(&provider(&mock.uri(), "k"), &base().json()).await;
         match (failed, is_stream) {
             (Err(ProviderError::Stream(_)), true)
             | (Err(ProviderError::InvalidRequest(_)), false) => {}
@@ -447,16 +483,17 @@ async fn stream_oddities() {
 }
 
 #[tokio::test]
-async fn a_refused_connection_is_retried_then_reported() {
+async fn a_refused_connection_is_unreachable() {
     // A port that was just free: nothing listens there.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     drop(listener);
-    let failed = bounded(&provider(&url, "k", 2), &base().json()).await;
+    let failed = bounded(&provider(&url, "k"), &base().json()).await;
     assert!(
-        matches!(failed, Err(ProviderError::Stream(_))),
+        matches!(failed, Err(ProviderError::Unreachable(_))),
         "{failed:?}"
     );
+    assert!(failed.unwrap_err().is_retryable());
 }
 
 // ---- llama.cpp's server (`llama-server`), as its source and a real run show it ----
@@ -514,7 +551,7 @@ async fn a_local_server_answering_as_its_own_model_without_cache_writes() {
         .expect(2)
         .mount(&mock)
         .await;
-    let provider = provider(&mock.uri(), "local", 0);
+    let provider = provider(&mock.uri(), "local");
     assert_eq!(provider.served_model(), None);
     let done = bounded(&provider, &local_body()).await.unwrap();
     assert_eq!(done.message.text(), "Scope: the store");
@@ -543,7 +580,7 @@ async fn a_local_server_answering_as_its_own_model_without_cache_writes() {
         .respond_with(events(llama_stream(REQUESTED, 12, 0)))
         .mount(&same)
         .await;
-    let provider = self::provider(&same.uri(), "local", 0);
+    let provider = self::provider(&same.uri(), "local");
     assert!(bounded(&provider, &local_body()).await.is_ok());
     assert_eq!(provider.served_model(), None);
 }
@@ -552,14 +589,13 @@ async fn a_local_server_answering_as_its_own_model_without_cache_writes() {
 const LLAMA_500: &str = r#"{"error":{"code":500,"message":"Conversation roles must alternate user/assistant/user/assistant/...","type":"server_error"}}"#;
 
 #[tokio::test]
-async fn a_500_for_a_malformed_request_is_retried_a_little_then_reported() {
+async fn a_500_for_a_malformed_request_is_reported_with_its_message() {
     let mock = MockServer::start().await;
     Mock::given(method("POST"))
         .respond_with(ResponseTemplate::new(500).set_body_raw(LLAMA_500, "application/json"))
         .mount(&mock)
         .await;
-    // Five retries allowed for overloads, two for a 500: three requests in all.
-    let failed = bounded(&provider(&mock.uri(), "k", 5), &local_body()).await;
+    let failed = bounded(&provider(&mock.uri(), "k"), &local_body()).await;
     match failed {
         Err(ProviderError::Status {
             status: 500,
@@ -571,47 +607,39 @@ async fn a_500_for_a_malformed_request_is_retried_a_little_then_reported() {
         ),
         other => panic!("{other:?}"),
     }
-    assert_eq!(mock.received_requests().await.unwrap().len(), 3);
+    assert_eq!(mock.received_requests().await.unwrap().len(), 1);
     assert_eq!(
         failed.unwrap_err().to_string(),
         "provider returned 500: Conversation roles must alternate \
          user/assistant/user/assistant/... (server_error)"
     );
 
-    // The default policy is bounded the same way.
-    let policy = RetryPolicy::default();
-    assert!(policy.max_server_error_retries < policy.max_retries);
-
-    // (status, body, the status reported, requests made): a 5xx whose body blames the request,
-    // and "not implemented", are final at once, for the engine too (not retryable).
+    // (status, body, the status reported): a 5xx whose body blames the request, and "not
+    // implemented", are final (not retryable); an overload is worth asking again.
     let cases = [
         (
             500,
             r#"{"error":{"message":"tools[0]: invalid schema","type":"invalid_request_error","code":null}}"#,
             400,
-            1,
         ),
         (
             501,
             r#"{"error":{"code":501,"message":"This server does not support tools","type":"not_supported_error"}}"#,
             501,
-            1,
         ),
-        // An overload is worth all five retries.
         (
             503,
             r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#,
             503,
-            6,
         ),
     ];
-    for (status, body, reported, requests) in cases {
+    for (status, body, reported) in cases {
         let mock = MockServer::start().await;
         Mock::given(method("POST"))
             .respond_with(ResponseTemplate::new(status).set_body_raw(body, "application/json"))
             .mount(&mock)
             .await;
-        let failed = bounded(&provider(&mock.uri(), "k", 5), &local_body()).await;
+        let failed = bounded(&provider(&mock.uri(), "k"), &local_body()).await;
         match &failed {
             Err(e @ ProviderError::Status { status: got, .. }) => {
                 assert_eq!(*got, reported, "{body}");
@@ -622,24 +650,20 @@ async fn a_500_for_a_malformed_request_is_retried_a_little_then_reported() {
             }
             other => panic!("{body}: {other:?}"),
         }
-        assert_eq!(
-            mock.received_requests().await.unwrap().len(),
-            requests,
-            "{body}"
-        );
+        assert_eq!(mock.received_requests().await.unwrap().len(), 1, "{body}");
     }
 }
 
 #[tokio::test]
 async fn llama_server_error_events_carry_their_message() {
-    // Before any event: retried like the status it stands for, then the message is the caller's.
+    // Before any event: the status it stands for, with the server's message.
     let error_event = "event: error\ndata: {\"code\":500,\"message\":\"failed to decode the batch\",\"type\":\"server_error\"}\n\n";
     let mock = MockServer::start().await;
     Mock::given(method("POST"))
         .respond_with(events(error_event.to_owned()))
         .mount(&mock)
         .await;
-    let failed = bounded(&provider(&mock.uri(), "k", 5), &local_body()).await;
+    let failed = bounded(&provider(&mock.uri(), "k"), &local_body()).await;
     assert_eq!(
         failed.map(|c| c.stop_reason),
         Err(ProviderError::Status {
@@ -648,7 +672,7 @@ async fn llama_server_error_events_carry_their_message() {
             retry_after: None,
         })
     );
-    assert_eq!(mock.received_requests().await.unwrap().len(), 3);
+    assert_eq!(mock.received_requests().await.unwrap().len(), 1);
 
     // After events: the caller gets the server's message, not a bare "stream ended".
     let cut: String = llama_stream("gemma-3-270m", 12, 0)
@@ -661,7 +685,7 @@ async fn llama_server_error_events_carry_their_message() {
         .respond_with(events(cut))
         .mount(&mock)
         .await;
-    let failed = bounded(&provider(&mock.uri(), "k", 5), &local_body()).await;
+    let failed = bounded(&provider(&mock.uri(), "k"), &local_body()).await;
     assert!(
         matches!(failed, Err(ProviderError::Status { status: 500, ref message, .. }) if message.starts_with("failed to decode")),
         "{failed:?}"
@@ -691,7 +715,7 @@ async fn tokens_are_counted_by_the_server_where_it_can() {
         .mount(&mock)
         .await;
     let body = local_body();
-    let counted = count(&provider(&mock.uri(), "k", 0), &body).await;
+    let counted = count(&provider(&mock.uri(), "k"), &body).await;
     assert_eq!(
         counted,
         Ok(TokenCount {
@@ -726,7 +750,7 @@ async fn without_a_count_endpoint_the_local_estimate_answers() {
             .expect(1)
             .mount(&mock)
             .await;
-        let provider = provider(&mock.uri(), "k", 3);
+        let provider = provider(&mock.uri(), "k");
         let body = local_body();
         let estimate = TokenCount {
             input_tokens: request_input_tokens(&body).unwrap(),
@@ -746,13 +770,13 @@ async fn without_a_count_endpoint_the_local_estimate_answers() {
         ))
         .mount(&mock)
         .await;
-    let refused = count(&provider(&mock.uri(), "k", 3), &local_body()).await;
+    let refused = count(&provider(&mock.uri(), "k"), &local_body()).await;
     assert!(
         matches!(refused, Err(ProviderError::Status { status: 401, ref message, .. }) if message.contains("invalid x-api-key")),
         "{refused:?}"
     );
     assert!(matches!(
-        count(&provider(&mock.uri(), "k", 3), "{not json").await,
+        count(&provider(&mock.uri(), "k"), "{not json").await,
         Err(ProviderError::InvalidRequest(_))
     ));
 }
@@ -760,7 +784,7 @@ async fn without_a_count_endpoint_the_local_estimate_answers() {
 #[tokio::test]
 async fn the_sim_counts_what_it_bills_over_http_and_in_process() {
     let server = start(None).await;
-    let remote = provider(&server.base, "test", 0);
+    let remote = provider(&server.base, "test");
     let local = SimProvider::new(SimConfig::default());
     let mut bodies = vec![base().cache_at(-1).json()];
     bodies.extend(fork_children());
@@ -782,7 +806,7 @@ async fn the_sim_counts_what_it_bills_over_http_and_in_process() {
 #[tokio::test]
 async fn thinking_sessions_accept_the_per_child_shape_and_refuse_the_old_one() {
     let server = start(None).await;
-    let remote = provider(&server.base, "test", 0);
+    let remote = provider(&server.base, "test");
     let params = CacheSafeParams {
         model: MODEL.into(),
         system: RenderedSystem::from_stored(&prose(2000)),

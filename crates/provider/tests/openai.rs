@@ -11,8 +11,8 @@ use std::time::Duration;
 use common::*;
 use forkd_core::Usage;
 use forkd_provider::{
-    Accumulator, BlockStart, Completion, OpenAiConfig, OpenAiProvider, Provider, ProviderError,
-    RetryPolicy, StreamEvent,
+    Accumulator, BlockStart, Completion, FailureKind, OpenAiConfig, OpenAiProvider, Provider,
+    ProviderError, StreamEvent,
 };
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -23,19 +23,13 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
-fn provider(base: &str, max_retries: u32) -> OpenAiProvider {
+/// A provider on `base`. It makes one attempt per request: retrying is the engine's limiter's.
+fn provider(base: &str) -> OpenAiProvider {
     OpenAiProvider::new(OpenAiConfig {
         base_url: format!("{base}/v1"),
         api_key: Some("sk-test".into()),
         model: Some("qwen2.5-7b".into()),
         read_timeout: Duration::from_secs(10),
-        retry: RetryPolicy {
-            max_retries,
-            backoff_base: Duration::from_millis(2),
-            backoff_cap: Duration::from_millis(10),
-            max_retry_after: Duration::from_secs(5),
-            max_server_error_retries: 2,
-        },
         ..OpenAiConfig::default()
     })
     .unwrap()
@@ -97,7 +91,7 @@ async fn the_request_is_a_streaming_chat_completion() {
         .expect(1)
         .mount(&mock)
         .await;
-    let done = bounded(&provider(&mock.uri(), 0), &conversation().json()).await;
+    let done = bounded(&provider(&mock.uri()), &conversation().json()).await;
     let done = done.unwrap();
     assert_eq!(done.message.text(), "It is empty.");
     assert_eq!(done.stop_reason.as_deref(), Some("end_turn"));
@@ -155,7 +149,7 @@ async fn tool_call_chunks_become_tool_use_blocks() {
         .respond_with(ResponseTemplate::new(200).set_body_raw(body, "text/event-stream"))
         .mount(&mock)
         .await;
-    let done = bounded(&provider(&mock.uri(), 0), &conversation().json())
+    let done = bounded(&provider(&mock.uri()), &conversation().json())
         .await
         .unwrap();
     let (id, name, block) = done.message.tool_uses().next().unwrap();
@@ -172,7 +166,7 @@ async fn siblings_send_one_prompt_cache_key() {
         .respond_with(answer("ok"))
         .mount(&mock)
         .await;
-    let provider = provider(&mock.uri(), 0);
+    let provider = provider(&mock.uri());
     let sibling = |directive: &str| {
         Body::default()
             .system(&prose(300))
@@ -195,7 +189,7 @@ async fn siblings_send_one_prompt_cache_key() {
 }
 
 #[tokio::test]
-async fn client_errors_are_final_and_server_errors_retried() {
+async fn client_errors_are_final_and_server_errors_retryable() {
     let mock = MockServer::start().await;
     let error = r#"{"error":{"message":"This model's maximum context length is 8192 tokens","type":"invalid_request_error","code":null}}"#;
     Mock::given(method("POST"))
@@ -203,35 +197,73 @@ async fn client_errors_are_final_and_server_errors_retried() {
         .expect(1)
         .mount(&mock)
         .await;
-    let failed = bounded(&provider(&mock.uri(), 3), &conversation().json()).await;
+    let failed = bounded(&provider(&mock.uri()), &conversation().json()).await;
     assert!(
         matches!(failed, Err(ProviderError::Status { status: 400, ref message, .. }) if message.contains("maximum context length")),
         "{failed:?}"
     );
 
-    // 503, then a 429 asking for 20 ms, then a stream that ends before its first chunk: all
-    // retried, because nothing was yielded yet.
-    let mock = MockServer::start().await;
+    // 503, a 429 asking for 20 ms, a stream that ends before its first chunk: each one
+    // attempt, and each worth another (the limiter's to make).
     let failures = [
-        ResponseTemplate::new(503),
-        ResponseTemplate::new(429).insert_header("retry-after-ms", "20"),
-        ResponseTemplate::new(200).set_body_raw(": keep-alive\n\n", "text/event-stream"),
+        (ResponseTemplate::new(503), FailureKind::Unavailable),
+        (
+            ResponseTemplate::new(429).insert_header("retry-after-ms", "20"),
+            FailureKind::RateLimited {
+                retry_after: Some(Duration::from_millis(20)),
+            },
+        ),
+        (
+            ResponseTemplate::new(200).set_body_raw(": keep-alive\n\n", "text/event-stream"),
+            FailureKind::Unavailable,
+        ),
     ];
-    for response in failures {
+    for (response, kind) in failures {
+        let mock = MockServer::start().await;
         Mock::given(method("POST"))
             .respond_with(response)
-            .up_to_n_times(1)
             .expect(1)
             .mount(&mock)
             .await;
+        let failed = bounded(&provider(&mock.uri()), &conversation().json()).await;
+        assert_eq!(
+            failed.as_ref().map_err(ProviderError::kind).err(),
+            Some(kind)
+        );
+        assert!(failed.unwrap_err().is_retryable());
     }
+}
+
+#[tokio::test]
+async fn the_limits_headers_come_first_in_the_stream() {
+    let mock = MockServer::start().await;
     Mock::given(method("POST"))
-        .respond_with(answer("whole"))
-        .expect(1)
+        .respond_with(
+            answer("limited")
+                .insert_header("x-ratelimit-limit-requests", "60")
+                .insert_header("x-ratelimit-remaining-requests", "59")
+                .insert_header("x-ratelimit-reset-requests", "1s")
+                .insert_header("x-ratelimit-limit-tokens", "150000")
+                .insert_header("x-ratelimit-remaining-tokens", "149000")
+                .insert_header("x-ratelimit-reset-tokens", "6m0s"),
+        )
         .mount(&mock)
         .await;
-    let done = bounded(&provider(&mock.uri(), 3), &conversation().json()).await;
-    assert_eq!(done.map(|c| c.message.text()), Ok("whole".into()));
+    let (events, error) = events(&provider(&mock.uri()), &conversation().json()).await;
+    assert_eq!(error, None);
+    let Some(StreamEvent::RateLimits(limits)) = events.first() else {
+        panic!("{events:?}");
+    };
+    let requests = limits.requests.unwrap();
+    assert_eq!(
+        (requests.limit, requests.remaining, requests.reset),
+        (60, 59, Duration::from_secs(1))
+    );
+    let tokens = limits.tokens.unwrap();
+    assert_eq!(
+        (tokens.limit, tokens.remaining, tokens.reset),
+        (150_000, 149_000, Duration::from_secs(360))
+    );
 }
 
 /// Every event of one request, up to the first error.
@@ -258,7 +290,7 @@ async fn events(
 #[tokio::test]
 async fn a_stream_cut_after_its_first_events_goes_to_the_caller() {
     // No finish, no usage, no [DONE]: the text was already yielded, so the provider does not
-    // retry; the engine re-requests.
+    // retry (it never does); the engine re-requests.
     let mock = MockServer::start().await;
     let cut = format!("data: {}\n\n", delta(json!({"content": "par"}), None));
     Mock::given(method("POST"))
@@ -272,7 +304,7 @@ async fn a_stream_cut_after_its_first_events_goes_to_the_caller() {
         .expect(0)
         .mount(&mock)
         .await;
-    let (events, error) = events(&provider(&mock.uri(), 3), &conversation().json()).await;
+    let (events, error) = events(&provider(&mock.uri()), &conversation().json()).await;
     assert!(matches!(error, Some(ProviderError::Stream(_))), "{error:?}");
     assert!(matches!(
         events.as_slice(),
@@ -291,7 +323,7 @@ async fn usage_comes_whole_in_the_closing_message_delta() {
         .respond_with(answer("cached"))
         .mount(&mock)
         .await;
-    let (events, error) = events(&provider(&mock.uri(), 0), &conversation().json()).await;
+    let (events, error) = events(&provider(&mock.uri()), &conversation().json()).await;
     assert_eq!(error, None);
     let end = Usage {
         input_tokens: 52,
@@ -343,21 +375,21 @@ async fn an_error_chunk_is_a_status_error() {
         .expect(1)
         .mount(&mock)
         .await;
-    let failed = bounded(&provider(&mock.uri(), 1), &conversation().json()).await;
+    let failed = bounded(&provider(&mock.uri()), &conversation().json()).await;
     assert!(
         matches!(failed, Err(ProviderError::Status { status: 500, ref message, .. }) if message == "engine died"),
         "{failed:?}"
     );
 
-    // As the first chunk, nothing was yielded: retried.
+    // As the first chunk: the status it names.
     let mock = MockServer::start().await;
     let body = sse(&[json!({"error": {"message": "engine died", "code": 503}})]);
     Mock::given(method("POST"))
         .respond_with(ResponseTemplate::new(200).set_body_raw(body, "text/event-stream"))
-        .expect(2)
+        .expect(1)
         .mount(&mock)
         .await;
-    let failed = bounded(&provider(&mock.uri(), 1), &conversation().json()).await;
+    let failed = bounded(&provider(&mock.uri()), &conversation().json()).await;
     assert!(
         matches!(failed, Err(ProviderError::Status { status: 503, .. })),
         "{failed:?}"
@@ -418,7 +450,7 @@ async fn events_are_yielded_while_the_body_is_still_open() {
         socket.shutdown().await.unwrap();
     });
 
-    let provider = provider(&base, 0);
+    let provider = provider(&base);
     let mut stream = provider.stream(request(MODEL, &conversation().json()));
     let mut acc = Accumulator::default();
     let first_text = async {
@@ -467,7 +499,7 @@ async fn bodies_it_cannot_convert_are_refused_before_sending() {
     let image = Body::default()
         .user(&[json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}).to_string()])
         .json();
-    let refused = bounded(&provider(&mock.uri(), 3), &image).await;
+    let refused = bounded(&provider(&mock.uri()), &image).await;
     assert!(
         matches!(refused, Err(ProviderError::InvalidRequest(_))),
         "{refused:?}"

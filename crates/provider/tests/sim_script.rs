@@ -279,7 +279,10 @@ async fn sleep_spreads_the_response_and_starts_promptly() {
 
 #[tokio::test(start_paused = true)]
 async fn latency_grows_with_uncached_input() {
-    let sim = SimProvider::new(SimConfig { speed: 1.0 });
+    let sim = SimProvider::new(SimConfig {
+        speed: 1.0,
+        ..SimConfig::default()
+    });
     let body = Body::default()
         .system(&prose(3000))
         .user(&[text("Hi.")])

@@ -59,7 +59,9 @@ impl From<ProviderError> for ApiError {
                 retry_after,
             },
             ProviderError::InvalidRequest(message) => Self::new(400, message),
-            ProviderError::Stream(message) => Self::new(500, message),
+            other @ (ProviderError::Stream(_)
+            | ProviderError::Unreachable(_)
+            | ProviderError::GaveUp { .. }) => Self::new(500, other.to_string()),
         }
     }
 }

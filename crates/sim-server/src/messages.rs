@@ -3,16 +3,18 @@
 //!
 //! The sim's first event (or its error) is awaited before the status line goes out, so a
 //! scripted failure is an HTTP error status, as the real API answers an overloaded or
-//! rate-limited request; an error after that is an SSE `error` event.
+//! rate-limited request; an error after that is an SSE `error` event. When the sim limits its
+//! rate, every response carries the `anthropic-ratelimit-*` headers: an admitted one as the sim
+//! stated them when it admitted the request, any other as the limits stand when it answers.
 
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use forkd_provider::{Accumulator, EventStream, ModelRequest, Provider, StreamEvent};
+use forkd_provider::{Accumulator, EventStream, ModelRequest, Provider, RateLimits, StreamEvent};
 use futures::StreamExt;
 use serde::Deserialize;
 
@@ -34,15 +36,25 @@ pub(crate) async fn create(
     body: Bytes,
 ) -> Response {
     let request_id = format!("req_sim_{}", uuid::Uuid::now_v7().simple());
-    let mut response = match handle(&app, &headers, &body).await {
-        Ok(response) => response,
+    let (mut response, limits) = match handle(&app, &headers, &body).await {
+        Ok(answered) => answered,
         Err(e) => {
             tracing::debug!(status = e.status, message = %e.message, "Sim request failed");
-            e.into_response()
+            (e.into_response(), app.sim.rate_limits())
         }
     };
+    let out = response.headers_mut();
     if let Ok(v) = request_id.parse() {
-        response.headers_mut().insert("request-id", v);
+        out.insert("request-id", v);
+    }
+    let now = std::time::SystemTime::now();
+    for (name, value) in limits.iter().flat_map(|l| l.anthropic_headers(now)) {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            out.insert(name, value);
+        }
     }
     response
 }
@@ -52,7 +64,12 @@ pub(crate) fn read_body(body: &[u8]) -> Result<&str, ApiError> {
     std::str::from_utf8(body).map_err(|_| ApiError::new(400, "the request body is not UTF-8"))
 }
 
-async fn handle(app: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
+/// The response, and the limits the sim stated when it admitted the request.
+async fn handle(
+    app: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(Response, Option<RateLimits>), ApiError> {
     authorize(headers, &app.config)?;
     let text = read_body(body)?;
     let head: Head = serde_json::from_str(text)
@@ -64,17 +81,22 @@ async fn handle(app: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<Resp
         model: model.clone(),
         body: Arc::from(text),
     });
-    let first = match events.next().await {
-        Some(Ok(event)) => event,
-        Some(Err(e)) => return Err(e.into()),
-        None => return Err(ApiError::new(500, "the model produced no response")),
+    let mut limits = None;
+    let first = loop {
+        match events.next().await {
+            Some(Ok(StreamEvent::RateLimits(stated))) => limits = Some(stated),
+            Some(Ok(event)) => break event,
+            Some(Err(e)) => return Err(e.into()),
+            None => return Err(ApiError::new(500, "the model produced no response")),
+        }
     };
-    if head.stream == Some(true) {
+    let response = if head.stream == Some(true) {
         let cut = app.config.cuts.take();
-        Ok(streamed(first, events, model, cut))
+        streamed(first, events, model, cut)
     } else {
-        whole(first, events, &model).await
-    }
+        whole(first, events, &model).await?
+    };
+    Ok((response, limits))
 }
 
 /// What the body stream of a streamed response still has to do.

@@ -89,6 +89,8 @@ pub(crate) fn event_frame(event: &StreamEvent, model: &str) -> String {
             )
         }
         StreamEvent::MessageStop => frame("message_stop", &json!({"type": "message_stop"})),
+        // Sent as the response's headers, not as an event.
+        StreamEvent::RateLimits(_) => String::new(),
     }
 }
 

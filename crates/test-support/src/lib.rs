@@ -6,9 +6,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use forkd::daemon::{self, DaemonConfig, RunningDaemon};
+use forkd::daemon::{self, DaemonConfig, ProviderKind, RunningDaemon};
 use forkd_proto::v1 as pb;
 use forkd_proto::v1::forkd_client::ForkdClient;
+use forkd_provider::{AnthropicConfig, SimProvider};
+use forkd_sim_server::SimServerConfig;
 use tempfile::TempDir;
 use tonic::transport::{Channel, Endpoint};
 
@@ -91,6 +93,58 @@ pub async fn connect(addr: &str) -> anyhow::Result<ForkdClient<Channel>> {
     Ok(ForkdClient::new(channel))
 }
 
+/// A `forkd sim-server` serving `sim` on a loopback port for the rest of the test: its base
+/// URL. Keep a clone of `sim` to read what it answered ([`SimProvider::answered`]).
+pub async fn sim_server(sim: SimProvider, config: SimServerConfig) -> anyhow::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(forkd_sim_server::serve(
+        listener,
+        sim,
+        config,
+        std::future::pending(),
+    ));
+    Ok(format!("http://{addr}"))
+}
+
+/// Points the daemon's `anthropic` provider at `base_url` (a [`sim_server`]) with `api_key`.
+pub fn use_anthropic(config: &mut DaemonConfig, base_url: &str, api_key: &str) {
+    config.provider = ProviderKind::Anthropic;
+    let mut anthropic = AnthropicConfig::new(api_key);
+    anthropic.base_url = base_url.to_owned();
+    config.anthropic = Some(anthropic);
+}
+
+/// A client of one tenant over the daemon's TCP listener: every request carries its bearer
+/// token.
+pub struct Caller {
+    pub client: ForkdClient<Channel>,
+    authorization: tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
+}
+
+impl Caller {
+    /// Connects to `daemon`'s TCP listener (the daemon must listen on one) as the tenant whose
+    /// token is `secret`.
+    pub async fn new(daemon: &TestDaemon, secret: &str) -> anyhow::Result<Self> {
+        let addr = daemon
+            .tcp_addr()
+            .context("the daemon does not listen on TCP")?;
+        Ok(Caller {
+            client: connect(&format!("http://127.0.0.1:{}", addr.port())).await?,
+            authorization: format!("Bearer {secret}").parse()?,
+        })
+    }
+
+    /// `message` as a request with the tenant's token.
+    pub fn req<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        request
+            .metadata_mut()
+            .insert("authorization", self.authorization.clone());
+        request
+    }
+}
+
 /// Starts a daemon with the default test settings: the sim at speed 0, fast retries.
 pub async fn spawn_daemon() -> anyhow::Result<TestDaemon> {
     spawn_daemon_with(|_| {}).await
@@ -102,8 +156,8 @@ pub async fn spawn_daemon_with(
 ) -> anyhow::Result<TestDaemon> {
     let home = tempfile::Builder::new().prefix("forkd-test-").tempdir()?;
     let mut config = DaemonConfig::new(home.path().to_path_buf());
-    config.engine.retry.base_delay = Duration::from_millis(5);
-    config.engine.retry.max_delay = Duration::from_millis(50);
+    config.engine.admission.backoff_base = Duration::from_millis(5);
+    config.engine.admission.backoff_cap = Duration::from_millis(50);
     tweak(&mut config);
     let daemon = daemon::start(config).await?;
     Ok(TestDaemon {

@@ -38,7 +38,14 @@ pub fn engine_on(store: Arc<SqliteStore>, sim: SimConfig, config: EngineConfig) 
 
 /// An engine on `dir`'s database and the instant sim, with `config`.
 pub async fn engine_with(dir: &Path, config: EngineConfig) -> Engine {
-    engine_on(store(dir).await, SimConfig { speed: 0.0 }, config)
+    engine_on(
+        store(dir).await,
+        SimConfig {
+            speed: 0.0,
+            ..SimConfig::default()
+        },
+        config,
+    )
 }
 
 /// An engine on `dir`'s database and the instant sim, with the default settings.

@@ -59,8 +59,14 @@ pub struct FileConfig {
     pub secret_key_file: Option<PathBuf>,
     /// The most agents running at once (0: no cap); the others wait as `pending`, in order.
     pub max_running_agents: Option<usize>,
-    /// The most model requests in flight at once (0: no cap).
+    /// The most model requests in flight at once per provider key and model (0: no cap);
+    /// the limiter's concurrency window grows up to it.
     pub max_concurrent_requests: Option<usize>,
+    /// How long a model request refused for a rate limit or an overload keeps trying
+    /// (`"15m"`).
+    pub provider_patience: Option<String>,
+    /// The same for a provider that cannot be reached at all (`"60s"`).
+    pub unreachable_patience: Option<String>,
     /// How many levels below its session an agent may be started (a fork child's typed agent
     /// is at 2).
     pub max_agent_depth: Option<u32>,
@@ -204,6 +210,22 @@ impl FileConfig {
                     .map_err(|e| anyhow::anyhow!("{CONFIG_FILE}: grace = {v:?}: {e}"))
             })
             .transpose()
+    }
+
+    /// `provider_patience` and `unreachable_patience`, parsed like `grace`.
+    pub(super) fn patience(&self) -> anyhow::Result<[Option<Duration>; 2]> {
+        let parse = |key: &str, v: &Option<String>| {
+            v.as_deref()
+                .map(|v| {
+                    humantime_duration(v)
+                        .map_err(|e| anyhow::anyhow!("{CONFIG_FILE}: {key} = {v:?}: {e}"))
+                })
+                .transpose()
+        };
+        Ok([
+            parse("provider_patience", &self.provider_patience)?,
+            parse("unreachable_patience", &self.unreachable_patience)?,
+        ])
     }
 
     /// `lease`, parsed like `grace`; zero is refused (no daemon could keep a claim).

@@ -69,6 +69,18 @@ pub struct ServeFlags {
         |d| humantime::format_duration(d.grace),
     ))]
     pub grace: Option<Duration>,
+    #[arg(long, value_parser = humantime_duration, help = with_default(
+        "How long a model request the provider refuses for a rate limit or an overload (429, \
+         529, 503) keeps trying before its agent fails (env FORKD_PROVIDER_PATIENCE)",
+        |d| humantime::format_duration(d.provider_patience),
+    ))]
+    pub provider_patience: Option<Duration>,
+    #[arg(long, value_parser = humantime_duration, help = with_default(
+        "How long a model request keeps trying a provider that cannot be reached at all \
+         (refused connection, DNS, TLS) (env FORKD_UNREACHABLE_PATIENCE)",
+        |d| humantime::format_duration(d.unreachable_patience),
+    ))]
+    pub unreachable_patience: Option<Duration>,
     #[arg(long, value_parser = lease_duration, help = with_default(
         "How long this daemon's claim on a running agent lasts without a heartbeat; another \
          daemon on the same PostgreSQL adopts the agent once it expires (env FORKD_LEASE)",

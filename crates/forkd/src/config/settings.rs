@@ -44,6 +44,10 @@ pub struct Settings {
     /// `None`: no cap.
     pub max_running_agents: Option<usize>,
     pub max_concurrent_requests: Option<usize>,
+    /// How long a refused model request keeps trying, and the same for an unreachable
+    /// provider.
+    pub provider_patience: Duration,
+    pub unreachable_patience: Duration,
     pub max_agent_depth: u32,
     pub compact_threshold: f64,
     pub tenant_budgets: BTreeMap<String, forkd_store::Budget>,
@@ -94,7 +98,9 @@ impl Default for Settings {
             tls: daemon.tls,
             secret_key_file: daemon.secret_key_file,
             max_running_agents: engine.max_running_agents,
-            max_concurrent_requests: engine.max_concurrent_requests,
+            max_concurrent_requests: Some(engine.admission.max_concurrency),
+            provider_patience: engine.admission.patience,
+            unreachable_patience: engine.admission.unreachable_patience,
             max_agent_depth: engine.max_agent_depth,
             compact_threshold: engine.compact_threshold,
             tenant_budgets: BTreeMap::new(),
@@ -183,6 +189,21 @@ impl Settings {
         let requests = file.max_concurrent_requests;
         let requests = layers.pick(None, "FORKD_MAX_CONCURRENT_REQUESTS", from_str, requests)?;
         self.max_concurrent_requests = cap(requests, self.max_concurrent_requests);
+        let [patience, unreachable] = file.patience()?;
+        let patience = layers.pick(
+            flags.provider_patience,
+            "FORKD_PROVIDER_PATIENCE",
+            duration,
+            patience,
+        )?;
+        self.provider_patience = patience.unwrap_or(self.provider_patience);
+        let unreachable = layers.pick(
+            flags.unreachable_patience,
+            "FORKD_UNREACHABLE_PATIENCE",
+            duration,
+            unreachable,
+        )?;
+        self.unreachable_patience = unreachable.unwrap_or(self.unreachable_patience);
         let depth = file.max_agent_depth;
         let depth = layers.pick(None, "FORKD_MAX_AGENT_DEPTH", from_str, depth)?;
         self.max_agent_depth = depth.unwrap_or(self.max_agent_depth);
@@ -309,7 +330,15 @@ impl Settings {
         config.engine.auto_background = forkd_engine::auto_background(self.auto_background_secs);
         config.engine.fork_always_async = self.fork_always_async;
         config.engine.max_running_agents = self.max_running_agents;
-        config.engine.max_concurrent_requests = self.max_concurrent_requests;
+        // No cap: as many as any server would take at once.
+        config.engine.admission.max_concurrency = self.max_concurrent_requests.unwrap_or(4096);
+        config.engine.admission.initial_concurrency = config
+            .engine
+            .admission
+            .initial_concurrency
+            .min(config.engine.admission.max_concurrency);
+        config.engine.admission.patience = self.provider_patience;
+        config.engine.admission.unreachable_patience = self.unreachable_patience;
         config.engine.max_agent_depth = self.max_agent_depth;
         config.engine.compact_threshold = self.compact_threshold;
         config.engine.tenant_budgets = self

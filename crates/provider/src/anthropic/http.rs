@@ -69,10 +69,14 @@ fn chain(e: &reqwest::Error) -> String {
 }
 
 /// A failure to send a request or read its response. Everything but a request that could not
-/// be built is worth retrying: refused or reset connections, timeouts, a body cut off.
+/// be built is worth retrying: refused or reset connections, timeouts, a body cut off. A
+/// connection that could not be made at all (refused, a name that does not resolve, a failed
+/// TLS handshake) is [`ProviderError::Unreachable`]: a wrong address must fail fast.
 pub(crate) fn transport_error(e: &reqwest::Error) -> ProviderError {
     if e.is_builder() {
         ProviderError::InvalidRequest(chain(e))
+    } else if e.is_connect() {
+        ProviderError::Unreachable(chain(e))
     } else {
         ProviderError::Stream(chain(e))
     }

@@ -32,6 +32,8 @@ pub(crate) struct Write {
 pub(crate) struct Lookup {
     pub usage: Usage,
     pub writes: Vec<Write>,
+    /// The entry read, to refresh when the request is admitted.
+    pub hit: Option<[u8; 32]>,
 }
 
 /// All readable entries of one sim, keyed by prefix hash (which already includes the model).
@@ -60,12 +62,28 @@ impl PromptCache {
 
     /// Looks a request's blocks up. The longest hit over all breakpoints is read (and its entry
     /// refreshed); everything from there to the last breakpoint is written.
+    #[cfg(test)]
     pub(crate) fn lookup(
         &mut self,
         blocks: &[CacheBlock],
         min_tokens: u64,
         now: Instant,
     ) -> Lookup {
+        let lookup = self.peek(blocks, min_tokens, now);
+        self.touch(&lookup, now);
+        lookup
+    }
+
+    /// Refreshes the entry a lookup read.
+    pub(crate) fn touch(&mut self, lookup: &Lookup, now: Instant) {
+        if let Some(entry) = lookup.hit.and_then(|key| self.entries.get_mut(&key)) {
+            entry.expires_at = entry.expires_at.max(now + entry.ttl);
+        }
+    }
+
+    /// What [`lookup`](Self::lookup) decides, without refreshing anything: a request that is
+    /// then refused (over a rate limit) changes nothing.
+    pub(crate) fn peek(&self, blocks: &[CacheBlock], min_tokens: u64, now: Instant) -> Lookup {
         let cumulative: Vec<u64> = blocks
             .iter()
             .scan(0u64, |sum, b| {
@@ -80,6 +98,7 @@ impl PromptCache {
                 ..Usage::default()
             },
             writes: Vec::new(),
+            hit: None,
         };
         let breakpoints: Vec<usize> = (0..blocks.len())
             .filter(|&i| blocks[i].breakpoint.is_some())
@@ -93,12 +112,7 @@ impl PromptCache {
             .filter(|&i| self.readable(&blocks[i].prefix, now))
             .max();
         let read = match hit {
-            Some(h) => {
-                if let Some(entry) = self.entries.get_mut(&blocks[h].prefix) {
-                    entry.expires_at = entry.expires_at.max(now + entry.ttl);
-                }
-                cumulative[h]
-            }
+            Some(h) => cumulative[h],
             // A prefix under the minimum is processed uncached, without any error.
             None if cumulative[last] < min_tokens => return uncached,
             None => 0,
@@ -121,6 +135,7 @@ impl PromptCache {
                 output_tokens: 0,
             },
             writes,
+            hit: hit.map(|h| blocks[h].prefix),
         }
     }
 

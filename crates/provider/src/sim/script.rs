@@ -23,6 +23,9 @@ pub(crate) struct Fail {
     pub line: usize,
     pub status: u16,
     pub times: u32,
+    /// The `retry-after` the failure carries: as the script says, else one second for a 429
+    /// and none for the others.
+    pub retry_after: Option<Duration>,
 }
 
 /// What shapes one response besides its content.
@@ -106,21 +109,35 @@ fn fail(line: usize, args: &str) -> Result<Fail, String> {
         .and_then(|s| s.parse::<u16>().ok())
         .filter(|s| (400..600).contains(s))
         .ok_or_else(|| format!("bad fail status in {args:?} (use e.g. 529 x2)"))?;
-    let times = match words.next() {
+    let mut next = words.next();
+    let times = match next.filter(|w| *w != "retry-after") {
         None => 1,
-        Some(w) => w
-            .strip_prefix('x')
-            .and_then(|n| n.parse::<u32>().ok())
-            .filter(|&n| n > 0)
-            .ok_or_else(|| format!("bad fail count {w:?} (use e.g. x2)"))?,
+        Some(w) => {
+            next = words.next();
+            w.strip_prefix('x')
+                .and_then(|n| n.parse::<u32>().ok())
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("bad fail count {w:?} (use e.g. x2)"))?
+        }
+    };
+    let retry_after = match next {
+        None => (status == 429).then_some(Duration::from_secs(1)),
+        Some("retry-after") => {
+            let d = words
+                .next()
+                .ok_or("retry-after needs a duration (use e.g. retry-after 3s)")?;
+            Some(duration(d)?)
+        }
+        Some(extra) => return Err(format!("unexpected {extra:?} after fail count")),
     };
     if let Some(extra) = words.next() {
-        return Err(format!("unexpected {extra:?} after fail count"));
+        return Err(format!("unexpected {extra:?} after retry-after"));
     }
     Ok(Fail {
         line,
         status,
         times,
+        retry_after,
     })
 }
 
@@ -264,11 +281,32 @@ mod tests {
             vec![Fail {
                 line: 7,
                 status: 529,
-                times: 2
+                times: 2,
+                retry_after: None,
             }]
         );
         assert_eq!(script.say, vec!["all good", "really"]);
         assert_eq!(script.final_mods, Mods::default());
+    }
+
+    #[test]
+    fn a_failure_carries_the_retry_after_it_names() {
+        let cases = [
+            ("@sim fail 429", 1, Some(1000)),
+            ("@sim fail 529", 1, None),
+            ("@sim fail 429 x3 retry-after 600s", 3, Some(600_000)),
+            ("@sim fail 503 retry-after 250ms", 1, Some(250)),
+        ];
+        for (text, times, after_ms) in cases {
+            let script = parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            let fail = script.final_mods.fails[0];
+            assert_eq!(fail.times, times, "{text}");
+            assert_eq!(
+                fail.retry_after,
+                after_ms.map(Duration::from_millis),
+                "{text}"
+            );
+        }
     }
 
     #[test]
@@ -281,6 +319,12 @@ mod tests {
             ("@sim sleep 3h", 1, "bad duration"),
             ("@sim fail 200", 1, "bad fail status"),
             ("@sim fail 529 2", 1, "bad fail count"),
+            ("@sim fail 429 retry-after", 1, "needs a duration"),
+            (
+                "@sim fail 429 x2 retry-after 3s soon",
+                1,
+                "unexpected \"soon\"",
+            ),
         ];
         for (text, line, needle) in cases {
             match parse(text) {

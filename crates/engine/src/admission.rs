@@ -1,0 +1,736 @@
+//! Admission: the one place that decides when a model request may go, and what happens after
+//! the provider refuses one. Every agent's requests — fork children, typed agents, parent turns,
+//! compaction — pass through it (`model.rs`); providers make one attempt per request.
+//!
+//! There is one limiter per **key**: the provider's kind, base URL and key fingerprint
+//! ([`Credential`]) and the model, since a provider's limits are per credential and model class.
+//! For each key it keeps:
+//!
+//! - **the limits the provider stated** (`bucket`): its `*-ratelimit-*` headers teach each
+//!   limit's capacity and refill rate, and requests are paced by them — each admitted request
+//!   is charged one request, its estimated uncached input tokens (the prefix forkd knows is warm
+//!   is not counted: cache reads do not count for the input limit) and `max_tokens` of output;
+//!   the usage that comes back corrects the charge. Pacing by rate, not by concurrency: a
+//!   per-minute quota is spent by how many requests start, not by how many are open.
+//! - **one pause for the key**: a 429's `retry-after` (with up to 10 % jitter) holds every
+//!   request for the key, not only the refused one — the daemon backs off as one client. A 429
+//!   before any limit is known makes the key probe: one request at a time until one succeeds.
+//! - **a concurrency window** for overload (529, 503 and other 5xx): additive increase per
+//!   success, halved at most once a second on overload. It is the right control for a server
+//!   that is busy, and the wrong one for quotas, so it is only that.
+//! - **a fair queue** (`queue`): parent turns before batch work, tenants in turn within each,
+//!   and a request sent again after a refusal before its tenant's others.
+//!
+//! A refused request waits and goes again while its **patience** lasts: `provider_patience`
+//! (15 minutes by default) from its first refusal; a provider that cannot be reached at all
+//! (refused connection, DNS, TLS) has a short patience of its own (60 s), so a wrong base URL
+//! fails fast. A plain 500 is tried only a few times (a self-hosted server answers 500 to a
+//! request it cannot handle, every time). What cannot succeed by asking again (400, 401, 403)
+//! fails at once. When patience is spent the request fails naming the limit, how long it waited
+//! and how many refusals it got ([`ProviderError::GaveUp`]). A kill drops the waiting future;
+//! shutdown's drain ends the wait through `stop`.
+
+mod bucket;
+mod queue;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use forkd_core::Usage;
+use forkd_provider::{Credential, FailureKind, ProviderError, RateLimits};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use bucket::Buckets;
+pub(crate) use bucket::Cost;
+pub use queue::Class;
+use queue::FairQueue;
+
+/// How the limiter waits and gives up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdmissionConfig {
+    /// How long a request refused for a rate limit or an overload (429, 529, 503, a cut
+    /// stream) keeps trying, from its first refusal.
+    pub patience: Duration,
+    /// The same for a provider that cannot be reached at all.
+    pub unreachable_patience: Duration,
+    /// Requests in flight per key at first; the window then grows by one per window of
+    /// successes, up to `max_concurrency`, and halves on overload.
+    pub initial_concurrency: usize,
+    pub max_concurrency: usize,
+    /// Backoff for a refusal that says no time: doubled per refusal, with jitter, capped.
+    pub backoff_base: Duration,
+    pub backoff_cap: Duration,
+    /// Retries, at most, for a plain 500 (or another 5xx that is not an overload or gateway
+    /// status).
+    pub max_server_error_retries: u32,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        Self {
+            patience: Duration::from_secs(15 * 60),
+            unreachable_patience: Duration::from_secs(60),
+            initial_concurrency: 64,
+            max_concurrency: 256,
+            backoff_base: Duration::from_millis(500),
+            backoff_cap: Duration::from_secs(30),
+            max_server_error_retries: 2,
+        }
+    }
+}
+
+/// One limit: whose, and for which model.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct LimitKey {
+    pub credential: Credential,
+    pub model: String,
+}
+
+/// One request asking to go.
+#[derive(Debug, Clone)]
+pub(crate) struct Ticket {
+    pub tenant: Arc<str>,
+    pub class: Class,
+    pub cost: Cost,
+}
+
+/// Why a request did not go.
+#[derive(Debug)]
+pub(crate) enum Refused {
+    /// The provider's answer (or the last one, once patience ran out).
+    Provider(ProviderError),
+    /// The daemon is shutting down: the request was never sent.
+    Stopped,
+}
+
+/// The limiters of one daemon, by key.
+#[derive(Debug, Default)]
+pub(crate) struct Admission {
+    config: AdmissionConfig,
+    keys: Mutex<HashMap<LimitKey, Arc<Key>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update under these locks is a few field writes: a panic cannot leave them torn.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The longest the limiter waits for a bucket in one go (it looks again then).
+const MAX_TIMER: Duration = Duration::from_secs(3600);
+
+impl Admission {
+    pub(crate) fn new(config: AdmissionConfig) -> Self {
+        Self {
+            config,
+            keys: Mutex::default(),
+        }
+    }
+
+    fn key(&self, name: &LimitKey) -> Arc<Key> {
+        let mut keys = lock(&self.keys);
+        let key = keys.entry(name.clone()).or_insert_with(|| {
+            Arc::new(Key {
+                name: name.clone(),
+                state: Mutex::new(KeyState::new(&self.config)),
+            })
+        });
+        Arc::clone(key)
+    }
+
+    /// The uncached input tokens of a request of `total` input tokens, of which the first
+    /// `prefix` share the fingerprint `fingerprint`, sent by `agent`: what the cache will not
+    /// serve, as far as the limiter knows what is warm.
+    pub(crate) fn uncached_estimate(
+        &self,
+        name: &LimitKey,
+        agent: u128,
+        fingerprint: &str,
+        total: u64,
+        prefix: u64,
+    ) -> u64 {
+        let key = self.key(name);
+        let state = lock(&key.state);
+        let now = Instant::now();
+        let mut warm = 0;
+        if state.warm.prefix(fingerprint, now) {
+            warm = prefix;
+        }
+        if let Some(previous) = state.warm.agent(agent, now) {
+            warm = warm.max(previous);
+        }
+        total.saturating_sub(warm)
+    }
+
+    /// Starts a request through `name`'s limiter. The caller loops: [`Attempts::admit`] waits
+    /// for its turn, the caller sends, then reports [`Attempts::succeeded`] or
+    /// [`Attempts::failed`], which waits before the next attempt or says to stop.
+    pub(crate) fn request(&self, name: &LimitKey, ticket: Ticket) -> Attempts<'_> {
+        Attempts {
+            config: &self.config,
+            key: self.key(name),
+            ticket,
+            trouble: None,
+            permit: None,
+        }
+    }
+}
+
+/// One request's attempts through its key's limiter.
+#[derive(Debug)]
+pub(crate) struct Attempts<'a> {
+    config: &'a AdmissionConfig,
+    key: Arc<Key>,
+    ticket: Ticket,
+    trouble: Option<Trouble>,
+    permit: Option<Permit>,
+}
+
+impl Attempts<'_> {
+    /// Waits until the request may go: its turn in the queue, the key's pause over, room in
+    /// the window and in every limit. The [`Observer`] reports what the response says.
+    pub(crate) async fn admit(&mut self, stop: &CancellationToken) -> Result<Observer, Refused> {
+        self.permit = None;
+        let deadline = self.trouble.as_ref().map(Trouble::deadline);
+        let permit = tokio::select! {
+            biased;
+            () = stop.cancelled() => return Err(Refused::Stopped),
+            permit = self.key.acquire(&self.ticket, self.trouble.is_some()) => permit,
+            () = sleep_until(deadline) => {
+                return Err(give_up(&self.key, self.trouble.take(), "spent waiting for its turn"));
+            }
+        };
+        let observer = permit.observer();
+        self.permit = Some(permit);
+        Ok(observer)
+    }
+
+    /// The attempt got its answer.
+    pub(crate) fn succeeded(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            permit.succeeded();
+        }
+        if let Some(t) = &self.trouble {
+            crate::metrics::throttle_wait(&self.key.name, t.since.elapsed());
+        }
+    }
+
+    /// The attempt failed with `error`: waits before the next attempt (`Ok`), or says why there
+    /// is none (`Err`: a failure that asking again cannot mend, patience spent, shutdown).
+    pub(crate) async fn failed(
+        &mut self,
+        error: ProviderError,
+        stop: &CancellationToken,
+    ) -> Result<(), Refused> {
+        let config = self.config;
+        let key = Arc::clone(&self.key);
+        let permit = self.permit.take();
+        let now = Instant::now();
+        let failure = Failure::of(&error);
+        let t = self
+            .trouble
+            .get_or_insert_with(|| Trouble::new(now, config));
+        let own_wait = match failure {
+            Failure::Final => return Err(Refused::Provider(error)),
+            Failure::ServerError if t.server_errors >= config.max_server_error_retries => {
+                return Err(Refused::Provider(error));
+            }
+            Failure::RateLimited { retry_after } => {
+                if let Some(p) = &permit {
+                    p.refund();
+                }
+                key.rate_limited(retry_after, t.refusals, config, now);
+                Duration::ZERO
+            }
+            Failure::Overloaded => {
+                key.overloaded(now);
+                t.backoff(config)
+            }
+            Failure::ServerError => {
+                t.server_errors += 1;
+                t.backoff(config)
+            }
+            Failure::Unreachable => t.backoff(config),
+        };
+        drop(permit);
+        t.refusals += 1;
+        if failure != Failure::Unreachable {
+            t.patience = config.patience;
+        }
+        let wait = own_wait.max(key.pause_left(now));
+        crate::metrics::throttled(&key.name, failure.label(&error));
+        tracing::info!(
+            provider = key.name.credential.provider,
+            model = %key.name.model,
+            refusals = t.refusals,
+            wait_ms = wait.as_millis() as u64,
+            error = %error,
+            "The provider refused a request; it goes again"
+        );
+        t.last = Some(error);
+        // A wait that would end past the patience is not begun.
+        if now + wait > t.deadline() {
+            return Err(give_up(
+                &key,
+                self.trouble.take(),
+                "spent before the next attempt could go",
+            ));
+        }
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => Err(Refused::Stopped),
+            () = tokio::time::sleep(own_wait) => Ok(()),
+        }
+    }
+}
+
+/// What a request has been through since its first refusal.
+#[derive(Debug)]
+struct Trouble {
+    since: Instant,
+    patience: Duration,
+    refusals: u32,
+    server_errors: u32,
+    backoffs: u32,
+    last: Option<ProviderError>,
+}
+
+impl Trouble {
+    fn new(now: Instant, config: &AdmissionConfig) -> Self {
+        Self {
+            since: now,
+            // The short patience until a refusal shows the provider is there.
+            patience: config.unreachable_patience.min(config.patience),
+            refusals: 0,
+            server_errors: 0,
+            backoffs: 0,
+            last: None,
+        }
+    }
+
+    fn deadline(&self) -> Instant {
+        self.since + self.patience
+    }
+
+    fn backoff(&mut self, config: &AdmissionConfig) -> Duration {
+        let wait = jittered_backoff(config, self.backoffs);
+        self.backoffs += 1;
+        wait
+    }
+}
+
+fn give_up(key: &Key, trouble: Option<Trouble>, when: &str) -> Refused {
+    let Some(t) = trouble else {
+        return Refused::Stopped;
+    };
+    let waited = t.since.elapsed();
+    let limits = lock(&key.state).buckets.describe();
+    let mut why = format!(
+        "{} on {} at {:?}",
+        key.name.credential.provider, key.name.model, key.name.credential.endpoint
+    );
+    if !limits.is_empty() {
+        why.push_str(&format!("; its limits: {limits}"));
+    }
+    why.push_str(&format!(
+        "; patience {}: {when}",
+        humantime::format_duration(Duration::from_secs(t.patience.as_secs()))
+    ));
+    let last = t
+        .last
+        .unwrap_or_else(|| ProviderError::Stream("no answer".into()));
+    Refused::Provider(ProviderError::GaveUp {
+        why,
+        waited,
+        refusals: t.refusals,
+        last: Box::new(last),
+    })
+}
+
+/// Exponential backoff with "equal jitter": half of the step fixed, half random.
+fn jittered_backoff(config: &AdmissionConfig, n: u32) -> Duration {
+    let step = config
+        .backoff_base
+        .saturating_mul(2u32.saturating_pow(n.min(16)))
+        .min(config.backoff_cap);
+    let half = step / 2;
+    half + half.mul_f64(fastrand::f64())
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What a failed attempt means for the next one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Failure {
+    RateLimited {
+        retry_after: Option<Duration>,
+    },
+    /// 529, 502, 503, 504, or a stream cut off: busy, try again.
+    Overloaded,
+    /// Another 5xx: maybe the request, maybe the server.
+    ServerError,
+    Unreachable,
+    /// Asking again cannot help.
+    Final,
+}
+
+impl Failure {
+    fn of(error: &ProviderError) -> Self {
+        match (error, error.kind()) {
+            (ProviderError::GaveUp { .. }, _) => Failure::Final,
+            (ProviderError::Unreachable(_), _) => Failure::Unreachable,
+            (_, FailureKind::RateLimited { retry_after }) => Failure::RateLimited { retry_after },
+            (ProviderError::Status { status, .. }, FailureKind::Unavailable)
+                if !matches!(status, 502 | 503 | 504 | 529) =>
+            {
+                Failure::ServerError
+            }
+            (_, FailureKind::Unavailable) => Failure::Overloaded,
+            (_, FailureKind::Unauthorized | FailureKind::Rejected) => Failure::Final,
+        }
+    }
+
+    /// The metric's label.
+    fn label(self, error: &ProviderError) -> String {
+        match (self, error) {
+            (_, ProviderError::Status { status, .. }) => status.to_string(),
+            (Failure::Unreachable, _) => "unreachable".to_owned(),
+            _ => "stream".to_owned(),
+        }
+    }
+}
+
+/// One key's limiter.
+#[derive(Debug)]
+struct Key {
+    name: LimitKey,
+    state: Mutex<KeyState>,
+}
+
+#[derive(Debug)]
+struct KeyState {
+    queue: FairQueue<Waiter>,
+    in_flight: usize,
+    /// The concurrency window (AIMD).
+    window: f64,
+    max_window: f64,
+    /// Every request of the key waits until then (a 429's `retry-after`).
+    paused_until: Option<Instant>,
+    /// A 429 came before any limit was known: one request at a time until one succeeds.
+    probing: bool,
+    last_decrease: Option<Instant>,
+    buckets: Buckets,
+    /// When the timer that pumps the queue next fires.
+    timer: Option<Instant>,
+    warm: Warmth,
+}
+
+impl KeyState {
+    fn new(config: &AdmissionConfig) -> Self {
+        let max = config.max_concurrency.max(1) as f64;
+        Self {
+            queue: FairQueue::default(),
+            in_flight: 0,
+            window: (config.initial_concurrency.max(1) as f64).min(max),
+            max_window: max,
+            paused_until: None,
+            probing: false,
+            last_decrease: None,
+            buckets: Buckets::default(),
+            timer: None,
+            warm: Warmth::default(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Waiter {
+    cost: Cost,
+    tx: oneshot::Sender<Permit>,
+}
+
+impl Key {
+    fn state(&self) -> MutexGuard<'_, KeyState> {
+        lock(&self.state)
+    }
+
+    async fn acquire(self: &Arc<Self>, ticket: &Ticket, first: bool) -> Permit {
+        loop {
+            let (tx, rx) = oneshot::channel();
+            let waiter = Waiter {
+                cost: ticket.cost,
+                tx,
+            };
+            self.state()
+                .queue
+                .push(ticket.class, &ticket.tenant, waiter, first);
+            self.pump();
+            if let Ok(permit) = rx.await {
+                return permit;
+            }
+        }
+    }
+
+    /// Admits the waiting requests that may go now, in the queue's order, and sets a timer for
+    /// when the next may.
+    fn pump(self: &Arc<Self>) {
+        let mut wake_at = None;
+        {
+            let mut s = self.state();
+            let now = Instant::now();
+            while let Some(head) = s.queue.peek() {
+                if head.tx.is_closed() {
+                    s.queue.pop();
+                    continue;
+                }
+                let cost = head.cost;
+                if let Some(until) = s.paused_until {
+                    if until > now {
+                        wake_at = Some(until);
+                        break;
+                    }
+                    s.paused_until = None;
+                }
+                if s.in_flight as f64 >= s.window.floor().max(1.0) || (s.probing && s.in_flight > 0)
+                {
+                    break;
+                }
+                let wait = s.buckets.wait(cost, now);
+                if !wait.is_zero() {
+                    wake_at = Some(now + wait.min(MAX_TIMER));
+                    break;
+                }
+                let Some(waiter) = s.queue.pop() else { break };
+                s.buckets.take(cost, now);
+                s.in_flight += 1;
+                let permit = Permit {
+                    key: Arc::clone(self),
+                    charged: Arc::new(Mutex::new(cost)),
+                    armed: true,
+                };
+                if let Err(mut unsent) = waiter.tx.send(permit) {
+                    unsent.armed = false;
+                    s.in_flight -= 1;
+                    s.buckets.refund(cost, now);
+                }
+            }
+            crate::metrics::limiter(
+                &self.name,
+                s.window,
+                s.in_flight,
+                s.queue.len(),
+                &s.buckets.rates(),
+            );
+            match wake_at {
+                Some(at) if s.timer.is_none_or(|t| at < t) => s.timer = Some(at),
+                _ => wake_at = None,
+            }
+        }
+        if let Some(at) = wake_at {
+            let key = Arc::clone(self);
+            tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                {
+                    let mut s = key.state();
+                    if s.timer == Some(at) {
+                        s.timer = None;
+                    }
+                }
+                key.pump();
+            });
+        }
+    }
+
+    fn pause_left(&self, now: Instant) -> Duration {
+        self.state()
+            .paused_until
+            .map_or(Duration::ZERO, |u| u.saturating_duration_since(now))
+    }
+
+    fn rate_limited(
+        self: &Arc<Self>,
+        retry_after: Option<Duration>,
+        refusals: u32,
+        config: &AdmissionConfig,
+        now: Instant,
+    ) {
+        let wait = match retry_after {
+            Some(after) => after + after.mul_f64(0.1 * fastrand::f64()),
+            None => jittered_backoff(config, refusals),
+        };
+        {
+            let mut s = self.state();
+            let until = now + wait.min(MAX_TIMER);
+            s.paused_until = Some(s.paused_until.map_or(until, |u| u.max(until)));
+            if !s.buckets.known() {
+                s.probing = true;
+            }
+        }
+        self.pump();
+    }
+
+    fn overloaded(&self, now: Instant) {
+        let mut s = self.state();
+        if s.last_decrease
+            .is_none_or(|t| now.saturating_duration_since(t) >= Duration::from_secs(1))
+        {
+            s.window = (s.window / 2.0).max(1.0);
+            s.last_decrease = Some(now);
+        }
+    }
+}
+
+/// A request's place in flight. Dropping it frees the place.
+#[derive(Debug)]
+pub(crate) struct Permit {
+    key: Arc<Key>,
+    /// What the buckets were charged for it, as corrected so far.
+    charged: Arc<Mutex<Cost>>,
+    armed: bool,
+}
+
+impl Permit {
+    fn observer(&self) -> Observer {
+        Observer {
+            key: Arc::clone(&self.key),
+            charged: Arc::clone(&self.charged),
+        }
+    }
+
+    fn succeeded(&self) {
+        let mut s = self.key.state();
+        s.probing = false;
+        s.window = (s.window + 1.0 / s.window).min(s.max_window);
+    }
+
+    /// Gives the charge back: the provider refused the request and counted nothing.
+    fn refund(&self) {
+        let cost = *lock(&self.charged);
+        self.key.state().buckets.refund(cost, Instant::now());
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.key.state().in_flight -= 1;
+        self.key.pump();
+    }
+}
+
+/// What an attempt tells the limiter about its response, as it streams.
+#[derive(Debug, Clone)]
+pub(crate) struct Observer {
+    key: Arc<Key>,
+    charged: Arc<Mutex<Cost>>,
+}
+
+impl Observer {
+    /// The limits the response's headers stated.
+    pub(crate) fn limits(&self, limits: &RateLimits) {
+        self.key.state().buckets.observe(limits, Instant::now());
+        self.key.pump();
+    }
+
+    /// The input side of the usage (at `message_start`): the charge becomes the uncached
+    /// input the provider counted, and what the request read or wrote is warm from now on:
+    /// the prefix `fingerprint` names, and everything the agent sent.
+    /// A provider that reports usage only at the end (chat completions) says zero at the
+    /// start: the charge then stands until the end's usage comes.
+    pub(crate) fn started(&self, agent: u128, fingerprint: &str, usage: &Usage) {
+        if *usage == Usage::default() {
+            return;
+        }
+        let now = Instant::now();
+        let uncached = (usage.input_tokens + usage.cache_creation_input_tokens) as f64;
+        let cached = usage.cache_creation_input_tokens + usage.cache_read_input_tokens;
+        {
+            let mut s = self.key.state();
+            let mut charged = lock(&self.charged);
+            let delta = Cost {
+                input_tokens: uncached - charged.input_tokens,
+                output_tokens: 0.0,
+            };
+            charged.input_tokens = uncached;
+            s.buckets.correct(delta, now);
+            if cached > 0 {
+                if !fingerprint.is_empty() {
+                    s.warm.warmed_prefix(fingerprint, now);
+                }
+                s.warm.warmed_agent(agent, cached, now);
+            }
+        }
+        self.key.pump();
+    }
+
+    /// The output tokens the response produced (at its end): the `max_tokens` charged at
+    /// admission is corrected to them.
+    pub(crate) fn finished(&self, output_tokens: u64) {
+        {
+            let mut s = self.key.state();
+            let mut charged = lock(&self.charged);
+            let delta = Cost {
+                input_tokens: 0.0,
+                output_tokens: output_tokens as f64 - charged.output_tokens,
+            };
+            charged.output_tokens = output_tokens as f64;
+            s.buckets.correct(delta, Instant::now());
+        }
+        self.key.pump();
+    }
+}
+
+/// What the limiter knows is in the provider's cache: prefixes by fingerprint (a batch's
+/// shared part, once a sibling's response started), and each agent's last request (its next
+/// request starts with it). Entries live as long as a cache entry: 5 minutes.
+#[derive(Debug, Default)]
+struct Warmth {
+    prefixes: HashMap<String, Instant>,
+    agents: HashMap<u128, (u64, Instant)>,
+}
+
+/// How long a cache entry lives unread.
+const CACHE_TTL: Duration = Duration::from_secs(300);
+
+impl Warmth {
+    fn prefix(&self, fingerprint: &str, now: Instant) -> bool {
+        self.prefixes
+            .get(fingerprint)
+            .is_some_and(|&at| now.saturating_duration_since(at) < CACHE_TTL)
+    }
+
+    fn agent(&self, agent: u128, now: Instant) -> Option<u64> {
+        self.agents
+            .get(&agent)
+            .filter(|(_, at)| now.saturating_duration_since(*at) < CACHE_TTL)
+            .map(|(tokens, _)| *tokens)
+    }
+
+    fn warmed_prefix(&mut self, fingerprint: &str, now: Instant) {
+        if self.prefixes.len() >= 4096 {
+            self.prefixes
+                .retain(|_, at| now.saturating_duration_since(*at) < CACHE_TTL);
+        }
+        self.prefixes.insert(fingerprint.to_owned(), now);
+    }
+
+    fn warmed_agent(&mut self, agent: u128, tokens: u64, now: Instant) {
+        if self.agents.len() >= 65_536 {
+            self.agents
+                .retain(|_, (_, at)| now.saturating_duration_since(*at) < CACHE_TTL);
+        }
+        self.agents.insert(agent, (tokens, now));
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,125 @@
+//! The order in which waiting requests are admitted: interactive parent turns before batch
+//! work, tenants in turn (round robin) within each, and each tenant's requests in the order
+//! they came — a request sent again after a refusal first, since it has waited longest.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// Who goes first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// A session's parent turn: someone is waiting for its answer.
+    Interactive,
+    /// Fork children, typed agents, compaction of their transcripts.
+    Batch,
+}
+
+/// Waiting items by class and tenant.
+#[derive(Debug)]
+pub(super) struct FairQueue<T> {
+    /// Indexed by class: interactive first.
+    classes: [Ring<T>; 2],
+}
+
+impl<T> Default for FairQueue<T> {
+    fn default() -> Self {
+        Self {
+            classes: [Ring::default(), Ring::default()],
+        }
+    }
+}
+
+/// The tenants of one class with something waiting; the front one is served next.
+#[derive(Debug)]
+struct Ring<T> {
+    tenants: VecDeque<(Arc<str>, VecDeque<T>)>,
+}
+
+impl<T> Default for Ring<T> {
+    fn default() -> Self {
+        Self {
+            tenants: VecDeque::new(),
+        }
+    }
+}
+
+fn slot(class: Class) -> usize {
+    match class {
+        Class::Interactive => 0,
+        Class::Batch => 1,
+    }
+}
+
+impl<T> FairQueue<T> {
+    /// Queues `item`; `first` puts it before the tenant's other items.
+    pub(super) fn push(&mut self, class: Class, tenant: &Arc<str>, item: T, first: bool) {
+        let ring = &mut self.classes[slot(class)];
+        let queue = match ring.tenants.iter_mut().position(|(t, _)| t == tenant) {
+            Some(i) => &mut ring.tenants[i].1,
+            None => {
+                ring.tenants
+                    .push_back((Arc::clone(tenant), VecDeque::new()));
+                let last = ring.tenants.len() - 1;
+                &mut ring.tenants[last].1
+            }
+        };
+        if first {
+            queue.push_front(item);
+        } else {
+            queue.push_back(item);
+        }
+    }
+
+    /// The item served next.
+    pub(super) fn peek(&self) -> Option<&T> {
+        self.classes
+            .iter()
+            .find_map(|ring| ring.tenants.front().and_then(|(_, q)| q.front()))
+    }
+
+    /// Takes the item served next; its tenant goes to the back of its class's ring.
+    pub(super) fn pop(&mut self) -> Option<T> {
+        let ring = self.classes.iter_mut().find(|r| !r.tenants.is_empty())?;
+        let (tenant, mut queue) = ring.tenants.pop_front()?;
+        let item = queue.pop_front();
+        if !queue.is_empty() {
+            ring.tenants.push_back((tenant, queue));
+        }
+        item
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.classes
+            .iter()
+            .flat_map(|r| r.tenants.iter())
+            .map(|(_, q)| q.len())
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interactive_first_then_tenants_in_turn() {
+        let a: Arc<str> = "a".into();
+        let b: Arc<str> = "b".into();
+        let mut q = FairQueue::default();
+        for i in 0..4 {
+            q.push(Class::Batch, &a, format!("a{i}"), false);
+        }
+        q.push(Class::Batch, &b, "b0".to_owned(), false);
+        q.push(Class::Batch, &b, "b1".to_owned(), false);
+        q.push(Class::Interactive, &b, "turn".to_owned(), false);
+        q.push(Class::Batch, &a, "a-retry".to_owned(), true);
+        assert_eq!(q.len(), 8);
+        assert_eq!(q.peek().map(String::as_str), Some("turn"));
+        let order: Vec<String> = std::iter::from_fn(|| q.pop()).collect();
+        assert_eq!(
+            order,
+            ["turn", "a-retry", "b0", "a0", "b1", "a1", "a2", "a3"],
+            "A's long batch does not hold B's requests back"
+        );
+    }
+}
