@@ -7,7 +7,7 @@
 #   --quick          a smaller run (under 2 minutes on 2 cores; the full run is under 10)
 #   --json FILE      also write every figure and raw measurement as one JSON object
 #   --only FIGURES   comma-separated: cache,overhead,memory,durability,notifications,scale,sandbox,
-#                    compaction,scaleout
+#                    compaction,scaleout,limits
 #
 # The scale-out figure runs its PostgreSQL rows when FORKD_BENCH_DATABASE_URL names a server
 # (postgres://user:password@host:5432/postgres, a role that may create databases).
@@ -113,6 +113,10 @@ what else runs on it.
    real \`forkd serve\` processes against one sim-server — \`ForkBatch\` latency, children per
    second, notification latency across daemons, adoption after SIGKILL — against one daemon on
    SQLite.
+10. **Client batches at the provider's limits**: the \`anthropic\` provider against
+   \`forkd sim-server --rate-limit\` — 1000 children at 50 requests/s and 400k input tokens/s,
+   200 at 5 requests/s — wall time against the floor the limits set, 429s as a share of
+   requests, the same batch without limits, and another tenant's turn during the batch.
 
 EOF
     cat "$report"

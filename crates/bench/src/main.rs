@@ -10,6 +10,7 @@ mod cache;
 mod common;
 mod compaction;
 mod durability;
+mod limits;
 mod memory;
 mod notify;
 mod overhead;
@@ -38,6 +39,7 @@ enum Figure {
     Sandbox,
     Compaction,
     Scaleout,
+    Limits,
 }
 
 /// forkd's benchmark suite.
@@ -101,6 +103,7 @@ async fn run_figure(figure: Figure, ctx: &common::Ctx) -> anyhow::Result<Section
         Figure::Sandbox => sandbox::run(ctx).await,
         Figure::Compaction => compaction::run(ctx).await,
         Figure::Scaleout => scaleout::run(ctx).await,
+        Figure::Limits => limits::run(ctx).await,
     }
 }
 

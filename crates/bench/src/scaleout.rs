@@ -16,7 +16,6 @@ use anyhow::Context as _;
 use forkd_proto::v1 as pb;
 use forkd_proto::v1::forkd_client::ForkdClient;
 use forkd_provider::{SimConfig, SimProvider};
-use forkd_sim_server::{SimServerConfig, StreamCuts};
 use serde_json::json;
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 use tonic::transport::Channel;
@@ -26,7 +25,7 @@ use crate::overhead::connect;
 use crate::report::{Section, Table};
 
 const DATABASE_VAR: &str = "FORKD_BENCH_DATABASE_URL";
-const API_KEY: &str = "bench-key";
+const API_KEY: &str = common::SIM_API_KEY;
 const PREFIX: u64 = 100_000;
 const N: usize = 8;
 const LEASE: &str = "1s";
@@ -306,22 +305,11 @@ fn forkd_binary() -> anyhow::Result<PathBuf> {
 }
 
 async fn sim_server() -> anyhow::Result<String> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let config = SimServerConfig {
-        api_key: Some(API_KEY.into()),
-        cuts: StreamCuts::default(),
-    };
-    tokio::spawn(forkd_sim_server::serve(
-        listener,
-        SimProvider::new(SimConfig {
-            speed: 0.0,
-            ..SimConfig::default()
-        }),
-        config,
-        std::future::pending(),
-    ));
-    Ok(format!("http://{addr}"))
+    common::sim_server(SimProvider::new(SimConfig {
+        speed: 0.0,
+        ..SimConfig::default()
+    }))
+    .await
 }
 
 async fn start(
