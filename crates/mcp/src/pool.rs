@@ -220,13 +220,19 @@ impl Server {
     /// The server's tools, starting it if it is not up.
     pub async fn tools(&self) -> Result<Vec<ServerTool>, ServerError> {
         let mut state = self.state.lock().await;
-        self.ensure(&mut state).await?;
+        self.ensure(&mut state, None).await?;
         self.touch();
         Ok(state.tools.clone())
     }
 
-    /// The live connection, started if there is none (and the backoff allows).
-    async fn ensure(&self, state: &mut State) -> Result<Arc<Conn>, ServerError> {
+    /// The live connection, started if there is none. A server that failed is started again
+    /// after its backoff: a call that may wait until `wait_until` waits for that restart (the
+    /// others waiting behind it on the state's lock), anything else is told when it will be.
+    async fn ensure(
+        &self,
+        state: &mut State,
+        wait_until: Option<Instant>,
+    ) -> Result<Arc<Conn>, ServerError> {
         if let Some(conn) = &state.conn {
             if !conn.peer.is_transport_closed() {
                 return Ok(conn.clone());
@@ -236,10 +242,18 @@ impl Server {
         if let Some(at) = state.retry_at {
             let now = Instant::now();
             if at > now {
-                return Err(self.err(format!(
-                    "failed and is being restarted; the next attempt is in {} ms",
-                    (at - now).as_millis()
-                )));
+                if wait_until.is_none_or(|until| at > until) {
+                    return Err(self.err(format!(
+                        "failed and is being restarted; the next attempt is in {} ms{}",
+                        (at - now).as_millis(),
+                        if wait_until.is_some() {
+                            ", past this call's timeout"
+                        } else {
+                            ""
+                        }
+                    )));
+                }
+                tokio::time::sleep_until(at).await;
             }
         }
         match tokio::time::timeout(START_TIMEOUT, self.start()).await {
@@ -380,9 +394,21 @@ impl Server {
         arguments: Value,
         cancel: &CancellationToken,
     ) -> CallOutput {
+        let limit = self.spec.call_timeout;
+        let started = Instant::now();
         let conn = {
-            let mut state = self.state.lock().await;
-            match self.ensure(&mut state).await {
+            let wait_for_restart = async {
+                let mut state = self.state.lock().await;
+                let conn = self.ensure(&mut state, Some(started + limit)).await;
+                (state, conn)
+            };
+            let (state, conn) = tokio::select! {
+                got = wait_for_restart => got,
+                () = cancel.cancelled() => {
+                    return CallOutput::error("The call was cancelled: the agent was stopped.");
+                }
+            };
+            match conn {
                 Ok(conn) => {
                     if !state.tools.iter().any(|t| t.name == tool) {
                         return CallOutput::error(format!(
@@ -409,10 +435,10 @@ impl Server {
             return CallOutput::error("The tool's input must be a JSON object.");
         };
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
-        let limit = self.spec.call_timeout;
+        // The timeout counts from the call, a wait for a restart included.
         let outcome = tokio::select! {
             result = conn.peer.call_tool(params) => Some(result),
-            () = tokio::time::sleep(limit) => None,
+            () = tokio::time::sleep_until(started + limit) => None,
             () = cancel.cancelled() => {
                 return CallOutput::error("The call was cancelled: the agent was stopped.");
             }
