@@ -395,11 +395,11 @@ impl Server {
         cancel: &CancellationToken,
     ) -> CallOutput {
         let limit = self.spec.call_timeout;
-        let started = Instant::now();
         let conn = {
+            // A restart due within the call's timeout is waited for.
             let wait_for_restart = async {
                 let mut state = self.state.lock().await;
-                let conn = self.ensure(&mut state, Some(started + limit)).await;
+                let conn = self.ensure(&mut state, Some(Instant::now() + limit)).await;
                 (state, conn)
             };
             let (state, conn) = tokio::select! {
@@ -435,10 +435,9 @@ impl Server {
             return CallOutput::error("The tool's input must be a JSON object.");
         };
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
-        // The timeout counts from the call, a wait for a restart included.
         let outcome = tokio::select! {
             result = conn.peer.call_tool(params) => Some(result),
-            () = tokio::time::sleep_until(started + limit) => None,
+            () = tokio::time::sleep(limit) => None,
             () = cancel.cancelled() => {
                 return CallOutput::error("The call was cancelled: the agent was stopped.");
             }
