@@ -90,6 +90,7 @@ async fn append_rate(
             created_at_ms: now,
             updated_at_ms: now,
             held_by: None,
+            throttled_since_ms: None,
         };
         store
             .insert_agent(&agent, Some(&Block::text("Append.")), None)

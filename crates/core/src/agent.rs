@@ -159,6 +159,10 @@ pub struct Agent {
     /// The daemon that last claimed the agent: the one running it while it runs (see
     /// [`crate::store::Holder`]), the one that ran it last once it has ended.
     pub held_by: Option<crate::DaemonId>,
+    /// Since when (ms) the agent's model request has been held back by the provider's limits
+    /// (a 429, 529 or 503 it is waiting out); `None` while it is not. The agent stays
+    /// `running`.
+    pub throttled_since_ms: Option<i64>,
 }
 
 /// What a notification is about: a fork child or a typed agent that ended, or a parent turn

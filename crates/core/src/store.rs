@@ -470,10 +470,15 @@ pub trait Store: Send + Sync + 'static {
     /// Records that the batch's warm-up gate opened (idempotent): its pending children may now
     /// run on any daemon ([`Store::take_pending`]).
     async fn open_gate(&self, batch: BatchId) -> Result<()>;
+    /// Records that a live agent's model request is held back by the provider's limits since
+    /// `since_ms`, or (`None`) that it no longer is ([`Agent::throttled_since_ms`]). An agent
+    /// that has ended is left as it is.
+    async fn set_throttled(&self, id: AgentId, since_ms: Option<i64>) -> Result<()>;
     /// Takes up to `limit` pending fork children that another daemon holds, for this daemon to
     /// run at once: they become `running`, held by this daemon (no other daemon takes or claims
     /// them while it renews; its runs claim them again). Children of batches whose warm-up gate opened, or was
-    /// created more than `gate_timeout` ago (a gate never waits forever), first batch first, in
+    /// created more than `gate_timeout` ago (a gate never waits forever) unless its first child
+    /// is throttled under a live lease (its siblings would miss the cache), first batch first, in
     /// index order. Rows another daemon is taking at the same moment are skipped, not waited
     /// for (`FOR UPDATE SKIP LOCKED`).
     async fn take_pending(

@@ -110,6 +110,7 @@ fn child(
             created_at_ms: now,
             updated_at_ms: now,
             held_by: None,
+            throttled_since_ms: None,
         },
     }
 }

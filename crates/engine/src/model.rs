@@ -225,6 +225,11 @@ impl Engine {
         let agent_key = agent.id.as_uuid().as_u128();
         let mut attempts = self.inner.admission.request(&key, ticket);
         let stop = &self.inner.draining;
+        let mut mark = ThrottleMark {
+            engine: self,
+            agent: agent.id,
+            set: false,
+        };
         let completion = loop {
             let observer = attempts.admit(stop).await.map_err(refused)?;
             let sent = Sent {
@@ -237,9 +242,15 @@ impl Engine {
                     attempts.succeeded();
                     break completion;
                 }
-                Err(e) => attempts.failed(e, stop).await.map_err(refused)?,
+                Err(e) => {
+                    if e.is_retryable() {
+                        mark.set(now_ms()).await;
+                    }
+                    attempts.failed(e, stop).await.map_err(refused)?;
+                }
             }
         };
+        mark.clear().await;
         Ok(Timed {
             completion,
             took: started.elapsed(),
@@ -273,6 +284,55 @@ impl Engine {
         let completion = acc.finish()?;
         sent.observer.finished(completion.usage.output_tokens);
         Ok(completion)
+    }
+}
+
+/// An agent's stored `throttled` mark ([`forkd_core::Agent::throttled_since_ms`]): set at its
+/// request's first refusal, cleared when the request goes through, fails, or is dropped (a kill).
+/// A write that fails only leaves `ps` behind; it is logged.
+struct ThrottleMark<'a> {
+    engine: &'a Engine,
+    agent: forkd_core::AgentId,
+    set: bool,
+}
+
+impl ThrottleMark<'_> {
+    async fn set(&mut self, since_ms: i64) {
+        if self.set {
+            return;
+        }
+        self.set = true;
+        if let Err(e) = self
+            .engine
+            .store()
+            .set_throttled(self.agent, Some(since_ms))
+            .await
+        {
+            tracing::warn!(error = %e, "Cannot record that the agent is throttled");
+        }
+    }
+
+    async fn clear(mut self) {
+        if std::mem::take(&mut self.set)
+            && let Err(e) = self.engine.store().set_throttled(self.agent, None).await
+        {
+            tracing::warn!(error = %e, "Cannot record that the agent is no longer throttled");
+        }
+    }
+}
+
+impl Drop for ThrottleMark<'_> {
+    fn drop(&mut self) {
+        if !self.set {
+            return;
+        }
+        let store = std::sync::Arc::clone(self.engine.store());
+        let agent = self.agent;
+        tokio::spawn(async move {
+            if let Err(e) = store.set_throttled(agent, None).await {
+                tracing::warn!(error = %e, "Cannot record that the agent is no longer throttled");
+            }
+        });
     }
 }
 

@@ -502,6 +502,7 @@ impl Engine {
                     created_at_ms: now,
                     updated_at_ms: now,
                     held_by: None,
+                    throttled_since_ms: None,
                 };
                 store.insert_agent(&agent, None, None).await?;
                 agent

@@ -151,6 +151,7 @@ impl Engine {
             created_at_ms: now,
             updated_at_ms: now,
             held_by: None,
+            throttled_since_ms: None,
         };
         let block = Block::text(&directive.prompt);
         self.inner

@@ -66,6 +66,7 @@ async fn fork_and_run(query_source: Option<&str>) -> (NotificationStatus, String
         created_at_ms: 0,
         updated_at_ms: 0,
         held_by: None,
+        throttled_since_ms: None,
     };
     let tool_use = fork::fork_directives(batch.assistant().unwrap())[0]
         .0

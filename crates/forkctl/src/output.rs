@@ -62,6 +62,15 @@ pub fn state_name(state: AgentState) -> &'static str {
     }
 }
 
+/// An agent's state as people read it: [`state_name`], and `running (throttled)` while the
+/// provider's limits hold its request back.
+pub fn agent_state_label(agent: &Agent) -> &'static str {
+    match agent.state() {
+        AgentState::Running if agent.throttled_since.is_some() => "running (throttled)",
+        state => state_name(state),
+    }
+}
+
 /// `completed`, `failed`, `killed` (or `unspecified`).
 pub fn status_name(status: NotificationStatus) -> &'static str {
     match status {

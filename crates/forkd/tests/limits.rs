@@ -182,6 +182,27 @@ async fn a_kill_and_a_shutdown_end_a_long_wait_at_once() {
     .await
     .unwrap();
     answered_when(&sim, |a| a.status == 429).await;
+    // It waits `running`, and says it is throttled.
+    let waiting = tokio::time::timeout(DEADLINE, async {
+        loop {
+            let agent = client
+                .get_agent(pb::GetAgentRequest {
+                    agent_id: batch.agent_ids[0].clone(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .agent
+                .unwrap();
+            if agent.throttled_since.is_some() {
+                return agent;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the agent was marked throttled");
+    assert_eq!(waiting.state(), pb::AgentState::Running);
     let started = Instant::now();
     client
         .kill(pb::KillRequest {

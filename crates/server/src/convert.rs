@@ -77,6 +77,10 @@ pub(crate) fn agent(a: &Agent) -> pb::Agent {
         created_at: Some(timestamp(a.created_at_ms)),
         updated_at: Some(timestamp(a.updated_at_ms)),
         daemon: a.held_by.map(|d| d.to_string()).unwrap_or_default(),
+        throttled_since: a
+            .throttled_since_ms
+            .filter(|_| a.state == forkd_core::AgentState::Running)
+            .map(timestamp),
     }
 }
 

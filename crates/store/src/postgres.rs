@@ -524,6 +524,16 @@ impl Store for PgStore {
         .await)
     }
 
+    async fn set_throttled(&self, id: AgentId, since_ms: Option<i64>) -> StoreResult<()> {
+        db(async move {
+            let mut tx = self.begin_write().await?;
+            agents::set_throttled(&mut tx, id, since_ms).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await)
+    }
+
     async fn take_pending(
         &self,
         limit: u32,

@@ -39,6 +39,7 @@ async fn main_loop(
         created_at_ms: 1,
         updated_at_ms: 1,
         held_by: None,
+        throttled_since_ms: None,
     };
     store.insert_agent(&parent, None, None).await?;
     let lease = store.claim_agent(parent.id).await?;

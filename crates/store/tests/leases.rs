@@ -22,6 +22,7 @@ conformance!(
     a_kill_of_an_agent_no_daemon_holds_is_left_to_whoever_records_it,
     an_idle_main_loop_is_claimed_by_any_daemon_and_a_cancel_ends_with_its_turn,
     pending_children_are_taken_by_other_daemons_once_their_gate_opens,
+    a_throttled_first_child_keeps_its_gate_shut_past_the_timeout,
     a_sqlite_database_opened_again_ends_its_earlier_holders_leases,
 );
 
@@ -280,6 +281,33 @@ async fn pending_children_are_taken_by_other_daemons_once_their_gate_opens(
     let taken = b.take_pending(10, SHORT).await?;
     assert_eq!(taken.len(), 2, "{taken:?}");
     assert!(taken.contains(&late.children[0].agent.id));
+    Ok(())
+}
+
+async fn a_throttled_first_child_keeps_its_gate_shut_past_the_timeout(
+    store: TestStore,
+) -> TestResult {
+    let a = store.daemon_with_lease(LONG).await?;
+    let b = store.daemon_with_lease(LONG).await?;
+    let fx = batch_now(&*a, 3).await?;
+    let ids: Vec<_> = fx.children.iter().map(|x| x.agent.id).collect();
+    a.claim_agent(ids[0]).await?;
+    // Child 1 is refused by the provider's limits and waits; every daemon sees it.
+    let since = fx.batch.created_at_ms + 1;
+    a.set_throttled(ids[0], Some(since)).await?;
+    let first = b.get_agent(ids[0]).await?.ok_or("agent missing")?;
+    assert_eq!(
+        (first.state, first.throttled_since_ms),
+        (AgentState::Running, Some(since))
+    );
+    // Past the gate's timeout, while child 1 is only throttled, its siblings stay put.
+    expire(SHORT).await;
+    assert!(b.take_pending(10, SHORT).await?.is_empty());
+    // Its request went through (or failed): the timeout releases them again.
+    a.set_throttled(ids[0], None).await?;
+    let first = b.get_agent(ids[0]).await?.ok_or("agent missing")?;
+    assert_eq!(first.throttled_since_ms, None);
+    assert_eq!(b.take_pending(10, SHORT).await?, ids[1..]);
     Ok(())
 }
 

@@ -115,6 +115,7 @@ async fn a_fork_batch_stores_its_shared_prefix_once_and_its_children(
         // Stored as given, and held by the daemon that created it (see `leases.rs`).
         let held = forkd_core::Agent {
             held_by: Some(store.holder().daemon),
+            throttled_since_ms: None,
             ..child.agent.clone()
         };
         assert_eq!(agent, held);
@@ -213,6 +214,7 @@ async fn other_agents_can_be_inserted_beside_the_trait(store: TestStore) -> Test
         created_at_ms: 1,
         updated_at_ms: 1,
         held_by: None,
+        throttled_since_ms: None,
     };
     let own = forkd_store::AgentParams {
         params: forkd_core::session::CacheSafeParams {
@@ -233,6 +235,7 @@ async fn other_agents_can_be_inserted_beside_the_trait(store: TestStore) -> Test
         .await?;
     let held = forkd_core::Agent {
         held_by: Some(store.holder().daemon),
+        throttled_since_ms: None,
         ..typed.clone()
     };
     assert_eq!(store.get_agent(typed.id).await?, Some(held));

@@ -43,7 +43,10 @@ function ago(ms) {
   if (d < 86400) return Math.floor(d / 3600) + ' h ago';
   return new Date(ms).toISOString().slice(0, 16).replace('T', ' ');
 }
-const stateCell = (state) => h('td', { class: 'state state-' + state, 'data-state': state }, state);
+const stateCell = (state, label) => h('td', { class: 'state state-' + state, 'data-state': state }, label || state);
+// An agent's state as people read it: `running (throttled)` while the provider's limits hold its
+// request back (it stays running).
+const agentState = (a) => (a.state === 'running' && a.throttled_since_ms ? 'running (throttled)' : a.state);
 
 class Unauthenticated extends Error {}
 
@@ -269,7 +272,7 @@ async function sessionView(id) {
   const typedRows = new Map(data.typed.map((a) => [a.id, a]));
   const drawTyped = () => typed.replaceChildren(...[...typedRows.values()].map((a) => h('tr', { 'data-agent-id': a.id },
     h('td', { class: 'mono' }, h('a', { href: '#/agent/' + a.id }, short(a.id))),
-    h('td', {}, a.subagent_type), h('td', {}, a.description), stateCell(a.state),
+    h('td', {}, a.subagent_type), h('td', {}, a.description), stateCell(a.state, agentState(a)),
     h('td', { class: 'num' }, usd(a.cost_usd)))));
 
   drawHead(data.session);
@@ -369,7 +372,7 @@ async function batchView(id, t0) {
       h('td', { class: 'num' }, a.index + 1),
       h('td', { class: 'mono' }, h('a', { href: '#/agent/' + a.id }, short(a.id))),
       h('td', {}, (a.description || '').slice(0, 60)),
-      stateCell(a.state),
+      stateCell(a.state, agentState(a)),
       h('td', { class: 'num' }, num(a.usage.input_tokens)),
       h('td', { class: 'num' }, num(a.usage.cache_creation_input_tokens)),
       h('td', { class: 'num' }, num(a.usage.cache_read_input_tokens)),
@@ -515,11 +518,11 @@ async function agentView(id) {
   const selected = new Set();
 
   const drawHead = () => {
-    head.replaceChildren(...[['state', a.state, 'agent-state'], ['kind', a.kind + (a.subagent_type ? ' · ' + a.subagent_type : '')],
+    head.replaceChildren(...[['state', agentState(a), 'agent-state'], ['kind', a.kind + (a.subagent_type ? ' · ' + a.subagent_type : '')],
       ['input', num(a.usage.input_tokens)], ['written', num(a.usage.cache_creation_input_tokens)],
       ['read', num(a.usage.cache_read_input_tokens)], ['output', num(a.usage.output_tokens)],
       ['read share', pct(a.read_share)], ['cost', usd(a.cost_usd)]]
-      .map(([k, v, idv]) => h('div', { class: 'stat' }, h('b', { id: idv, class: k === 'state' ? 'state-' + v : '' }, v), h('span', {}, k))));
+      .map(([k, v, idv]) => h('div', { class: 'stat' }, h('b', { id: idv, class: k === 'state' ? 'state-' + a.state : '' }, v), h('span', {}, k))));
     actions.replaceChildren();
     if (!a.ended) {
       const bg = h('button', { id: 'background', onclick: () => act(bg, '/api/agents/' + id + '/background') }, 'Background');

@@ -454,6 +454,7 @@ mod tests {
             created_at_ms: 0,
             updated_at_ms: 0,
             ended: false,
+            throttled_since_ms: None,
         };
         let mut c = Changes::default();
         assert_eq!(

@@ -338,6 +338,7 @@ mod tests {
             created_at_ms: 1_000,
             updated_at_ms: 9_000,
             held_by: None,
+            throttled_since_ms: None,
         }
     }
 

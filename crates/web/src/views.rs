@@ -27,6 +27,8 @@ pub(crate) struct AgentRow {
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
     pub ended: bool,
+    /// While the agent runs and the provider's limits hold its request back: since when.
+    pub throttled_since_ms: Option<i64>,
 }
 
 pub(crate) fn read_share(u: &Usage) -> f64 {
@@ -68,6 +70,9 @@ impl From<&Agent> for AgentRow {
             created_at_ms: a.created_at_ms,
             updated_at_ms: a.updated_at_ms,
             ended: a.state.is_terminal(),
+            throttled_since_ms: a
+                .throttled_since_ms
+                .filter(|_| a.state == forkd_core::AgentState::Running),
         }
     }
 }

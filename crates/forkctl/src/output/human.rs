@@ -6,7 +6,7 @@ use forkd_proto::v1::{
     Agent, EstimateForkCostResponse, GetCacheStatsResponse, Notification, Session, Usage,
 };
 
-use super::{state_name, status_name};
+use super::{agent_state_label, status_name};
 
 /// `48500` → `48,500`: token counts are read at a glance, not digit by digit.
 pub fn tokens(n: u64) -> String {
@@ -119,7 +119,7 @@ pub fn agents_table(agents: &[Agent]) -> String {
         t.add_row(vec![
             a.agent_id.clone(),
             a.kind.clone(),
-            state_name(a.state()).to_owned(),
+            agent_state_label(a).to_owned(),
             short_daemon(&a.daemon).to_owned(),
             tokens(u.input_tokens),
             tokens(u.cache_creation_input_tokens),

@@ -300,8 +300,24 @@ pub(super) async fn open_gate(conn: &mut PgConnection, batch: BatchId) -> Result
     Ok(())
 }
 
+pub(super) async fn set_throttled(
+    conn: &mut PgConnection,
+    id: AgentId,
+    since_ms: Option<i64>,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE agents SET throttled_since_ms = $1 \
+         WHERE id = $2 AND state IN ('pending', 'running')",
+    )
+    .bind(since_ms)
+    .bind(id.to_string())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// Takes up to `limit` pending children held by other daemons, of batches whose gate opened
-/// (or timed out): they are `running`, held by `holder`, from now on (no other daemon takes or
+/// (or timed out while their first child is not throttled under a live lease): they are `running`, held by `holder`, from now on (no other daemon takes or
 /// claims them), and its runs claim them again. Rows another transaction holds locked (a
 /// daemon taking or claiming them) are skipped rather than waited for.
 pub(super) async fn take_pending(
@@ -315,7 +331,10 @@ pub(super) async fn take_pending(
            SELECT a.id FROM agents AS a JOIN batches AS b ON b.id = a.batch_id \
            WHERE a.state = 'pending' AND a.kind = 'fork' \
              AND (a.held_by IS NULL OR a.held_by <> $1) \
-             AND (b.gate_opened_at_ms IS NOT NULL OR b.created_at_ms <= {DB_NOW_MS} - $2) \
+             AND (b.gate_opened_at_ms IS NOT NULL OR (b.created_at_ms <= {DB_NOW_MS} - $2 \
+               AND NOT EXISTS (SELECT 1 FROM agents AS f WHERE f.batch_id = b.id AND f.idx = 0 \
+                 AND f.state = 'running' AND f.throttled_since_ms IS NOT NULL \
+                 AND f.lease_expires_at_ms > {DB_NOW_MS}))) \
            ORDER BY a.batch_id, a.idx LIMIT $3 \
            FOR NO KEY UPDATE OF a SKIP LOCKED) \
          UPDATE agents SET held_by = $1, lease_expires_at_ms = {DB_NOW_MS} + $4, \

@@ -13,7 +13,7 @@ macro_rules! agent_columns {
     () => {
         "id, session_id, batch_id, kind, idx, state, description, prompt, query_source, report_to, \
          input_tokens, cache_creation_input_tokens, cache_read_input_tokens, output_tokens, \
-         cost_usd, error, created_at_ms, updated_at_ms, held_by"
+         cost_usd, error, created_at_ms, updated_at_ms, held_by, throttled_since_ms"
     };
 }
 pub(crate) use agent_columns;
@@ -24,7 +24,7 @@ pub(crate) const INSERT_AGENT: &str = concat!(
     "INSERT INTO agents (",
     agent_columns!(),
     ", directive_block_json) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
-     $14, $15, $16, $17, $18, $19, $20)"
+     $14, $15, $16, $17, $18, $19, $20, $21)"
 );
 
 #[derive(sqlx::FromRow)]
@@ -46,6 +46,7 @@ pub(crate) struct AgentRow {
     created_at_ms: i64,
     updated_at_ms: i64,
     held_by: Option<String>,
+    throttled_since_ms: Option<i64>,
 }
 
 pub(crate) fn parse_state(text: &str) -> Result<AgentState> {
@@ -94,6 +95,7 @@ impl TryFrom<AgentRow> for Agent {
                 .as_deref()
                 .map(|d| parse_id(d, "agent holder"))
                 .transpose()?,
+            throttled_since_ms: row.throttled_since_ms,
         })
     }
 }
@@ -116,6 +118,7 @@ pub(crate) struct AgentValues<'a> {
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
     pub held_by: Option<String>,
+    pub throttled_since_ms: Option<i64>,
     pub directive_block_json: Option<&'a str>,
 }
 
@@ -138,6 +141,7 @@ impl<'a> AgentValues<'a> {
             created_at_ms: agent.created_at_ms,
             updated_at_ms: agent.updated_at_ms,
             held_by: opt_id(agent.held_by),
+            throttled_since_ms: agent.throttled_since_ms,
             directive_block_json: directive_block.map(|b| b.raw().as_str()),
         })
     }
@@ -167,6 +171,7 @@ macro_rules! bind_agent {
             .bind(v.created_at_ms)
             .bind(v.updated_at_ms)
             .bind(&v.held_by)
+            .bind(v.throttled_since_ms)
             .bind(v.directive_block_json)
     }};
 }

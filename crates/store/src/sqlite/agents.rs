@@ -260,8 +260,24 @@ pub(super) async fn open_gate(conn: &mut SqliteConnection, batch: BatchId) -> Re
     Ok(())
 }
 
+pub(super) async fn set_throttled(
+    conn: &mut SqliteConnection,
+    id: AgentId,
+    since_ms: Option<i64>,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE agents SET throttled_since_ms = ? \
+         WHERE id = ? AND state IN ('pending', 'running')",
+    )
+    .bind(since_ms)
+    .bind(id.to_string())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// Takes up to `limit` pending children held by other daemons, of batches whose gate opened
-/// (or timed out): they are `running`, held by `holder`, from now on (no other daemon takes
+/// (or timed out while their first child is not throttled under a live lease): they are `running`, held by `holder`, from now on (no other daemon takes
 /// or claims them), and its runs claim them again. (SQLite has one writer: nothing to skip.)
 pub(super) async fn take_pending(
     conn: &mut SqliteConnection,
@@ -276,7 +292,10 @@ pub(super) async fn take_pending(
            SELECT a.id FROM agents AS a JOIN batches AS b ON b.id = a.batch_id \
            WHERE a.state = 'pending' AND a.kind = 'fork' \
              AND (a.held_by IS NULL OR a.held_by <> ?3) \
-             AND (b.gate_opened_at_ms IS NOT NULL OR b.created_at_ms <= ?4) \
+             AND (b.gate_opened_at_ms IS NOT NULL OR (b.created_at_ms <= ?4 AND NOT EXISTS ( \
+               SELECT 1 FROM agents AS f WHERE f.batch_id = b.id AND f.idx = 0 \
+                 AND f.state = 'running' AND f.throttled_since_ms IS NOT NULL \
+                 AND f.lease_expires_at_ms > ?6))) \
            ORDER BY a.batch_id, a.idx LIMIT ?5) \
          RETURNING id",
     )

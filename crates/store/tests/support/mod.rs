@@ -401,6 +401,7 @@ pub fn fork(session: &Session, fork_point: u64, n: usize) -> TestResult<Fixture>
             created_at_ms: created,
             updated_at_ms: created,
             held_by: None,
+            throttled_since_ms: None,
         };
         ids.push((tool_use_id, agent.id));
         children.push(NewChild {
@@ -503,6 +504,7 @@ pub fn client_fork(session: &Session, fork_point: u64, n: usize) -> TestResult<F
                     created_at_ms: created,
                     updated_at_ms: created,
                     held_by: None,
+                    throttled_since_ms: None,
                 },
                 directive_block: ForkBatch::directive_block(directive),
             })
@@ -533,6 +535,7 @@ pub fn main_loop(session: &Session) -> Agent {
         created_at_ms: session.created_at_ms,
         updated_at_ms: session.created_at_ms,
         held_by: None,
+        throttled_since_ms: None,
     }
 }
 
@@ -557,5 +560,6 @@ pub fn typed(session: &Session, report_to: forkd_core::ReportTo) -> Agent {
         created_at_ms: session.created_at_ms,
         updated_at_ms: session.created_at_ms,
         held_by: None,
+        throttled_since_ms: None,
     }
 }

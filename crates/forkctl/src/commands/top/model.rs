@@ -8,7 +8,7 @@ use forkd_proto::v1::{Agent, AgentState, Notification, NotificationStatus, Sessi
 use prost_types::Timestamp;
 use serde_json::{Value, json};
 
-use crate::output::{optional_id, state_name, usage_json};
+use crate::output::{agent_state_label, optional_id, usage_json};
 
 /// Agents by state: what a group row and the header count.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -378,7 +378,7 @@ fn agent_row(agent: &Agent, depth: usize) -> Row {
         batch_id: (!agent.batch_id.is_empty()).then(|| agent.batch_id.clone()),
         agent_id: Some(agent.agent_id.clone()),
         kind: agent.kind.clone(),
-        state: state_name(agent.state()).into(),
+        state: agent_state_label(agent).into(),
         label: agent.description.clone(),
         totals: Totals::of([agent]),
     }

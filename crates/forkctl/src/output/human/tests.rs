@@ -86,6 +86,35 @@ fn ps_prints_full_ids_and_right_aligned_numbers() {
 }
 
 #[test]
+fn ps_says_when_a_running_agent_is_throttled() {
+    let agent = |id: &str, state: AgentState, throttled: bool| Agent {
+        agent_id: id.into(),
+        kind: "fork".into(),
+        state: state as i32,
+        throttled_since: throttled.then_some(prost_types::Timestamp {
+            seconds: 1_700_000_000,
+            nanos: 0,
+        }),
+        ..Default::default()
+    };
+    let table = agents_table(&[
+        agent("A1", AgentState::Running, true),
+        agent("A2", AgentState::Running, false),
+    ]);
+    let states: Vec<&str> = table
+        .lines()
+        .skip(1)
+        .map(|l| {
+            l.split("  ")
+                .map(str::trim)
+                .find(|c| c.starts_with("running"))
+                .unwrap_or("")
+        })
+        .collect();
+    assert_eq!(states, ["running (throttled)", "running"], "{table}");
+}
+
+#[test]
 fn calc_shows_both_costs_and_the_seed_figure_with_its_caveat() {
     let e = EstimateForkCostResponse {
         independent_cost_usd: 0.7335,
