@@ -286,19 +286,11 @@ pub const SIM_API_KEY: &str = "bench-key";
 /// A `forkd sim-server` serving `sim` on a loopback port in this process (so that everything
 /// that talks to it shares one prompt cache), for as long as the process runs: its base URL.
 pub async fn sim_server(sim: SimProvider) -> anyhow::Result<String> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
     let config = forkd_sim_server::SimServerConfig {
         api_key: Some(SIM_API_KEY.into()),
         ..forkd_sim_server::SimServerConfig::default()
     };
-    tokio::spawn(forkd_sim_server::serve(
-        listener,
-        sim,
-        config,
-        std::future::pending(),
-    ));
-    Ok(format!("http://{addr}"))
+    forkd_test_support::sim_server(sim, config).await
 }
 
 /// The sim at `speed` (0: instant), with a cache of its own.

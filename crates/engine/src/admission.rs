@@ -95,6 +95,9 @@ pub(crate) struct Ticket {
     pub tenant: Arc<str>,
     pub class: Class,
     pub cost: Cost,
+    /// The fingerprint of the prefix the request shares with others (a batch's children), if
+    /// any: a prefix that was warm and went cold is re-gated (see [`KeyState::warming`]).
+    pub prefix: Option<Arc<str>>,
 }
 
 /// Why a request did not go.
@@ -430,6 +433,13 @@ struct KeyState {
     /// When the timer that pumps the queue next fires.
     timer: Option<Instant>,
     warm: Warmth,
+    /// Re-gating: a prefix that was warm once and has gone cold (its requests waited past the
+    /// cache's lifetime) lets one request through to write it again — its permit's id is kept
+    /// here — and holds the others sharing it in `held` until that request's response starts
+    /// (or it ends without: then the next one goes).
+    warming: HashMap<Arc<str>, u64>,
+    held: HashMap<Arc<str>, Vec<Waiter>>,
+    next_permit: u64,
 }
 
 impl KeyState {
@@ -446,6 +456,18 @@ impl KeyState {
             buckets: Buckets::default(),
             timer: None,
             warm: Warmth::default(),
+            warming: HashMap::new(),
+            held: HashMap::new(),
+            next_permit: 0,
+        }
+    }
+
+    /// Puts the requests held for `prefix` back at the front of their queues, in order.
+    fn release(&mut self, prefix: &str) {
+        self.warming.remove(prefix);
+        for waiter in self.held.remove(prefix).into_iter().flatten().rev() {
+            let tenant = Arc::clone(&waiter.tenant);
+            self.queue.push(waiter.class, &tenant, waiter, true);
         }
     }
 }
@@ -453,6 +475,9 @@ impl KeyState {
 #[derive(Debug)]
 struct Waiter {
     cost: Cost,
+    tenant: Arc<str>,
+    class: Class,
+    prefix: Option<Arc<str>>,
     tx: oneshot::Sender<Permit>,
 }
 
@@ -466,6 +491,9 @@ impl Key {
             let (tx, rx) = oneshot::channel();
             let waiter = Waiter {
                 cost: ticket.cost,
+                tenant: Arc::clone(&ticket.tenant),
+                class: ticket.class,
+                prefix: ticket.prefix.clone(),
                 tx,
             };
             self.state()
@@ -491,6 +519,16 @@ impl Key {
                     continue;
                 }
                 let cost = head.cost;
+                // A cold prefix another request is writing: this one waits for it, aside.
+                let cold = head.prefix.clone().filter(|p| s.warm.went_cold(p, now));
+                if let Some(p) = &cold
+                    && s.warming.contains_key(p)
+                {
+                    if let Some(waiter) = s.queue.pop() {
+                        s.held.entry(Arc::clone(p)).or_default().push(waiter);
+                    }
+                    continue;
+                }
                 if let Some(until) = s.paused_until {
                     if until > now {
                         wake_at = Some(until);
@@ -510,15 +548,24 @@ impl Key {
                 let Some(waiter) = s.queue.pop() else { break };
                 s.buckets.take(cost, now);
                 s.in_flight += 1;
+                s.next_permit += 1;
+                let id = s.next_permit;
+                if let Some(p) = &cold {
+                    s.warming.insert(Arc::clone(p), id);
+                }
                 let permit = Permit {
                     key: Arc::clone(self),
                     charged: Arc::new(Mutex::new(cost)),
                     armed: true,
+                    warming: cold.map(|p| (p, id)),
                 };
                 if let Err(mut unsent) = waiter.tx.send(permit) {
                     unsent.armed = false;
                     s.in_flight -= 1;
                     s.buckets.refund(cost, now);
+                    if let Some((p, _)) = unsent.warming.take() {
+                        s.release(&p);
+                    }
                 }
             }
             crate::metrics::limiter(
@@ -594,6 +641,8 @@ pub(crate) struct Permit {
     /// What the buckets were charged for it, as corrected so far.
     charged: Arc<Mutex<Cost>>,
     armed: bool,
+    /// The cold prefix this request writes again for the others held on it, and its id there.
+    warming: Option<(Arc<str>, u64)>,
 }
 
 impl Permit {
@@ -622,7 +671,17 @@ impl Drop for Permit {
         if !self.armed {
             return;
         }
-        self.key.state().in_flight -= 1;
+        {
+            let mut s = self.key.state();
+            s.in_flight -= 1;
+            // Ended without its response starting (refused, failed, killed): the requests
+            // held on its prefix go, and the first of them writes it.
+            if let Some((p, id)) = self.warming.take()
+                && s.warming.get(&p) == Some(&id)
+            {
+                s.release(&p);
+            }
+        }
         self.key.pump();
     }
 }
@@ -665,6 +724,9 @@ impl Observer {
             if cached > 0 {
                 if !fingerprint.is_empty() {
                     s.warm.warmed_prefix(fingerprint, now);
+                    if s.warming.contains_key(fingerprint) {
+                        s.release(fingerprint);
+                    }
                 }
                 s.warm.warmed_agent(agent, cached, now);
             }
@@ -706,6 +768,13 @@ impl Warmth {
         self.prefixes
             .get(fingerprint)
             .is_some_and(|&at| now.saturating_duration_since(at) < CACHE_TTL)
+    }
+
+    /// Whether the prefix was warm once and is no longer: its entry outlived the cache.
+    fn went_cold(&self, fingerprint: &str, now: Instant) -> bool {
+        self.prefixes
+            .get(fingerprint)
+            .is_some_and(|&at| now.saturating_duration_since(at) >= CACHE_TTL)
     }
 
     fn agent(&self, agent: u128, now: Instant) -> Option<u64> {

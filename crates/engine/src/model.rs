@@ -200,6 +200,7 @@ impl Engine {
                 input_tokens: uncached as f64,
                 output_tokens: f64::from(call.params.max_tokens),
             },
+            prefix: (!fingerprint.is_empty()).then(|| std::sync::Arc::from(fingerprint)),
         })
     }
 
@@ -231,7 +232,12 @@ impl Engine {
             set: false,
         };
         let completion = loop {
-            let observer = attempts.admit(stop).await.map_err(refused)?;
+            // Once refused, a request's waits also end when its budget is spent meanwhile (by
+            // its siblings, or the tenant's other work): it would be refused for that next.
+            let observer = tokio::select! {
+                admitted = attempts.admit(stop) => admitted.map_err(refused)?,
+                spent = self.budget_spent(agent), if mark.set => return Err(spent),
+            };
             let sent = Sent {
                 observer: &observer,
                 agent: agent_key,
@@ -246,7 +252,10 @@ impl Engine {
                     if e.is_retryable() {
                         mark.set(now_ms()).await;
                     }
-                    attempts.failed(e, stop).await.map_err(refused)?;
+                    tokio::select! {
+                        waited = attempts.failed(e, stop) => waited.map_err(refused)?,
+                        spent = self.budget_spent(agent), if mark.set => return Err(spent),
+                    }
                 }
             }
         };
@@ -256,6 +265,20 @@ impl Engine {
             took: started.elapsed(),
             first_token,
         })
+    }
+
+    /// Resolves when `agent`'s batch or tenant budget is spent: checked once a second, for as
+    /// long as the agent waits on the provider's limits. A store error is logged and checked
+    /// again: a wait is never cut short by the database.
+    async fn budget_spent(&self, agent: &Agent) -> EngineError {
+        loop {
+            tokio::time::sleep(BUDGET_CHECK).await;
+            match self.check_budgets(agent.session_id, agent.batch_id).await {
+                Ok(()) => {}
+                Err(spent @ EngineError::BudgetSpent { .. }) => return spent,
+                Err(e) => tracing::warn!(error = %e, "Cannot check the budgets during a wait"),
+            }
+        }
     }
 
     /// One attempt: the response's events to `on_event`, and what they say of the limits and
@@ -286,6 +309,9 @@ impl Engine {
         Ok(completion)
     }
 }
+
+/// How often a request waiting on the provider's limits checks its budgets.
+const BUDGET_CHECK: Duration = Duration::from_secs(1);
 
 /// An agent's stored `throttled` mark ([`forkd_core::Agent::throttled_since_ms`]): set at its
 /// request's first refusal, cleared when the request goes through, fails, or is dropped (a kill).

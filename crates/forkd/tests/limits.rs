@@ -8,7 +8,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use forkd::daemon::DaemonConfig;
+use forkd_core::tenant::Budget;
 use forkd_proto::v1 as pb;
+use forkd_proto::v1::forkd_client::ForkdClient;
 use forkd_provider::{Answered, SimConfig, SimProvider};
 use forkd_server::TokenStore;
 use forkd_sim_server::SimServerConfig;
@@ -16,6 +18,7 @@ use forkd_test_support::{
     Caller, TestDaemon, create_session, fork, run_turn, session_request, sim_server,
     spawn_daemon_with, use_anthropic, wait_for_batch,
 };
+use tonic::transport::Channel;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 const KEY: &str = "limits-key";
@@ -41,6 +44,34 @@ async fn daemon(url: &str, tweak: impl FnOnce(&mut DaemonConfig)) -> TestDaemon 
     })
     .await
     .unwrap()
+}
+
+/// A client of `daemon` and a new session of it.
+async fn client_and_session(daemon: &TestDaemon) -> (ForkdClient<Channel>, pb::Session) {
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(&mut client, session_request(daemon.home_path()))
+        .await
+        .unwrap();
+    (client, session)
+}
+
+/// Forks a child whose first request is refused with `retry-after: 600`, and returns once the
+/// sim has refused it.
+async fn wait_long(
+    client: &mut ForkdClient<Channel>,
+    session: &pb::Session,
+    sim: &SimProvider,
+) -> pb::ForkBatchResponse {
+    let batch = fork(
+        client,
+        &session.session_id,
+        &["Wait long.\n@sim fail 429 retry-after 600s\n@sim say never"],
+        None,
+    )
+    .await
+    .unwrap();
+    answered_when(sim, |a| a.status == 429).await;
+    batch
 }
 
 /// Waits until the sim has answered a request that `matches`; returns it.
@@ -83,10 +114,7 @@ const KILLED: i32 = pb::NotificationStatus::Killed as i32;
 async fn a_429_storm_longer_than_any_retry_count_completes_every_child() {
     let (url, sim) = limited_server(Some("requests=5,per=1s")).await;
     let daemon = daemon(&url, |_| {}).await;
-    let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
-        .await
-        .unwrap();
+    let (mut client, session) = client_and_session(&daemon).await;
     // Each child is refused six times (the retry policy this limiter replaced gave up after
     // five), on top of a limit of five requests a second.
     let prompts: Vec<String> = (0..10)
@@ -112,10 +140,7 @@ async fn a_429_storm_longer_than_any_retry_count_completes_every_child() {
 async fn a_retry_after_holds_every_request_of_the_key_and_child_one_still_goes_first() {
     let (url, sim) = limited_server(None).await;
     let daemon = daemon(&url, |_| {}).await;
-    let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
-        .await
-        .unwrap();
+    let (mut client, session) = client_and_session(&daemon).await;
     let prompts = [
         "The first.\n@sim fail 429 retry-after 3s\n@sim say first",
         "Sibling two.",
@@ -169,19 +194,8 @@ async fn a_retry_after_holds_every_request_of_the_key_and_child_one_still_goes_f
 async fn a_kill_and_a_shutdown_end_a_long_wait_at_once() {
     let (url, sim) = limited_server(None).await;
     let mut daemon = daemon(&url, |_| {}).await;
-    let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
-        .await
-        .unwrap();
-    let batch = fork(
-        &mut client,
-        &session.session_id,
-        &["Wait long.\n@sim fail 429 retry-after 600s\n@sim say never"],
-        None,
-    )
-    .await
-    .unwrap();
-    answered_when(&sim, |a| a.status == 429).await;
+    let (mut client, session) = client_and_session(&daemon).await;
+    let batch = wait_long(&mut client, &session, &sim).await;
     // It waits `running`, and says it is throttled.
     let waiting = tokio::time::timeout(DEADLINE, async {
         loop {
@@ -229,6 +243,51 @@ async fn a_kill_and_a_shutdown_end_a_long_wait_at_once() {
 }
 
 #[tokio::test]
+async fn a_budget_spent_during_a_wait_ends_it() {
+    let (url, sim) = limited_server(None).await;
+    let daemon = daemon(&url, |c| {
+        c.engine.tenant_budgets.insert(
+            "local".into(),
+            Budget {
+                usd: None,
+                tokens: Some(1),
+            },
+        );
+    })
+    .await;
+    let (mut client, session) = client_and_session(&daemon).await;
+    let waiting = wait_long(&mut client, &session, &sim).await;
+    // Another model is another limit: a session on it runs, and spends the tenant's budget.
+    let other = client
+        .create_session(pb::CreateSessionRequest {
+            model: "claude-haiku-4-5".into(),
+            ..session_request(daemon.home_path())
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session
+        .unwrap();
+    let spender = fork(&mut client, &other.session_id, &["Spend."], None)
+        .await
+        .unwrap();
+    let spent = wait_for_batch(&mut client, &spender.batch_id, 1, DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(statuses(&spent), [COMPLETED]);
+    // The waiting child ends now, not after its 600 s: its budget is spent.
+    let notes = wait_for_batch(&mut client, &waiting.batch_id, 1, DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(statuses(&notes), [FAILED]);
+    let why = reason(&notes[0]);
+    assert!(
+        why.contains("budget") && why.contains("tenant local"),
+        "{why}"
+    );
+}
+
+#[tokio::test]
 async fn an_unreachable_base_url_fails_within_its_short_patience() {
     // A port that was just free: nothing listens there.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -238,10 +297,7 @@ async fn an_unreachable_base_url_fails_within_its_short_patience() {
         c.engine.admission.unreachable_patience = Duration::from_secs(1);
     })
     .await;
-    let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
-        .await
-        .unwrap();
+    let (mut client, session) = client_and_session(&daemon).await;
     let batch = fork(&mut client, &session.session_id, &["Anyone there?"], None)
         .await
         .unwrap();
@@ -263,10 +319,7 @@ async fn spent_patience_fails_the_child_naming_the_wait_and_the_refusals() {
         c.engine.admission.patience = Duration::from_secs(3);
     })
     .await;
-    let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
-        .await
-        .unwrap();
+    let (mut client, session) = client_and_session(&daemon).await;
     let batch = fork(
         &mut client,
         &session.session_id,

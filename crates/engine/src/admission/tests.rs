@@ -24,6 +24,7 @@ fn ticket(tenant: &str, class: Class) -> Ticket {
             input_tokens: 1000.0,
             output_tokens: 100.0,
         },
+        prefix: None,
     }
 }
 
@@ -46,6 +47,29 @@ fn rate_limited(retry_after: Option<u64>) -> ProviderError {
 }
 
 type Answer<'a> = &'a (dyn Fn(Instant) -> Result<(), ProviderError> + Sync);
+
+/// A provider that refuses the first attempt of all (its clones share it) for `retry_after`
+/// seconds, and admits every other.
+#[derive(Clone, Default)]
+struct RefusesFirst {
+    refused: Arc<Mutex<bool>>,
+}
+
+impl RefusesFirst {
+    fn answer(
+        &self,
+        retry_after: u64,
+    ) -> impl Fn(Instant) -> Result<(), ProviderError> + Sync + use<> {
+        let refused = Arc::clone(&self.refused);
+        move |_| {
+            if std::mem::replace(&mut *refused.lock().unwrap(), true) {
+                Ok(())
+            } else {
+                Err(rate_limited(Some(retry_after)))
+            }
+        }
+    }
+}
 
 /// One request through the limiter: the instants its attempts were admitted, and how it ended.
 async fn run(
@@ -81,17 +105,8 @@ async fn a_retry_after_holds_every_request_of_the_key() {
     let admission = Arc::new(Admission::new(config()));
     let stop = CancellationToken::new();
     let t0 = Instant::now();
-    let refused_once = Mutex::new(false);
     // The first attempt of all is refused for three seconds; then everything is admitted.
-    let answer = move |_: Instant| {
-        let mut refused = refused_once.lock().unwrap();
-        if *refused {
-            Ok(())
-        } else {
-            *refused = true;
-            Err(rate_limited(Some(3)))
-        }
-    };
+    let answer = RefusesFirst::default().answer(3);
     let (first, done) = run(&admission, ticket("a", Class::Batch), &stop, &answer).await;
     assert!(done.is_ok());
     assert_eq!(first.len(), 2);
@@ -101,25 +116,17 @@ async fn a_retry_after_holds_every_request_of_the_key() {
 
     // Requests that came during the pause, for the same key, waited for it too.
     let admission = Arc::new(Admission::new(config()));
-    let refused_once = Arc::new(Mutex::new(false));
+    let provider = RefusesFirst::default();
     let t0 = Instant::now();
     let mut tasks = Vec::new();
     for i in 0..10 {
         let admission = Arc::clone(&admission);
         let stop = stop.clone();
-        let refused_once = Arc::clone(&refused_once);
+        let provider = provider.clone();
         tasks.push(tokio::spawn(async move {
             // The others come 100 ms after the first.
             tokio::time::sleep(Duration::from_millis(if i == 0 { 0 } else { 100 })).await;
-            let answer = move |_: Instant| {
-                let mut refused = refused_once.lock().unwrap();
-                if *refused {
-                    Ok(())
-                } else {
-                    *refused = true;
-                    Err(rate_limited(Some(3)))
-                }
-            };
+            let answer = provider.answer(3);
             run(&admission, ticket("a", Class::Batch), &stop, &answer).await
         }));
     }
@@ -296,22 +303,14 @@ async fn a_stop_ends_a_long_wait_at_once() {
     let admission = Arc::new(Admission::new(config()));
     let stop = CancellationToken::new();
     let t0 = Instant::now();
-    let refused_once = Arc::new(Mutex::new(false));
+    let provider = RefusesFirst::default();
     let mut tasks = Vec::new();
     for _ in 0..2 {
         let admission = Arc::clone(&admission);
         let stop = stop.clone();
-        let refused_once = Arc::clone(&refused_once);
+        let provider = provider.clone();
         tasks.push(tokio::spawn(async move {
-            let answer = move |_: Instant| {
-                let mut refused = refused_once.lock().unwrap();
-                if *refused {
-                    Ok(())
-                } else {
-                    *refused = true;
-                    Err(rate_limited(Some(600)))
-                }
-            };
+            let answer = provider.answer(600);
             run(&admission, ticket("a", Class::Batch), &stop, &answer).await
         }));
     }
@@ -450,4 +449,103 @@ async fn a_warm_prefix_is_not_charged_as_uncached_input() {
         admission.uncached_estimate(&key(), 2, fingerprint, total, prefix),
         total
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_prefix_that_went_cold_is_gated_again() {
+    let admission = Arc::new(Admission::new(config()));
+    let stop = CancellationToken::new();
+    let prefix: Arc<str> = "batch-1".into();
+    let sibling = || Ticket {
+        prefix: Some(Arc::clone(&prefix)),
+        ..ticket("a", Class::Batch)
+    };
+    let wrote = Usage {
+        input_tokens: 100,
+        cache_creation_input_tokens: 9_000,
+        cache_read_input_tokens: 0,
+        output_tokens: 1,
+    };
+    // Child 1 wrote the prefix; then everything waited past the cache's lifetime.
+    let mut first = admission.request(&key(), sibling());
+    first
+        .admit(&stop)
+        .await
+        .unwrap()
+        .started(1, &prefix, &wrote);
+    first.succeeded();
+    drop(first);
+    tokio::time::sleep(CACHE_TTL + Duration::from_secs(1)).await;
+
+    // Three siblings come back: one goes, the others wait for its response to start.
+    let mut writer = admission.request(&key(), sibling());
+    let observer = writer.admit(&stop).await.unwrap();
+    let admitted = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..2 {
+        let admission = Arc::clone(&admission);
+        let stop = stop.clone();
+        let admitted = Arc::clone(&admitted);
+        let ticket = sibling();
+        tasks.push(tokio::spawn(async move {
+            let mut attempts = admission.request(&key(), ticket);
+            attempts.admit(&stop).await.unwrap();
+            admitted.lock().unwrap().push((i, Instant::now()));
+            attempts.succeeded();
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        admitted.lock().unwrap().is_empty(),
+        "held while the prefix is cold"
+    );
+    // Another prefix is not held back.
+    let mut other = admission.request(
+        &key(),
+        Ticket {
+            prefix: Some("batch-2".into()),
+            ..ticket("a", Class::Batch)
+        },
+    );
+    other.admit(&stop).await.unwrap();
+    other.succeeded();
+
+    let released = Instant::now();
+    observer.started(
+        2,
+        &prefix,
+        &Usage {
+            input_tokens: 100,
+            cache_creation_input_tokens: 9_000,
+            cache_read_input_tokens: 0,
+            output_tokens: 0,
+        },
+    );
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let admitted = admitted.lock().unwrap().clone();
+    assert_eq!(admitted.len(), 2);
+    assert!(admitted.iter().all(|(_, at)| *at == released));
+    writer.succeeded();
+
+    // A writer that ends without its response starting lets the next one write.
+    tokio::time::sleep(CACHE_TTL + Duration::from_secs(1)).await;
+    let mut failed_writer = admission.request(&key(), sibling());
+    failed_writer.admit(&stop).await.unwrap();
+    let next = {
+        let admission = Arc::clone(&admission);
+        let stop = stop.clone();
+        let ticket = sibling();
+        tokio::spawn(async move {
+            let mut attempts = admission.request(&key(), ticket);
+            attempts.admit(&stop).await.unwrap();
+            Instant::now()
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!next.is_finished(), "held while the first writes");
+    let ended = Instant::now();
+    drop(failed_writer);
+    assert_eq!(next.await.unwrap(), ended);
 }
