@@ -87,7 +87,7 @@ async fn fork_children_call_a_servers_tools_and_get_its_real_results() {
             session.tool_names
         );
     }
-    // MCP tools come after the built-ins (SPEC §3.2).
+    // MCP tools come after the built-ins (docs/mcp.md).
     let first_mcp = session
         .tool_names
         .iter()
