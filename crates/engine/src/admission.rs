@@ -440,6 +440,17 @@ struct KeyState {
     warming: HashMap<Arc<str>, u64>,
     held: HashMap<Arc<str>, Vec<Waiter>>,
     next_permit: u64,
+    /// What the limiter's gauges show now.
+    shown: Option<Shown>,
+}
+
+/// One key's limiter as its gauges last showed it.
+#[derive(Debug, PartialEq)]
+struct Shown {
+    window: f64,
+    in_flight: usize,
+    waiting: usize,
+    rates: [(&'static str, Option<f64>); 4],
 }
 
 impl KeyState {
@@ -459,6 +470,7 @@ impl KeyState {
             warming: HashMap::new(),
             held: HashMap::new(),
             next_permit: 0,
+            shown: None,
         }
     }
 
@@ -568,13 +580,23 @@ impl Key {
                     }
                 }
             }
-            crate::metrics::limiter(
-                &self.name,
-                s.window,
-                s.in_flight,
-                s.queue.len(),
-                &s.buckets.rates(),
-            );
+            // The gauges, when what they show changed: a pump runs several times a request.
+            let shown = Shown {
+                window: s.window,
+                in_flight: s.in_flight,
+                waiting: s.queue.len(),
+                rates: s.buckets.rates(),
+            };
+            if s.shown.as_ref() != Some(&shown) {
+                crate::metrics::limiter(
+                    &self.name,
+                    shown.window,
+                    shown.in_flight,
+                    shown.waiting,
+                    &shown.rates,
+                );
+                s.shown = Some(shown);
+            }
             match wake_at {
                 Some(at) if s.timer.is_none_or(|t| at < t) => s.timer = Some(at),
                 _ => wake_at = None,
