@@ -359,23 +359,9 @@ async fn a_tenants_turn_is_not_queued_behind_another_tenants_batch() {
     .await;
     let mut alpha = Caller::new(&daemon, secrets[0].expose()).await.unwrap();
     let mut beta = Caller::new(&daemon, secrets[1].expose()).await.unwrap();
-    let session = |c: &Caller| c.req(session_request(daemon.home_path()));
-    let a_session = alpha
-        .client
-        .create_session(session(&alpha))
-        .await
-        .unwrap()
-        .into_inner()
-        .session
-        .unwrap();
-    let b_session = beta
-        .client
-        .create_session(session(&beta))
-        .await
-        .unwrap()
-        .into_inner()
-        .session
-        .unwrap();
+    let request = || session_request(daemon.home_path());
+    let a_session = alpha.create_session(request()).await.unwrap();
+    let b_session = beta.create_session(request()).await.unwrap();
     let prompts: Vec<String> = (0..24).map(|i| format!("Alpha part {i}.")).collect();
     let batch = alpha
         .client

@@ -135,6 +135,20 @@ impl Caller {
         })
     }
 
+    /// Creates a session as the tenant.
+    pub async fn create_session(
+        &mut self,
+        request: pb::CreateSessionRequest,
+    ) -> anyhow::Result<pb::Session> {
+        let request = self.req(request);
+        self.client
+            .create_session(request)
+            .await?
+            .into_inner()
+            .session
+            .context("the daemon returned no session")
+    }
+
     /// `message` as a request with the tenant's token.
     pub fn req<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);

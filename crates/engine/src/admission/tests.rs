@@ -100,6 +100,25 @@ async fn run(
     }
 }
 
+type Ran = (Vec<Instant>, Result<(), Refused>);
+
+/// [`run`] on a task of its own, `delay` from now.
+fn spawn_run(
+    admission: &Arc<Admission>,
+    stop: &CancellationToken,
+    ticket: Ticket,
+    delay: Duration,
+    answer: impl Fn(Instant) -> Result<(), ProviderError> + Send + Sync + 'static,
+) -> tokio::task::JoinHandle<Ran> {
+    let (admission, stop) = (Arc::clone(admission), stop.clone());
+    tokio::spawn(async move {
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        run(&admission, ticket, &stop, &answer).await
+    })
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_retry_after_holds_every_request_of_the_key() {
     let admission = Arc::new(Admission::new(config()));
@@ -120,15 +139,16 @@ async fn a_retry_after_holds_every_request_of_the_key() {
     let t0 = Instant::now();
     let mut tasks = Vec::new();
     for i in 0..10 {
-        let admission = Arc::clone(&admission);
-        let stop = stop.clone();
-        let provider = provider.clone();
-        tasks.push(tokio::spawn(async move {
-            // The others come 100 ms after the first.
-            tokio::time::sleep(Duration::from_millis(if i == 0 { 0 } else { 100 })).await;
-            let answer = provider.answer(3);
-            run(&admission, ticket("a", Class::Batch), &stop, &answer).await
-        }));
+        // The others come 100 ms after the first.
+        let delay = Duration::from_millis(if i == 0 { 0 } else { 100 });
+        let answer = provider.answer(3);
+        tasks.push(spawn_run(
+            &admission,
+            &stop,
+            ticket("a", Class::Batch),
+            delay,
+            answer,
+        ));
     }
     let mut admitted = Vec::new();
     for task in tasks {
@@ -156,19 +176,21 @@ async fn a_storm_of_refusals_longer_than_any_retry_count_completes_every_request
     let storm = Duration::from_secs(120);
     let mut tasks = Vec::new();
     for i in 0..50 {
-        let admission = Arc::clone(&admission);
-        let stop = stop.clone();
-        tasks.push(tokio::spawn(async move {
-            let answer = move |now: Instant| {
-                if now - t0 < storm {
-                    Err(rate_limited(Some(1)))
-                } else {
-                    Ok(())
-                }
-            };
-            let tenant = if i % 2 == 0 { "a" } else { "b" };
-            run(&admission, ticket(tenant, Class::Batch), &stop, &answer).await
-        }));
+        let answer = move |now: Instant| {
+            if now - t0 < storm {
+                Err(rate_limited(Some(1)))
+            } else {
+                Ok(())
+            }
+        };
+        let tenant = if i % 2 == 0 { "a" } else { "b" };
+        tasks.push(spawn_run(
+            &admission,
+            &stop,
+            ticket(tenant, Class::Batch),
+            Duration::ZERO,
+            answer,
+        ));
     }
     let mut refused = 0;
     for task in tasks {
@@ -306,13 +328,14 @@ async fn a_stop_ends_a_long_wait_at_once() {
     let provider = RefusesFirst::default();
     let mut tasks = Vec::new();
     for _ in 0..2 {
-        let admission = Arc::clone(&admission);
-        let stop = stop.clone();
-        let provider = provider.clone();
-        tasks.push(tokio::spawn(async move {
-            let answer = provider.answer(600);
-            run(&admission, ticket("a", Class::Batch), &stop, &answer).await
-        }));
+        let answer = provider.answer(600);
+        tasks.push(spawn_run(
+            &admission,
+            &stop,
+            ticket("a", Class::Batch),
+            Duration::ZERO,
+            answer,
+        ));
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     stop.cancel();
@@ -348,16 +371,18 @@ async fn parent_turns_go_first_and_tenants_take_turns() {
         ("b", Class::Interactive),
     ];
     for (i, (tenant, class)) in arrivals.into_iter().enumerate() {
-        let admission = Arc::clone(&admission);
-        let stop = stop.clone();
         let order = Arc::clone(&order);
-        tasks.push(tokio::spawn(async move {
-            let answer = move |_: Instant| {
-                order.lock().unwrap().push(i);
-                Ok(())
-            };
-            run(&admission, ticket(tenant, class), &stop, &answer).await
-        }));
+        let answer = move |_: Instant| {
+            order.lock().unwrap().push(i);
+            Ok(())
+        };
+        tasks.push(spawn_run(
+            &admission,
+            &stop,
+            ticket(tenant, class),
+            Duration::ZERO,
+            answer,
+        ));
         // Each is queued before the next arrives.
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
@@ -388,10 +413,9 @@ async fn requests_are_paced_by_the_limits_the_provider_states() {
     let t0 = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..18 {
-        let admission = Arc::clone(&admission);
-        let stop = stop.clone();
-        tasks.push(tokio::spawn(async move {
-            run(&admission, ticket("a", Class::Batch), &stop, &|_| Ok(())).await
+        let ticket = ticket("a", Class::Batch);
+        tasks.push(spawn_run(&admission, &stop, ticket, Duration::ZERO, |_| {
+            Ok(())
         }));
     }
     let mut admitted = Vec::new();
