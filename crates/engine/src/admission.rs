@@ -31,7 +31,6 @@
 //! shutdown's drain ends the wait through `stop`.
 
 mod bucket;
-mod queue;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -43,10 +42,10 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::fair_queue::Class;
+use crate::fair_queue::FairQueue;
 use bucket::Buckets;
 pub(crate) use bucket::Cost;
-pub use queue::Class;
-use queue::FairQueue;
 
 /// How the limiter waits and gives up.
 #[derive(Debug, Clone, PartialEq)]

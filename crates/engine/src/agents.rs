@@ -57,8 +57,19 @@ impl Engine {
         };
         let gating = self.inner.config.warmup_gating
             && resume_gating(ids.len(), last_request, crate::now_ms());
+        let owner = async {
+            self.session_owner(self.get_batch(batch).await?.session_id)
+                .await
+        };
+        let tenant = match owner.await {
+            Ok(tenant) => tenant,
+            Err(e) => {
+                tracing::error!(batch.id = %batch, error = %e, "Cannot tell whose batch it is; its children stay for the next start");
+                return;
+            }
+        };
         tracing::info!(batch.id = %batch, children = ids.len(), gating, "Resuming a batch");
-        self.start_batch(batch, &ids, gating);
+        self.start_batch(batch, &tenant, &ids, gating);
     }
 
     pub async fn get_agent(&self, id: AgentId) -> Result<Agent> {

@@ -271,6 +271,8 @@ impl Engine {
             budget,
             turn,
         } = start;
+        // Known before the commit: once it is stored, nothing may keep the children from starting.
+        let tenant = self.session_owner(session_id).await?;
         let lock = self.session_lock(session_id);
         let guard = lock.lock().await;
         let len = self.inner.store.session_message_count(session_id).await?;
@@ -333,7 +335,7 @@ impl Engine {
             gating,
             "Fork batch submitted"
         );
-        self.start_batch(batch_id, &agent_ids, gating);
+        self.start_batch(batch_id, &tenant, &agent_ids, gating);
         Ok(SubmittedBatch {
             batch_id,
             agent_ids,
@@ -342,7 +344,13 @@ impl Engine {
 
     /// Starts a batch's children. Under gating the first child goes alone; the others wait for
     /// its response to start, so they find the shared prefix already cached.
-    pub(crate) fn start_batch(&self, batch: BatchId, agent_ids: &[AgentId], gating: bool) {
+    pub(crate) fn start_batch(
+        &self,
+        batch: BatchId,
+        tenant: &Arc<str>,
+        agent_ids: &[AgentId],
+        gating: bool,
+    ) {
         let open = !gating || agent_ids.len() < 2;
         if open {
             record_open_gate(&self.inner.store, batch);
@@ -356,7 +364,7 @@ impl Engine {
         for (i, id) in agent_ids.iter().enumerate() {
             let own_gate = if i == 0 { gate.take() } else { None };
             let wait = (i > 0).then(|| rx.clone());
-            self.spawn_agent(*id, own_gate, wait);
+            self.spawn_agent(*id, tenant, own_gate, wait);
         }
     }
 }

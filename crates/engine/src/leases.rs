@@ -96,8 +96,11 @@ impl Engine {
         let limit = u32::try_from(free).unwrap_or(u32::MAX);
         let taken = self.inner.store.take_pending(limit, GATE_TIMEOUT).await?;
         for id in &taken {
-            // Released already: the gate opened where the batch started.
-            self.start_agent(*id);
+            // Released already: the gate opened where the batch started. One that cannot start
+            // now stays pending, and is taken again.
+            if let Err(e) = self.start_agent(*id).await {
+                tracing::warn!(agent.id = %id, error = %e, "Cannot start a pending child");
+            }
         }
         Ok(taken.len())
     }
@@ -246,7 +249,14 @@ impl Engine {
                     .entry(batch)
                     .or_default()
                     .push((agent.index, agent.id)),
-                _ => self.start_agent(agent.id),
+                _ => match self.session_owner(agent.session_id).await {
+                    Ok(tenant) => self.start_run(agent.id, &tenant),
+                    Err(e) => tracing::error!(
+                        agent.id = %agent.id,
+                        error = %e,
+                        "Cannot tell whose agent it is; it stays for the next start"
+                    ),
+                },
             }
         }
         for (batch, children) in batches {

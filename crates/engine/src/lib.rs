@@ -13,6 +13,7 @@ mod compact;
 mod config;
 mod diagnose;
 mod error;
+mod fair_queue;
 mod leases;
 pub mod mcp;
 pub mod metrics;
@@ -100,10 +101,8 @@ struct Inner {
     prompts: permissions::Prompts,
     /// Batch prefixes shared by the running children of each batch.
     batches: run::BatchCache,
-    /// Slots for running agents when their number is capped, and the queue of runs waiting for
-    /// one (its dispatcher starts with the first run).
-    run_slots: Option<Arc<tokio::sync::Semaphore>>,
-    run_queue: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<run::Queued>>,
+    /// Slots for running agents when their number is capped, and the runs waiting for one.
+    run_slots: Option<Arc<run::RunSlots>>,
     /// When model requests may go, per credential and model, and what follows a refusal.
     admission: admission::Admission,
     /// Whose limits the provider's requests count against.
@@ -133,12 +132,9 @@ struct Inner {
 impl Engine {
     pub fn new(store: Arc<dyn Store>, provider: Arc<dyn Provider>, config: EngineConfig) -> Self {
         let (notifications, _) = broadcast::channel(NOTIFICATION_BUFFER);
-        let slots =
-            |cap: Option<usize>| cap.map(|n| Arc::new(tokio::sync::Semaphore::new(n.max(1))));
         Self {
             inner: Arc::new(Inner {
-                run_slots: slots(config.max_running_agents),
-                run_queue: std::sync::OnceLock::new(),
+                run_slots: config.max_running_agents.map(run::RunSlots::new),
                 admission: admission::Admission::new(config.admission.clone()),
                 credential: provider.credential(),
                 store,

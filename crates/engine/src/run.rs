@@ -6,6 +6,7 @@
 
 mod lifecycle;
 mod load;
+mod slots;
 
 use forkd_core::store::{Lease, RequestRecord, StoreError};
 use forkd_core::{AgentId, NotificationStatus, Role};
@@ -13,8 +14,9 @@ use forkd_provider::StreamEvent;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-pub(crate) use lifecycle::{KILLED, Queued, Raced};
+pub(crate) use lifecycle::{KILLED, Raced};
 pub(crate) use load::{AgentRun, BatchCache, BatchContext, Shape};
+pub(crate) use slots::RunSlots;
 
 use crate::Engine;
 use crate::batch::WarmupGate;

@@ -84,7 +84,8 @@ impl Engine {
             }
             if !existing.state.is_terminal() {
                 tracing::info!(agent.id = %id, "The call's typed agent exists already; not starting a second");
-                self.start_agent(id);
+                let tenant = self.session_owner(session_id).await?;
+                self.start_run(id, &tenant);
             }
             return Ok(id);
         }
@@ -159,7 +160,7 @@ impl Engine {
             .insert_agent(&agent, Some(&block), Some(&own))
             .await?;
         tracing::info!(agent.id = %agent.id, agent.type = %ty.name, "Typed agent spawned");
-        self.start_agent(agent.id);
+        self.start_run(agent.id, &session.tenant.as_str().into());
         Ok(agent.id)
     }
 

@@ -90,7 +90,7 @@ async fn fork_and_run(query_source: Option<&str>) -> (NotificationStatus, String
         .subscribe(0, NotificationFilter::default(), true)
         .await
         .unwrap();
-    engine.start_agent(agent.id);
+    engine.start_agent(agent.id).await.unwrap();
     let note = tokio::time::timeout(Duration::from_secs(20), notes.next())
         .await
         .unwrap()

@@ -374,6 +374,112 @@ async fn under_a_cap_agents_wait_as_pending_and_start_in_order() {
     );
 }
 
+/// Under a cap, tenants take turns at the running slots: a tenant whose small batch comes after
+/// another tenant's long one does not wait for all of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_cap_tenants_take_turns_at_the_slots() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = EngineConfig {
+        max_running_agents: Some(2),
+        ..EngineConfig::default()
+    };
+    let engine = engine_with(dir.path(), config).await;
+    let session_of = |tenant: &str| {
+        let mut new = new_session(dir.path(), "Sys.");
+        new.tenant = tenant.into();
+        engine.create_session(new)
+    };
+    let (a, b) = (
+        session_of("a").await.unwrap(),
+        session_of("b").await.unwrap(),
+    );
+    let options = || forkd_engine::BatchOptions {
+        warmup_gating: Some(false),
+        ..Default::default()
+    };
+    let directives = |n: usize| {
+        (0..n)
+            .map(|i| Directive {
+                description: format!("child {i}"),
+                prompt: format!("Child {i}.\n@sim sleep 300ms\n@sim say {i} done"),
+            })
+            .collect()
+    };
+    let long = engine
+        .fork_batch(a.id, directives(8), options())
+        .await
+        .unwrap();
+    let short = engine
+        .fork_batch(b.id, directives(2), options())
+        .await
+        .unwrap();
+
+    let mut notes = engine
+        .subscribe(0, NotificationFilter::default(), true)
+        .await
+        .unwrap();
+    let mut ended = Vec::new();
+    while ended.len() < 10 {
+        let note = tokio::time::timeout(Duration::from_secs(60), notes.next())
+            .await
+            .expect("every child ends")
+            .unwrap()
+            .unwrap();
+        assert_eq!(note.status, NotificationStatus::Completed);
+        ended.push(if note.batch_id == Some(long.batch_id) {
+            'A'
+        } else {
+            'B'
+        });
+    }
+    let ended: String = ended.into_iter().collect();
+    let last_of_b = ended.rfind('B').unwrap();
+    // First come, first served, B's two would end 9th and 10th. Taking turns, B's second child
+    // starts at the latest with the fourth slot that frees after A's first two: it ends about
+    // 6th, a little later where children end at the same moment.
+    assert!(
+        last_of_b <= 7,
+        "B's children waited behind A's whole batch; they ended {ended}"
+    );
+    assert_eq!(short.agent_ids.len(), 2);
+}
+
+/// A kill reaches an agent waiting for a slot at once, wherever it stands in the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_ends_an_agent_that_waits_for_a_slot_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = EngineConfig {
+        max_running_agents: Some(1),
+        ..EngineConfig::default()
+    };
+    let engine = engine_with(dir.path(), config).await;
+    let s = session(&engine, dir.path()).await;
+    let directives = (0..3)
+        .map(|i| Directive {
+            description: format!("child {i}"),
+            prompt: format!("Child {i}.\n@sim sleep 30s\n@sim say {i} done"),
+        })
+        .collect();
+    let options = forkd_engine::BatchOptions {
+        warmup_gating: Some(false),
+        ..Default::default()
+    };
+    let batch = engine.fork_batch(s.id, directives, options).await.unwrap();
+    let last = batch.agent_ids[2];
+    engine.kill(last).await.unwrap();
+    let note = ended(&engine, last).await;
+    assert_eq!(note.status, NotificationStatus::Killed);
+    // It did not wait for the two ahead of it: the first still runs, the second still waits.
+    let states: Vec<AgentState> =
+        futures::future::join_all(batch.agent_ids[..2].iter().map(|id| engine.get_agent(*id)))
+            .await
+            .into_iter()
+            .map(|a| a.unwrap().state)
+            .collect();
+    assert_eq!(states, [AgentState::Running, AgentState::Pending]);
+    engine.shutdown(Duration::from_millis(100)).await;
+}
+
 /// A batch interrupted before any child made a request resumes behind warm-up gating: the first
 /// child writes the shared prefix and its siblings read it, instead of each writing it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ use std::time::Duration;
 use forkd_core::report::Report;
 use forkd_core::store::{Lease, NewNotification, StoreError};
 use forkd_core::{AgentId, AgentKind, NotificationStatus, Role};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -24,14 +24,6 @@ pub(crate) const KILLED: &str = "killed by a client before it finished";
 
 /// How often an agent's end is attempted before giving up (about a minute in all).
 const FINISH_ATTEMPTS: u32 = 16;
-
-/// A run waiting for a slot under the cap on running agents.
-pub(crate) struct Queued {
-    id: AgentId,
-    gate: Option<WarmupGate>,
-    wait: Option<watch::Receiver<bool>>,
-    token: CancellationToken,
-}
 
 /// How a run raced against its token ended.
 pub(crate) enum Raced<T> {
@@ -83,86 +75,63 @@ impl Engine {
     /// continues from wherever its transcript stands.
     /// Does nothing if a run of the agent is already in progress: two runs of one agent would
     /// write one transcript twice.
-    pub fn start_agent(&self, id: AgentId) {
+    pub async fn start_agent(&self, id: AgentId) -> crate::error::Result<()> {
+        let agent = self.get_agent(id).await?;
+        let tenant = self.session_owner(agent.session_id).await?;
+        self.start_run(id, &tenant);
+        Ok(())
+    }
+
+    /// [`Engine::start_agent`] for a caller that knows the agent's tenant.
+    pub(crate) fn start_run(&self, id: AgentId, tenant: &Arc<str>) {
         if self.runs().contains_key(&id) {
             tracing::debug!(agent.id = %id, "Agent already running; not starting another run");
             return;
         }
-        self.spawn_agent(id, None, None);
+        self.spawn_agent(id, tenant, None, None);
     }
 
     /// Spawns an agent's run on the engine's tracker. `gate` is held by a batch's first child;
-    /// `wait` makes a sibling wait for that gate. Under a cap on running agents the run waits
-    /// its turn first, in the order agents were started, staying `pending` until then.
+    /// `wait` makes a sibling wait for that gate. Under a cap on running agents the run first
+    /// waits for a slot, staying `pending` until then: tenants take turns, and each tenant's
+    /// runs go in the order they were started (see [`super::slots`]).
     pub(crate) fn spawn_agent(
         &self,
         id: AgentId,
+        tenant: &Arc<str>,
         gate: Option<WarmupGate>,
         wait: Option<watch::Receiver<bool>>,
     ) {
         // Registered at once, so a kill reaches an agent still waiting for a slot.
         let token = self.register_run(id);
-        let queued = Queued {
-            id,
-            gate,
-            wait,
-            token,
-        };
-        match &self.inner.run_slots {
-            None => self.spawn_run(queued, None),
-            Some(slots) => {
-                let queue = self
-                    .inner
-                    .run_queue
-                    .get_or_init(|| self.dispatch(slots.clone()));
-                if let Err(refused) = queue.send(queued) {
-                    // The dispatcher stopped for shutdown: the agent stays pending for the next
-                    // start.
-                    self.runs().remove(&refused.0.id);
-                }
-            }
-        }
-    }
-
-    /// The dispatcher of a capped engine: hands out run slots in the order runs were queued.
-    fn dispatch(&self, slots: Arc<Semaphore>) -> mpsc::UnboundedSender<Queued> {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Queued>();
-        let engine = self.clone();
-        let draining = self.inner.draining.clone();
-        tokio::spawn(async move {
-            loop {
-                let queued = tokio::select! {
-                    next = rx.recv() => match next {
-                        Some(q) => q,
-                        None => return,
-                    },
-                    () = draining.cancelled() => return,
-                };
-                let permit = tokio::select! {
-                    biased;
-                    // Killed (or shut down) while waiting: its run ends at once, without a slot.
-                    () = queued.token.cancelled() => None,
-                    permit = slots.clone().acquire_owned() => permit.ok(),
-                    () = draining.cancelled() => return,
-                };
-                engine.spawn_run(queued, permit);
-            }
-        });
-        tx
-    }
-
-    fn spawn_run(&self, queued: Queued, slot: Option<OwnedSemaphorePermit>) {
-        let Queued {
-            id,
-            gate,
-            wait,
-            token,
-        } = queued;
+        // Queued now, not in the task: the order of the queue is the order of these calls.
+        let turn = self
+            .inner
+            .run_slots
+            .as_ref()
+            .map(|slots| slots.queue(tenant, &self.inner.draining));
         let engine = self.clone();
         let span = tracing::info_span!("agent", agent.id = %id);
         self.inner.tasks.spawn(
             async move {
-                let _slot = slot;
+                let _slot = match turn {
+                    None => None,
+                    Some(turn) => {
+                        let draining = engine.inner.draining.clone();
+                        tokio::select! {
+                            biased;
+                            // Killed (or shut down) while waiting: its run ends at once.
+                            () = token.cancelled() => None,
+                            // Not started before the drain: it stays pending for the next
+                            // start, and does not hold the shutdown up.
+                            () = draining.cancelled() => {
+                                engine.unregister_run(id);
+                                return;
+                            }
+                            slot = turn => slot.ok(),
+                        }
+                    }
+                };
                 let _counted = crate::metrics::RunGauge::start();
                 match engine
                     .race(id, &token, engine.run_agent(id, gate, wait, &token))

@@ -1,6 +1,7 @@
-//! The order in which waiting requests are admitted: interactive parent turns before batch
-//! work, tenants in turn (round robin) within each, and each tenant's requests in the order
-//! they came — a request sent again after a refusal first, since it has waited longest.
+//! The order in which waiting work is served, shared by the limiter's requests and the queue
+//! for running slots: interactive parent turns before batch work, tenants in turn (round
+//! robin) within each, and each tenant's items in the order they came — a request sent again
+//! after a refusal first, since it has waited longest.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -16,7 +17,7 @@ pub enum Class {
 
 /// Waiting items by class and tenant.
 #[derive(Debug)]
-pub(super) struct FairQueue<T> {
+pub(crate) struct FairQueue<T> {
     /// Indexed by class: interactive first.
     classes: [Ring<T>; 2],
 }
@@ -52,7 +53,7 @@ fn slot(class: Class) -> usize {
 
 impl<T> FairQueue<T> {
     /// Queues `item`; `first` puts it before the tenant's other items.
-    pub(super) fn push(&mut self, class: Class, tenant: &Arc<str>, item: T, first: bool) {
+    pub(crate) fn push(&mut self, class: Class, tenant: &Arc<str>, item: T, first: bool) {
         let ring = &mut self.classes[slot(class)];
         let queue = match ring.tenants.iter_mut().position(|(t, _)| t == tenant) {
             Some(i) => &mut ring.tenants[i].1,
@@ -71,14 +72,14 @@ impl<T> FairQueue<T> {
     }
 
     /// The item served next.
-    pub(super) fn peek(&self) -> Option<&T> {
+    pub(crate) fn peek(&self) -> Option<&T> {
         self.classes
             .iter()
             .find_map(|ring| ring.tenants.front().and_then(|(_, q)| q.front()))
     }
 
     /// Takes the item served next; its tenant goes to the back of its class's ring.
-    pub(super) fn pop(&mut self) -> Option<T> {
+    pub(crate) fn pop(&mut self) -> Option<T> {
         let ring = self.classes.iter_mut().find(|r| !r.tenants.is_empty())?;
         let (tenant, mut queue) = ring.tenants.pop_front()?;
         let item = queue.pop_front();
@@ -88,7 +89,7 @@ impl<T> FairQueue<T> {
         item
     }
 
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.classes
             .iter()
             .flat_map(|r| r.tenants.iter())
