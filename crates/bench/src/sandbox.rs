@@ -44,6 +44,18 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
         paths: SandboxPaths {
             hidden: std::iter::once(home.clone()).chain(deny).collect(),
             tmp: dir.path().join("tmp"),
+            // The daemon user's real home, covered as `forkd serve` covers it.
+            home: std::env::var_os("HOME").map(|h| {
+                let dir = std::path::PathBuf::from(h);
+                forkd_tools::sandbox::HomeView {
+                    allow: forkd_tools::sandbox::default_read_allow(
+                        &dir,
+                        std::env::var_os("PATH").as_deref(),
+                    ),
+                    dir,
+                }
+            }),
+            limits: forkd_tools::sandbox::ResourceLimits::default(),
         },
     });
     let calls = if ctx.quick { 50 } else { 100 };

@@ -89,9 +89,14 @@ impl Engine {
         let mut hidden = cfg.hidden.clone();
         hidden.push(cfg.tmp_root.clone());
         hidden.extend(self.inner.store.workspaces().await?);
+        hidden.extend(forkd_tools::sandbox::other_homes(
+            cfg.home.as_ref().map(|h| h.dir.as_path()),
+        ));
         Ok(PoolPaths {
             root: cfg.tmp_root.join("mcp"),
             hidden,
+            home: cfg.home.clone(),
+            limits: cfg.limits.for_server(),
         })
     }
 

@@ -403,6 +403,9 @@ impl Engine {
         let cfg = &self.config().sandbox;
         let mut hidden = cfg.hidden.clone();
         hidden.push(cfg.tmp_root.clone());
+        hidden.extend(forkd_tools::sandbox::other_homes(
+            cfg.home.as_ref().map(|h| h.dir.as_path()),
+        ));
         let own = std::fs::canonicalize(&session.workspace).unwrap_or(session.workspace.clone());
         for workspace in self.inner.store.workspaces().await? {
             let theirs = std::fs::canonicalize(&workspace).unwrap_or(workspace);
@@ -416,6 +419,8 @@ impl Engine {
             paths: SandboxPaths {
                 hidden,
                 tmp: cfg.tmp_root.join(session.id.to_string()),
+                home: cfg.home.clone(),
+                limits: cfg.limits,
             },
         }))
     }

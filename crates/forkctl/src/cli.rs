@@ -2,7 +2,9 @@
 
 use clap::{Parser, Subcommand};
 
-use crate::commands::{attach, cache, calc, fork, kill, logs, ps, run, session, stats, top, watch};
+use crate::commands::{
+    attach, cache, calc, fork, kill, logs, ps, run, session, stats, top, ui, watch,
+};
 
 /// forkctl: a thin client of the forkd daemon.
 ///
@@ -60,6 +62,9 @@ pub enum Command {
     Cache(cache::CacheArgs),
     /// The fork cost calculator: a batch of forks against as many independent agents.
     Calc(calc::CalcArgs),
+    /// Print a one-time link that signs your browser in to the daemon's web view as its own
+    /// user (tenant `local`). Over the Unix socket only; valid for 60 seconds, once.
+    Ui(ui::UiArgs),
 }
 
 #[cfg(test)]

@@ -44,6 +44,9 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Run(args) => Some(commands::run::BatchFile::load(&args.file)?),
         _ => None,
     };
+    if let Command::Ui(_) = &cli.command {
+        commands::ui::check_addr(&addr)?;
+    }
     let ca_cert = cli.ca_cert.clone();
     let out = Printer::new(cli.json);
     let outcome = async {
@@ -79,6 +82,7 @@ async fn dispatch(
         Command::Stats(args) => commands::stats::run(args, client, out).await,
         Command::Cache(args) => commands::cache::run(args, client, out).await,
         Command::Calc(args) => commands::calc::run(args, client, out).await,
+        Command::Ui(args) => commands::ui::run(args, client, out).await,
     }
 }
 

@@ -286,3 +286,36 @@ fn calc_prints_null_break_even_when_forking_never_pays() -> anyhow::Result<()> {
     assert_eq!(line["fork_cost_usd"], 0.25);
     Ok(())
 }
+
+#[test]
+fn ui_prints_the_link_and_asks_for_it_over_the_unix_socket_only() -> anyhow::Result<()> {
+    let daemon = FakeDaemon::start(Script::default())?;
+    let run = forkctl(&daemon.addr(), None, &["ui"])?;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert_eq!(run.stdout, "http://127.0.0.1:8080/signin?code=c0de\n");
+    assert!(run.stderr.contains("tenant `local`"), "{run:?}");
+    assert!(run.stderr.contains("works once"), "{run:?}");
+
+    let run = forkctl(&daemon.addr(), None, &["--json", "ui"])?;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let line = &json_lines(&run.stdout)?[0];
+    assert_eq!(line["url"], "http://127.0.0.1:8080/signin?code=c0de");
+    assert!(
+        line["expires_at"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{line}"
+    );
+
+    // A token names another tenant: the daemon refuses, and forkctl says so.
+    let run = forkctl(&daemon.addr(), Some(TOKEN), &["ui"])?;
+    assert_eq!(run.code, Some(6), "{run:?}");
+    assert!(run.stderr.contains("PERMISSION_DENIED"), "{run:?}");
+
+    // Over TCP it is refused before connecting (nothing listens there).
+    let run = forkctl("http://127.0.0.1:9", None, &["ui"])?;
+    assert_eq!(run.code, Some(4), "{run:?}");
+    assert!(run.stderr.contains("Unix socket"), "{run:?}");
+    assert!(run.stdout.is_empty(), "{run:?}");
+    Ok(())
+}

@@ -11,6 +11,11 @@ use forkd_test_support::{TestCerts, TestDaemon, TlsFiles, spawn_daemon_with, wri
 /// Runs the real forkctl against `addr`, with backtraces requested every way the standard library
 /// and anyhow read them, and none of forkctl's own variables inherited.
 async fn forkctl(addr: &str, args: &[&str]) -> Output {
+    forkctl_as(addr, None, args).await
+}
+
+/// [`forkctl`] with `FORKD_TOKEN` set to `token` when given.
+async fn forkctl_as(addr: &str, token: Option<&str>, args: &[&str]) -> Output {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_forkctl"));
     command
         .arg("--addr")
@@ -22,6 +27,9 @@ async fn forkctl(addr: &str, args: &[&str]) -> Output {
         .env_remove("FORKD_TOKEN")
         .env_remove("FORKD_CA_CERT")
         .kill_on_drop(true);
+    if let Some(token) = token {
+        command.env("FORKD_TOKEN", token);
+    }
     tokio::time::timeout(std::time::Duration::from_secs(60), command.output())
         .await
         .expect("forkctl exited")
@@ -105,7 +113,7 @@ async fn http_on_a_tls_listener_says_to_use_https() {
 
 #[tokio::test]
 async fn an_untrusted_certificate_says_to_pass_the_ca() {
-    let (_daemon, port, _dir, certs) = tcp_daemon(true).await;
+    let (daemon, port, _dir, certs) = tcp_daemon(true).await;
     let addr = format!("https://127.0.0.1:{port}");
     let out = forkctl(&addr, &["ps"]).await;
     assert_told(
@@ -125,9 +133,10 @@ async fn an_untrusted_certificate_says_to_pass_the_ca() {
              not sign it; pass --ca-cert FILE (the CA that signed it)"
         ),
     );
-    // With the right CA the same address works.
+    // With the right CA (and a token: TCP needs one) the same address works.
     let ca = certs.ca.to_str().unwrap();
-    let ok = forkctl(&addr, &["--ca-cert", ca, "ps"]).await;
+    let secret = daemon.tokens().create("ci").unwrap();
+    let ok = forkctl_as(&addr, Some(secret.expose()), &["--ca-cert", ca, "ps"]).await;
     assert_eq!(ok.status.code(), Some(0), "{}", stderr(&ok));
 }
 

@@ -4,14 +4,16 @@
 
 use std::process::Output;
 
-use forkd_test_support::{TestDaemon, spawn_daemon};
+use forkd_test_support::{TestDaemon, spawn_daemon, spawn_daemon_with};
 use serde_json::Value;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 async fn forkctl(daemon: &TestDaemon, args: &[&str]) -> Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_forkctl"))
         .arg("--addr")
         .arg(daemon.addr())
         .args(args)
+        .env_remove("FORKD_TOKEN")
         .output()
         .await
         .unwrap()
@@ -303,4 +305,89 @@ async fn a_backgrounded_turn_ends_with_a_turn_notification_and_the_main_loop_idl
     let parent = parent.unwrap_or_else(|| panic!("no main loop in {agents:?}"));
     assert_eq!(parent["kind"], "parent");
     assert_eq!(parent["state"], "idle");
+}
+
+/// One plain HTTP/1.1 GET of `url` (`http://ADDR/PATH`) with an optional cookie: the response's
+/// status line and headers, and its body.
+async fn get(url: &str, cookie: Option<&str>) -> (String, String) {
+    let rest = url.strip_prefix("http://").expect("an http:// URL");
+    let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    let cookie = cookie
+        .map(|c| format!("Cookie: {c}\r\n"))
+        .unwrap_or_default();
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{cookie}Connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    (head.to_owned(), body.to_owned())
+}
+
+/// The value of `name` among a response's headers (case-insensitive).
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        key.eq_ignore_ascii_case(name).then(|| value.trim())
+    })
+}
+
+#[tokio::test]
+async fn ui_prints_a_link_that_signs_the_browser_in_as_local_once() {
+    let daemon = spawn_daemon_with(|c| c.ui_listen = Some("127.0.0.1:0".parse().unwrap()))
+        .await
+        .unwrap();
+    let sid = create_session(&daemon, false).await;
+    let ui = daemon.daemon().unwrap().ui_addr.unwrap();
+
+    let out = forkctl(&daemon, &["ui"]).await;
+    assert_ok(&out);
+    let url = String::from_utf8(out.stdout).unwrap();
+    let url = url.trim_end();
+    assert!(
+        url.starts_with(&format!("http://{ui}/signin?code=")),
+        "{url}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("tenant `local`"), "{stderr}");
+
+    let (head, _) = get(url, None).await;
+    assert!(head.starts_with("HTTP/1.1 303"), "{head}");
+    assert_eq!(header(&head, "location"), Some("/"), "{head}");
+    let cookie = header(&head, "set-cookie").expect("a cookie");
+    assert!(cookie.contains("HttpOnly"), "{cookie}");
+    let cookie = cookie.split(';').next().unwrap();
+    let (head, body) = get(&format!("http://{ui}/api/sessions"), Some(cookie)).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(body.contains(&sid), "tenant local's session: {body}");
+    let (head, body) = get(&format!("http://{ui}/api/me"), Some(cookie)).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(body.contains("\"tenant\":\"local\""), "{body}");
+
+    // The link works once.
+    let (head, body) = get(url, None).await;
+    assert!(head.starts_with("HTTP/1.1 401"), "{head}");
+    assert!(body.contains("forkctl ui"), "{body}");
+
+    // `--json`: the link and when it expires.
+    let out = forkctl(&daemon, &["--json", "ui"]).await;
+    assert_ok(&out);
+    let line = &json_lines(&out)[0];
+    assert!(
+        line["url"].as_str().unwrap().contains("/signin?code="),
+        "{line}"
+    );
+    assert!(line["expires_at"].is_string(), "{line}");
+}
+
+#[tokio::test]
+async fn ui_without_a_web_view_says_how_to_start_one() {
+    let daemon = spawn_daemon().await.unwrap();
+    let out = forkctl(&daemon, &["ui"]).await;
+    assert_eq!(out.status.code(), Some(6));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("FAILED_PRECONDITION"), "{stderr}");
+    assert!(stderr.contains("--ui-listen"), "{stderr}");
+    assert!(out.stdout.is_empty());
 }

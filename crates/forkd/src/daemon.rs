@@ -12,7 +12,7 @@ use forkd_provider::{
     AnthropicConfig, AnthropicProvider, OpenAiConfig, OpenAiProvider, Provider, SimConfig,
     SimProvider,
 };
-use forkd_server::{Listeners, ServerConfig, TlsConfig, TokenStore};
+use forkd_server::{Listeners, ServerConfig, SignInCodes, TlsConfig, TokenStore, WebView};
 use forkd_store::{Durability, Holder, PgStore, SqliteStore, Store};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinHandle;
@@ -96,7 +96,8 @@ pub struct DaemonConfig {
     pub database_url: Option<DatabaseUrl>,
     /// How long this daemon's claims on running agents last without a heartbeat.
     pub lease: Duration,
-    /// An extra TCP listener. Off loopback it needs at least one bearer token in
+    /// An extra TCP listener, where every call needs a bearer token (the Unix socket is the
+    /// local user's tokenless way in). Off loopback at least one must exist in
     /// `home/tokens.json`, or the daemon refuses to start.
     pub listen: Option<SocketAddr>,
     /// Serve Prometheus metrics (`GET /metrics`, plain HTTP) on this address (port 0 picks a
@@ -104,8 +105,9 @@ pub struct DaemonConfig {
     /// second daemon in the same process asking for it fails to start.
     pub metrics_listen: Option<SocketAddr>,
     /// Serve the web view on this address (port 0 picks a free one: see
-    /// [`RunningDaemon::ui_addr`]). Off loopback it needs tokens, as `listen` does; it uses
-    /// `tls` when that is set.
+    /// [`RunningDaemon::ui_addr`]). Callers sign in with a token, or as the local user with a
+    /// link minted over the Unix socket (`forkctl ui`). Off loopback it needs tokens, as
+    /// `listen` does; it uses `tls` when that is set.
     pub ui_listen: Option<SocketAddr>,
     /// TLS on the TCP listener and the web view (needs `listen` or `ui_listen`).
     pub tls: Option<TlsFiles>,
@@ -274,11 +276,19 @@ async fn log_sandbox(sandbox: &forkd_engine::SandboxConfig) {
         return;
     }
     let probe = forkd_tools::sandbox::probe(&scratch).await;
+    let layers = forkd_tools::sandbox::layers(
+        forkd_core::session::Sandbox {
+            mode: forkd_core::session::SandboxMode::WorkspaceWrite,
+            allow_network: false,
+        },
+        &sandbox.limits,
+    );
     match probe.failure {
         None => tracing::info!(
             landlock_abi = probe.landlock_abi,
             default = sandbox.default_mode.as_str(),
-            "Sandbox ready: Landlock, user, mount and network namespaces"
+            %layers,
+            "Sandbox ready"
         ),
         Some(why) => tracing::warn!(
             landlock_abi = probe.landlock_abi,
@@ -374,14 +384,19 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     // the first call. The server re-reads it when it changes.
     let tokens = TokenStore::in_home(&config.home);
     let has_tokens = tokens.has_tokens()?;
+    // Over TCP only a token names a caller, on loopback too (`forkd_server::auth`), so a TCP
+    // listener without any token serves no one. On loopback that is a daemon whose operator has
+    // not made one yet: it starts and says so. Off loopback it is a mistake worth stopping for:
+    // the network was meant to reach this daemon, and the operator should make the token (and
+    // choose TLS) before it does.
     if let Some(addr) = config.listen
         && !addr.ip().is_loopback()
     {
         if !has_tokens {
             bail!(
-                "refusing to listen on {addr} without bearer tokens: TCP off loopback would let \
-                 anyone on the network in. Create one with `forkd token create NAME` (clients send \
-                 it as FORKD_TOKEN), or listen on 127.0.0.1"
+                "refusing to listen on {addr} without bearer tokens: every TCP call needs one, so \
+                 the network would reach a listener that serves no one. Create one with `forkd \
+                 token create NAME` (clients send it as FORKD_TOKEN), or listen on 127.0.0.1"
             );
         }
         if config.tls.is_none() {
@@ -394,13 +409,16 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
         if !has_tokens {
             bail!(
                 "refusing to serve the web view on {addr} without bearer tokens: off loopback it \
-                 would show every session to anyone on the network. Create one with `forkd token \
-                 create NAME` (sign in with it), or serve it on 127.0.0.1"
+                 is for others, who sign in with one. Create one with `forkd token create NAME`, \
+                 or serve it on 127.0.0.1 (and sign in with the link `forkctl ui` prints)"
             );
         }
         if config.tls.is_none() {
             tracing::warn!(%addr, "Serving the web view off loopback without TLS: tokens and transcripts cross the network in clear text; set --tls-cert and --tls-key");
         }
+    }
+    if !has_tokens && let Some(addr) = config.listen {
+        tracing::info!(%addr, "No bearer token exists yet: the TCP listener refuses every call until one is made with `forkd token create NAME`; the Unix socket needs none");
     }
     let tls = match &config.tls {
         Some(_) if config.listen.is_none() && config.ui_listen.is_none() => bail!(
@@ -479,22 +497,29 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
         }
         None => None,
     };
-    let ui_addr = match ui {
+    // The web view redeems the codes of sign-in links that the gRPC server mints, in memory:
+    // a code never leaves this process but in the link its minter asked for.
+    let (ui_addr, web_view) = match ui {
         Some(endpoint) => {
             let addr = endpoint.local_addr();
-            let scheme = if endpoint.tls() { "https" } else { "http" };
+            let https = endpoint.tls();
+            let scheme = if https { "https" } else { "http" };
+            let codes = SignInCodes::default();
             let web = forkd_web::WebConfig {
                 tokens: tokens.clone(),
+                codes: codes.clone(),
             };
             endpoint.serve(engine.clone(), web, shutdown.clone());
             tracing::info!(ui = %addr, "Serving the web view at {scheme}://{addr}/");
-            Some(addr)
+            tracing::info!(ui = %addr, "Sign in to the web view with a token, or as this daemon's own user with the one-time link `forkctl ui` prints");
+            (Some(addr), Some(WebView::new(addr, https, codes)))
         }
-        None => None,
+        None => (None, None),
     };
     let mut server_config = config.server.clone();
     server_config.tokens = Some(tokens);
     server_config.tls = tls;
+    server_config.web_view = web_view;
     let tls_on = server_config.tls.is_some();
     let server = tokio::spawn(forkd_server::serve(
         engine.clone(),

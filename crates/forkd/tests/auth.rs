@@ -71,7 +71,7 @@ fn text(bytes: &[u8]) -> String {
 }
 
 #[tokio::test]
-async fn tcp_needs_a_known_token_once_tokens_exist_and_the_socket_stays_local() {
+async fn tcp_needs_a_known_token_and_the_socket_stays_local() {
     let mut secret = None;
     let daemon = spawn_daemon_with(|c| {
         c.listen = Some(LOOPBACK);
@@ -129,6 +129,55 @@ async fn tcp_needs_a_known_token_once_tokens_exist_and_the_socket_stays_local() 
     assert_eq!(wrong.code(), Code::Unauthenticated, "{wrong:?}");
 }
 
+/// What a sandboxed command allowed the network could do: reach the loopback listener without a
+/// token. It is no one there, whether or not any token exists, so it can neither read the local
+/// user's sessions nor create a `full-access` one; the socket's owner still needs no token.
+#[tokio::test]
+async fn tokenless_tcp_on_loopback_is_never_the_local_user() {
+    let daemon = spawn_daemon_with(|c| c.listen = Some(LOOPBACK))
+        .await
+        .unwrap();
+    let mut tcp = tcp_client(&daemon).await;
+    let missing = list(&mut tcp, None).await.unwrap_err();
+    assert_eq!(missing.code(), Code::Unauthenticated, "{missing:?}");
+    assert!(missing.message().contains("Unix socket"), "{missing:?}");
+    assert!(missing.message().contains("bearer token"), "{missing:?}");
+    let full_access = pb::CreateSessionRequest {
+        sandbox: "full-access".into(),
+        ..forkd_test_support::trusted_session_request(daemon.home_path())
+    };
+    let refused = tcp.create_session(full_access).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+
+    // With a token, a TCP caller is the token's tenant: its sessions are not the local user's.
+    let secret = daemon.tokens().create("ci").unwrap();
+    let mut request = tonic::Request::new(forkd_test_support::session_request(daemon.home_path()));
+    request
+        .metadata_mut()
+        .insert("authorization", bearer(secret.expose()).parse().unwrap());
+    let created = tcp.create_session(request).await.unwrap().into_inner();
+    let sid = created.session.unwrap().session_id;
+    let mut request = tonic::Request::new(pb::ListSessionsRequest::default());
+    request
+        .metadata_mut()
+        .insert("authorization", bearer(secret.expose()).parse().unwrap());
+    let ci = tcp.list_sessions(request).await.unwrap().into_inner();
+    assert_eq!(
+        ci.sessions
+            .iter()
+            .map(|s| &s.session_id)
+            .collect::<Vec<_>>(),
+        [&sid]
+    );
+    let mut unix = daemon.client().await.unwrap();
+    let local = unix
+        .list_sessions(pb::ListSessionsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(local.sessions.is_empty(), "{:?}", local.sessions);
+}
+
 #[tokio::test]
 async fn forkd_token_prints_only_the_secret_and_a_running_daemon_follows_the_file() {
     let daemon = spawn_daemon_with(|c| c.listen = Some(LOOPBACK))
@@ -136,8 +185,9 @@ async fn forkd_token_prints_only_the_secret_and_a_running_daemon_follows_the_fil
         .unwrap();
     let home = daemon.home_path();
     let mut tcp = tcp_client(&daemon).await;
-    // No token exists yet: loopback TCP is as open as before tokens existed.
-    list(&mut tcp, None).await.unwrap();
+    // No token exists yet: loopback TCP still serves no one without one.
+    let missing = list(&mut tcp, None).await.unwrap_err();
+    assert_eq!(missing.code(), Code::Unauthenticated);
 
     let created = forkd(home, &["token", "create", "ci"]).await;
     assert!(created.status.success(), "{}", text(&created.stderr));
@@ -187,8 +237,9 @@ async fn forkd_token_prints_only_the_secret_and_a_running_daemon_follows_the_fil
     assert!(revoked.status.success(), "{}", text(&revoked.stderr));
     let refused = list(&mut tcp, Some(&bearer(secret))).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unauthenticated);
-    // With no token left, loopback TCP is open again.
-    list(&mut tcp, None).await.unwrap();
+    // With no token left, loopback TCP stays shut.
+    let missing = list(&mut tcp, None).await.unwrap_err();
+    assert_eq!(missing.code(), Code::Unauthenticated);
 
     let unknown = forkd(home, &["token", "revoke", "ci"]).await;
     assert!(!unknown.status.success());

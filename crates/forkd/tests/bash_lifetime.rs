@@ -30,13 +30,17 @@ fn alive(pid: i32, ticks: u64) -> bool {
     stat(pid).is_some_and(|(state, start)| start == ticks && !matches!(state, 'Z' | 'X'))
 }
 
-/// The pid the command wrote, and that process's start time.
+/// The process the command wrote the pid of, as this (the host's) PID namespace numbers it, and
+/// its start time. A sandboxed command runs in a PID namespace of its own, so the pid it writes
+/// is the namespace's: the process is the one working in `ws` whose innermost pid it is.
 async fn recorded_pid(path: &Path) -> (i32, u64) {
+    let ws = std::fs::canonicalize(path.parent().unwrap()).unwrap();
     eventually(
         Duration::from_secs(20),
         "the command's pid file",
         || async {
-            let pid: i32 = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
+            let inner: i32 = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
+            let pid = forkd_test_support::host_pid(inner, &ws)?;
             Some((pid, stat(pid)?.1))
         },
     )

@@ -57,8 +57,11 @@ fn alive(pid: i32) -> bool {
 #[tokio::test]
 async fn fork_children_call_a_servers_tools_and_get_its_real_results() {
     let Some(python) = mcp_python() else { return };
+    // Servers of this daemon alone live under its own temporary root.
+    let tmp_root = tempfile::tempdir().unwrap();
     let mut daemon = spawn_daemon_with(|c| {
         write_mcp_json(&c.home, &python, json!({}), json!({}));
+        c.engine.sandbox.tmp_root = tmp_root.path().to_path_buf();
     })
     .await
     .unwrap();
@@ -166,6 +169,9 @@ async fn fork_children_call_a_servers_tools_and_get_its_real_results() {
         .and_then(|rest| rest.split('"').next())
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("no pid in {}", logs[5]));
+    // The server reports its pid in its own PID namespace.
+    let pid = forkd_test_support::host_pid(pid, tmp_root.path())
+        .unwrap_or_else(|| panic!("no process of pid {pid} in its namespace"));
     assert!(alive(pid));
     daemon.stop().await.unwrap();
     eventually(

@@ -134,3 +134,89 @@ async fn full_access_is_refused_to_a_remote_tenant_the_config_does_not_allow() {
     let status = c.create_session(bad).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
 }
+
+/// The second wall through the real daemon, as the issue's hostile tenant tried it: with `HOME`
+/// holding credential files, a child's `Bash` call cannot kill a process outside its sandbox
+/// (the daemon is one), read the credentials, or connect to a Unix-socket listener; a fork bomb
+/// under the process cap ends in a tool error while the daemon keeps answering.
+#[tokio::test]
+async fn a_hostile_command_cannot_kill_read_credentials_or_reach_a_unix_socket() {
+    let base = tempfile::tempdir().unwrap();
+    let user = base.path().join("user");
+    for file in [".git-credentials", ".pgpass", ".npmrc"] {
+        std::fs::create_dir_all(&user).unwrap();
+        std::fs::write(user.join(file), "a-credential").unwrap();
+    }
+    let daemon = spawn_daemon_with(|c| {
+        c.engine.sandbox.home = Some(forkd_tools::sandbox::HomeView {
+            dir: user.clone(),
+            allow: Vec::new(),
+        });
+        c.engine.sandbox.limits.processes = Some(64);
+    })
+    .await
+    .unwrap();
+    let mut c = daemon.client().await.unwrap();
+    let ws = base.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let socket = base.path().join("listener.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let mut victim = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let session = create_session(&mut c, trusted_session_request(&ws))
+        .await
+        .unwrap();
+    let command = format!(
+        "kill -TERM {pid} {daemon}; echo kill=$?; cat {user}/.git-credentials {user}/.pgpass \
+         {user}/.npmrc; python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); \
+         s.connect('{socket}')\" 2>&1 | tail -1",
+        pid = victim.id(),
+        daemon = std::process::id(),
+        user = user.display(),
+        socket = socket.display(),
+    );
+    let input = serde_json::json!({ "command": command });
+    let script = format!("Probe.\n@sim tool Bash {input}\n@sim say done");
+    let batch = fork(&mut c, &session.session_id, &[script.as_str()], None)
+        .await
+        .unwrap();
+    wait_for_batch(&mut c, &batch.batch_id, 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let seen = transcript_text(&mut c, &batch.agent_ids[0]).await.unwrap();
+    assert!(seen.contains("kill=1"), "{seen}");
+    assert_eq!(victim.try_wait().unwrap(), None, "the process outside died");
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    assert!(!seen.contains("a-credential"), "{seen}");
+    assert!(seen.contains("PermissionError"), "{seen}");
+
+    let root = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap()) == 0;
+    if root {
+        eprintln!("skipping the fork bomb: the kernel exempts uid 0 from RLIMIT_NPROC");
+        return;
+    }
+    let bomb = serde_json::json!({ "command": ":(){ :|:& };:; sleep 5", "timeout": 3 });
+    let script = format!("Bomb.\n@sim tool Bash {bomb}\n@sim say done");
+    let batch = fork(&mut c, &session.session_id, &[script.as_str()], None)
+        .await
+        .unwrap();
+    // The daemon answers while the bomb runs.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let got = c
+        .get_session(pb::GetSessionRequest {
+            session_id: session.session_id.clone(),
+        })
+        .await;
+    assert!(got.is_ok(), "{got:?}");
+    wait_for_batch(&mut c, &batch.batch_id, 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let seen = transcript_text(&mut c, &batch.agent_ids[0]).await.unwrap();
+    assert!(
+        seen.contains("timed out") || seen.contains("exit code"),
+        "{seen}"
+    );
+}

@@ -1,6 +1,6 @@
-//! The web view's HTTP API against the real daemon, without a browser: sign-in and its cookie,
-//! tenants, cross-site protection, live streams resumed with `Last-Event-ID`, the listener
-//! rules and TLS. (`web.rs` drives the page itself in Chromium.)
+//! The web view's HTTP API against the real daemon, without a browser: sign-in (with a token,
+//! or with a link minted over the Unix socket) and its cookie, tenants, cross-site protection,
+//! live streams resumed with `Last-Event-ID`, the listener rules and TLS. (`web.rs` drives the page itself in Chromium.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -338,15 +338,91 @@ async fn a_live_stream_resumes_after_the_last_event_id_without_gaps() {
 }
 
 #[tokio::test]
-async fn off_loopback_the_view_needs_tokens_and_on_loopback_without_any_it_is_local() {
+async fn off_loopback_the_view_needs_tokens_and_on_loopback_it_still_needs_a_sign_in() {
     let anywhere = SocketAddr::from(([0, 0, 0, 0], 0));
     let refused = spawn_daemon_with(|c| c.ui_listen = Some(anywhere)).await;
     let err = format!("{:#}", refused.err().expect("started without tokens"));
     assert!(err.contains("without bearer tokens"), "{err}");
 
-    let (_daemon, base) = daemon_with_ui().await;
+    // On loopback with no token at all, a caller without a sign-in is still no one: any local
+    // process (a sandboxed command allowed the network) could be asking.
+    let (daemon, base) = daemon_with_ui().await;
+    let mut local = daemon.client().await.unwrap();
+    local
+        .create_session(session_request(daemon.home_path()))
+        .await
+        .unwrap();
+    for path in ["/api/me", "/api/sessions", "/api/live/sessions"] {
+        let res = http().get(format!("{base}{path}")).send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{path}");
+    }
+    let res = http()
+        .post(format!("{base}/api/prompts/x"))
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+}
+
+/// `CreateSignInLink` over the daemon's Unix socket, without a token.
+async fn sign_in_link(daemon: &TestDaemon) -> Result<pb::CreateSignInLinkResponse, tonic::Status> {
+    let mut client = daemon.client().await.unwrap();
+    client
+        .create_sign_in_link(pb::CreateSignInLinkRequest {})
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// A client that does not follow redirects, so the sign-in's own answer can be read.
+fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_sign_in_link_from_the_socket_signs_in_as_local_once() {
+    let (daemon, base) = daemon_with_ui().await;
+    let mut local = daemon.client().await.unwrap();
+    let sid = local
+        .create_session(session_request(daemon.home_path()))
+        .await
+        .unwrap()
+        .into_inner()
+        .session
+        .unwrap()
+        .session_id;
+
+    let link = sign_in_link(&daemon).await.unwrap();
+    let code = link
+        .url
+        .strip_prefix(&format!("{base}/signin?code="))
+        .unwrap_or_else(|| panic!("{} is not a link to {base}", link.url));
+    assert!(code.len() >= 32, "at least 128 bits: {code}");
+    let expires = link.expires_at.unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!((55..=61).contains(&(expires.seconds - now)), "{expires:?}");
+
+    let res = no_redirects().get(&link.url).send().await.unwrap();
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    assert_eq!(res.headers()["location"], "/");
+    let cookie = res.headers()[SET_COOKIE].to_str().unwrap().to_owned();
+    assert!(
+        cookie.starts_with("forkd_ui=") && cookie.contains("HttpOnly"),
+        "{cookie}"
+    );
+    assert!(cookie.contains("SameSite=Strict"), "{cookie}");
+    assert!(!cookie.contains(code), "the cookie is not the code");
+    let cookie = cookie.split(';').next().unwrap().to_owned();
     let me: Value = http()
         .get(format!("{base}/api/me"))
+        .header(COOKIE, &cookie)
         .send()
         .await
         .unwrap()
@@ -354,7 +430,88 @@ async fn off_loopback_the_view_needs_tokens_and_on_loopback_without_any_it_is_lo
         .await
         .unwrap();
     assert_eq!(me["tenant"], "local");
-    assert_eq!(me["signed_in"], false);
+    let session = SignedIn {
+        base: base.clone(),
+        cookie,
+        csrf: me["csrf"].as_str().unwrap().to_owned(),
+    };
+    let (status, list) = session.get("/api/sessions").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(list["sessions"][0]["id"], sid.as_str());
+    // Actions work as for any sign-in: CSRF token, this site.
+    assert_eq!(
+        session
+            .post("/api/signout", Some(&session.csrf), None)
+            .await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        session.get("/api/sessions").await.0,
+        StatusCode::UNAUTHORIZED
+    );
+
+    // The same code again, or one never made, or none: refused, saying what to do.
+    for url in [
+        link.url.clone(),
+        format!("{base}/signin?code={}", "0".repeat(64)),
+        format!("{base}/signin"),
+    ] {
+        let res = no_redirects().get(&url).send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{url}");
+        assert!(res.headers().get(SET_COOKIE).is_none(), "{url}");
+        let body: Value = res.json().await.unwrap();
+        let error = body["error"].as_str().unwrap();
+        assert!(error.contains("not valid"), "{error}");
+        assert!(error.contains("forkctl ui"), "{error}");
+    }
+}
+
+#[tokio::test]
+async fn sign_in_links_are_only_for_the_socket_s_owner_and_need_a_web_view() {
+    let mut secret = None;
+    let daemon = spawn_daemon_with(|c| {
+        c.listen = Some(LOOPBACK);
+        c.ui_listen = Some(LOOPBACK);
+        secret = Some(
+            forkd_server::TokenStore::in_home(&c.home)
+                .create("alice")
+                .unwrap(),
+        );
+    })
+    .await
+    .unwrap();
+    let secret = secret.unwrap();
+    let with_token = || {
+        let mut request = tonic::Request::new(pb::CreateSignInLinkRequest {});
+        let value = format!("Bearer {}", secret.expose()).parse().unwrap();
+        request.metadata_mut().insert("authorization", value);
+        request
+    };
+    let tcp_addr = format!("http://{}", daemon.tcp_addr().unwrap());
+    let mut tcp = forkd_test_support::connect(&tcp_addr).await.unwrap();
+    let refused = tcp.create_sign_in_link(with_token()).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("Unix socket"), "{refused:?}");
+    assert!(refused.message().contains("`alice`"), "{refused:?}");
+    let refused = tcp
+        .create_sign_in_link(pb::CreateSignInLinkRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    // A token on the socket names its tenant, not the socket's owner.
+    let mut unix = daemon.client().await.unwrap();
+    let refused = unix.create_sign_in_link(with_token()).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    sign_in_link(&daemon).await.unwrap();
+
+    let no_view = spawn_daemon_with(|_| {}).await.unwrap();
+    let refused = sign_in_link(&no_view).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(refused.message().contains("--ui-listen"), "{refused:?}");
 }
 
 #[tokio::test]

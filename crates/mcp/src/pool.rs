@@ -58,6 +58,10 @@ pub struct PoolPaths {
     /// What a sandboxed server must not read (the daemon's home, the deny list, sessions'
     /// workspaces, other sandboxes' temporary directories).
     pub hidden: Vec<PathBuf>,
+    /// The daemon user's home, covered but for its allow list.
+    pub home: Option<forkd_tools::sandbox::HomeView>,
+    /// Resource limits of each server.
+    pub limits: forkd_tools::sandbox::ResourceLimits,
 }
 
 /// A server's identity in the pool: its tenant and the digest of its resolved definition.
@@ -182,7 +186,7 @@ struct State {
 pub struct Server {
     spec: ServerSpec,
     dir: PathBuf,
-    hidden: Vec<PathBuf>,
+    paths: PoolPaths,
     state: Mutex<State>,
     /// Calls in flight, and when the server last listed its tools or finished a call: it is
     /// idle when none is in flight and the last use is long enough ago.
@@ -199,7 +203,7 @@ impl Server {
         Server {
             spec,
             dir,
-            hidden: paths.hidden.clone(),
+            paths: paths.clone(),
             state: Mutex::new(State::default()),
             in_flight: AtomicU32::new(0),
             last_used: StdMutex::new(None),
@@ -318,8 +322,10 @@ impl Server {
                             (
                                 *sandbox,
                                 SandboxPaths {
-                                    hidden: self.hidden.clone(),
+                                    hidden: self.paths.hidden.clone(),
                                     tmp: self.dir.join("tmp"),
+                                    home: self.paths.home.clone(),
+                                    limits: self.paths.limits,
                                 },
                             )
                         },

@@ -51,7 +51,7 @@ fn stdio_spec(python: &str, extra: serde_json::Value) -> ServerSpec {
 fn paths(dir: &tempfile::TempDir) -> PoolPaths {
     PoolPaths {
         root: dir.path().to_path_buf(),
-        hidden: Vec::new(),
+        ..PoolPaths::default()
     }
 }
 

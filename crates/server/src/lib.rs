@@ -23,7 +23,7 @@ use tower::util::MapResponseLayer;
 
 use crate::auth::{AuthLayer, Transport};
 
-pub use auth::{Tenant, TokenStore, tenant};
+pub use auth::{SignInCodes, Tenant, TokenStore, WebView, tenant};
 pub use service::ForkdService;
 pub use tls::{TlsConfig, TlsError};
 
@@ -32,7 +32,7 @@ pub use tls::{TlsConfig, TlsError};
 pub struct Listeners {
     /// The Unix socket (mode 0600): callers without a token are [`Tenant::LOCAL`].
     pub unix: Option<UnixListener>,
-    /// TCP: off loopback every call needs a token; on loopback, once any token exists.
+    /// TCP: every call needs a token, on loopback too (see [`auth`]).
     pub tcp: Option<TcpListener>,
 }
 
@@ -45,6 +45,9 @@ pub struct ServerConfig {
     pub tokens: Option<TokenStore>,
     /// TLS for the TCP listener (the Unix socket never uses it).
     pub tls: Option<TlsConfig>,
+    /// The daemon's web view, when it serves one: `CreateSignInLink` mints its codes and links
+    /// to it. `None` answers that call with `FAILED_PRECONDITION`.
+    pub web_view: Option<WebView>,
 }
 
 impl Default for ServerConfig {
@@ -53,6 +56,7 @@ impl Default for ServerConfig {
             max_message_bytes: 16 * 1024 * 1024,
             tokens: None,
             tls: None,
+            web_view: None,
         }
     }
 }
@@ -62,8 +66,6 @@ impl Default for ServerConfig {
 pub enum ServerError {
     #[error("no listener to serve on")]
     NoListener,
-    #[error("cannot read the TCP listener's address: {0}")]
-    ListenerAddr(std::io::Error),
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("transport: {0}")]
@@ -92,7 +94,8 @@ where
         + 'static,
     IE: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let forkd = ForkdServer::new(ForkdService::new(engine))
+    let service = ForkdService::new(engine).with_web_view(config.web_view.clone());
+    let forkd = ForkdServer::new(service)
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
     let (health_reporter, health) = tonic_health::server::health_reporter();
@@ -174,8 +177,7 @@ pub async fn serve(
         ));
     }
     if let Some(tcp) = listeners.tcp {
-        let local = tcp.local_addr().map_err(ServerError::ListenerAddr)?;
-        let auth = AuthLayer::new(config.tokens.clone(), Transport::tcp(local));
+        let auth = AuthLayer::new(config.tokens.clone(), Transport::Tcp);
         let tls = config.tls.as_ref().map(TlsConfig::server_config);
         let incoming = TcpListenerStream::new(tcp);
         servers.spawn(serve_incoming(

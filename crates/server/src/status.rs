@@ -14,18 +14,24 @@
 //! | provider overloaded, down or unreachable; the daemon shutting down | `UNAVAILABLE` |
 //! | the provider refused the daemon's credentials | `FAILED_PRECONDITION` |
 //! | the provider rejected a request forkd built; a broken invariant; the store failed | `INTERNAL` |
+//! | a sign-in link asked for by anyone but the Unix socket's owner | `PERMISSION_DENIED` |
+//! | a sign-in link from a daemon without a web view | `FAILED_PRECONDITION` |
 
 use forkd_engine::EngineError;
 use forkd_engine::FailureKind;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt as _};
 
-/// What a handler can fail with: the engine's error, or a request the server could not parse.
+use crate::service::SignInLinkError;
+
+/// What a handler can fail with: the engine's error, a request the server could not parse, or
+/// a sign-in link it would not make.
 #[derive(Debug)]
 pub(crate) enum ApiError {
     Engine(EngineError),
     /// A malformed field (an id that does not parse, a required field missing).
     BadRequest(String),
+    SignInLink(SignInLinkError),
 }
 
 impl From<EngineError> for ApiError {
@@ -34,11 +40,32 @@ impl From<EngineError> for ApiError {
     }
 }
 
+impl From<SignInLinkError> for ApiError {
+    fn from(err: SignInLinkError) -> Self {
+        ApiError::SignInLink(err)
+    }
+}
+
 impl From<ApiError> for Status {
     fn from(err: ApiError) -> Self {
         match err {
             ApiError::BadRequest(msg) => Status::invalid_argument(msg),
             ApiError::Engine(err) => engine_status(err),
+            ApiError::SignInLink(err) => sign_in_link_status(err),
+        }
+    }
+}
+
+/// Who may not have a link is refused as such; a daemon without a web view has nothing to link
+/// to (the operator's to change); a failed random draw is the daemon's fault.
+fn sign_in_link_status(err: SignInLinkError) -> Status {
+    let msg = err.to_string();
+    match err {
+        SignInLinkError::NotTheSocketOwner(_) => Status::permission_denied(msg),
+        SignInLinkError::NoWebView => Status::failed_precondition(msg),
+        SignInLinkError::Random(_) => {
+            tracing::error!(error = %msg, "Cannot make a sign-in link");
+            Status::internal("forkd could not make a sign-in link; see the daemon's log")
         }
     }
 }

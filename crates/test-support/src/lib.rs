@@ -478,3 +478,26 @@ pub fn mcp_python() -> Option<String> {
     eprintln!("SKIPPED: {python} lacks the MCP SDK (pip install mcp), which this test needs");
     None
 }
+
+/// The host's pid of a process that a sandboxed command or server reported as `inner` (its pid
+/// in its own PID namespace), identified by working under `cwd`. An unsandboxed process's pid
+/// is its own.
+pub fn host_pid(inner: i32, cwd: &Path) -> Option<i32> {
+    let cwd = std::fs::canonicalize(cwd).ok()?;
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
+            let innermost: i32 = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))?
+                .split_whitespace()
+                .last()?
+                .parse()
+                .ok()?;
+            let here = std::fs::read_link(entry.path().join("cwd")).ok()?;
+            (innermost == inner && here.starts_with(&cwd)).then_some(pid)
+        })
+}

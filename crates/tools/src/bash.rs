@@ -109,9 +109,10 @@ async fn execute(command: &str, limit: Duration, ctx: &ToolContext) -> std::io::
         Ok(spawned) => spawned,
         Err(e) if ctx.sandbox.is_some() => {
             return Ok(ToolOutput::error(format!(
-                "the command could not enter its sandbox ({e}): this machine may lack \
-                 unprivileged user namespaces or Landlock; the command did not run. A session \
-                 whose commands may run unconfined is created with --sandbox full-access"
+                "the command could not enter its sandbox: {}; the command did not run. A \
+                 session whose commands may run unconfined is created with --sandbox \
+                 full-access",
+                crate::sandbox::explain(&e)
             )));
         }
         Err(e) => return Err(e),

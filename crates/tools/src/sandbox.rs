@@ -6,24 +6,35 @@
 //! Landlock ruleset), so the forked child only makes system calls:
 //!
 //! 1. **Namespaces.** `unshare` a user namespace (mapping the daemon's own uid and gid to
-//!    themselves), a mount namespace and, unless the session allows the network, a network
-//!    namespace — which has no interface but a loopback that is down, so no connection of any
-//!    kind leaves it (TCP, UDP, 127.0.0.1 included).
-//! 2. **Hiding.** In the private mount namespace, what the command must not read is covered: an
-//!    empty read-only tmpfs over each hidden directory, `/dev/null` over each hidden file. Hidden
-//!    are the daemon's home (`FORKD_HOME`: its database, socket, tokens), the other sessions'
-//!    workspaces and the deny list (`~/.ssh`, `~/.aws`, …). A hidden directory that holds the
-//!    command's own workspace or temporary directory is not covered whole: its other entries
-//!    are, recursively, along the path to what is kept. Everything else reads as before
-//!    (toolchains, system directories, the user's home), so `cargo` and `python3` work where they
-//!    are installed. Paths hidden through `/proc/self/root` stay hidden: it is the same mount
-//!    namespace.
-//! 3. **Landlock.** `PR_SET_NO_NEW_PRIVS`, then the ruleset: writes (create, remove, rename,
+//!    themselves), a mount namespace, a PID namespace and, unless the session allows the
+//!    network, a network namespace — which has no interface but a loopback that is down, so no
+//!    connection of any kind leaves it (TCP, UDP, 127.0.0.1 included).
+//! 2. **Hiding.** In the private mount namespace, the daemon user's home is covered by one
+//!    tmpfs with a read-only allow list bound back in ([`home`]). What else the command must
+//!    not read is covered too: an empty read-only tmpfs over each hidden directory, `/dev/null`
+//!    over each hidden file. Hidden are the daemon's home (`FORKD_HOME`: its database, socket,
+//!    tokens), the other sessions' workspaces, other users' homes and the deny list (`~/.ssh`,
+//!    `~/.aws`, …). A hidden directory that holds the command's own workspace or temporary
+//!    directory is not covered whole: its other entries are, recursively, along the path to
+//!    what is kept. Everything else reads as before (toolchains, system directories), so `cargo`
+//!    and `python3` work where they are installed. Paths hidden through `/proc/self/root` stay
+//!    hidden: it is the same mount namespace.
+//! 3. **Processes.** The command runs under a small init of forkd's, pid 1 of its namespace, with
+//!    a fresh `/proc` ([`init`]): it sees and signals only its own processes, and none outlives
+//!    it.
+//! 4. **Limits.** `setrlimit` (processes, open files, file size, CPU time, no core files) and
+//!    `oom_score_adj = 1000` ([`limits`]).
+//! 5. **Landlock.** `PR_SET_NO_NEW_PRIVS`, then the ruleset: writes (create, remove, rename,
 //!    truncate, write) only beneath the workspace (`workspace-write`) and the private temporary
 //!    directory, and to `/dev/null`-like devices. A path is judged where it resolves, so a
-//!    symlink planted in the workspace does not lead a write out of it. A Landlock domain also
+//!    symlink planted in the workspace does not lead a write out of it. Where the kernel's ABI
+//!    has them (≥ 6), its scopes: no signal to a process outside the domain (the daemon
+//!    included), no connection to an abstract Unix socket made outside it. A Landlock domain also
 //!    cannot change the mount table (the covers stay on) nor trace or read the memory and
 //!    environment of processes outside it (the daemon's API keys stay its own).
+//! 6. **seccomp.** The system calls a command has no business making ([`seccomp`]): sockets of
+//!    other families (Unix sockets included, so no listener of the daemon's user is reachable),
+//!    `ptrace`, keyrings, `bpf`, new namespaces, mounts.
 //!
 //! `full-access` applies none of this. Where the kernel lacks something a mode needs, the command
 //! fails to start with an error naming it, never runs unconfined; [`probe`] tells the daemon at
@@ -34,6 +45,11 @@
 
 #![allow(unsafe_code)]
 
+pub mod home;
+mod init;
+pub mod limits;
+mod seccomp;
+
 use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::io;
@@ -42,15 +58,19 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use landlock::{
-    ABI, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
-    RulesetCreatedAttr,
+    ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, Scope,
 };
 
 pub use forkd_core::session::{Sandbox, SandboxMode};
+pub use home::{HomeView, default_read_allow};
+pub use limits::ResourceLimits;
 
 /// The deny list used when the daemon's configuration names none, relative to the home
 /// directory: credentials a command has no business reading.
-pub const DEFAULT_DENY: [&str; 7] = [
+/// (The home is covered whole anyway; the list matters for what the allow list shows, such as
+/// a `~/.cargo` allowed whole, and for a home the command's workspace lies in.)
+pub const DEFAULT_DENY: [&str; 9] = [
     ".ssh",
     ".gnupg",
     ".aws",
@@ -58,6 +78,8 @@ pub const DEFAULT_DENY: [&str; 7] = [
     ".docker",
     ".kube",
     ".netrc",
+    ".cargo/credentials",
+    ".cargo/credentials.toml",
 ];
 
 /// Where sessions' private temporary directories go by default: one folder per user under the
@@ -76,6 +98,41 @@ pub struct SandboxPaths {
     /// The command's private temporary directory (`TMPDIR`), created if missing; writable in
     /// every mode.
     pub tmp: PathBuf,
+    /// The daemon user's home, covered but for its allow list; `None` leaves it as it is.
+    pub home: Option<HomeView>,
+    /// Resource limits of the command.
+    pub limits: ResourceLimits,
+}
+
+/// Other users' homes, hidden from every command: the entries of `/home` but `own`, and `/root`
+/// when the daemon is not root.
+pub fn other_homes(own: Option<&Path>) -> Vec<PathBuf> {
+    let own = own.and_then(|p| std::fs::canonicalize(p).ok());
+    let mut homes: Vec<PathBuf> = std::fs::read_dir("/home")
+        .map(|entries| entries.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    if !nix::unistd::getuid().is_root() {
+        homes.push(PathBuf::from("/root"));
+    }
+    homes.retain(|h| std::fs::canonicalize(h).ok() != own);
+    homes
+}
+
+/// The layers a sandboxed command gets on this kernel, for the daemon's start line and
+/// `forkctl session get`: `landlock (ABI 7, scopes), namespaces (user, mount, pid, net),
+/// seccomp, rlimits`.
+pub fn layers(sandbox: Sandbox, limits: &ResourceLimits) -> String {
+    if sandbox.mode == SandboxMode::FullAccess {
+        return "none (full-access)".to_owned();
+    }
+    let abi = landlock_abi();
+    let scopes = if abi >= 6 { ", scopes" } else { "" };
+    let net = if sandbox.allow_network { "" } else { ", net" };
+    format!(
+        "landlock (ABI {abi}{scopes}), namespaces (user, mount, pid{net}), home cover, seccomp, \
+         rlimits ({}), oom_score_adj 1000",
+        limits.describe()
+    )
 }
 
 /// Why a sandboxed command could not start.
@@ -91,6 +148,78 @@ pub enum SandboxError {
     Prepare(String),
 }
 
+/// The layers a command's process enters, in order: a failure to enter one is reported naming
+/// it (see [`explain`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+enum Layer {
+    Namespaces = 1,
+    Mounts = 2,
+    HomeCover = 3,
+    PidNamespace = 4,
+    Proc = 5,
+    Limits = 6,
+    Landlock = 7,
+    Seccomp = 8,
+}
+
+/// The step a failed `errno` came from travels in the error itself: the only thing a process
+/// between fork and exec hands back to its spawner is one `i32`.
+const LAYER_SHIFT: i32 = 1 << 16;
+
+impl Layer {
+    fn name(self) -> &'static str {
+        match self {
+            Layer::Namespaces => "user/mount/pid/network namespaces",
+            Layer::Mounts => "the private mount table",
+            Layer::HomeCover => "the cover of the home directory",
+            Layer::PidNamespace => "the PID namespace's init",
+            Layer::Proc => "the PID namespace's /proc",
+            Layer::Limits => "the resource limits",
+            Layer::Landlock => "Landlock",
+            Layer::Seccomp => "the seccomp filter",
+        }
+    }
+
+    fn from_code(code: i32) -> Option<Layer> {
+        [
+            Layer::Namespaces,
+            Layer::Mounts,
+            Layer::HomeCover,
+            Layer::PidNamespace,
+            Layer::Proc,
+            Layer::Limits,
+            Layer::Landlock,
+            Layer::Seccomp,
+        ]
+        .into_iter()
+        .find(|l| *l as i32 == code)
+    }
+
+    /// Tags `result`'s error with this layer.
+    fn tag<T>(self, result: io::Result<T>) -> io::Result<T> {
+        result.map_err(|e| {
+            io::Error::from_raw_os_error(self as i32 * LAYER_SHIFT + e.raw_os_error().unwrap_or(0))
+        })
+    }
+}
+
+/// What a spawn error of a sandboxed command means: the layer that could not be entered and
+/// why, where the error came from entering one.
+pub fn explain(err: &io::Error) -> String {
+    let Some(code) = err.raw_os_error() else {
+        return err.to_string();
+    };
+    match Layer::from_code(code / LAYER_SHIFT) {
+        Some(layer) => format!(
+            "{} could not be set up: {}",
+            layer.name(),
+            io::Error::from_raw_os_error(code % LAYER_SHIFT)
+        ),
+        None => err.to_string(),
+    }
+}
+
 /// A sandbox prepared in the daemon, entered by the command's own process before exec.
 pub(crate) struct Prepared {
     ruleset: OwnedFd,
@@ -104,8 +233,16 @@ pub(crate) struct Prepared {
     tmpfs: CString,
     tmpfs_options: CString,
     dev_null: CString,
+    proc_fs: CString,
+    proc_dir: CString,
+    oom_score_adj: CString,
+    home: Option<home::Cover>,
     /// What to cover, and whether it is a directory.
     covers: Vec<(CString, bool)>,
+    limits: ResourceLimits,
+    seccomp: Vec<seccompiler::BpfProgram>,
+    /// The signals the namespace's init and the outer process wait for.
+    waited: libc::sigset_t,
     /// The private temporary directory, for the command's `TMPDIR`.
     pub(crate) tmp: PathBuf,
 }
@@ -152,18 +289,28 @@ impl Prepared {
             _ => vec![&tmp],
         };
         let ruleset = ruleset(&writable)?;
+        let kept = [workspace.as_path(), tmp.as_path()];
+        let home = match &paths.home {
+            Some(view) => home::Cover::new(view, &kept)?,
+            None => None,
+        };
         let hidden: Vec<PathBuf> = paths
             .hidden
             .iter()
             .filter_map(|p| std::fs::canonicalize(p).ok())
             .collect();
-        let covers = covers(&hidden, &[workspace.as_path(), tmp.as_path()])
+        let covers = covers(&hidden, &kept)
             .into_iter()
+            // Inside the covered home only what is bound back in is there to cover.
+            .filter(|(path, _)| {
+                home.as_ref()
+                    .is_none_or(|h| !h.covers(path) || h.shows(path))
+            })
             .map(|(path, dir)| Ok((c_path(&path)?, dir)))
             .collect::<Result<Vec<_>, SandboxError>>()?;
         // SAFETY: getuid and getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        let mut unshare = libc::CLONE_NEWUSER | libc::CLONE_NEWNS;
+        let mut unshare = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID;
         if !sandbox.allow_network {
             unshare |= libc::CLONE_NEWNET;
         }
@@ -179,14 +326,21 @@ impl Prepared {
             tmpfs: c_str("tmpfs")?,
             tmpfs_options: c_str("mode=000,size=4k,nr_inodes=1")?,
             dev_null: c_str("/dev/null")?,
+            proc_fs: c_str("proc")?,
+            proc_dir: c_str("/proc")?,
+            oom_score_adj: c_str("/proc/self/oom_score_adj")?,
+            home,
             covers,
+            limits: paths.limits,
+            seccomp: seccomp::filters(false).map_err(SandboxError::Prepare)?,
+            waited: init::waited(),
             tmp,
         }))
     }
 
     /// Makes `cmd`'s process enter this sandbox before it execs, with its `TMPDIR` set to the
     /// private temporary directory.
-    pub(crate) fn apply(self, cmd: &mut tokio::process::Command) {
+    pub(crate) fn apply(mut self, cmd: &mut tokio::process::Command) {
         cmd.env("TMPDIR", &self.tmp);
         // SAFETY: `enter` only makes system calls on data prepared before the fork.
         unsafe {
@@ -195,24 +349,85 @@ impl Prepared {
     }
 
     /// Enters the sandbox. Runs in the command's process between fork and exec, so it only makes
-    /// system calls on what [`Prepared::new`] made ready: no allocation, no lock.
-    fn enter(&self) -> io::Result<()> {
+    /// system calls on what [`Prepared::new`] made ready: no allocation, no lock. The process
+    /// that returns (and execs) is the command, two forks down (see [`init`]).
+    fn enter(&mut self) -> io::Result<()> {
         // SAFETY: each call below is a plain system call on pointers to memory this value owns
         // (NUL-terminated strings, byte buffers) that outlives the call.
         unsafe {
-            check(libc::unshare(self.unshare))?;
+            Layer::Namespaces.tag(check(libc::unshare(self.unshare)))?;
             // Writing "deny" is refused where it is not needed (a privileged caller): harmless.
             let _ = write_file(&self.setgroups_path, b"deny");
-            write_file(&self.uid_map_path, &self.uid_map)?;
-            write_file(&self.gid_map_path, &self.gid_map)?;
+            Layer::Namespaces.tag(write_file(&self.uid_map_path, &self.uid_map))?;
+            Layer::Namespaces.tag(write_file(&self.gid_map_path, &self.gid_map))?;
             // Nothing mounted here propagates back to the daemon's namespace.
-            check(libc::mount(
+            Layer::Mounts.tag(check(libc::mount(
                 std::ptr::null(),
                 self.root.as_ptr(),
                 std::ptr::null(),
                 libc::MS_REC | libc::MS_PRIVATE,
                 std::ptr::null(),
-            ))?;
+            )))?;
+            if let Some(home) = &mut self.home {
+                Layer::HomeCover.tag(home.take())?;
+                Layer::HomeCover.tag(home.mount())?;
+            }
+            Layer::Mounts.tag(self.mount_covers())?;
+
+            // The next fork is the PID namespace's init; the one after it, the command.
+            let mut status = [0; 2];
+            Layer::PidNamespace.tag(check(libc::pipe2(status.as_mut_ptr(), libc::O_CLOEXEC)))?;
+            libc::sigprocmask(libc::SIG_BLOCK, &self.waited, std::ptr::null_mut());
+            let init = Layer::PidNamespace.tag(init::fork())?;
+            if init > 0 {
+                libc::close(status[1]);
+                init::outer(init, status[0], &self.waited);
+            }
+            libc::close(status[0]);
+            Layer::Proc.tag(check(libc::mount(
+                self.proc_fs.as_ptr(),
+                self.proc_dir.as_ptr(),
+                self.proc_fs.as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                std::ptr::null(),
+            )))?;
+            let command = Layer::PidNamespace.tag(init::fork())?;
+            if command > 0 {
+                init::init(command, status[1], &self.waited);
+            }
+            libc::close(status[1]);
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+
+            Layer::Limits.tag(self.limits.apply())?;
+            Layer::Limits.tag(write_file(&self.oom_score_adj, b"1000"))?;
+            Layer::Landlock.tag(check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)))?;
+            let restricted = libc::syscall(
+                libc::SYS_landlock_restrict_self,
+                self.ruleset.as_raw_fd(),
+                0u32,
+            );
+            if restricted != 0 {
+                return Layer::Landlock.tag(Err(io::Error::last_os_error()));
+            }
+            for filter in &self.seccomp {
+                Layer::Seccomp.tag(
+                    seccompiler::apply_filter(filter).map_err(|_| io::Error::last_os_error()),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Covers each hidden path: an empty read-only tmpfs over a directory, `/dev/null` over a
+    /// file.
+    ///
+    /// # Safety
+    /// Between fork and exec, in the command's mount namespace: system calls only.
+    unsafe fn mount_covers(&self) -> io::Result<()> {
+        // SAFETY: plain system calls on NUL-terminated strings this value owns.
+        unsafe {
             for (path, dir) in &self.covers {
                 if *dir {
                     check(libc::mount(
@@ -232,15 +447,6 @@ impl Prepared {
                     ))?;
                 }
             }
-            check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
-            let restricted = libc::syscall(
-                libc::SYS_landlock_restrict_self,
-                self.ruleset.as_raw_fd(),
-                0u32,
-            );
-            if restricted != 0 {
-                return Err(io::Error::last_os_error());
-            }
         }
         Ok(())
     }
@@ -253,9 +459,12 @@ fn ruleset(writable: &[&Path]) -> Result<OwnedFd, SandboxError> {
     // Best effort above V1: an older kernel still confines writes, without the newer rights
     // (truncate, device ioctls) that it cannot handle.
     let write: BitFlags<AccessFs> = AccessFs::from_write(ABI::V5);
+    // Scopes (ABI 6): no signal to, and no abstract Unix socket of, anything outside the domain.
     let mut created = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(write)
+        .map_err(|e| prepare(&e))?
+        .scope(Scope::from_all(ABI::V6))
         .map_err(|e| prepare(&e))?
         .create()
         .map_err(|e| prepare(&e))?;
@@ -378,6 +587,8 @@ pub async fn probe(scratch: &Path) -> Probe {
     let paths = SandboxPaths {
         hidden: Vec::new(),
         tmp: scratch.join("tmp"),
+        home: None,
+        limits: ResourceLimits::default(),
     };
     let sandbox = Sandbox {
         mode: SandboxMode::WorkspaceWrite,
@@ -408,6 +619,22 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn a_failed_layer_is_named_with_its_errno() {
+        let err = Layer::Proc
+            .tag::<()>(Err(io::Error::from_raw_os_error(libc::EPERM)))
+            .unwrap_err();
+        let text = explain(&err);
+        assert!(
+            text.starts_with("the PID namespace's /proc could not be set up: "),
+            "{text}"
+        );
+        assert!(text.contains("os error 1"), "{text}");
+        // An error from elsewhere reads as itself.
+        let plain = io::Error::from_raw_os_error(libc::ENOENT);
+        assert_eq!(explain(&plain), plain.to_string());
+    }
 
     #[test]
     fn a_hidden_directory_holding_a_kept_one_is_covered_around_it() {

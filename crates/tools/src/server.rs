@@ -98,8 +98,9 @@ pub enum ServerSpawnError {
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
     #[error(
-        "it could not start{}: {source}",
-        if *.sandboxed { " in its sandbox (this machine may lack unprivileged user namespaces or Landlock)" } else { "" }
+        "it could not start{}: {}",
+        if *.sandboxed { " in its sandbox" } else { "" },
+        crate::sandbox::explain(source)
     )]
     Spawn {
         sandboxed: bool,

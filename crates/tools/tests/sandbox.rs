@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::Env;
-use forkd_tools::sandbox::{Sandbox, SandboxMode, SandboxPaths};
+use forkd_tools::sandbox::{HomeView, ResourceLimits, Sandbox, SandboxMode, SandboxPaths};
 use forkd_tools::{SandboxSpec, ToolContext, ToolOutput, run_tool};
 use serde_json::json;
 
@@ -28,7 +28,19 @@ struct World {
     home: PathBuf,
     other: PathBuf,
     outside: PathBuf,
+    /// The daemon user's home: credential files, a toolchain, a `.gitconfig`.
+    user: PathBuf,
+    limits: ResourceLimits,
 }
+
+/// Credential files a deny list does not name, in the daemon user's home.
+const CREDENTIALS: [&str; 5] = [
+    ".git-credentials",
+    ".pgpass",
+    ".config/gh/hosts.yml",
+    ".npmrc",
+    ".cargo/credentials.toml",
+];
 
 impl World {
     fn new() -> World {
@@ -45,11 +57,22 @@ impl World {
         let theirs = env.base.join("sandbox-tmp").join("session-2");
         std::fs::create_dir_all(&theirs).unwrap();
         std::fs::write(theirs.join("scratch"), SECRET).unwrap();
+        let user = env.base.join("user");
+        for file in CREDENTIALS {
+            let path = user.join(file);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, SECRET).unwrap();
+        }
+        std::fs::create_dir_all(user.join(".cargo/bin")).unwrap();
+        std::fs::write(user.join(".cargo/bin/tool"), "a tool\n").unwrap();
+        std::fs::write(user.join(".gitconfig"), "[user]\n").unwrap();
         World {
             env,
             home,
             other,
             outside,
+            user,
+            limits: ResourceLimits::default(),
         }
     }
 
@@ -62,6 +85,11 @@ impl World {
             paths: SandboxPaths {
                 hidden: vec![self.home.clone(), self.other.clone(), self.tmp_root()],
                 tmp: self.tmp_root().join("session-1"),
+                home: Some(HomeView {
+                    dir: self.user.clone(),
+                    allow: vec![self.user.join(".cargo/bin"), self.user.join(".gitconfig")],
+                }),
+                limits: self.limits,
             },
         })
     }
@@ -203,10 +231,16 @@ async fn a_background_process_that_writes_later_is_still_confined() {
             .root()
             .join(format!("tried-{}.txt", mode.as_str()));
         // `setsid` leaves the call's process group, so the call's end does not kill it: only the
-        // sandbox stands between it and the write. The call ends once it has left.
+        // sandbox stands between it and the write. (A sandboxed call waits for it: its PID
+        // namespace, and so the process, ends with the call.)
+        let wait = if mode == SandboxMode::FullAccess {
+            ""
+        } else {
+            "; sleep 1"
+        };
         let command = format!(
             "setsid sh -c 'echo $$ > started; sleep 0.3; echo late > {}; echo tried > {}' \
-             >/dev/null 2>&1 & while [ ! -s started ]; do sleep 0.01; done; rm started",
+             >/dev/null 2>&1 & while [ ! -s started ]; do sleep 0.01; done; rm started{wait}",
             path(&late),
             path(&tried),
         );
@@ -288,10 +322,200 @@ async fn a_sandbox_that_cannot_be_set_up_never_runs_the_command() {
             hidden: Vec::new(),
             // Its parent is a file: the temporary directory cannot be made.
             tmp: blocker.join("tmp"),
+            ..SandboxPaths::default()
         },
     });
     let out = bash_in(&ctx, "echo ran > ran.txt").await;
     assert!(out.is_error, "{}", out.content);
     assert!(out.content.contains("sandbox"), "{}", out.content);
     assert!(!world.env.root().join("ran.txt").exists());
+}
+
+/// A process outside the sandbox, owned by the same user (as the daemon is), survives a
+/// sandboxed `kill`; inside, `/proc` lists only the command's own processes.
+#[tokio::test]
+async fn the_command_sees_and_signals_only_its_own_processes() {
+    let world = World::new();
+    sandbox_works(&world).await;
+    let mut outside = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let pid = outside.id();
+    let out = world
+        .bash(
+            SandboxMode::WorkspaceWrite,
+            &format!("kill -TERM {pid}; echo kill=$?; ls /proc | grep -c '^[0-9]'"),
+        )
+        .await;
+    assert!(out.content.contains("kill=1"), "{}", out.content);
+    assert_eq!(
+        outside.try_wait().unwrap(),
+        None,
+        "the process outside died"
+    );
+    outside.kill().unwrap();
+    outside.wait().unwrap();
+    // The init, the sentinel, the command's shell and what it runs: a handful, not the host's.
+    let count: usize = out
+        .content
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{}", out.content));
+    assert!(count < 10, "{count} processes visible: {}", out.content);
+    // A command that ends by a signal still reads so, and its exit code still comes through.
+    let killed = world
+        .bash(SandboxMode::WorkspaceWrite, "kill -KILL $$")
+        .await;
+    assert!(
+        killed.content.ends_with("killed by signal 9"),
+        "{}",
+        killed.content
+    );
+    let exited = world.bash(SandboxMode::WorkspaceWrite, "exit 3").await;
+    assert!(
+        exited.content.ends_with("exit code 3"),
+        "{}",
+        exited.content
+    );
+    // Nothing it starts outlives it, not even a process that left its group.
+    let left = world
+        .bash(
+            SandboxMode::WorkspaceWrite,
+            "setsid sleep 31.5 >/dev/null 2>&1 & echo started",
+        )
+        .await;
+    assert!(!left.is_error, "{}", left.content);
+    let survivors = std::process::Command::new("pgrep")
+        .args(["-c", "-f", "sleep 31.5"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&survivors.stdout).trim(), "0");
+}
+
+/// The daemon user's home is covered: credential files the deny list does not name are gone,
+/// while the allow list (a toolchain, `.gitconfig`) reads as before.
+#[tokio::test]
+async fn credentials_in_the_home_are_hidden_and_the_allow_list_is_not() {
+    let world = World::new();
+    sandbox_works(&world).await;
+    for file in CREDENTIALS {
+        let target = world.user.join(file);
+        let out = world
+            .bash(
+                SandboxMode::WorkspaceWrite,
+                &format!("cat '{}'", path(&target)),
+            )
+            .await;
+        assert!(
+            out.is_error && !out.content.contains(SECRET),
+            "{file}: {}",
+            out.content
+        );
+    }
+    let allowed = world
+        .bash(
+            SandboxMode::WorkspaceWrite,
+            &format!(
+                "cat '{}' '{}'",
+                path(&world.user.join(".cargo/bin/tool")),
+                path(&world.user.join(".gitconfig"))
+            ),
+        )
+        .await;
+    assert!(!allowed.is_error, "{}", allowed.content);
+    assert!(allowed.content.contains("a tool"), "{}", allowed.content);
+    let readonly = world
+        .bash(
+            SandboxMode::WorkspaceWrite,
+            &format!("echo x >> '{}'", path(&world.user.join(".gitconfig"))),
+        )
+        .await;
+    assert!(readonly.is_error, "{}", readonly.content);
+    // Full access sees the home as it is.
+    let full = world
+        .bash(
+            SandboxMode::FullAccess,
+            &format!("cat '{}'", path(&world.user.join(".pgpass"))),
+        )
+        .await;
+    assert!(full.content.contains(SECRET), "{}", full.content);
+}
+
+/// A Python one-liner in the sandbox, with what it printed or the exception's class.
+async fn python(world: &World, code: &str) -> ToolOutput {
+    let script = format!("python3 - <<'EOF'\n{code}\nEOF");
+    world.bash(SandboxMode::WorkspaceWrite, &script).await
+}
+
+/// A Unix-socket listener outside the workspace (as PostgreSQL's or Docker's) cannot be reached;
+/// nor can `ptrace`, a nested namespace or an `AF_VSOCK` socket be had.
+#[tokio::test]
+async fn unix_sockets_ptrace_namespaces_and_vsock_are_refused() {
+    let world = World::new();
+    sandbox_works(&world).await;
+    let socket = world.outside.join("listener.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let probes = [
+        format!(
+            "import socket\ntry:\n    s = socket.socket(socket.AF_UNIX)\n    s.connect({:?})\n    print('connected')\nexcept OSError as e:\n    print('refused', e.errno)",
+            path(&socket)
+        ),
+        "import socket\ntry:\n    socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)\n    print('vsock')\nexcept OSError as e:\n    print('refused', e.errno)".to_owned(),
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nrc = libc.ptrace(0, 0, 0, 0)\nprint('refused', ctypes.get_errno()) if rc != 0 else print('traced')".to_owned(),
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nrc = libc.unshare(0x10000000)\nprint('refused', ctypes.get_errno()) if rc != 0 else print('unshared')".to_owned(),
+    ];
+    for probe in probes {
+        let out = python(&world, &probe).await;
+        assert!(
+            out.content.contains(&format!("refused {}", libc::EPERM)),
+            "{probe}\n{}",
+            out.content
+        );
+    }
+    // Pipes and socketpairs still work: shells and Python's own machinery need them.
+    let pair = python(
+        &world,
+        "import socket\na, b = socket.socketpair()\na.send(b'ok')\nprint(b.recv(2).decode())",
+    )
+    .await;
+    assert!(pair.content.contains("ok"), "{}", pair.content);
+}
+
+/// A fork bomb meets the process cap and the call ends in an error, leaving nothing behind; a
+/// memory hog fails under the address-space limit.
+#[tokio::test]
+async fn a_fork_bomb_and_a_memory_hog_end_in_tool_errors() {
+    let mut world = World::new();
+    world.limits = ResourceLimits {
+        processes: Some(64),
+        address_space: Some(1 << 30),
+        ..ResourceLimits::default()
+    };
+    sandbox_works(&world).await;
+    let hog = python(&world, "b = bytearray(4 << 30)\nprint('allocated')").await;
+    assert!(hog.is_error, "{}", hog.content);
+    assert!(hog.content.contains("MemoryError"), "{}", hog.content);
+    if nix::unistd::getuid().is_root() {
+        // The kernel exempts uid 0 from RLIMIT_NPROC, and a root daemon's commands run as uid 0
+        // in their namespace: only a pids cgroup caps them (not built yet).
+        eprintln!("skipping the fork bomb: RLIMIT_NPROC does not bind uid 0");
+        return;
+    }
+    let ctx = world.ctx(SandboxMode::WorkspaceWrite, false);
+    let bomb = run_tool(
+        "Bash",
+        &json!({ "command": ":(){ :|:& };:; sleep 3; echo survived", "timeout": 2 }),
+        &ctx,
+    )
+    .await;
+    assert!(bomb.is_error, "{}", bomb.content);
+    // After it, the machine's own processes are the only ones left of this user's: the bomb's
+    // namespace ended with its init.
+    let left = std::process::Command::new("pgrep")
+        .args(["-c", "-f", "sleep 3; echo survived"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&left.stdout).trim(), "0");
 }

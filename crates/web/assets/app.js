@@ -134,7 +134,8 @@ function signInView(message) {
   },
     h('h1', {}, 'Sign in to forkd'),
     h('p', { class: 'muted' }, 'Paste a token made with ', h('code', {}, 'forkd token create NAME'),
-      '. It is checked by the daemon and kept there; the page holds only a session cookie.'),
+      '. It is checked by the daemon and kept there; the page holds only a session cookie. ',
+      'On the daemon\'s machine, ', h('code', {}, 'forkctl ui'), ' prints a one-time link that signs you in as its own user.'),
     input,
     h('button', { id: 'signin', class: 'primary', type: 'submit' }, 'Sign in'),
     error);

@@ -3,9 +3,9 @@
 // submitted by the real `forkctl`; not meant to be run by hand (the Rust test sets it up).
 //
 // Environment: FORKD_UI (the view's URL), FORKCTL (the binary), FORKD_HOME (the daemon's home:
-// forkctl reaches its socket), TOKEN_A / TOKEN_B (tenants alice and bob), WORK (a scratch
-// directory), CHROMIUM (the browser), SCREENSHOTS (optional: a directory to save the batch and
-// agent views in).
+// forkctl reaches its socket, where as its owner it gets sign-in links), TOKEN_A / TOKEN_B
+// (tenants alice and bob), WORK (a scratch directory), CHROMIUM (the browser), SCREENSHOTS
+// (optional: a directory to save the batch and agent views in).
 //
 // Every wait is for a condition, with a generous deadline; nothing asserts on elapsed time. The
 // 1000-child page's load time is measured and printed, not asserted.
@@ -149,6 +149,19 @@ try {
   const status = await bob.evaluate(async (id) => (await fetch(`/api/agents/${id}`)).status, kids[0]);
   assert.equal(status, 404);
   await bobContext.close();
+
+  step('the daemon\'s own user signs in with the link `forkctl ui` prints, once');
+  const [{ url: link }] = forkctl('', ['ui']);
+  const localContext = await browser.newContext();
+  const local = await localContext.newPage();
+  await local.goto(link);
+  await local.waitForSelector('#tenant:has-text("local")', WAIT);
+  await local.waitForSelector('#sessions[data-loaded]', WAIT);
+  assert.equal(await local.locator(`tr[data-session-id="${sid}"]`).count(), 0, 'alice\'s sessions are not local\'s');
+  assert.ok(!local.url().includes('code='), 'the link leads to the page, leaving the code behind');
+  const again = await local.goto(link);
+  assert.equal(again.status(), 401, 'a link works once');
+  await localContext.close();
 
   step('a 1000-child batch');
   const directives = [];

@@ -1,12 +1,17 @@
-//! Who is calling: a sign-in with a bearer token, kept as an opaque session id in an HttpOnly,
-//! SameSite=Strict cookie (Secure under TLS), and the checks on actions.
+//! Who is calling: a sign-in, kept as an opaque session id in an HttpOnly, SameSite=Strict
+//! cookie (Secure under TLS), and the checks on actions.
 //!
-//! The rules are gRPC's (`forkd_server::auth`): a known token is its tenant; with no token
-//! configured at all, a listener on loopback serves tenant `local` without sign-in; otherwise
-//! nothing but the page's static files and the sign-in itself answers without a token. The
-//! secret stays in the daemon's memory, never in the page, the cookie or a response: the cookie
-//! holds a random id, and each call re-checks the token behind it, so a revoked token stops
-//! working at its next call.
+//! The rules are gRPC's over TCP (`forkd_server::auth`): a request without a sign-in is no one,
+//! on loopback or not — any process on the machine can open a TCP connection, a sandboxed
+//! command allowed the network included, so the address proves nothing. Nothing but the page's
+//! static files and the sign-ins answers without one. There are two ways to sign in:
+//!
+//! - with a bearer token (`POST /api/signin`): its tenant. The secret stays in the daemon's
+//!   memory, never in the page, the cookie or a response: the cookie holds a random id, and each
+//!   call re-checks the token behind it, so a revoked token stops working at its next call;
+//! - with a sign-in link (`GET /signin?code=…`, from `forkctl ui`): tenant `local`. Its
+//!   one-time code was minted for the Unix socket's owner ([`SignInCodes`]), the one caller
+//!   who proves being the local user.
 //!
 //! Actions (POST) must carry the page's CSRF token in `x-forkd-csrf` — a header another site
 //! cannot set without a CORS preflight this server never grants — and, when the browser says
@@ -17,14 +22,14 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::Json;
-use axum::extract::{FromRequestParts, State};
+use axum::extract::{FromRequestParts, Query, State};
 use axum::http::header::{COOKIE, HOST, ORIGIN, SET_COOKIE};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue};
-use axum::response::{IntoResponse, Response};
+use axum::response::{IntoResponse, Redirect, Response};
 use cookie::{Cookie, SameSite};
 use forkd_core::Tenant;
-use forkd_server::TokenStore;
+use forkd_server::{SignInCodes, TokenStore};
 use serde::Deserialize;
 use subtle::ConstantTimeEq as _;
 
@@ -40,19 +45,27 @@ const MAX_SIGN_INS: usize = 10_000;
 
 pub(crate) struct Auth {
     tokens: TokenStore,
-    /// The listener is on loopback: with no token configured, callers are tenant `local`.
-    loopback: bool,
+    /// The codes of sign-in links, minted by the gRPC server for the socket's owner.
+    codes: SignInCodes,
     /// TLS is on: the cookie is `Secure`.
     secure: bool,
     sign_ins: Mutex<HashMap<String, SignIn>>,
-    /// The CSRF token of tenant `local`'s page when no sign-in is needed.
-    open_csrf: String,
 }
 
 struct SignIn {
-    secret: String,
+    by: SignedInWith,
     csrf: String,
     at: Instant,
+}
+
+/// What a sign-in rests on, checked again at every call where it can change.
+#[derive(Clone)]
+enum SignedInWith {
+    /// A bearer token's secret: re-checked at each call, so that revoking it ends the sign-in.
+    Token(String),
+    /// A sign-in link's code, spent: tenant `local`, for the sign-in's lifetime (the local user
+    /// has no token to revoke; signing out or restarting the daemon ends it).
+    Link,
 }
 
 /// A caller whose tenant is established.
@@ -73,13 +86,12 @@ fn random_hex() -> String {
 }
 
 impl Auth {
-    pub(crate) fn new(tokens: TokenStore, loopback: bool, secure: bool) -> Self {
+    pub(crate) fn new(tokens: TokenStore, codes: SignInCodes, secure: bool) -> Self {
         Self {
             tokens,
-            loopback,
+            codes,
             secure,
             sign_ins: Mutex::default(),
-            open_csrf: random_hex(),
         }
     }
 
@@ -89,52 +101,57 @@ impl Auth {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The caller of a request, from its cookie; or `local` where no token is needed.
+    /// The caller of a request, from its cookie's sign-in; without one, no one.
     fn caller(&self, headers: &HeaderMap) -> Result<Caller, WebError> {
-        if let Some(id) = session_cookie(headers) {
-            let found = {
-                let mut sign_ins = self.sign_ins();
-                match sign_ins.get(&id) {
-                    Some(s) if s.at.elapsed() < SIGN_IN_LIFETIME => {
-                        Some((s.secret.clone(), s.csrf.clone()))
-                    }
-                    Some(_) => {
-                        sign_ins.remove(&id);
-                        None
-                    }
-                    None => None,
+        let id = session_cookie(headers).ok_or(WebError::Unauthenticated)?;
+        let (by, csrf) = {
+            let mut sign_ins = self.sign_ins();
+            match sign_ins.get(&id) {
+                Some(s) if s.at.elapsed() < SIGN_IN_LIFETIME => (s.by.clone(), s.csrf.clone()),
+                Some(_) => {
+                    sign_ins.remove(&id);
+                    return Err(WebError::Unauthenticated);
                 }
-            };
-            if let Some((secret, csrf)) = found {
-                return match self.tokens.authenticate(&secret)? {
-                    Some(tenant) => Ok(Caller { tenant, csrf }),
-                    None => {
-                        // Revoked since: the sign-in ends with it.
-                        self.sign_ins().remove(&id);
-                        Err(WebError::Unauthenticated)
-                    }
-                };
+                None => return Err(WebError::Unauthenticated),
             }
-        }
-        if self.open()? {
-            return Ok(Caller {
+        };
+        match by {
+            SignedInWith::Link => Ok(Caller {
                 tenant: Tenant::LOCAL,
-                csrf: self.open_csrf.clone(),
-            });
+                csrf,
+            }),
+            SignedInWith::Token(secret) => match self.tokens.authenticate(&secret)? {
+                Some(tenant) => Ok(Caller { tenant, csrf }),
+                None => {
+                    // Revoked since: the sign-in ends with it.
+                    self.sign_ins().remove(&id);
+                    Err(WebError::Unauthenticated)
+                }
+            },
         }
-        Err(WebError::Unauthenticated)
     }
 
-    /// No sign-in needed: on loopback while no token exists (as for gRPC over TCP).
-    fn open(&self) -> Result<bool, WebError> {
-        Ok(self.loopback && !self.tokens.has_tokens()?)
-    }
-
+    /// Signs in with a token: its tenant, the new sign-in's id and CSRF token.
     fn sign_in(&self, secret: String) -> Result<(Tenant, String, String), WebError> {
         let tenant = self
             .tokens
             .authenticate(&secret)?
             .ok_or(WebError::WrongToken)?;
+        let (id, csrf) = self.start(SignedInWith::Token(secret));
+        Ok((tenant, id, csrf))
+    }
+
+    /// Signs in as tenant `local` with a sign-in link's code, which is spent whatever the
+    /// outcome: the new sign-in's id.
+    fn sign_in_with_code(&self, code: &str) -> Result<String, WebError> {
+        if !self.codes.redeem(code) {
+            return Err(WebError::BadSignInLink);
+        }
+        Ok(self.start(SignedInWith::Link).0)
+    }
+
+    /// Records a sign-in: its id (the cookie's value) and its CSRF token.
+    fn start(&self, by: SignedInWith) -> (String, String) {
         let (id, csrf) = (random_hex(), random_hex());
         let mut sign_ins = self.sign_ins();
         sign_ins.retain(|_, s| s.at.elapsed() < SIGN_IN_LIFETIME);
@@ -149,12 +166,12 @@ impl Auth {
         sign_ins.insert(
             id.clone(),
             SignIn {
-                secret,
+                by,
                 csrf: csrf.clone(),
                 at: Instant::now(),
             },
         );
-        Ok((tenant, id, csrf))
+        (id, csrf)
     }
 
     fn cookie(&self, value: String, max_age: Duration) -> HeaderValue {
@@ -230,12 +247,12 @@ impl FromRequestParts<AppState> for Actor {
 }
 
 /// `GET /api/me`: the caller's tenant and the page's CSRF token (401 until signed in).
-pub(crate) async fn me(caller: Caller, State(state): State<AppState>) -> Json<serde_json::Value> {
-    let open = state.auth.open().unwrap_or(false);
+/// `signed_in` is always true now that every caller signs in; it stays for pages that read it.
+pub(crate) async fn me(caller: Caller) -> Json<serde_json::Value> {
     Json(serde_json::json!({
         "tenant": caller.tenant.name(),
         "csrf": caller.csrf,
-        "signed_in": !open,
+        "signed_in": true,
     }))
 }
 
@@ -267,6 +284,36 @@ pub(crate) async fn sign_in(
         "signed_in": true,
     }));
     Ok(([(SET_COOKIE, cookie)], body).into_response())
+}
+
+#[derive(Deserialize)]
+pub(crate) struct LinkQuery {
+    /// Missing is refused as an unknown code, with the same message.
+    #[serde(default)]
+    code: String,
+}
+
+/// `GET /signin?code=…`, the link `forkctl ui` prints: spends the code, signs the browser in as
+/// tenant `local` and sends it to the page (303). A used, expired or unknown code is 401.
+///
+/// A GET, so that the link opens with a click from a terminal. It cannot be turned against
+/// anyone: only the local user can mint a code, so a forged link signs its victim in as the
+/// forger only if the forger is the local user. The page's `Referrer-Policy: no-referrer` keeps
+/// the code out of any other site's logs, and it is spent before anyone could replay it.
+pub(crate) async fn sign_in_link(
+    State(state): State<AppState>,
+    Query(query): Query<LinkQuery>,
+) -> Result<Response, WebError> {
+    let id = match state.auth.sign_in_with_code(&query.code) {
+        Ok(id) => id,
+        Err(e) => {
+            tracing::info!("A web view sign-in link that is used, expired or unknown was refused");
+            return Err(e);
+        }
+    };
+    tracing::info!(tenant = %Tenant::LOCAL, "Signed in to the web view with a sign-in link");
+    let cookie = state.auth.cookie(id, SIGN_IN_LIFETIME);
+    Ok(([(SET_COOKIE, cookie)], Redirect::to("/")).into_response())
 }
 
 /// `POST /api/signout`: forgets the sign-in and clears the cookie.
@@ -320,15 +367,43 @@ mod tests {
     #[test]
     fn the_cookie_is_http_only_strict_and_secure_under_tls() {
         let dir = std::env::temp_dir().join("forkd-web-cookie-test-none");
-        let auth = Auth::new(TokenStore::in_home(&dir), true, true);
+        let auth = Auth::new(TokenStore::in_home(&dir), SignInCodes::default(), true);
         let c = auth.cookie("abc".into(), SIGN_IN_LIFETIME);
         let c = c.to_str().unwrap_or_default();
         assert!(c.contains("HttpOnly"), "{c}");
         assert!(c.contains("SameSite=Strict"), "{c}");
         assert!(c.contains("Secure"), "{c}");
-        let plain = Auth::new(TokenStore::in_home(&dir), true, false);
+        let plain = Auth::new(TokenStore::in_home(&dir), SignInCodes::default(), false);
         let c = plain.cookie("abc".into(), SIGN_IN_LIFETIME);
         assert!(!c.to_str().unwrap_or_default().contains("Secure"));
+    }
+
+    #[test]
+    fn no_cookie_is_no_one_and_a_code_signs_in_as_local_once() {
+        let dir = std::env::temp_dir().join("forkd-web-code-test-none");
+        let codes = SignInCodes::default();
+        let auth = Auth::new(TokenStore::in_home(&dir), codes.clone(), false);
+        assert!(matches!(
+            auth.caller(&HeaderMap::new()),
+            Err(WebError::Unauthenticated)
+        ));
+        let Ok(code) = codes.mint() else {
+            panic!("no random code");
+        };
+        let Ok(id) = auth.sign_in_with_code(&code) else {
+            panic!("a fresh code signs in");
+        };
+        let cookie = format!("{COOKIE_NAME}={id}");
+        let caller = auth.caller(&headers(&[("cookie", &cookie)]));
+        assert!(matches!(caller, Ok(Caller { tenant, .. }) if tenant == Tenant::LOCAL));
+        assert!(matches!(
+            auth.sign_in_with_code(&code),
+            Err(WebError::BadSignInLink)
+        ));
+        assert!(matches!(
+            auth.caller(&headers(&[("cookie", "forkd_ui=forged")])),
+            Err(WebError::Unauthenticated)
+        ));
     }
 
     #[test]

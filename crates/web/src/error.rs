@@ -19,6 +19,13 @@ pub enum WebError {
     /// A token no tenant has.
     #[error("that token is not valid")]
     WrongToken,
+    /// A sign-in link whose code was used already, has expired or was never made.
+    #[error(
+        "this sign-in link is not valid: it was used already, it expired (a link lasts {secs} \
+         seconds) or it was never made; run `forkctl ui` for a new one",
+        secs = forkd_server::SignInCodes::LIFETIME.as_secs()
+    )]
+    BadSignInLink,
     /// An action without the page's CSRF token, or from another site.
     #[error("{0}")]
     CrossSite(&'static str),
@@ -33,7 +40,9 @@ pub enum WebError {
 impl IntoResponse for WebError {
     fn into_response(self) -> Response {
         let status = match &self {
-            Self::Unauthenticated | Self::WrongToken => StatusCode::UNAUTHORIZED,
+            Self::Unauthenticated | Self::WrongToken | Self::BadSignInLink => {
+                StatusCode::UNAUTHORIZED
+            }
             Self::CrossSite(_) => StatusCode::FORBIDDEN,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::Engine(e) => match e {

@@ -4,7 +4,8 @@
 //! comes from a small JSON API ([`api`]) and server-sent event streams ([`live`]) over the same
 //! tenant-scoped engine the gRPC handlers use (`engine.for_tenant(t)`), so a tenant sees only its
 //! own sessions and another tenant's id is "not found". Callers sign in with a bearer token from
-//! the same `tokens.json` ([`auth`]); actions (background, kill, answer a permission prompt) are
+//! the same `tokens.json`, or as the daemon's own user with a one-time link minted over the Unix
+//! socket (`forkctl ui`) ([`auth`]); actions (background, kill, answer a permission prompt) are
 //! protected against cross-site requests.
 
 mod api;
@@ -24,7 +25,7 @@ use axum::Router;
 use axum::routing::{get, post};
 use axum_server::tls_rustls::RustlsConfig;
 use forkd_engine::Engine;
-use forkd_server::TokenStore;
+use forkd_server::{SignInCodes, TokenStore};
 use rustls_pki_types::pem::PemObject as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::task::JoinHandle;
@@ -41,6 +42,10 @@ pub struct WebConfig {
     /// The daemon's tokens: sign-in checks a token here, and every call re-checks it, so a
     /// revoked token stops working at its next call, as over gRPC.
     pub tokens: TokenStore,
+    /// The codes of sign-in links, shared with the gRPC server that mints them
+    /// (`CreateSignInLink`, for the Unix socket's owner): `GET /signin?code=…` spends one for a
+    /// sign-in as tenant `local`.
+    pub codes: SignInCodes,
 }
 
 /// The view's listener, bound (so a taken port fails the daemon's start) but not serving yet.
@@ -94,10 +99,13 @@ impl WebEndpoint {
         config: WebConfig,
         shutdown: CancellationToken,
     ) -> JoinHandle<()> {
-        let loopback = self.addr.ip().is_loopback();
         let state = AppState {
             engine,
-            auth: Arc::new(auth::Auth::new(config.tokens, loopback, self.tls.is_some())),
+            auth: Arc::new(auth::Auth::new(
+                config.tokens,
+                config.codes,
+                self.tls.is_some(),
+            )),
             shutdown: shutdown.clone(),
         };
         let app = router(state);
@@ -165,6 +173,7 @@ fn router(state: AppState) -> Router {
         .route("/", get(assets::index))
         .route("/app.js", get(assets::script))
         .route("/style.css", get(assets::style))
+        .route("/signin", get(auth::sign_in_link))
         .route("/api/me", get(auth::me))
         .route("/api/signin", post(auth::sign_in))
         .route("/api/signout", post(auth::sign_out))

@@ -11,6 +11,7 @@ pub mod run;
 pub mod session;
 pub mod stats;
 pub mod top;
+pub mod ui;
 pub mod watch;
 
 use crate::client::Client;

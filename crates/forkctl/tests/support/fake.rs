@@ -331,4 +331,21 @@ impl Forkd for Fake {
             note: String::new(),
         }))
     }
+
+    /// As the daemon: for the socket's owner only, who sends no token.
+    async fn create_sign_in_link(
+        &self,
+        request: Request<CreateSignInLinkRequest>,
+    ) -> Result<Response<CreateSignInLinkResponse>, Status> {
+        if request.metadata().get("authorization").is_some() {
+            return Err(Status::permission_denied(
+                "sign-in links are for the daemon's own user",
+            ));
+        }
+        let expires = std::time::SystemTime::now() + std::time::Duration::from_secs(60);
+        Ok(Response::new(CreateSignInLinkResponse {
+            url: "http://127.0.0.1:8080/signin?code=c0de".into(),
+            expires_at: Some(expires.into()),
+        }))
+    }
 }

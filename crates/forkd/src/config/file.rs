@@ -83,12 +83,36 @@ pub struct FileConfig {
     /// list (`~/.ssh`, `~/.gnupg`, `~/.aws`, `~/.config/gcloud`, `~/.docker`, `~/.kube`,
     /// `~/.netrc`).
     pub sandbox_deny: Option<Vec<String>>,
+    /// What stays readable (read-only) of the daemon user's home, which sandboxed commands see
+    /// covered (`~` is that home); replaces the default list (toolchains, package caches,
+    /// `~/.gitconfig`, and every `PATH` entry under the home).
+    pub sandbox_read_allow: Option<Vec<String>>,
+    /// Resource limits of each sandboxed command: `[sandbox_limits]`.
+    pub sandbox_limits: Option<LimitsSection>,
     /// Per-tenant settings: `[tenants.NAME]`.
     pub tenants: Option<BTreeMap<String, TenantSection>>,
     /// The `anthropic` provider's settings.
     pub anthropic: Option<AnthropicSection>,
     /// The `openai` provider's settings.
     pub openai: Option<OpenAiSection>,
+}
+
+/// `[sandbox_limits]` in `config.toml`: each key replaces its default; 0 lifts the limit.
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    /// Processes and threads at once (`RLIMIT_NPROC`; default 1024).
+    pub processes: Option<u64>,
+    /// Open files per process (`RLIMIT_NOFILE`; default 8192).
+    pub open_files: Option<u64>,
+    /// The largest file a process may write, in bytes (`RLIMIT_FSIZE`; default 16 GiB).
+    pub file_size: Option<u64>,
+    /// CPU seconds per process of a Bash command (`RLIMIT_CPU`; default 3600; never for MCP
+    /// servers).
+    pub cpu_seconds: Option<u64>,
+    /// Address space per process, in bytes (`RLIMIT_AS`; off by default: it breaks compilers
+    /// and node).
+    pub address_space: Option<u64>,
 }
 
 /// `[tenants.NAME]` in `config.toml`: a tenant's spending limits.
@@ -297,24 +321,40 @@ impl FileConfig {
 
     /// `sandbox_deny`, with `~` expanded to `home`.
     pub(super) fn sandbox_deny(&self, home: Option<&Path>) -> anyhow::Result<Option<Vec<PathBuf>>> {
-        let Some(list) = &self.sandbox_deny else {
-            return Ok(None);
+        home_paths("sandbox_deny", self.sandbox_deny.as_deref(), home)
+    }
+
+    /// `sandbox_read_allow`, with `~` expanded to `home`.
+    pub(super) fn sandbox_read_allow(
+        &self,
+        home: Option<&Path>,
+    ) -> anyhow::Result<Option<Vec<PathBuf>>> {
+        home_paths(
+            "sandbox_read_allow",
+            self.sandbox_read_allow.as_deref(),
+            home,
+        )
+    }
+
+    /// `[sandbox_limits]` over `limits` (0 lifts a limit).
+    pub(super) fn sandbox_limits(
+        &self,
+        mut limits: forkd_tools::sandbox::ResourceLimits,
+    ) -> forkd_tools::sandbox::ResourceLimits {
+        let Some(section) = &self.sandbox_limits else {
+            return limits;
         };
-        let mut paths = Vec::new();
-        for entry in list {
-            let path = match (entry.strip_prefix("~/"), home) {
-                (Some(rest), Some(home)) => home.join(rest),
-                (Some(_), None) => bail!(
-                    "{CONFIG_FILE}: sandbox_deny: {entry:?} starts with ~ but HOME is not set"
-                ),
-                (None, _) => PathBuf::from(entry),
-            };
-            if !path.is_absolute() {
-                bail!("{CONFIG_FILE}: sandbox_deny: {entry:?} must be absolute or start with ~/");
+        let set = |slot: &mut Option<u64>, value: Option<u64>| {
+            if let Some(v) = value {
+                *slot = (v > 0).then_some(v);
             }
-            paths.push(path);
-        }
-        Ok(Some(paths))
+        };
+        set(&mut limits.processes, section.processes);
+        set(&mut limits.open_files, section.open_files);
+        set(&mut limits.file_size, section.file_size);
+        set(&mut limits.cpu_seconds, section.cpu_seconds);
+        set(&mut limits.address_space, section.address_space);
+        limits
     }
 
     /// The `[tenants.NAME]` budgets, each checked to be positive: a zero or negative budget
@@ -335,4 +375,30 @@ impl FileConfig {
         }
         Ok(budgets)
     }
+}
+
+/// A list of paths from `key`, each absolute or under `~/` (the daemon user's `home`).
+fn home_paths(
+    key: &str,
+    list: Option<&[String]>,
+    home: Option<&Path>,
+) -> anyhow::Result<Option<Vec<PathBuf>>> {
+    let Some(list) = list else {
+        return Ok(None);
+    };
+    let mut paths = Vec::new();
+    for entry in list {
+        let path = match (entry.strip_prefix("~/"), home) {
+            (Some(rest), Some(home)) => home.join(rest),
+            (Some(_), None) => {
+                bail!("{CONFIG_FILE}: {key}: {entry:?} starts with ~ but HOME is not set")
+            }
+            (None, _) => PathBuf::from(entry),
+        };
+        if !path.is_absolute() {
+            bail!("{CONFIG_FILE}: {key}: {entry:?} must be absolute or start with ~/");
+        }
+        paths.push(path);
+    }
+    Ok(Some(paths))
 }

@@ -15,8 +15,8 @@ use crate::daemon::{DatabaseUrl, ProviderKind};
 /// that an absent flag lets the environment or the file decide.
 #[derive(Debug, Default, Clone, clap::Args)]
 pub struct ServeFlags {
-    /// Also serve TCP on this address (env FORKD_LISTEN). Off loopback, tokens must exist
-    /// (`forkd token create NAME`).
+    /// Also serve TCP on this address (env FORKD_LISTEN). Every call needs a token, on loopback
+    /// too (`forkd token create NAME`); off loopback, one must exist to start.
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
     /// Serve Prometheus metrics over plain HTTP on this address, at `/metrics`
@@ -24,8 +24,8 @@ pub struct ServeFlags {
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
     /// Serve the web view on this address (env FORKD_UI_LISTEN): sessions, batches and agents,
-    /// live. Signed in with the same tokens as gRPC; off loopback, tokens must exist. TLS with
-    /// --tls-cert and --tls-key.
+    /// live. Signed in with the same tokens as gRPC, or as the daemon's own user with the link
+    /// `forkctl ui` prints; off loopback, tokens must exist. TLS with --tls-cert and --tls-key.
     #[arg(long, value_name = "ADDR")]
     pub ui_listen: Option<SocketAddr>,
     #[arg(long, value_enum, help = with_default(

@@ -228,6 +228,20 @@ impl Settings {
         if let Some(deny) = file.sandbox_deny(home.as_deref())? {
             self.sandbox.hidden = deny;
         }
+        if let Some(home) = &home {
+            let allow = match file.sandbox_read_allow(Some(home))? {
+                Some(allow) => allow,
+                None => forkd_tools::sandbox::default_read_allow(
+                    home,
+                    layers.var("PATH").map(std::ffi::OsString::from).as_deref(),
+                ),
+            };
+            self.sandbox.home = Some(forkd_tools::sandbox::HomeView {
+                dir: home.clone(),
+                allow,
+            });
+        }
+        self.sandbox.limits = file.sandbox_limits(self.sandbox.limits);
         self.sandbox.full_access_tenants = file.full_access_tenants().into_iter().collect();
         self.mcp_config_tenants = file.mcp_config_tenants();
         self.models = file.models()?;

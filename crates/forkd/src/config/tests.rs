@@ -479,6 +479,51 @@ fn the_help_shows_the_defaults_resolve_applies() {
 }
 
 #[test]
+fn the_homes_allow_list_and_the_command_limits_come_from_the_file_or_their_defaults() {
+    let env = [
+        ("HOME", "/home/me"),
+        ("PATH", "/usr/bin:/home/me/.volta/bin"),
+    ];
+    let defaults = resolve(&ServeFlags::default(), &env, "").unwrap();
+    let home = defaults.sandbox.home.clone().unwrap();
+    assert_eq!(home.dir, PathBuf::from("/home/me"));
+    assert!(home.allow.contains(&PathBuf::from("/home/me/.rustup")));
+    assert!(home.allow.contains(&PathBuf::from("/home/me/.volta/bin")));
+    assert_eq!(
+        defaults.sandbox.limits,
+        forkd_tools::sandbox::ResourceLimits::default()
+    );
+
+    let file = "sandbox_read_allow = [\"~/.tools\", \"/opt/x\"]\n\
+                [sandbox_limits]\nprocesses = 64\ncpu_seconds = 0\naddress_space = 1073741824\n";
+    let s = resolve(&ServeFlags::default(), &env, file).unwrap();
+    let home = s.sandbox.home.clone().unwrap();
+    assert_eq!(
+        home.allow,
+        [PathBuf::from("/home/me/.tools"), PathBuf::from("/opt/x")]
+    );
+    let limits = s.sandbox.limits;
+    assert_eq!(limits.processes, Some(64));
+    assert_eq!(limits.cpu_seconds, None, "0 lifts a limit");
+    assert_eq!(limits.address_space, Some(1 << 30));
+    assert_eq!(limits.open_files, Some(8192));
+
+    let bad = resolve(
+        &ServeFlags::default(),
+        &env,
+        "sandbox_read_allow = [\"rel\"]\n",
+    );
+    let err = bad.err().unwrap().to_string();
+    assert!(err.contains("sandbox_read_allow"), "{err}");
+    let unknown = resolve(
+        &ServeFlags::default(),
+        &env,
+        "[sandbox_limits]\nmemory = 1\n",
+    );
+    assert!(unknown.is_err());
+}
+
+#[test]
 fn the_sandbox_default_deny_list_and_full_access_tenants_come_from_the_file() {
     let file = "sandbox = \"read-only\"\nsandbox_deny = [\"~/.secrets\", \"/srv/keys\"]\n\
                 [tenants.ci]\nallow_full_access = true\n[tenants.web]\nbudget_usd = 1.0\n";

@@ -23,38 +23,31 @@ const OPEN_PREFIXES: [&str; 3] = [
     "/grpc.reflection.v1alpha.",
 ];
 
-const MISSING: &str = "this listener needs a bearer token: send `authorization: Bearer <token>` \
-                       (forkctl sends $FORKD_TOKEN); the daemon's operator creates one with \
-                       `forkd token create NAME`";
+const MISSING: &str = "a TCP connection needs a bearer token, on loopback too: send \
+                       `authorization: Bearer <token>` (forkctl sends $FORKD_TOKEN; the daemon's \
+                       operator creates one with `forkd token create NAME`), or connect over the \
+                       daemon's Unix socket ($FORKD_HOME/forkd.sock), where its owner needs none";
 const MALFORMED: &str = "malformed authorization header: expected `Bearer <token>`";
 const UNKNOWN: &str = "unknown or revoked bearer token";
 const STORE_FAILED: &str = "the daemon cannot read its token file; its log has the details";
 
 /// The kind of listener a connection came in on, which decides whether a token is required.
+/// The layer also puts it into each authenticated request's extensions, for the calls only the
+/// socket's owner may make ([`super::is_socket_owner`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Transport {
     /// The Unix socket: only its owner can connect (mode 0600).
     Unix,
-    /// TCP bound to a loopback address: any local user can connect.
-    TcpLoopback,
-    /// TCP bound to any other address.
-    TcpOpen,
+    /// TCP, on any address: whoever can reach the port can connect, on loopback every process
+    /// of every user of the machine (sandboxed commands allowed the network among them).
+    Tcp,
 }
 
 impl Transport {
-    /// The kind of a TCP listener bound to `local`.
-    pub(crate) fn tcp(local: SocketAddr) -> Self {
-        if local.ip().is_loopback() {
-            Self::TcpLoopback
-        } else {
-            Self::TcpOpen
-        }
-    }
-
     fn name(self) -> &'static str {
         match self {
             Self::Unix => "unix",
-            Self::TcpLoopback | Self::TcpOpen => "tcp",
+            Self::Tcp => "tcp",
         }
     }
 }
@@ -127,6 +120,7 @@ where
                 span.record("tenant", tenant.name());
                 span.in_scope(|| tracing::debug!("Call"));
                 request.extensions_mut().insert(tenant);
+                request.extensions_mut().insert(self.transport);
                 Either::Right(self.inner.call(request).instrument(span))
             }
             Err(status) => {
@@ -193,18 +187,7 @@ fn authorize(
     let Some(header) = header else {
         return match transport {
             Transport::Unix => Ok(Tenant::LOCAL),
-            Transport::TcpLoopback => {
-                let any = match tokens {
-                    Some(tokens) => tokens.has_tokens().map_err(store_failed)?,
-                    None => false,
-                };
-                if any {
-                    Err(tonic::Status::unauthenticated(MISSING))
-                } else {
-                    Ok(Tenant::LOCAL)
-                }
-            }
-            Transport::TcpOpen => Err(tonic::Status::unauthenticated(MISSING)),
+            Transport::Tcp => Err(tonic::Status::unauthenticated(MISSING)),
         };
     };
     let secret = bearer(header).ok_or_else(|| tonic::Status::unauthenticated(MALFORMED))?;
@@ -237,7 +220,8 @@ mod tests {
 
     use super::*;
 
-    /// Answers with the tenant the layer inserted (empty when none).
+    /// Answers with the tenant the layer inserted (empty when none), and `@unix` or `@tcp` after
+    /// it for the transport it inserted.
     async fn call(
         transport: Transport,
         tokens: Option<&TokenStore>,
@@ -246,7 +230,12 @@ mod tests {
     ) -> http::Response<String> {
         let echo = tower::service_fn(|req: http::Request<()>| async move {
             let tenant = req.extensions().get::<Tenant>().map(Tenant::to_string);
-            Ok::<_, Infallible>(http::Response::new(tenant.unwrap_or_default()))
+            let transport = req.extensions().get::<Transport>().map(|t| t.name());
+            let body = match (tenant, transport) {
+                (Some(tenant), Some(transport)) => format!("{tenant}@{transport}"),
+                (tenant, _) => tenant.unwrap_or_default(),
+            };
+            Ok::<_, Infallible>(http::Response::new(body))
         });
         let service = AuthLayer::new(tokens.cloned(), transport).layer(echo);
         let mut request = http::Request::builder().uri(path);
@@ -272,40 +261,46 @@ mod tests {
         let secret = tokens.create("ci").unwrap();
 
         let response = call(Transport::Unix, Some(&tokens), RPC, None).await;
-        assert_eq!(response.body(), "local");
+        assert_eq!(response.body(), "local@unix");
+        let response = call(Transport::Unix, None, RPC, None).await;
+        assert_eq!(response.body(), "local@unix");
         let bearer = format!("Bearer {}", secret.expose());
         let response = call(Transport::Unix, Some(&tokens), RPC, Some(&bearer)).await;
-        assert_eq!(response.body(), "ci");
+        assert_eq!(response.body(), "ci@unix");
         let response = call(Transport::Unix, Some(&tokens), RPC, Some("Bearer fkd_nope")).await;
         assert_eq!(grpc_status(&response), Some("16"));
         assert_eq!(response.body(), "");
     }
 
     #[tokio::test]
-    async fn tcp_needs_a_token_off_loopback_always_and_on_loopback_once_one_exists() {
+    async fn tcp_is_never_local_and_needs_a_token_whether_or_not_any_exists() {
         let dir = tempfile::tempdir().unwrap();
         let tokens = TokenStore::in_home(dir.path());
 
-        let response = call(Transport::TcpOpen, Some(&tokens), RPC, None).await;
-        assert_eq!(grpc_status(&response), Some("16"));
-        let message = response.headers().get("grpc-message").unwrap();
-        assert!(
-            message.to_str().unwrap().contains("forkd%20token%20create"),
-            "{message:?}"
-        );
-        let response = call(Transport::TcpLoopback, Some(&tokens), RPC, None).await;
-        assert_eq!(response.body(), "local");
-        let response = call(Transport::TcpLoopback, None, RPC, None).await;
-        assert_eq!(response.body(), "local");
+        // No token exists at all (no file, or no store): still refused, never `local`.
+        for store in [Some(&tokens), None] {
+            let response = call(Transport::Tcp, store, RPC, None).await;
+            assert_eq!(grpc_status(&response), Some("16"));
+            assert_eq!(response.body(), "");
+            let message = response.headers().get("grpc-message").unwrap();
+            let message = message.to_str().unwrap();
+            assert!(message.contains("forkd%20token%20create"), "{message}");
+            assert!(message.contains("Unix%20socket"), "{message}");
+        }
 
         let secret = tokens.create("team-a").unwrap();
-        let response = call(Transport::TcpLoopback, Some(&tokens), RPC, None).await;
+        let response = call(Transport::Tcp, Some(&tokens), RPC, None).await;
         assert_eq!(grpc_status(&response), Some("16"));
         let bearer = format!("bearer {}", secret.expose());
-        for transport in [Transport::TcpLoopback, Transport::TcpOpen] {
-            let response = call(transport, Some(&tokens), RPC, Some(&bearer)).await;
-            assert_eq!(response.body(), "team-a");
-        }
+        let response = call(Transport::Tcp, Some(&tokens), RPC, Some(&bearer)).await;
+        assert_eq!(response.body(), "team-a@tcp");
+        tokens.revoke("team-a").unwrap();
+        let response = call(Transport::Tcp, Some(&tokens), RPC, None).await;
+        assert_eq!(
+            grpc_status(&response),
+            Some("16"),
+            "none left: still refused"
+        );
     }
 
     #[tokio::test]
@@ -319,7 +314,7 @@ mod tests {
             "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
             "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
         ] {
-            let response = call(Transport::TcpOpen, None, open, None).await;
+            let response = call(Transport::Tcp, None, open, None).await;
             assert_eq!(grpc_status(&response), None, "{open}");
         }
     }
@@ -331,7 +326,7 @@ mod tests {
             "/forkd%2Ev1.Forkd/X",
             "/other.Svc/M",
         ] {
-            let response = call(Transport::TcpOpen, None, path, None).await;
+            let response = call(Transport::Tcp, None, path, None).await;
             assert_eq!(grpc_status(&response), Some("16"), "{path}");
         }
     }

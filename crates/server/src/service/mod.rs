@@ -6,24 +6,38 @@ mod cache;
 mod notifications;
 mod permissions;
 mod sessions;
+mod sign_in;
+
+pub(crate) use sign_in::SignInLinkError;
 
 use forkd_engine::Engine;
 use forkd_proto::v1 as pb;
 use forkd_proto::v1::forkd_server::Forkd;
 use tonic::{Request, Response, Status};
 
-use crate::auth::tenant;
+use crate::auth::{WebView, tenant};
 use crate::status::ApiError;
 
-/// The service: a handle on the engine.
+/// The service: a handle on the engine, and the web view it links to.
 #[derive(Clone)]
 pub struct ForkdService {
     engine: Engine,
+    web_view: Option<WebView>,
 }
 
 impl ForkdService {
     pub fn new(engine: Engine) -> Self {
-        Self { engine }
+        Self {
+            engine,
+            web_view: None,
+        }
+    }
+
+    /// The daemon's web view, whose sign-in links `CreateSignInLink` makes (none: that call is
+    /// `FAILED_PRECONDITION`).
+    pub fn with_web_view(mut self, web_view: Option<WebView>) -> Self {
+        self.web_view = web_view;
+        self
     }
 }
 
@@ -205,5 +219,12 @@ impl Forkd for ForkdService {
             self.explain_cache_rpc(tenant(&req)?, req.into_inner())
                 .await,
         )
+    }
+
+    async fn create_sign_in_link(
+        &self,
+        req: Request<pb::CreateSignInLinkRequest>,
+    ) -> Reply<pb::CreateSignInLinkResponse> {
+        reply(self.create_sign_in_link_rpc(tenant(&req)?, &req))
     }
 }
