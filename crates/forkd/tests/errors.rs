@@ -266,10 +266,15 @@ async fn a_killed_agent_stops_at_once_with_its_process_group() {
         .unwrap();
     let pid_file = ws.path().join("pid");
     forkd_test_support::wait_for_path(&pid_file).await;
-    let pid = std::fs::read_to_string(&pid_file)
+    // The shell's pid in its sandbox's PID namespace, as this one numbers it.
+    let inner: i32 = std::fs::read_to_string(&pid_file)
         .unwrap()
         .trim()
-        .to_owned();
+        .parse()
+        .unwrap();
+    let pid = forkd_test_support::host_pid(inner, ws.path())
+        .unwrap_or_else(|| panic!("no process of pid {inner} in its namespace"))
+        .to_string();
 
     let agent_id = batch.agent_ids[0].clone();
     let killed_at = std::time::Instant::now();
