@@ -24,8 +24,17 @@ use seccompiler::{
     SeccompRule, TargetArch,
 };
 
-/// The filters, in the order they are installed.
+/// The filters, in the order they are installed: compiled once per daemon (they depend only on
+/// the grant), not once per command.
 pub(crate) fn filters(unix_sockets: bool) -> Result<Vec<BpfProgram>, String> {
+    static COMPILED: [std::sync::OnceLock<Result<Vec<BpfProgram>, String>>; 2] =
+        [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    COMPILED[usize::from(unix_sockets)]
+        .get_or_init(|| compile(unix_sockets))
+        .clone()
+}
+
+fn compile(unix_sockets: bool) -> Result<Vec<BpfProgram>, String> {
     let arch: TargetArch = std::env::consts::ARCH
         .try_into()
         .map_err(|e| format!("seccomp: {e}"))?;
