@@ -480,11 +480,14 @@ pub trait Store: Send + Sync + 'static {
     /// created more than `gate_timeout` ago (a gate never waits forever) unless its first child
     /// is throttled under a live lease (its siblings would miss the cache), first batch first, in
     /// index order. Rows another daemon is taking at the same moment are skipped, not waited
-    /// for (`FOR UPDATE SKIP LOCKED`).
+    /// for (`FOR UPDATE SKIP LOCKED`). A child whose gate opened is taken only once it has
+    /// stayed pending `queued_for` since: its own daemon's runs claim it within moments of the
+    /// gate opening, so one still pending after that waits behind its daemon's cap.
     async fn take_pending(
         &self,
         limit: u32,
         gate_timeout: std::time::Duration,
+        queued_for: std::time::Duration,
     ) -> Result<Vec<AgentId>>;
     /// Moves the leased agent to a live `state` (a parent back to `pending` between turns).
     async fn release_agent(&self, lease: &Lease, state: AgentState) -> Result<()>;

@@ -23,6 +23,12 @@ const TAKE_UNCAPPED: usize = 64;
 /// anyway: a gate never waits forever (its first child's daemon may be slow, or gone).
 const GATE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a child stays pending after its batch's gate opened before other daemons take it:
+/// its own daemon's runs claim it within moments of the gate opening, so one still pending after
+/// this waits behind that daemon's cap on running agents. (Taken sooner, it would run wherever a
+/// heartbeat happened to fall.)
+const QUEUED_FOR: Duration = Duration::from_secs(2);
+
 /// How many heartbeats fit in one lease: a daemon keeps its claims through two missed ones.
 const HEARTBEATS_PER_LEASE: u32 = 3;
 
@@ -94,7 +100,11 @@ impl Engine {
             return Ok(0);
         }
         let limit = u32::try_from(free).unwrap_or(u32::MAX);
-        let taken = self.inner.store.take_pending(limit, GATE_TIMEOUT).await?;
+        let taken = self
+            .inner
+            .store
+            .take_pending(limit, GATE_TIMEOUT, QUEUED_FOR)
+            .await?;
         for id in &taken {
             // Released already: the gate opened where the batch started. One that cannot start
             // now stays pending, and is taken again.

@@ -415,11 +415,14 @@ impl Store for SqliteStore {
         &self,
         limit: u32,
         gate_timeout: std::time::Duration,
+        queued_for: std::time::Duration,
     ) -> StoreResult<Vec<AgentId>> {
         let timeout_ms = i64::try_from(gate_timeout.as_millis()).unwrap_or(i64::MAX);
+        let queued_ms = i64::try_from(queued_for.as_millis()).unwrap_or(i64::MAX);
         db(async move {
             let mut tx = self.begin_write().await?;
-            let taken = agents::take_pending(&mut tx, &self.holder, limit, timeout_ms).await?;
+            let taken =
+                agents::take_pending(&mut tx, &self.holder, limit, timeout_ms, queued_ms).await?;
             tx.commit().await?;
             Ok(taken)
         }

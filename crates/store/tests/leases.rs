@@ -257,15 +257,19 @@ async fn pending_children_are_taken_by_other_daemons_once_their_gate_opens(
     let ids: Vec<_> = fx.children.iter().map(|x| x.agent.id).collect();
 
     // Gated: child 1 has not started; nobody else takes its siblings.
-    assert!(b.take_pending(10, LONG).await?.is_empty());
+    assert!(b.take_pending(10, LONG, SHORT).await?.is_empty());
     a.claim_agent(ids[0]).await?;
     b.open_gate(fx.batch.id).await?;
     b.open_gate(fx.batch.id).await?;
 
-    // Open: B takes two, C the rest, in index order; none twice, never the running one.
-    assert_eq!(b.take_pending(2, LONG).await?, ids[1..3]);
-    assert_eq!(c.take_pending(10, LONG).await?, ids[3..]);
-    assert!(b.take_pending(10, LONG).await?.is_empty());
+    // Just opened: A's own runs are about to claim them; nobody takes them yet.
+    assert!(b.take_pending(10, LONG, LONG).await?.is_empty());
+    // Still pending a while after: queued behind A's cap. B takes two, C the rest, in index
+    // order; none twice, never the running one.
+    expire(SHORT).await;
+    assert_eq!(b.take_pending(2, LONG, SHORT).await?, ids[1..3]);
+    assert_eq!(c.take_pending(10, LONG, SHORT).await?, ids[3..]);
+    assert!(b.take_pending(10, LONG, SHORT).await?.is_empty());
     // The creator finds them held by the daemons that took them; they run there.
     let held = a.claim_agent(ids[1]).await;
     assert!(matches!(held, Err(StoreError::Held { daemon, .. }) if daemon == b.holder().daemon));
@@ -276,9 +280,9 @@ async fn pending_children_are_taken_by_other_daemons_once_their_gate_opens(
 
     // A gate that never opened stops holding the children back after the timeout.
     let late = batch_now(&*a, 2).await?;
-    assert!(b.take_pending(10, LONG).await?.is_empty());
+    assert!(b.take_pending(10, LONG, SHORT).await?.is_empty());
     expire(SHORT).await;
-    let taken = b.take_pending(10, SHORT).await?;
+    let taken = b.take_pending(10, SHORT, SHORT).await?;
     assert_eq!(taken.len(), 2, "{taken:?}");
     assert!(taken.contains(&late.children[0].agent.id));
     Ok(())
@@ -302,12 +306,12 @@ async fn a_throttled_first_child_keeps_its_gate_shut_past_the_timeout(
     );
     // Past the gate's timeout, while child 1 is only throttled, its siblings stay put.
     expire(SHORT).await;
-    assert!(b.take_pending(10, SHORT).await?.is_empty());
+    assert!(b.take_pending(10, SHORT, SHORT).await?.is_empty());
     // Its request went through (or failed): the timeout releases them again.
     a.set_throttled(ids[0], None).await?;
     let first = b.get_agent(ids[0]).await?.ok_or("agent missing")?;
     assert_eq!(first.throttled_since_ms, None);
-    assert_eq!(b.take_pending(10, SHORT).await?, ids[1..]);
+    assert_eq!(b.take_pending(10, SHORT, SHORT).await?, ids[1..]);
     Ok(())
 }
 

@@ -317,21 +317,24 @@ pub(super) async fn set_throttled(
 }
 
 /// Takes up to `limit` pending children held by other daemons, of batches whose gate opened
-/// (or timed out while their first child is not throttled under a live lease): they are `running`, held by `holder`, from now on (no other daemon takes or
-/// claims them), and its runs claim them again. Rows another transaction holds locked (a
+/// `queued_ms` ago or more (or timed out while their first child is not throttled under a live
+/// lease): they are `running`, held by `holder`, from now on (no other daemon takes or claims
+/// them), and its runs claim them again. Rows another transaction holds locked (a
 /// daemon taking or claiming them) are skipped rather than waited for.
 pub(super) async fn take_pending(
     conn: &mut PgConnection,
     holder: &Holder,
     limit: u32,
     gate_timeout_ms: i64,
+    queued_ms: i64,
 ) -> Result<Vec<AgentId>> {
     let ids: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
         "WITH picked AS ( \
            SELECT a.id FROM agents AS a JOIN batches AS b ON b.id = a.batch_id \
            WHERE a.state = 'pending' AND a.kind = 'fork' \
              AND (a.held_by IS NULL OR a.held_by <> $1) \
-             AND (b.gate_opened_at_ms IS NOT NULL OR (b.created_at_ms <= {DB_NOW_MS} - $2 \
+             AND (b.gate_opened_at_ms <= {DB_NOW_MS} - $6 OR (b.gate_opened_at_ms IS NULL \
+               AND b.created_at_ms <= {DB_NOW_MS} - $2 \
                AND NOT EXISTS (SELECT 1 FROM agents AS f WHERE f.batch_id = b.id AND f.idx = 0 \
                  AND f.state = 'running' AND f.throttled_since_ms IS NOT NULL \
                  AND f.lease_expires_at_ms > {DB_NOW_MS}))) \
@@ -346,6 +349,7 @@ pub(super) async fn take_pending(
     .bind(i64::from(limit))
     .bind(holder.lease_ms())
     .bind(now_ms())
+    .bind(queued_ms)
     .fetch_all(conn)
     .await?;
     let mut ids: Vec<AgentId> = ids

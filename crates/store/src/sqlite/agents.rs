@@ -277,13 +277,15 @@ pub(super) async fn set_throttled(
 }
 
 /// Takes up to `limit` pending children held by other daemons, of batches whose gate opened
-/// (or timed out while their first child is not throttled under a live lease): they are `running`, held by `holder`, from now on (no other daemon takes
-/// or claims them), and its runs claim them again. (SQLite has one writer: nothing to skip.)
+/// `queued_ms` ago or more (or timed out while their first child is not throttled under a live
+/// lease): they are `running`, held by `holder`, from now on (no other daemon takes or claims
+/// them), and its runs claim them again. (SQLite has one writer: nothing to skip.)
 pub(super) async fn take_pending(
     conn: &mut SqliteConnection,
     holder: &Holder,
     limit: u32,
     gate_timeout_ms: i64,
+    queued_ms: i64,
 ) -> Result<Vec<AgentId>> {
     let now = now_ms();
     let ids: Vec<String> = sqlx::query_scalar(
@@ -292,7 +294,8 @@ pub(super) async fn take_pending(
            SELECT a.id FROM agents AS a JOIN batches AS b ON b.id = a.batch_id \
            WHERE a.state = 'pending' AND a.kind = 'fork' \
              AND (a.held_by IS NULL OR a.held_by <> ?3) \
-             AND (b.gate_opened_at_ms IS NOT NULL OR (b.created_at_ms <= ?4 AND NOT EXISTS ( \
+             AND (b.gate_opened_at_ms <= ?7 OR (b.gate_opened_at_ms IS NULL \
+               AND b.created_at_ms <= ?4 AND NOT EXISTS ( \
                SELECT 1 FROM agents AS f WHERE f.batch_id = b.id AND f.idx = 0 \
                  AND f.state = 'running' AND f.throttled_since_ms IS NOT NULL \
                  AND f.lease_expires_at_ms > ?6))) \
@@ -305,6 +308,7 @@ pub(super) async fn take_pending(
     .bind(now.saturating_sub(gate_timeout_ms))
     .bind(i64::from(limit))
     .bind(now)
+    .bind(now.saturating_sub(queued_ms))
     .fetch_all(conn)
     .await?;
     let mut ids: Vec<AgentId> = ids
