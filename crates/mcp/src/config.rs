@@ -50,8 +50,8 @@ pub struct ServerDef {
     /// forkd: a stdio server's sandbox mode (`workspace-write` by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<String>,
-    /// forkd: whether a sandboxed stdio server may use the network (yes by default: many
-    /// servers call APIs).
+    /// forkd: whether a sandboxed stdio server may use the network (no by default: a server
+    /// that calls an API says so).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_network: Option<bool>,
     /// forkd: one call's time limit, in seconds.
@@ -210,7 +210,8 @@ impl ServerDef {
                     env: expand_map(&self.env)?,
                     sandbox: Sandbox {
                         mode,
-                        allow_network: self.allow_network.unwrap_or(true),
+                        allow_network: self.allow_network.unwrap_or(false),
+                        unix_sockets: false,
                     },
                 }
             }
@@ -296,7 +297,8 @@ mod tests {
             Transport::Stdio { env, sandbox, .. } => {
                 assert_eq!(env["K"], "s3cret");
                 assert_eq!(sandbox.mode, SandboxMode::ReadOnly);
-                assert!(sandbox.allow_network);
+                // Off unless the definition says otherwise.
+                assert!(!sandbox.allow_network);
             }
             other => panic!("{other:?}"),
         }
