@@ -260,11 +260,15 @@ impl SandboxMode {
     }
 }
 
-/// A session's sandbox: its mode, and whether its commands may use the network.
+/// A session's sandbox: its mode, whether its commands may use the network, and whether they
+/// may create Unix sockets (the `unix_sockets` grant: any pathname-socket listener the daemon's
+/// user can reach, which seccomp cannot tell apart by address; given as `full-access` is).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Sandbox {
     pub mode: SandboxMode,
     pub allow_network: bool,
+    #[serde(default)]
+    pub unix_sockets: bool,
 }
 
 /// Everything that decides a request's cache key, except the messages: one type, so no caller can

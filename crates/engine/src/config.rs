@@ -94,6 +94,8 @@ pub struct SandboxConfig {
     /// Tenants (by name) that may create `full-access` sessions; callers on the Unix socket
     /// always may.
     pub full_access_tenants: std::collections::HashSet<String>,
+    /// Tenants (besides the local one) that may create sessions with the `unix_sockets` grant.
+    pub unix_socket_tenants: std::collections::HashSet<String>,
     /// The daemon user's home, which commands see covered but for its allow list.
     pub home: Option<forkd_tools::sandbox::HomeView>,
     /// Resource limits of each command (MCP servers: without the CPU limit).
@@ -118,6 +120,7 @@ impl Default for SandboxConfig {
             hidden: home.as_deref().map(Self::default_deny).unwrap_or_default(),
             tmp_root: forkd_tools::sandbox::default_tmp_root(),
             full_access_tenants: std::collections::HashSet::new(),
+            unix_socket_tenants: std::collections::HashSet::new(),
             home: home.as_deref().map(|dir| forkd_tools::sandbox::HomeView {
                 dir: dir.to_path_buf(),
                 allow: forkd_tools::sandbox::default_read_allow(

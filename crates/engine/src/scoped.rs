@@ -27,6 +27,8 @@ pub struct TenantEngine<'e> {
 pub struct SessionView {
     pub session: Session,
     pub message_count: u64,
+    /// The sandbox layers its commands get on this daemon (`forkctl session get`).
+    pub sandbox_layers: String,
 }
 
 impl Engine {
@@ -107,9 +109,12 @@ impl TenantEngine<'_> {
 
     async fn view(&self, session: Session) -> Result<SessionView> {
         let message_count = self.engine.session_message_count(session.id).await?;
+        let sandbox_layers =
+            forkd_tools::sandbox::layers(session.sandbox, &self.engine.config().sandbox.limits);
         Ok(SessionView {
             session,
             message_count,
+            sandbox_layers,
         })
     }
 

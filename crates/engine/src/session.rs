@@ -52,6 +52,8 @@ pub struct NewSession {
     pub sandbox: Option<SandboxMode>,
     /// Its Bash commands may use the network.
     pub allow_network: bool,
+    /// Its Bash commands may create Unix sockets (the `unix_sockets` grant).
+    pub unix_sockets: bool,
 }
 
 impl NewSession {
@@ -77,6 +79,7 @@ impl NewSession {
             self.max_tokens,
             self.sandbox.map(SandboxMode::as_str),
             self.allow_network,
+            self.unix_sockets,
             self.allow_rules,
             self.deny_rules,
         ]);
@@ -107,8 +110,9 @@ fn first_message(files: &[ContextFile]) -> Message {
 }
 
 impl Engine {
-    /// The session's sandbox: the mode it asks for, or the daemon's default. `full-access` is for
-    /// callers on the Unix socket and for the tenants the configuration allows.
+    /// The session's sandbox: the mode it asks for, or the daemon's default. `full-access` and
+    /// the `unix_sockets` grant are for callers on the Unix socket and for the tenants the
+    /// configuration allows.
     fn check_sandbox(&self, req: &NewSession, tenant: &str) -> Result<Sandbox> {
         let cfg = &self.config().sandbox;
         let mode = req.sandbox.unwrap_or(cfg.default_mode);
@@ -120,9 +124,21 @@ impl Engine {
                  [tenants.{tenant}] in config.toml"
             )));
         }
+        if req.unix_sockets
+            && mode != SandboxMode::FullAccess
+            && !local
+            && !cfg.unix_socket_tenants.contains(tenant)
+        {
+            return Err(EngineError::Forbidden(format!(
+                "tenant {tenant:?} may not create sessions whose commands may use Unix sockets \
+                 (any listener of the daemon's user would be reachable); the daemon's operator \
+                 allows it with allow_unix_sockets = true under [tenants.{tenant}] in config.toml"
+            )));
+        }
         Ok(Sandbox {
             mode,
             allow_network: req.allow_network,
+            unix_sockets: req.unix_sockets,
         })
     }
 }

@@ -421,6 +421,7 @@ impl Engine {
                 tmp: cfg.tmp_root.join(session.id.to_string()),
                 home: cfg.home.clone(),
                 limits: cfg.limits,
+                group: Some(session.id.to_string()),
             },
         }))
     }

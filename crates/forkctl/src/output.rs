@@ -157,6 +157,8 @@ pub fn session_json(s: &Session) -> Value {
         "permission_mode": s.permission_mode,
         "sandbox": s.sandbox,
         "allow_network": s.allow_network,
+        "unix_sockets": s.unix_sockets,
+        "sandbox_layers": s.sandbox_layers,
         "mcp_servers": s.mcp_servers,
         "thinking_budget_tokens": s.thinking_budget_tokens,
         "tool_names": s.tool_names,

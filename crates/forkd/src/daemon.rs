@@ -280,14 +280,17 @@ async fn log_sandbox(sandbox: &forkd_engine::SandboxConfig) {
         forkd_core::session::Sandbox {
             mode: forkd_core::session::SandboxMode::WorkspaceWrite,
             allow_network: false,
+            unix_sockets: false,
         },
         &sandbox.limits,
     );
+    let no_cgroup = forkd_tools::sandbox::cgroup::hierarchy().err();
     match probe.failure {
         None => tracing::info!(
             landlock_abi = probe.landlock_abi,
             default = sandbox.default_mode.as_str(),
             %layers,
+            no_cgroup,
             "Sandbox ready"
         ),
         Some(why) => tracing::warn!(

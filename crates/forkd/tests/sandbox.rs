@@ -133,6 +133,57 @@ async fn full_access_is_refused_to_a_remote_tenant_the_config_does_not_allow() {
     bad.get_mut().sandbox = "none".into();
     let status = c.create_session(bad).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+
+    // The `unix_sockets` grant is given as full-access is: refused to a tenant the
+    // configuration does not name, granted to the local user.
+    let unix = |secret: &str| {
+        let mut request = ask(secret);
+        request.get_mut().sandbox = String::new();
+        request.get_mut().unix_sockets = true;
+        request
+    };
+    let refused = c
+        .create_session(unix(secrets[1].expose()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("allow_unix_sockets"),
+        "{refused:?}"
+    );
+    let mut local = daemon.client().await.unwrap();
+    let granted = create_session(
+        &mut local,
+        pb::CreateSessionRequest {
+            unix_sockets: true,
+            ..trusted_session_request(ws.path())
+        },
+    )
+    .await
+    .unwrap();
+    assert!(granted.unix_sockets);
+    assert!(
+        granted.sandbox_layers.contains("Unix sockets granted"),
+        "{}",
+        granted.sandbox_layers
+    );
+    // Every session says which layers its commands get.
+    assert!(session.sandbox_layers.contains("none (full-access)"));
+    let plain = create_session(&mut local, trusted_session_request(ws.path()))
+        .await
+        .unwrap();
+    for layer in [
+        "landlock",
+        "namespaces (user, mount, pid, net)",
+        "seccomp",
+        "rlimits",
+    ] {
+        assert!(
+            plain.sandbox_layers.contains(layer),
+            "{layer}: {}",
+            plain.sandbox_layers
+        );
+    }
 }
 
 /// The second wall through the real daemon, as the issue's hostile tenant tried it: with `HOME`
@@ -153,6 +204,7 @@ async fn a_hostile_command_cannot_kill_read_credentials_or_reach_a_unix_socket()
             allow: Vec::new(),
         });
         c.engine.sandbox.limits.processes = Some(64);
+        c.engine.sandbox.limits.session_processes = Some(64);
     })
     .await
     .unwrap();
@@ -194,8 +246,10 @@ async fn a_hostile_command_cannot_kill_read_credentials_or_reach_a_unix_socket()
     assert!(seen.contains("PermissionError"), "{seen}");
 
     let root = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap()) == 0;
-    if root {
-        eprintln!("skipping the fork bomb: the kernel exempts uid 0 from RLIMIT_NPROC");
+    if root && let Err(why) = forkd_tools::sandbox::cgroup::hierarchy() {
+        // The kernel exempts uid 0 from RLIMIT_NPROC: a root daemon's commands are capped by
+        // their session's pids cgroup, and here there is none.
+        eprintln!("skipping the fork bomb: a root daemon with no cgroup to cap it ({why})");
         return;
     }
     let bomb = serde_json::json!({ "command": ":(){ :|:& };:; sleep 5", "timeout": 3 });
@@ -219,4 +273,55 @@ async fn a_hostile_command_cannot_kill_read_credentials_or_reach_a_unix_socket()
         seen.contains("timed out") || seen.contains("exit code"),
         "{seen}"
     );
+    // The cap bound: forks failed.
+    assert!(seen.contains("Resource temporarily unavailable"), "{seen}");
+}
+
+/// A sandboxed command with the network allowed reaches the daemon's loopback listeners, and
+/// they do not take it for the local user: the gRPC listener answers `UNAUTHENTICATED`, the web
+/// view's API 401 (a command could otherwise list every session, answer its own permission
+/// prompts, or create a `full-access` session).
+#[tokio::test]
+async fn a_command_with_the_network_is_not_the_local_user_on_the_loopback_listeners() {
+    const LOOPBACK: SocketAddr =
+        SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+    let daemon = spawn_daemon_with(|c| {
+        c.listen = Some(LOOPBACK);
+        c.ui_listen = Some(LOOPBACK);
+    })
+    .await
+    .unwrap();
+    let grpc = daemon.tcp_addr().unwrap().port();
+    let ui = daemon.daemon().unwrap().ui_addr.unwrap().port();
+    let mut c = daemon.client().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let session = create_session(
+        &mut c,
+        pb::CreateSessionRequest {
+            allow_network: true,
+            ..trusted_session_request(ws.path())
+        },
+    )
+    .await
+    .unwrap();
+    assert!(session.allow_network);
+    let command = format!(
+        "curl -s -o /dev/null -w 'ui=%{{http_code}}\\n' http://127.0.0.1:{ui}/api/sessions; \
+         curl -s --http2-prior-knowledge -X POST -H 'content-type: application/grpc' \
+         -H 'te: trailers' --data-binary '' -D - -o /dev/null \
+         http://127.0.0.1:{grpc}/forkd.v1.Forkd/ListSessions | tr -d '\\r' | grep -i grpc-status"
+    );
+    let input = serde_json::json!({ "command": command });
+    let script = format!("Knock.\n@sim tool Bash {input}\n@sim say done");
+    let batch = fork(&mut c, &session.session_id, &[script.as_str()], None)
+        .await
+        .unwrap();
+    wait_for_batch(&mut c, &batch.batch_id, 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let seen = transcript_text(&mut c, &batch.agent_ids[0]).await.unwrap();
+    // Reached (a refused connection would be `ui=000`), and refused.
+    assert!(seen.contains("ui=401"), "{seen}");
+    // 16: UNAUTHENTICATED.
+    assert!(seen.contains("grpc-status: 16"), "{seen}");
 }

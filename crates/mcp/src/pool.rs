@@ -326,6 +326,11 @@ impl Server {
                                     tmp: self.dir.join("tmp"),
                                     home: self.paths.home.clone(),
                                     limits: self.paths.limits,
+                                    // One group per server: it serves many sessions.
+                                    group: self
+                                        .dir
+                                        .file_name()
+                                        .map(|n| n.to_string_lossy().into_owned()),
                                 },
                             )
                         },

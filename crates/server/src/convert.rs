@@ -23,7 +23,7 @@ pub(crate) fn usage(u: &Usage) -> pb::Usage {
     }
 }
 
-pub(crate) fn session(s: &Session, message_count: u64) -> pb::Session {
+pub(crate) fn session(s: &Session, message_count: u64, sandbox_layers: &str) -> pb::Session {
     pb::Session {
         session_id: s.id.to_string(),
         model: s.params.model.clone(),
@@ -41,6 +41,8 @@ pub(crate) fn session(s: &Session, message_count: u64) -> pb::Session {
         sandbox: s.sandbox.mode.as_str().to_owned(),
         allow_network: s.sandbox.allow_network,
         mcp_servers: s.mcp.servers.iter().map(|m| m.name.clone()).collect(),
+        unix_sockets: s.sandbox.unix_sockets,
+        sandbox_layers: sandbox_layers.to_owned(),
     }
 }
 

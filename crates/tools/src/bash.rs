@@ -105,6 +105,7 @@ async fn execute(command: &str, limit: Duration, ctx: &ToolContext) -> std::io::
         mut child,
         output: mut pipe,
         lifeline,
+        cgroup,
     } = match spawned {
         Ok(spawned) => spawned,
         Err(e) if ctx.sandbox.is_some() => {
@@ -134,6 +135,7 @@ async fn execute(command: &str, limit: Duration, ctx: &ToolContext) -> std::io::
         child.wait().await?;
     }
     drain(&mut pipe, &mut output).await;
+    drop(cgroup);
     Ok(render(ending, output, limit))
 }
 
@@ -145,6 +147,8 @@ struct Spawned {
     output: pipe::Receiver,
     /// The daemon's end of the sentinel's pipe: when it closes, the sentinel kills the group.
     lifeline: PipeWriter,
+    /// The command's place in its session's cgroup, held until it has been reaped.
+    cgroup: Option<crate::sandbox::cgroup::Membership>,
 }
 
 /// Starts `bash -c command` (behind [`LAUNCHER`]'s sentinel) in a new process group with stdout
@@ -168,9 +172,7 @@ fn spawn(command: &str, root: &Path, sandbox: Option<Prepared>) -> std::io::Resu
         .stderr(writer_err)
         .process_group(0)
         .kill_on_drop(true);
-    if let Some(sandbox) = sandbox {
-        sandbox.apply(&mut cmd);
-    }
+    let cgroup = sandbox.and_then(|sandbox| sandbox.apply(&mut cmd));
     let child = cmd.spawn()?;
     // `cmd` holds our copies of the output pipe's write end (until they close, EOF never comes)
     // and of the lifeline's read end.
@@ -180,6 +182,7 @@ fn spawn(command: &str, root: &Path, sandbox: Option<Prepared>) -> std::io::Resu
         child,
         output,
         lifeline,
+        cgroup,
     })
 }
 
@@ -347,6 +350,7 @@ mod tests {
             mut child,
             output: _output,
             lifeline,
+            ..
         } = started(
             "sleep 100 & sleep 100 & sleep 100 & echo started; wait",
             dir.path(),

@@ -45,6 +45,7 @@
 
 #![allow(unsafe_code)]
 
+pub mod cgroup;
 pub mod home;
 mod init;
 pub mod limits;
@@ -102,6 +103,9 @@ pub struct SandboxPaths {
     pub home: Option<HomeView>,
     /// Resource limits of the command.
     pub limits: ResourceLimits,
+    /// The session whose cgroup the command joins (with its siblings' commands), where the
+    /// daemon may make cgroups ([`cgroup`]); `None` joins none.
+    pub group: Option<String>,
 }
 
 /// Other users' homes, hidden from every command: the entries of `/home` but `own`, and `/root`
@@ -119,8 +123,9 @@ pub fn other_homes(own: Option<&Path>) -> Vec<PathBuf> {
 }
 
 /// The layers a sandboxed command gets on this kernel, for the daemon's start line and
-/// `forkctl session get`: `landlock (ABI 7, scopes), namespaces (user, mount, pid, net),
-/// seccomp, rlimits`.
+/// `forkctl session get`: `landlock (ABI 7, scopes), namespaces (user, mount, pid, net), home
+/// cover, seccomp, rlimits (…), cgroup v1 pids (…), oom_score_adj 1000`. A cgroup layer is listed
+/// where the daemon may make cgroups ([`cgroup::hierarchy`] says why not elsewhere).
 pub fn layers(sandbox: Sandbox, limits: &ResourceLimits) -> String {
     if sandbox.mode == SandboxMode::FullAccess {
         return "none (full-access)".to_owned();
@@ -128,9 +133,18 @@ pub fn layers(sandbox: Sandbox, limits: &ResourceLimits) -> String {
     let abi = landlock_abi();
     let scopes = if abi >= 6 { ", scopes" } else { "" };
     let net = if sandbox.allow_network { "" } else { ", net" };
+    let unix = if sandbox.unix_sockets {
+        " (Unix sockets granted)"
+    } else {
+        ""
+    };
+    let cgroup = match cgroup::hierarchy() {
+        Ok(h) => format!("{}, ", h.describe(limits)),
+        Err(_) => String::new(),
+    };
     format!(
-        "landlock (ABI {abi}{scopes}), namespaces (user, mount, pid{net}), home cover, seccomp, \
-         rlimits ({}), oom_score_adj 1000",
+        "landlock (ABI {abi}{scopes}), namespaces (user, mount, pid{net}), home cover, \
+         seccomp{unix}, rlimits ({}), {cgroup}oom_score_adj 1000",
         limits.describe()
     )
 }
@@ -161,6 +175,7 @@ enum Layer {
     Limits = 6,
     Landlock = 7,
     Seccomp = 8,
+    Cgroup = 9,
 }
 
 /// The step a failed `errno` came from travels in the error itself: the only thing a process
@@ -178,6 +193,7 @@ impl Layer {
             Layer::Limits => "the resource limits",
             Layer::Landlock => "Landlock",
             Layer::Seccomp => "the seccomp filter",
+            Layer::Cgroup => "the session's cgroup",
         }
     }
 
@@ -191,6 +207,7 @@ impl Layer {
             Layer::Limits,
             Layer::Landlock,
             Layer::Seccomp,
+            Layer::Cgroup,
         ]
         .into_iter()
         .find(|l| *l as i32 == code)
@@ -243,6 +260,9 @@ pub(crate) struct Prepared {
     seccomp: Vec<seccompiler::BpfProgram>,
     /// The signals the namespace's init and the outer process wait for.
     waited: libc::sigset_t,
+    /// The session's cgroup: its `cgroup.procs`, and the place held there until the command
+    /// ends.
+    group: Option<(CString, cgroup::Membership)>,
     /// The private temporary directory, for the command's `TMPDIR`.
     pub(crate) tmp: PathBuf,
 }
@@ -310,6 +330,13 @@ impl Prepared {
             .collect::<Result<Vec<_>, SandboxError>>()?;
         // SAFETY: getuid and getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let group = match (&paths.group, cgroup::hierarchy()) {
+            (Some(session), Ok(hierarchy)) => {
+                let membership = hierarchy.join(session, &paths.limits)?;
+                Some((membership.procs().clone(), membership))
+            }
+            _ => None,
+        };
         let mut unshare = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID;
         if !sandbox.allow_network {
             unshare |= libc::CLONE_NEWNET;
@@ -332,29 +359,40 @@ impl Prepared {
             home,
             covers,
             limits: paths.limits,
-            seccomp: seccomp::filters(false).map_err(SandboxError::Prepare)?,
+            seccomp: seccomp::filters(sandbox.unix_sockets).map_err(SandboxError::Prepare)?,
             waited: init::waited(),
+            group,
             tmp,
         }))
     }
 
     /// Makes `cmd`'s process enter this sandbox before it execs, with its `TMPDIR` set to the
-    /// private temporary directory.
-    pub(crate) fn apply(mut self, cmd: &mut tokio::process::Command) {
+    /// private temporary directory. The caller holds what it returns (the command's place in
+    /// its session's cgroup) until the command has ended.
+    #[must_use = "the session's cgroup goes when the last command in it lets go"]
+    pub(crate) fn apply(mut self, cmd: &mut tokio::process::Command) -> Option<cgroup::Membership> {
         cmd.env("TMPDIR", &self.tmp);
+        // The process keeps the path; the place stays with the caller.
+        let (procs, membership) = self.group.take().unzip();
         // SAFETY: `enter` only makes system calls on data prepared before the fork.
         unsafe {
-            cmd.pre_exec(move || self.enter());
+            cmd.pre_exec(move || self.enter(procs.as_ref()));
         }
+        membership
     }
 
     /// Enters the sandbox. Runs in the command's process between fork and exec, so it only makes
     /// system calls on what [`Prepared::new`] made ready: no allocation, no lock. The process
     /// that returns (and execs) is the command, two forks down (see [`init`]).
-    fn enter(&mut self) -> io::Result<()> {
+    fn enter(&mut self, group: Option<&CString>) -> io::Result<()> {
         // SAFETY: each call below is a plain system call on pointers to memory this value owns
         // (NUL-terminated strings, byte buffers) that outlives the call.
         unsafe {
+            // First, while the process is still the daemon's user in the daemon's namespaces:
+            // everything it starts is counted in the session's group.
+            if let Some(procs) = group {
+                Layer::Cgroup.tag(write_file(procs, b"0"))?;
+            }
             Layer::Namespaces.tag(check(libc::unshare(self.unshare)))?;
             // Writing "deny" is refused where it is not needed (a privileged caller): harmless.
             let _ = write_file(&self.setgroups_path, b"deny");
@@ -589,10 +627,12 @@ pub async fn probe(scratch: &Path) -> Probe {
         tmp: scratch.join("tmp"),
         home: None,
         limits: ResourceLimits::default(),
+        group: Some("probe".to_owned()),
     };
     let sandbox = Sandbox {
         mode: SandboxMode::WorkspaceWrite,
         allow_network: false,
+        unix_sockets: false,
     };
     let failure = match Prepared::new(sandbox, &paths, scratch) {
         Err(e) => Some(e.to_string()),
@@ -600,7 +640,7 @@ pub async fn probe(scratch: &Path) -> Probe {
         Ok(Some(prepared)) => {
             let mut cmd = tokio::process::Command::new("true");
             cmd.stdin(std::process::Stdio::null());
-            prepared.apply(&mut cmd);
+            let _group = prepared.apply(&mut cmd);
             match cmd.status().await {
                 Ok(status) if status.success() => None,
                 Ok(status) => Some(format!("a sandboxed `true` ended with {status}")),

@@ -62,6 +62,9 @@ pub struct ServerProcess {
     /// dies: either way the sentinel then kills the group. An `Option` only for a test.
     #[allow(dead_code, reason = "held, never read: its closing is what it is for")]
     lifeline: Option<PipeWriter>,
+    /// The server's place in its session's cgroup, let go once the group is killed.
+    #[allow(dead_code, reason = "held, never read: its drop is what it is for")]
+    cgroup: Option<crate::sandbox::cgroup::Membership>,
 }
 
 impl ServerProcess {
@@ -141,9 +144,7 @@ pub fn spawn_server(cmd: &ServerCommand) -> Result<ServerProcess, ServerSpawnErr
         .stderr(lifeline_reader)
         .process_group(0)
         .kill_on_drop(true);
-    if let Some(prepared) = prepared {
-        prepared.apply(&mut command);
-    }
+    let cgroup = prepared.and_then(|prepared| prepared.apply(&mut command));
     let mut child = command.spawn().map_err(spawn_err)?;
     drop(command);
     let missing = || spawn_err(std::io::Error::other("the server's pipes were not set up"));
@@ -158,6 +159,7 @@ pub fn spawn_server(cmd: &ServerCommand) -> Result<ServerProcess, ServerSpawnErr
         child,
         group: Pid::from_raw(pid),
         lifeline: Some(lifeline),
+        cgroup,
     })
 }
 

@@ -54,10 +54,15 @@ pub(crate) async fn session(
     let (permission_mode, sandbox) = (
         view.session.permission_mode.as_str().to_owned(),
         format!(
-            "{}{}",
+            "{}{}{}",
             sandbox.mode.as_str(),
             if sandbox.allow_network {
                 ", network allowed"
+            } else {
+                ""
+            },
+            if sandbox.unix_sockets {
+                ", Unix sockets allowed"
             } else {
                 ""
             }

@@ -107,6 +107,12 @@ pub struct CreateArgs {
     #[arg(long)]
     pub allow_network: bool,
 
+    /// Let its Bash commands create Unix sockets, and so reach any listener of the daemon's
+    /// user (PostgreSQL's, Docker's, an X server's): as strong as full-access. For the local
+    /// user, and for tenants the operator allows (allow_unix_sockets).
+    #[arg(long)]
+    pub allow_unix_sockets: bool,
+
     /// An MCP server the daemon's operator defined ($FORKD_HOME/mcp.json), by name; its tools
     /// join the session's as mcp__NAME__TOOL. Repeat for more.
     #[arg(long = "mcp", value_name = "NAME")]
@@ -330,6 +336,7 @@ fn create_request(args: CreateArgs) -> Result<CreateSessionRequest, CliError> {
         permission_mode: args.permission_mode.unwrap_or_default(),
         sandbox: args.sandbox.unwrap_or_default(),
         allow_network: args.allow_network,
+        unix_sockets: args.allow_unix_sockets,
         mcp_servers: args.mcp,
         mcp_config_json: match &args.mcp_config {
             Some(path) => read_text(path, "MCP configuration")?,
@@ -419,6 +426,7 @@ mod tests {
             permission_mode: None,
             sandbox: None,
             allow_network: false,
+            allow_unix_sockets: false,
             mcp: Vec::new(),
             mcp_config: None,
             thinking_budget: 0,

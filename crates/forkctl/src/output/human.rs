@@ -168,6 +168,18 @@ fn key_values(rows: Vec<(&str, String)>) -> String {
     finish(t)
 }
 
+/// A session's sandbox mode and grants: `workspace-write, network allowed, Unix sockets allowed`.
+fn sandbox_summary(s: &Session) -> String {
+    let mut parts = vec![s.sandbox.clone()];
+    if s.allow_network {
+        parts.push("network allowed".to_owned());
+    }
+    if s.unix_sockets {
+        parts.push("Unix sockets allowed".to_owned());
+    }
+    parts.join(", ")
+}
+
 /// `session get`.
 pub fn session_table(s: &Session) -> String {
     key_values(vec![
@@ -175,12 +187,13 @@ pub fn session_table(s: &Session) -> String {
         ("model", s.model.clone()),
         ("workspace", s.workspace.clone()),
         ("permission mode", s.permission_mode.clone()),
+        ("sandbox", sandbox_summary(s)),
         (
-            "sandbox",
-            if s.allow_network {
-                format!("{}, network allowed", s.sandbox)
+            "sandbox layers",
+            if s.sandbox_layers.is_empty() {
+                "unknown (an older daemon)".to_owned()
             } else {
-                s.sandbox.clone()
+                s.sandbox_layers.clone()
             },
         ),
         (

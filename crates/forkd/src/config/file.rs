@@ -113,6 +113,14 @@ pub struct LimitsSection {
     /// Address space per process, in bytes (`RLIMIT_AS`; off by default: it breaks compilers
     /// and node).
     pub address_space: Option<u64>,
+    /// A session's processes and threads, all its commands together (`pids.max` of its
+    /// cgroup, where the daemon may make one; default 4096).
+    pub session_processes: Option<u64>,
+    /// A session's memory, in bytes (`memory.max` of its cgroup v2 group; off by default).
+    pub session_memory: Option<u64>,
+    /// A session's CPU, in percent of one CPU (`cpu.max` of its cgroup v2 group; off by
+    /// default).
+    pub session_cpu_percent: Option<u64>,
 }
 
 /// `[tenants.NAME]` in `config.toml`: a tenant's spending limits.
@@ -125,6 +133,9 @@ pub struct TenantSection {
     pub budget_tokens: Option<u64>,
     /// The tenant may create `full-access` (unsandboxed) sessions.
     pub allow_full_access: Option<bool>,
+    /// The tenant may create sessions whose commands may use Unix sockets (`--allow-unix-sockets`):
+    /// as strong as `full-access`, since any listener of the daemon's user is then reachable.
+    pub allow_unix_sockets: Option<bool>,
     /// The tenant may define its own MCP servers (`--mcp-config`), stdio ones included: commands
     /// run on the daemon's host.
     pub allow_mcp_config: Option<bool>,
@@ -311,10 +322,22 @@ impl FileConfig {
 
     /// The tenants allowed `full-access` sessions.
     pub(super) fn full_access_tenants(&self) -> std::collections::BTreeSet<String> {
+        self.tenants_where(|t| t.allow_full_access)
+    }
+
+    /// The tenants allowed the `unix_sockets` grant.
+    pub(super) fn unix_socket_tenants(&self) -> std::collections::BTreeSet<String> {
+        self.tenants_where(|t| t.allow_unix_sockets)
+    }
+
+    fn tenants_where(
+        &self,
+        allowed: impl Fn(&TenantSection) -> Option<bool>,
+    ) -> std::collections::BTreeSet<String> {
         self.tenants
             .iter()
             .flatten()
-            .filter(|(_, t)| t.allow_full_access == Some(true))
+            .filter(|(_, t)| allowed(t) == Some(true))
             .map(|(name, _)| name.clone())
             .collect()
     }
@@ -354,6 +377,9 @@ impl FileConfig {
         set(&mut limits.file_size, section.file_size);
         set(&mut limits.cpu_seconds, section.cpu_seconds);
         set(&mut limits.address_space, section.address_space);
+        set(&mut limits.session_processes, section.session_processes);
+        set(&mut limits.session_memory, section.session_memory);
+        set(&mut limits.session_cpu_percent, section.session_cpu_percent);
         limits
     }
 

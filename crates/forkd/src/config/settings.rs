@@ -243,6 +243,7 @@ impl Settings {
         }
         self.sandbox.limits = file.sandbox_limits(self.sandbox.limits);
         self.sandbox.full_access_tenants = file.full_access_tenants().into_iter().collect();
+        self.sandbox.unix_socket_tenants = file.unix_socket_tenants().into_iter().collect();
         self.mcp_config_tenants = file.mcp_config_tenants();
         self.models = file.models()?;
         Ok(())

@@ -495,7 +495,8 @@ fn the_homes_allow_list_and_the_command_limits_come_from_the_file_or_their_defau
     );
 
     let file = "sandbox_read_allow = [\"~/.tools\", \"/opt/x\"]\n\
-                [sandbox_limits]\nprocesses = 64\ncpu_seconds = 0\naddress_space = 1073741824\n";
+                [sandbox_limits]\nprocesses = 64\ncpu_seconds = 0\naddress_space = 1073741824\n\
+                session_memory = 2147483648\nsession_processes = 0\n";
     let s = resolve(&ServeFlags::default(), &env, file).unwrap();
     let home = s.sandbox.home.clone().unwrap();
     assert_eq!(
@@ -507,6 +508,9 @@ fn the_homes_allow_list_and_the_command_limits_come_from_the_file_or_their_defau
     assert_eq!(limits.cpu_seconds, None, "0 lifts a limit");
     assert_eq!(limits.address_space, Some(1 << 30));
     assert_eq!(limits.open_files, Some(8192));
+    assert_eq!(limits.session_memory, Some(2 << 30));
+    assert_eq!(limits.session_processes, None);
+    assert_eq!(limits.session_cpu_percent, None);
 
     let bad = resolve(
         &ServeFlags::default(),
@@ -526,7 +530,8 @@ fn the_homes_allow_list_and_the_command_limits_come_from_the_file_or_their_defau
 #[test]
 fn the_sandbox_default_deny_list_and_full_access_tenants_come_from_the_file() {
     let file = "sandbox = \"read-only\"\nsandbox_deny = [\"~/.secrets\", \"/srv/keys\"]\n\
-                [tenants.ci]\nallow_full_access = true\n[tenants.web]\nbudget_usd = 1.0\n";
+                [tenants.ci]\nallow_full_access = true\n[tenants.web]\nbudget_usd = 1.0\n\
+                allow_unix_sockets = true\n";
     let s = resolve(&ServeFlags::default(), &[("HOME", "/home/me")], file).unwrap();
     let engine = s.daemon_config("/srv/forkd".into()).unwrap().engine;
     assert_eq!(
@@ -542,6 +547,8 @@ fn the_sandbox_default_deny_list_and_full_access_tenants_come_from_the_file() {
     );
     assert!(engine.sandbox.full_access_tenants.contains("ci"));
     assert!(!engine.sandbox.full_access_tenants.contains("web"));
+    assert!(engine.sandbox.unix_socket_tenants.contains("web"));
+    assert!(!engine.sandbox.unix_socket_tenants.contains("ci"));
     let env_wins = resolve(
         &ServeFlags::default(),
         &[("FORKD_SANDBOX", "full-access"), ("HOME", "/home/me")],

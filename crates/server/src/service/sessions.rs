@@ -19,7 +19,7 @@ pub(crate) fn parse_session_id(s: &str) -> Result<SessionId, ApiError> {
 }
 
 fn session(view: &SessionView) -> pb::Session {
-    convert::session(&view.session, view.message_count)
+    convert::session(&view.session, view.message_count, &view.sandbox_layers)
 }
 
 impl ForkdService {
@@ -85,6 +85,7 @@ impl ForkdService {
             idempotency_key: Some(req.idempotency_key).filter(|k| !k.is_empty()),
             sandbox,
             allow_network: req.allow_network,
+            unix_sockets: req.unix_sockets,
         };
         let view = self.engine.for_tenant(tenant).create_session(new).await?;
         Ok(pb::CreateSessionResponse {

@@ -14,7 +14,7 @@ macro_rules! session_columns {
     () => {
         "id, model, system_prompt, tools_json, thinking_budget, max_tokens, workspace, \
          coordinator, interactive, permission_mode, created_at_ms, allow_rules, deny_rules, tenant, \
-         sandbox, allow_network, mcp_json"
+         sandbox, allow_network, mcp_json, unix_sockets"
     };
 }
 pub(crate) use session_columns;
@@ -23,7 +23,7 @@ pub(crate) use session_columns;
 pub(crate) const INSERT_SESSION: &str = concat!(
     "INSERT INTO sessions (",
     session_columns!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
 );
 
 #[derive(sqlx::FromRow)]
@@ -45,6 +45,7 @@ pub(crate) struct SessionRow {
     sandbox: String,
     allow_network: bool,
     mcp_json: String,
+    unix_sockets: bool,
 }
 
 impl TryFrom<SessionRow> for Session {
@@ -89,6 +90,7 @@ impl TryFrom<SessionRow> for Session {
                 mode: SandboxMode::parse(&row.sandbox)
                     .ok_or_else(|| corrupt("sandbox", format!("unknown mode {:?}", row.sandbox)))?,
                 allow_network: row.allow_network,
+                unix_sockets: row.unix_sockets,
             },
             mcp: serde_json::from_str(&row.mcp_json).map_err(|e| corrupt("mcp_json", e))?,
             created_at_ms: row.created_at_ms,
@@ -115,6 +117,7 @@ pub(crate) struct SessionValues<'a> {
     pub sandbox: &'a str,
     pub allow_network: bool,
     pub mcp_json: String,
+    pub unix_sockets: bool,
 }
 
 impl<'a> SessionValues<'a> {
@@ -150,6 +153,7 @@ impl<'a> SessionValues<'a> {
             allow_network: session.sandbox.allow_network,
             mcp_json: serde_json::to_string(&session.mcp)
                 .unwrap_or_else(|_| r#"{"servers":[],"tools":[]}"#.into()),
+            unix_sockets: session.sandbox.unix_sockets,
         })
     }
 }
@@ -176,6 +180,7 @@ macro_rules! bind_session {
             .bind(v.sandbox)
             .bind(v.allow_network)
             .bind(&v.mcp_json)
+            .bind(v.unix_sockets)
     }};
 }
 pub(crate) use bind_session;

@@ -325,6 +325,7 @@ pub fn session() -> TestResult<Session> {
         sandbox: forkd_core::session::Sandbox {
             mode: forkd_core::session::SandboxMode::ReadOnly,
             allow_network: true,
+            unix_sockets: false,
         },
         mcp: forkd_core::session::SessionMcp {
             servers: vec![forkd_core::session::McpServerRef {

@@ -22,6 +22,14 @@ pub struct ResourceLimits {
     /// `RLIMIT_AS`: address space per process, in bytes. Off by default: compilers and node
     /// reserve far more than they use.
     pub address_space: Option<u64>,
+    /// A session's processes and threads at once, all its commands and MCP servers together
+    /// (`pids.max` of its cgroup, where the daemon may make one: see [`super::cgroup`]).
+    pub session_processes: Option<u64>,
+    /// A session's memory, in bytes (`memory.max` of a cgroup v2 group; off by default).
+    pub session_memory: Option<u64>,
+    /// A session's CPU time, in percent of one CPU (`cpu.max` of a cgroup v2 group; off by
+    /// default).
+    pub session_cpu_percent: Option<u64>,
 }
 
 impl Default for ResourceLimits {
@@ -33,6 +41,9 @@ impl Default for ResourceLimits {
             file_size: Some(16 << 30),
             cpu_seconds: Some(3600),
             address_space: None,
+            session_processes: Some(4096),
+            session_memory: None,
+            session_cpu_percent: None,
         }
     }
 }

@@ -1,0 +1,6 @@
+-- The `unix_sockets` grant: a session whose sandboxed commands may create Unix sockets, and with
+-- them reach any pathname-socket listener the daemon's user can (seccomp cannot see a connect
+-- address). Given by the operator as `full-access` is, and as strong. Sessions stored before
+-- have none.
+ALTER TABLE sessions ADD COLUMN unix_sockets INTEGER NOT NULL DEFAULT 0
+    CHECK (unix_sockets IN (0, 1));
