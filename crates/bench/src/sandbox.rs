@@ -1,6 +1,7 @@
 //! Figure 7, the sandbox's cost: a `Bash` call of `true`, sandboxed (`workspace-write`, no
-//! network: user, mount and network namespaces, the covers over hidden paths, Landlock) against
-//! unsandboxed (`full-access`), through the same tool call path the engine uses.
+//! network: the view's user, mount and network namespaces with the covers over hidden paths, a
+//! PID namespace of its own, Landlock, seccomp) against unsandboxed (`full-access`), through the
+//! same tool call path the engine uses.
 
 use std::time::Instant;
 
@@ -103,11 +104,13 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
         tables: vec![table],
         notes: vec![
             "A call is the whole tool call: the Bash group with its sentinel, the output pipe, the \
-             timeout, the group's kill at the end. The sandbox adds the Landlock ruleset built in \
-             the daemon, the session's cgroup (where the daemon may make one), and in the child: \
-             a user, a mount, a network and a PID namespace under forkd's init (two forks and a \
-             fresh /proc), one tmpfs over the home with the allow list bound back, a tmpfs or \
-             /dev/null over each hidden path, rlimits, Landlock and the seccomp filter."
+             timeout, the group's kill at the end. The sandbox adds, in the daemon, the Landlock \
+             ruleset, the view's key (a stat of each hidden and allowed path) and the session's \
+             cgroup (where the daemon may make one); in the child: setns into the view's user, \
+             mount and network namespaces (made once by a holder process, with the home's tmpfs \
+             and the covers in them), its own mount and PID namespaces under forkd's init (a \
+             CLONE_VM clone and a fresh /proc), one fork for the command, rlimits, Landlock and \
+             the seccomp filters. The first call of a view also makes it."
                 .into(),
         ],
         checks: vec![Check::judge(

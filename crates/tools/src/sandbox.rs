@@ -2,14 +2,16 @@
 //!
 //! A sandboxed command's process enters the sandbox itself, between fork and exec, so the shell
 //! and everything it starts — background processes included — inherit it; nothing parses the
-//! command. What it does there was all prepared in the daemon beforehand (paths, maps, the
-//! Landlock ruleset), so the forked child only makes system calls:
+//! command. What it does there was all prepared in the daemon beforehand (the view's
+//! namespaces, the Landlock ruleset, the filters), so the forked child only makes system calls:
 //!
-//! 1. **Namespaces.** `unshare` a user namespace (mapping the daemon's own uid and gid to
-//!    themselves), a mount namespace, a PID namespace and, unless the session allows the
-//!    network, a network namespace — which has no interface but a loopback that is down, so no
-//!    connection of any kind leaves it (TCP, UDP, 127.0.0.1 included).
-//! 2. **Hiding.** In the private mount namespace, the daemon user's home is covered by one
+//! 1. **Namespaces.** The command enters its *view* ([`held`]): a user namespace (mapping the
+//!    daemon's own uid and gid to themselves), a mount namespace and, unless the session allows
+//!    the network, a network namespace — which has no interface but a loopback that is down, so
+//!    no connection of any kind leaves it (TCP, UDP, 127.0.0.1 included). A view is made once,
+//!    by a holder process, for every command that sees the same thing; each command then makes
+//!    its own mount namespace (for its `/proc`) and PID namespace.
+//! 2. **Hiding.** In the view's mount namespace, the daemon user's home is covered by one
 //!    tmpfs with a read-only allow list bound back in ([`home`]). What else the command must
 //!    not read is covered too: an empty read-only tmpfs over each hidden directory, `/dev/null`
 //!    over each hidden file. Hidden are the daemon's home (`FORKD_HOME`: its database, socket,
@@ -46,6 +48,7 @@
 #![allow(unsafe_code)]
 
 pub mod cgroup;
+mod held;
 pub mod home;
 mod init;
 pub mod limits;
@@ -57,6 +60,7 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use landlock::{
     ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
@@ -160,6 +164,11 @@ pub enum SandboxError {
     NoLandlock { mode: &'static str, detail: String },
     #[error("the sandbox could not be prepared: {0}")]
     Prepare(String),
+    #[error(
+        "the command could not enter its sandbox: {0}; the command did not run. A session whose \
+         commands may run unconfined is created with --sandbox full-access"
+    )]
+    Enter(String),
 }
 
 /// The layers a command's process enters, in order: a failure to enter one is reported naming
@@ -237,9 +246,9 @@ pub fn explain(err: &io::Error) -> String {
     }
 }
 
-/// A sandbox prepared in the daemon, entered by the command's own process before exec.
-pub(crate) struct Prepared {
-    ruleset: OwnedFd,
+/// A view's namespaces as a holder process makes them ([`held`]): what every command that sees
+/// the view shares.
+pub(crate) struct Setup {
     unshare: libc::c_int,
     setgroups_path: CString,
     uid_map_path: CString,
@@ -250,12 +259,158 @@ pub(crate) struct Prepared {
     tmpfs: CString,
     tmpfs_options: CString,
     dev_null: CString,
-    proc_fs: CString,
-    proc_dir: CString,
-    oom_score_adj: CString,
     home: Option<home::Cover>,
     /// What to cover, and whether it is a directory.
     covers: Vec<(CString, bool)>,
+}
+
+impl Setup {
+    /// Plans the view of a command working in `workspace` with its temporary directory `tmp`
+    /// (both canonical).
+    fn new(
+        sandbox: Sandbox,
+        paths: &SandboxPaths,
+        workspace: &Path,
+        tmp: &Path,
+    ) -> Result<Setup, SandboxError> {
+        let kept = [workspace, tmp];
+        let home = match &paths.home {
+            Some(view) => home::Cover::new(view, &kept)?,
+            None => None,
+        };
+        let covers = covers(&hidden(paths), &kept)
+            .into_iter()
+            // Inside the covered home only what is bound back in is there to cover.
+            .filter(|(path, _)| {
+                home.as_ref()
+                    .is_none_or(|h| !h.covers(path) || h.shows(path))
+            })
+            .map(|(path, dir)| Ok((c_path(&path)?, dir)))
+            .collect::<Result<Vec<_>, SandboxError>>()?;
+        // SAFETY: getuid and getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let mut unshare = libc::CLONE_NEWUSER | libc::CLONE_NEWNS;
+        if !sandbox.allow_network {
+            unshare |= libc::CLONE_NEWNET;
+        }
+        Ok(Setup {
+            unshare,
+            setgroups_path: c_str("/proc/self/setgroups")?,
+            uid_map_path: c_str("/proc/self/uid_map")?,
+            gid_map_path: c_str("/proc/self/gid_map")?,
+            uid_map: format!("{uid} {uid} 1").into_bytes(),
+            gid_map: format!("{gid} {gid} 1").into_bytes(),
+            root: c_str("/")?,
+            tmpfs: c_str("tmpfs")?,
+            tmpfs_options: c_str("mode=000,size=4k,nr_inodes=1")?,
+            dev_null: c_str("/dev/null")?,
+            home,
+            covers,
+        })
+    }
+
+    /// What keys the view [`Setup::new`] would plan: see [`held`].
+    fn key(sandbox: Sandbox, paths: &SandboxPaths, workspace: &Path, tmp: &Path) -> held::Key {
+        let mut key = held::Key::new(!sandbox.allow_network);
+        key.push_path(workspace);
+        key.push_path(tmp);
+        held::push_hidden(&mut key, &hidden(paths), &[workspace, tmp]);
+        if let Some(view) = &paths.home {
+            key.push_path(&view.dir);
+            for entry in &view.allow {
+                key.push_path(entry);
+            }
+        }
+        key
+    }
+
+    /// Whether the view has a network namespace of its own.
+    pub(crate) fn has_own_network(&self) -> bool {
+        self.unshare & libc::CLONE_NEWNET != 0
+    }
+
+    /// Makes the view's namespaces and mounts. Runs in the holder process, forked from the
+    /// daemon: system calls only, on what [`Setup::new`] made ready.
+    ///
+    /// # Safety
+    /// In a forked child of the daemon, before it exits: system calls only.
+    pub(crate) unsafe fn enter(&mut self) -> io::Result<()> {
+        // SAFETY: each call below is a plain system call on pointers to memory this value owns
+        // (NUL-terminated strings, byte buffers) that outlives the call.
+        unsafe {
+            Layer::Namespaces.tag(check(libc::unshare(self.unshare)))?;
+            // Writing "deny" is refused where it is not needed (a privileged caller): harmless.
+            let _ = write_file(&self.setgroups_path, b"deny");
+            Layer::Namespaces.tag(write_file(&self.uid_map_path, &self.uid_map))?;
+            Layer::Namespaces.tag(write_file(&self.gid_map_path, &self.gid_map))?;
+            // Nothing mounted here propagates back to the daemon's namespace.
+            Layer::Mounts.tag(check(libc::mount(
+                std::ptr::null(),
+                self.root.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            )))?;
+            if let Some(home) = &mut self.home {
+                Layer::HomeCover.tag(home.take())?;
+                Layer::HomeCover.tag(home.mount())?;
+            }
+            Layer::Mounts.tag(self.mount_covers())
+        }
+    }
+
+    /// Covers each hidden path: an empty read-only tmpfs over a directory, `/dev/null` over a
+    /// file.
+    ///
+    /// # Safety
+    /// In the view's mount namespace, in a forked child: system calls only.
+    unsafe fn mount_covers(&self) -> io::Result<()> {
+        // SAFETY: plain system calls on NUL-terminated strings this value owns.
+        unsafe {
+            for (path, dir) in &self.covers {
+                if *dir {
+                    check(libc::mount(
+                        self.tmpfs.as_ptr(),
+                        path.as_ptr(),
+                        self.tmpfs.as_ptr(),
+                        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                        self.tmpfs_options.as_ptr().cast(),
+                    ))?;
+                } else {
+                    check(libc::mount(
+                        self.dev_null.as_ptr(),
+                        path.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND,
+                        std::ptr::null(),
+                    ))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The hidden paths that exist, canonical.
+fn hidden(paths: &SandboxPaths) -> Vec<PathBuf> {
+    paths
+        .hidden
+        .iter()
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .collect()
+}
+
+/// A sandbox prepared in the daemon, entered by the command's own process before exec.
+pub(crate) struct Prepared {
+    ruleset: OwnedFd,
+    /// The view's namespaces, held open while the command may still enter them.
+    held: Arc<held::Held>,
+    /// Where the command starts: read before it enters the view's mount namespace (which moves
+    /// it to the root), gone back to after.
+    cwd: Vec<u8>,
+    /// The PID namespace's init, ready to start.
+    init: init::Init,
+    oom_score_adj: CString,
     limits: ResourceLimits,
     seccomp: Vec<seccompiler::BpfProgram>,
     /// The signals the namespace's init and the outer process wait for.
@@ -309,55 +464,23 @@ impl Prepared {
             _ => vec![&tmp],
         };
         let ruleset = ruleset(&writable)?;
-        let kept = [workspace.as_path(), tmp.as_path()];
-        let home = match &paths.home {
-            Some(view) => home::Cover::new(view, &kept)?,
-            None => None,
-        };
-        let hidden: Vec<PathBuf> = paths
-            .hidden
-            .iter()
-            .filter_map(|p| std::fs::canonicalize(p).ok())
-            .collect();
-        let covers = covers(&hidden, &kept)
-            .into_iter()
-            // Inside the covered home only what is bound back in is there to cover.
-            .filter(|(path, _)| {
-                home.as_ref()
-                    .is_none_or(|h| !h.covers(path) || h.shows(path))
-            })
-            .map(|(path, dir)| Ok((c_path(&path)?, dir)))
-            .collect::<Result<Vec<_>, SandboxError>>()?;
-        // SAFETY: getuid and getgid cannot fail.
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let held = held::get_or_make(Setup::key(sandbox, paths, &workspace, &tmp), || {
+            Setup::new(sandbox, paths, &workspace, &tmp)
+        })?;
         let group = match (&paths.group, cgroup::hierarchy()) {
             (Some(session), Ok(hierarchy)) => {
                 let membership = hierarchy.join(session, &paths.limits)?;
+                held.keep_group(|| hierarchy.join(session, &paths.limits));
                 Some((membership.procs().clone(), membership))
             }
             _ => None,
         };
-        let mut unshare = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID;
-        if !sandbox.allow_network {
-            unshare |= libc::CLONE_NEWNET;
-        }
         Ok(Some(Prepared {
             ruleset,
-            unshare,
-            setgroups_path: c_str("/proc/self/setgroups")?,
-            uid_map_path: c_str("/proc/self/uid_map")?,
-            gid_map_path: c_str("/proc/self/gid_map")?,
-            uid_map: format!("{uid} {uid} 1").into_bytes(),
-            gid_map: format!("{gid} {gid} 1").into_bytes(),
-            root: c_str("/")?,
-            tmpfs: c_str("tmpfs")?,
-            tmpfs_options: c_str("mode=000,size=4k,nr_inodes=1")?,
-            dev_null: c_str("/dev/null")?,
-            proc_fs: c_str("proc")?,
-            proc_dir: c_str("/proc")?,
+            held,
+            cwd: vec![0; libc::PATH_MAX as usize + 1],
+            init: init::Init::new().map_err(|e| SandboxError::Prepare(e.to_string()))?,
             oom_score_adj: c_str("/proc/self/oom_score_adj")?,
-            home,
-            covers,
             limits: paths.limits,
             seccomp: seccomp::filters(sandbox.unix_sockets).map_err(SandboxError::Prepare)?,
             waited: init::waited(),
@@ -386,54 +509,35 @@ impl Prepared {
     /// that returns (and execs) is the command, two forks down (see [`init`]).
     fn enter(&mut self, group: Option<&CString>) -> io::Result<()> {
         // SAFETY: each call below is a plain system call on pointers to memory this value owns
-        // (NUL-terminated strings, byte buffers) that outlives the call.
+        // (NUL-terminated strings, byte buffers, open descriptors) that outlives the call.
         unsafe {
             // First, while the process is still the daemon's user in the daemon's namespaces:
             // everything it starts is counted in the session's group.
             if let Some(procs) = group {
                 Layer::Cgroup.tag(write_file(procs, b"0"))?;
             }
-            Layer::Namespaces.tag(check(libc::unshare(self.unshare)))?;
-            // Writing "deny" is refused where it is not needed (a privileged caller): harmless.
-            let _ = write_file(&self.setgroups_path, b"deny");
-            Layer::Namespaces.tag(write_file(&self.uid_map_path, &self.uid_map))?;
-            Layer::Namespaces.tag(write_file(&self.gid_map_path, &self.gid_map))?;
-            // Nothing mounted here propagates back to the daemon's namespace.
-            Layer::Mounts.tag(check(libc::mount(
-                std::ptr::null(),
-                self.root.as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            )))?;
-            if let Some(home) = &mut self.home {
-                Layer::HomeCover.tag(home.take())?;
-                Layer::HomeCover.tag(home.mount())?;
+            if libc::getcwd(self.cwd.as_mut_ptr().cast(), self.cwd.len()).is_null() {
+                return Layer::Namespaces.tag(Err(io::Error::last_os_error()));
             }
-            Layer::Mounts.tag(self.mount_covers())?;
+            // The view: its user namespace first (which grants what entering the others takes).
+            Layer::Namespaces.tag(check(libc::setns(self.held.user(), libc::CLONE_NEWUSER)))?;
+            Layer::Namespaces.tag(check(libc::setns(self.held.mnt(), libc::CLONE_NEWNS)))?;
+            if let Some(net) = self.held.net() {
+                Layer::Namespaces.tag(check(libc::setns(net, libc::CLONE_NEWNET)))?;
+            }
+            // A mount namespace of its own, for its own /proc, and the PID namespace that
+            // /proc shows.
+            Layer::Namespaces.tag(check(libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWPID)))?;
+            Layer::Mounts.tag(check(libc::chdir(self.cwd.as_ptr().cast())))?;
 
-            // The next fork is the PID namespace's init; the one after it, the command.
-            let mut status = [0; 2];
-            Layer::PidNamespace.tag(check(libc::pipe2(status.as_mut_ptr(), libc::O_CLOEXEC)))?;
+            // The PID namespace's init first (pid 1), then the command, which the outer process
+            // forks and waits for (see [`init`]).
             libc::sigprocmask(libc::SIG_BLOCK, &self.waited, std::ptr::null_mut());
-            let init = Layer::PidNamespace.tag(init::fork())?;
-            if init > 0 {
-                libc::close(status[1]);
-                init::outer(init, status[0], &self.waited);
-            }
-            libc::close(status[0]);
-            Layer::Proc.tag(check(libc::mount(
-                self.proc_fs.as_ptr(),
-                self.proc_dir.as_ptr(),
-                self.proc_fs.as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                std::ptr::null(),
-            )))?;
+            let init = Layer::Proc.tag(self.init.start())?;
             let command = Layer::PidNamespace.tag(init::fork())?;
             if command > 0 {
-                init::init(command, status[1], &self.waited);
+                init::outer(init, command, &self.waited);
             }
-            libc::close(status[1]);
             let mut none: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut none);
             libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
@@ -453,37 +557,6 @@ impl Prepared {
                 Layer::Seccomp.tag(
                     seccompiler::apply_filter(filter).map_err(|_| io::Error::last_os_error()),
                 )?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Covers each hidden path: an empty read-only tmpfs over a directory, `/dev/null` over a
-    /// file.
-    ///
-    /// # Safety
-    /// Between fork and exec, in the command's mount namespace: system calls only.
-    unsafe fn mount_covers(&self) -> io::Result<()> {
-        // SAFETY: plain system calls on NUL-terminated strings this value owns.
-        unsafe {
-            for (path, dir) in &self.covers {
-                if *dir {
-                    check(libc::mount(
-                        self.tmpfs.as_ptr(),
-                        path.as_ptr(),
-                        self.tmpfs.as_ptr(),
-                        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                        self.tmpfs_options.as_ptr().cast(),
-                    ))?;
-                } else {
-                    check(libc::mount(
-                        self.dev_null.as_ptr(),
-                        path.as_ptr(),
-                        std::ptr::null(),
-                        libc::MS_BIND,
-                        std::ptr::null(),
-                    ))?;
-                }
             }
         }
         Ok(())

@@ -406,6 +406,75 @@ async fn the_command_sees_and_signals_only_its_own_processes() {
     assert_eq!(String::from_utf8_lossy(&survivors.stdout).trim(), "0");
 }
 
+/// A session's commands enter one view of the machine, made once: they share its network
+/// namespace, each in a PID namespace of its own. What appears under a hidden path after the
+/// view was made (a path that did not exist, a new entry beside the session's own temporary
+/// directory) is hidden all the same.
+#[tokio::test]
+async fn commands_share_their_view_and_what_appears_later_stays_hidden() {
+    let world = World::new();
+    let late = world.env.base.join("late");
+    let ctx = |world: &World| {
+        let mut ctx = world.ctx(SandboxMode::WorkspaceWrite, false);
+        if let Some(spec) = ctx.sandbox.as_mut() {
+            spec.paths.hidden.push(late.clone());
+        }
+        ctx
+    };
+    // The view of a directory changed this very second is not kept (its time stamp may not show
+    // the next change yet): one a while old is.
+    let backdate = |dir: &Path, secs| {
+        std::fs::File::open(dir)
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() - Duration::from_secs(secs))
+            .unwrap();
+    };
+    std::fs::create_dir_all(world.tmp_root().join("session-1")).unwrap();
+    backdate(&world.tmp_root(), 60);
+    let names = "readlink /proc/self/ns/net /proc/self/ns/pid";
+    let first = bash_in(&ctx(&world), names).await;
+    let second = bash_in(&ctx(&world), names).await;
+    assert!(!first.is_error, "{}", first.content);
+    let lines = |out: &ToolOutput| -> Vec<String> {
+        out.content
+            .lines()
+            .filter(|l| l.starts_with("net:") || l.starts_with("pid:"))
+            .map(str::to_owned)
+            .collect()
+    };
+    let (first, second) = (lines(&first), lines(&second));
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert_eq!(first[0], second[0], "the network namespace is the view's");
+    assert_ne!(
+        first[1], second[1],
+        "each command has its own PID namespace"
+    );
+    let host = std::fs::read_link("/proc/self/ns/net").unwrap();
+    assert_ne!(first[0], host.display().to_string());
+
+    let hidden = |file: PathBuf| {
+        let ctx = ctx(&world);
+        async move {
+            let out = bash_in(&ctx, &format!("cat {}", path(&file))).await;
+            assert!(
+                !out.content.contains(SECRET),
+                "{}: {}",
+                file.display(),
+                out.content
+            );
+        }
+    };
+    std::fs::create_dir_all(&late).unwrap();
+    std::fs::write(late.join("notes.md"), SECRET).unwrap();
+    hidden(late.join("notes.md")).await;
+    let newcomer = world.tmp_root().join("session-3");
+    std::fs::create_dir_all(&newcomer).unwrap();
+    std::fs::write(newcomer.join("scratch"), SECRET).unwrap();
+    // Old enough to key a view again: the new entry shows in the time stamp alone.
+    backdate(&world.tmp_root(), 30);
+    hidden(newcomer.join("scratch")).await;
+}
+
 /// The daemon user's home is covered: credential files the deny list does not name are gone,
 /// while the allow list (a toolchain, `.gitconfig`) reads as before.
 #[tokio::test]

@@ -1,14 +1,15 @@
 //! The processes around a sandboxed command in its own PID namespace.
 //!
 //! The process the daemon spawned (the *outer* process: the one it waits for, the leader of
-//! the command's process group) unshares a PID namespace with the others, and forks. The fork
-//! is the namespace's *init* (pid 1): it mounts a fresh `/proc`, forks the command, then reaps
-//! whatever ends in the namespace, forwards signals to the command, and exits as soon as the
-//! command does — which ends every process left in the namespace, `setsid` ones included. The
-//! outer process forwards signals to the init and, once it has exited, ends the way the command
-//! did (its exit code, or the same signal), which it learns through a pipe from the init.
+//! the command's process group) unshares a PID namespace with the others and starts the
+//! namespace's *init* (pid 1), then forks the command (pid 2). The init shares the outer
+//! process's memory (`clone(CLONE_VM)` on a stack of its own), so starting it copies none of the
+//! daemon's address space; it mounts a fresh `/proc`, says so, and from then on reaps whatever
+//! is left to it. The outer process forwards signals to the command, and once the command has
+//! exited it kills the init — which ends every process left in the namespace, `setsid` ones
+//! included — and ends the way the command did (its exit code, or the same signal).
 //!
-//! Both stay in the command's process group, so the daemon's `killpg` (a timeout, a kill, a
+//! All three stay in the command's process group, so the daemon's `killpg` (a timeout, a kill, a
 //! restart's clean-up) still reaches everything, and a `SIGKILL` from outside the namespace
 //! ends its init and with it the namespace. Signals sent from inside (the lifeline's sentinel
 //! killing its group) cannot end the init: it has no handler, and pid 1 of a namespace only
@@ -16,7 +17,8 @@
 //! outside the command's Landlock domain.
 //!
 //! Everything here runs between fork and exec: system calls on data prepared beforehand, no
-//! allocation, no lock; the forks are raw `clone` calls, which run no `atfork` handler.
+//! allocation, no lock; the forks are raw `clone` calls, which run no `atfork` handler. The init
+//! touches nothing of the memory it shares but its own stack and what [`Init`] holds.
 
 use std::io;
 
@@ -63,7 +65,7 @@ pub(crate) unsafe fn fork() -> io::Result<libc::pid_t> {
 ///
 /// # Safety
 /// Between fork and exec: nothing else may use the descriptors closed.
-unsafe fn close_all_but(keep: libc::c_int) {
+pub(crate) unsafe fn close_all_but(keep: libc::c_int) {
     // SAFETY: close_range takes plain integers. `keep` is above the standard descriptors,
     // which are open, so both ranges are well-formed.
     unsafe {
@@ -83,72 +85,152 @@ unsafe fn next_signal(set: &libc::sigset_t) -> libc::c_int {
     unsafe { libc::sigwaitinfo(set, std::ptr::null_mut()) }
 }
 
-/// The outer process, once the init is forked: passes signals on, waits for the init, and
-/// ends as the command did.
-///
-/// # Safety
-/// Between fork and exec only; `set` is blocked, `status` is the read end of the init's pipe.
-pub(crate) unsafe fn outer(init: libc::pid_t, status: libc::c_int, set: &libc::sigset_t) -> ! {
-    // SAFETY: system calls on values this function owns.
-    unsafe {
-        close_all_but(status);
-        let init_status = loop {
-            match next_signal(set) {
-                libc::SIGCHLD => {
-                    let mut st = 0;
-                    if libc::waitpid(init, &mut st, libc::WNOHANG) == init {
-                        break st;
-                    }
-                }
-                sig if sig > 0 => {
-                    libc::kill(init, sig);
-                }
-                _ => {}
+/// What the init needs, prepared before the fork: it reads it from the memory it shares with
+/// the outer process.
+pub(crate) struct Init {
+    /// The init's own stack (it shares the outer process's memory, not its stack).
+    stack: Vec<u8>,
+    proc_fs: std::ffi::CString,
+    proc_dir: std::ffi::CString,
+    /// Where the init says whether `/proc` is mounted: the write end of a pipe.
+    ready: libc::c_int,
+    /// `SIGCHLD` alone: what the init waits for.
+    reaped: libc::sigset_t,
+}
+
+/// The init's stack: it makes system calls only, in a loop.
+const INIT_STACK: usize = 64 * 1024;
+
+impl Init {
+    pub(crate) fn new() -> Result<Init, std::ffi::NulError> {
+        // SAFETY: sigemptyset and sigaddset only write the set, which is a plain value.
+        let reaped = unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGCHLD);
+            set
+        };
+        Ok(Init {
+            stack: vec![0; INIT_STACK],
+            proc_fs: std::ffi::CString::new("proc")?,
+            proc_dir: std::ffi::CString::new("/proc")?,
+            ready: -1,
+            reaped,
+        })
+    }
+
+    /// Starts the namespace's init: a process that shares this one's memory (so starting it
+    /// copies nothing), mounts the namespace's `/proc` and reaps what is left to it until it is
+    /// killed. Returns its pid once `/proc` is mounted, or the error of mounting it (the init has
+    /// then exited and been reaped).
+    ///
+    /// # Safety
+    /// Between fork and exec, after `unshare(CLONE_NEWPID)` and a new mount namespace, with the
+    /// signals of [`waited`] blocked: system calls only.
+    pub(crate) unsafe fn start(&mut self) -> io::Result<libc::pid_t> {
+        // SAFETY: system calls on memory this value owns; the init runs on its own stack, which
+        // lives as long as this process (it is never freed between fork and exec).
+        unsafe {
+            let mut ready = [0; 2];
+            if libc::pipe2(ready.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+                return Err(io::Error::last_os_error());
             }
-        };
-        let mut buf = [0u8; 4];
-        let read = libc::read(status, buf.as_mut_ptr().cast(), buf.len());
-        // The command's status, as the init passed it on; the init's own where it could not
-        // (it failed before the command started).
-        let command = if read == 4 {
-            i32::from_ne_bytes(buf)
-        } else {
-            init_status
-        };
-        end_like(command)
+            self.ready = ready[1];
+            let top = self.stack.as_mut_ptr().add(self.stack.len());
+            // The stack grows down from a 16-byte aligned top.
+            let top = top.sub(top as usize % 16);
+            let init = libc::clone(
+                run_init,
+                top.cast(),
+                libc::CLONE_VM | libc::SIGCHLD,
+                std::ptr::from_mut(self).cast(),
+            );
+            libc::close(ready[1]);
+            if init < 0 {
+                let err = io::Error::last_os_error();
+                libc::close(ready[0]);
+                return Err(err);
+            }
+            let mut word = [0u8; 4];
+            let read = libc::read(ready[0], word.as_mut_ptr().cast(), word.len());
+            libc::close(ready[0]);
+            if read == 4 && i32::from_ne_bytes(word) == 0 {
+                return Ok(init);
+            }
+            let mut st = 0;
+            libc::waitpid(init, &mut st, 0);
+            Err(io::Error::from_raw_os_error(if read == 4 {
+                i32::from_ne_bytes(word)
+            } else {
+                libc::ECHILD
+            }))
+        }
     }
 }
 
-/// The init (pid 1 of the namespace), once the command is forked: reaps, forwards, and exits
-/// when the command has, passing its status to the outer process.
+/// The init's body (pid 1 of the namespace).
+extern "C" fn run_init(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `Init` that `Init::start` passed, alive in the shared memory; only
+    // system calls follow.
+    unsafe {
+        let init = &*arg.cast::<Init>();
+        let mounted = libc::mount(
+            init.proc_fs.as_ptr(),
+            init.proc_dir.as_ptr(),
+            init.proc_fs.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        );
+        let code: i32 = if mounted == 0 {
+            0
+        } else {
+            *libc::__errno_location()
+        };
+        let word = code.to_ne_bytes();
+        libc::write(init.ready, word.as_ptr().cast(), word.len());
+        if code != 0 {
+            libc::_exit(1);
+        }
+        // The init holds nothing open: the command's pipes close when the command does.
+        libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32);
+        loop {
+            if libc::sigwaitinfo(&init.reaped, std::ptr::null_mut()) == libc::SIGCHLD {
+                let mut st = 0;
+                while libc::waitpid(-1, &mut st, libc::WNOHANG) > 0 {}
+            }
+        }
+    }
+}
+
+/// The outer process, once the command is forked: passes signals on to it, waits for it, ends
+/// the namespace (its init, and with it every process left there, `setsid` ones included), and
+/// ends as the command did.
 ///
 /// # Safety
-/// Between fork and exec only; `set` is blocked, `status` is the write end of the pipe.
-pub(crate) unsafe fn init(command: libc::pid_t, status: libc::c_int, set: &libc::sigset_t) -> ! {
+/// Between fork and exec only; `set` is blocked.
+pub(crate) unsafe fn outer(init: libc::pid_t, command: libc::pid_t, set: &libc::sigset_t) -> ! {
     // SAFETY: system calls on values this function owns.
     unsafe {
-        close_all_but(status);
-        loop {
+        // The daemon's spawn waits for every copy of its pipes to close.
+        libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32);
+        let status = loop {
             match next_signal(set) {
-                libc::SIGCHLD => loop {
+                libc::SIGCHLD => {
                     let mut st = 0;
-                    let pid = libc::waitpid(-1, &mut st, libc::WNOHANG);
-                    if pid <= 0 {
-                        break;
+                    if libc::waitpid(command, &mut st, libc::WNOHANG) == command {
+                        break st;
                     }
-                    if pid == command {
-                        let bytes = st.to_ne_bytes();
-                        libc::write(status, bytes.as_ptr().cast(), bytes.len());
-                        // The namespace's other processes end with it.
-                        libc::_exit(0);
-                    }
-                },
+                }
                 sig if sig > 0 => {
                     libc::kill(command, sig);
                 }
                 _ => {}
             }
-        }
+        };
+        libc::kill(init, libc::SIGKILL);
+        let mut st = 0;
+        libc::waitpid(init, &mut st, 0);
+        end_like(status)
     }
 }
 

@@ -15,7 +15,7 @@
 //! libc then falls back to `clone`, whose flags the filter checks. A call made through another
 //! architecture's entry (i386's `int 0x80`, whose `socketcall` would hide the socket family)
 //! kills the process, as every `seccompiler` filter does; the x32 numbers of the refused calls
-//! are refused as well.
+//! are refused as well, on a kernel that runs x32 calls at all.
 
 use std::collections::BTreeMap;
 
@@ -151,11 +151,28 @@ fn refusals(unix_sockets: bool) -> Result<BTreeMap<i64, Vec<SeccompRule>>, Strin
     Ok(rules)
 }
 
+/// x32's system call numbers: the native ones with bit 30 set.
+#[cfg(target_arch = "x86_64")]
+const X32: i64 = 0x4000_0000;
+
+/// Whether this kernel runs x32 system calls at all (most distributions' kernels are built
+/// without, or boot with it off): a `getpid` through x32 answers `ENOSYS` where it does not.
+#[cfg(target_arch = "x86_64")]
+fn x32_runs() -> bool {
+    // SAFETY: getpid takes no argument and changes nothing, through whichever ABI.
+    let pid = unsafe { libc::syscall(libc::SYS_getpid | X32) };
+    !(pid == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS))
+}
+
 /// On x86_64, the same calls through the x32 ABI (their numbers with bit 30 set, and the
-/// x32-only numbers of a few), all refused outright.
+/// x32-only numbers of a few), all refused outright — where the kernel runs x32 calls. Where it
+/// does not, they would only lengthen the filter, which the kernel compiles and walks through
+/// for every system call number each time a command installs it.
 #[cfg(target_arch = "x86_64")]
 fn x32(rules: &mut BTreeMap<i64, Vec<SeccompRule>>) {
-    const X32: i64 = 0x4000_0000;
+    if !x32_runs() {
+        return;
+    }
     /// x32's own numbers for `ptrace`, `process_vm_readv` and `process_vm_writev`.
     const X32_ONLY: [i64; 3] = [521, 539, 540];
     let native: Vec<i64> = rules.keys().copied().collect();

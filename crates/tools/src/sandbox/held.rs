@@ -1,0 +1,346 @@
+//! The namespaces a view of the machine lives in, made once and entered by every command that
+//! sees the same view.
+//!
+//! Making a user, a mount and a network namespace, and covering the home and the hidden paths
+//! in it, is most of what a sandboxed command used to cost; two commands of one session need
+//! the same result. So the daemon makes it once per *view* — the hidden paths as they are now,
+//! the home and its allow list, the command's workspace and temporary directory, with or
+//! without network — in a short-lived *holder* process, keeps the namespaces open by their
+//! `/proc/PID/ns` descriptors, and each command `setns`es into them before it makes its own
+//! mount and PID namespaces (its own `/proc`), forks its init, and confines itself (Landlock,
+//! seccomp, limits) as before.
+//!
+//! A view is keyed by what decides its mounts, read from the file system on each command: every
+//! hidden path's identity (device and inode, or its absence), the modification time of each
+//! hidden directory that is split around a kept path (its entries were covered one by one, so a
+//! new one changes the view), and the identity of each allowed home entry. A file or a session
+//! directory that appears after a view was made therefore gets a new view, never a stale one.
+//! A directory modified within the last second is not trusted to key a view (its time stamp may
+//! not yet show a change made in the same clock tick): such a view is made for the one command
+//! and not kept. Views idle for a minute are let go, and at most [`KEPT`] are kept.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::{SandboxError, Setup, explain, init};
+
+/// How long a view nobody used stays held.
+const IDLE: Duration = Duration::from_secs(60);
+/// The most views held at once (the least recently used goes first).
+const KEPT: usize = 256;
+/// A directory changed more recently than this does not key a view.
+const RACY: Duration = Duration::from_secs(1);
+
+/// A view's namespaces, open in the daemon.
+#[derive(Debug)]
+pub(crate) struct Held {
+    user: OwnedFd,
+    mnt: OwnedFd,
+    /// `None` where the view has the daemon's network.
+    net: Option<OwnedFd>,
+    /// The session's cgroup, kept while its view is: so that one command after another finds
+    /// it made rather than making and removing it each time.
+    group: OnceLock<Option<super::cgroup::Membership>>,
+}
+
+impl Held {
+    pub(crate) fn user(&self) -> RawFd {
+        self.user.as_raw_fd()
+    }
+
+    pub(crate) fn mnt(&self) -> RawFd {
+        self.mnt.as_raw_fd()
+    }
+
+    pub(crate) fn net(&self) -> Option<RawFd> {
+        self.net.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    /// Keeps a place in the session's cgroup for as long as the view is held (the first one
+    /// `join` gives; an error leaves the group to the commands alone).
+    pub(crate) fn keep_group(
+        &self,
+        join: impl FnOnce() -> Result<super::cgroup::Membership, SandboxError>,
+    ) {
+        self.group.get_or_init(|| join().ok());
+    }
+}
+
+/// What decides a view, as bytes; built by [`Key::push_path`] and friends.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Key {
+    bytes: Vec<u8>,
+    /// False when a directory in the key changed too recently to be trusted.
+    keepable: bool,
+}
+
+impl Key {
+    pub(crate) fn new(net: bool) -> Key {
+        Key {
+            bytes: vec![u8::from(net)],
+            keepable: true,
+        }
+    }
+
+    /// Adds `path` and the identity of what it names now (nothing, when it does not exist).
+    pub(crate) fn push_path(&mut self, path: &Path) {
+        self.bytes.extend_from_slice(path.as_os_str().as_bytes());
+        self.bytes.push(0);
+        let (dev, ino) = std::fs::metadata(path).map_or((0, 0), |m| (m.dev(), m.ino()));
+        self.push_u64(dev);
+        self.push_u64(ino);
+    }
+
+    /// Adds `dir`'s modification time: its entries are part of the view.
+    pub(crate) fn push_entries(&mut self, dir: &Path) {
+        self.bytes.extend_from_slice(dir.as_os_str().as_bytes());
+        self.bytes.push(1);
+        let Ok(meta) = std::fs::symlink_metadata(dir) else {
+            return;
+        };
+        let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+        if SystemTime::now()
+            .duration_since(modified)
+            .is_ok_and(|age| age < RACY)
+            || SystemTime::now() < modified
+        {
+            self.keepable = false;
+        }
+        self.push_u64(meta.mtime() as u64);
+        self.push_u64(meta.mtime_nsec() as u64);
+        self.push_u64(meta.ctime() as u64);
+        self.push_u64(meta.ctime_nsec() as u64);
+    }
+
+    fn push_u64(&mut self, n: u64) {
+        self.bytes.extend_from_slice(&n.to_le_bytes());
+    }
+}
+
+/// Adds to `key` what [`super::covers`] reads of `hidden` around `keep`: each hidden path's
+/// identity and, for a directory split around a kept path, the entries of each directory on the
+/// way down.
+pub(crate) fn push_hidden(key: &mut Key, hidden: &[PathBuf], keep: &[&Path]) {
+    for path in hidden {
+        key.push_path(path);
+        for kept in keep {
+            if kept.starts_with(path) && kept != &path.as_path() {
+                let mut dir = path.clone();
+                key.push_entries(&dir);
+                let rest = kept.strip_prefix(path).unwrap_or(kept);
+                let mut parts: Vec<_> = rest.components().collect();
+                parts.pop();
+                for part in parts {
+                    dir.push(part);
+                    key.push_entries(&dir);
+                }
+            }
+        }
+    }
+}
+
+struct Entry {
+    held: Arc<Held>,
+    used: Instant,
+}
+
+static VIEWS: Mutex<Option<HashMap<Vec<u8>, Entry>>> = Mutex::new(None);
+
+/// The held namespaces of the view `key` names: those made earlier, or new ones from `make`'s
+/// setup.
+pub(crate) fn get_or_make(
+    key: Key,
+    make: impl FnOnce() -> Result<Setup, SandboxError>,
+) -> Result<Arc<Held>, SandboxError> {
+    let now = Instant::now();
+    if key.keepable {
+        let mut views = VIEWS.lock().unwrap_or_else(PoisonError::into_inner);
+        let views = views.get_or_insert_with(HashMap::new);
+        views.retain(|_, e| now.duration_since(e.used) < IDLE);
+        if let Some(entry) = views.get_mut(&key.bytes) {
+            entry.used = now;
+            return Ok(Arc::clone(&entry.held));
+        }
+    }
+    let held = Arc::new(hold(make()?)?);
+    if key.keepable {
+        let mut views = VIEWS.lock().unwrap_or_else(PoisonError::into_inner);
+        let views = views.get_or_insert_with(HashMap::new);
+        if views.len() >= KEPT
+            && let Some(oldest) = views
+                .iter()
+                .min_by_key(|(_, e)| e.used)
+                .map(|(k, _)| k.clone())
+        {
+            views.remove(&oldest);
+        }
+        views.insert(
+            key.bytes,
+            Entry {
+                held: Arc::clone(&held),
+                used: now,
+            },
+        );
+    }
+    Ok(held)
+}
+
+/// Makes `setup`'s namespaces in a holder process and opens them.
+fn hold(mut setup: Setup) -> Result<Held, SandboxError> {
+    let net = setup.has_own_network();
+    let mut pair = [0; 2];
+    // SAFETY: socketpair writes two descriptors into the array it is given.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            pair.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(prepare("a socket pair", io::Error::last_os_error()));
+    }
+    // SAFETY: both descriptors were just made and are owned here alone.
+    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) };
+    // SAFETY: the holder only makes system calls (`Setup::enter` is written for a forked child)
+    // and exits without returning.
+    let pid = unsafe { init::fork() }.map_err(|e| prepare("the holder process", e))?;
+    if pid == 0 {
+        // SAFETY: in the forked holder: system calls on memory it owns, then `_exit`.
+        unsafe { holder(&mut setup, theirs.as_raw_fd()) }
+    }
+    drop(theirs);
+    let opened = opened(pid, &ours, net);
+    // Closing our end lets the holder exit; the namespaces live on in the descriptors.
+    drop(ours);
+    let mut status = 0;
+    // SAFETY: waitpid on the holder, our own child, which nothing else waits for.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    opened
+}
+
+/// In the daemon: waits for the holder's word, then opens its namespaces.
+fn opened(pid: libc::pid_t, ours: &OwnedFd, net: bool) -> Result<Held, SandboxError> {
+    let mut word = [0u8; 4];
+    let mut got = 0;
+    while got < word.len() {
+        // SAFETY: read into the unread rest of a buffer this function owns.
+        let n = unsafe {
+            libc::read(
+                ours.as_raw_fd(),
+                word[got..].as_mut_ptr().cast(),
+                word.len() - got,
+            )
+        };
+        match n {
+            n if n > 0 => got += n.unsigned_abs(),
+            0 => {
+                return Err(SandboxError::Enter(
+                    "the process setting up its namespaces ended before it was done".into(),
+                ));
+            }
+            _ => {
+                let err = io::Error::last_os_error();
+                if err.kind() != io::ErrorKind::Interrupted {
+                    return Err(prepare("the holder's word", err));
+                }
+            }
+        }
+    }
+    let code = i32::from_ne_bytes(word);
+    if code != 0 {
+        return Err(SandboxError::Enter(explain(&io::Error::from_raw_os_error(
+            code,
+        ))));
+    }
+    let ns = |name: &str| -> Result<OwnedFd, SandboxError> {
+        let path = format!("/proc/{pid}/ns/{name}");
+        File::open(&path)
+            .map(OwnedFd::from)
+            .map_err(|e| prepare(&path, e))
+    };
+    Ok(Held {
+        user: ns("user")?,
+        mnt: ns("mnt")?,
+        net: if net { Some(ns("net")?) } else { None },
+        group: OnceLock::new(),
+    })
+}
+
+/// The holder: sets the view up in new namespaces, says how it went, and waits for the daemon
+/// to close its end.
+///
+/// # Safety
+/// In a process forked from the daemon: system calls only.
+unsafe fn holder(setup: &mut Setup, fd: RawFd) -> ! {
+    // SAFETY: system calls on memory this process owns.
+    unsafe {
+        init::close_all_but(fd);
+        let code = match setup.enter() {
+            Ok(()) => 0,
+            Err(e) => e.raw_os_error().unwrap_or(libc::EINVAL),
+        };
+        let word = code.to_ne_bytes();
+        libc::write(fd, word.as_ptr().cast(), word.len());
+        let mut byte = 0u8;
+        while libc::read(fd, (&raw mut byte).cast(), 1) < 0 {}
+        libc::_exit(0)
+    }
+}
+
+fn prepare(what: &str, err: io::Error) -> SandboxError {
+    SandboxError::Prepare(format!("{what}: {err}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_path_that_appears_changes_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        let key = |p: &Path| {
+            let mut k = Key::new(false);
+            k.push_path(p);
+            k
+        };
+        let before = key(&secret);
+        assert_eq!(before, key(&secret));
+        std::fs::write(&secret, "x").unwrap();
+        assert_ne!(before, key(&secret));
+        assert_ne!(Key::new(false), Key::new(true));
+    }
+
+    #[test]
+    fn a_split_directory_keys_its_entries_and_a_fresh_change_is_not_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let ws = home.join("workspaces/s1");
+        std::fs::create_dir_all(&ws).unwrap();
+        let key = || {
+            let mut k = Key::new(false);
+            push_hidden(&mut k, std::slice::from_ref(&home), &[&ws]);
+            k
+        };
+        // Just made: too fresh to be trusted.
+        assert!(!key().keepable);
+        let before = key();
+        std::fs::create_dir(home.join("workspaces/s2")).unwrap();
+        assert_ne!(before.bytes, key().bytes);
+        // A hidden directory that holds nothing kept is keyed by its identity alone.
+        let mut whole = Key::new(false);
+        push_hidden(&mut whole, std::slice::from_ref(&home), &[]);
+        assert!(whole.keepable);
+    }
+}
