@@ -8,6 +8,30 @@ use crate::session::ToolDef;
 /// The name of the tool that forks (without `subagent_type`) or starts a typed agent.
 pub const AGENT_TOOL: &str = "Agent";
 
+/// The prefix of every MCP tool's name in a session's pool: `mcp__SERVER__TOOL`.
+pub const MCP_PREFIX: &str = "mcp__";
+
+/// Whether `pattern` (an entry of a rule or of a type's `tools:`) names `tool`: the tool's own
+/// name, or for MCP tools `mcp__SERVER__*` (a prefix) or `mcp__SERVER` (every tool of the
+/// server: a server's name has no second `__`, a tool's does).
+pub fn names_tool(pattern: &str, tool: &str) -> bool {
+    if pattern == tool {
+        return true;
+    }
+    if !pattern.starts_with(MCP_PREFIX) || !tool.starts_with(MCP_PREFIX) {
+        return false;
+    }
+    match pattern.strip_suffix('*') {
+        Some(prefix) => tool.starts_with(prefix),
+        None => {
+            !pattern[MCP_PREFIX.len()..].contains("__")
+                && tool
+                    .strip_prefix(pattern)
+                    .is_some_and(|rest| rest.starts_with("__"))
+        }
+    }
+}
+
 fn def(name: &str, description: &str, schema: serde_json::Value) -> ToolDef {
     ToolDef {
         name: name.to_owned(),
@@ -168,6 +192,24 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn a_pattern_names_a_tool_a_server_or_a_prefix_of_mcp_tools() {
+        assert!(names_tool("Bash", "Bash"));
+        assert!(!names_tool("Bash", "BashOutput"));
+        assert!(names_tool("mcp__github", "mcp__github__create_issue"));
+        assert!(!names_tool("mcp__git", "mcp__github__create_issue"));
+        assert!(names_tool(
+            "mcp__github__create_*",
+            "mcp__github__create_issue"
+        ));
+        assert!(!names_tool(
+            "mcp__github__create_issue",
+            "mcp__github__create_pr"
+        ));
+        // A prefix pattern is for MCP tools only.
+        assert!(!names_tool("Ba*", "Bash"));
+    }
 
     fn agent_description_of(defs: &[ToolDef]) -> String {
         let agent = defs.iter().find(|d| d.name == AGENT_TOOL).unwrap();

@@ -15,7 +15,7 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 use forkd_core::session::{PermissionMode, ToolDef};
-use forkd_core::tools::AGENT_TOOL;
+use forkd_core::tools::{AGENT_TOOL, MCP_PREFIX, names_tool};
 use serde::Deserialize;
 
 /// One agent type: what a typed agent is told and what it may use.
@@ -358,30 +358,6 @@ fn check_name(path: &Path, name: &str) -> Result<(), AgentTypeError> {
     Ok(())
 }
 
-/// Whether an entry of `tools:` / `disallowedTools:` names `tool`: its name, or for MCP tools
-/// `mcp__SERVER__*` or `mcp__SERVER` (every tool of the server).
-fn names_tool(entry: &str, tool: &str) -> bool {
-    if entry == tool {
-        return true;
-    }
-    if !entry.starts_with(MCP_PREFIX) || !tool.starts_with(MCP_PREFIX) {
-        return false;
-    }
-    match entry.strip_suffix('*') {
-        Some(prefix) => tool.starts_with(prefix),
-        None => {
-            !entry[MCP_PREFIX.len()..].contains("__")
-                && tool
-                    .strip_prefix(entry)
-                    .is_some_and(|rest| rest.starts_with("__"))
-        }
-    }
-}
-
-/// MCP tools' names start so; which a session has is known only when it is created, so a type
-/// may name any (a session without them simply does not offer them).
-const MCP_PREFIX: &str = "mcp__";
-
 fn check_tools(
     path: &Path,
     field: &'static str,
@@ -390,6 +366,8 @@ fn check_tools(
 ) -> Result<(), AgentTypeError> {
     let unknown: Vec<String> = names
         .iter()
+        // Which MCP tools a session has is known only when it is created, so a type may name
+        // any (a session without them simply does not offer them).
         .filter(|n| !known.contains(n) && !n.starts_with(MCP_PREFIX))
         .cloned()
         .collect();

@@ -177,12 +177,20 @@ pub struct DemoOptions {
     pub warmup_gating: bool,
 }
 
+/// The demo's temporary home, made as `forkd serve` makes a missing one: mode 0700, so that
+/// the daemon has nothing to warn about.
+fn demo_home() -> anyhow::Result<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt;
+    tempfile::Builder::new()
+        .prefix("forkd-demo-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+        .context("cannot create a temporary FORKD_HOME")
+}
+
 /// Runs the demo on a temporary home and prints its report.
 pub async fn run(opts: DemoOptions) -> anyhow::Result<()> {
-    let home = tempfile::Builder::new()
-        .prefix("forkd-demo-")
-        .tempdir()
-        .context("cannot create a temporary FORKD_HOME")?;
+    let home = demo_home()?;
     let mut config = DaemonConfig::new(home.path().to_path_buf());
     config.sim_speed = opts.sim_speed;
     let daemon = daemon::start(config).await?;
@@ -296,4 +304,18 @@ async fn drive(
         estimate,
         directive_tokens,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_demo_home_is_its_owner_s_alone() {
+        let home = super::demo_home().unwrap();
+        let mode = std::fs::metadata(home.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+    }
 }

@@ -1,5 +1,6 @@
-//! `forkd demo --json` keeps its promises: the siblings read the shared prefix from cache, and the
-//! measured cost matches the calculator's prediction.
+//! `forkd demo --json` keeps its promises: the siblings read the shared prefix from cache, the
+//! measured cost matches the calculator's prediction, and a newcomer's first run warns of
+//! nothing.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -17,6 +18,8 @@ async fn the_demo_reads_the_prefix_from_cache_and_matches_the_calculator() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!log.contains("WARN"), "the demo warned: {log}");
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     let children = report["children"].as_array().unwrap();
     assert_eq!(children.len(), 5);

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 pub const MAX_NAME: usize = 64;
 
 /// The prefix of every MCP tool's name.
-pub const PREFIX: &str = "mcp__";
+pub use forkd_core::tools::MCP_PREFIX as PREFIX;
 
 fn sanitize(text: &str) -> String {
     text.chars()

@@ -25,6 +25,7 @@ use crate::auth::{AuthLayer, Transport};
 
 pub use auth::{SignInCodes, Tenant, TokenStore, WebView, tenant};
 pub use service::ForkdService;
+pub use status::Meaning;
 pub use tls::{TlsConfig, TlsError};
 
 /// Listeners the daemon serves on; the caller binds them, so tests can use ephemeral ones.

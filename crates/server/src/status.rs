@@ -1,7 +1,8 @@
 //! The one mapping from what went wrong to a gRPC status.
 //!
 //! Handlers return [`ApiError`] and write `?`: an engine error converts into it, and it converts
-//! into a [`Status`] here and nowhere else. The code says whose fault it is and whether a retry
+//! into a [`Status`] here and nowhere else. What an engine error means is one table,
+//! [`Meaning`], which the web view's HTTP statuses come from too. The code says whose fault it is and whether a retry
 //! can help (the table in `docs/contracts.md`, "Errors"):
 //!
 //! | what happened | code |
@@ -75,61 +76,155 @@ pub(crate) fn status(err: EngineError) -> Status {
     engine_status(err)
 }
 
-fn engine_status(err: EngineError) -> Status {
-    use EngineError as E;
-    let msg = err.to_string();
-    match err {
-        E::InvalidRequest(_) => Status::invalid_argument(msg),
-        E::NotFound { .. } => Status::not_found(msg),
-        E::Forbidden(_) => Status::permission_denied(msg),
-        E::ForkRefused(refusal) if !refusal.is_state() => Status::invalid_argument(msg),
-        E::WrongState(_)
-        | E::ForkRefused(_)
-        | E::KeyReused { .. }
-        | E::Workspace(_)
-        | E::McpServer(_)
-        | E::ContextWindow { .. } => Status::failed_precondition(msg),
-        E::BudgetSpent { .. } | E::TurnLimit(_) => Status::resource_exhausted(msg),
-        E::Provider(provider) => provider_status(provider.kind(), msg),
-        E::TimedOut { .. } => Status::deadline_exceeded(msg),
-        E::Cancelled(_) => Status::cancelled(msg),
-        E::Draining => Status::unavailable("forkd is shutting down; retry shortly"),
-        E::Store(e) => {
-            tracing::error!(error = %e, "Store error");
-            Status::internal("forkd could not read or write its database; see the daemon's log")
+/// What an engine error means to whoever called: the one table both front doors answer from,
+/// gRPC with its code ([`Meaning::code`]) and the web view with its HTTP status
+/// ([`Meaning::http`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Meaning {
+    /// A malformed or oversized request, an unknown model or type.
+    BadRequest,
+    /// An unknown id, or another tenant's.
+    NotFound,
+    /// The caller may not do this.
+    Forbidden,
+    /// The state forbids it now (a turn is running, a coordinator forks, the workspace or an MCP
+    /// server is not usable, the call was cancelled).
+    WrongState,
+    /// An idempotency key reused for a different request.
+    KeyReused,
+    /// The request would not fit the model's context window.
+    WindowOverflow,
+    /// A budget or the turn limit is spent.
+    BudgetSpent,
+    /// The provider is rate limiting the daemon.
+    RateLimited,
+    /// The provider is overloaded, down or unreachable; the daemon is shutting down.
+    Unavailable,
+    /// The provider refused the daemon's credentials: the operator's to fix.
+    ProviderCredentials,
+    /// A deadline passed.
+    TimedOut,
+    /// The call was cancelled (an agent killed).
+    Cancelled,
+    /// forkd's own fault: a request the provider rejected, a broken invariant, the store.
+    Internal,
+}
+
+impl Meaning {
+    /// The meaning of `err`.
+    pub fn of(err: &EngineError) -> Meaning {
+        use EngineError as E;
+        match err {
+            E::InvalidRequest(_) => Meaning::BadRequest,
+            E::NotFound { .. } => Meaning::NotFound,
+            E::Forbidden(_) => Meaning::Forbidden,
+            E::ForkRefused(refusal) if !refusal.is_state() => Meaning::BadRequest,
+            E::WrongState(_) | E::ForkRefused(_) | E::Workspace(_) | E::McpServer(_) => {
+                Meaning::WrongState
+            }
+            E::KeyReused { .. } => Meaning::KeyReused,
+            E::ContextWindow { .. } => Meaning::WindowOverflow,
+            E::BudgetSpent { .. } | E::TurnLimit(_) => Meaning::BudgetSpent,
+            E::Provider(provider) => match provider.kind() {
+                FailureKind::RateLimited { .. } => Meaning::RateLimited,
+                FailureKind::Unavailable => Meaning::Unavailable,
+                FailureKind::Unauthorized => Meaning::ProviderCredentials,
+                FailureKind::Rejected => Meaning::Internal,
+            },
+            E::TimedOut { .. } => Meaning::TimedOut,
+            E::Cancelled(_) => Meaning::Cancelled,
+            E::Draining => Meaning::Unavailable,
+            E::Store(_) | E::Invariant(_) => Meaning::Internal,
         }
-        E::Invariant(detail) => {
-            tracing::error!(error = %detail, "Broken invariant");
-            Status::internal("forkd hit an internal error; see the daemon's log")
+    }
+
+    /// The gRPC code.
+    pub fn code(self) -> Code {
+        match self {
+            Meaning::BadRequest => Code::InvalidArgument,
+            Meaning::NotFound => Code::NotFound,
+            Meaning::Forbidden => Code::PermissionDenied,
+            Meaning::WrongState
+            | Meaning::KeyReused
+            | Meaning::WindowOverflow
+            | Meaning::ProviderCredentials => Code::FailedPrecondition,
+            Meaning::BudgetSpent | Meaning::RateLimited => Code::ResourceExhausted,
+            Meaning::Unavailable => Code::Unavailable,
+            Meaning::TimedOut => Code::DeadlineExceeded,
+            Meaning::Cancelled => Code::Cancelled,
+            Meaning::Internal => Code::Internal,
+        }
+    }
+
+    /// The HTTP status.
+    pub fn http(self) -> u16 {
+        match self {
+            Meaning::BadRequest => 400,
+            Meaning::Forbidden => 403,
+            Meaning::NotFound => 404,
+            Meaning::WrongState | Meaning::KeyReused | Meaning::Cancelled => 409,
+            Meaning::WindowOverflow => 413,
+            Meaning::BudgetSpent | Meaning::RateLimited => 429,
+            Meaning::Internal => 500,
+            Meaning::ProviderCredentials => 502,
+            Meaning::Unavailable => 503,
+            Meaning::TimedOut => 504,
         }
     }
 }
 
-fn provider_status(kind: FailureKind, msg: String) -> Status {
+fn engine_status(err: EngineError) -> Status {
+    use EngineError as E;
+    let meaning = Meaning::of(&err);
+    let msg = err.to_string();
+    let msg = match err {
+        E::Provider(provider) => {
+            let kind = provider.kind();
+            if let FailureKind::RateLimited {
+                retry_after: Some(after),
+            } = kind
+            {
+                return Status::with_error_details(
+                    meaning.code(),
+                    provider_message(kind, msg),
+                    ErrorDetails::with_retry_info(Some(after)),
+                );
+            }
+            provider_message(kind, msg)
+        }
+        E::Draining => "forkd is shutting down; retry shortly".to_owned(),
+        E::Store(e) => {
+            tracing::error!(error = %e, "Store error");
+            "forkd could not read or write its database; see the daemon's log".to_owned()
+        }
+        E::Invariant(detail) => {
+            tracing::error!(error = %detail, "Broken invariant");
+            "forkd hit an internal error; see the daemon's log".to_owned()
+        }
+        _ => msg,
+    };
+    Status::new(meaning.code(), msg)
+}
+
+/// What a client is told of a provider's failure.
+fn provider_message(kind: FailureKind, msg: String) -> String {
     match kind {
-        FailureKind::RateLimited {
-            retry_after: Some(after),
-        } => Status::with_error_details(
-            Code::ResourceExhausted,
-            format!("the model provider is rate limiting this daemon ({msg})"),
-            ErrorDetails::with_retry_info(Some(after)),
-        ),
-        FailureKind::RateLimited { retry_after: None } => Status::resource_exhausted(format!(
-            "the model provider is rate limiting this daemon ({msg})"
-        )),
-        FailureKind::Unavailable => Status::unavailable(format!(
-            "the model provider is overloaded or unreachable ({msg}); retry later"
-        )),
-        FailureKind::Unauthorized => Status::failed_precondition(format!(
+        FailureKind::RateLimited { .. } => {
+            format!("the model provider is rate limiting this daemon ({msg})")
+        }
+        FailureKind::Unavailable => {
+            format!("the model provider is overloaded or unreachable ({msg}); retry later")
+        }
+        FailureKind::Unauthorized => format!(
             "the model provider refused the daemon's credentials ({msg}); \
              the daemon's operator must fix its API key"
-        )),
+        ),
         FailureKind::Rejected => {
             // The provider's own words help whoever reads the log and do not leak forkd's state.
             tracing::error!(error = %msg, "The provider rejected a request forkd built");
-            Status::internal(format!(
+            format!(
                 "the model provider rejected a request forkd built ({msg}); see the daemon's log"
-            ))
+            )
         }
     }
 }
@@ -160,7 +255,7 @@ mod tests {
     }
 
     /// Every engine error, with the code it must reach clients as and whether it carries
-    /// `RetryInfo`. A new variant that is missing here fails to compile in `engine_status`, and
+    /// `RetryInfo`. A new variant that is missing here fails to compile in `Meaning::of`, and
     /// should be added here with its row.
     #[test]
     fn every_engine_error_maps_to_its_code() {
@@ -278,6 +373,68 @@ mod tests {
             assert_eq!(status.code(), code, "{shown}");
             let retry_delay = status.get_details_retry_info().and_then(|r| r.retry_delay);
             assert_eq!(retry_delay, retry, "{shown}");
+        }
+    }
+
+    /// The web view answers from the same table: each meaning's HTTP status, for one error of
+    /// each kind.
+    #[test]
+    fn every_meaning_has_its_http_status() {
+        let cases: Vec<(EngineError, u16)> = vec![
+            (EngineError::InvalidRequest("bad".into()), 400),
+            (
+                EngineError::NotFound {
+                    kind: "agent",
+                    id: "x".into(),
+                },
+                404,
+            ),
+            (EngineError::Forbidden("no".into()), 403),
+            (EngineError::WrongState("busy".into()), 409),
+            (
+                EngineError::KeyReused {
+                    key: "k".into(),
+                    call: "batch",
+                },
+                409,
+            ),
+            (
+                EngineError::ContextWindow {
+                    model: "m".into(),
+                    input_tokens: 250_000,
+                    max_tokens: 8192,
+                    usable: 196_000,
+                    window: 200_000,
+                },
+                413,
+            ),
+            (
+                EngineError::BudgetSpent {
+                    what: "budget",
+                    whose: "tenant ci".into(),
+                    spent: "$1".into(),
+                    limit: "$1".into(),
+                },
+                429,
+            ),
+            (provider(429, None), 429),
+            (provider(529, None), 503),
+            (provider(401, None), 502),
+            (provider(400, None), 500),
+            (
+                EngineError::TimedOut {
+                    what: "typed agent".into(),
+                    after: Duration::from_secs(1),
+                },
+                504,
+            ),
+            (EngineError::Cancelled("killed".into()), 409),
+            (EngineError::Draining, 503),
+            (EngineError::Store(StoreError::Corrupt("row".into())), 500),
+            (EngineError::Invariant("oops".into()), 500),
+        ];
+        for (err, http) in cases {
+            assert_eq!(Meaning::of(&err).http(), http, "{err}");
         }
     }
 

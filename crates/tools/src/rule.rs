@@ -20,10 +20,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::pattern::PathPattern;
+use forkd_core::tools::{MCP_PREFIX, names_tool};
 
-/// The prefix of MCP tools' names.
-const MCP_PREFIX: &str = "mcp__";
+use crate::pattern::PathPattern;
 
 /// The tools whose rules take a path glob.
 const PATH_TOOLS: [&str; 5] = ["Read", "Write", "Edit", "Glob", "Grep"];
@@ -147,22 +146,7 @@ impl Rule {
 
     /// Whether the rule is about `tool`: its name, or (for MCP) its server's tools.
     fn names(&self, tool: &str) -> bool {
-        if self.tool == tool {
-            return true;
-        }
-        if !self.tool.starts_with(MCP_PREFIX) || !tool.starts_with(MCP_PREFIX) {
-            return false;
-        }
-        match self.tool.strip_suffix('*') {
-            Some(prefix) => tool.starts_with(prefix),
-            // `mcp__SERVER`: a server's name, not a tool's (tools have a second `__`).
-            None => {
-                !self.tool[MCP_PREFIX.len()..].contains("__")
-                    && tool
-                        .strip_prefix(self.tool.as_str())
-                        .is_some_and(|rest| rest.starts_with("__"))
-            }
-        }
+        names_tool(&self.tool, tool)
     }
 
     fn command_matches(&self, command: &str) -> bool {

@@ -6,6 +6,7 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use forkd_engine::EngineError;
+use forkd_server::Meaning;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WebError {
@@ -45,14 +46,9 @@ impl IntoResponse for WebError {
             }
             Self::CrossSite(_) => StatusCode::FORBIDDEN,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
-            Self::Engine(e) => match e {
-                EngineError::NotFound { .. } => StatusCode::NOT_FOUND,
-                EngineError::InvalidRequest(_) => StatusCode::BAD_REQUEST,
-                EngineError::WrongState(_) | EngineError::Cancelled(_) => StatusCode::CONFLICT,
-                EngineError::Forbidden(_) => StatusCode::FORBIDDEN,
-                EngineError::Draining => StatusCode::SERVICE_UNAVAILABLE,
-                _ => StatusCode::INTERNAL_SERVER_ERROR,
-            },
+            // The meaning table gRPC answers from too.
+            Self::Engine(e) => StatusCode::from_u16(Meaning::of(e).http())
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             Self::Bind(..) | Self::Tls(_) | Self::Tokens(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         // Internal failures are logged in full and answered in general terms, as over gRPC.
