@@ -20,6 +20,16 @@ pub enum AgentState {
 }
 
 impl AgentState {
+    /// Every state, in lifecycle order: the one table of states.
+    pub const ALL: [AgentState; 6] = [
+        AgentState::Pending,
+        AgentState::Running,
+        AgentState::Idle,
+        AgentState::Completed,
+        AgentState::Failed,
+        AgentState::Killed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             AgentState::Pending => "pending",
@@ -32,16 +42,7 @@ impl AgentState {
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [
-            AgentState::Pending,
-            AgentState::Running,
-            AgentState::Idle,
-            AgentState::Completed,
-            AgentState::Failed,
-            AgentState::Killed,
-        ]
-        .into_iter()
-        .find(|st| st.as_str() == s)
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
     }
 
     pub fn is_terminal(self) -> bool {

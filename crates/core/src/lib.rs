@@ -33,3 +33,12 @@ pub use json::RawJson;
 pub use message::{Block, BlockKind, Message, Role};
 pub use tenant::Tenant;
 pub use usage::Usage;
+
+/// `names` as a list a sentence can end with: `a, b or c`.
+pub fn choices<const N: usize>(names: [&str; N]) -> String {
+    match names.split_last() {
+        None => String::new(),
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+    }
+}

@@ -201,6 +201,21 @@ pub enum PermissionMode {
 }
 
 impl PermissionMode {
+    /// Every mode, in the order docs and errors list them: the one table of modes.
+    pub const ALL: [PermissionMode; 6] = [
+        PermissionMode::Default,
+        PermissionMode::AcceptEdits,
+        PermissionMode::Plan,
+        PermissionMode::BypassPermissions,
+        PermissionMode::DontAsk,
+        PermissionMode::Bubble,
+    ];
+
+    /// The modes' names, for an error that says what would be accepted: `default, …, or bubble`.
+    pub fn choices() -> String {
+        crate::choices(Self::ALL.map(Self::as_str))
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             PermissionMode::Default => "default",
@@ -213,16 +228,7 @@ impl PermissionMode {
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [
-            PermissionMode::Default,
-            PermissionMode::AcceptEdits,
-            PermissionMode::Plan,
-            PermissionMode::BypassPermissions,
-            PermissionMode::DontAsk,
-            PermissionMode::Bubble,
-        ]
-        .into_iter()
-        .find(|m| m.as_str() == s)
+        Self::ALL.into_iter().find(|m| m.as_str() == s)
     }
 }
 
@@ -241,6 +247,18 @@ pub enum SandboxMode {
 }
 
 impl SandboxMode {
+    /// Every mode: the one table of sandbox modes.
+    pub const ALL: [SandboxMode; 3] = [
+        SandboxMode::WorkspaceWrite,
+        SandboxMode::ReadOnly,
+        SandboxMode::FullAccess,
+    ];
+
+    /// The modes' names, for an error that says what would be accepted.
+    pub fn choices() -> String {
+        crate::choices(Self::ALL.map(Self::as_str))
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             SandboxMode::WorkspaceWrite => "workspace-write",
@@ -250,13 +268,7 @@ impl SandboxMode {
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [
-            SandboxMode::WorkspaceWrite,
-            SandboxMode::ReadOnly,
-            SandboxMode::FullAccess,
-        ]
-        .into_iter()
-        .find(|m| m.as_str() == s)
+        Self::ALL.into_iter().find(|m| m.as_str() == s)
     }
 }
 

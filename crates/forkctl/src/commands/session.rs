@@ -2,7 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
+use clap::builder::PossibleValuesParser;
 use clap::{Args, Subcommand};
+use forkd_core::session::{PermissionMode, SandboxMode};
 use forkd_proto::v1::session_event::Event;
 use forkd_proto::v1::{
     CompactSessionRequest, ContextFile, CreateSessionRequest, GetSessionRequest,
@@ -53,18 +55,15 @@ pub enum SessionCommand {
     },
 }
 
-/// The sandbox modes `--sandbox` takes.
-pub(crate) const SANDBOX_MODES: [&str; 3] = ["workspace-write", "read-only", "full-access"];
+/// The sandbox modes `--sandbox` takes (core's table).
+pub(crate) fn sandbox_modes() -> PossibleValuesParser {
+    PossibleValuesParser::new(SandboxMode::ALL.map(SandboxMode::as_str))
+}
 
-/// Permission modes (docs/contracts.md); checked here so a typo is a usage error, not a round trip.
-pub(crate) const PERMISSION_MODES: [&str; 6] = [
-    "default",
-    "acceptEdits",
-    "plan",
-    "bypassPermissions",
-    "dontAsk",
-    "bubble",
-];
+/// Permission modes (core's table); checked here so a typo is a usage error, not a round trip.
+pub(crate) fn permission_modes() -> PossibleValuesParser {
+    PossibleValuesParser::new(PermissionMode::ALL.map(PermissionMode::as_str))
+}
 
 #[derive(Debug, Args)]
 pub struct CreateArgs {
@@ -94,13 +93,13 @@ pub struct CreateArgs {
     pub interactive: bool,
 
     /// How tool calls are permitted.
-    #[arg(long, value_name = "MODE", value_parser = PERMISSION_MODES)]
+    #[arg(long, value_name = "MODE", value_parser = permission_modes())]
     pub permission_mode: Option<String>,
 
     /// What its Bash commands may touch: `workspace-write` (writes only in the workspace and a
     /// private temporary directory; the daemon's home and other workspaces hidden),
     /// `read-only`, or `full-access` (unconfined). The daemon's default when omitted.
-    #[arg(long, value_name = "MODE", value_parser = SANDBOX_MODES)]
+    #[arg(long, value_name = "MODE", value_parser = sandbox_modes())]
     pub sandbox: Option<String>,
 
     /// Let its Bash commands use the network (off in a sandbox by default).

@@ -405,6 +405,9 @@ fn check_database_url(url: Option<&DatabaseUrl>, source: &str) -> anyhow::Result
 /// A sandbox mode's name.
 fn sandbox_mode(name: &str, value: &str) -> anyhow::Result<forkd_core::session::SandboxMode> {
     forkd_core::session::SandboxMode::parse(value.trim()).ok_or_else(|| {
-        anyhow::anyhow!("{name} = {value:?}: use workspace-write, read-only or full-access")
+        anyhow::anyhow!(
+            "{name} = {value:?}: use {}",
+            forkd_core::session::SandboxMode::choices()
+        )
     })
 }

@@ -32,9 +32,9 @@ impl ForkdService {
             "" => PermissionMode::Default,
             other => PermissionMode::parse(other).ok_or_else(|| {
                 ApiError::BadRequest(format!(
-                    "unknown permission_mode {:?}; use default, acceptEdits, plan, \
-                     bypassPermissions, dontAsk or bubble",
-                    other.chars().take(64).collect::<String>()
+                    "unknown permission_mode {:?}; use {}",
+                    other.chars().take(64).collect::<String>(),
+                    PermissionMode::choices()
                 ))
             })?,
         };
@@ -42,8 +42,9 @@ impl ForkdService {
             "" => None,
             other => Some(SandboxMode::parse(other).ok_or_else(|| {
                 ApiError::BadRequest(format!(
-                    "unknown sandbox {:?}; use workspace-write, read-only or full-access",
-                    other.chars().take(64).collect::<String>()
+                    "unknown sandbox {:?}; use {}",
+                    other.chars().take(64).collect::<String>(),
+                    SandboxMode::choices()
                 ))
             })?),
         };

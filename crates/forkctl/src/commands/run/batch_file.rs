@@ -29,12 +29,13 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use forkd_core::session::{PermissionMode, SandboxMode};
 use forkd_proto::v1::{ContextFile, CreateSessionRequest, Directive, ForkBatchRequest};
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 use crate::commands::fork;
-use crate::commands::session::{PERMISSION_MODES, SANDBOX_MODES, absolute_workspace, read_text};
+use crate::commands::session::{absolute_workspace, read_text};
 use crate::exit::CliError;
 
 /// The file as written.
@@ -200,19 +201,19 @@ impl Spec {
             _ => {}
         }
         if let Some(mode) = &self.session.permission_mode
-            && !PERMISSION_MODES.contains(&mode.as_str())
+            && PermissionMode::parse(mode).is_none()
         {
             return Err(format!(
-                "`session.permission_mode`: unknown mode `{mode}` (expected one of {})",
-                PERMISSION_MODES.join(", ")
+                "`session.permission_mode`: unknown mode `{mode}` (expected {})",
+                PermissionMode::choices()
             ));
         }
         if let Some(mode) = &self.session.sandbox
-            && !SANDBOX_MODES.contains(&mode.as_str())
+            && SandboxMode::parse(mode).is_none()
         {
             return Err(format!(
-                "`session.sandbox`: unknown mode `{mode}` (expected one of {})",
-                SANDBOX_MODES.join(", ")
+                "`session.sandbox`: unknown mode `{mode}` (expected {})",
+                SandboxMode::choices()
             ));
         }
         if self.directives.is_empty() {
