@@ -1,11 +1,18 @@
-//! Conversions from domain values to their wire messages.
+//! The one place wire messages and domain values turn into each other: requests into what the
+//! engine takes, the engine's values and events into messages.
 
 use forkd_core::calc::ForkCostEstimate;
 use forkd_core::report::Report;
 use forkd_core::session::Session;
+use forkd_core::session::{PermissionMode, SandboxMode};
+use forkd_core::tenant::Budget;
 use forkd_core::{Agent, AgentState, Notification, NotificationStatus, Usage};
-use forkd_engine::CacheStats;
+use forkd_engine::{
+    BatchOptions, CacheStats, ContextFile, NewSession, SessionView, TranscriptEntry,
+};
 use forkd_proto::v1 as pb;
+
+use crate::status::ApiError;
 
 pub(crate) fn timestamp(ms: i64) -> prost_types::Timestamp {
     prost_types::Timestamp {
@@ -167,6 +174,158 @@ pub(crate) fn directive(d: pb::Directive) -> forkd_core::Directive {
         description: d.description,
         prompt: d.prompt,
     }
+}
+
+/// A session as `CreateSession`, `GetSession` and `ListSessions` answer with it.
+pub(crate) fn session_view(view: &SessionView) -> pb::Session {
+    session(&view.session, view.message_count, &view.sandbox_layers)
+}
+
+/// What `CreateSession` asks the engine for.
+pub(crate) fn new_session(req: pb::CreateSessionRequest) -> Result<NewSession, ApiError> {
+    let permission_mode = match req.permission_mode.as_str() {
+        "" => PermissionMode::Default,
+        other => PermissionMode::parse(other).ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "unknown permission_mode {:?}; use {}",
+                other.chars().take(64).collect::<String>(),
+                PermissionMode::choices()
+            ))
+        })?,
+    };
+    let sandbox = match req.sandbox.as_str() {
+        "" => None,
+        other => Some(SandboxMode::parse(other).ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "unknown sandbox {:?}; use {}",
+                other.chars().take(64).collect::<String>(),
+                SandboxMode::choices()
+            ))
+        })?),
+    };
+    #[allow(deprecated, reason = "read only to refuse it")]
+    if !req.external_tools_json.is_empty() {
+        return Err(ApiError::BadRequest(
+            "external_tools_json is no longer accepted: it advertised tools that nothing \
+             could run. Enable MCP servers instead (mcp_servers: the operator's, by name; \
+             mcp_config_json: the session's own .mcp.json), whose tools forkd runs"
+                .into(),
+        ));
+    }
+    Ok(NewSession {
+        system_prompt: req.system_prompt,
+        context_files: req
+            .context_files
+            .into_iter()
+            .map(|f| ContextFile {
+                path: f.path,
+                content: f.content,
+            })
+            .collect(),
+        model: Some(req.model).filter(|m| !m.is_empty()),
+        workspace: Some(req.workspace)
+            .filter(|w| !w.is_empty())
+            .map(Into::into),
+        coordinator: req.coordinator,
+        interactive: req.interactive,
+        permission_mode,
+        thinking_budget: Some(req.thinking_budget_tokens).filter(|b| *b > 0),
+        mcp: forkd_engine::McpRequest {
+            servers: req.mcp_servers,
+            config_json: Some(req.mcp_config_json).filter(|c| !c.trim().is_empty()),
+        },
+        max_tokens: Some(req.max_tokens).filter(|m| *m > 0),
+        allow_rules: req.allow_rules,
+        deny_rules: req.deny_rules,
+        tenant: String::new(),
+        idempotency_key: Some(req.idempotency_key).filter(|k| !k.is_empty()),
+        sandbox,
+        allow_network: req.allow_network,
+        unix_sockets: req.unix_sockets,
+    })
+}
+
+/// A `ForkBatch` request's options.
+pub(crate) fn batch_options(req: &pb::ForkBatchRequest) -> BatchOptions {
+    BatchOptions {
+        warmup_gating: req.warmup_gating,
+        idempotency_key: Some(req.idempotency_key.clone()).filter(|k| !k.is_empty()),
+        budget: Budget {
+            usd: Some(req.budget_usd).filter(|u| *u != 0.0),
+            tokens: Some(req.budget_tokens).filter(|t| *t != 0),
+        },
+    }
+}
+
+pub(crate) fn transcript_message(e: TranscriptEntry) -> pb::TranscriptMessage {
+    pb::TranscriptMessage {
+        role: e.message.role.as_str().to_owned(),
+        content_json: e.message.content_json(),
+        shared: e.shared,
+        compaction: e.compaction,
+    }
+}
+
+pub(crate) fn session_event(event: forkd_engine::ParentEvent) -> pb::SessionEvent {
+    use forkd_engine::ParentEvent as E;
+    use pb::session_event::Event;
+    let event = match event {
+        E::TextDelta(text) => Event::TextDelta(text),
+        E::ToolCall {
+            tool_use_id,
+            name,
+            input_json,
+        } => Event::ToolCall(pb::ToolCall {
+            tool_use_id,
+            name,
+            input_json,
+        }),
+        E::ToolResult {
+            tool_use_id,
+            content,
+            is_error,
+        } => Event::ToolResult(pb::ToolResult {
+            tool_use_id,
+            content,
+            is_error,
+        }),
+        E::AsyncLaunched(agent) => Event::AsyncLaunched(pb::AsyncLaunched {
+            agent_id: agent.to_string(),
+        }),
+        E::ForkLaunched(batch) => Event::ForkLaunched(pb::ForkLaunched {
+            batch_id: batch.batch_id.to_string(),
+            agent_ids: batch.agent_ids.iter().map(ToString::to_string).collect(),
+        }),
+        E::TurnEnded {
+            stop_reason,
+            usage,
+            cost_usd,
+            text,
+        } => Event::TurnEnded(pb::TurnEnded {
+            stop_reason: stop_reason.unwrap_or_default(),
+            usage: Some(self::usage(&usage)),
+            cost_usd,
+            text,
+        }),
+    };
+    pb::SessionEvent { event: Some(event) }
+}
+
+pub(crate) fn agent_event(event: forkd_engine::AgentEvent, agent_id: &str) -> pb::AgentEvent {
+    use forkd_engine::AgentEvent as E;
+    use pb::agent_event::Event;
+    let event = match event {
+        E::Message { seq, message } => Event::Message(pb::TranscriptEvent {
+            seq,
+            role: message.role.as_str().to_owned(),
+            content_json: message.content_json(),
+        }),
+        E::Ended(n) => Event::Ended(notification(&n)),
+        E::AsyncLaunched => Event::AsyncLaunched(pb::AsyncLaunched {
+            agent_id: agent_id.to_owned(),
+        }),
+    };
+    pb::AgentEvent { event: Some(event) }
 }
 
 #[cfg(test)]

@@ -1,9 +1,7 @@
 //! Fork batch and agent RPCs.
 
 use forkd_core::query::AgentFilter;
-use forkd_core::tenant::Budget;
 use forkd_core::{AgentId, BatchId, Directive};
-use forkd_engine::BatchOptions;
 use forkd_proto::v1 as pb;
 use tonic::Status;
 
@@ -45,15 +43,8 @@ impl ForkdService {
         req: pb::ForkBatchRequest,
     ) -> Result<pb::ForkBatchResponse, ApiError> {
         let session_id = parse_session_id(&req.session_id)?;
+        let options = convert::batch_options(&req);
         let directives = req.directives.into_iter().map(convert::directive).collect();
-        let options = BatchOptions {
-            warmup_gating: req.warmup_gating,
-            idempotency_key: Some(req.idempotency_key).filter(|k| !k.is_empty()),
-            budget: Budget {
-                usd: Some(req.budget_usd).filter(|u| *u != 0.0),
-                tokens: Some(req.budget_tokens).filter(|t| *t != 0),
-            },
-        };
         let batch = self
             .engine
             .for_tenant(tenant)
@@ -145,7 +136,8 @@ impl ForkdService {
             .await?;
         let agent_id = id.to_string();
         Ok(Box::pin(events.map(move |e| {
-            e.map(|e| agent_event(e, &agent_id)).map_err(status)
+            e.map(|e| convert::agent_event(e, &agent_id))
+                .map_err(status)
         })))
     }
 
@@ -189,12 +181,7 @@ impl ForkdService {
             agent_id: id.to_string(),
             messages: entries
                 .into_iter()
-                .map(|e| pb::TranscriptMessage {
-                    role: e.message.role.as_str().to_owned(),
-                    content_json: e.message.content_json(),
-                    shared: e.shared,
-                    compaction: e.compaction,
-                })
+                .map(convert::transcript_message)
                 .collect(),
         })
     }
@@ -202,20 +189,3 @@ impl ForkdService {
 
 pub type AgentEventStream =
     std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::AgentEvent, Status>> + Send>>;
-
-fn agent_event(event: forkd_engine::AgentEvent, agent_id: &str) -> pb::AgentEvent {
-    use forkd_engine::AgentEvent as E;
-    use pb::agent_event::Event;
-    let event = match event {
-        E::Message { seq, message } => Event::Message(pb::TranscriptEvent {
-            seq,
-            role: message.role.as_str().to_owned(),
-            content_json: message.content_json(),
-        }),
-        E::Ended(n) => Event::Ended(convert::notification(&n)),
-        E::AsyncLaunched => Event::AsyncLaunched(pb::AsyncLaunched {
-            agent_id: agent_id.to_owned(),
-        }),
-    };
-    pb::AgentEvent { event: Some(event) }
-}
