@@ -254,6 +254,32 @@ mod tests {
         })
     }
 
+    fn window_overflow() -> EngineError {
+        EngineError::ContextWindow {
+            model: "m".into(),
+            input_tokens: 250_000,
+            max_tokens: 8192,
+            usable: 196_000,
+            window: 200_000,
+        }
+    }
+
+    fn budget_spent() -> EngineError {
+        EngineError::BudgetSpent {
+            what: "budget",
+            whose: "tenant ci".into(),
+            spent: "$1".into(),
+            limit: "$1".into(),
+        }
+    }
+
+    fn key_reused() -> EngineError {
+        EngineError::KeyReused {
+            key: "k".into(),
+            call: "batch",
+        }
+    }
+
     /// Every engine error, with the code it must reach clients as and whether it carries
     /// `RetryInfo`. A new variant that is missing here fails to compile in `Meaning::of`, and
     /// should be added here with its row.
@@ -288,36 +314,10 @@ mod tests {
                 Code::InvalidArgument,
                 None,
             ),
-            (
-                EngineError::KeyReused {
-                    key: "k".into(),
-                    call: "batch",
-                },
-                Code::FailedPrecondition,
-                None,
-            ),
-            (
-                EngineError::BudgetSpent {
-                    what: "budget",
-                    whose: "tenant ci".into(),
-                    spent: "$1".into(),
-                    limit: "$1".into(),
-                },
-                Code::ResourceExhausted,
-                None,
-            ),
+            (key_reused(), Code::FailedPrecondition, None),
+            (budget_spent(), Code::ResourceExhausted, None),
             (EngineError::TurnLimit(64), Code::ResourceExhausted, None),
-            (
-                EngineError::ContextWindow {
-                    model: "m".into(),
-                    input_tokens: 250_000,
-                    max_tokens: 8192,
-                    usable: 196_000,
-                    window: 200_000,
-                },
-                Code::FailedPrecondition,
-                None,
-            ),
+            (window_overflow(), Code::FailedPrecondition, None),
             (
                 provider(429, Some(Duration::from_secs(3))),
                 Code::ResourceExhausted,
@@ -391,32 +391,9 @@ mod tests {
             ),
             (EngineError::Forbidden("no".into()), 403),
             (EngineError::WrongState("busy".into()), 409),
-            (
-                EngineError::KeyReused {
-                    key: "k".into(),
-                    call: "batch",
-                },
-                409,
-            ),
-            (
-                EngineError::ContextWindow {
-                    model: "m".into(),
-                    input_tokens: 250_000,
-                    max_tokens: 8192,
-                    usable: 196_000,
-                    window: 200_000,
-                },
-                413,
-            ),
-            (
-                EngineError::BudgetSpent {
-                    what: "budget",
-                    whose: "tenant ci".into(),
-                    spent: "$1".into(),
-                    limit: "$1".into(),
-                },
-                429,
-            ),
+            (key_reused(), 409),
+            (window_overflow(), 413),
+            (budget_spent(), 429),
             (provider(429, None), 429),
             (provider(529, None), 503),
             (provider(401, None), 502),

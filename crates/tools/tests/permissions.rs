@@ -22,14 +22,7 @@ fn check(decision: &Decision, expected: &str, what: &str) {
     assert!(ok, "{what}: expected {expected}, got {decision:?}");
 }
 
-const MODES: [PermissionMode; 6] = [
-    PermissionMode::Default,
-    PermissionMode::AcceptEdits,
-    PermissionMode::Plan,
-    PermissionMode::BypassPermissions,
-    PermissionMode::DontAsk,
-    PermissionMode::Bubble,
-];
+const MODES: [PermissionMode; 6] = PermissionMode::ALL;
 
 const PLAN: &str = "D:plan mode is read-only";
 const NEVER: &str = "D:Write would need permission; this session never asks";
