@@ -436,6 +436,8 @@ pub trait Store: Send + Sync + 'static {
     async fn spend(&self, scope: SpendScope<'_>) -> Result<Spend>;
 
     async fn get_agent(&self, id: AgentId) -> Result<Option<Agent>>;
+    /// A session's main-loop agent (its parent), once its first turn or compaction created it.
+    async fn main_loop_agent(&self, session: SessionId) -> Result<Option<Agent>>;
     async fn list_agents(&self, filter: &AgentFilter) -> Result<Vec<Agent>>;
     /// A fork child's directive block.
     async fn agent_directive_block(&self, id: AgentId) -> Result<Option<Block>>;

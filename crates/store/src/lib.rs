@@ -3,9 +3,10 @@
 //!
 //! Only this crate speaks SQL. Rows are private structs converted into domain types; the rest of
 //! forkd sees sessions, batches, agents, messages, requests and notifications. The two
-//! implementations share their rows and conversions (`rows`, which knows no driver); each keeps
-//! its own SQL and transactions, since that is where SQLite (one writer at a time) and
-//! PostgreSQL (row locks, see `postgres.rs`) differ.
+//! implementations share their rows and conversions (`rows`, which knows no driver) and their
+//! statements and `Store` methods (`shared/`, compiled once per driver); each keeps its
+//! connections, its transactions and a small `dialect` of what it says differently, since that is
+//! where SQLite (one writer at a time) and PostgreSQL (row locks, see `postgres.rs`) differ.
 
 mod error;
 mod postgres;

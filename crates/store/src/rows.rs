@@ -6,10 +6,9 @@
 //! (SQLite's `INTEGER`, PostgreSQL's `BOOLEAN`), text as text. So one row struct decodes from
 //! either driver (`sqlx::FromRow` derives for any row type), and one values struct binds to either.
 //!
-//! The inserts both implementations run alike are here too, as statement text with `$N`
-//! placeholders (SQLite reads `$N` as the N-th argument, as PostgreSQL does) and a `bind_*!`
-//! macro that binds their values in that order. Everything else — reads, locks, aggregates —
-//! each implementation writes in its own SQL, since that is where they differ.
+//! The inserts are here too, as statement text with `$N` placeholders (SQLite reads `$N` as the
+//! N-th argument, as PostgreSQL does) and a `bind_*!` macro that binds their values in that
+//! order. The other statements, and what runs them, are in `shared/`.
 
 pub(crate) mod agent_params;
 pub(crate) mod agents;

@@ -24,6 +24,7 @@ conformance!(
     spending_adds_up_by_batch_and_by_tenant,
     workspaces_are_listed_once_each,
     a_client_batch_reports_with_one_digest_when_its_last_child_ends,
+    the_main_loop_is_found_by_its_session_among_its_children,
 );
 
 fn key(kind: IdempotentCall, key: &str, resource_id: String) -> IdempotencyRecord {
@@ -50,6 +51,21 @@ fn turn_notification(agent: &forkd_core::Agent, at_ms: i64) -> NewNotification {
     let mut n = ended(agent, NotificationStatus::Completed, at_ms);
     n.batch_id = None;
     n
+}
+
+async fn the_main_loop_is_found_by_its_session_among_its_children(store: TestStore) -> TestResult {
+    let (session, fixture) = seeded(&*store, 3).await?;
+    // Before its first turn a session has children but no main loop.
+    assert_eq!(store.main_loop_agent(session.id).await?, None);
+    let parent = main_loop(&session);
+    store.insert_agent(&parent, None, None).await?;
+    let other = support::session()?;
+    store.create_session(&other, &history()?, None).await?;
+    store.insert_agent(&main_loop(&other), None, None).await?;
+    let found = store.main_loop_agent(session.id).await?;
+    assert_eq!(found.map(|a| a.id), Some(parent.id));
+    assert!(fixture.children.iter().all(|c| c.agent.id != parent.id));
+    Ok(())
 }
 
 async fn a_turn_appends_under_the_main_loops_lease(store: TestStore) -> TestResult {

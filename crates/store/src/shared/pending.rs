@@ -2,15 +2,15 @@
 //! `Store::set_pending_reply`).
 
 use forkd_core::{Message, Role, SessionId};
-use sqlx::{PgConnection, PgPool};
 
 use super::agents;
+use super::dialect::{Conn, Pool};
 use crate::Lease;
 use crate::error::Result;
 use crate::rows::convert::corrupt;
 
-pub(super) async fn set(
-    conn: &mut PgConnection,
+pub(crate) async fn set(
+    conn: &mut Conn,
     lease: &Lease,
     session: SessionId,
     reply: &Message,
@@ -32,7 +32,7 @@ pub(super) async fn set(
     Ok(())
 }
 
-pub(super) async fn get(pool: &PgPool, session: SessionId) -> Result<Option<Message>> {
+pub(crate) async fn get(pool: &Pool, session: SessionId) -> Result<Option<Message>> {
     let json: Option<String> =
         sqlx::query_scalar("SELECT reply_json FROM pending_replies WHERE session_id = $1")
             .bind(session.to_string())
@@ -43,7 +43,7 @@ pub(super) async fn get(pool: &PgPool, session: SessionId) -> Result<Option<Mess
 }
 
 /// Runs inside the caller's write transaction.
-pub(super) async fn clear(conn: &mut PgConnection, session: &str) -> Result<()> {
+pub(crate) async fn clear(conn: &mut Conn, session: &str) -> Result<()> {
     sqlx::query("DELETE FROM pending_replies WHERE session_id = $1")
         .bind(session)
         .execute(conn)

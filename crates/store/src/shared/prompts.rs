@@ -1,13 +1,11 @@
-//! Permission prompts and the tools sessions always allow, shared by the daemons on one
-//! database. A prompt is open while it has no answer and the daemon that asked it still holds
-//! its agent under a live lease (on the database's clock): a dead daemon's prompts are nobody's
-//! to answer, and the daemon that adopts the agent asks again.
+//! Permission prompts and the tools sessions always allow. A prompt is open while it has no
+//! answer and its daemon still holds its agent (`dialect::PROMPT_HELD`).
 
 use forkd_core::prompt::{PermissionAnswer, PermissionPrompt};
 use forkd_core::{DaemonId, PromptId, SessionId};
-use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 
-use super::agents::{self, DB_NOW_MS};
+use super::agents;
+use super::dialect::{self, Conn, PROMPT_HELD, Pool};
 use crate::Lease;
 use crate::error::Result;
 use crate::rows::convert::now_ms;
@@ -15,28 +13,14 @@ use crate::rows::prompts::{INSERT_PROMPT, PromptRow, bind_prompt, not_open, prom
 
 /// The channel on which prompts and answers wake the daemons that `LISTEN`; the payload is
 /// `ask:ID` or `answer:ID`.
-pub(super) const CHANNEL: &str = "forkd_prompts";
+pub(crate) const CHANNEL: &str = "forkd_prompts";
 
-/// The condition, on a row of `permission_prompts`, that its daemon still holds its agent.
-fn held() -> String {
-    format!(
-        "EXISTS (SELECT 1 FROM agents a WHERE a.id = permission_prompts.agent_id \
-         AND a.held_by = permission_prompts.daemon AND a.lease_expires_at_ms > {DB_NOW_MS})"
-    )
+async fn wake(conn: &mut Conn, what: &str, id: PromptId) -> Result<()> {
+    dialect::notify(conn, CHANNEL, &format!("{what}:{id}")).await
 }
 
-async fn wake(conn: &mut PgConnection, what: &str, id: PromptId) -> Result<()> {
-    // Delivered at commit (and only then) to every daemon listening.
-    sqlx::query("SELECT pg_notify($1, $2)")
-        .bind(CHANNEL)
-        .bind(format!("{what}:{id}"))
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
-pub(super) async fn insert(
-    conn: &mut PgConnection,
+pub(crate) async fn insert(
+    conn: &mut Conn,
     lease: &Lease,
     prompt: &PermissionPrompt,
     daemon: DaemonId,
@@ -55,12 +39,11 @@ pub(super) async fn insert(
     wake(conn, "ask", prompt.id).await
 }
 
-pub(super) async fn open(pool: &PgPool, session: SessionId) -> Result<Vec<PermissionPrompt>> {
-    let rows: Vec<PromptRow> = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT {} FROM permission_prompts WHERE session_id = $1 AND answer IS NULL AND {} \
-         ORDER BY created_at_ms, id",
+pub(crate) async fn open(pool: &Pool, session: SessionId) -> Result<Vec<PermissionPrompt>> {
+    let rows: Vec<PromptRow> = sqlx::query_as(super::sql(format!(
+        "SELECT {} FROM permission_prompts WHERE session_id = $1 AND answer IS NULL \
+         AND {PROMPT_HELD} ORDER BY created_at_ms, id",
         prompt_columns!(),
-        held()
     )))
     .bind(session.to_string())
     .fetch_all(pool)
@@ -70,8 +53,8 @@ pub(super) async fn open(pool: &PgPool, session: SessionId) -> Result<Vec<Permis
         .collect()
 }
 
-pub(super) async fn get(
-    pool: &PgPool,
+pub(crate) async fn get(
+    pool: &Pool,
     id: PromptId,
 ) -> Result<Option<(PermissionPrompt, Option<PermissionAnswer>)>> {
     let row: Option<PromptRow> = sqlx::query_as(concat!(
@@ -85,16 +68,15 @@ pub(super) async fn get(
     row.map(PromptRow::into_prompt).transpose()
 }
 
-pub(super) async fn answer(
-    conn: &mut PgConnection,
+pub(crate) async fn answer(
+    conn: &mut Conn,
     id: PromptId,
     answer: &PermissionAnswer,
 ) -> Result<PermissionPrompt> {
     let at = now_ms();
-    let row: Option<PromptRow> = sqlx::query_as(AssertSqlSafe(format!(
+    let row: Option<PromptRow> = sqlx::query_as(super::sql(format!(
         "UPDATE permission_prompts SET answer = $1, deny_reason = $2, answered_at_ms = $3 \
-         WHERE id = $4 AND answer IS NULL AND {} RETURNING {}",
-        held(),
+         WHERE id = $4 AND answer IS NULL AND {PROMPT_HELD} RETURNING {}",
         prompt_columns!()
     )))
     .bind(answer.as_str())
@@ -119,7 +101,7 @@ pub(super) async fn answer(
     Ok(prompt)
 }
 
-pub(super) async fn close(conn: &mut PgConnection, id: PromptId) -> Result<()> {
+pub(crate) async fn close(conn: &mut Conn, id: PromptId) -> Result<()> {
     sqlx::query("DELETE FROM permission_prompts WHERE id = $1")
         .bind(id.to_string())
         .execute(conn)
@@ -127,7 +109,7 @@ pub(super) async fn close(conn: &mut PgConnection, id: PromptId) -> Result<()> {
     Ok(())
 }
 
-pub(super) async fn always_allowed(pool: &PgPool, session: SessionId, tool: &str) -> Result<bool> {
+pub(crate) async fn always_allowed(pool: &Pool, session: SessionId, tool: &str) -> Result<bool> {
     let allowed: bool = sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM session_allowed_tools WHERE session_id = $1 AND tool = $2)",
     )
@@ -136,16 +118,4 @@ pub(super) async fn always_allowed(pool: &PgPool, session: SessionId, tool: &str
     .fetch_one(pool)
     .await?;
     Ok(allowed)
-}
-
-/// A wake-up's payload (`ask:ID` or `answer:ID`) as the prompt it names and whether it was
-/// answered; `None` for a payload this version does not know.
-pub(super) fn parse_wakeup(payload: &str) -> Option<(bool, PromptId)> {
-    let (what, id) = payload.split_once(':')?;
-    let id = id.parse().ok()?;
-    match what {
-        "ask" => Some((false, id)),
-        "answer" => Some((true, id)),
-        _ => None,
-    }
 }

@@ -3,16 +3,17 @@
 
 use forkd_core::compaction::Compaction;
 use forkd_core::{AgentId, SessionId};
-use sqlx::{PgConnection, PgPool};
 
+use super::dialect::{Conn, Pool};
 use super::{agents, sessions};
 use crate::error::Result;
 use crate::rows::compactions::{CompactionRow, Transcript, refusal};
 use crate::rows::convert::to_i64;
+use crate::rows::sessions::not_found;
 use crate::{DbError, Lease, StoreError};
 
-pub(super) async fn append(
-    conn: &mut PgConnection,
+pub(crate) async fn append(
+    conn: &mut Conn,
     lease: &Lease,
     session: SessionId,
     c: &Compaction,
@@ -20,20 +21,13 @@ pub(super) async fn append(
     agents::check_lease(conn, lease).await?;
     let session_id = session.to_string();
     if !sessions::lock(conn, &session_id).await? {
-        return Err(DbError::Store(StoreError::NotFound {
-            kind: "session",
-            id: session_id,
-        }));
+        return Err(not_found(session_id));
     }
     cut(conn, Transcript::Session(session), c).await
 }
 
 /// Stores a boundary of the leased agent's own transcript.
-pub(super) async fn append_agent(
-    conn: &mut PgConnection,
-    lease: &Lease,
-    c: &Compaction,
-) -> Result<()> {
+pub(crate) async fn append_agent(conn: &mut Conn, lease: &Lease, c: &Compaction) -> Result<()> {
     agents::check_lease(conn, lease).await?;
     // The lease check locks the agent's row: its own transcript and boundaries are read under it.
     cut(conn, Transcript::Agent(lease.agent_id), c).await
@@ -41,7 +35,7 @@ pub(super) async fn append_agent(
 
 /// Stores `c` in `transcript` unless it may not go there (`Conflict`): before an assistant
 /// message of the owner's, past its last boundary.
-async fn cut(conn: &mut PgConnection, transcript: Transcript, c: &Compaction) -> Result<()> {
+async fn cut(conn: &mut Conn, transcript: Transcript, c: &Compaction) -> Result<()> {
     let key = transcript.key();
     let to_seq = to_i64(c.to_seq, "to_seq")?;
     let role: Option<String> = sqlx::query_scalar(transcript.role_at())
@@ -67,15 +61,15 @@ async fn cut(conn: &mut PgConnection, transcript: Transcript, c: &Compaction) ->
     Ok(())
 }
 
-pub(super) async fn list(pool: &PgPool, session: SessionId) -> Result<Vec<Compaction>> {
+pub(crate) async fn list(pool: &Pool, session: SessionId) -> Result<Vec<Compaction>> {
     list_of(pool, Transcript::Session(session)).await
 }
 
-pub(super) async fn list_agent(pool: &PgPool, agent: AgentId) -> Result<Vec<Compaction>> {
+pub(crate) async fn list_agent(pool: &Pool, agent: AgentId) -> Result<Vec<Compaction>> {
     list_of(pool, Transcript::Agent(agent)).await
 }
 
-async fn list_of(pool: &PgPool, transcript: Transcript) -> Result<Vec<Compaction>> {
+async fn list_of(pool: &Pool, transcript: Transcript) -> Result<Vec<Compaction>> {
     let rows: Vec<CompactionRow> = sqlx::query_as(transcript.list())
         .bind(transcript.key())
         .fetch_all(pool)

@@ -2,8 +2,9 @@
 
 use forkd_core::{AgentId, BatchId, ReportTo};
 use forkd_core::{Block, Message, Notification, NotificationKind};
-use sqlx::{PgConnection, PgPool, Postgres, QueryBuilder};
+use sqlx::QueryBuilder;
 
+use super::dialect::{self, Conn, Db, FOR_UPDATE, Pool};
 use super::{agents, sessions};
 use crate::StoreError;
 use crate::error::Result;
@@ -16,8 +17,8 @@ use crate::{DbError, Lease, NewNotification, NotificationFilter};
 
 /// Runs inside the caller's write transaction: the agent's end, its notification and the parent's
 /// `<task-notification>` message commit together or not at all.
-pub(super) async fn finish_agent(
-    conn: &mut PgConnection,
+pub(crate) async fn finish_agent(
+    conn: &mut Conn,
     lease: &Lease,
     n: &NewNotification,
     error: Option<&str>,
@@ -81,8 +82,8 @@ pub(super) async fn finish_agent(
 /// Runs inside the caller's write transaction: the main loop's turn ends — the agent goes idle,
 /// its lease checked — and a turn handed to the background stores its notification of kind
 /// `turn`. Nothing is appended to the transcript: the turn's reply is in it already.
-pub(super) async fn end_turn(
-    conn: &mut PgConnection,
+pub(crate) async fn end_turn(
+    conn: &mut Conn,
     lease: &Lease,
     n: Option<&NewNotification>,
 ) -> Result<Option<Notification>> {
@@ -106,52 +107,47 @@ pub(super) async fn end_turn(
 }
 
 /// The channel on which every stored notification wakes the daemons that `LISTEN`.
-pub(super) const CHANNEL: &str = "forkd_notifications";
+pub(crate) const CHANNEL: &str = "forkd_notifications";
 
-/// Stores a notification with the next sequence number, taken from the counter row, which stays
-/// locked until this transaction ends: seqs commit in the order they are taken.
+/// Stores a notification with the next sequence number (see `dialect::next_notification_seq`).
 async fn insert(
-    conn: &mut PgConnection,
+    conn: &mut Conn,
     n: &NewNotification,
     kind: NotificationKind,
 ) -> Result<Notification> {
     let values = NotificationValues::new(n, kind)?;
-    let seq: i64 = sqlx::query_scalar("UPDATE notification_seq SET last = last + 1 RETURNING last")
-        .fetch_one(&mut *conn)
-        .await?;
-    bind_notification!(
-        sqlx::query(concat!(
+    let seq = dialect::next_notification_seq(conn).await?;
+    let seq: i64 = bind_notification!(
+        sqlx::query_scalar(concat!(
             "INSERT INTO notifications (",
             new_notification_columns!(),
-            ", seq) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
+            ", seq) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+             RETURNING seq"
         )),
         &values
     )
     .bind(seq)
-    .execute(&mut *conn)
+    .fetch_one(&mut *conn)
     .await
     .map_err(|e| conflict_if_duplicate(e, || values.duplicate()))?;
-    // Delivered at commit (and only then) to every daemon listening: a wake-up, not the row.
-    sqlx::query("SELECT pg_notify($1, '')")
-        .bind(CHANNEL)
-        .execute(&mut *conn)
-        .await?;
+    // A wake-up, not the row.
+    dialect::notify(conn, CHANNEL, "").await?;
     stored(n, kind, seq)
 }
 
 /// Locks a batch's row until the transaction ends and reads its shape.
-async fn lock_batch(conn: &mut PgConnection, batch: BatchId) -> Result<String> {
-    Ok(
-        sqlx::query_scalar("SELECT shape FROM batches WHERE id = $1 FOR NO KEY UPDATE")
-            .bind(batch.to_string())
-            .fetch_one(&mut *conn)
-            .await?,
-    )
+async fn lock_batch(conn: &mut Conn, batch: BatchId) -> Result<String> {
+    Ok(sqlx::query_scalar(super::sql(format!(
+        "SELECT shape FROM batches WHERE id = $1{FOR_UPDATE}"
+    )))
+    .bind(batch.to_string())
+    .fetch_one(&mut *conn)
+    .await?)
 }
 
 /// Whether no child of a client's batch is live any more. The caller holds the batch's lock, so
 /// a sibling ending at the same time counts after this transaction commits, and sees it ended.
-async fn no_live_children(conn: &mut PgConnection, batch: BatchId) -> Result<bool> {
+async fn no_live_children(conn: &mut Conn, batch: BatchId) -> Result<bool> {
     let live: i64 = sqlx::query_scalar(
         "SELECT COUNT(*) FROM agents WHERE batch_id = $1 AND state IN ('pending', 'running')",
     )
@@ -163,7 +159,7 @@ async fn no_live_children(conn: &mut PgConnection, batch: BatchId) -> Result<boo
 
 /// Appends a client batch's digest to its parent's transcript: its last child has ended. The
 /// caller holds the session's lock.
-async fn append_digest(conn: &mut PgConnection, batch: BatchId, last: &Notification) -> Result<()> {
+async fn append_digest(conn: &mut Conn, batch: BatchId, last: &Notification) -> Result<()> {
     let filter = NotificationFilter {
         batch_id: Some(batch),
         ..NotificationFilter::default()
@@ -177,7 +173,7 @@ async fn append_digest(conn: &mut PgConnection, batch: BatchId, last: &Notificat
 
 /// Appends a notification's `<task-notification>` text to its session's transcript. The caller
 /// holds the session's lock.
-async fn append_to_parent(conn: &mut PgConnection, notification: &Notification) -> Result<()> {
+async fn append_to_parent(conn: &mut Conn, notification: &Notification) -> Result<()> {
     let session_id = notification.session_id.to_string();
     let message = Message::user(vec![Block::text(&notification.to_parent_text())]);
     let next = sessions::len(conn, &session_id).await?;
@@ -191,7 +187,7 @@ async fn append_to_parent(conn: &mut PgConnection, notification: &Notification) 
     .await
 }
 
-pub(super) async fn caller_reports(pool: &PgPool) -> Result<Vec<AgentId>> {
+pub(crate) async fn caller_reports(pool: &Pool) -> Result<Vec<AgentId>> {
     let ids: Vec<String> =
         sqlx::query_scalar("SELECT id FROM agents WHERE report_to = 'caller' ORDER BY id")
             .fetch_all(pool)
@@ -201,19 +197,13 @@ pub(super) async fn caller_reports(pool: &PgPool) -> Result<Vec<AgentId>> {
 
 /// Runs inside the caller's write transaction (see `Store::redirect_reports`). Locks the agents,
 /// then their sessions, each in id order, before it changes any of them.
-pub(super) async fn redirect_reports(conn: &mut PgConnection, agents: &[AgentId]) -> Result<usize> {
+pub(crate) async fn redirect_reports(conn: &mut Conn, agents: &[AgentId]) -> Result<usize> {
     if agents.is_empty() {
         return Ok(0);
     }
-    agents::lock_all(conn, agents).await?;
+    dialect::lock_agents(conn, agents).await?;
     let ids: Vec<String> = agents.iter().map(ToString::to_string).collect();
-    sqlx::query(
-        "SELECT id FROM sessions WHERE id IN (SELECT session_id FROM agents WHERE id = ANY($1)) \
-         ORDER BY id FOR NO KEY UPDATE",
-    )
-    .bind(&ids)
-    .fetch_all(&mut *conn)
-    .await?;
+    dialect::lock_sessions_of(conn, &ids).await?;
     let mut appended = 0;
     for key in &ids {
         let redirected = sqlx::query(
@@ -241,30 +231,24 @@ pub(super) async fn redirect_reports(conn: &mut PgConnection, agents: &[AgentId]
     Ok(appended)
 }
 
-pub(super) async fn list<'c>(
-    conn: impl sqlx::PgExecutor<'c>,
+pub(crate) async fn list<'c>(
+    conn: impl sqlx::Executor<'c, Database = Db>,
     since_seq: u64,
     filter: &NotificationFilter,
     limit: u32,
 ) -> Result<Vec<Notification>> {
-    let mut q = QueryBuilder::<Postgres>::new(concat!(
+    let mut q = QueryBuilder::<Db>::new(concat!(
         "SELECT ",
         notification_columns!(),
         " FROM notifications WHERE seq > "
     ));
     q.push_bind(bound(since_seq));
-    if let Some(session_id) = filter.session_id {
-        q.push(" AND session_id = ")
-            .push_bind(session_id.to_string());
-    }
-    if let Some(tenant) = &filter.tenant {
-        q.push(" AND session_id IN (SELECT id FROM sessions WHERE tenant = ")
-            .push_bind(tenant.name().to_owned())
-            .push(")");
-    }
-    if let Some(batch_id) = filter.batch_id {
-        q.push(" AND batch_id = ").push_bind(batch_id.to_string());
-    }
+    super::push_scope(
+        &mut q,
+        filter.session_id,
+        filter.tenant.as_ref(),
+        filter.batch_id,
+    );
     if let Some(agent_id) = filter.agent_id {
         q.push(" AND agent_id = ").push_bind(agent_id.to_string());
     }
@@ -274,7 +258,7 @@ pub(super) async fn list<'c>(
     rows.into_iter().map(Notification::try_from).collect()
 }
 
-pub(super) async fn last_seq(pool: &PgPool) -> Result<u64> {
+pub(crate) async fn last_seq(pool: &Pool) -> Result<u64> {
     let seq: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) FROM notifications")
         .fetch_one(pool)
         .await?;

@@ -1,16 +1,13 @@
 //! The snapshot the metrics endpoint reports: agents by kind and state, and recent batches.
 
-use sqlx::PgPool;
-
+use super::dialect::{self, Pool};
 use crate::Stats;
 use crate::error::Result;
 use crate::rows::stats::{BatchStatsRow, agent_count};
 
-pub(super) async fn stats(pool: &PgPool, batches_since_ms: i64) -> Result<Stats> {
-    // One snapshot for both reads: READ COMMITTED would give each statement its own.
-    let mut tx = pool
-        .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        .await?;
+pub(crate) async fn stats(pool: &Pool, batches_since_ms: i64) -> Result<Stats> {
+    // One snapshot for both reads.
+    let mut tx = dialect::begin_snapshot(pool).await?;
     let counts: Vec<(String, String, i64)> =
         sqlx::query_as("SELECT kind, state, COUNT(*) FROM agents GROUP BY kind, state")
             .fetch_all(&mut *tx)
@@ -19,10 +16,10 @@ pub(super) async fn stats(pool: &PgPool, batches_since_ms: i64) -> Result<Stats>
     let rows: Vec<BatchStatsRow> = sqlx::query_as(
         "SELECT a.batch_id, a.session_id, s.tenant, COUNT(*) AS children, \
          COUNT(*) FILTER (WHERE a.state IN ('completed', 'failed', 'killed')) AS ended, \
-         SUM(a.input_tokens)::BIGINT AS input_tokens, \
-         SUM(a.cache_creation_input_tokens)::BIGINT AS cache_creation_input_tokens, \
-         SUM(a.cache_read_input_tokens)::BIGINT AS cache_read_input_tokens, \
-         SUM(a.output_tokens)::BIGINT AS output_tokens, SUM(a.cost_usd) AS cost_usd \
+         CAST(SUM(a.input_tokens) AS BIGINT) AS input_tokens, \
+         CAST(SUM(a.cache_creation_input_tokens) AS BIGINT) AS cache_creation_input_tokens, \
+         CAST(SUM(a.cache_read_input_tokens) AS BIGINT) AS cache_read_input_tokens, \
+         CAST(SUM(a.output_tokens) AS BIGINT) AS output_tokens, SUM(a.cost_usd) AS cost_usd \
          FROM agents a JOIN sessions s ON s.id = a.session_id \
          WHERE a.batch_id IN ( \
              SELECT batch_id FROM agents WHERE batch_id IS NOT NULL \

@@ -1,9 +1,9 @@
 //! Tool calls: intent before the call runs, result after.
 
 use forkd_core::{AgentId, Block};
-use sqlx::{PgConnection, PgPool};
 
 use super::agents;
+use super::dialect::{self, Conn, Pool};
 use crate::error::Result;
 use crate::rows::convert::corrupt;
 use crate::rows::tool_calls::{
@@ -14,7 +14,7 @@ use crate::{Lease, ProcessGroup, ToolCall};
 
 /// Records a call's intent. Recording it again (a read-only call re-run after an interruption)
 /// keeps the first intent.
-pub(super) async fn begin(conn: &mut PgConnection, lease: &Lease, call: &ToolCall) -> Result<()> {
+pub(crate) async fn begin(conn: &mut Conn, lease: &Lease, call: &ToolCall) -> Result<()> {
     check_owner(call, lease)?;
     agents::check_lease(conn, lease).await?;
     let values = IntentValues::new(call)?;
@@ -25,8 +25,8 @@ pub(super) async fn begin(conn: &mut PgConnection, lease: &Lease, call: &ToolCal
 }
 
 /// Records the process group of a call that is still running (its intent recorded, no result).
-pub(super) async fn record_process(
-    conn: &mut PgConnection,
+pub(crate) async fn record_process(
+    conn: &mut Conn,
     lease: &Lease,
     tool_use_id: &str,
     process: &ProcessGroup,
@@ -49,8 +49,8 @@ pub(super) async fn record_process(
 }
 
 /// Records a call's result; the call's intent must have been recorded, and a result is final.
-pub(super) async fn finish(
-    conn: &mut PgConnection,
+pub(crate) async fn finish(
+    conn: &mut Conn,
     lease: &Lease,
     tool_use_id: &str,
     result: &Block,
@@ -61,7 +61,7 @@ pub(super) async fn finish(
     let agent = lease.agent_id;
     let done = sqlx::query(RECORD_RESULT)
         .bind(result.raw().as_str())
-        .bind(full_output.map(str::as_bytes))
+        .bind(dialect::output_param(full_output))
         .bind(at_ms)
         .bind(agent.to_string())
         .bind(tool_use_id)
@@ -73,8 +73,7 @@ pub(super) async fn finish(
     Ok(())
 }
 
-/// A call's row and its whole output, stored as bytes: a command's output may hold NUL bytes,
-/// which PostgreSQL's text cannot.
+/// A call's row and its whole output, read as bytes (SQLite's text reads as its bytes).
 #[derive(sqlx::FromRow)]
 struct Row {
     #[sqlx(flatten)]
@@ -83,13 +82,14 @@ struct Row {
 }
 
 /// An agent's calls in the order they started; calls of one millisecond in the order they were
-/// stored (`ord`, SQLite's rowid).
-pub(super) async fn list(pool: &PgPool, agent: AgentId) -> Result<Vec<ToolCall>> {
-    sqlx::query_as::<_, Row>(concat!(
-        "SELECT ",
+/// stored.
+pub(crate) async fn list(pool: &Pool, agent: AgentId) -> Result<Vec<ToolCall>> {
+    sqlx::query_as::<_, Row>(super::sql(format!(
+        "SELECT {}, full_output FROM tool_calls WHERE agent_id = $1 \
+         ORDER BY started_at_ms, {}",
         tool_call_columns!(),
-        ", full_output FROM tool_calls WHERE agent_id = $1 ORDER BY started_at_ms, ord"
-    ))
+        dialect::INSERTION_ORDER
+    )))
     .bind(agent.to_string())
     .fetch_all(pool)
     .await?

@@ -1,13 +1,12 @@
 //! Agents: their rows, lifecycle moves and own (sidechain) transcripts.
 
-use forkd_core::{Agent, AgentId, AgentState, Block, Message};
-use sqlx::{PgConnection, PgPool, Postgres, QueryBuilder};
-
-use crate::error::Result;
 use forkd_core::store::{Holder, Renewal};
-use forkd_core::{BatchId, DaemonId};
-use sqlx::AssertSqlSafe;
+use forkd_core::{Agent, AgentId, AgentState, BatchId, Block, DaemonId, Message, SessionId};
+use sqlx::QueryBuilder;
 
+use super::dialect::{self, Conn, Db, FOR_UPDATE, NOW_MS, Pool, SKIP_LOCKED};
+use super::sql;
+use crate::error::Result;
 use crate::rows::agents::{
     AgentRow, AgentValues, INSERT_AGENT, NewAgents, agent_columns, bind_agent, check_generation,
     check_holder, ended, not_found, parse_state,
@@ -19,8 +18,8 @@ use crate::rows::convert::{
 use crate::{AgentFilter, Lease, StoredMessage};
 
 /// Inserts an agent row as given (state, totals and all).
-pub(super) async fn insert(
-    conn: &mut PgConnection,
+pub(crate) async fn insert(
+    conn: &mut Conn,
     agent: &Agent,
     directive_block: Option<&Block>,
 ) -> Result<()> {
@@ -32,7 +31,7 @@ pub(super) async fn insert(
     Ok(())
 }
 
-pub(super) async fn get(pool: &PgPool, id: AgentId) -> Result<Option<Agent>> {
+pub(crate) async fn get(pool: &Pool, id: AgentId) -> Result<Option<Agent>> {
     let row: Option<AgentRow> = sqlx::query_as(concat!(
         "SELECT ",
         agent_columns!(),
@@ -44,24 +43,31 @@ pub(super) async fn get(pool: &PgPool, id: AgentId) -> Result<Option<Agent>> {
     row.map(Agent::try_from).transpose()
 }
 
-pub(super) async fn list(pool: &PgPool, filter: &AgentFilter) -> Result<Vec<Agent>> {
-    let mut q = QueryBuilder::<Postgres>::new(concat!(
+/// A session's main-loop agent: its one agent of kind `parent` (`agents_main_loop`).
+pub(crate) async fn main_loop(pool: &Pool, session: SessionId) -> Result<Option<Agent>> {
+    let row: Option<AgentRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        agent_columns!(),
+        " FROM agents WHERE session_id = $1 AND kind = 'parent' ORDER BY id LIMIT 1"
+    ))
+    .bind(session.to_string())
+    .fetch_optional(pool)
+    .await?;
+    row.map(Agent::try_from).transpose()
+}
+
+pub(crate) async fn list(pool: &Pool, filter: &AgentFilter) -> Result<Vec<Agent>> {
+    let mut q = QueryBuilder::<Db>::new(concat!(
         "SELECT ",
         agent_columns!(),
         " FROM agents WHERE TRUE"
     ));
-    if let Some(session_id) = filter.session_id {
-        q.push(" AND session_id = ")
-            .push_bind(session_id.to_string());
-    }
-    if let Some(tenant) = &filter.tenant {
-        q.push(" AND session_id IN (SELECT id FROM sessions WHERE tenant = ")
-            .push_bind(tenant.name().to_owned())
-            .push(")");
-    }
-    if let Some(batch_id) = filter.batch_id {
-        q.push(" AND batch_id = ").push_bind(batch_id.to_string());
-    }
+    super::push_scope(
+        &mut q,
+        filter.session_id,
+        filter.tenant.as_ref(),
+        filter.batch_id,
+    );
     if !filter.include_ended {
         // A literal (not bound) list, so the planner can use the partial index `agents_live`.
         q.push(" AND state IN ('pending', 'running', 'idle')");
@@ -75,7 +81,7 @@ pub(super) async fn list(pool: &PgPool, filter: &AgentFilter) -> Result<Vec<Agen
     rows.into_iter().map(Agent::try_from).collect()
 }
 
-pub(super) async fn directive_block(pool: &PgPool, id: AgentId) -> Result<Option<Block>> {
+pub(crate) async fn directive_block(pool: &Pool, id: AgentId) -> Result<Option<Block>> {
     let text: Option<Option<String>> =
         sqlx::query_scalar("SELECT directive_block_json FROM agents WHERE id = $1")
             .bind(id.to_string())
@@ -86,40 +92,20 @@ pub(super) async fn directive_block(pool: &PgPool, id: AgentId) -> Result<Option
         .transpose()
 }
 
-/// Locks an agent's row until the transaction ends (see the module docs) and reads its state and
-/// generation; `None` when there is no such agent.
-async fn lock(conn: &mut PgConnection, id: &str) -> Result<Option<(String, i64)>> {
-    Ok(
-        sqlx::query_as("SELECT state, generation FROM agents WHERE id = $1 FOR NO KEY UPDATE")
-            .bind(id)
-            .fetch_optional(conn)
-            .await?,
-    )
-}
-
-/// Locks the rows of several agents, in id order (the order every transaction that locks more
-/// than one agent takes them in, so that two of them never wait for each other). Missing agents
-/// are skipped.
-pub(super) async fn lock_all<'a>(
-    conn: &mut PgConnection,
-    ids: impl IntoIterator<Item = &'a AgentId>,
-) -> Result<()> {
-    let mut ids: Vec<String> = ids.into_iter().map(ToString::to_string).collect();
-    if ids.is_empty() {
-        return Ok(());
-    }
-    ids.sort_unstable();
-    ids.dedup();
-    sqlx::query("SELECT id FROM agents WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE")
-        .bind(&ids)
-        .fetch_all(conn)
-        .await?;
-    Ok(())
+/// Locks an agent's row until the transaction ends (see the module docs of `postgres.rs`) and
+/// reads its state and generation; `None` when there is no such agent.
+async fn lock(conn: &mut Conn, id: &str) -> Result<Option<(String, i64)>> {
+    Ok(sqlx::query_as(sql(format!(
+        "SELECT state, generation FROM agents WHERE id = $1{FOR_UPDATE}"
+    )))
+    .bind(id)
+    .fetch_optional(conn)
+    .await?)
 }
 
 /// Locks the agent and reads its current state; `NotFound` when there is no such agent,
 /// `Conflict` when it ended.
-pub(super) async fn live_state(conn: &mut PgConnection, id: &str) -> Result<AgentState> {
+pub(crate) async fn live_state(conn: &mut Conn, id: &str) -> Result<AgentState> {
     let (state, _) = lock(conn, id).await?.ok_or_else(|| not_found(id))?;
     let state = parse_state(&state)?;
     if state.is_terminal() {
@@ -130,8 +116,8 @@ pub(super) async fn live_state(conn: &mut PgConnection, id: &str) -> Result<Agen
 
 /// Sets an agent's state, error and update time (the caller holds its lock and has checked that
 /// it is live).
-pub(super) async fn update_state(
-    conn: &mut PgConnection,
+pub(crate) async fn update_state(
+    conn: &mut Conn,
     id: &str,
     state: AgentState,
     error: Option<&str>,
@@ -148,46 +134,35 @@ pub(super) async fn update_state(
 }
 
 /// Sets a live agent's state; bumps its generation, fencing whatever run held it.
-pub(super) async fn set_state(
-    conn: &mut PgConnection,
+pub(crate) async fn set_state(
+    conn: &mut Conn,
     id: AgentId,
     state: AgentState,
     error: Option<&str>,
 ) -> Result<()> {
     let id = id.to_string();
     live_state(conn, &id).await?;
-    bump_generation(conn, &id).await?;
+    sqlx::query("UPDATE agents SET generation = generation + 1 WHERE id = $1")
+        .bind(&id)
+        .execute(&mut *conn)
+        .await?;
     update_state(conn, &id, state, error, now_ms()).await
 }
-
-async fn bump_generation(conn: &mut PgConnection, id: &str) -> Result<i64> {
-    Ok(sqlx::query_scalar(
-        "UPDATE agents SET generation = generation + 1 WHERE id = $1 RETURNING generation",
-    )
-    .bind(id)
-    .fetch_one(conn)
-    .await?)
-}
-
-/// Milliseconds since the Unix epoch on the database's clock: leases are written and compared on
-/// it, so daemons on machines whose clocks differ agree on when one expires.
-pub(super) const DB_NOW_MS: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
 
 /// Claims a live agent for a new run: a new generation, the state `running`, and `holder` as
 /// its holder for one lease. `Held` while another daemon's lease on the running agent lasts. A
 /// write of the older run in flight holds the agent's lock, so the claim waits for it; every
 /// later one fails.
-pub(super) async fn claim(conn: &mut PgConnection, id: AgentId, holder: &Holder) -> Result<Lease> {
+pub(crate) async fn claim(conn: &mut Conn, id: AgentId, holder: &Holder) -> Result<Lease> {
     let key = id.to_string();
     // Locked like `lock` does, with what the holder check needs, in one read.
-    let row: Option<(String, Option<String>, Option<i64>, i64)> =
-        sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT state, held_by, lease_expires_at_ms, {DB_NOW_MS} FROM agents \
-             WHERE id = $1 FOR NO KEY UPDATE"
-        )))
-        .bind(&key)
-        .fetch_optional(&mut *conn)
-        .await?;
+    let row: Option<(String, Option<String>, Option<i64>, i64)> = sqlx::query_as(sql(format!(
+        "SELECT state, held_by, lease_expires_at_ms, {NOW_MS} FROM agents \
+         WHERE id = $1{FOR_UPDATE}"
+    )))
+    .bind(&key)
+    .fetch_optional(&mut *conn)
+    .await?;
     let (state, held_by, expires, now) = row.ok_or_else(|| not_found(&key))?;
     let state = parse_state(&state)?;
     if state.is_terminal() {
@@ -195,9 +170,9 @@ pub(super) async fn claim(conn: &mut PgConnection, id: AgentId, holder: &Holder)
     }
     check_holder(id, state, held_by.as_deref(), expires, now, holder)?;
     // One write: a new generation, `running`, and this daemon's hold for one lease.
-    let generation: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+    let generation: i64 = sqlx::query_scalar(sql(format!(
         "UPDATE agents SET generation = generation + 1, state = 'running', error = NULL, \
-         updated_at_ms = $1, held_by = $2, lease_expires_at_ms = {DB_NOW_MS} + $3 \
+         updated_at_ms = $1, held_by = $2, lease_expires_at_ms = {NOW_MS} + $3 \
          WHERE id = $4 RETURNING generation"
     )))
     .bind(now_ms())
@@ -215,8 +190,8 @@ pub(super) async fn claim(conn: &mut PgConnection, id: AgentId, holder: &Holder)
 /// Makes `holder` the holder, for one lease, of the new live agents that `column` (`id` or
 /// `batch_id`) equals `key` for: whoever created them answers for them until it runs them, and
 /// if it dies they are adopted.
-pub(super) async fn hold_new(
-    conn: &mut PgConnection,
+pub(crate) async fn hold_new(
+    conn: &mut Conn,
     column: NewAgents,
     key: &str,
     holder: &Holder,
@@ -225,8 +200,8 @@ pub(super) async fn hold_new(
         NewAgents::Agent => "id",
         NewAgents::Batch => "batch_id",
     };
-    sqlx::query(AssertSqlSafe(format!(
-        "UPDATE agents SET held_by = $1, lease_expires_at_ms = {DB_NOW_MS} + $2 \
+    sqlx::query(sql(format!(
+        "UPDATE agents SET held_by = $1, lease_expires_at_ms = {NOW_MS} + $2 \
          WHERE {column} = $3 AND state IN ('pending', 'running')"
     )))
     .bind(holder.daemon.to_string())
@@ -239,32 +214,29 @@ pub(super) async fn hold_new(
 
 /// The heartbeat: pushes back the leases `holder` holds on live agents, and reads the kills
 /// asked of them. Rows another transaction has locked (a run writing) are renewed at once
-/// after it commits; the update takes the rows in id order, as every multi-row lock does.
-pub(super) async fn renew(conn: &mut PgConnection, holder: &Holder) -> Result<Renewal> {
+/// after it commits; the rows are locked in id order, as every multi-row lock does.
+pub(crate) async fn renew(conn: &mut Conn, holder: &Holder) -> Result<Renewal> {
     let daemon = holder.daemon.to_string();
-    let ids: Vec<String> = sqlx::query_scalar(
+    let ids: Vec<String> = sqlx::query_scalar(sql(format!(
         "SELECT id FROM agents WHERE held_by = $1 AND state IN ('pending', 'running') \
-         ORDER BY id FOR NO KEY UPDATE",
-    )
+         ORDER BY id{FOR_UPDATE}"
+    )))
     .bind(&daemon)
     .fetch_all(&mut *conn)
     .await?;
-    let renewed = sqlx::query(AssertSqlSafe(format!(
-        "UPDATE agents SET lease_expires_at_ms = {DB_NOW_MS} + $1 \
-         WHERE id = ANY($2) AND held_by = $3"
-    )))
-    .bind(holder.lease_ms())
-    .bind(&ids)
-    .bind(&daemon)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    let kills: Vec<String> = sqlx::query_scalar(
-        "SELECT id FROM agents WHERE id = ANY($1) AND kill_requested ORDER BY id",
-    )
-    .bind(&ids)
-    .fetch_all(conn)
-    .await?;
+    let mut q = QueryBuilder::<Db>::new(format!(
+        "UPDATE agents SET lease_expires_at_ms = {NOW_MS} + "
+    ));
+    q.push_bind(holder.lease_ms())
+        .push(" WHERE held_by = ")
+        .push_bind(&daemon)
+        .push(" AND id");
+    dialect::push_ids(&mut q, &ids);
+    let renewed = q.build().execute(&mut *conn).await?.rows_affected();
+    let mut q = QueryBuilder::<Db>::new("SELECT id FROM agents WHERE kill_requested AND id");
+    dialect::push_ids(&mut q, &ids);
+    q.push(" ORDER BY id");
+    let kills: Vec<String> = q.build_query_scalar().fetch_all(conn).await?;
     Ok(Renewal {
         renewed,
         kills: kills
@@ -275,11 +247,11 @@ pub(super) async fn renew(conn: &mut PgConnection, holder: &Holder) -> Result<Re
 }
 
 /// Live agents that nobody holds: no holder, or a lease that has expired.
-pub(super) async fn adoptable(pool: &PgPool) -> Result<Vec<Agent>> {
-    let rows: Vec<AgentRow> = sqlx::query_as(AssertSqlSafe(format!(
+pub(crate) async fn adoptable(pool: &Pool) -> Result<Vec<Agent>> {
+    let rows: Vec<AgentRow> = sqlx::query_as(sql(format!(
         "SELECT {} FROM agents WHERE state IN ('pending', 'running') \
          AND (held_by IS NULL OR lease_expires_at_ms IS NULL \
-              OR lease_expires_at_ms <= {DB_NOW_MS}) \
+              OR lease_expires_at_ms <= {NOW_MS}) \
          ORDER BY id",
         agent_columns!()
     )))
@@ -289,9 +261,9 @@ pub(super) async fn adoptable(pool: &PgPool) -> Result<Vec<Agent>> {
 }
 
 /// Records that a batch's warm-up gate opened (the first time only).
-pub(super) async fn open_gate(conn: &mut PgConnection, batch: BatchId) -> Result<()> {
-    sqlx::query(AssertSqlSafe(format!(
-        "UPDATE batches SET gate_opened_at_ms = {DB_NOW_MS} \
+pub(crate) async fn open_gate(conn: &mut Conn, batch: BatchId) -> Result<()> {
+    sqlx::query(sql(format!(
+        "UPDATE batches SET gate_opened_at_ms = {NOW_MS} \
          WHERE id = $1 AND gate_opened_at_ms IS NULL"
     )))
     .bind(batch.to_string())
@@ -300,8 +272,8 @@ pub(super) async fn open_gate(conn: &mut PgConnection, batch: BatchId) -> Result
     Ok(())
 }
 
-pub(super) async fn set_throttled(
-    conn: &mut PgConnection,
+pub(crate) async fn set_throttled(
+    conn: &mut Conn,
     id: AgentId,
     since_ms: Option<i64>,
 ) -> Result<()> {
@@ -321,28 +293,27 @@ pub(super) async fn set_throttled(
 /// lease): they are `running`, held by `holder`, from now on (no other daemon takes or claims
 /// them), and its runs claim them again. Rows another transaction holds locked (a
 /// daemon taking or claiming them) are skipped rather than waited for.
-pub(super) async fn take_pending(
-    conn: &mut PgConnection,
+pub(crate) async fn take_pending(
+    conn: &mut Conn,
     holder: &Holder,
     limit: u32,
     gate_timeout_ms: i64,
     queued_ms: i64,
 ) -> Result<Vec<AgentId>> {
-    let ids: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+    let ids: Vec<String> = sqlx::query_scalar(sql(format!(
         "WITH picked AS ( \
-           SELECT a.id FROM agents AS a JOIN batches AS b ON b.id = a.batch_id \
+           SELECT a.id AS picked_id FROM agents AS a JOIN batches AS b ON b.id = a.batch_id \
            WHERE a.state = 'pending' AND a.kind = 'fork' \
              AND (a.held_by IS NULL OR a.held_by <> $1) \
-             AND (b.gate_opened_at_ms <= {DB_NOW_MS} - $6 OR (b.gate_opened_at_ms IS NULL \
-               AND b.created_at_ms <= {DB_NOW_MS} - $2 \
+             AND (b.gate_opened_at_ms <= {NOW_MS} - $6 OR (b.gate_opened_at_ms IS NULL \
+               AND b.created_at_ms <= {NOW_MS} - $2 \
                AND NOT EXISTS (SELECT 1 FROM agents AS f WHERE f.batch_id = b.id AND f.idx = 0 \
                  AND f.state = 'running' AND f.throttled_since_ms IS NOT NULL \
-                 AND f.lease_expires_at_ms > {DB_NOW_MS}))) \
-           ORDER BY a.batch_id, a.idx LIMIT $3 \
-           FOR NO KEY UPDATE OF a SKIP LOCKED) \
-         UPDATE agents SET held_by = $1, lease_expires_at_ms = {DB_NOW_MS} + $4, \
+                 AND f.lease_expires_at_ms > {NOW_MS}))) \
+           ORDER BY a.batch_id, a.idx LIMIT $3{SKIP_LOCKED}) \
+         UPDATE agents SET held_by = $1, lease_expires_at_ms = {NOW_MS} + $4, \
            state = 'running', generation = generation + 1, updated_at_ms = $5 \
-         FROM picked WHERE agents.id = picked.id RETURNING agents.id"
+         FROM picked WHERE agents.id = picked.picked_id RETURNING id"
     )))
     .bind(holder.daemon.to_string())
     .bind(gate_timeout_ms)
@@ -362,12 +333,12 @@ pub(super) async fn take_pending(
 }
 
 /// Stores a kill request with a live agent; returns its holder while its lease lasts.
-pub(super) async fn request_kill(conn: &mut PgConnection, id: AgentId) -> Result<Option<DaemonId>> {
+pub(crate) async fn request_kill(conn: &mut Conn, id: AgentId) -> Result<Option<DaemonId>> {
     let key = id.to_string();
     live_state(conn, &key).await?;
-    let held: Option<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+    let held: Option<String> = sqlx::query_scalar(sql(format!(
         "UPDATE agents SET kill_requested = TRUE WHERE id = $1 \
-         RETURNING CASE WHEN lease_expires_at_ms > {DB_NOW_MS} THEN held_by END"
+         RETURNING CASE WHEN lease_expires_at_ms > {NOW_MS} THEN held_by END"
     )))
     .bind(&key)
     .fetch_one(conn)
@@ -377,7 +348,7 @@ pub(super) async fn request_kill(conn: &mut PgConnection, id: AgentId) -> Result
         .transpose()
 }
 
-pub(super) async fn kill_requested(pool: &PgPool, id: AgentId) -> Result<bool> {
+pub(crate) async fn kill_requested(pool: &Pool, id: AgentId) -> Result<bool> {
     let asked: Option<bool> = sqlx::query_scalar("SELECT kill_requested FROM agents WHERE id = $1")
         .bind(id.to_string())
         .fetch_optional(pool)
@@ -388,7 +359,7 @@ pub(super) async fn kill_requested(pool: &PgPool, id: AgentId) -> Result<bool> {
 /// Locks the agent and checks that `lease` is still its newest claim; `Superseded` when a newer
 /// run claimed it, `NotFound` when there is no such agent. The lock holds until commit, so no
 /// claim can come between the check and the write it guards.
-pub(super) async fn check_lease(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
+pub(crate) async fn check_lease(conn: &mut Conn, lease: &Lease) -> Result<()> {
     let (_, current) = lock(conn, &lease.agent_id.to_string())
         .await?
         .ok_or_else(|| not_found(lease.agent_id))?;
@@ -396,11 +367,7 @@ pub(super) async fn check_lease(conn: &mut PgConnection, lease: &Lease) -> Resul
 }
 
 /// Moves the leased (live) agent to another live state.
-pub(super) async fn release(
-    conn: &mut PgConnection,
-    lease: &Lease,
-    state: AgentState,
-) -> Result<()> {
+pub(crate) async fn release(conn: &mut Conn, lease: &Lease, state: AgentState) -> Result<()> {
     check_lease(conn, lease).await?;
     let id = lease.agent_id.to_string();
     live_state(conn, &id).await?;
@@ -408,23 +375,22 @@ pub(super) async fn release(
 }
 
 /// Marks agents whose reports their caller has delivered: they report to the transcript again
-/// (and, having ended, never will). The caller holds their locks ([`lock_all`]).
-pub(super) async fn mark_delivered(conn: &mut PgConnection, agents: &[AgentId]) -> Result<()> {
+/// (and, having ended, never will). The caller holds their locks (`dialect::lock_agents`).
+pub(crate) async fn mark_delivered(conn: &mut Conn, agents: &[AgentId]) -> Result<()> {
     if agents.is_empty() {
         return Ok(());
     }
     let ids: Vec<String> = agents.iter().map(ToString::to_string).collect();
-    sqlx::query("UPDATE agents SET report_to = 'transcript' WHERE id = ANY($1)")
-        .bind(&ids)
-        .execute(conn)
-        .await?;
+    let mut q = QueryBuilder::<Db>::new("UPDATE agents SET report_to = 'transcript' WHERE id");
+    dialect::push_ids(&mut q, &ids);
+    q.build().execute(conn).await?;
     Ok(())
 }
 
 /// Appends a message to the leased agent's own transcript; the lease check's lock makes the
 /// next seq this transaction's.
-pub(super) async fn append_message(
-    conn: &mut PgConnection,
+pub(crate) async fn append_message(
+    conn: &mut Conn,
     lease: &Lease,
     message: &Message,
 ) -> Result<u64> {
@@ -447,7 +413,7 @@ pub(super) async fn append_message(
     from_i64(seq, "agent message seq")
 }
 
-pub(super) async fn messages(pool: &PgPool, id: AgentId) -> Result<Vec<StoredMessage>> {
+pub(crate) async fn messages(pool: &Pool, id: AgentId) -> Result<Vec<StoredMessage>> {
     let id = id.to_string();
     let mut conn = pool.acquire().await?;
     let rows: Vec<MessageRow> = sqlx::query_as(

@@ -1,8 +1,9 @@
 //! Model request records and the agents' running totals.
 
 use forkd_core::RequestId;
-use sqlx::{PgConnection, PgPool, Postgres, QueryBuilder};
+use sqlx::QueryBuilder;
 
+use super::dialect::{Conn, Db, Pool};
 use crate::StoreError;
 use crate::error::Result;
 use crate::rows::convert::conflict_if_duplicate;
@@ -14,7 +15,7 @@ use crate::{DbError, RequestFilter, RequestRecord};
 
 /// Runs inside the caller's write transaction, so the record and the totals never disagree. The
 /// totals are added in place (`x = x + $n`), so concurrent records of one agent all count.
-pub(super) async fn record(conn: &mut PgConnection, r: &RequestRecord) -> Result<()> {
+pub(crate) async fn record(conn: &mut Conn, r: &RequestRecord) -> Result<()> {
     let values = RequestValues::new(r)?;
     // Updating first doubles as the existence check, with a clear NotFound instead of a foreign
     // key failure from the insert.
@@ -36,16 +37,16 @@ pub(super) async fn record(conn: &mut PgConnection, r: &RequestRecord) -> Result
     Ok(())
 }
 
-pub(super) async fn get(pool: &PgPool, id: RequestId) -> Result<Option<RequestRecord>> {
-    let mut q = QueryBuilder::<Postgres>::new(SELECT_REQUESTS);
+pub(crate) async fn get(pool: &Pool, id: RequestId) -> Result<Option<RequestRecord>> {
+    let mut q = QueryBuilder::<Db>::new(SELECT_REQUESTS);
     q.push(" WHERE id = ").push_bind(id.to_string());
     let row: Option<RequestRow> = q.build_query_as().fetch_optional(pool).await?;
     row.map(RequestRecord::try_from).transpose()
 }
 
 /// Requests in id (creation) order.
-pub(super) async fn list(pool: &PgPool, filter: &RequestFilter) -> Result<Vec<RequestRecord>> {
-    let mut q = QueryBuilder::<Postgres>::new(SELECT_REQUESTS);
+pub(crate) async fn list(pool: &Pool, filter: &RequestFilter) -> Result<Vec<RequestRecord>> {
+    let mut q = QueryBuilder::<Db>::new(SELECT_REQUESTS);
     q.push(" WHERE TRUE");
     if let Some(session_id) = filter.session_id {
         q.push(" AND session_id = ")

@@ -2,8 +2,8 @@
 
 use forkd_core::fork::ForkBatch;
 use forkd_core::{BatchId, Message};
-use sqlx::{SqliteConnection, SqlitePool};
 
+use super::dialect::{self, Conn, Pool};
 use super::{agents, sessions};
 use crate::StoreError;
 use crate::error::Result;
@@ -15,24 +15,28 @@ use crate::rows::convert::conflict_if_duplicate;
 use crate::rows::sessions::not_found;
 use crate::{BatchExtras, Budget, DbError, NewChild};
 
-/// Runs inside the caller's write transaction, so the transcript check and the appends are atomic.
-pub(super) async fn create(
-    conn: &mut SqliteConnection,
+/// Runs inside the caller's write transaction. The session's lock makes the transcript check and
+/// the appends atomic: of two batches forking a model's reply at one point, the second finds the
+/// first's messages and fails with `Conflict`.
+pub(crate) async fn create(
+    conn: &mut Conn,
     batch: &ForkBatch,
     parent_messages: &[Message],
     children: &[NewChild],
     extras: &BatchExtras<'_>,
 ) -> Result<()> {
     if let Some((lease, delivered)) = extras.turn {
+        dialect::lock_agents(conn, std::iter::once(&lease.agent_id).chain(delivered)).await?;
         agents::check_lease(conn, lease).await?;
-        agents::mark_delivered(conn, delivered).await?;
     }
     let session_id = batch.session_id.to_string();
-    if extras.turn.is_some() {
+    let exists = sessions::lock(conn, &session_id).await?;
+    if let Some((_, delivered)) = extras.turn {
+        agents::mark_delivered(conn, delivered).await?;
         // The turn's reply is answered: it is the fork message stored below.
         super::pending::clear(conn, &session_id).await?;
     }
-    if !sessions::exists(conn, &session_id).await? {
+    if !exists {
         return Err(not_found(session_id));
     }
     let len = sessions::len(conn, &session_id).await?;
@@ -56,11 +60,11 @@ pub(super) async fn create(
     Ok(())
 }
 
-pub(super) async fn get(pool: &SqlitePool, id: BatchId) -> Result<Option<ForkBatch>> {
+pub(crate) async fn get(pool: &Pool, id: BatchId) -> Result<Option<ForkBatch>> {
     let row: Option<BatchRow> = sqlx::query_as(concat!(
         "SELECT ",
         batch_columns!(),
-        " FROM batches WHERE id = ?"
+        " FROM batches WHERE id = $1"
     ))
     .bind(id.to_string())
     .fetch_optional(pool)
@@ -68,9 +72,9 @@ pub(super) async fn get(pool: &SqlitePool, id: BatchId) -> Result<Option<ForkBat
     row.map(ForkBatch::try_from).transpose()
 }
 
-pub(super) async fn budget(pool: &SqlitePool, id: BatchId) -> Result<Budget> {
+pub(crate) async fn budget(pool: &Pool, id: BatchId) -> Result<Budget> {
     let row: Option<(Option<f64>, Option<i64>)> =
-        sqlx::query_as("SELECT budget_usd, budget_tokens FROM batches WHERE id = ?")
+        sqlx::query_as("SELECT budget_usd, budget_tokens FROM batches WHERE id = $1")
             .bind(id.to_string())
             .fetch_optional(pool)
             .await?;

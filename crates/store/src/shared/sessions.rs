@@ -2,8 +2,8 @@
 
 use forkd_core::session::Session;
 use forkd_core::{Message, SessionId};
-use sqlx::{SqliteConnection, SqlitePool};
 
+use super::dialect::{Conn, FOR_UPDATE, Pool};
 use crate::StoredMessage;
 use crate::error::Result;
 use crate::rows::convert::{
@@ -13,8 +13,8 @@ use crate::rows::sessions::{
     INSERT_SESSION, SessionRow, SessionValues, bind_session, not_found, session_columns,
 };
 
-pub(super) async fn create(
-    conn: &mut SqliteConnection,
+pub(crate) async fn create(
+    conn: &mut Conn,
     session: &Session,
     first_messages: &[Message],
 ) -> Result<()> {
@@ -31,11 +31,11 @@ pub(super) async fn create(
     Ok(())
 }
 
-pub(super) async fn get(pool: &SqlitePool, id: SessionId) -> Result<Option<Session>> {
+pub(crate) async fn get(pool: &Pool, id: SessionId) -> Result<Option<Session>> {
     let row: Option<SessionRow> = sqlx::query_as(concat!(
         "SELECT ",
         session_columns!(),
-        " FROM sessions WHERE id = ?"
+        " FROM sessions WHERE id = $1"
     ))
     .bind(id.to_string())
     .fetch_optional(pool)
@@ -43,18 +43,18 @@ pub(super) async fn get(pool: &SqlitePool, id: SessionId) -> Result<Option<Sessi
     row.map(Session::try_from).transpose()
 }
 
-pub(super) async fn list(
-    pool: &SqlitePool,
+pub(crate) async fn list(
+    pool: &Pool,
     tenant: Option<&str>,
     after: Option<SessionId>,
     limit: u32,
 ) -> Result<Vec<Session>> {
-    // Every id sorts after "", so one statement serves both the first page and the next ones;
-    // SQLite reads LIMIT -1 as "no limit".
+    // Every id sorts after "", so one statement serves both the first page and the next ones.
     let rows: Vec<SessionRow> = sqlx::query_as(concat!(
         "SELECT ",
         session_columns!(),
-        " FROM sessions WHERE (?1 IS NULL OR tenant = ?1) AND id > ?2 ORDER BY id LIMIT ?3"
+        " FROM sessions WHERE (CAST($1 AS TEXT) IS NULL OR tenant = $1) AND id > $2 \
+         ORDER BY id LIMIT $3"
     ))
     .bind(tenant)
     .bind(after.map(|a| a.to_string()).unwrap_or_default())
@@ -64,19 +64,41 @@ pub(super) async fn list(
     rows.into_iter().map(Session::try_from).collect()
 }
 
-pub(super) async fn exists(conn: &mut SqliteConnection, id: &str) -> Result<bool> {
-    let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM sessions WHERE id = ?")
-        .bind(id)
-        .fetch_optional(conn)
-        .await?;
+pub(crate) async fn workspaces(pool: &Pool) -> Result<Vec<std::path::PathBuf>> {
+    let rows: Vec<String> =
+        sqlx::query_scalar("SELECT DISTINCT workspace FROM sessions ORDER BY workspace")
+            .fetch_all(pool)
+            .await?;
+    Ok(rows.into_iter().map(std::path::PathBuf::from).collect())
+}
+
+pub(crate) async fn exists(conn: &mut Conn, id: &str) -> Result<bool> {
+    Ok(
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM sessions WHERE id = $1)")
+            .bind(id)
+            .fetch_one(conn)
+            .await?,
+    )
+}
+
+/// Locks a session's row until the transaction ends, before its transcript is read and appended
+/// to (see the module docs of `postgres.rs`); `false` when there is no such session.
+pub(crate) async fn lock(conn: &mut Conn, id: &str) -> Result<bool> {
+    let found: Option<bool> = sqlx::query_scalar(super::sql(format!(
+        "SELECT TRUE FROM sessions WHERE id = $1{FOR_UPDATE}"
+    )))
+    .bind(id)
+    .fetch_optional(conn)
+    .await?;
     Ok(found.is_some())
 }
 
-/// The length of a session's transcript: the seq its next message gets.
-pub(super) async fn len(conn: &mut SqliteConnection, session_id: &str) -> Result<i64> {
+/// The length of a session's transcript: the seq its next message gets. The caller holds the
+/// session's lock.
+pub(crate) async fn len(conn: &mut Conn, session_id: &str) -> Result<i64> {
     // Seqs are contiguous from 0, so MAX + 1 is the length; unlike COUNT it is one index seek.
     let len: i64 = sqlx::query_scalar(
-        "SELECT COALESCE(MAX(seq) + 1, 0) FROM session_messages WHERE session_id = ?",
+        "SELECT COALESCE(MAX(seq) + 1, 0) FROM session_messages WHERE session_id = $1",
     )
     .bind(session_id)
     .fetch_one(conn)
@@ -85,8 +107,8 @@ pub(super) async fn len(conn: &mut SqliteConnection, session_id: &str) -> Result
 }
 
 /// Appends `message` to a session's transcript at `seq`.
-pub(super) async fn insert_message(
-    conn: &mut SqliteConnection,
+pub(crate) async fn insert_message(
+    conn: &mut Conn,
     session_id: &str,
     seq: i64,
     message: &Message,
@@ -103,7 +125,7 @@ pub(super) async fn insert_message(
     Ok(())
 }
 
-pub(super) async fn message_count(pool: &SqlitePool, id: SessionId) -> Result<u64> {
+pub(crate) async fn message_count(pool: &Pool, id: SessionId) -> Result<u64> {
     let id = id.to_string();
     let mut conn = pool.acquire().await?;
     let len = len(&mut conn, &id).await?;
@@ -113,8 +135,8 @@ pub(super) async fn message_count(pool: &SqlitePool, id: SessionId) -> Result<u6
     from_i64(len, "transcript length")
 }
 
-pub(super) async fn messages(
-    pool: &SqlitePool,
+pub(crate) async fn messages(
+    pool: &Pool,
     id: SessionId,
     from: u64,
     before: Option<u64>,
@@ -124,7 +146,7 @@ pub(super) async fn messages(
     let mut conn = pool.acquire().await?;
     let rows: Vec<MessageRow> = sqlx::query_as(
         "SELECT seq, role, content_json, created_at_ms FROM session_messages \
-         WHERE session_id = ? AND seq >= ? AND seq < ? ORDER BY seq",
+         WHERE session_id = $1 AND seq >= $2 AND seq < $3 ORDER BY seq",
     )
     .bind(&id)
     .bind(bound(from))
