@@ -215,6 +215,13 @@ pub enum NotificationStatus {
 }
 
 impl NotificationStatus {
+    /// Every status: the one table of how agents end.
+    pub const ALL: [NotificationStatus; 3] = [
+        NotificationStatus::Completed,
+        NotificationStatus::Failed,
+        NotificationStatus::Killed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             NotificationStatus::Completed => "completed",
@@ -224,13 +231,7 @@ impl NotificationStatus {
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [
-            NotificationStatus::Completed,
-            NotificationStatus::Failed,
-            NotificationStatus::Killed,
-        ]
-        .into_iter()
-        .find(|st| st.as_str() == s)
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
     }
 
     pub fn agent_state(self) -> AgentState {

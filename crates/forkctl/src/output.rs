@@ -49,17 +49,32 @@ impl Printer {
     }
 }
 
+/// The state a wire state names, from core's one table of states: the wire's names are
+/// core's, upper-cased and prefixed (`AGENT_STATE_RUNNING`). `None` for `unspecified`.
+pub fn core_state(state: AgentState) -> Option<forkd_core::AgentState> {
+    wire_name(state.as_str_name(), "AGENT_STATE_").and_then(|n| forkd_core::AgentState::parse(&n))
+}
+
+/// The wire's name of a state.
+pub fn wire_state(state: forkd_core::AgentState) -> AgentState {
+    let name = format!("AGENT_STATE_{}", state.as_str().to_ascii_uppercase());
+    AgentState::from_str_name(&name).unwrap_or(AgentState::Unspecified)
+}
+
+/// The status a wire status names, from core's table (`NOTIFICATION_STATUS_FAILED`).
+pub fn core_status(status: NotificationStatus) -> Option<forkd_core::NotificationStatus> {
+    wire_name(status.as_str_name(), "NOTIFICATION_STATUS_")
+        .and_then(|n| forkd_core::NotificationStatus::parse(&n))
+}
+
+/// A protobuf enum value's name without its enum's prefix, lower-cased.
+fn wire_name(name: &str, prefix: &str) -> Option<String> {
+    name.strip_prefix(prefix).map(str::to_ascii_lowercase)
+}
+
 /// `pending`, `running`, `idle`, `completed`, `failed`, `killed` (or `unspecified`).
 pub fn state_name(state: AgentState) -> &'static str {
-    match state {
-        AgentState::Unspecified => "unspecified",
-        AgentState::Pending => "pending",
-        AgentState::Running => "running",
-        AgentState::Idle => "idle",
-        AgentState::Completed => "completed",
-        AgentState::Failed => "failed",
-        AgentState::Killed => "killed",
-    }
+    core_state(state).map_or("unspecified", forkd_core::AgentState::as_str)
 }
 
 /// An agent's state as people read it: [`state_name`], and `running (throttled)` while the
@@ -73,12 +88,7 @@ pub fn agent_state_label(agent: &Agent) -> &'static str {
 
 /// `completed`, `failed`, `killed` (or `unspecified`).
 pub fn status_name(status: NotificationStatus) -> &'static str {
-    match status {
-        NotificationStatus::Unspecified => "unspecified",
-        NotificationStatus::Completed => "completed",
-        NotificationStatus::Failed => "failed",
-        NotificationStatus::Killed => "killed",
-    }
+    core_status(status).map_or("unspecified", forkd_core::NotificationStatus::as_str)
 }
 
 /// An empty id on the wire means "none"; scripts test for `null` more naturally than for "".

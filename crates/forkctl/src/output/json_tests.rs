@@ -264,3 +264,27 @@ fn transcript_message_content_is_parsed_in_order() {
     };
     assert_eq!(message_json(&bad)["content"], "{oops");
 }
+
+/// The wire's states and statuses are core's, one for one: every core value has a wire value
+/// that names it back, and only `unspecified` names none.
+#[test]
+fn wire_states_and_statuses_name_cores() {
+    for state in forkd_core::AgentState::ALL {
+        assert_eq!(core_state(wire_state(state)), Some(state), "{state:?}");
+        assert_eq!(state_name(wire_state(state)), state.as_str());
+    }
+    assert_eq!(core_state(AgentState::Unspecified), None);
+    assert_eq!(state_name(AgentState::Unspecified), "unspecified");
+    let wire_states = (0..).map_while(|n| AgentState::try_from(n).ok()).count();
+    assert_eq!(wire_states, forkd_core::AgentState::ALL.len() + 1);
+    for status in forkd_core::NotificationStatus::ALL {
+        let name = format!(
+            "NOTIFICATION_STATUS_{}",
+            status.as_str().to_ascii_uppercase()
+        );
+        let wire = NotificationStatus::from_str_name(&name);
+        assert_eq!(wire.and_then(core_status), Some(status), "{name}");
+        assert_eq!(wire.map(status_name), Some(status.as_str()));
+    }
+    assert_eq!(status_name(NotificationStatus::Unspecified), "unspecified");
+}

@@ -8,7 +8,9 @@ use forkd_proto::v1::{Agent, AgentState, Notification, NotificationStatus, Sessi
 use prost_types::Timestamp;
 use serde_json::{Value, json};
 
-use crate::output::{agent_state_label, optional_id, usage_json};
+use crate::output::{
+    agent_state_label, core_state, core_status, optional_id, usage_json, wire_state,
+};
 
 /// Agents by state: what a group row and the header count.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -22,11 +24,12 @@ pub(crate) struct Counts {
 
 impl Counts {
     fn add(&mut self, state: AgentState) {
-        match state {
-            AgentState::Running => self.running += 1,
-            AgentState::Idle => self.idle += 1,
-            AgentState::Completed | AgentState::Failed | AgentState::Killed => self.ended += 1,
-            AgentState::Pending | AgentState::Unspecified => self.pending += 1,
+        use forkd_core::AgentState as State;
+        match core_state(state) {
+            Some(State::Running) => self.running += 1,
+            Some(State::Idle) => self.idle += 1,
+            Some(s) if s.is_terminal() => self.ended += 1,
+            _ => self.pending += 1,
         }
     }
 
@@ -159,13 +162,9 @@ fn is_live(agent: &Agent) -> bool {
     matches!(agent.state(), AgentState::Pending | AgentState::Running)
 }
 
+/// The state an agent ends in with this status.
 fn state_of(status: NotificationStatus) -> AgentState {
-    match status {
-        NotificationStatus::Completed => AgentState::Completed,
-        NotificationStatus::Failed => AgentState::Failed,
-        NotificationStatus::Killed => AgentState::Killed,
-        NotificationStatus::Unspecified => AgentState::Unspecified,
-    }
+    core_status(status).map_or(AgentState::Unspecified, |s| wire_state(s.agent_state()))
 }
 
 /// Sorts by creation time, then id; a missing time sorts first.
