@@ -70,27 +70,19 @@ async fn append_rate(
     let deadline = Instant::now() + window;
     let start = Instant::now();
     for i in 0..writers {
-        let now = now_ms();
         let agent = Agent {
-            id: AgentId::new(),
-            session_id: session.id,
-            batch_id: None,
-            kind: AgentKind::Typed,
             index: i as u32,
-            state: AgentState::Pending,
             directive: Some(Directive {
                 description: format!("writer {i}"),
                 prompt: "Append.".into(),
             }),
-            query_source: None,
-            report_to: forkd_core::ReportTo::Transcript,
-            usage: Usage::default(),
-            cost_usd: 0.0,
-            error: None,
-            created_at_ms: now,
-            updated_at_ms: now,
-            held_by: None,
-            throttled_since_ms: None,
+            ..Agent::new(
+                AgentId::new(),
+                session.id,
+                AgentKind::Typed,
+                AgentState::Pending,
+                now_ms(),
+            )
         };
         store
             .insert_agent(&agent, Some(&Block::text("Append.")), None)

@@ -166,6 +166,37 @@ pub struct Agent {
     pub throttled_since_ms: Option<i64>,
 }
 
+impl Agent {
+    /// A new agent of `kind` in `session`, created at `now_ms` in `state`: nothing spent, held
+    /// by no daemon, in no batch, reporting to the session's transcript. Callers set the rest.
+    pub fn new(
+        id: AgentId,
+        session_id: SessionId,
+        kind: AgentKind,
+        state: AgentState,
+        now_ms: i64,
+    ) -> Self {
+        Self {
+            id,
+            session_id,
+            batch_id: None,
+            kind,
+            index: 0,
+            state,
+            directive: None,
+            query_source: None,
+            report_to: ReportTo::Transcript,
+            usage: Usage::default(),
+            cost_usd: 0.0,
+            error: None,
+            created_at_ms: now_ms,
+            updated_at_ms: now_ms,
+            held_by: None,
+            throttled_since_ms: None,
+        }
+    }
+}
+
 /// What a notification is about: a fork child or a typed agent that ended, or a parent turn
 /// that was handed to the background and has ended (the main-loop agent itself goes on, idle).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -47,39 +47,7 @@ use crate::fair_queue::FairQueue;
 use bucket::Buckets;
 pub(crate) use bucket::Cost;
 
-/// How the limiter waits and gives up.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AdmissionConfig {
-    /// How long a request refused for a rate limit or an overload (429, 529, 503, a cut
-    /// stream) keeps trying, from its first refusal.
-    pub patience: Duration,
-    /// The same for a provider that cannot be reached at all.
-    pub unreachable_patience: Duration,
-    /// Requests in flight per key at first; the window then grows by one per window of
-    /// successes, up to `max_concurrency`, and halves on overload.
-    pub initial_concurrency: usize,
-    pub max_concurrency: usize,
-    /// Backoff for a refusal that says no time: doubled per refusal, with jitter, capped.
-    pub backoff_base: Duration,
-    pub backoff_cap: Duration,
-    /// Retries, at most, for a plain 500 (or another 5xx that is not an overload or gateway
-    /// status).
-    pub max_server_error_retries: u32,
-}
-
-impl Default for AdmissionConfig {
-    fn default() -> Self {
-        Self {
-            patience: Duration::from_secs(15 * 60),
-            unreachable_patience: Duration::from_secs(60),
-            initial_concurrency: 64,
-            max_concurrency: 256,
-            backoff_base: Duration::from_millis(500),
-            backoff_cap: Duration::from_secs(30),
-            max_server_error_retries: 2,
-        }
-    }
-}
+use crate::config::AdmissionConfig;
 
 /// One limit: whose, and for which model.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -215,7 +183,8 @@ impl Attempts<'_> {
             permit.succeeded();
         }
         if let Some(t) = &self.trouble {
-            crate::metrics::throttle_wait(&self.key.name, t.since.elapsed());
+            let name = &self.key.name;
+            crate::metrics::throttle_wait(name.credential.provider, &name.model, t.since.elapsed());
         }
     }
 
@@ -262,7 +231,11 @@ impl Attempts<'_> {
             t.patience = config.patience;
         }
         let wait = own_wait.max(key.pause_left(now));
-        crate::metrics::throttled(&key.name, failure.label(&error));
+        crate::metrics::throttled(
+            key.name.credential.provider,
+            &key.name.model,
+            failure.label(&error),
+        );
         tracing::info!(
             provider = key.name.credential.provider,
             model = %key.name.model,
@@ -588,7 +561,8 @@ impl Key {
             };
             if s.shown.as_ref() != Some(&shown) {
                 crate::metrics::limiter(
-                    &self.name,
+                    self.name.credential.provider,
+                    &self.name.model,
                     shown.window,
                     shown.in_flight,
                     shown.waiting,

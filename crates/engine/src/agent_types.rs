@@ -452,6 +452,24 @@ fn upsert(types: &mut Vec<AgentType>, new: AgentType) {
     }
 }
 
+/// The agent types a session can use: built-ins, `$FORKD_HOME/agents`, then
+/// `<workspace>/.forkd/agents` (later definitions of a custom name win).
+pub fn for_workspace(agent_dirs: &[PathBuf], workspace: &Path) -> Vec<AgentType> {
+    let local = workspace.join(".forkd").join("agents");
+    let mut dirs: Vec<&Path> = agent_dirs.iter().map(PathBuf::as_path).collect();
+    dirs.push(&local);
+    // The session's whole pool (built-ins and external tools) is what a type may name.
+    let known: Vec<String> = forkd_core::tools::builtin_definitions()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    let (types, errors) = load_types(&dirs, &known);
+    for e in errors {
+        tracing::warn!(error = %e, "Skipping an agent type definition");
+    }
+    types
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,7 @@ use forkd_core::store::AgentFilter;
 use forkd_core::{Agent, AgentId, AgentKind, BatchId, Message};
 
 use crate::Engine;
+use crate::attach::AgentEventStream;
 use crate::error::{EngineError, Result};
 
 /// One message of an agent's conversation, marked when it was inherited from the parent.
@@ -39,7 +40,7 @@ impl Engine {
         let ids: Vec<AgentId> = children
             .into_iter()
             .map(|(_, id)| id)
-            .filter(|id| !self.runs().contains_key(id))
+            .filter(|id| !self.inner.supervisor.is_running(*id))
             .collect();
         let last_request = match store
             .list_requests(&forkd_core::store::RequestFilter {
@@ -56,9 +57,11 @@ impl Engine {
             }
         };
         let gating = self.inner.config.warmup_gating
-            && resume_gating(ids.len(), last_request, crate::now_ms());
+            && resume_gating(ids.len(), last_request, crate::clock::now_ms());
         let owner = async {
-            self.session_owner(self.get_batch(batch).await?.session_id)
+            self.inner
+                .tenancy
+                .session_owner(self.get_batch(batch).await?.session_id)
                 .await
         };
         let tenant = match owner.await {
@@ -69,29 +72,15 @@ impl Engine {
             }
         };
         tracing::info!(batch.id = %batch, children = ids.len(), gating, "Resuming a batch");
-        self.start_batch(batch, &tenant, &ids, gating);
+        self.inner.runs.start_batch(batch, &tenant, &ids, gating);
     }
 
     pub async fn get_agent(&self, id: AgentId) -> Result<Agent> {
-        self.inner
-            .store
-            .get_agent(id)
-            .await?
-            .ok_or_else(|| EngineError::NotFound {
-                kind: "agent",
-                id: id.to_string(),
-            })
+        crate::lookup::agent(&*self.inner.store, id).await
     }
 
     pub async fn get_batch(&self, id: BatchId) -> Result<ForkBatch> {
-        self.inner
-            .store
-            .get_batch(id)
-            .await?
-            .ok_or_else(|| EngineError::NotFound {
-                kind: "batch",
-                id: id.to_string(),
-            })
+        crate::lookup::batch(&*self.inner.store, id).await
     }
 
     pub async fn list_agents(&self, filter: &AgentFilter) -> Result<Vec<Agent>> {
@@ -137,7 +126,7 @@ impl Engine {
         {
             let batch = self.get_batch(batch_id).await?;
             if include_shared {
-                for message in self.inherited_history(&batch).await? {
+                for message in self.inner.compaction.inherited_history(&batch).await? {
                     out.push(TranscriptEntry {
                         message,
                         shared: true,
@@ -192,6 +181,32 @@ const CACHE_LIFETIME_MS: i64 = 5 * 60 * 1000;
 /// find the shared prefix cached and each would write it.
 fn resume_gating(resuming: usize, last_request_ms: Option<i64>, now_ms: i64) -> bool {
     resuming >= 2 && last_request_ms.is_none_or(|at| now_ms.saturating_sub(at) >= CACHE_LIFETIME_MS)
+}
+
+impl Engine {
+    /// Hands the agent's attached clients to the background: their streams end with
+    /// `AsyncLaunched` at once; the agent carries on.
+    pub async fn background(&self, id: AgentId) -> Result<()> {
+        let agent = self.get_agent(id).await?;
+        if agent.state.is_terminal() {
+            return Err(EngineError::WrongState(format!(
+                "agent {id} already ended ({})",
+                agent.state.as_str()
+            )));
+        }
+        self.inner.attach.background(id).await
+    }
+
+    /// Streams the agent's messages with `seq >= since_seq`, then live ones, then its end.
+    pub async fn attach(&self, id: AgentId, since_seq: u64) -> Result<AgentEventStream> {
+        let agent = self.get_agent(id).await?;
+        if agent.kind == forkd_core::AgentKind::Parent {
+            return Err(EngineError::WrongState(
+                "a session's main loop streams through SendMessage; attach to its children".into(),
+            ));
+        }
+        Ok(self.inner.attach.follow(id, since_seq))
+    }
 }
 
 #[cfg(test)]

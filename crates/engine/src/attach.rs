@@ -7,16 +7,18 @@
 //! from the store). Every attach stream subscribes to the live channels before it replays the
 //! store, and drops what it has already sent, so nothing falls in the seam.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use forkd_core::store::NotificationFilter;
+use forkd_core::store::{NotificationFilter, Store};
 use forkd_core::{AgentId, Message, Notification};
 use futures::stream::BoxStream;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 
-use crate::Engine;
-use crate::error::{EngineError, Result};
+use crate::error::Result;
+use crate::notify::Notifications;
 
 /// One event of an attached agent.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,19 +48,70 @@ type Events = mpsc::Sender<Result<AgentEvent>>;
 /// messages from the store (the agent may run on another daemon).
 const REMOTE_POLL: Duration = Duration::from_millis(250);
 
-impl Engine {
+/// How many messages (and background requests) a slow attached client may fall behind before
+/// it catches up from the store.
+const CHANNEL_BUFFER: usize = 1024;
+
+/// Agents' own transcripts as they grow: appends published to attached clients, attach
+/// streams, and hand-offs of attached clients to the background.
+pub(crate) struct Attach {
+    store: Arc<dyn Store>,
+    /// An agent's end, and whether other daemons share the database.
+    notifications: Arc<Notifications>,
+    /// Messages as they are stored, for attached clients.
+    messages: broadcast::Sender<Published>,
+    /// Requests to hand an agent's attached clients (or its turn's client) to the background.
+    backgrounds: broadcast::Sender<AgentId>,
+    /// After how long an attached client is handed to the background by itself.
+    auto_background: Option<Duration>,
+    /// Ends the streams' tasks.
+    shutdown: CancellationToken,
+}
+
+impl Attach {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        notifications: Arc<Notifications>,
+        auto_background: Option<Duration>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self {
+            store,
+            notifications,
+            messages: broadcast::channel(CHANNEL_BUFFER).0,
+            backgrounds: broadcast::channel(CHANNEL_BUFFER).0,
+            auto_background,
+            shutdown,
+        }
+    }
+
+    /// Requests to hand a client to the background, from now on.
+    pub(crate) fn backgrounds(&self) -> broadcast::Receiver<AgentId> {
+        self.backgrounds.subscribe()
+    }
+
+    /// Hands the agent's attached clients (or its turn's client) to the background, here and,
+    /// through the store, on the other daemons sharing it.
+    pub(crate) async fn background(&self, id: AgentId) -> Result<()> {
+        self.signal_background(id);
+        // Clients attached through other daemons sharing the database hear it from there.
+        self.store.signal_background(id).await?;
+        Ok(())
+    }
+
+    /// Hands the agent's clients attached to this daemon to the background.
+    pub(crate) fn signal_background(&self, id: AgentId) {
+        let _ = self.backgrounds.send(id);
+    }
+
     /// Appends a message to an agent's transcript and publishes it to attached clients.
     pub(crate) async fn append_own(
         &self,
         lease: &forkd_core::store::Lease,
         message: &Message,
     ) -> Result<u64> {
-        let seq = self
-            .inner
-            .store
-            .append_agent_message(lease, message)
-            .await?;
-        let _ = self.inner.messages.send(Published {
+        let seq = self.store.append_agent_message(lease, message).await?;
+        let _ = self.messages.send(Published {
             agent: lease.agent_id,
             seq,
             message: message.clone(),
@@ -66,47 +119,25 @@ impl Engine {
         Ok(seq)
     }
 
-    /// Hands the agent's attached clients to the background: their streams end with
-    /// `AsyncLaunched` at once; the agent carries on.
-    pub async fn background(&self, id: AgentId) -> Result<()> {
-        let agent = self.get_agent(id).await?;
-        if agent.state.is_terminal() {
-            return Err(EngineError::WrongState(format!(
-                "agent {id} already ended ({})",
-                agent.state.as_str()
-            )));
-        }
-        let _ = self.inner.backgrounds.send(id);
-        // Clients attached through other daemons sharing the database hear it from there.
-        self.inner.store.signal_background(id).await?;
-        Ok(())
-    }
-
     /// Streams the agent's messages with `seq >= since_seq`, then live ones, then its end.
-    pub async fn attach(&self, id: AgentId, since_seq: u64) -> Result<AgentEventStream> {
-        let agent = self.get_agent(id).await?;
-        if agent.kind == forkd_core::AgentKind::Parent {
-            return Err(EngineError::WrongState(
-                "a session's main loop streams through SendMessage; attach to its children".into(),
-            ));
-        }
+    pub(crate) fn follow(self: &Arc<Self>, id: AgentId, since_seq: u64) -> AgentEventStream {
         // Live channels first, so nothing stored during the replay is missed.
         let live = Live {
-            messages: self.inner.messages.subscribe(),
-            ended: self.inner.notifications.subscribe(),
-            backgrounds: self.inner.backgrounds.subscribe(),
+            messages: self.messages.subscribe(),
+            ended: self.notifications.live(),
+            backgrounds: self.backgrounds.subscribe(),
         };
         let (tx, rx) = mpsc::channel(256);
-        let engine = self.clone();
-        let shutdown = self.inner.shutdown.clone();
+        let this = Arc::clone(self);
+        let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             tokio::select! {
-                () = engine.feed_attached(id, since_seq, live, &tx) => {}
+                () = this.feed_attached(id, since_seq, live, &tx) => {}
                 () = shutdown.cancelled() => {}
                 () = tx.closed() => {}
             }
         });
-        Ok(Box::pin(ReceiverStream::new(rx)))
+        Box::pin(ReceiverStream::new(rx))
     }
 
     async fn feed_attached(&self, id: AgentId, since_seq: u64, mut live: Live, tx: &Events) {
@@ -117,13 +148,13 @@ impl Engine {
         if self.send_end_if_ended(id, &mut next, tx).await {
             return;
         }
-        let deadline = after(self.config().auto_background);
+        let deadline = after(self.auto_background);
         tokio::pin!(deadline);
         // An agent another daemon runs stores its messages there: on a shared database they are
         // read from the store as they come (its end arrives with its notification).
         let mut remote = tokio::time::interval(REMOTE_POLL);
         remote.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let shared = self.shared_store();
+        let shared = self.notifications.shared();
         loop {
             tokio::select! {
                 _ = remote.tick(), if shared => {
@@ -175,7 +206,7 @@ impl Engine {
 
     /// Sends stored messages from `next` on; false when the client is gone or the store failed.
     async fn replay_messages(&self, id: AgentId, next: &mut u64, tx: &Events) -> bool {
-        let stored = match self.inner.store.agent_messages(id).await {
+        let stored = match self.store.agent_messages(id).await {
             Ok(stored) => stored,
             Err(e) => {
                 let _ = tx.send(Err(e.into())).await;
@@ -203,7 +234,7 @@ impl Engine {
             agent_id: Some(id),
             ..NotificationFilter::default()
         };
-        let ended = match self.inner.store.notifications(0, &filter, 1).await {
+        let ended = match self.store.notifications(0, &filter, 1).await {
             Ok(mut found) => found.pop(),
             Err(e) => {
                 let _ = tx.send(Err(e.into())).await;

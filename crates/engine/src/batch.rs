@@ -1,21 +1,28 @@
 //! Fork batches: one assistant message of `Agent` tool_uses, N children, and warm-up gating.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex};
+
 use forkd_core::agent::FORK_QUERY_SOURCE;
 use forkd_core::fork::{ForkBatch, ForkError};
 use forkd_core::plan::{self, ForkLimits, Forker, Refusal};
+use forkd_core::request;
 use forkd_core::session::Session;
 use forkd_core::store::{
-    AgentFilter, BatchExtras, Budget, IdempotencyRecord, IdempotentCall, NewChild,
+    AgentFilter, BatchExtras, Budget, IdempotencyRecord, IdempotentCall, NewChild, Store,
 };
-use forkd_core::{Agent, AgentId, AgentKind, AgentState, BatchId, Directive, SessionId, Usage};
-use std::sync::Arc;
+use forkd_core::{Agent, AgentId, AgentKind, AgentState, BatchId, Directive, SessionId};
 
-use forkd_core::store::Store;
-use tokio::sync::watch;
-
+use crate::clock::now_ms;
+use crate::compact::Compactor;
+use crate::config::EngineConfig;
 use crate::error::{EngineError, Result};
-use crate::tenancy::Idempotent;
-use crate::{Engine, now_ms};
+use crate::locks::LockMap;
+use crate::run::Runs;
+use crate::session::Sessions;
+use crate::supervisor::Supervisor;
+use crate::tenancy::{Idempotent, Tenancy};
+use crate::window::{Window, block_tokens};
 
 /// How a client's batch is submitted, besides its session and directives.
 #[derive(Debug, Clone, Default)]
@@ -51,34 +58,80 @@ pub(crate) struct BatchStart {
     pub turn: Option<(forkd_core::store::Lease, Vec<AgentId>)>,
 }
 
-/// Opens when the first child's response has started (or when the first child ends without
-/// one), releasing its siblings. Dropping the sender opens it too, so no sibling waits forever.
-/// Opening it is also recorded in the store, where other daemons sharing the database see it
-/// before they take any of the batch's pending children.
-pub(crate) struct WarmupGate {
-    tx: Option<watch::Sender<bool>>,
+/// Fork batches: a client's through the fork plan, checked against the window at submission;
+/// every batch (a client's or a model's) stored and its children started.
+pub(crate) struct Batches {
     store: Arc<dyn Store>,
-    batch: BatchId,
+    /// Batch limits, warm-up gating's default.
+    config: Arc<EngineConfig>,
+    tenancy: Arc<Tenancy>,
+    window: Arc<Window>,
+    compaction: Arc<Compactor>,
+    sessions: Arc<Sessions>,
+    /// Starts the children.
+    runs: Arc<Runs>,
+    /// Stores and starts a batch in a task of its own.
+    supervisor: Arc<Supervisor>,
+    session_locks: Arc<LockMap<SessionId>>,
+    turn_starts: Arc<TurnStarts>,
 }
 
-impl WarmupGate {
-    pub(crate) fn open(&mut self) {
-        if let Some(tx) = self.tx.take() {
-            tx.send_replace(true);
-            record_open_gate(&self.store, self.batch);
+/// What batches are made of.
+pub(crate) struct BatchParts {
+    pub store: Arc<dyn Store>,
+    pub config: Arc<EngineConfig>,
+    pub tenancy: Arc<Tenancy>,
+    pub window: Arc<Window>,
+    pub compaction: Arc<Compactor>,
+    pub sessions: Arc<Sessions>,
+    pub runs: Arc<Runs>,
+    pub supervisor: Arc<Supervisor>,
+    pub session_locks: Arc<LockMap<SessionId>>,
+    pub turn_starts: Arc<TurnStarts>,
+}
+
+impl Batches {
+    pub(crate) fn new(parts: BatchParts) -> Self {
+        Self {
+            store: parts.store,
+            config: parts.config,
+            tenancy: parts.tenancy,
+            window: parts.window,
+            compaction: parts.compaction,
+            sessions: parts.sessions,
+            runs: parts.runs,
+            supervisor: parts.supervisor,
+            session_locks: parts.session_locks,
+            turn_starts: parts.turn_starts,
         }
     }
 }
 
-/// Records in the store that `batch`'s gate is open, without holding up the caller (a child's
-/// stream): a write that fails only keeps other daemons waiting until the gate's timeout.
-fn record_open_gate(store: &Arc<dyn Store>, batch: BatchId) {
-    let store = Arc::clone(store);
-    tokio::spawn(async move {
-        if let Err(e) = store.open_gate(batch).await {
-            tracing::warn!(batch.id = %batch, error = %e, "Cannot record that the batch's gate opened");
-        }
-    });
+/// Where each turn in flight began in its session's transcript: a client's batch forks before
+/// it (the end of the last finished turn). Turns write it, batches read it.
+#[derive(Debug, Default)]
+pub(crate) struct TurnStarts(StdMutex<HashMap<SessionId, u64>>);
+
+impl TurnStarts {
+    fn starts(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, u64>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A turn of the session began at message `seq`.
+    pub(crate) fn begin(&self, session: SessionId, seq: u64) {
+        self.starts().insert(session, seq);
+    }
+
+    /// The session's turn ended.
+    pub(crate) fn end(&self, session: SessionId) {
+        self.starts().remove(&session);
+    }
+
+    /// The end of the session's last finished turn when a turn is in flight (where that turn
+    /// began); `None` when none is.
+    pub(crate) fn finished_turns_end(&self, session: SessionId) -> Option<u64> {
+        self.starts().get(&session).copied()
+    }
 }
 
 fn invalid_fork(err: ForkError) -> EngineError {
@@ -95,55 +148,99 @@ fn child(
     NewChild {
         directive_block: ForkBatch::directive_block(&directive),
         agent: Agent {
-            id: AgentId::new(),
-            session_id,
             batch_id: Some(batch_id),
-            kind: AgentKind::Fork,
             index: index as u32,
-            state: AgentState::Pending,
             directive: Some(directive),
             query_source: Some(FORK_QUERY_SOURCE.to_owned()),
-            report_to: forkd_core::ReportTo::Transcript,
-            usage: Usage::default(),
-            cost_usd: 0.0,
-            error: None,
-            created_at_ms: now,
-            updated_at_ms: now,
-            held_by: None,
-            throttled_since_ms: None,
+            ..Agent::new(
+                AgentId::new(),
+                session_id,
+                AgentKind::Fork,
+                AgentState::Pending,
+                now,
+            )
         },
     }
 }
 
-impl Engine {
+impl Batches {
+    /// Refuses a client's batch whose children would not fit their model's window, before any
+    /// request is made. A child's first request is the parent's history up to the fork point
+    /// (`None`: all of it), the boilerplate and its directive: the longest directive stands for
+    /// every child.
+    pub(crate) async fn check_children_fit(
+        self: &Arc<Self>,
+        session: &Session,
+        fork_point: Option<u64>,
+        directives: &[&Directive],
+    ) -> Result<()> {
+        let Some(longest) = directives.iter().max_by_key(|d| d.prompt.len()) else {
+            return Ok(());
+        };
+        let Some(room) = self.window.room(&session.params) else {
+            return Ok(());
+        };
+        let probe = ForkBatch::client(BatchId::new(), session.id, 0, 0);
+        let shared: u64 = probe.shared_user_blocks.iter().map(block_tokens).sum();
+        let directive = ForkBatch::directive_block(longest);
+        let point = match fork_point {
+            Some(point) => point,
+            None => self.store.session_message_count(session.id).await?,
+        };
+        let compaction = self.compaction.compaction_before(session.id, point).await?;
+        let history = self
+            .window
+            .inherited_tokens(
+                session,
+                Some(point),
+                compaction.as_ref().map(|c| (c.to_seq, &c.summary)),
+            )
+            .await?;
+        let estimate = history + shared + block_tokens(&directive);
+        if !room.near_edge(estimate) || !self.window.provider_counts() {
+            return room.check_estimate(&session.params.model, estimate);
+        }
+        // Near the edge: the longest child's first request, built as its run will build it,
+        // for the provider to count.
+        let mut probe = probe;
+        probe.fork_point = point;
+        probe.compacted_to = compaction.map(|c| c.to_seq);
+        let history = self.compaction.inherited_history(&probe).await?;
+        let conversation = probe.child_conversation(&history, &directive, &[]);
+        let body = || request::serialize(&session.params, &conversation, true).body;
+        self.window
+            .check_near_edge(room, &session.params, estimate, body)
+            .await
+    }
+
     /// The limits every batch is planned under, a client's or a model's.
-    pub(crate) fn fork_limits(&self) -> ForkLimits {
+    pub(crate) fn fork_limits(self: &Arc<Self>) -> ForkLimits {
         ForkLimits {
-            max_children: self.config().max_children_per_batch,
-            max_directive_bytes: self.config().max_directive_bytes,
+            max_children: self.config.max_children_per_batch,
+            max_directive_bytes: self.config.max_directive_bytes,
         }
     }
 
     /// Submits a client's fork batch: appends the `Agent` tool_use message to the parent, stores
     /// the batch and its children, and starts them (child 1 first under warm-up gating).
-    pub async fn fork_batch(
-        &self,
+    pub(crate) async fn fork_batch(
+        self: &Arc<Self>,
         session_id: SessionId,
         directives: Vec<Directive>,
         options: BatchOptions,
     ) -> Result<SubmittedBatch> {
-        let session = self.get_session(session_id).await?;
+        let session = self.sessions.get(session_id).await?;
         self.fork_batch_in(session, directives, options).await
     }
 
-    /// [`Engine::fork_batch`] on a session already read.
+    /// [`Batches::fork_batch`] on a session already read.
     pub(crate) async fn fork_batch_in(
-        &self,
+        self: &Arc<Self>,
         session: Session,
         directives: Vec<Directive>,
         options: BatchOptions,
     ) -> Result<SubmittedBatch> {
-        let cfg = self.config();
+        let cfg = &self.config;
         let session_id = session.id;
         let batch_id = BatchId::new();
         let forker = Forker {
@@ -154,8 +251,12 @@ impl Engine {
         let forks =
             plan::plan_client(batch_id, &directives, &forker).map_err(EngineError::ForkRefused)?;
         let children: Vec<&Directive> = forks.iter().map(|(_, d)| d).collect();
-        self.check_children_fit(&session, self.finished_turns_end(session.id), &children)
-            .await?;
+        self.check_children_fit(
+            &session,
+            self.turn_starts.finished_turns_end(session.id),
+            &children,
+        )
+        .await?;
         let gating = options.warmup_gating.unwrap_or(cfg.warmup_gating);
         for (what, bad) in [
             (
@@ -191,9 +292,8 @@ impl Engine {
         // Storing and starting happen in a task of their own: if the caller goes away (a client
         // deadline, a reset stream) after the commit, the children still start. A committed
         // batch whose children never run would be work that silently vanished.
-        let engine = self.clone();
-        self.inner
-            .tasks
+        let batches = Arc::clone(self);
+        self.supervisor
             .spawn(async move {
                 let start = BatchStart {
                     session_id,
@@ -207,9 +307,10 @@ impl Engine {
                     turn: None,
                 };
                 let (Some(key), Some(digest)) = (key, digest) else {
-                    return engine.commit_and_start(start).await;
+                    return batches.commit_and_start(start).await;
                 };
-                let outcome = engine
+                let outcome = batches
+                    .tenancy
                     .idempotent(
                         &tenant,
                         &key,
@@ -217,7 +318,7 @@ impl Engine {
                         digest,
                         batch_id.to_string(),
                         |record| {
-                            engine.commit_and_start(BatchStart {
+                            batches.commit_and_start(BatchStart {
                                 idempotency: Some(record),
                                 ..start
                             })
@@ -226,7 +327,7 @@ impl Engine {
                     .await?;
                 match outcome {
                     Idempotent::Created(batch) => Ok(batch),
-                    Idempotent::Earlier(id) => engine.submitted(&id).await,
+                    Idempotent::Earlier(id) => batches.submitted(&id).await,
                 }
             })
             .await
@@ -234,12 +335,11 @@ impl Engine {
     }
 
     /// The batch an earlier call submitted, by its stored id.
-    async fn submitted(&self, id: &str) -> Result<SubmittedBatch> {
+    async fn submitted(self: &Arc<Self>, id: &str) -> Result<SubmittedBatch> {
         let batch_id: BatchId = id.parse().map_err(|e| {
             EngineError::Invariant(format!("stored batch id {id:?} does not parse: {e}"))
         })?;
         let agent_ids = self
-            .inner
             .store
             .list_agents(&AgentFilter {
                 batch_id: Some(batch_id),
@@ -259,7 +359,10 @@ impl Engine {
     /// Appends what the batch gives its parent (a model's fork message and its results, or a
     /// client's launch note) to the session, stores the batch and its children, and starts them.
     /// One code path for client and model batches.
-    pub(crate) async fn commit_and_start(&self, start: BatchStart) -> Result<SubmittedBatch> {
+    pub(crate) async fn commit_and_start(
+        self: &Arc<Self>,
+        start: BatchStart,
+    ) -> Result<SubmittedBatch> {
         let BatchStart {
             session_id,
             batch_id,
@@ -272,10 +375,10 @@ impl Engine {
             turn,
         } = start;
         // Known before the commit: once it is stored, nothing may keep the children from starting.
-        let tenant = self.session_owner(session_id).await?;
-        let lock = self.session_lock(session_id);
+        let tenant = self.tenancy.session_owner(session_id).await?;
+        let lock = self.session_locks.get(session_id);
         let guard = lock.lock().await;
-        let len = self.inner.store.session_message_count(session_id).await?;
+        let len = self.store.session_message_count(session_id).await?;
         let now = now_ms();
         let children: Vec<NewChild> = forks
             .iter()
@@ -297,7 +400,11 @@ impl Engine {
             None => {
                 // A client's batch forks at the end of the parent's last finished turn: a turn
                 // in flight is not part of what its children inherit.
-                let fork_point = self.finished_turns_end(session_id).unwrap_or(len).min(len);
+                let fork_point = self
+                    .turn_starts
+                    .finished_turns_end(session_id)
+                    .unwrap_or(len)
+                    .min(len);
                 let batch = ForkBatch::client(batch_id, session_id, fork_point, now);
                 let directives: Vec<Directive> = forks.into_iter().map(|(_, d)| d).collect();
                 let note = forkd_core::digest::launch_note(batch_id, &directives);
@@ -307,11 +414,11 @@ impl Engine {
         // Forked after a compaction, the children inherit what the parent's requests saw.
         let mut batch = batch;
         batch.compacted_to = self
+            .compaction
             .compaction_before(session_id, batch.fork_point)
             .await?
             .map(|c| c.to_seq);
-        self.inner
-            .store
+        self.store
             .create_fork_batch(
                 &batch,
                 &parent_messages,
@@ -335,36 +442,10 @@ impl Engine {
             gating,
             "Fork batch submitted"
         );
-        self.start_batch(batch_id, &tenant, &agent_ids, gating);
+        self.runs.start_batch(batch_id, &tenant, &agent_ids, gating);
         Ok(SubmittedBatch {
             batch_id,
             agent_ids,
         })
-    }
-
-    /// Starts a batch's children. Under gating the first child goes alone; the others wait for
-    /// its response to start, so they find the shared prefix already cached.
-    pub(crate) fn start_batch(
-        &self,
-        batch: BatchId,
-        tenant: &Arc<str>,
-        agent_ids: &[AgentId],
-        gating: bool,
-    ) {
-        let open = !gating || agent_ids.len() < 2;
-        if open {
-            record_open_gate(&self.inner.store, batch);
-        }
-        let (tx, rx) = watch::channel(open);
-        let mut gate = Some(WarmupGate {
-            tx: (!open).then_some(tx),
-            store: Arc::clone(&self.inner.store),
-            batch,
-        });
-        for (i, id) in agent_ids.iter().enumerate() {
-            let own_gate = if i == 0 { gate.take() } else { None };
-            let wait = (i > 0).then(|| rx.clone());
-            self.spawn_agent(*id, tenant, own_gate, wait);
-        }
     }
 }

@@ -4,9 +4,7 @@
 //! request is the request that produced the last assistant reply, byte for byte, plus the
 //! instruction (so it reads that request's cache); the boundary is stored beside the transcript
 //! in one transaction, and nothing of the transcript is deleted. Fork children and typed agents
-//! compact their own transcripts the same way (`agent`).
-
-mod agent;
+//! compact their own transcripts the same way (`run/compact.rs`).
 
 use forkd_core::compaction::{self, Compaction};
 use forkd_core::request::Conversation;
@@ -14,9 +12,15 @@ use forkd_core::session::{CacheSafeParams, Session};
 use forkd_core::store::Lease;
 use forkd_core::{Agent, Block, Message, SessionId};
 
+use std::sync::Arc;
+
+use forkd_core::pricing::Models;
+use forkd_core::store::Store;
+
+use crate::clock::now_ms;
 use crate::error::{EngineError, Result};
-use crate::model::{ModelCall, PrefixEnd};
-use crate::{Engine, now_ms};
+use crate::model::{ModelCall, ModelCalls, PrefixEnd};
+use crate::window::Window;
 
 /// What the parent's requests see of its transcript.
 pub(crate) struct ParentView {
@@ -28,7 +32,97 @@ pub(crate) struct ParentView {
     pub len: u64,
 }
 
-impl Engine {
+/// Requests on a transcript that compacts itself when it must: a session's main loop, or a
+/// fork child's or typed agent's own transcript. [`Compactor::request_compacting`] is the one
+/// place that decides when to compact and what to do when the provider says the prompt is too
+/// long.
+pub(crate) trait Compacting {
+    /// What one request answers.
+    type Answer;
+    /// What is compacted, for the log and for errors: "the transcript", "the agent's
+    /// transcript".
+    const WHAT: &'static str;
+    /// The params the requests go with (their model's window and `max_tokens`).
+    fn params(&self) -> &CacheSafeParams;
+    /// The next request's input tokens, from the counts kept.
+    async fn tokens(&mut self) -> Result<u64>;
+    /// Compacts the transcript; `WrongState` when there is nothing to compact yet.
+    async fn compact(&mut self) -> Result<()>;
+    /// Builds and sends the next request; `counted` is what [`Compacting::tokens`] said.
+    async fn request(&mut self, counted: u64) -> Result<Self::Answer>;
+}
+
+/// Compaction: when a transcript compacts, its boundary and summary, and what requests see of a
+/// compacted transcript.
+pub(crate) struct Compactor {
+    store: Arc<dyn Store>,
+    calls: Arc<ModelCalls>,
+    window: Arc<Window>,
+    /// The models' windows, for the threshold.
+    models: Models,
+    /// The share of its model's window past which a request compacts its transcript first.
+    threshold: f64,
+}
+
+impl Compactor {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        calls: Arc<ModelCalls>,
+        window: Arc<Window>,
+        models: Models,
+        threshold: f64,
+    ) -> Self {
+        Self {
+            store,
+            calls,
+            window,
+            models,
+            threshold,
+        }
+    }
+
+    /// The next request of `transcript`. Past the compaction threshold it compacts first; a
+    /// provider that finds the prompt too long (its count is not forkd's) makes it compact and
+    /// ask once more.
+    pub(crate) async fn request_compacting<C: Compacting>(
+        &self,
+        transcript: &mut C,
+    ) -> Result<C::Answer> {
+        let mut counted = transcript.tokens().await?;
+        if self.needs_compaction(transcript.params(), counted) {
+            match transcript.compact().await {
+                Ok(()) => counted = transcript.tokens().await?,
+                // Nothing to compact yet: the window check decides.
+                Err(EngineError::WrongState(why)) => {
+                    tracing::warn!(%why, what = C::WHAT, "The request passes the compaction threshold");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let e = match transcript.request(counted).await {
+            Err(EngineError::Provider(e)) if e.is_prompt_too_long() => e,
+            other => return other,
+        };
+        tracing::warn!(error = %e, what = C::WHAT, "The provider says the prompt is too long; compacting");
+        match transcript.compact().await {
+            Ok(()) => {}
+            Err(EngineError::WrongState(why)) => {
+                return Err(too_long(&e, &format!("and it cannot be compacted: {why}")));
+            }
+            Err(other) => return Err(other),
+        }
+        let counted = transcript.tokens().await?;
+        transcript
+            .request(counted)
+            .await
+            .map_err(|again| match again {
+                EngineError::Provider(e) if e.is_prompt_too_long() => {
+                    too_long(&e, &format!("even after {} was compacted", C::WHAT))
+                }
+                other => other,
+            })
+    }
+
     /// The session's latest compaction whose boundary is at or before `seq`: what the parent's
     /// requests saw of the transcript's first `seq` messages.
     pub(crate) async fn compaction_before(
@@ -37,7 +131,6 @@ impl Engine {
         seq: u64,
     ) -> Result<Option<Compaction>> {
         Ok(self
-            .inner
             .store
             .compactions(session)
             .await?
@@ -52,7 +145,7 @@ impl Engine {
         &self,
         batch: &forkd_core::fork::ForkBatch,
     ) -> Result<Vec<Message>> {
-        let store = &self.inner.store;
+        let store = &self.store;
         let summary = match batch.compacted_to {
             Some(to) => Some(
                 store
@@ -80,29 +173,9 @@ impl Engine {
         Ok(summary.into_iter().chain(messages).collect())
     }
 
-    /// The input tokens of a request on the transcript's first `upto` messages (tools and
-    /// system prompt included), from the counts kept per message; after a compaction
-    /// (`(to_seq, summary)`), its summary and the messages from its boundary.
-    pub(crate) async fn inherited_tokens(
-        &self,
-        session: &Session,
-        upto: Option<u64>,
-        compaction: Option<(u64, &Message)>,
-    ) -> Result<u64> {
-        let all = self.history_tokens(session, upto).await?;
-        Ok(match compaction {
-            Some((to_seq, summary)) => {
-                let head = self.history_tokens(session, Some(0)).await?;
-                let before = self.history_tokens(session, Some(to_seq)).await?;
-                head + (all - before) + crate::window::message_tokens(summary)
-            }
-            None => all,
-        })
-    }
-
     /// The parent's conversation as its next request sees it.
     pub(crate) async fn parent_view(&self, session: &Session) -> Result<ParentView> {
-        let store = &self.inner.store;
+        let store = &self.store;
         let compaction = store.compactions(session.id).await?.pop();
         let all = store.session_messages(session.id, None).await?;
         let len = all.len() as u64;
@@ -126,7 +199,8 @@ impl Engine {
     /// The input tokens of the parent's request on `view`, from the counts kept per message.
     pub(crate) async fn view_tokens(&self, session: &Session, view: &ParentView) -> Result<u64> {
         let compaction = view.compaction.as_ref().map(|c| (c.to_seq, &c.summary));
-        self.inherited_tokens(session, Some(view.len), compaction)
+        self.window
+            .inherited_tokens(session, Some(view.len), compaction)
             .await
     }
 
@@ -134,10 +208,10 @@ impl Engine {
     /// threshold of its model's window (input plus `max_tokens` against `compact_threshold` ×
     /// window).
     pub(crate) fn needs_compaction(&self, params: &CacheSafeParams, input_tokens: u64) -> bool {
-        let Some(model) = self.config().models.get(&params.model) else {
+        let Some(model) = self.models.get(&params.model) else {
             return false;
         };
-        let threshold = model.context_window as f64 * self.config().compact_threshold;
+        let threshold = model.context_window as f64 * self.threshold;
         (input_tokens + u64::from(params.max_tokens)) as f64 > threshold
     }
 
@@ -152,7 +226,7 @@ impl Engine {
         request: u32,
         instructions: Option<&str>,
     ) -> Result<Compaction> {
-        let store = &self.inner.store;
+        let store = &self.store;
         let previous = store.compactions(session.id).await?.pop();
         let all: Vec<Message> = store
             .session_messages(session.id, None)
@@ -189,7 +263,8 @@ impl Engine {
         }
         tracing::info!(session.id = %session.id, to_seq, "Compacting the transcript");
         let answer = self
-            .call_model(
+            .calls
+            .call(
                 ModelCall {
                     agent: parent,
                     turn: request,
@@ -201,18 +276,7 @@ impl Engine {
                 &mut |_| {},
             )
             .await?;
-        let text = answer.completion.message.text();
-        if text.trim().is_empty() {
-            return Err(EngineError::Invariant(
-                "the model's compaction summary was empty".into(),
-            ));
-        }
-        let compaction = Compaction {
-            from_seq: after,
-            to_seq,
-            summary: compaction::summary_message(&text),
-            created_at_ms: now_ms(),
-        };
+        let compaction = boundary(&answer.completion.message, after, to_seq)?;
         store
             .append_compaction(lease, session.id, &compaction)
             .await?;
@@ -224,34 +288,23 @@ impl Engine {
         );
         Ok(compaction)
     }
+}
 
-    /// Compacts a session now, at a client's request: refused while a turn runs.
-    pub async fn compact_session(
-        &self,
-        session_id: SessionId,
-        instructions: Option<String>,
-    ) -> Result<Compaction> {
-        let session = self.get_session(session_id).await?;
-        let turn_lock = self.turn_lock(session.id);
-        let _guard = turn_lock.try_lock_owned().map_err(|_| {
-            EngineError::WrongState(format!(
-                "session {session_id} is running a turn; compact it once the turn has ended"
-            ))
-        })?;
-        let parent = self.parent_agent(&session).await?;
-        let lease = self.claim_main_loop(&parent).await?;
-        // Like a run, it stops where it stands when the daemon stops: no boundary is stored
-        // unless the summary came back whole.
-        let shutdown = self.inner.shutdown.clone();
-        let outcome = tokio::select! {
-            outcome = self.compact(&session, &parent, &lease, 0, instructions.as_deref()) => outcome,
-            () = shutdown.cancelled() => return Err(EngineError::Draining),
-        };
-        if let Err(e) = self.inner.store.end_turn(&lease, None).await {
-            tracing::warn!(error = %e, "Cannot mark the parent idle after a compaction");
-        }
-        outcome
+/// The boundary a compaction stores: the model's summary (`reply`) of the messages from `after`
+/// to `to_seq`. An empty summary is refused: it would drop what it stands for.
+pub(crate) fn boundary(reply: &Message, after: u64, to_seq: u64) -> Result<Compaction> {
+    let text = reply.text();
+    if text.trim().is_empty() {
+        return Err(EngineError::Invariant(
+            "the model's compaction summary was empty".into(),
+        ));
     }
+    Ok(Compaction {
+        from_seq: after,
+        to_seq,
+        summary: compaction::summary_message(&text),
+        created_at_ms: now_ms(),
+    })
 }
 
 /// The provider's "prompt is too long", saying what forkd did about it.

@@ -1,8 +1,13 @@
 //! The engine's settings, with the defaults a daemon runs on.
 
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use forkd_core::pricing::{DEFAULT_MODEL, Models};
+use forkd_mcp::{McpFile, Origin, ServerSpec};
+
+use crate::sealed::SecretKey;
 
 /// The engine's settings.
 #[derive(Debug, Clone)]
@@ -33,7 +38,7 @@ pub struct EngineConfig {
     /// `max_tokens` of each request when the session sets none.
     pub default_max_tokens: u32,
     /// When model requests may go, and how long a refused one keeps trying.
-    pub admission: crate::AdmissionConfig,
+    pub admission: AdmissionConfig,
     /// Folders of custom agent type definitions (`$FORKD_HOME/agents`); a session's
     /// `<workspace>/.forkd/agents` is read after these and wins.
     pub agent_dirs: Vec<std::path::PathBuf>,
@@ -50,7 +55,7 @@ pub struct EngineConfig {
     /// The sandbox of sessions' Bash commands.
     pub sandbox: SandboxConfig,
     /// MCP servers: the operator's, and who may define their own.
-    pub mcp: crate::mcp::McpConfig,
+    pub mcp: McpConfig,
     /// Spending limits per tenant (by name); an agent of a tenant over its budget fails.
     pub tenant_budgets: std::collections::HashMap<String, forkd_core::store::Budget>,
 }
@@ -68,13 +73,13 @@ impl Default for EngineConfig {
             default_model: DEFAULT_MODEL.to_owned(),
             models: Models::default(),
             default_max_tokens: 8192,
-            admission: crate::AdmissionConfig::default(),
+            admission: AdmissionConfig::default(),
             agent_dirs: Vec::new(),
             auto_background: Some(Duration::from_secs(120)),
             fork_always_async: true,
             tenant_budgets: std::collections::HashMap::new(),
             sandbox: SandboxConfig::default(),
-            mcp: crate::mcp::McpConfig::default(),
+            mcp: McpConfig::default(),
             max_running_agents: Some(256),
         }
     }
@@ -129,6 +134,67 @@ impl Default for SandboxConfig {
                 ),
             }),
             limits: forkd_tools::sandbox::ResourceLimits::default(),
+        }
+    }
+}
+
+/// The daemon's MCP configuration.
+#[derive(Debug, Clone, Default)]
+pub struct McpConfig {
+    /// The operator's servers (`$FORKD_HOME/mcp.json`), resolved (`${VAR}` expanded) at start.
+    pub servers: HashMap<String, ServerSpec>,
+    /// Tenants that may send their own server definitions (`allow_mcp_config = true` under
+    /// `[tenants.NAME]`); callers on the Unix socket always may.
+    pub config_tenants: HashSet<String>,
+    /// The key that seals sessions' own server definitions in the database (see `sealed.rs`).
+    /// Without one they are kept in this daemon's memory only.
+    pub secret_key: Option<Arc<SecretKey>>,
+}
+
+impl McpConfig {
+    /// Reads the operator's `mcp.json`; `env` is the daemon's environment (for `${VAR}`).
+    pub fn from_file(
+        text: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> std::result::Result<HashMap<String, ServerSpec>, forkd_mcp::ConfigError> {
+        McpFile::parse(text)?
+            .servers
+            .iter()
+            .map(|(name, def)| Ok((name.clone(), def.resolve(name, Origin::Operator, env)?)))
+            .collect()
+    }
+}
+
+/// How the limiter waits and gives up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdmissionConfig {
+    /// How long a request refused for a rate limit or an overload (429, 529, 503, a cut
+    /// stream) keeps trying, from its first refusal.
+    pub patience: Duration,
+    /// The same for a provider that cannot be reached at all.
+    pub unreachable_patience: Duration,
+    /// Requests in flight per key at first; the window then grows by one per window of
+    /// successes, up to `max_concurrency`, and halves on overload.
+    pub initial_concurrency: usize,
+    pub max_concurrency: usize,
+    /// Backoff for a refusal that says no time: doubled per refusal, with jitter, capped.
+    pub backoff_base: Duration,
+    pub backoff_cap: Duration,
+    /// Retries, at most, for a plain 500 (or another 5xx that is not an overload or gateway
+    /// status).
+    pub max_server_error_retries: u32,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        Self {
+            patience: Duration::from_secs(15 * 60),
+            unreachable_patience: Duration::from_secs(60),
+            initial_concurrency: 64,
+            max_concurrency: 256,
+            backoff_base: Duration::from_millis(500),
+            backoff_cap: Duration::from_secs(30),
+            max_server_error_retries: 2,
         }
     }
 }

@@ -7,76 +7,16 @@
 
 use forkd_core::request::{Conversation, SerializedRequest, fingerprint};
 use forkd_core::store::{PrefixPart, RequestFilter, RequestRecord};
-use forkd_core::{AgentId, AgentKind, BatchId, RequestId, Role};
+use forkd_core::{AgentId, AgentKind, RequestId, Role};
 
 use crate::Engine;
+use crate::divergence::{Divergence, first_differing_part};
 use crate::error::{EngineError, Result};
-use crate::model::{PrefixEnd, build};
+use crate::model::{PrefixEnd, build, prefix_parts};
 
 /// How many bytes of each side an explanation shows around the byte where they part.
 const EXCERPT_BEFORE: usize = 40;
 const EXCERPT_AFTER: usize = 80;
-
-/// Cuts `body[..end]` into its parts: the head (model, max_tokens, stream, thinking), the tools
-/// array, the system prompt, and each message that starts before `end`. `tools_len` is the
-/// length of the tools array's bytes (which sit right after `,"tools":`).
-pub(crate) fn prefix_parts(
-    body: &SerializedRequest,
-    tools_len: usize,
-    end: usize,
-) -> Vec<PrefixPart> {
-    let bytes = body.body.as_bytes();
-    let end = end.min(bytes.len());
-    let mut cuts: Vec<(String, usize)> = vec![("head".to_owned(), 0)];
-    // The model name is a JSON string, so an unescaped `,"tools":` can only be the field itself.
-    if let Some(at) = body.body.find(r#","tools":"#) {
-        let tools = at + r#","tools":"#.len();
-        cuts.push(("tools".to_owned(), tools));
-        cuts.push(("system".to_owned(), tools + tools_len));
-    }
-    // One part per message, not per block: a fork message holds a block per sibling, and parts
-    // per block would make every child's record grow with the batch (explain still finds the
-    // byte by rebuilding the bodies).
-    for span in body.spans.iter().filter(|s| s.pos.block == 0) {
-        cuts.push((format!("message {}", span.pos.message), span.start));
-    }
-    cuts.retain(|(_, at)| *at < end || *at == 0);
-    let mut parts = Vec::with_capacity(cuts.len());
-    for (i, (label, start)) in cuts.iter().enumerate() {
-        let stop = cuts.get(i + 1).map_or(end, |(_, next)| *next).min(end);
-        let slice = bytes.get(*start..stop.max(*start)).unwrap_or_default();
-        parts.push(PrefixPart {
-            label: label.clone(),
-            offset: *start as u64,
-            digest: fingerprint(slice)[..16].to_owned(),
-        });
-    }
-    parts
-}
-
-/// The first part where two recorded prefixes differ (by label, offset or digest), or `None`
-/// when they agree part for part.
-pub fn first_differing_part<'a>(
-    a: &'a [PrefixPart],
-    b: &'a [PrefixPart],
-) -> Option<&'a PrefixPart> {
-    let i = a.iter().zip(b).position(|(x, y)| x != y);
-    match i {
-        Some(i) => a.get(i),
-        None if a.len() != b.len() => a.get(b.len()).or_else(|| b.get(a.len())),
-        None => None,
-    }
-}
-
-/// A fork child's first request whose prefix differs from its first sibling's.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Divergence {
-    pub request_id: RequestId,
-    pub sibling_request_id: RequestId,
-    /// The first part whose digest differs (`system`, `tools`, `message N`, …); empty
-    /// when the records carry no parts.
-    pub part: String,
-}
 
 /// Where two requests' bodies part.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -132,77 +72,15 @@ fn excerpt(s: &str, at: usize) -> String {
 }
 
 impl Engine {
-    /// The earliest recorded request of `turn` in `batch` made by another agent than `not`.
-    pub(crate) async fn first_sibling_request(
-        &self,
-        batch: BatchId,
-        turn: u32,
-        not: AgentId,
-    ) -> Result<Option<RequestRecord>> {
-        let records = self
-            .inner
-            .store
-            .list_requests(&RequestFilter {
-                batch_id: Some(batch),
-                ..RequestFilter::default()
-            })
-            .await?;
-        Ok(records
-            .into_iter()
-            .find(|r| r.turn == turn && r.agent_id != not))
-    }
-
     /// Compares a fork child's request with its first sibling's request of the same turn (from
-    /// the store); a different prefix is warned about and counted. Runs record their first
-    /// request through the same comparison.
+    /// the store); a different prefix is warned about and counted.
     pub async fn check_prefix(&self, record: &RequestRecord) -> Result<Option<Divergence>> {
-        let Some(batch) = record.batch_id else {
-            return Ok(None);
-        };
-        let first = self
-            .first_sibling_request(batch, record.turn, record.agent_id)
-            .await?;
-        Ok(first.and_then(|first| self.compare_prefix(&first, record)))
-    }
-
-    /// Warns about and counts a request whose prefix differs from its first sibling's.
-    pub(crate) fn compare_prefix(
-        &self,
-        first: &RequestRecord,
-        record: &RequestRecord,
-    ) -> Option<Divergence> {
-        if first.prefix_fingerprint == record.prefix_fingerprint {
-            return None;
-        }
-        let part = first_differing_part(&record.prefix_parts, &first.prefix_parts)
-            .map(|p| p.label.clone())
-            .unwrap_or_default();
-        tracing::warn!(
-            request.id = %record.id,
-            sibling.request.id = %first.id,
-            agent.id = %record.agent_id,
-            batch.id = ?record.batch_id,
-            part = %part,
-            "A fork child's prefix differs from its first sibling's: its request will not read the \
-             shared cache (`forkctl cache explain {}` shows where)",
-            record.id
-        );
-        crate::metrics::prefix_divergence();
-        self.inner
-            .divergences
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Some(Divergence {
-            request_id: record.id,
-            sibling_request_id: first.id,
-            part,
-        })
+        self.inner.divergences.check(record).await
     }
 
     /// How many sibling prefix divergences this engine has seen.
     pub fn prefix_divergences(&self) -> u64 {
-        self.inner
-            .divergences
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.inner.divergences.seen()
     }
 
     /// Request records by agent, batch or session.
@@ -229,7 +107,7 @@ impl Engine {
         if agent.kind == AgentKind::Parent {
             return self.rebuild_main_loop(record).await;
         }
-        let run = self.load_run(agent.id).await.ok()?;
+        let run = self.inner.runs.load_run(agent.id).await.ok()?;
         // The request of turn t saw the agent's own messages before its t-th reply, from the
         // boundary stored before it (one before its last reply, not at it).
         let mut replies = 0u32;
@@ -314,7 +192,9 @@ impl Engine {
                         a.id
                     ))
                 })?;
-                self.first_sibling_request(batch, a.turn, a.agent_id)
+                self.inner
+                    .divergences
+                    .first_sibling_request(batch, a.turn, a.agent_id)
                     .await?
                     .ok_or_else(|| {
                         EngineError::WrongState(format!(

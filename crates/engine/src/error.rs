@@ -104,3 +104,12 @@ impl From<ProviderError> for EngineError {
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// At most `max` characters of a client's value, for error messages: a huge bogus value echoed
+/// whole would not fit in the status trailer.
+pub(crate) fn clip(value: &str, max: usize) -> String {
+    match value.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &value[..cut]),
+        None => value.to_owned(),
+    }
+}

@@ -61,7 +61,7 @@ impl Engine {
         match self.inner.store.renew_leases().await {
             Ok(renewal) => {
                 for id in renewal.kills {
-                    if self.kill_here(id) {
+                    if self.inner.supervisor.kill_here(id) {
                         tracing::info!(agent.id = %id, "Agent killed through another daemon");
                     }
                 }
@@ -73,7 +73,7 @@ impl Engine {
         if self.draining() {
             return;
         }
-        self.stop_idle_servers().await;
+        self.inner.mcp.stop_idle_servers().await;
         match self.adopt().await {
             Ok(0) => {}
             Ok(adopted) => tracing::info!(adopted, "Adopted agents whose daemon stopped renewing"),
@@ -91,7 +91,7 @@ impl Engine {
     /// [`TAKE_UNCAPPED`] a beat without a cap), and runs them. Only children of batches whose
     /// warm-up gate opened (or timed out): they read the cache their first sibling wrote.
     async fn take_shared_work(&self) -> Result<usize> {
-        let running = self.runs().len();
+        let running = self.inner.supervisor.running();
         let free = match self.inner.config.max_running_agents {
             Some(cap) => cap.saturating_sub(running),
             None => TAKE_UNCAPPED,
@@ -108,22 +108,11 @@ impl Engine {
         for id in &taken {
             // Released already: the gate opened where the batch started. One that cannot start
             // now stays pending, and is taken again.
-            if let Err(e) = self.start_agent(*id).await {
+            if let Err(e) = self.inner.runs.start_agent(*id).await {
                 tracing::warn!(agent.id = %id, error = %e, "Cannot start a pending child");
             }
         }
         Ok(taken.len())
-    }
-
-    /// Stops this daemon's run of `id` as killed; false when no run of it is here.
-    pub(crate) fn kill_here(&self, id: AgentId) -> bool {
-        let run = self.runs().get(&id).cloned();
-        let Some(token) = run else {
-            return false;
-        };
-        self.killed().insert(id);
-        token.cancel();
-        true
     }
 
     /// Starts every agent that no live daemon holds (see [`forkd_core::store::Store::adoptable_agents`])
@@ -136,7 +125,7 @@ impl Engine {
             .adoptable_agents()
             .await?
             .into_iter()
-            .filter(|a| !self.runs().contains_key(&a.id))
+            .filter(|a| !self.inner.supervisor.is_running(a.id))
             .collect();
         self.redirect_orphaned_reports(&adoptable).await?;
         let mut runnable = Vec::with_capacity(adoptable.len());
@@ -241,7 +230,7 @@ impl Engine {
                 if agent.state == AgentState::Running {
                     let id = agent.id;
                     // One session's broken turn must not keep the others from resuming.
-                    match self.resume_turn(agent).await {
+                    match self.inner.turns.resume_turn(agent).await {
                         Ok(()) => resumed += 1,
                         Err(e) => tracing::error!(
                             agent.id = %id,
@@ -259,8 +248,8 @@ impl Engine {
                     .entry(batch)
                     .or_default()
                     .push((agent.index, agent.id)),
-                _ => match self.session_owner(agent.session_id).await {
-                    Ok(tenant) => self.start_run(agent.id, &tenant),
+                _ => match self.inner.tenancy.session_owner(agent.session_id).await {
+                    Ok(tenant) => self.inner.runs.start_run(agent.id, &tenant),
                     Err(e) => tracing::error!(
                         agent.id = %agent.id,
                         error = %e,

@@ -9,12 +9,17 @@ pub mod agent_types;
 mod agents;
 mod attach;
 mod batch;
+mod clock;
 mod compact;
 mod config;
 mod diagnose;
+mod divergence;
 mod error;
 mod fair_queue;
+mod handoff;
 mod leases;
+mod locks;
+mod lookup;
 pub mod mcp;
 pub mod metrics;
 mod model;
@@ -26,41 +31,38 @@ mod scoped;
 pub mod sealed;
 mod session;
 mod stats;
+mod supervisor;
 mod tenancy;
-mod tools;
-mod typed;
 mod window;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
+use forkd_core::session::Session;
 use forkd_core::store::Store;
-use forkd_core::{Notification, SessionId};
+use forkd_core::store::{NotificationFilter, Wakeup};
+use forkd_core::{AgentId, SessionId};
 use forkd_provider::Provider;
-use tokio::sync::{Mutex, broadcast};
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-pub use admission::{AdmissionConfig, Class};
+use crate::locks::LockMap;
+use tokio_util::sync::CancellationToken;
+
+pub use admission::Class;
 pub use agents::TranscriptEntry;
 pub use attach::{AgentEvent, AgentEventStream, auto_background};
 pub use batch::{BatchOptions, SubmittedBatch};
-pub use config::{EngineConfig, SandboxConfig};
-pub use diagnose::{CacheExplanation, Divergence, first_differing_part};
+pub use config::{AdmissionConfig, EngineConfig, McpConfig, SandboxConfig};
+pub use diagnose::CacheExplanation;
+pub use divergence::{Divergence, first_differing_part};
 pub use error::EngineError;
 pub use forkd_provider::{FailureKind, ProviderError};
-pub use mcp::{McpConfig, McpRequest};
+pub use mcp::McpRequest;
 pub use notify::NotificationStream;
 pub use parent::{ParentEvent, ParentEventStream};
 pub use permissions::{PermissionAnswer, PermissionPrompt, PromptStream};
 pub use scoped::{SessionView, TenantEngine};
 pub use session::{ContextFile, NewSession, context_block};
 pub use stats::{CacheStats, StatsScope};
-
-/// How many live notifications a slow subscriber may fall behind before it catches up from the
-/// store. Bounded so that no subscriber can hold memory or delay the agents.
-const NOTIFICATION_BUFFER: usize = 1024;
 
 /// The running engine. Cheap to clone; all clones share one state.
 #[derive(Clone)]
@@ -70,98 +72,169 @@ pub struct Engine {
 
 struct Inner {
     store: Arc<dyn Store>,
-    provider: Arc<dyn Provider>,
-    config: EngineConfig,
-    /// Live notifications, sent after they are committed to the store.
-    notifications: broadcast::Sender<Notification>,
-    /// Set on a database several daemons share: the live notifications are then read back from
-    /// the store in seq order by one task (see `notify::feed_from_store`), which this wakes
-    /// after each of this daemon's own commits.
-    store_feed: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
-    /// One lock per session: appends to a session's transcript (a fork batch, a notification)
-    /// must see the transcript's current length, so they are serialized per session.
-    session_locks: LockMap<SessionId>,
-    /// One parent turn per session at a time (held for the whole turn, unlike the session lock).
-    turn_locks: LockMap<SessionId>,
-    /// Where each turn in flight began in its session's transcript: a client's batch forks
-    /// before it (the end of the last finished turn).
-    turn_starts: StdMutex<HashMap<SessionId, u64>>,
-    /// Held across a notification's commit and its broadcast, so live subscribers receive
-    /// notifications in sequence order (they drop anything at or below the last seq they saw).
-    notify_order: Mutex<()>,
-    /// Messages as they are stored, for attached clients.
-    messages: broadcast::Sender<attach::Published>,
-    /// Requests to hand an agent's attached clients to the background.
-    backgrounds: broadcast::Sender<forkd_core::AgentId>,
-    /// The token of every agent run in progress, to kill one.
-    runs: StdMutex<HashMap<forkd_core::AgentId, CancellationToken>>,
-    /// Runs cancelled by a kill rather than by shutdown.
-    killed: StdMutex<std::collections::HashSet<forkd_core::AgentId>>,
+    config: Arc<EngineConfig>,
+    /// Notifications after their commit: the live broadcast and subscriptions.
+    notifications: Arc<notify::Notifications>,
+    /// Parent turns.
+    turns: Arc<parent::Turns>,
+    /// Fork batches: planned, stored, started.
+    batches: Arc<batch::Batches>,
+    /// Agents' transcripts as they grow, for attached clients, and hand-offs to the background.
+    attach: Arc<attach::Attach>,
+    /// Every run in progress (children, typed agents, parent turns), their kills, tasks, slots.
+    supervisor: Arc<supervisor::Supervisor>,
     /// Permission prompts waiting for an interactive client's answer.
-    prompts: permissions::Prompts,
-    /// Batch prefixes shared by the running children of each batch.
-    batches: run::BatchCache,
-    /// Slots for running agents when their number is capped, and the runs waiting for one.
-    run_slots: Option<Arc<run::RunSlots>>,
-    /// When model requests may go, per credential and model, and what follows a refusal.
-    admission: admission::Admission,
-    /// Whose limits the provider's requests count against.
-    credential: forkd_provider::Credential,
+    permissions: Arc<permissions::Permissions>,
+    /// Runs of fork children and typed agents.
+    runs: Arc<run::Runs>,
+    /// Compaction of transcripts, and what requests see of a compacted one.
+    compaction: Arc<compact::Compactor>,
     /// Session owners and per-key locks of idempotent calls.
-    tenancy: tenancy::Tenancy,
-    /// Token counts of transcripts, for the context-window checks.
-    token_counts: window::TokenCounts,
-    /// Process groups of tool calls that a kill cut off, by agent, until the kill has waited
-    /// for them (see `tools::GroupWatch`).
-    cut_off_groups: StdMutex<HashMap<forkd_core::AgentId, Vec<forkd_core::store::ProcessGroup>>>,
+    tenancy: Arc<tenancy::Tenancy>,
     /// Sessions whose workspace this machine lacks (their agents are left to other daemons),
     /// so that the log says so once.
     missing_workspaces: StdMutex<std::collections::HashSet<SessionId>>,
-    /// Sibling prefix divergences seen (also counted in the metrics).
-    divergences: std::sync::atomic::AtomicU64,
-    tasks: TaskTracker,
-    /// The MCP servers this daemon started (one per tenant and definition).
-    mcp: forkd_mcp::Pool,
-    /// Sessions' own MCP server definitions: in memory only, since they may hold secrets.
-    mcp_own: StdMutex<HashMap<SessionId, Vec<forkd_mcp::ServerSpec>>>,
+    /// Sibling prefix checks, and how many differed.
+    divergences: Arc<divergence::Divergences>,
+    /// Sessions' MCP servers: what each may use, and the calls.
+    mcp: Arc<mcp::McpServers>,
+    /// Sessions: created and read.
+    sessions: Arc<session::Sessions>,
     /// Cancelled when shutdown begins: runs finish the call in flight and start no other.
     draining: CancellationToken,
     shutdown: CancellationToken,
 }
 
 impl Engine {
+    /// Makes the services, lowest layer first, each with the handles it needs.
     pub fn new(store: Arc<dyn Store>, provider: Arc<dyn Provider>, config: EngineConfig) -> Self {
-        let (notifications, _) = broadcast::channel(NOTIFICATION_BUFFER);
+        let config = Arc::new(config);
+        let shutdown = CancellationToken::new();
+        let draining = CancellationToken::new();
+        let session_locks = Arc::new(LockMap::default());
+        let window = Arc::new(window::Window::new(
+            store.clone(),
+            provider.clone(),
+            config.models.clone(),
+        ));
+        let tenancy = Arc::new(tenancy::Tenancy::new(
+            store.clone(),
+            config.tenant_budgets.clone(),
+        ));
+        let mcp = Arc::new(mcp::McpServers::new(
+            store.clone(),
+            config.mcp.clone(),
+            config.sandbox.clone(),
+        ));
+        let supervisor = Arc::new(supervisor::Supervisor::new(
+            config.max_running_agents,
+            draining.clone(),
+            shutdown.clone(),
+        ));
+        let divergences = Arc::new(divergence::Divergences::new(store.clone()));
+        let calls = Arc::new(model::ModelCalls::new(model::ModelCallParts {
+            store: store.clone(),
+            provider,
+            admission: config.admission.clone(),
+            window: window.clone(),
+            tenancy: tenancy.clone(),
+            models: config.models.clone(),
+            draining: draining.clone(),
+        }));
+        let notifications = Arc::new(notify::Notifications::new(
+            store.clone(),
+            tenancy.clone(),
+            shutdown.clone(),
+        ));
+        let permissions = Arc::new(permissions::Permissions::new(
+            store.clone(),
+            notifications.clone(),
+            shutdown.clone(),
+        ));
+        let attach = Arc::new(attach::Attach::new(
+            store.clone(),
+            notifications.clone(),
+            config.auto_background,
+            shutdown.clone(),
+        ));
+        let sessions = Arc::new(session::Sessions::new(
+            store.clone(),
+            config.clone(),
+            tenancy.clone(),
+            mcp.clone(),
+            window.clone(),
+        ));
+        let compaction = Arc::new(compact::Compactor::new(
+            store.clone(),
+            calls.clone(),
+            window.clone(),
+            config.models.clone(),
+            config.compact_threshold,
+        ));
+        let runs = Arc::new(run::Runs::new(run::RunParts {
+            store: store.clone(),
+            config: config.clone(),
+            calls: calls.clone(),
+            compaction: compaction.clone(),
+            window: window.clone(),
+            tenancy: tenancy.clone(),
+            notifications: notifications.clone(),
+            attach: attach.clone(),
+            permissions: permissions.clone(),
+            mcp: mcp.clone(),
+            sessions: sessions.clone(),
+            supervisor: supervisor.clone(),
+            divergences: divergences.clone(),
+            session_locks: session_locks.clone(),
+        }));
+        let turn_starts = Arc::new(batch::TurnStarts::default());
+        let batches = Arc::new(batch::Batches::new(batch::BatchParts {
+            store: store.clone(),
+            config: config.clone(),
+            tenancy: tenancy.clone(),
+            window: window.clone(),
+            compaction: compaction.clone(),
+            sessions: sessions.clone(),
+            runs: runs.clone(),
+            supervisor: supervisor.clone(),
+            session_locks: session_locks.clone(),
+            turn_starts: turn_starts.clone(),
+        }));
+        let turns = Arc::new(parent::Turns::new(parent::TurnParts {
+            store: store.clone(),
+            config: config.clone(),
+            calls: calls.clone(),
+            compaction: compaction.clone(),
+            tenancy: tenancy.clone(),
+            notifications: notifications.clone(),
+            attach: attach.clone(),
+            supervisor: supervisor.clone(),
+            runs: runs.clone(),
+            batches: batches.clone(),
+            sessions: sessions.clone(),
+            session_locks: session_locks.clone(),
+            turn_starts,
+            shutdown: shutdown.clone(),
+        }));
         Self {
             inner: Arc::new(Inner {
-                run_slots: config.max_running_agents.map(run::RunSlots::new),
-                admission: admission::Admission::new(config.admission.clone()),
-                credential: provider.credential(),
                 store,
-                provider,
                 config,
                 notifications,
-                store_feed: std::sync::OnceLock::new(),
-                session_locks: LockMap::default(),
-                turn_locks: LockMap::default(),
-                turn_starts: StdMutex::default(),
-                notify_order: Mutex::new(()),
-                batches: run::BatchCache::default(),
-                tenancy: tenancy::Tenancy::default(),
-                divergences: std::sync::atomic::AtomicU64::new(0),
+                turns,
+                batches,
+                attach,
+                supervisor,
+                permissions,
+                runs,
+                compaction,
+                tenancy,
                 missing_workspaces: StdMutex::default(),
-                cut_off_groups: StdMutex::default(),
-                token_counts: window::TokenCounts::default(),
-                prompts: permissions::Prompts::default(),
-                runs: StdMutex::new(HashMap::new()),
-                killed: StdMutex::default(),
-                messages: broadcast::channel(NOTIFICATION_BUFFER).0,
-                backgrounds: broadcast::channel(NOTIFICATION_BUFFER).0,
-                tasks: TaskTracker::new(),
-                mcp: forkd_mcp::Pool::default(),
-                mcp_own: StdMutex::default(),
-                draining: CancellationToken::new(),
-                shutdown: CancellationToken::new(),
+                divergences,
+                mcp,
+                sessions,
+                draining,
+                shutdown,
             }),
         }
     }
@@ -174,138 +247,182 @@ impl Engine {
         &self.inner.store
     }
 
+    /// Creates a session: validates the request, renders the system prompt and assembles the tool
+    /// pool once, and stores them with the session's first message. With an idempotency key, a
+    /// retry returns the session the key first created.
+    pub async fn create_session(&self, req: NewSession) -> Result<Session, EngineError> {
+        self.inner.sessions.create(req).await
+    }
+
+    pub async fn get_session(&self, id: SessionId) -> Result<Session, EngineError> {
+        self.inner.sessions.get(id).await
+    }
+
+    /// Sessions of one tenant (or of all, for `None`), in creation order after the cursor.
+    pub async fn list_sessions(
+        &self,
+        tenant: Option<&str>,
+        after: Option<SessionId>,
+        limit: u32,
+    ) -> Result<Vec<Session>, EngineError> {
+        self.inner.sessions.list(tenant, after, limit).await
+    }
+
+    pub async fn session_message_count(&self, id: SessionId) -> Result<u64, EngineError> {
+        self.inner.sessions.message_count(id).await
+    }
+
+    /// Runs one parent turn on `text`. Turns of one session run one at a time.
+    pub async fn send_message(
+        &self,
+        session_id: SessionId,
+        text: String,
+    ) -> Result<ParentEventStream, EngineError> {
+        self.inner.turns.send_message(session_id, text).await
+    }
+
+    /// Compacts a session now, at a client's request: refused while a turn runs.
+    pub async fn compact_session(
+        &self,
+        session_id: SessionId,
+        instructions: Option<String>,
+    ) -> Result<forkd_core::compaction::Compaction, EngineError> {
+        self.inner
+            .turns
+            .compact_session(session_id, instructions)
+            .await
+    }
+
+    /// Submits a client's fork batch: appends the `Agent` tool_use message to the parent, stores
+    /// the batch and its children, and starts them (child 1 first under warm-up gating).
+    pub async fn fork_batch(
+        &self,
+        session_id: SessionId,
+        directives: Vec<forkd_core::Directive>,
+        options: BatchOptions,
+    ) -> Result<SubmittedBatch, EngineError> {
+        self.inner
+            .batches
+            .fork_batch(session_id, directives, options)
+            .await
+    }
+
+    /// Starts a new run of an existing agent from wherever its transcript stands; nothing when
+    /// a run of it is in progress.
+    pub async fn start_agent(&self, id: AgentId) -> Result<(), EngineError> {
+        self.inner.runs.start_agent(id).await
+    }
+
+    /// Kills an agent (a session's main loop: cancels its turn); see [`run::Runs::kill`].
+    pub async fn kill(&self, id: AgentId) -> Result<(), EngineError> {
+        self.inner.runs.kill(id).await
+    }
+
+    /// Creates a typed agent in `session_id` and starts it; it reports through a notification.
+    pub async fn spawn_typed(
+        &self,
+        session_id: SessionId,
+        subagent_type: &str,
+        directive: forkd_core::Directive,
+    ) -> Result<AgentId, EngineError> {
+        self.inner
+            .runs
+            .spawn_typed(session_id, subagent_type, directive)
+            .await
+    }
+
     /// Cancels every agent run (at its next await point) and waits at most `grace` for the
     /// tasks to wind down. Agents that were still running stay `running` in the store.
     pub async fn shutdown(&self, grace: Duration) {
         // First drain: runs start no new model request or tool call, and those in flight may
         // finish (and be stored) within the grace period. Then whatever is left is cancelled.
         self.inner.draining.cancel();
-        self.inner.tasks.close();
-        if tokio::time::timeout(grace, self.inner.tasks.wait())
+        self.inner.supervisor.tasks().close();
+        if tokio::time::timeout(grace, self.inner.supervisor.tasks().wait())
             .await
             .is_err()
         {
             tracing::warn!(
-                remaining = self.inner.tasks.len(),
+                remaining = self.inner.supervisor.tasks().len(),
                 "Agent runs did not finish their calls within the grace period; cancelling them"
             );
         }
         self.inner.shutdown.cancel();
         // Cancelled runs stop at their next await point; give them a moment to unwind.
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.tasks.wait()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.supervisor.tasks().wait())
+            .await;
         // No run calls a server any more: stop them all (their process groups are killed).
         self.inner.mcp.shutdown().await;
+    }
+
+    /// On a database several daemons share, starts the tasks that bring other daemons' news to
+    /// this one: every daemon's notifications, delivered to this daemon's subscribers in seq
+    /// order (see [`notify::Notifications::start_feed`]), permission prompts and answers (see
+    /// `permissions.rs`), and background signals for clients attached here. Does nothing on a
+    /// database only this daemon uses.
+    pub async fn start_notification_feed(&self) -> Result<(), EngineError> {
+        let Some(mut wakeups) = self.inner.store.listen().await? else {
+            return Ok(());
+        };
+        let Some(listening) = self.inner.notifications.start_feed().await? else {
+            return Ok(());
+        };
+        let stop = self.inner.shutdown.clone();
+        let engine = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    () = stop.cancelled() => return,
+                    next = wakeups.next() => next,
+                };
+                match next {
+                    Ok(Wakeup::Notifications) => listening.notify_one(),
+                    Ok(Wakeup::Background(id)) => {
+                        engine.inner.attach.signal_background(id);
+                    }
+                    Ok(Wakeup::Prompt(id)) => engine.inner.permissions.relay_prompt(id).await,
+                    Ok(Wakeup::Answer(id)) => engine.inner.permissions.deliver_answer(id).await,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Not hearing from the other daemons; reading their notifications every {} s", notify::FEED_POLL.as_secs());
+                        tokio::select! {
+                            () = stop.cancelled() => return,
+                            () = tokio::time::sleep(notify::FEED_POLL) => {}
+                        }
+                        listening.notify_one();
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// Subscribes to notifications with `seq > since_seq` that pass `filter`. With `follow` the
+    /// stream stays open for live notifications; without it the stream ends after the replay.
+    /// A filter naming a session, batch or agent that does not exist is `NotFound`: following
+    /// a typo would otherwise wait forever.
+    pub async fn subscribe(
+        &self,
+        since_seq: u64,
+        filter: NotificationFilter,
+        follow: bool,
+    ) -> Result<NotificationStream, EngineError> {
+        if let Some(id) = filter.session_id {
+            self.get_session(id).await?;
+        }
+        if let Some(id) = filter.batch_id {
+            self.get_batch(id).await?;
+        }
+        if let Some(id) = filter.agent_id {
+            self.get_agent(id).await?;
+        }
+        Ok(self
+            .inner
+            .notifications
+            .subscribe(since_seq, filter, follow))
     }
 
     /// Whether the engine is draining for shutdown: runs start nothing new.
     pub(crate) fn draining(&self) -> bool {
         self.inner.draining.is_cancelled()
-    }
-
-    pub(crate) fn turn_lock(&self, id: SessionId) -> Arc<Mutex<()>> {
-        self.inner.turn_locks.get(id)
-    }
-
-    fn session_lock(&self, id: SessionId) -> Arc<Mutex<()>> {
-        self.inner.session_locks.get(id)
-    }
-
-    fn turn_starts(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, u64>> {
-        self.inner
-            .turn_starts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The end of the session's last finished turn when a turn is in flight (where that turn
-    /// began); `None` when none is.
-    fn finished_turns_end(&self, id: SessionId) -> Option<u64> {
-        self.turn_starts().get(&id).copied()
-    }
-}
-
-/// Async locks by key (a session, an idempotency key), created on first use and dropped once
-/// nobody holds or waits for them, so the map does not grow with every key a process ever saw.
-pub(crate) struct LockMap<K> {
-    inner: StdMutex<LockMapInner<K>>,
-}
-
-struct LockMapInner<K> {
-    locks: HashMap<K, Arc<Mutex<()>>>,
-    /// The size at which unused locks are next swept out: twice what was left after the last
-    /// sweep, so sweeping costs O(1) per call amortized.
-    sweep_at: usize,
-}
-
-/// The least size worth sweeping at.
-const LOCK_SWEEP_MIN: usize = 64;
-
-impl<K> Default for LockMap<K> {
-    fn default() -> Self {
-        Self {
-            inner: StdMutex::new(LockMapInner {
-                locks: HashMap::new(),
-                sweep_at: LOCK_SWEEP_MIN,
-            }),
-        }
-    }
-}
-
-impl<K: std::hash::Hash + Eq> LockMap<K> {
-    /// The async lock of `key`, created on first use.
-    pub(crate) fn get(&self, key: K) -> Arc<Mutex<()>> {
-        let mut inner = self
-            .inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if inner.locks.len() >= inner.sweep_at {
-            // A lock only the map holds has no holder and no waiter (both keep a clone): a
-            // later caller may as well get a new one.
-            inner.locks.retain(|_, lock| Arc::strong_count(lock) > 1);
-            inner.sweep_at = (2 * inner.locks.len()).max(LOCK_SWEEP_MIN);
-        }
-        inner.locks.entry(key).or_default().clone()
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .locks
-            .len()
-    }
-}
-
-/// A duration in whole milliseconds, for `*_ms` fields.
-pub(crate) fn millis(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// Milliseconds since the Unix epoch, for `*_at_ms` fields.
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
-#[cfg(test)]
-mod lock_map_tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn unused_locks_are_swept_and_held_ones_kept() {
-        let map = LockMap::<u32>::default();
-        let held = map.get(0);
-        let guard = held.lock().await;
-        for key in 1..10_000 {
-            drop(map.get(key));
-        }
-        assert!(map.len() <= 2 * LOCK_SWEEP_MIN, "{} locks", map.len());
-        // The held lock survived every sweep: the same key still gives the same lock.
-        assert!(Arc::ptr_eq(&held, &map.get(0)));
-        drop(guard);
-        assert!(map.get(0).try_lock().is_ok());
     }
 }

@@ -2,20 +2,20 @@
 //! definitions only for the local user and the tenants the configuration allows), their tools
 //! listed once at creation into the session's pool, and their calls.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 
 use forkd_core::session::{
     LOCAL_TENANT, McpOrigin, McpServerRef, McpToolRef, Session, SessionMcp, ToolDef,
 };
+use forkd_core::store::Store;
 use forkd_core::{Block, RawJson, SessionId};
-use forkd_mcp::{CallOutput, McpFile, Origin, PoolPaths, Server, ServerSpec, ServerTool};
+use forkd_mcp::{CallOutput, McpFile, Origin, Pool, PoolPaths, Server, ServerSpec, ServerTool};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::Engine;
+use crate::config::{McpConfig, SandboxConfig};
 use crate::error::{EngineError, Result};
-use crate::sealed::SecretKey;
 
 /// The most characters of a tool's description that reach the model (each is in every request).
 const DESCRIPTION_CHARS: usize = 2_000;
@@ -23,33 +23,6 @@ const DESCRIPTION_CHARS: usize = 2_000;
 /// How long an MCP server may go without a call before it is stopped (its next call starts it
 /// again, as after a restart).
 const IDLE_SERVER: std::time::Duration = std::time::Duration::from_secs(10 * 60);
-
-/// The daemon's MCP configuration.
-#[derive(Debug, Clone, Default)]
-pub struct McpConfig {
-    /// The operator's servers (`$FORKD_HOME/mcp.json`), resolved (`${VAR}` expanded) at start.
-    pub servers: HashMap<String, ServerSpec>,
-    /// Tenants that may send their own server definitions (`allow_mcp_config = true` under
-    /// `[tenants.NAME]`); callers on the Unix socket always may.
-    pub config_tenants: HashSet<String>,
-    /// The key that seals sessions' own server definitions in the database (see `sealed.rs`).
-    /// Without one they are kept in this daemon's memory only.
-    pub secret_key: Option<Arc<SecretKey>>,
-}
-
-impl McpConfig {
-    /// Reads the operator's `mcp.json`; `env` is the daemon's environment (for `${VAR}`).
-    pub fn from_file(
-        text: &str,
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> std::result::Result<HashMap<String, ServerSpec>, forkd_mcp::ConfigError> {
-        McpFile::parse(text)?
-            .servers
-            .iter()
-            .map(|(name, def)| Ok((name.clone(), def.resolve(name, Origin::Operator, env)?)))
-            .collect()
-    }
-}
 
 /// What a client asks for: servers of the operator's by name, and its own definitions (a
 /// `.mcp.json` text).
@@ -73,22 +46,51 @@ fn invalid(msg: String) -> EngineError {
     EngineError::InvalidRequest(msg)
 }
 
-impl Engine {
-    /// Where the MCP servers live, and what a sandboxed one must not read: the daemon's home,
-    /// the deny list, the sandboxes' temporary directories and every session's workspace.
+/// The MCP servers of sessions: which a session may use, their tools listed at its creation,
+/// its own definitions (in memory, and stored sealed), and calls.
+pub(crate) struct McpServers {
+    store: Arc<dyn Store>,
+    /// The operator's servers, who may define their own, and the sealing key.
+    config: McpConfig,
+    /// What a sandboxed server must not read, and who may run unsandboxed.
+    sandbox: SandboxConfig,
+    /// The servers this daemon started (one per tenant and definition).
+    pool: Pool,
+    /// Sessions' own server definitions: in memory only, since they may hold secrets.
+    own: Mutex<HashMap<SessionId, Vec<ServerSpec>>>,
+}
+
+impl McpServers {
+    pub(crate) fn new(store: Arc<dyn Store>, config: McpConfig, sandbox: SandboxConfig) -> Self {
+        Self {
+            store,
+            config,
+            sandbox,
+            pool: Pool::default(),
+            own: Mutex::default(),
+        }
+    }
+
+    /// Stops every server (their process groups are killed): at shutdown, once no run calls one.
+    pub(crate) async fn shutdown(&self) {
+        self.pool.shutdown().await;
+    }
+
     /// Stops the MCP servers that have served no call for [`IDLE_SERVER`].
     pub(crate) async fn stop_idle_servers(&self) {
-        let stopped = self.inner.mcp.stop_idle(IDLE_SERVER).await;
+        let stopped = self.pool.stop_idle(IDLE_SERVER).await;
         if stopped > 0 {
             tracing::debug!(stopped, "Stopped idle MCP servers");
         }
     }
 
-    pub(crate) async fn mcp_paths(&self) -> Result<PoolPaths> {
-        let cfg = &self.config().sandbox;
+    /// Where the MCP servers live, and what a sandboxed one must not read: the daemon's home,
+    /// the deny list, the sandboxes' temporary directories and every session's workspace.
+    async fn mcp_paths(&self) -> Result<PoolPaths> {
+        let cfg = &self.sandbox;
         let mut hidden = cfg.hidden.clone();
         hidden.push(cfg.tmp_root.clone());
-        hidden.extend(self.inner.store.workspaces().await?);
+        hidden.extend(self.store.workspaces().await?);
         hidden.extend(forkd_tools::sandbox::other_homes(
             cfg.home.as_ref().map(|h| h.dir.as_path()),
         ));
@@ -106,7 +108,7 @@ impl Engine {
         req: &McpRequest,
         tenant: &str,
     ) -> Result<SessionTools> {
-        let cfg = &self.config().mcp;
+        let cfg = &self.config;
         let mut specs: Vec<ServerSpec> = Vec::new();
         for name in &req.servers {
             let spec = cfg.servers.get(name).ok_or_else(|| {
@@ -115,7 +117,7 @@ impl Engine {
                 invalid(format!(
                     "unknown MCP server {:?}; the daemon's operator defines servers in \
                      $FORKD_HOME/mcp.json (defined: {})",
-                    crate::session::clip(name, 64),
+                    crate::error::clip(name, 64),
                     if known.is_empty() {
                         "none".to_owned()
                     } else {
@@ -143,8 +145,8 @@ impl Engine {
                     .map_err(|e| invalid(e.to_string()))?;
                 if let forkd_mcp::Transport::Stdio { sandbox, .. } = &spec.transport {
                     let full = sandbox.mode == forkd_core::session::SandboxMode::FullAccess;
-                    let allowed = tenant == LOCAL_TENANT
-                        || self.config().sandbox.full_access_tenants.contains(tenant);
+                    let allowed =
+                        tenant == LOCAL_TENANT || self.sandbox.full_access_tenants.contains(tenant);
                     if full && !allowed {
                         return Err(EngineError::Forbidden(format!(
                             "MCP server {name:?}: tenant {tenant:?} may not run unsandboxed \
@@ -168,7 +170,7 @@ impl Engine {
         let paths = self.mcp_paths().await?;
         let mut listed: Vec<(ServerSpec, Vec<ServerTool>)> = Vec::new();
         for spec in specs.iter().chain(&own) {
-            let server = self.inner.mcp.server(tenant, spec, &paths);
+            let server = self.pool.server(tenant, spec, &paths);
             let tools = server.tools().await.map_err(EngineError::McpServer)?;
             listed.push((spec.clone(), tools));
         }
@@ -201,7 +203,7 @@ impl Engine {
         session: SessionId,
         tools: &mut SessionTools,
     ) -> Result<()> {
-        let (Some(key), Some(text)) = (&self.config().mcp.secret_key, &tools.own_config) else {
+        let (Some(key), Some(text)) = (&self.config.secret_key, &tools.own_config) else {
             return Ok(());
         };
         if tools.own.is_empty() {
@@ -219,8 +221,7 @@ impl Engine {
     /// did not create it).
     fn own_servers(&self, session: &Session) -> std::result::Result<Vec<ServerSpec>, String> {
         let kept = self
-            .inner
-            .mcp_own
+            .own
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(&session.id)
@@ -234,7 +235,7 @@ impl Engine {
                 "{not_kept}, and the daemon that created the session had none"
             ));
         };
-        let Some(key) = &self.config().mcp.secret_key else {
+        let Some(key) = &self.config.secret_key else {
             return Err(format!(
                 "{not_kept}, and this daemon has none (secret_key_file)"
             ));
@@ -261,8 +262,7 @@ impl Engine {
         if own.is_empty() {
             return;
         }
-        self.inner
-            .mcp_own
+        self.own
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(session, own);
@@ -279,14 +279,12 @@ impl Engine {
             .server(server)
             .map_or(McpOrigin::Operator, |s| s.origin);
         let spec = match origin {
-            McpOrigin::Operator => self.config().mcp.servers.get(server).cloned().ok_or_else(
-                || {
-                    format!(
-                        "MCP server {server:?} is no longer defined in the daemon's mcp.json; the \
+            McpOrigin::Operator => self.config.servers.get(server).cloned().ok_or_else(|| {
+                format!(
+                    "MCP server {server:?} is no longer defined in the daemon's mcp.json; the \
                      call did not run. Work without it."
-                    )
-                },
-            )?,
+                )
+            })?,
             McpOrigin::Session => self
                 .own_servers(session)
                 .and_then(|own| {
@@ -302,11 +300,11 @@ impl Engine {
                 })?,
         };
         let paths = self.mcp_paths().await.map_err(|e| e.to_string())?;
-        Ok(self.inner.mcp.server(&session.tenant, &spec, &paths))
+        Ok(self.pool.server(&session.tenant, &spec, &paths))
     }
 
     /// Runs an MCP tool of the session's pool.
-    pub(crate) async fn mcp_call(
+    pub(crate) async fn call(
         &self,
         session: &Session,
         tool: &McpToolRef,

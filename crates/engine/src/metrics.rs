@@ -112,29 +112,27 @@ pub fn describe() {
 }
 
 /// A refusal that the limiter answers by waiting and sending again.
-pub(crate) fn throttled(key: &crate::admission::LimitKey, status: String) {
-    counter!(THROTTLED, "provider" => key.credential.provider, "model" => key.model.clone(),
-        "status" => status)
-    .increment(1);
+pub(crate) fn throttled(provider: &'static str, model: &str, status: String) {
+    counter!(THROTTLED, "provider" => provider, "model" => model.to_owned(), "status" => status)
+        .increment(1);
 }
 
 /// How long a request that was refused waited before it went through.
-pub(crate) fn throttle_wait(key: &crate::admission::LimitKey, waited: Duration) {
-    histogram!(THROTTLED_SECONDS, "provider" => key.credential.provider,
-        "model" => key.model.clone())
-    .record(waited.as_secs_f64());
+pub(crate) fn throttle_wait(provider: &'static str, model: &str, waited: Duration) {
+    histogram!(THROTTLED_SECONDS, "provider" => provider, "model" => model.to_owned())
+        .record(waited.as_secs_f64());
 }
 
 /// The state of one key's limiter.
 pub(crate) fn limiter(
-    key: &crate::admission::LimitKey,
+    provider: &'static str,
+    model: &str,
     window: f64,
     in_flight: usize,
     waiting: usize,
     rates: &[(&'static str, Option<f64>)],
 ) {
-    let provider = key.credential.provider;
-    let model = || key.model.clone();
+    let model = || model.to_owned();
     gauge!(LIMITER_CONCURRENCY, "provider" => provider, "model" => model()).set(window);
     gauge!(LIMITER_IN_FLIGHT, "provider" => provider, "model" => model()).set(in_flight as f64);
     gauge!(LIMITER_WAITING, "provider" => provider, "model" => model()).set(waiting as f64);

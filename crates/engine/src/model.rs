@@ -3,20 +3,29 @@
 //! credential and model (`admission`: when it may go, and what happens after a refusal), and
 //! records it: prefix parts and fingerprint, time to first token, cost, metrics.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use forkd_core::pricing::{CacheTtl, Models};
 use forkd_core::query::RequestRecord;
 use forkd_core::request::{self, BlockPos, Conversation, SerializedRequest, fingerprint};
 use forkd_core::session::CacheSafeParams;
+use forkd_core::store::{PrefixPart, Store};
 use forkd_core::{Agent, RequestId, Usage};
-use forkd_provider::{Accumulator, Completion, ModelRequest, ProviderError, StreamEvent};
+use forkd_provider::{
+    Accumulator, Completion, Credential, ModelRequest, Provider, ProviderError, StreamEvent,
+};
 use futures::StreamExt;
 use tracing::Instrument;
 
-use crate::admission::{Class, Cost, LimitKey, Observer, Refused, Ticket};
+use tokio_util::sync::CancellationToken;
+
+use crate::admission::{Admission, Class, Cost, LimitKey, Observer, Refused, Ticket};
+use crate::clock::now_ms;
+use crate::config::AdmissionConfig;
 use crate::error::{EngineError, Result};
-use crate::{Engine, now_ms};
+use crate::tenancy::Tenancy;
+use crate::window::Window;
 
 /// A completed model request and how long it took, retries and their waits included.
 pub(crate) struct Timed {
@@ -61,6 +70,43 @@ pub(crate) fn build(
     Built { body, prefix_end }
 }
 
+/// Cuts `body[..end]` into its parts: the head (model, max_tokens, stream, thinking), the tools
+/// array, the system prompt, and each message that starts before `end`. `tools_len` is the
+/// length of the tools array's bytes (which sit right after `,"tools":`).
+pub(crate) fn prefix_parts(
+    body: &SerializedRequest,
+    tools_len: usize,
+    end: usize,
+) -> Vec<PrefixPart> {
+    let bytes = body.body.as_bytes();
+    let end = end.min(bytes.len());
+    let mut cuts: Vec<(String, usize)> = vec![("head".to_owned(), 0)];
+    // The model name is a JSON string, so an unescaped `,"tools":` can only be the field itself.
+    if let Some(at) = body.body.find(r#","tools":"#) {
+        let tools = at + r#","tools":"#.len();
+        cuts.push(("tools".to_owned(), tools));
+        cuts.push(("system".to_owned(), tools + tools_len));
+    }
+    // One part per message, not per block: a fork message holds a block per sibling, and parts
+    // per block would make every child's record grow with the batch (explain still finds the
+    // byte by rebuilding the bodies).
+    for span in body.spans.iter().filter(|s| s.pos.block == 0) {
+        cuts.push((format!("message {}", span.pos.message), span.start));
+    }
+    cuts.retain(|(_, at)| *at < end || *at == 0);
+    let mut parts = Vec::with_capacity(cuts.len());
+    for (i, (label, start)) in cuts.iter().enumerate() {
+        let stop = cuts.get(i + 1).map_or(end, |(_, next)| *next).min(end);
+        let slice = bytes.get(*start..stop.max(*start)).unwrap_or_default();
+        parts.push(PrefixPart {
+            label: label.clone(),
+            offset: *start as u64,
+            digest: fingerprint(slice)[..16].to_owned(),
+        });
+    }
+    parts
+}
+
 /// A request's cost at the model's prices (0 for a model nobody priced).
 pub(crate) fn cost(models: &Models, model: &str, usage: &Usage) -> f64 {
     models
@@ -88,21 +134,64 @@ pub(crate) struct Answer {
     pub record: RequestRecord,
 }
 
-impl Engine {
+/// The one model-call layer: every agent's requests are built, checked against their window,
+/// admitted by their key's limiter, sent and recorded here.
+pub(crate) struct ModelCalls {
+    store: Arc<dyn Store>,
+    provider: Arc<dyn Provider>,
+    /// Whose limits the provider's requests count against.
+    credential: Credential,
+    /// When model requests may go, per credential and model, and what follows a refusal.
+    admission: Admission,
+    window: Arc<Window>,
+    /// Tenants (the limiter's fair queue) and budgets (a wait ends once one is spent).
+    tenancy: Arc<Tenancy>,
+    /// Prices, for each request's cost.
+    models: Models,
+    /// Cancelled when shutdown begins: a request waiting for admission stops waiting.
+    draining: CancellationToken,
+}
+
+/// What the model-call layer is made of.
+pub(crate) struct ModelCallParts {
+    pub store: Arc<dyn Store>,
+    pub provider: Arc<dyn Provider>,
+    pub admission: AdmissionConfig,
+    pub window: Arc<Window>,
+    pub tenancy: Arc<Tenancy>,
+    pub models: Models,
+    pub draining: CancellationToken,
+}
+
+impl ModelCalls {
+    pub(crate) fn new(parts: ModelCallParts) -> Self {
+        Self {
+            credential: parts.provider.credential(),
+            admission: Admission::new(parts.admission),
+            store: parts.store,
+            provider: parts.provider,
+            window: parts.window,
+            tenancy: parts.tenancy,
+            models: parts.models,
+            draining: parts.draining,
+        }
+    }
+
     /// Builds, sends and records one model request; `on_event` sees the response's events as
     /// they arrive (a gate opens on `MessageStart`, a parent streams text to its client).
-    pub(crate) async fn call_model(
+    pub(crate) async fn call(
         &self,
         call: ModelCall<'_>,
         on_event: &mut (dyn FnMut(&StreamEvent) + Send),
     ) -> Result<Answer> {
         let Built { body, prefix_end } = build(call.params, call.conversation, call.prefix);
-        self.check_request(call.params, &body.body, call.input_tokens)
+        self.window
+            .check_request(call.params, &body.body, call.input_tokens)
             .await?;
         let prefix_fingerprint = prefix_end
             .map(|end| fingerprint(&body.body.as_bytes()[..end]))
             .unwrap_or_default();
-        let prefix_parts = crate::diagnose::prefix_parts(
+        let prefix_parts = prefix_parts(
             &body,
             call.params.tools.raw().len(),
             prefix_end.unwrap_or(0),
@@ -133,21 +222,17 @@ impl Engine {
             turn: call.turn,
             model: model.clone(),
             usage: completion.usage,
-            cost_usd: cost(&self.config().models, model, &completion.usage),
+            cost_usd: cost(&self.models, model, &completion.usage),
             prefix_fingerprint,
             prefix_parts,
             message_count: u32::try_from(call.conversation.messages.len()).ok(),
             body_bytes,
-            first_token_ms: timed.first_token.map(crate::millis),
+            first_token_ms: timed.first_token.map(crate::clock::millis),
             stop_reason: completion.stop_reason.clone(),
             sent_at_ms: Some(sent_at_ms),
             created_at_ms: now_ms(),
         };
-        self.inner
-            .store
-            .record_request(&record)
-            .instrument(span)
-            .await?;
+        self.store.record_request(&record).instrument(span).await?;
         crate::metrics::request(
             model,
             call.agent.kind.as_str(),
@@ -158,13 +243,11 @@ impl Engine {
         );
         Ok(Answer { completion, record })
     }
-}
 
-impl Engine {
     /// The limit a request counts against.
     fn limit_key(&self, model: &str) -> LimitKey {
         LimitKey {
-            credential: self.inner.credential.clone(),
+            credential: self.credential.clone(),
             model: model.to_owned(),
         }
     }
@@ -178,12 +261,12 @@ impl Engine {
         fingerprint: &str,
         prefix_end: Option<usize>,
     ) -> Result<Ticket> {
-        let tenant = self.session_owner(call.agent.session_id).await?;
+        let tenant = self.tenancy.session_owner(call.agent.session_id).await?;
         let bytes = req.body.len().max(1) as u64;
         // The counts the engine keeps, or about four bytes a token.
         let total = call.input_tokens.unwrap_or(bytes / 4);
         let prefix = prefix_end.map_or(0, |end| total.saturating_mul(end as u64) / bytes);
-        let uncached = self.inner.admission.uncached_estimate(
+        let uncached = self.admission.uncached_estimate(
             &self.limit_key(&req.model),
             call.agent.id.as_uuid().as_u128(),
             fingerprint,
@@ -200,7 +283,7 @@ impl Engine {
                 input_tokens: uncached as f64,
                 output_tokens: f64::from(call.params.max_tokens),
             },
-            prefix: (!fingerprint.is_empty()).then(|| std::sync::Arc::from(fingerprint)),
+            prefix: (!fingerprint.is_empty()).then(|| Arc::from(fingerprint)),
         })
     }
 
@@ -224,10 +307,10 @@ impl Engine {
         };
         let key = self.limit_key(&req.model);
         let agent_key = agent.id.as_uuid().as_u128();
-        let mut attempts = self.inner.admission.request(&key, ticket);
-        let stop = &self.inner.draining;
+        let mut attempts = self.admission.request(&key, ticket);
+        let stop = &self.draining;
         let mut mark = ThrottleMark {
-            engine: self,
+            store: &self.store,
             agent: agent.id,
             set: false,
         };
@@ -273,7 +356,11 @@ impl Engine {
     async fn budget_spent(&self, agent: &Agent) -> EngineError {
         loop {
             tokio::time::sleep(BUDGET_CHECK).await;
-            match self.check_budgets(agent.session_id, agent.batch_id).await {
+            match self
+                .tenancy
+                .check_budgets(agent.session_id, agent.batch_id)
+                .await
+            {
                 Ok(()) => {}
                 Err(spent @ EngineError::BudgetSpent { .. }) => return spent,
                 Err(e) => tracing::warn!(error = %e, "Cannot check the budgets during a wait"),
@@ -289,7 +376,7 @@ impl Engine {
         sent: &Sent<'_>,
         on_event: &mut (dyn FnMut(&StreamEvent) + Send),
     ) -> Result<Completion, ProviderError> {
-        let mut stream = self.inner.provider.stream(req);
+        let mut stream = self.provider.stream(req);
         let mut acc = Accumulator::default();
         while let Some(event) = stream.next().await {
             let event = event?;
@@ -317,7 +404,7 @@ const BUDGET_CHECK: Duration = Duration::from_secs(1);
 /// request's first refusal, cleared when the request goes through, fails, or is dropped (a kill).
 /// A write that fails only leaves `ps` behind; it is logged.
 struct ThrottleMark<'a> {
-    engine: &'a Engine,
+    store: &'a Arc<dyn Store>,
     agent: forkd_core::AgentId,
     set: bool,
 }
@@ -328,19 +415,14 @@ impl ThrottleMark<'_> {
             return;
         }
         self.set = true;
-        if let Err(e) = self
-            .engine
-            .store()
-            .set_throttled(self.agent, Some(since_ms))
-            .await
-        {
+        if let Err(e) = self.store.set_throttled(self.agent, Some(since_ms)).await {
             tracing::warn!(error = %e, "Cannot record that the agent is throttled");
         }
     }
 
     async fn clear(mut self) {
         if std::mem::take(&mut self.set)
-            && let Err(e) = self.engine.store().set_throttled(self.agent, None).await
+            && let Err(e) = self.store.set_throttled(self.agent, None).await
         {
             tracing::warn!(error = %e, "Cannot record that the agent is no longer throttled");
         }
@@ -352,7 +434,7 @@ impl Drop for ThrottleMark<'_> {
         if !self.set {
             return;
         }
-        let store = std::sync::Arc::clone(self.engine.store());
+        let store = Arc::clone(self.store);
         let agent = self.agent;
         tokio::spawn(async move {
             if let Err(e) = store.set_throttled(agent, None).await {

@@ -6,10 +6,11 @@ use forkd_core::request::Conversation;
 use forkd_core::session::Session;
 use std::sync::Arc;
 
+use forkd_core::compaction::Compaction;
 use forkd_core::report::Report;
-use forkd_core::store::{AgentFilter, Lease, NewNotification, StoreError};
+use forkd_core::store::{Lease, NewNotification, Store, StoreError};
 use forkd_core::{
-    Agent, AgentId, AgentKind, AgentState, Block, Message, NotificationStatus, Usage,
+    Agent, AgentId, AgentKind, AgentState, Block, Message, NotificationStatus, SessionId, Usage,
 };
 use forkd_provider::{Completion, StreamEvent};
 use futures::stream::BoxStream;
@@ -17,16 +18,86 @@ use tokio::sync::{OwnedMutexGuard, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::batch::SubmittedBatch;
-use crate::compact::too_long;
+use crate::attach::Attach;
+use crate::batch::{Batches, SubmittedBatch, TurnStarts};
+use crate::clock::now_ms;
+use crate::compact::{Compacting, Compactor, ParentView};
+use crate::config::EngineConfig;
 use crate::error::{EngineError, Result};
-use crate::model::{ModelCall, PrefixEnd};
-use crate::run::Raced;
-use crate::{Engine, now_ms};
+use crate::handoff::Handoff;
+use crate::locks::LockMap;
+use crate::model::{ModelCall, ModelCalls, PrefixEnd};
+use crate::notify::Notifications;
+use crate::run::Runs;
+use crate::session::Sessions;
+use crate::supervisor::{Raced, Supervisor};
+use crate::tenancy::Tenancy;
 use message::Stored;
 
 mod message;
 mod tools;
+
+/// Parent turns: a session's main loop, one turn at a time, its handoff to the background, its
+/// resumption after a restart, and a client-asked compaction of its transcript.
+pub(crate) struct Turns {
+    store: Arc<dyn Store>,
+    config: Arc<EngineConfig>,
+    calls: Arc<ModelCalls>,
+    compaction: Arc<Compactor>,
+    tenancy: Arc<Tenancy>,
+    notifications: Arc<Notifications>,
+    attach: Arc<Attach>,
+    supervisor: Arc<Supervisor>,
+    runs: Arc<Runs>,
+    batches: Arc<Batches>,
+    sessions: Arc<Sessions>,
+    session_locks: Arc<LockMap<SessionId>>,
+    /// One parent turn per session at a time (held for the whole turn, unlike the session lock).
+    turn_locks: LockMap<SessionId>,
+    turn_starts: Arc<TurnStarts>,
+    /// Cancelled when the drain is over: a client-asked compaction stops where it stands.
+    shutdown: CancellationToken,
+}
+
+/// What turns are made of.
+pub(crate) struct TurnParts {
+    pub store: Arc<dyn Store>,
+    pub config: Arc<EngineConfig>,
+    pub calls: Arc<ModelCalls>,
+    pub compaction: Arc<Compactor>,
+    pub tenancy: Arc<Tenancy>,
+    pub notifications: Arc<Notifications>,
+    pub attach: Arc<Attach>,
+    pub supervisor: Arc<Supervisor>,
+    pub runs: Arc<Runs>,
+    pub batches: Arc<Batches>,
+    pub sessions: Arc<Sessions>,
+    pub session_locks: Arc<LockMap<SessionId>>,
+    pub turn_starts: Arc<TurnStarts>,
+    pub shutdown: CancellationToken,
+}
+
+impl Turns {
+    pub(crate) fn new(parts: TurnParts) -> Self {
+        Self {
+            store: parts.store,
+            config: parts.config,
+            calls: parts.calls,
+            compaction: parts.compaction,
+            tenancy: parts.tenancy,
+            notifications: parts.notifications,
+            attach: parts.attach,
+            supervisor: parts.supervisor,
+            runs: parts.runs,
+            batches: parts.batches,
+            sessions: parts.sessions,
+            session_locks: parts.session_locks,
+            turn_locks: LockMap::default(),
+            turn_starts: parts.turn_starts,
+            shutdown: parts.shutdown,
+        }
+    }
+}
 
 /// One event of a parent turn, as it happens.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,56 +141,6 @@ struct Turn {
     lease: Lease,
     waited: Waited,
     handoff: Arc<Handoff>,
-}
-
-/// Whether a turn was handed to the background before it ended: then no client sees its end,
-/// and the turn ends with a notification of kind `turn` instead. Deciding both under one lock
-/// means exactly one of the two happens: the client hears the turn's end, or it heard
-/// `AsyncLaunched` and the notification stream hears the end.
-#[derive(Debug, Default)]
-pub(crate) struct Handoff(std::sync::Mutex<HandoffState>);
-
-#[derive(Debug, Default)]
-struct HandoffState {
-    backgrounded: bool,
-    ended: bool,
-}
-
-impl Handoff {
-    /// A turn no client watches (one resumed after a restart) is in the background from the
-    /// start.
-    fn in_background() -> Self {
-        Handoff(std::sync::Mutex::new(HandoffState {
-            backgrounded: true,
-            ended: false,
-        }))
-    }
-
-    fn state(&self) -> std::sync::MutexGuard<'_, HandoffState> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Hands the turn to the background, unless it has ended already (false: its end is on its
-    /// way to the client).
-    pub(crate) fn background(&self) -> bool {
-        let mut state = self.state();
-        if !state.ended {
-            state.backgrounded = true;
-        }
-        !state.ended
-    }
-
-    /// Whether the turn's handoff already happened.
-    pub(crate) fn is_backgrounded(&self) -> bool {
-        self.state().backgrounded
-    }
-
-    /// Ends the turn; true when it was in the background (its end is a notification).
-    fn end(&self) -> bool {
-        let mut state = self.state();
-        state.ended = true;
-        state.backgrounded
-    }
 }
 
 /// The notification of a turn that ended in the background: its status, its reply's first line
@@ -174,22 +195,22 @@ fn turn_notification(turn: &Turn, outcome: &Result<ParentEvent>) -> NewNotificat
     }
 }
 
-impl Engine {
+impl Turns {
     /// Runs one parent turn on `text`. Turns of one session run one at a time.
-    pub async fn send_message(
-        &self,
+    pub(crate) async fn send_message(
+        self: &Arc<Self>,
         session_id: forkd_core::SessionId,
         text: String,
     ) -> Result<ParentEventStream> {
-        let session = self.get_session(session_id).await?;
+        let session = self.sessions.get(session_id).await?;
         self.send_message_in(session, text, None).await
     }
 
-    /// [`Engine::send_message`] on a session already read. With an idempotency key the user's
+    /// [`Turns::send_message`] on a session already read. With an idempotency key the user's
     /// message is stored with the key, and a retry stores nothing: it continues the turn from
     /// where the transcript stands, or, when that turn has ended, answers with its reply.
     pub(crate) async fn send_message_in(
-        &self,
+        self: &Arc<Self>,
         session: Session,
         text: String,
         idempotency_key: Option<String>,
@@ -197,14 +218,14 @@ impl Engine {
         if text.trim().is_empty() {
             return Err(EngineError::InvalidRequest("the message is empty".into()));
         }
-        let max = self.config().max_directive_bytes;
+        let max = self.config.max_directive_bytes;
         if text.len() > max {
             return Err(EngineError::InvalidRequest(format!(
                 "the message is {} bytes; the limit is {max}",
                 text.len()
             )));
         }
-        let turn_lock = self.turn_lock(session.id);
+        let turn_lock = self.turn_locks.get(session.id);
         let guard = turn_lock.try_lock_owned().map_err(|_| {
             EngineError::WrongState(format!(
                 "session {} is already running a turn; wait for it to end",
@@ -214,7 +235,7 @@ impl Engine {
         let parent = self.parent_agent(&session).await?;
         let parent_id = parent.id;
         let lease = self.claim_main_loop(&parent).await?;
-        let backgrounds = self.inner.backgrounds.subscribe();
+        let backgrounds = self.attach.backgrounds();
         let message = Message::user(vec![Block::text(&text)]);
         let stored = self
             .store_message(&session, &lease, message, idempotency_key)
@@ -240,16 +261,44 @@ impl Engine {
                 return Err(e);
             }
         };
-        self.turn_starts().insert(session.id, start);
+        self.turn_starts.begin(session.id, start);
         let handoff = Arc::new(Handoff::default());
         let rx = self.spawn_turn(session, parent, lease, guard, handoff.clone(), None);
         Ok(self.foreground(parent_id, rx, backgrounds, handoff))
     }
 
+    /// Compacts a session now, at a client's request: refused while a turn runs.
+    pub(crate) async fn compact_session(
+        self: &Arc<Self>,
+        session_id: SessionId,
+        instructions: Option<String>,
+    ) -> Result<Compaction> {
+        let session = self.sessions.get(session_id).await?;
+        let turn_lock = self.turn_locks.get(session.id);
+        let _guard = turn_lock.try_lock_owned().map_err(|_| {
+            EngineError::WrongState(format!(
+                "session {session_id} is running a turn; compact it once the turn has ended"
+            ))
+        })?;
+        let parent = self.parent_agent(&session).await?;
+        let lease = self.claim_main_loop(&parent).await?;
+        // Like a run, it stops where it stands when the daemon stops: no boundary is stored
+        // unless the summary came back whole.
+        let shutdown = self.shutdown.clone();
+        let outcome = tokio::select! {
+            outcome = self.compaction.compact(&session, &parent, &lease, 0, instructions.as_deref()) => outcome,
+            () = shutdown.cancelled() => return Err(EngineError::Draining),
+        };
+        if let Err(e) = self.store.end_turn(&lease, None).await {
+            tracing::warn!(error = %e, "Cannot mark the parent idle after a compaction");
+        }
+        outcome
+    }
+
     /// Claims a session's main loop for a turn (or a compaction): refused while a turn runs on
     /// another daemon, whose lease on the main loop has not expired.
-    pub(crate) async fn claim_main_loop(&self, parent: &Agent) -> Result<Lease> {
-        match self.inner.store.claim_agent(parent.id).await {
+    pub(crate) async fn claim_main_loop(self: &Arc<Self>, parent: &Agent) -> Result<Lease> {
+        match self.store.claim_agent(parent.id).await {
             Err(StoreError::Held { daemon, .. }) => Err(EngineError::WrongState(format!(
                 "session {} is already running a turn (on daemon {daemon}); wait for it to end",
                 parent.session_id
@@ -260,20 +309,24 @@ impl Engine {
 
     /// Marks the parent idle again, with the turn's notification when it was handed to the
     /// background.
-    async fn release_parent(&self, lease: &Lease, notification: Option<&NewNotification>) {
+    async fn release_parent(
+        self: &Arc<Self>,
+        lease: &Lease,
+        notification: Option<&NewNotification>,
+    ) {
         // Commit and broadcast under one lock, so subscribers see notifications in seq order.
         let _order = match notification {
-            Some(_) => Some(self.inner.notify_order.lock().await),
+            Some(_) => Some(self.notifications.ordered().await),
             None => None,
         };
-        match self.inner.store.end_turn(lease, notification).await {
+        match self.store.end_turn(lease, notification).await {
             Ok(Some(stored)) => {
                 tracing::info!(
                     status = stored.status.as_str(),
                     seq = stored.seq,
                     "Turn ended in the background"
                 );
-                self.publish(stored);
+                self.notifications.publish(stored);
             }
             Ok(None) | Err(StoreError::Superseded { .. }) => {}
             Err(e) => tracing::warn!(error = %e, "Cannot mark the parent idle"),
@@ -283,22 +336,22 @@ impl Engine {
     /// Continues a parent turn that a previous daemon left running: the parent's transcript is
     /// a valid conversation at every commit (a reply is stored only with its tool results), so
     /// the turn re-requests from where it stands, with the same bytes, and reads the cache.
-    pub(crate) async fn resume_turn(&self, parent: Agent) -> Result<()> {
-        let session = self.get_session(parent.session_id).await?;
-        let Ok(guard) = self.turn_lock(session.id).try_lock_owned() else {
+    pub(crate) async fn resume_turn(self: &Arc<Self>, parent: Agent) -> Result<()> {
+        let session = self.sessions.get(parent.session_id).await?;
+        let Ok(guard) = self.turn_locks.get(session.id).try_lock_owned() else {
             return Ok(());
         };
-        let lease = self.inner.store.claim_agent(parent.id).await?;
-        let messages = self.inner.store.session_messages(session.id, None).await?;
+        let lease = self.store.claim_agent(parent.id).await?;
+        let messages = self.store.session_messages(session.id, None).await?;
         let last = messages.last().map(|m| &m.message);
         if last.is_none_or(|m| m.role == forkd_core::Role::Assistant) {
             // The turn had ended; only its state was left behind.
-            self.inner.store.end_turn(&lease, None).await?;
+            self.store.end_turn(&lease, None).await?;
             return Ok(());
         }
         // The reply it was answering, if it had one: answered again as it was (same tool_use
         // ids), not asked for anew.
-        let pending = self.inner.store.pending_reply(session.id).await?;
+        let pending = self.store.pending_reply(session.id).await?;
         tracing::info!(
             session.id = %session.id,
             agent.id = %parent.id,
@@ -314,7 +367,7 @@ impl Engine {
             })
             .map_or(1, |i| i as u64 + 1)
             .min(messages.len() as u64);
-        self.turn_starts().insert(session.id, start);
+        self.turn_starts.begin(session.id, start);
         // Nobody listens to a resumed turn: its results land in the transcript, and its end in
         // a notification.
         let handoff = Arc::new(Handoff::in_background());
@@ -325,7 +378,7 @@ impl Engine {
     /// Runs a parent turn in a task of its own (it goes on whether or not anyone reads its
     /// events), from where the stored transcript stands. `Kill` on the parent agent cancels it.
     fn spawn_turn(
-        &self,
+        self: &Arc<Self>,
         session: Session,
         parent: Agent,
         lease: Lease,
@@ -334,8 +387,8 @@ impl Engine {
         pending: Option<Message>,
     ) -> mpsc::Receiver<Result<ParentEvent>> {
         let (tx, rx) = mpsc::channel(256);
-        let engine = self.clone();
-        let cancel = self.register_run(parent.id);
+        let turns = Arc::clone(self);
+        let cancel = self.supervisor.register(parent.id);
         let span =
             tracing::info_span!("parent_turn", session.id = %session.id, agent.id = %parent.id);
         let turn = Turn {
@@ -345,19 +398,20 @@ impl Engine {
             waited: Waited::default(),
             handoff,
         };
-        self.inner.tasks.spawn(tracing::Instrument::instrument(
+        self.supervisor.spawn(tracing::Instrument::instrument(
             async move {
                 let parent = turn.parent.id;
-                let raced = engine
+                let raced = turns
+                    .supervisor
                     .race(
                         parent,
                         &cancel,
-                        engine.parent_turn(&turn, &tx, &cancel, pending),
+                        turns.parent_turn(&turn, &tx, &cancel, pending),
                     )
                     .await;
-                engine.unregister_run(parent);
-                engine.turn_starts().remove(&turn.session.id);
-                engine.hand_back_reports(&turn).await;
+                turns.supervisor.unregister(parent);
+                turns.turn_starts.end(turn.session.id);
+                turns.hand_back_reports(&turn).await;
                 let last = match raced {
                     Raced::Done(outcome) => outcome,
                     Raced::Killed => Err(EngineError::Cancelled(
@@ -375,7 +429,7 @@ impl Engine {
                 // The session is free before the client hears the turn ended: a client that
                 // sends its next message (or retries) at once must not find it still busy.
                 let notification = turn.handoff.end().then(|| turn_notification(&turn, &last));
-                engine
+                turns
                     .release_parent(&turn.lease, notification.as_ref())
                     .await;
                 drop(guard);
@@ -388,15 +442,15 @@ impl Engine {
 
     /// Sends the reports of typed agents the turn waited on but never delivered (it was
     /// cancelled or failed before storing their results) to the transcript instead.
-    async fn hand_back_reports(&self, turn: &Turn) {
+    async fn hand_back_reports(self: &Arc<Self>, turn: &Turn) {
         // Those whose reports the turn stored already report to the transcript: no-ops.
         let waited = std::mem::take(&mut *turn.waited.lock().unwrap_or_else(|p| p.into_inner()));
         if waited.is_empty() {
             return;
         }
-        let lock = self.session_lock(turn.session.id);
+        let lock = self.session_locks.get(turn.session.id);
         let _guard = lock.lock().await;
-        match self.inner.store.redirect_reports(&waited).await {
+        match self.store.redirect_reports(&waited).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(
                 reports = n,
@@ -412,14 +466,14 @@ impl Engine {
     /// to the background (`Background` on the parent agent, or the auto-background delay) — then
     /// `AsyncLaunched`, and the turn goes on without the client.
     fn foreground(
-        &self,
+        self: &Arc<Self>,
         parent: AgentId,
         mut turn: mpsc::Receiver<Result<ParentEvent>>,
         mut backgrounds: tokio::sync::broadcast::Receiver<AgentId>,
         handoff: Arc<Handoff>,
     ) -> ParentEventStream {
         let (tx, rx) = mpsc::channel(256);
-        let auto = self.config().auto_background;
+        let auto = self.config.auto_background;
         tokio::spawn(async move {
             let deadline = crate::attach::after(auto);
             tokio::pin!(deadline);
@@ -471,39 +525,18 @@ impl Engine {
 
     /// The session's own main-loop agent, created on its first turn. It carries the parent's
     /// requests and tool calls; it is `running` during a turn and `pending` between turns.
-    pub(crate) async fn parent_agent(&self, session: &Session) -> Result<Agent> {
-        let store = &self.inner.store;
-        let existing = store
-            .list_agents(&AgentFilter {
-                session_id: Some(session.id),
-                include_ended: true,
-                ..AgentFilter::default()
-            })
-            .await?
-            .into_iter()
-            .find(|a| a.kind == AgentKind::Parent);
-        let agent = match existing {
+    pub(crate) async fn parent_agent(self: &Arc<Self>, session: &Session) -> Result<Agent> {
+        let store = &self.store;
+        let agent = match store.main_loop_agent(session.id).await? {
             Some(agent) => agent,
             None => {
-                let now = now_ms();
-                let agent = Agent {
-                    id: AgentId::new(),
-                    session_id: session.id,
-                    batch_id: None,
-                    kind: AgentKind::Parent,
-                    index: 0,
-                    state: AgentState::Idle,
-                    directive: None,
-                    query_source: None,
-                    report_to: forkd_core::ReportTo::Transcript,
-                    usage: Usage::default(),
-                    cost_usd: 0.0,
-                    error: None,
-                    created_at_ms: now,
-                    updated_at_ms: now,
-                    held_by: None,
-                    throttled_since_ms: None,
-                };
+                let agent = Agent::new(
+                    AgentId::new(),
+                    session.id,
+                    AgentKind::Parent,
+                    AgentState::Idle,
+                    now_ms(),
+                );
                 store.insert_agent(&agent, None, None).await?;
                 agent
             }
@@ -512,7 +545,7 @@ impl Engine {
     }
 
     async fn parent_turn(
-        &self,
+        self: &Arc<Self>,
         turn: &Turn,
         events: &Events,
         cancel: &CancellationToken,
@@ -520,20 +553,20 @@ impl Engine {
     ) -> Result<ParentEvent> {
         let (session, parent) = (&turn.session, &turn.parent);
         let (mut usage, mut cost) = (Usage::default(), 0.0);
-        for request in 0..self.config().max_turns {
-            if self.draining() {
+        for request in 0..self.config.max_turns {
+            if self.supervisor.draining() {
                 return Err(EngineError::Draining);
             }
             let (reply, stop_reason) = match pending.take() {
                 Some(reply) => (reply, None),
                 None => {
-                    self.check_budgets(session.id, None).await?;
+                    self.tenancy.check_budgets(session.id, None).await?;
                     let completion = self
                         .parent_request(session, parent, &turn.lease, request, events)
                         .await?;
                     usage += completion.usage;
                     cost += crate::model::cost(
-                        &self.config().models,
+                        &self.config.models,
                         &session.params.model,
                         &completion.usage,
                     );
@@ -571,8 +604,7 @@ impl Engine {
             }
             // Stored before any of its calls runs: a turn cut off from here on answers this same
             // reply when it resumes, so nothing it started is started twice.
-            self.inner
-                .store
+            self.store
                 .set_pending_reply(&turn.lease, session.id, &reply)
                 .await?;
             let results = self.parent_tools(turn, reply, events, cancel).await?;
@@ -595,68 +627,35 @@ impl Engine {
                 }
             }
         }
-        Err(EngineError::TurnLimit(self.config().max_turns))
+        Err(EngineError::TurnLimit(self.config.max_turns))
     }
 
     /// One model request of the parent on its transcript (from its latest compaction boundary),
-    /// streaming text to the client. A request that would pass the compaction threshold
-    /// compacts the transcript first.
+    /// streaming text to the client; compacting the transcript first when the request would
+    /// pass the compaction threshold.
     async fn parent_request(
-        &self,
+        self: &Arc<Self>,
         session: &Session,
         parent: &Agent,
         lease: &Lease,
         turn: u32,
         events: &Events,
     ) -> Result<Completion> {
-        let mut view = self.parent_view(session).await?;
-        // The main loop's request is the session's transcript: its counts are kept.
-        let mut input_tokens = self.view_tokens(session, &view).await?;
-        if self.needs_compaction(&session.params, input_tokens) {
-            match self.compact(session, parent, lease, turn, None).await {
-                Ok(_) => {
-                    view = self.parent_view(session).await?;
-                    input_tokens = self.view_tokens(session, &view).await?;
-                }
-                // Nothing to compact yet: the window check below decides.
-                Err(EngineError::WrongState(why)) => {
-                    tracing::warn!(%why, "The request passes the compaction threshold");
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        match self
-            .parent_call(session, parent, turn, view.messages, input_tokens, events)
-            .await
-        {
-            // The provider counts more tokens than forkd did: compact, and ask once more.
-            Err(EngineError::Provider(e)) if e.is_prompt_too_long() => {
-                tracing::warn!(error = %e, "The provider says the prompt is too long; compacting");
-                match self.compact(session, parent, lease, turn, None).await {
-                    Ok(_) => {}
-                    Err(EngineError::WrongState(why)) => {
-                        return Err(too_long(&e, &format!("and it cannot be compacted: {why}")));
-                    }
-                    Err(other) => return Err(other),
-                }
-                let view = self.parent_view(session).await?;
-                let input_tokens = self.view_tokens(session, &view).await?;
-                self.parent_call(session, parent, turn, view.messages, input_tokens, events)
-                    .await
-                    .map_err(|again| match again {
-                        EngineError::Provider(e) if e.is_prompt_too_long() => {
-                            too_long(&e, "even after the transcript was compacted")
-                        }
-                        other => other,
-                    })
-            }
-            other => other,
-        }
+        let mut main_loop = MainLoop {
+            turns: self,
+            session,
+            parent,
+            lease,
+            turn,
+            events,
+            view: None,
+        };
+        self.compaction.request_compacting(&mut main_loop).await
     }
 
     /// Sends one parent request on `messages`, streaming its text to the client.
     async fn parent_call(
-        &self,
+        self: &Arc<Self>,
         session: &Session,
         parent: &Agent,
         turn: u32,
@@ -674,7 +673,8 @@ impl Engine {
         };
         let tx = events.clone();
         let answer = self
-            .call_model(call, &mut |event| {
+            .calls
+            .call(call, &mut |event| {
                 if let StreamEvent::TextDelta { text, .. } = event {
                     // A full queue means a slow reader: it misses a delta, never the turn.
                     let _ = tx.try_send(Ok(ParentEvent::TextDelta(text.clone())));
@@ -682,6 +682,70 @@ impl Engine {
             })
             .await?;
         Ok(answer.completion)
+    }
+}
+
+/// A parent request, as [`Compactor::request_compacting`] makes it: the transcript is read once
+/// per attempt — by the count, whose view the request then sends, or again after a compaction.
+struct MainLoop<'a> {
+    turns: &'a Arc<Turns>,
+    session: &'a Session,
+    parent: &'a Agent,
+    lease: &'a Lease,
+    turn: u32,
+    events: &'a Events,
+    /// The transcript as the last count read it: the next request's, unless a compaction came
+    /// in between.
+    view: Option<ParentView>,
+}
+
+impl Compacting for MainLoop<'_> {
+    type Answer = Completion;
+    const WHAT: &'static str = "the transcript";
+
+    fn params(&self) -> &forkd_core::session::CacheSafeParams {
+        &self.session.params
+    }
+
+    async fn tokens(&mut self) -> Result<u64> {
+        let compaction = &self.turns.compaction;
+        let view = compaction.parent_view(self.session).await?;
+        // The main loop's request is the session's transcript: its counts are kept.
+        let tokens = compaction.view_tokens(self.session, &view).await?;
+        self.view = Some(view);
+        Ok(tokens)
+    }
+
+    async fn compact(&mut self) -> Result<()> {
+        self.view = None;
+        let (session, parent, lease) = (self.session, self.parent, self.lease);
+        self.turns
+            .compaction
+            .compact(session, parent, lease, self.turn, None)
+            .await
+            .map(drop)
+    }
+
+    async fn request(&mut self, counted: u64) -> Result<Completion> {
+        let turns = self.turns;
+        let (view, input_tokens) = match self.view.take() {
+            Some(view) => (view, counted),
+            None => {
+                let view = turns.compaction.parent_view(self.session).await?;
+                let tokens = turns.compaction.view_tokens(self.session, &view).await?;
+                (view, tokens)
+            }
+        };
+        turns
+            .parent_call(
+                self.session,
+                self.parent,
+                self.turn,
+                view.messages,
+                input_tokens,
+                self.events,
+            )
+            .await
     }
 }
 

@@ -11,10 +11,10 @@
 //! [`Wakeup::Answer`]: forkd_core::store::Wakeup::Answer
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex as StdMutex;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use forkd_core::store::Lease;
+use forkd_core::store::{Lease, Store};
 use forkd_core::{PromptId, SessionId};
 use futures::stream::BoxStream;
 use tokio::sync::{broadcast, mpsc, oneshot};
@@ -23,15 +23,20 @@ use tokio_util::sync::CancellationToken;
 
 pub use forkd_core::prompt::{PermissionAnswer, PermissionPrompt};
 
-use crate::Engine;
 use crate::error::{EngineError, Result};
+use crate::notify::Notifications;
 
 /// How often a wait, and a subscription, read the stored prompts on a database other daemons
 /// share: the bound on how late an answer or a prompt is when the database's wake-ups were lost.
 const SHARED_POLL: Duration = Duration::from_secs(1);
 
-/// This daemon's agents' waits, and the prompts its clients are shown.
-pub(crate) struct Prompts {
+/// Permission prompts: this daemon's agents' waits, and the prompts its clients are shown.
+pub(crate) struct Permissions {
+    store: Arc<dyn Store>,
+    /// Whether other daemons share the database (then waits and subscriptions also poll it).
+    notifications: Arc<Notifications>,
+    /// Ends the subscriptions' tasks.
+    shutdown: CancellationToken,
     /// The waits of this daemon's agents, by prompt.
     waiting: StdMutex<HashMap<PromptId, oneshot::Sender<PermissionAnswer>>>,
     /// Every prompt this daemon learns of: its own agents', and other daemons' (through the
@@ -39,16 +44,21 @@ pub(crate) struct Prompts {
     bus: broadcast::Sender<PermissionPrompt>,
 }
 
-impl Default for Prompts {
-    fn default() -> Self {
+impl Permissions {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        notifications: Arc<Notifications>,
+        shutdown: CancellationToken,
+    ) -> Self {
         Self {
+            store,
+            notifications,
+            shutdown,
             waiting: StdMutex::default(),
             bus: broadcast::channel(256).0,
         }
     }
-}
 
-impl Prompts {
     fn waiting(
         &self,
     ) -> std::sync::MutexGuard<'_, HashMap<PromptId, oneshot::Sender<PermissionAnswer>>> {
@@ -58,15 +68,15 @@ impl Prompts {
 
 /// Ends a wait however it ends, a dropped future (a kill) included: the channel goes, and the
 /// stored prompt is removed, so no client is shown a prompt nobody waits on.
-struct WaitGuard {
-    engine: Engine,
+struct WaitGuard<'a> {
+    permissions: &'a Permissions,
     id: PromptId,
 }
 
-impl Drop for WaitGuard {
+impl Drop for WaitGuard<'_> {
     fn drop(&mut self) {
-        self.engine.inner.prompts.waiting().remove(&self.id);
-        let (store, id) = (self.engine.inner.store.clone(), self.id);
+        self.permissions.waiting().remove(&self.id);
+        let (store, id) = (self.permissions.store.clone(), self.id);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 if let Err(e) = store.close_prompt(id).await {
@@ -82,10 +92,10 @@ impl Drop for WaitGuard {
 /// A stream of prompts for one session.
 pub type PromptStream = BoxStream<'static, PermissionPrompt>;
 
-impl Engine {
+impl Permissions {
     /// Whether a session's client said "allow always" for `tool`.
     pub(crate) async fn always_allowed(&self, session: SessionId, tool: &str) -> Result<bool> {
-        Ok(self.inner.store.tool_always_allowed(session, tool).await?)
+        Ok(self.store.tool_always_allowed(session, tool).await?)
     }
 
     /// Puts a prompt to the session's clients and waits for the answer; `None` if the agent
@@ -98,25 +108,24 @@ impl Engine {
     ) -> Result<Option<PermissionAnswer>> {
         prompt.id = PromptId::new();
         let (tx, mut rx) = oneshot::channel();
-        let prompts = &self.inner.prompts;
         // The channel before the row: an answer given the moment the row commits finds it.
-        prompts.waiting().insert(prompt.id, tx);
+        self.waiting().insert(prompt.id, tx);
         let _wait = WaitGuard {
-            engine: self.clone(),
+            permissions: self,
             id: prompt.id,
         };
-        self.inner.store.insert_prompt(lease, &prompt).await?;
+        self.store.insert_prompt(lease, &prompt).await?;
         tracing::info!(prompt.id = %prompt.id, tool = %prompt.tool, "Waiting for a permission answer");
         // No subscriber yet is fine: a client that subscribes later reads the stored prompts.
-        let _ = prompts.bus.send(prompt.clone());
-        let shared = self.shared_store();
+        let _ = self.bus.send(prompt.clone());
+        let shared = self.notifications.shared();
         loop {
             tokio::select! {
                 answer = &mut rx => return Ok(answer.ok()),
                 () = cancel.cancelled() => return Ok(None),
                 // Wake-ups from other daemons can be lost with their connection: read the row.
                 () = tokio::time::sleep(SHARED_POLL), if shared => {
-                    if let Some((_, Some(answer))) = self.inner.store.prompt(prompt.id).await? {
+                    if let Some((_, Some(answer))) = self.store.prompt(prompt.id).await? {
                         return Ok(Some(answer));
                     }
                 }
@@ -127,12 +136,12 @@ impl Engine {
     /// Hands the stored answer of a prompt this daemon's agent waits on to its wait (the
     /// answer was given through another daemon).
     pub(crate) async fn deliver_answer(&self, id: PromptId) {
-        if !self.inner.prompts.waiting().contains_key(&id) {
+        if !self.waiting().contains_key(&id) {
             return;
         }
-        match self.inner.store.prompt(id).await {
+        match self.store.prompt(id).await {
             Ok(Some((_, Some(answer)))) => {
-                if let Some(tx) = self.inner.prompts.waiting().remove(&id) {
+                if let Some(tx) = self.waiting().remove(&id) {
                     let _ = tx.send(answer);
                 }
             }
@@ -146,9 +155,9 @@ impl Engine {
 
     /// Shows this daemon's clients a prompt another daemon's agent asked.
     pub(crate) async fn relay_prompt(&self, id: PromptId) {
-        match self.inner.store.prompt(id).await {
+        match self.store.prompt(id).await {
             Ok(Some((prompt, None))) => {
-                let _ = self.inner.prompts.bus.send(prompt);
+                let _ = self.bus.send(prompt);
             }
             Ok(_) => {}
             // Subscribers read the open prompts themselves within a second.
@@ -159,9 +168,8 @@ impl Engine {
     }
 
     /// The session a stored prompt belongs to.
-    pub async fn prompt_session(&self, id: PromptId) -> Result<Option<SessionId>> {
+    pub(crate) async fn prompt_session(&self, id: PromptId) -> Result<Option<SessionId>> {
         Ok(self
-            .inner
             .store
             .prompt(id)
             .await?
@@ -170,24 +178,23 @@ impl Engine {
 
     /// Answers an open prompt, whichever daemon's agent waits on it. `NotFound` when it is not
     /// open (already answered, or its agent stopped waiting).
-    pub async fn answer_prompt(&self, id: PromptId, answer: PermissionAnswer) -> Result<()> {
-        self.inner.store.answer_prompt(id, &answer).await?;
+    pub(crate) async fn answer(&self, id: PromptId, answer: PermissionAnswer) -> Result<()> {
+        self.store.answer_prompt(id, &answer).await?;
         // This daemon's own agent: at once. Another daemon's reads it at the wake-up.
-        if let Some(tx) = self.inner.prompts.waiting().remove(&id) {
+        if let Some(tx) = self.waiting().remove(&id) {
             let _ = tx.send(answer);
         }
         Ok(())
     }
 
     /// The session's prompts: those open now, then new ones as they come.
-    pub async fn subscribe_prompts(&self, session_id: SessionId) -> Result<PromptStream> {
-        self.get_session(session_id).await?;
-        let mut live = self.inner.prompts.bus.subscribe();
-        let open = self.inner.store.open_prompts(session_id).await?;
+    pub(crate) async fn subscribe(self: &Arc<Self>, session_id: SessionId) -> Result<PromptStream> {
+        let mut live = self.bus.subscribe();
+        let open = self.store.open_prompts(session_id).await?;
         let (tx, rx) = mpsc::channel(64);
-        let shutdown = self.inner.shutdown.clone();
-        let engine = self.clone();
-        let shared = self.shared_store();
+        let shutdown = self.shutdown.clone();
+        let this = Arc::clone(self);
+        let shared = self.notifications.shared();
         tokio::spawn(async move {
             let mut seen: HashSet<PromptId> = HashSet::new();
             let mut open = open;
@@ -203,7 +210,7 @@ impl Engine {
                         () = shutdown.cancelled() => return,
                         () = tx.closed() => return,
                         () = tokio::time::sleep(SHARED_POLL), if shared => {
-                            break engine.open_prompts_or_none(session_id).await;
+                            break this.open_prompts_or_none(session_id).await;
                         }
                     };
                     match next {
@@ -215,7 +222,7 @@ impl Engine {
                         Ok(_) => {}
                         // Fell behind: send whatever is open and was not seen yet.
                         Err(broadcast::error::RecvError::Lagged(_)) => {
-                            break engine.open_prompts_or_none(session_id).await;
+                            break this.open_prompts_or_none(session_id).await;
                         }
                         Err(broadcast::error::RecvError::Closed) => return,
                     }
@@ -227,8 +234,7 @@ impl Engine {
 
     /// The session's open prompts; none (logged) when the store cannot say.
     async fn open_prompts_or_none(&self, session: SessionId) -> Vec<PermissionPrompt> {
-        self.inner
-            .store
+        self.store
             .open_prompts(session)
             .await
             .unwrap_or_else(|e| {

@@ -4,26 +4,108 @@
 //! parent's history up to the fork point, the batch's shared blocks, the child's directive and its
 //! own messages), so any later run of the same agent id continues where the last one stopped.
 
+mod compact;
+mod gate;
 mod lifecycle;
 mod load;
-mod slots;
+pub(crate) mod tools;
+pub(crate) mod typed;
 
-use forkd_core::store::{Lease, RequestRecord, StoreError};
-use forkd_core::{AgentId, NotificationStatus, Role};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex};
+
+use forkd_core::store::{Lease, ProcessGroup, RequestRecord, Store, StoreError};
+use forkd_core::{AgentId, NotificationStatus, Role, SessionId};
 use forkd_provider::StreamEvent;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-pub(crate) use lifecycle::{KILLED, Raced};
+pub(crate) use gate::WarmupGate;
+pub(crate) use lifecycle::KILLED;
 pub(crate) use load::{AgentRun, BatchCache, BatchContext, Shape};
-pub(crate) use slots::RunSlots;
 
-use crate::Engine;
-use crate::batch::WarmupGate;
-use crate::compact::too_long;
+use crate::attach::Attach;
+use crate::compact::{Compacting, Compactor};
+use crate::config::EngineConfig;
+use crate::divergence::Divergences;
 use crate::error::EngineError;
+use crate::locks::LockMap;
+use crate::mcp::McpServers;
+use crate::model::ModelCalls;
 use crate::model::{Answer, ModelCall, PrefixEnd};
-use crate::tools::ToolTurn;
+use crate::notify::Notifications;
+use crate::permissions::Permissions;
+use crate::run::tools::ToolTurn;
+use crate::session::Sessions;
+use crate::supervisor::Supervisor;
+use crate::tenancy::Tenancy;
+use crate::window::Window;
+
+/// Runs of fork children and typed agents: loading them from the store, their turns (model,
+/// tools, again), their compaction, their end; typed agents' calls and waits.
+pub(crate) struct Runs {
+    store: Arc<dyn Store>,
+    config: Arc<EngineConfig>,
+    calls: Arc<ModelCalls>,
+    compaction: Arc<Compactor>,
+    window: Arc<Window>,
+    tenancy: Arc<Tenancy>,
+    notifications: Arc<Notifications>,
+    attach: Arc<Attach>,
+    permissions: Arc<Permissions>,
+    mcp: Arc<McpServers>,
+    sessions: Arc<Sessions>,
+    supervisor: Arc<Supervisor>,
+    divergences: Arc<Divergences>,
+    /// Appends to a session's transcript (an agent's end, its report) one at a time.
+    session_locks: Arc<LockMap<SessionId>>,
+    /// Batch prefixes shared by the running children of each batch.
+    batches: BatchCache,
+    /// Process groups of tool calls that a kill cut off, by agent, until the kill has waited
+    /// for them (see `tools::GroupWatch`).
+    cut_off_groups: StdMutex<HashMap<AgentId, Vec<ProcessGroup>>>,
+}
+
+/// The services runs are made of.
+pub(crate) struct RunParts {
+    pub store: Arc<dyn Store>,
+    pub config: Arc<EngineConfig>,
+    pub calls: Arc<ModelCalls>,
+    pub compaction: Arc<Compactor>,
+    pub window: Arc<Window>,
+    pub tenancy: Arc<Tenancy>,
+    pub notifications: Arc<Notifications>,
+    pub attach: Arc<Attach>,
+    pub permissions: Arc<Permissions>,
+    pub mcp: Arc<McpServers>,
+    pub sessions: Arc<Sessions>,
+    pub supervisor: Arc<Supervisor>,
+    pub divergences: Arc<Divergences>,
+    pub session_locks: Arc<LockMap<SessionId>>,
+}
+
+impl Runs {
+    pub(crate) fn new(parts: RunParts) -> Self {
+        Self {
+            store: parts.store,
+            config: parts.config,
+            calls: parts.calls,
+            compaction: parts.compaction,
+            window: parts.window,
+            tenancy: parts.tenancy,
+            notifications: parts.notifications,
+            attach: parts.attach,
+            permissions: parts.permissions,
+            mcp: parts.mcp,
+            sessions: parts.sessions,
+            supervisor: parts.supervisor,
+            divergences: parts.divergences,
+            session_locks: parts.session_locks,
+            batches: BatchCache::default(),
+            cut_off_groups: StdMutex::default(),
+        }
+    }
+}
 
 /// Why a run ended without completing.
 #[derive(Debug, thiserror::Error)]
@@ -31,7 +113,7 @@ pub(crate) enum RunFailure {
     #[error("no final answer after {0} turns")]
     TurnLimit(u32),
     #[error("{0}")]
-    Engine(EngineError),
+    Error(EngineError),
     /// The daemon is shutting down: the run stopped between calls, and the agent stays
     /// `running` for the next start to resume.
     #[error("stopped for shutdown")]
@@ -46,7 +128,7 @@ impl From<EngineError> for RunFailure {
         match e {
             EngineError::Draining => RunFailure::Draining,
             EngineError::Store(StoreError::Superseded { .. }) => RunFailure::Superseded,
-            other => RunFailure::Engine(other),
+            other => RunFailure::Error(other),
         }
     }
 }
@@ -61,9 +143,9 @@ impl From<StoreError> for RunFailure {
 /// never claimed).
 type RunOutcome = Option<(Lease, NotificationStatus, Option<String>, Option<String>)>;
 
-impl Engine {
+impl Runs {
     async fn run_agent(
-        &self,
+        self: &Arc<Self>,
         id: AgentId,
         mut gate: Option<WarmupGate>,
         wait: Option<watch::Receiver<bool>>,
@@ -75,7 +157,7 @@ impl Engine {
         }
         // Claimed before the transcript is read: from here on an older run cannot write, so
         // what this run loads is final.
-        let lease = match self.inner.store.claim_agent(id).await {
+        let lease = match self.store.claim_agent(id).await {
             Ok(lease) => Some(lease),
             Err(StoreError::Conflict(reason)) => {
                 tracing::debug!(%reason, "Agent not run");
@@ -134,13 +216,13 @@ impl Engine {
 
     /// Runs the agent's turns from wherever its transcript stands; returns its final text.
     async fn drive(
-        &self,
+        self: &Arc<Self>,
         lease: &Lease,
         gate: &mut Option<WarmupGate>,
         cancel: &CancellationToken,
     ) -> Result<String, RunFailure> {
         let mut run = self.load_run(lease.agent_id).await?;
-        let max_turns = self.config().max_turns;
+        let max_turns = self.config.max_turns;
         // Turns already taken (a later run of the same agent continues the count).
         let mut turn = run.own.iter().filter(|m| m.role == Role::Assistant).count() as u32;
         loop {
@@ -149,7 +231,7 @@ impl Engine {
             {
                 return Ok(last.text());
             }
-            if self.draining() {
+            if self.supervisor.draining() {
                 return Err(RunFailure::Draining);
             }
             if let Some(last) = run.own.last().filter(|m| m.role == Role::Assistant) {
@@ -165,19 +247,22 @@ impl Engine {
                     cancel: cancel.clone(),
                 };
                 let results = self.run_tools(&tool_turn, last).await?;
-                self.append_own(lease, &results).await?;
+                self.attach.append_own(lease, &results).await?;
                 run.own.push(results);
             }
             if turn >= max_turns {
                 return Err(RunFailure::TurnLimit(max_turns));
             }
-            if self.draining() {
+            if self.supervisor.draining() {
                 return Err(RunFailure::Draining);
             }
-            self.check_budgets(run.agent.session_id, run.agent.batch_id)
+            self.tenancy
+                .check_budgets(run.agent.session_id, run.agent.batch_id)
                 .await?;
             let answer = self.next_request(&mut run, lease, turn, gate).await?;
-            self.append_own(lease, &answer.completion.message).await?;
+            self.attach
+                .append_own(lease, &answer.completion.message)
+                .await?;
             if turn == 0
                 && let Shape::Fork { ctx } = &run.shape
             {
@@ -188,46 +273,28 @@ impl Engine {
         }
     }
 
-    /// The agent's next model request. Past the compaction threshold the agent compacts its own
-    /// part first; a provider that finds the prompt too long (its count is not forkd's) makes it
-    /// compact and ask once more.
+    /// The agent's next model request, compacting its own part first when it must.
     async fn next_request(
-        &self,
+        self: &Arc<Self>,
         run: &mut AgentRun,
         lease: &Lease,
         turn: u32,
         gate: &mut Option<WarmupGate>,
     ) -> Result<Answer, EngineError> {
-        let counted = self
-            .compact_agent_if_needed(run, lease, turn, &mut opens(gate))
-            .await?;
-        let e = match self.agent_request(run, turn, counted, gate).await {
-            Err(EngineError::Provider(e)) if e.is_prompt_too_long() => e,
-            other => return other,
+        let mut own = OwnTranscript {
+            runs: self,
+            run,
+            lease,
+            turn,
+            gate,
         };
-        tracing::warn!(error = %e, "The provider says the agent's prompt is too long; compacting");
-        match self.compact_agent(run, lease, turn, &mut opens(gate)).await {
-            Ok(_) => {}
-            Err(EngineError::WrongState(why)) => {
-                return Err(too_long(&e, &format!("and it cannot be compacted: {why}")));
-            }
-            Err(other) => return Err(other),
-        }
-        let counted = self.agent_tokens(run).await?;
-        self.agent_request(run, turn, counted, gate)
-            .await
-            .map_err(|again| match again {
-                EngineError::Provider(e) if e.is_prompt_too_long() => {
-                    too_long(&e, "even after the agent's transcript was compacted")
-                }
-                other => other,
-            })
+        self.compaction.request_compacting(&mut own).await
     }
 
     /// One model request of an agent on its conversation from its latest boundary; `counted`
     /// is its input tokens from the counts kept (a typed agent's body is counted instead).
     async fn agent_request(
-        &self,
+        self: &Arc<Self>,
         run: &AgentRun,
         turn: u32,
         counted: u64,
@@ -245,13 +312,13 @@ impl Engine {
                 Shape::Typed => None,
             },
         };
-        self.call_model(call, &mut opens(gate)).await
+        self.calls.call(call, &mut opens(gate)).await
     }
 
     /// A fork child's first request against its batch's first one: a different prefix is
     /// warned about and counted. The batch's first request is held in its context, so the store
     /// is asked once per batch (and again only after a restart).
-    async fn check_first_request(&self, ctx: &BatchContext, record: &RequestRecord) {
+    async fn check_first_request(self: &Arc<Self>, ctx: &BatchContext, record: &RequestRecord) {
         let held = ctx
             .first_request
             .lock()
@@ -260,6 +327,7 @@ impl Engine {
         let first = match held {
             Some(first) => Some(first),
             None => self
+                .divergences
                 .first_sibling_request(ctx.batch.id, 0, record.agent_id)
                 .await
                 .unwrap_or_else(|e| {
@@ -274,8 +342,44 @@ impl Engine {
             }
         }
         if let Some(first) = first.filter(|f| f.agent_id != record.agent_id) {
-            self.compare_prefix(&first, record);
+            self.divergences.compare(&first, record);
         }
+    }
+}
+
+/// A fork child's or typed agent's request, as [`Compactor::request_compacting`](crate::compact::Compactor::request_compacting) makes it.
+struct OwnTranscript<'a> {
+    runs: &'a Arc<Runs>,
+    run: &'a mut AgentRun,
+    lease: &'a Lease,
+    turn: u32,
+    gate: &'a mut Option<WarmupGate>,
+}
+
+impl Compacting for OwnTranscript<'_> {
+    type Answer = Answer;
+    const WHAT: &'static str = "the agent's transcript";
+
+    fn params(&self) -> &forkd_core::session::CacheSafeParams {
+        &self.run.params
+    }
+
+    async fn tokens(&mut self) -> Result<u64, EngineError> {
+        self.runs.agent_tokens(self.run).await
+    }
+
+    async fn compact(&mut self) -> Result<(), EngineError> {
+        let mut on_event = opens(self.gate);
+        self.runs
+            .compact_agent(self.run, self.lease, self.turn, &mut on_event)
+            .await
+            .map(drop)
+    }
+
+    async fn request(&mut self, counted: u64) -> Result<Answer, EngineError> {
+        self.runs
+            .agent_request(self.run, self.turn, counted, self.gate)
+            .await
     }
 }
 

@@ -55,27 +55,42 @@ impl TenantEngine<'_> {
 
     /// Checks that the tenant owns `session` (through the engine's cache of owners).
     async fn own_session_id(&self, id: SessionId) -> Result<()> {
-        let owner = self.engine.session_owner(id).await?;
+        let owner = self.engine.inner.tenancy.session_owner(id).await?;
         self.owns(&owner, "session", id.to_string())
     }
 
     async fn own_agent(&self, id: AgentId) -> Result<Agent> {
         let agent = self.engine.get_agent(id).await?;
-        let owner = self.engine.session_owner(agent.session_id).await?;
+        let owner = self
+            .engine
+            .inner
+            .tenancy
+            .session_owner(agent.session_id)
+            .await?;
         self.owns(&owner, "agent", id.to_string())?;
         Ok(agent)
     }
 
     async fn own_batch(&self, id: BatchId) -> Result<ForkBatch> {
         let batch = self.engine.get_batch(id).await?;
-        let owner = self.engine.session_owner(batch.session_id).await?;
+        let owner = self
+            .engine
+            .inner
+            .tenancy
+            .session_owner(batch.session_id)
+            .await?;
         self.owns(&owner, "batch", id.to_string())?;
         Ok(batch)
     }
 
     async fn own_request(&self, id: RequestId) -> Result<RequestRecord> {
         let record = self.engine.get_request(id).await?;
-        let owner = self.engine.session_owner(record.session_id).await?;
+        let owner = self
+            .engine
+            .inner
+            .tenancy
+            .session_owner(record.session_id)
+            .await?;
         self.owns(&owner, "request", id.to_string())?;
         Ok(record)
     }
@@ -156,6 +171,8 @@ impl TenantEngine<'_> {
     ) -> Result<ParentEventStream> {
         let session = self.own_session(id).await?;
         self.engine
+            .inner
+            .turns
             .send_message_in(session, text, idempotency_key)
             .await
     }
@@ -178,6 +195,8 @@ impl TenantEngine<'_> {
     ) -> Result<SubmittedBatch> {
         let session = self.own_session(id).await?;
         self.engine
+            .inner
+            .batches
             .fork_batch_in(session, directives, options)
             .await
     }
@@ -239,12 +258,16 @@ impl TenantEngine<'_> {
         self.own_scope(filter.session_id, filter.batch_id, filter.agent_id)
             .await?;
         filter.tenant = Some(self.tenant.clone());
-        Ok(self.engine.subscribe_unchecked(since_seq, filter, follow))
+        Ok(self
+            .engine
+            .inner
+            .notifications
+            .subscribe(since_seq, filter, follow))
     }
 
     pub async fn subscribe_prompts(&self, session: SessionId) -> Result<PromptStream> {
         self.own_session_id(session).await?;
-        self.engine.subscribe_prompts(session).await
+        self.engine.inner.permissions.subscribe(session).await
     }
 
     /// Answers a pending permission prompt of one of the tenant's sessions.
@@ -254,9 +277,15 @@ impl TenantEngine<'_> {
             id: prompt_id.chars().take(64).collect(),
         };
         let id = crate::permissions::parse_prompt_id(prompt_id)?;
-        let session = self.engine.prompt_session(id).await?.ok_or_else(unknown)?;
+        let session = self
+            .engine
+            .inner
+            .permissions
+            .prompt_session(id)
+            .await?
+            .ok_or_else(unknown)?;
         self.own_session_id(session).await.map_err(|_| unknown())?;
-        self.engine.answer_prompt(id, answer).await
+        self.engine.inner.permissions.answer(id, answer).await
     }
 
     pub async fn cache_stats(&self, scope: StatsScope) -> Result<CacheStats> {

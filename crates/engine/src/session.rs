@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use forkd_core::pricing::Models;
 use forkd_core::session::{
@@ -14,11 +15,15 @@ use forkd_core::tools::{AgentTypeListing, builtin_definitions_with_types};
 use forkd_core::{Block, Message, SessionId};
 
 use forkd_core::session::LOCAL_TENANT;
-use forkd_core::store::{IdempotencyRecord, IdempotentCall};
+use forkd_core::store::{IdempotencyRecord, IdempotentCall, Store};
 
-use crate::error::{EngineError, Result};
-use crate::tenancy::Idempotent;
-use crate::{Engine, now_ms};
+use crate::agent_types;
+use crate::clock::{now_ms, today};
+use crate::config::EngineConfig;
+use crate::error::{EngineError, Result, clip};
+use crate::mcp::McpServers;
+use crate::tenancy::{Idempotent, Tenancy};
+use crate::window::Window;
 
 /// A file placed in the session's first message.
 #[derive(Debug, Clone)]
@@ -109,12 +114,38 @@ fn first_message(files: &[ContextFile]) -> Message {
     Message::user(files.iter().map(context_block).collect())
 }
 
-impl Engine {
+/// Sessions: their creation (validated, rendered once, idempotent) and reading them.
+pub(crate) struct Sessions {
+    store: Arc<dyn Store>,
+    /// Limits, defaults, models, the sandbox's settings, where agent types are defined.
+    config: Arc<EngineConfig>,
+    tenancy: Arc<Tenancy>,
+    mcp: Arc<McpServers>,
+    window: Arc<Window>,
+}
+
+impl Sessions {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        config: Arc<EngineConfig>,
+        tenancy: Arc<Tenancy>,
+        mcp: Arc<McpServers>,
+        window: Arc<Window>,
+    ) -> Self {
+        Self {
+            store,
+            config,
+            tenancy,
+            mcp,
+            window,
+        }
+    }
+
     /// The session's sandbox: the mode it asks for, or the daemon's default. `full-access` and
     /// the `unix_sockets` grant are for callers on the Unix socket and for the tenants the
     /// configuration allows.
     fn check_sandbox(&self, req: &NewSession, tenant: &str) -> Result<Sandbox> {
-        let cfg = &self.config().sandbox;
+        let cfg = &self.config.sandbox;
         let mode = req.sandbox.unwrap_or(cfg.default_mode);
         let local = tenant == forkd_core::session::LOCAL_TENANT;
         if mode == SandboxMode::FullAccess && !local && !cfg.full_access_tenants.contains(tenant) {
@@ -145,15 +176,6 @@ impl Engine {
 
 fn invalid(msg: String) -> EngineError {
     EngineError::InvalidRequest(msg)
-}
-
-/// At most `max` characters of a client's value, for error messages: a huge bogus value echoed
-/// whole would not fit in the status trailer.
-pub(crate) fn clip(value: &str, max: usize) -> String {
-    match value.char_indices().nth(max) {
-        Some((cut, _)) => format!("{}…", &value[..cut]),
-        None => value.to_owned(),
-    }
 }
 
 fn check_model(models: &Models, model: &str) -> Result<()> {
@@ -217,15 +239,6 @@ fn session_bytes(req: &NewSession) -> usize {
         + req.mcp.config_json.as_ref().map_or(0, String::len)
 }
 
-/// Today's date (UTC) as `YYYY-MM-DD`, for rendered system prompts.
-pub(crate) fn today() -> String {
-    humantime::format_rfc3339_seconds(std::time::SystemTime::now())
-        .to_string()
-        .chars()
-        .take("YYYY-MM-DD".len())
-        .collect()
-}
-
 fn template(req: &NewSession, workspace: &Path, model: &str) -> SystemTemplate {
     SystemTemplate {
         base: req.system_prompt.clone(),
@@ -240,11 +253,11 @@ fn template(req: &NewSession, workspace: &Path, model: &str) -> SystemTemplate {
     }
 }
 
-impl Engine {
+impl Sessions {
     /// Creates a session: validates the request, renders the system prompt and assembles the tool
     /// pool once, and stores them with the session's first message. With an idempotency key, a
     /// retry returns the session the key first created.
-    pub async fn create_session(&self, req: NewSession) -> Result<Session> {
+    pub(crate) async fn create(&self, req: NewSession) -> Result<Session> {
         let tenant = if req.tenant.is_empty() {
             LOCAL_TENANT.to_owned()
         } else {
@@ -255,6 +268,7 @@ impl Engine {
         };
         let id = SessionId::new();
         let outcome = self
+            .tenancy
             .idempotent(
                 &tenant,
                 &key,
@@ -270,7 +284,7 @@ impl Engine {
                 let id = id.parse().map_err(|e| {
                     EngineError::Invariant(format!("stored session id {id:?} does not parse: {e}"))
                 })?;
-                self.get_session(id).await
+                self.get(id).await
             }
         }
     }
@@ -281,7 +295,7 @@ impl Engine {
         tenant: String,
         keyed: Option<(SessionId, IdempotencyRecord)>,
     ) -> Result<Session> {
-        let cfg = self.config();
+        let cfg = &self.config;
         let size = session_bytes(&req);
         if size > cfg.max_session_bytes {
             return Err(invalid(format!(
@@ -312,11 +326,11 @@ impl Engine {
         let rules = check_rules(req.allow_rules.clone(), req.deny_rules.clone())?;
         let sandbox = self.check_sandbox(&req, &tenant)?;
         // Last of the checks, as it starts processes: every server's tools, listed once now.
-        let mut mcp = self.session_tools(&req.mcp, &tenant).await?;
+        let mut mcp = self.mcp.session_tools(&req.mcp, &tenant).await?;
         let id = keyed.as_ref().map_or_else(SessionId::new, |(id, _)| *id);
-        self.seal_own_servers(id, &mut mcp)?;
+        self.mcp.seal_own_servers(id, &mut mcp)?;
         // The types the Agent tool lists, as they are now: fixed with the session's tools.
-        let types = self.agent_types(&workspace);
+        let types = agent_types::for_workspace(&cfg.agent_dirs, &workspace);
         let listed: Vec<AgentTypeListing<'_>> = types
             .iter()
             .map(|t| AgentTypeListing {
@@ -343,26 +357,24 @@ impl Engine {
             mcp: mcp.mcp,
             created_at_ms: now_ms(),
         };
-        self.inner
-            .store
+        self.store
             .create_session(
                 &session,
                 &[first_message(&req.context_files)],
                 keyed.as_ref().map(|(_, record)| record),
             )
             .await?;
-        self.keep_own_servers(session.id, mcp.own);
+        self.mcp.keep_own_servers(session.id, mcp.own);
         tracing::info!(session.id = %session.id, model = %session.params.model, "Session created");
         // Counted now, once, so that a batch forked from the session does not pay for it.
-        if let Err(e) = self.history_tokens(&session, None).await {
+        if let Err(e) = self.window.history_tokens(&session, None).await {
             tracing::debug!(error = %e, "Cannot count the session's first message");
         }
         Ok(session)
     }
 
-    pub async fn get_session(&self, id: SessionId) -> Result<Session> {
-        self.inner
-            .store
+    pub(crate) async fn get(&self, id: SessionId) -> Result<Session> {
+        self.store
             .get_session(id)
             .await?
             .ok_or_else(|| EngineError::NotFound {
@@ -372,16 +384,16 @@ impl Engine {
     }
 
     /// Sessions of one tenant (or of all, for `None`), in creation order after the cursor.
-    pub async fn list_sessions(
+    pub(crate) async fn list(
         &self,
         tenant: Option<&str>,
         after: Option<SessionId>,
         limit: u32,
     ) -> Result<Vec<Session>> {
-        Ok(self.inner.store.list_sessions(tenant, after, limit).await?)
+        Ok(self.store.list_sessions(tenant, after, limit).await?)
     }
 
-    pub async fn session_message_count(&self, id: SessionId) -> Result<u64> {
-        Ok(self.inner.store.session_message_count(id).await?)
+    pub(crate) async fn message_count(&self, id: SessionId) -> Result<u64> {
+        Ok(self.store.session_message_count(id).await?)
     }
 }

@@ -39,13 +39,7 @@ impl Engine {
         let store = &self.inner.store;
         let (agent_filter, request_filter) = match scope {
             StatsScope::Batch(id) => {
-                store
-                    .get_batch(id)
-                    .await?
-                    .ok_or_else(|| EngineError::NotFound {
-                        kind: "batch",
-                        id: id.to_string(),
-                    })?;
+                crate::lookup::batch(&**store, id).await?;
                 (
                     AgentFilter {
                         batch_id: Some(id),

@@ -1,7 +1,7 @@
 //! Who owns what, retries that must not create twice, and what may be spent.
 //!
 //! - **Tenants.** Every session belongs to a tenant; its agents, batches, transcripts and
-//!   notifications belong to the session's tenant. [`Engine::session_owner`] answers "whose is
+//!   notifications belong to the session's tenant. [`Tenancy::session_owner`] answers "whose is
 //!   this" from a cache (a session's tenant never changes); the tenant-scoped handle
 //!   ([`crate::TenantEngine`]) checks every id it is given against it.
 //! - **Idempotency keys.** A key names the first call made with it. A retry with the same
@@ -15,17 +15,22 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use forkd_core::store::{Budget, IdempotencyRecord, IdempotentCall, Spend, SpendScope, StoreError};
+use forkd_core::store::{
+    Budget, IdempotencyRecord, IdempotentCall, Spend, SpendScope, Store, StoreError,
+};
 use forkd_core::{BatchId, SessionId};
 
+use crate::clock::now_ms;
 use crate::error::{EngineError, Result};
-use crate::{Engine, now_ms};
+use crate::locks::LockMap;
 
-/// Per-key locks and the cache of session owners.
-#[derive(Default)]
+/// Session owners (cached), the per-key locks of idempotent calls, and the budgets.
 pub(crate) struct Tenancy {
+    store: Arc<dyn Store>,
+    /// Tenants' budgets from the configuration.
+    budgets: HashMap<String, Budget>,
     owners: std::sync::Mutex<HashMap<SessionId, Arc<str>>>,
-    keys: crate::LockMap<(String, String)>,
+    keys: LockMap<(String, String)>,
 }
 
 /// How an idempotent call ended: it created its resource, or an earlier call with the same key
@@ -42,20 +47,31 @@ enum Keyed {
     Existing(String),
 }
 
-impl Engine {
-    fn tenancy(&self) -> &Tenancy {
-        &self.inner.tenancy
+impl Tenancy {
+    pub(crate) fn new(store: Arc<dyn Store>, budgets: HashMap<String, Budget>) -> Self {
+        Self {
+            store,
+            budgets,
+            owners: std::sync::Mutex::default(),
+            keys: LockMap::default(),
+        }
     }
 
     /// The tenant that owns a session.
-    pub async fn session_owner(&self, id: SessionId) -> Result<Arc<str>> {
+    pub(crate) async fn session_owner(&self, id: SessionId) -> Result<Arc<str>> {
         if let Some(owner) = self.cached_owner(id) {
             return Ok(owner);
         }
-        let session = self.get_session(id).await?;
+        let session = self
+            .store
+            .get_session(id)
+            .await?
+            .ok_or_else(|| EngineError::NotFound {
+                kind: "session",
+                id: id.to_string(),
+            })?;
         let owner: Arc<str> = session.tenant.into();
-        self.tenancy()
-            .owners
+        self.owners
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, owner.clone());
@@ -63,8 +79,7 @@ impl Engine {
     }
 
     fn cached_owner(&self, id: SessionId) -> Option<Arc<str>> {
-        self.tenancy()
-            .owners
+        self.owners
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&id)
@@ -104,7 +119,7 @@ impl Engine {
                 key.len()
             )));
         }
-        let lock = self.tenancy().keys.get((tenant.to_owned(), key.to_owned()));
+        let lock = self.keys.get((tenant.to_owned(), key.to_owned()));
         let _one_at_a_time = lock.lock().await;
         let keyed = self
             .lookup_key(tenant, key, call, request_sha256, resource_id)
@@ -137,7 +152,7 @@ impl Engine {
         request_sha256: String,
         resource_id: String,
     ) -> Result<Keyed> {
-        match self.inner.store.idempotency_key(tenant, key).await? {
+        match self.store.idempotency_key(tenant, key).await? {
             Some(prior) if prior.kind == call && prior.request_sha256 == request_sha256 => {
                 tracing::info!(key, resource.id = %prior.resource_id, "Idempotent retry");
                 Ok(Keyed::Existing(prior.resource_id))
@@ -163,7 +178,7 @@ impl Engine {
         session: SessionId,
         batch: Option<BatchId>,
     ) -> Result<()> {
-        let store = &self.inner.store;
+        let store = &self.store;
         if let Some(batch) = batch {
             let budget = store.batch_budget(batch).await?;
             if budget != Budget::default() {
@@ -172,7 +187,7 @@ impl Engine {
             }
         }
         let tenant = self.session_owner(session).await?;
-        if let Some(budget) = self.config().tenant_budgets.get(&*tenant) {
+        if let Some(budget) = self.budgets.get(&*tenant) {
             let spent = store.spend(SpendScope::Tenant(&tenant)).await?;
             over(budget, &spent, &format!("tenant {tenant}"))?;
         }

@@ -15,17 +15,16 @@
 //! agent's) is counted whole, and only when it is big.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use forkd_core::fork::ForkBatch;
+use forkd_core::pricing::Models;
 use forkd_core::request::{self, Conversation};
 use forkd_core::session::{CacheSafeParams, Session};
-use forkd_core::{BatchId, Block, Directive, Message, SessionId};
-use forkd_provider::{CountSource, ModelRequest, TokenCount, tokens};
+use forkd_core::store::Store;
+use forkd_core::{Block, Message, SessionId};
+use forkd_provider::{CountSource, ModelRequest, Provider, TokenCount, tokens};
 
-use crate::Engine;
 use crate::error::{EngineError, Result};
-use crate::run::BatchContext;
 
 /// The share of a context window kept free: forkd's token count is an estimate of the model's.
 pub(crate) const WINDOW_MARGIN: f64 = 0.02;
@@ -33,9 +32,16 @@ pub(crate) const WINDOW_MARGIN: f64 = 0.02;
 /// The most sessions whose counts are kept; past it the counts start over (they are a cache).
 const MAX_SESSIONS: usize = 10_000;
 
-/// Token counts of sessions' transcripts, as the sim and the estimate count them.
-#[derive(Default)]
-pub(crate) struct TokenCounts(Mutex<HashMap<SessionId, SessionCounts>>);
+/// The context-window checks, and the token counts of sessions' transcripts (as the sim and
+/// the estimate count them) that keep them cheap.
+pub(crate) struct Window {
+    store: Arc<dyn Store>,
+    /// Asked for its own count near the edge, when it has one.
+    provider: Arc<dyn Provider>,
+    /// Where the windows come from.
+    models: Models,
+    counts: Mutex<HashMap<SessionId, SessionCounts>>,
+}
 
 struct SessionCounts {
     /// The request's head: its tools and system prompt.
@@ -50,7 +56,7 @@ const NEAR_EDGE: f64 = 0.05;
 
 /// The room a request's input has in its model's window.
 #[derive(Debug, Clone, Copy)]
-struct Room {
+pub(crate) struct Room {
     window: u64,
     max_tokens: u64,
 }
@@ -73,7 +79,7 @@ impl Room {
 
     /// Whether an estimate is close enough to its limit (over it included) that the
     /// provider's own count should decide.
-    fn near_edge(self, estimate: u64) -> bool {
+    pub(crate) fn near_edge(self, estimate: u64) -> bool {
         estimate + (self.window as f64 * NEAR_EDGE) as u64 > self.for_estimate()
     }
 
@@ -87,7 +93,7 @@ impl Room {
         }
     }
 
-    fn check_estimate(self, model: &str, input_tokens: u64) -> Result<()> {
+    pub(crate) fn check_estimate(self, model: &str, input_tokens: u64) -> Result<()> {
         if input_tokens > self.for_estimate() {
             return Err(self.refuse(model, input_tokens, self.usable()));
         }
@@ -113,7 +119,16 @@ pub(crate) fn message_tokens(message: &Message) -> u64 {
     message.blocks.iter().map(block_tokens).sum()
 }
 
-impl Engine {
+impl Window {
+    pub(crate) fn new(store: Arc<dyn Store>, provider: Arc<dyn Provider>, models: Models) -> Self {
+        Self {
+            store,
+            provider,
+            models,
+            counts: Mutex::default(),
+        }
+    }
+
     /// The input tokens of a request on the session's params and its first `upto` messages
     /// (`None`: all it has now).
     pub(crate) async fn history_tokens(&self, session: &Session, upto: Option<u64>) -> Result<u64> {
@@ -127,7 +142,6 @@ impl Engine {
             .get(&session.id)
             .map_or(0, |c| c.prefix.len());
         let messages = self
-            .inner
             .store
             .session_messages_from(session.id, known as u64, upto.map(|n| n as u64))
             .await?;
@@ -170,10 +184,15 @@ impl Engine {
         Some(entry.head + body)
     }
 
+    /// Whether the provider counts tokens itself (then it decides near the edge).
+    pub(crate) fn provider_counts(&self) -> bool {
+        self.provider.counts_tokens()
+    }
+
     /// The room of a request on these params; `None` for a model nobody told forkd the window
     /// of (not in the price table, nor in `[models]` of the configuration), which is not checked.
-    fn room(&self, params: &CacheSafeParams) -> Option<Room> {
-        let window = self.config().models.get(&params.model)?.context_window;
+    pub(crate) fn room(&self, params: &CacheSafeParams) -> Option<Room> {
+        let window = self.models.get(&params.model)?.context_window;
         Some(Room {
             window,
             max_tokens: u64::from(params.max_tokens),
@@ -204,14 +223,14 @@ impl Engine {
 
     /// Refuses an estimate over the room; near the edge, asks a provider that counts tokens
     /// itself (the request body comes from `body`, built only then).
-    async fn check_near_edge(
+    pub(crate) async fn check_near_edge(
         &self,
         room: Room,
         params: &CacheSafeParams,
         estimate: u64,
         body: impl FnOnce() -> String,
     ) -> Result<()> {
-        let provider = &self.inner.provider;
+        let provider = &self.provider;
         if !room.near_edge(estimate) || !provider.counts_tokens() {
             return room.check_estimate(&params.model, estimate);
         }
@@ -230,78 +249,27 @@ impl Engine {
     }
 
     fn token_counts(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, SessionCounts>> {
-        self.inner
-            .token_counts
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.counts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The input tokens of a fork child's next request, from the counts kept for its parent's
-    /// history: the shared blocks, its directive and `own` (its own messages, from its latest
-    /// compaction boundary) are all that is counted.
-    pub(crate) async fn fork_child_tokens(
-        &self,
-        ctx: &BatchContext,
-        directive: &Block,
-        own: &[Message],
-    ) -> Result<u64> {
-        // A batch forked after a compaction inherits its summary: the history's first message.
-        let compaction = ctx.batch.compacted_to.zip(ctx.history.first());
-        let history = self
-            .inherited_tokens(&ctx.session, Some(ctx.batch.fork_point), compaction)
-            .await?;
-        let assistant = ctx.batch.assistant().map_or(0, message_tokens);
-        let shared: u64 = ctx.batch.shared_user_blocks.iter().map(block_tokens).sum();
-        let own: u64 = own.iter().map(message_tokens).sum();
-        Ok(history + assistant + shared + block_tokens(directive) + own)
-    }
-
-    /// Refuses a client's batch whose children would not fit their model's window, before any
-    /// request is made. A child's first request is the parent's history up to the fork point
-    /// (`None`: all of it), the boilerplate and its directive: the longest directive stands for
-    /// every child.
-    pub(crate) async fn check_children_fit(
+    /// The input tokens of a request on the transcript's first `upto` messages (tools and
+    /// system prompt included), from the counts kept per message; after a compaction
+    /// (`(to_seq, summary)`), its summary and the messages from its boundary.
+    pub(crate) async fn inherited_tokens(
         &self,
         session: &Session,
-        fork_point: Option<u64>,
-        directives: &[&Directive],
-    ) -> Result<()> {
-        let Some(longest) = directives.iter().max_by_key(|d| d.prompt.len()) else {
-            return Ok(());
-        };
-        let Some(room) = self.room(&session.params) else {
-            return Ok(());
-        };
-        let probe = ForkBatch::client(BatchId::new(), session.id, 0, 0);
-        let shared: u64 = probe.shared_user_blocks.iter().map(block_tokens).sum();
-        let directive = ForkBatch::directive_block(longest);
-        let point = match fork_point {
-            Some(point) => point,
-            None => self.inner.store.session_message_count(session.id).await?,
-        };
-        let compaction = self.compaction_before(session.id, point).await?;
-        let history = self
-            .inherited_tokens(
-                session,
-                Some(point),
-                compaction.as_ref().map(|c| (c.to_seq, &c.summary)),
-            )
-            .await?;
-        let estimate = history + shared + block_tokens(&directive);
-        if !room.near_edge(estimate) || !self.inner.provider.counts_tokens() {
-            return room.check_estimate(&session.params.model, estimate);
-        }
-        // Near the edge: the longest child's first request, built as its run will build it,
-        // for the provider to count.
-        let mut probe = probe;
-        probe.fork_point = point;
-        probe.compacted_to = compaction.map(|c| c.to_seq);
-        let history = self.inherited_history(&probe).await?;
-        let conversation = probe.child_conversation(&history, &directive, &[]);
-        let body = || request::serialize(&session.params, &conversation, true).body;
-        self.check_near_edge(room, &session.params, estimate, body)
-            .await
+        upto: Option<u64>,
+        compaction: Option<(u64, &Message)>,
+    ) -> Result<u64> {
+        let all = self.history_tokens(session, upto).await?;
+        Ok(match compaction {
+            Some((to_seq, summary)) => {
+                let head = self.history_tokens(session, Some(0)).await?;
+                let before = self.history_tokens(session, Some(to_seq)).await?;
+                head + (all - before) + message_tokens(summary)
+            }
+            None => all,
+        })
     }
 }
 
@@ -318,10 +286,10 @@ pub(crate) fn head_tokens(params: &CacheSafeParams) -> Result<u64> {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use std::sync::Arc;
-
+    use forkd_core::fork::ForkBatch;
     use forkd_core::pricing;
     use forkd_core::session::{RenderedSystem, ToolsJson};
+    use forkd_core::{BatchId, Directive};
     use forkd_provider::ProviderError;
 
     use super::*;
@@ -460,13 +428,10 @@ mod tests {
                     own_count,
                     asked: Default::default(),
                 });
-                let config = crate::EngineConfig {
-                    models: pricing::Models::default().with(local),
-                    ..Default::default()
-                };
+                let models = pricing::Models::default().with(local);
                 let store = forkd_store::SqliteStore::open_in_memory().await.unwrap();
-                let engine = Engine::new(Arc::new(store), provider.clone(), config);
-                (engine, provider)
+                let window = Window::new(Arc::new(store), provider.clone(), models);
+                (window, provider)
             }
         };
         let asked = |p: &Counting| p.asked.load(std::sync::atomic::Ordering::SeqCst);

@@ -3,7 +3,8 @@
 //! was reshaped into services (issue 27) and stay, so that moving code can never change what a
 //! model sees (and with it the prompt cache) without a test saying so.
 //!
-//! The situations: a client batch on a thinking session, a model-driven fork (the parent's
+//! The situations: the demo's children (its system prompt, context files and five directives on
+//! a fresh session), a client batch on a thinking session, a model-driven fork (the parent's
 //! requests and its children's), a client-asked compaction, and a child resumed by a new engine
 //! after the first stopped mid-request. What differs from run to run — ids, the temporary
 //! directory — is replaced by placeholders numbered in order of appearance; everything else is
@@ -215,6 +216,55 @@ fn ordered(mut bodies: Vec<String>, markers: &[String]) -> Vec<String> {
     };
     bodies.sort_by_key(rank);
     bodies
+}
+
+/// `forkd demo`'s system prompt and directives, from the file the demo embeds; a fixed corpus
+/// stands for its context files (the demo embeds forkd's own sources, which change with every
+/// commit).
+const DEMO_SCENARIO: &str = include_str!("../../forkd/src/demo/scenario.json");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demos_children() {
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = Recorder::new(0.0);
+    let engine = engine(dir.path(), recorder.clone(), EngineConfig::default()).await;
+    let scenario: serde_json::Value = serde_json::from_str(DEMO_SCENARIO).unwrap();
+    let text = |v: &serde_json::Value| v.as_str().unwrap().to_owned();
+    let mut new = new_session(dir.path(), &text(&scenario["system_prompt"]));
+    new.context_files = vec![
+        forkd_engine::ContextFile {
+            path: "README.md".into(),
+            content: "# forkd\n\nA daemon that forks agents. ".repeat(200),
+        },
+        forkd_engine::ContextFile {
+            path: "crates/core/src/fork.rs".into(),
+            content: "//! The fork.\n\npub fn fork() -> Batch { todo!() }\n".repeat(150),
+        },
+    ];
+    let s = engine.create_session(new).await.unwrap();
+    let directives: Vec<Directive> = scenario["directives"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| Directive {
+            description: text(&d["description"]),
+            prompt: text(&d["prompt"]),
+        })
+        .collect();
+    let batch = engine
+        .fork_batch(s.id, directives.clone(), Default::default())
+        .await
+        .unwrap();
+    for id in &batch.agent_ids {
+        ended(&engine, *id).await;
+    }
+    let markers: Vec<String> = directives
+        .iter()
+        .map(|d| d.prompt[..40].to_owned())
+        .collect();
+    let children = ordered(recorder.sent(), &markers);
+    assert_eq!(children.len(), directives.len());
+    check("demo_children", &normalized(&children, dir.path()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,9 +11,7 @@ use std::time::Duration;
 use forkd_core::agent::FORK_QUERY_SOURCE;
 use forkd_core::fork::{self, ForkBatch};
 use forkd_core::session::PermissionMode;
-use forkd_core::{
-    Agent, AgentId, AgentKind, AgentState, BatchId, Directive, NotificationStatus, Usage,
-};
+use forkd_core::{Agent, AgentId, AgentKind, AgentState, BatchId, Directive, NotificationStatus};
 use forkd_engine::{EngineConfig, NewSession};
 use forkd_provider::SimConfig;
 use forkd_store::{NewChild, NotificationFilter, Store};
@@ -51,22 +49,16 @@ async fn fork_and_run(query_source: Option<&str>) -> (NotificationStatus, String
     )
     .unwrap();
     let agent = Agent {
-        id: AgentId::new(),
-        session_id: session.id,
         batch_id: Some(batch_id),
-        kind: AgentKind::Fork,
-        index: 0,
-        state: AgentState::Pending,
         directive: Some(directive.clone()),
         query_source: query_source.map(str::to_owned),
-        report_to: forkd_core::ReportTo::Transcript,
-        usage: Usage::default(),
-        cost_usd: 0.0,
-        error: None,
-        created_at_ms: 0,
-        updated_at_ms: 0,
-        held_by: None,
-        throttled_since_ms: None,
+        ..Agent::new(
+            AgentId::new(),
+            session.id,
+            AgentKind::Fork,
+            AgentState::Pending,
+            0,
+        )
     };
     let tool_use = fork::fork_directives(batch.assistant().unwrap())[0]
         .0

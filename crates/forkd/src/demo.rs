@@ -59,7 +59,7 @@ const CORPUS: &[(&str, &str)] = corpus![
     "crates/engine/src/stats.rs",
     "crates/engine/src/session.rs",
     "crates/engine/src/agents.rs",
-    "crates/engine/src/tools.rs",
+    "crates/engine/src/run/tools.rs",
     "crates/engine/src/config.rs",
     "crates/engine/src/error.rs",
     "crates/store/src/lib.rs",
@@ -89,39 +89,27 @@ const CORPUS: &[(&str, &str)] = corpus![
     "crates/forkd/src/daemon.rs",
 ];
 
-const SYSTEM_PROMPT: &str = "You are the lead engineer of forkd, a daemon that runs LLM agents \
-and forks them with byte-identical prefixes so that a provider's prompt cache serves every child \
-after the first at a tenth of the price. The user has loaded forkd's architecture and sources \
-below. Answer precisely, cite files by path, and when work splits into independent parts, fork \
-one child per part.";
+/// The demo's system prompt and its directives, as data: the engine's golden test of the demo's
+/// children (`crates/engine/tests/golden.rs`) reads the same file.
+const SCENARIO: &str = include_str!("demo/scenario.json");
 
-const DIRECTIVES: &[(&str, &str)] = &[
-    (
-        "Audit byte identity",
-        "Audit crates/core/src/fork.rs and request.rs: list every place where two siblings' \
-         requests could differ before the directive, and say whether a test covers it.",
-    ),
-    (
-        "Trace a notification",
-        "Trace one task notification from the end of a child's run to a subscriber's stream: \
-         which locks are held, and why no notification can be lost or duplicated at the seam.",
-    ),
-    (
-        "Check the calculator",
-        "Check crates/core/src/calc.rs against the fork cost rule: P·w·b + N·D·w·b + (N−1)·P·r·b. \
-         Report any term that is off.",
-    ),
-    (
-        "Review error messages",
-        "Find error messages in the engine and the server that do not tell the user what to do \
-         next, and propose a better wording for each.",
-    ),
-    (
-        "Draft release notes",
-        "Draft release notes for this first slice of forkd: what works, what is measured, and \
-         what is not done yet.",
-    ),
-];
+#[derive(Debug, serde::Deserialize)]
+struct Scenario {
+    system_prompt: String,
+    directives: Vec<ScenarioDirective>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct ScenarioDirective {
+    description: String,
+    prompt: String,
+}
+
+impl Scenario {
+    fn embedded() -> anyhow::Result<Self> {
+        serde_json::from_str(SCENARIO).context("the demo's embedded scenario.json does not parse")
+    }
+}
 
 /// Tokens of a context file as the session will send it.
 fn context_tokens(path: &str, content: &str) -> u64 {
@@ -219,13 +207,14 @@ async fn drive(
     workspace: &std::path::Path,
     opts: &DemoOptions,
 ) -> anyhow::Result<DemoReport> {
+    let scenario = Scenario::embedded()?;
     let mut client = connect(addr).await?;
     // The rest of the shared prefix (system prompt, tools, first-message framing, the fork
     // message, placeholders and boilerplate) is about 1.5k tokens; the demo prints the prefix it
     // measured.
     let session = client
         .create_session(pb::CreateSessionRequest {
-            system_prompt: SYSTEM_PROMPT.to_owned(),
+            system_prompt: scenario.system_prompt.clone(),
             context_files: context_files(TARGET_PREFIX_TOKENS - NON_CONTEXT_TOKENS),
             workspace: workspace.display().to_string(),
             permission_mode: "dontAsk".to_owned(),
@@ -239,11 +228,12 @@ async fn drive(
     let batch = client
         .fork_batch(pb::ForkBatchRequest {
             session_id: session.session_id.clone(),
-            directives: DIRECTIVES
+            directives: scenario
+                .directives
                 .iter()
-                .map(|(description, prompt)| pb::Directive {
-                    description: (*description).to_owned(),
-                    prompt: (*prompt).to_owned(),
+                .map(|d| pb::Directive {
+                    description: d.description.clone(),
+                    prompt: d.prompt.clone(),
                 })
                 .collect(),
             warmup_gating: Some(opts.warmup_gating),
@@ -303,6 +293,11 @@ async fn drive(
         stats,
         estimate,
         directive_tokens,
+        labels: scenario
+            .directives
+            .into_iter()
+            .map(|d| d.description)
+            .collect(),
     })
 }
 
@@ -311,6 +306,17 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_scenario_parses_with_five_directives() {
+        let scenario = super::Scenario::embedded().unwrap();
+        assert!(
+            scenario
+                .system_prompt
+                .starts_with("You are the lead engineer of forkd")
+        );
+        assert_eq!(scenario.directives.len(), 5);
+    }
 
     #[test]
     fn the_demo_home_is_its_owner_s_alone() {

@@ -7,7 +7,7 @@
 mod support;
 
 use forkd_core::compaction::{Compaction, summary_message};
-use forkd_core::{Agent, AgentId, AgentKind, AgentState, Block, Message, ReportTo, Usage};
+use forkd_core::{Agent, AgentId, AgentKind, AgentState, Block, Message};
 use forkd_store::StoreError;
 use support::{TestResult, TestStore, conformance, fork, history, session};
 
@@ -23,24 +23,13 @@ async fn main_loop(
 ) -> TestResult<(forkd_core::session::Session, forkd_store::Lease)> {
     let session = session()?;
     store.create_session(&session, &history()?, None).await?;
-    let parent = Agent {
-        id: AgentId::new(),
-        session_id: session.id,
-        batch_id: None,
-        kind: AgentKind::Parent,
-        index: 0,
-        state: AgentState::Idle,
-        directive: None,
-        query_source: None,
-        report_to: ReportTo::Transcript,
-        usage: Usage::default(),
-        cost_usd: 0.0,
-        error: None,
-        created_at_ms: 1,
-        updated_at_ms: 1,
-        held_by: None,
-        throttled_since_ms: None,
-    };
+    let parent = Agent::new(
+        AgentId::new(),
+        session.id,
+        AgentKind::Parent,
+        AgentState::Idle,
+        1,
+    );
     store.insert_agent(&parent, None, None).await?;
     let lease = store.claim_agent(parent.id).await?;
     Ok((session, lease))

@@ -4,7 +4,7 @@
 mod support;
 
 use forkd_core::agent::Directive;
-use forkd_core::{AgentId, AgentState, Message, Role, SessionId, Usage};
+use forkd_core::{AgentId, AgentState, Message, Role, SessionId};
 use forkd_store::{SqliteStore, Store, StoreError};
 use support::{TestResult, TestStore, conformance, fork, history, seeded, session};
 
@@ -196,25 +196,17 @@ async fn other_agents_can_be_inserted_beside_the_trait(store: TestStore) -> Test
     let session = session()?;
     store.create_session(&session, &[], None).await?;
     let typed = forkd_core::Agent {
-        id: AgentId::new(),
-        session_id: session.id,
-        batch_id: None,
-        kind: forkd_core::AgentKind::Typed,
-        index: 0,
-        state: AgentState::Running,
         directive: Some(Directive {
             description: "explore".into(),
             prompt: "Map the crate.".into(),
         }),
-        query_source: None,
-        report_to: forkd_core::ReportTo::Transcript,
-        usage: Usage::default(),
-        cost_usd: 0.0,
-        error: None,
-        created_at_ms: 1,
-        updated_at_ms: 1,
-        held_by: None,
-        throttled_since_ms: None,
+        ..forkd_core::Agent::new(
+            AgentId::new(),
+            session.id,
+            forkd_core::AgentKind::Typed,
+            AgentState::Running,
+            1,
+        )
     };
     let own = forkd_store::AgentParams {
         params: forkd_core::session::CacheSafeParams {

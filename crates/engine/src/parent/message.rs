@@ -1,14 +1,16 @@
 //! The user's message of a turn: stored once, with its idempotency key when the client gave one,
 //! so a client that retries after `UNAVAILABLE` never stores its message twice.
 
+use super::Turns;
 use forkd_core::Message;
 use forkd_core::request::fingerprint;
 use forkd_core::session::Session;
 use forkd_core::store::{IdempotencyRecord, IdempotentCall, Lease};
+use std::sync::Arc;
 
+use crate::clock::now_ms;
 use crate::error::{EngineError, Result};
 use crate::tenancy::Idempotent;
-use crate::{Engine, now_ms};
 
 /// What storing a turn's user message found.
 pub(super) enum Stored {
@@ -19,11 +21,11 @@ pub(super) enum Stored {
     Earlier { seq: u64, reply: Option<String> },
 }
 
-impl Engine {
+impl Turns {
     /// Appends the user's message to the transcript (with its idempotency key, if any).
     /// Stores the user's message of a turn: once per idempotency key when the client gave one.
     pub(super) async fn store_message(
-        &self,
+        self: &Arc<Self>,
         session: &Session,
         lease: &Lease,
         message: Message,
@@ -41,15 +43,15 @@ impl Engine {
     /// Appends the user's message to the transcript (with its idempotency key, if any); returns
     /// its seq.
     async fn append_user(
-        &self,
+        self: &Arc<Self>,
         session: &Session,
         lease: &Lease,
         message: &Message,
         idempotency: Option<&mut IdempotencyRecord>,
     ) -> Result<u64> {
-        let lock = self.session_lock(session.id);
+        let lock = self.session_locks.get(session.id);
         let _guard = lock.lock().await;
-        let store = &self.inner.store;
+        let store = &self.store;
         let record = match idempotency {
             Some(record) => {
                 // The key names the message it stored, by its position: read under the session
@@ -75,7 +77,7 @@ impl Engine {
     /// Stores the user's message under its idempotency key, or finds the message an earlier
     /// call with the key stored (and its turn's reply, if that turn has ended).
     async fn append_keyed(
-        &self,
+        self: &Arc<Self>,
         session: &Session,
         lease: &Lease,
         message: Message,
@@ -84,6 +86,7 @@ impl Engine {
         let canonical = serde_json::json!([session.id.to_string(), message.content_json()]);
         let digest = fingerprint(canonical.to_string().as_bytes());
         let outcome = self
+            .tenancy
             .idempotent(
                 &session.tenant,
                 key,
@@ -104,14 +107,18 @@ impl Engine {
 
     /// Where a stored user message (`SESSION_ID/SEQ`) is, and the reply that ended its turn, if
     /// that turn has ended.
-    async fn turn_reply(&self, session: forkd_core::SessionId, resource: &str) -> Result<Stored> {
+    async fn turn_reply(
+        self: &Arc<Self>,
+        session: forkd_core::SessionId,
+        resource: &str,
+    ) -> Result<Stored> {
         let seq = resource
             .rsplit_once('/')
             .and_then(|(_, seq)| seq.parse::<u64>().ok())
             .ok_or_else(|| {
                 EngineError::Invariant(format!("stored message key {resource:?} does not parse"))
             })?;
-        let messages = self.inner.store.session_messages(session, None).await?;
+        let messages = self.store.session_messages(session, None).await?;
         let reply = messages
             .iter()
             .filter(|m| m.seq > seq)

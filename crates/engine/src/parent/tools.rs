@@ -2,6 +2,7 @@
 //! agents (the turn waits for their reports) or are refused; the other tools run; the reply is
 //! stored only together with all its results.
 
+use super::Turns;
 use forkd_core::agent::Directive;
 use forkd_core::plan::{self, Forker};
 use forkd_core::session::Session;
@@ -9,14 +10,15 @@ use forkd_core::store::NotificationFilter;
 use forkd_core::tools::AGENT_TOOL;
 use forkd_core::{AgentId, BatchId, Block, Message};
 use futures::StreamExt;
+use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::{Events, ParentEvent, Turn, send};
 use crate::batch::{BatchStart, SubmittedBatch};
+use crate::clock::now_ms;
 use crate::error::{EngineError, Result};
-use crate::tools::ToolTurn;
-use crate::typed::{TypedCall, TypedOutcome};
-use crate::{Engine, now_ms};
+use crate::run::tools::ToolTurn;
+use crate::run::typed::{TypedCall, TypedOutcome};
 
 /// What the parent's reply forks: valid fork calls become children; the reply's other tool calls
 /// (a typed agent, an invalid fork call, any other tool) get results of their own.
@@ -28,20 +30,19 @@ struct ForkPlan {
     answered: Vec<(String, Block)>,
 }
 
-impl Engine {
+impl Turns {
     /// Appends the turn's messages to the transcript in one transaction, with nothing in
     /// between (a reply and its tool results must be adjacent); `delivered` are the typed agents
     /// whose reports those messages carry.
     pub(super) async fn append_to_session(
-        &self,
+        self: &Arc<Self>,
         turn: &Turn,
         messages: &[Message],
         delivered: &[AgentId],
     ) -> Result<u64> {
-        let lock = self.session_lock(turn.session.id);
+        let lock = self.session_locks.get(turn.session.id);
         let _guard = lock.lock().await;
         Ok(self
-            .inner
             .store
             .append_turn(
                 &turn.lease,
@@ -56,12 +57,12 @@ impl Engine {
 
     /// Waits until every child of a batch the parent forked has ended (their notifications are
     /// then in the transcript): forks that are not always asynchronous.
-    async fn wait_for_children(&self, batch: &SubmittedBatch) -> Result<()> {
+    async fn wait_for_children(self: &Arc<Self>, batch: &SubmittedBatch) -> Result<()> {
         let filter = NotificationFilter {
             batch_id: Some(batch.batch_id),
             ..NotificationFilter::default()
         };
-        let mut ended = self.subscribe(0, filter, true).await?;
+        let mut ended = self.notifications.subscribe(0, filter, true);
         let mut left = batch.agent_ids.len();
         while left > 0 {
             match ended.next().await {
@@ -76,13 +77,13 @@ impl Engine {
     /// Hands the reports of typed agents whose waits went to the background to the transcript,
     /// once the reply that started them is stored: an agent that already ended has its
     /// notification appended now, one still running will append it when it ends.
-    async fn report_later(&self, turn: &Turn, agents: &[AgentId]) -> Result<()> {
+    async fn report_later(self: &Arc<Self>, turn: &Turn, agents: &[AgentId]) -> Result<()> {
         if agents.is_empty() {
             return Ok(());
         }
-        let lock = self.session_lock(turn.session.id);
+        let lock = self.session_locks.get(turn.session.id);
         let _guard = lock.lock().await;
-        self.inner.store.redirect_reports(agents).await?;
+        self.store.redirect_reports(agents).await?;
         turn.waited
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -94,7 +95,7 @@ impl Engine {
     /// (which appends it and the parent's results to the transcript); any other reply is
     /// appended, its tools run, and their results appended.
     pub(super) async fn parent_tools(
-        &self,
+        self: &Arc<Self>,
         turn: &Turn,
         reply: Message,
         events: &Events,
@@ -113,7 +114,7 @@ impl Engine {
                 handoff: Some(&turn.handoff),
                 waited: &turn.waited,
             };
-            let (result, outcome) = self.typed_call(call, directive).await;
+            let (result, outcome) = self.runs.typed_call(call, directive).await;
             match outcome {
                 Some(TypedOutcome::Delivered(agent)) => delivered.push(agent),
                 Some(TypedOutcome::Backgrounded(agent)) => later.push(agent),
@@ -150,13 +151,14 @@ impl Engine {
         }
         let batch_id = BatchId::new();
         let submitted = self
+            .batches
             .commit_and_start(BatchStart {
                 session_id: session.id,
                 batch_id,
                 assistant: Some(reply),
                 forks: plan.forks,
                 others,
-                gating: self.config().warmup_gating,
+                gating: self.config.warmup_gating,
                 idempotency: None,
                 budget: forkd_core::store::Budget::default(),
                 turn: Some((turn.lease, delivered)),
@@ -164,22 +166,24 @@ impl Engine {
             .await?;
         send(events, ParentEvent::ForkLaunched(submitted.clone())).await;
         self.report_later(turn, &later).await?;
-        if !self.config().fork_always_async {
+        if !self.config.fork_always_async {
             // The children's notifications reach the transcript whether or not the wait is
             // handed to the background; the turn just goes on sooner when it is.
             let wait = self.wait_for_children(&submitted);
-            self.race_background(
-                turn.parent.id,
-                Some(&turn.handoff),
-                &submitted.agent_ids,
-                wait,
-            )
-            .await?;
+            self.runs
+                .race_background(
+                    turn.parent.id,
+                    Some(&turn.handoff),
+                    &submitted.agent_ids,
+                    wait,
+                )
+                .await?;
         }
         // The parent's results sit right after the fork message.
-        let fork_point = self.get_batch(submitted.batch_id).await?.fork_point;
+        let fork_point = crate::lookup::batch(&*self.store, submitted.batch_id)
+            .await?
+            .fork_point;
         let messages = self
-            .inner
             .store
             .session_messages(session.id, Some(fork_point + 2))
             .await?;
@@ -193,7 +197,7 @@ impl Engine {
 
     /// Runs the parent's non-fork tool calls; the calls in `refused` are already answered.
     async fn run_parent_tools(
-        &self,
+        self: &Arc<Self>,
         turn: &Turn,
         reply: &Message,
         refused: &[(String, Block)],
@@ -223,7 +227,7 @@ impl Engine {
             conversation: &conversation,
             cancel: cancel.clone(),
         };
-        let ran = self.run_tools(&turn, &runnable).await?;
+        let ran = self.runs.run_tools(&turn, &runnable).await?;
         let blocks = reply
             .tool_uses()
             .filter_map(|(id, _, _)| {
@@ -243,11 +247,11 @@ impl Engine {
 
     /// What the parent's reply forks, by the one fork plan: a session's own turn is never a
     /// fork child's, so only the coordinator rule and the limits apply.
-    fn fork_plan(&self, session: &Session, reply: &Message) -> ForkPlan {
+    fn fork_plan(self: &Arc<Self>, session: &Session, reply: &Message) -> ForkPlan {
         let forker = Forker {
             coordinator: session.coordinator,
             child: None,
-            limits: self.fork_limits(),
+            limits: self.batches.fork_limits(),
         };
         let plan = plan::plan(plan::Calls::Reply(reply), &forker);
         ForkPlan {

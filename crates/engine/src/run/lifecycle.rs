@@ -1,10 +1,7 @@
-//! One way to start, queue, cancel, kill and end a run — a fork child's, a typed agent's, and
-//! (through [`Engine::register_run`] and [`Engine::race`]) a parent's turn.
-//!
-//! Every run is registered under its agent id with a child of the engine's shutdown token, so a
-//! kill or a shutdown reaches it; it runs on the engine's task tracker inside its own span.
+//! One way to start, queue, kill and end a run — a fork child's or a typed agent's — on the
+//! [`Supervisor`](crate::supervisor::Supervisor), which parent turns use too.
 
-use std::collections::HashMap;
+use super::Runs;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,12 +9,12 @@ use forkd_core::report::Report;
 use forkd_core::store::{Lease, NewNotification, StoreError};
 use forkd_core::{AgentId, AgentKind, NotificationStatus, Role};
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::batch::WarmupGate;
+use super::WarmupGate;
+use crate::clock::now_ms;
 use crate::error::EngineError;
-use crate::{Engine, now_ms};
+use crate::supervisor::Raced;
 
 /// The error a killed agent ends with.
 pub(crate) const KILLED: &str = "killed by a client before it finished";
@@ -25,66 +22,21 @@ pub(crate) const KILLED: &str = "killed by a client before it finished";
 /// How often an agent's end is attempted before giving up (about a minute in all).
 const FINISH_ATTEMPTS: u32 = 16;
 
-/// How a run raced against its token ended.
-pub(crate) enum Raced<T> {
-    /// The run's work ended on its own.
-    Done(T),
-    /// A client killed it.
-    Killed,
-    /// The daemon is shutting down: whatever the run was doing resumes at the next start.
-    Shutdown,
-}
-
-impl Engine {
-    /// Registers a run under its agent id and returns its token: cancelled on shutdown or by a
-    /// kill, and what its tool calls (a Bash process group) watch so they stop with it.
-    pub(crate) fn register_run(&self, id: AgentId) -> CancellationToken {
-        let token = self.inner.shutdown.child_token();
-        self.runs().insert(id, token.clone());
-        token
-    }
-
-    /// Runs `work` until it ends or the run's token is cancelled, and says which. Only the work
-    /// is raced: what the caller records afterwards (an end, a kill) can never be cut in half.
-    pub(crate) async fn race<T>(
-        &self,
-        id: AgentId,
-        token: &CancellationToken,
-        work: impl Future<Output = T>,
-    ) -> Raced<T> {
-        let outcome = tokio::select! {
-            // Cancellation first: a run released at the same moment must not start writing.
-            biased;
-            () = token.cancelled() => None,
-            outcome = work => Some(outcome),
-        };
-        match outcome {
-            Some(done) => Raced::Done(done),
-            None if self.take_killed(id) => Raced::Killed,
-            None => Raced::Shutdown,
-        }
-    }
-
-    /// Forgets a run that has ended (and any kill that came too late to matter).
-    pub(crate) fn unregister_run(&self, id: AgentId) {
-        self.take_killed(id);
-        self.runs().remove(&id);
-    }
-
+impl Runs {
     /// Starts a new run of an existing agent: it rebuilds its conversation from the store and
     /// continues from wherever its transcript stands.
     /// Does nothing if a run of the agent is already in progress: two runs of one agent would
     /// write one transcript twice.
-    pub async fn start_agent(&self, id: AgentId) -> crate::error::Result<()> {
-        let agent = self.get_agent(id).await?;
-        let tenant = self.session_owner(agent.session_id).await?;
+    pub(crate) async fn start_agent(self: &Arc<Self>, id: AgentId) -> crate::error::Result<()> {
+        let agent = crate::lookup::agent(&*self.store, id).await?;
+        let tenant = self.tenancy.session_owner(agent.session_id).await?;
         self.start_run(id, &tenant);
         Ok(())
     }
 
-    /// [`Engine::start_agent`] for a caller that knows the agent's tenant.
-    pub(crate) fn start_run(&self, id: AgentId, tenant: &Arc<str>) {
-        if self.runs().contains_key(&id) {
+    /// [`Runs::start_agent`] for a caller that knows the agent's tenant.
+    pub(crate) fn start_run(self: &Arc<Self>, id: AgentId, tenant: &Arc<str>) {
+        if self.supervisor.is_running(id) {
             tracing::debug!(agent.id = %id, "Agent already running; not starting another run");
             return;
         }
@@ -96,28 +48,25 @@ impl Engine {
     /// waits for a slot, staying `pending` until then: tenants take turns, and each tenant's
     /// runs go in the order they were started (see [`super::slots`]).
     pub(crate) fn spawn_agent(
-        &self,
+        self: &Arc<Self>,
         id: AgentId,
         tenant: &Arc<str>,
         gate: Option<WarmupGate>,
         wait: Option<watch::Receiver<bool>>,
     ) {
+        let supervisor = &self.supervisor;
         // Registered at once, so a kill reaches an agent still waiting for a slot.
-        let token = self.register_run(id);
+        let token = supervisor.register(id);
         // Queued now, not in the task: the order of the queue is the order of these calls.
-        let turn = self
-            .inner
-            .run_slots
-            .as_ref()
-            .map(|slots| slots.queue(tenant, &self.inner.draining));
-        let engine = self.clone();
+        let turn = supervisor.queue(tenant);
+        let runs = Arc::clone(self);
         let span = tracing::info_span!("agent", agent.id = %id);
-        self.inner.tasks.spawn(
+        supervisor.spawn(
             async move {
                 let _slot = match turn {
                     None => None,
                     Some(turn) => {
-                        let draining = engine.inner.draining.clone();
+                        let draining = runs.supervisor.draining_token().clone();
                         tokio::select! {
                             biased;
                             // Killed (or shut down) while waiting: its run ends at once.
@@ -125,7 +74,7 @@ impl Engine {
                             // Not started before the drain: it stays pending for the next
                             // start, and does not hold the shutdown up.
                             () = draining.cancelled() => {
-                                engine.unregister_run(id);
+                                runs.supervisor.unregister(id);
                                 return;
                             }
                             slot = turn => slot.ok(),
@@ -133,43 +82,29 @@ impl Engine {
                     }
                 };
                 let _counted = crate::metrics::RunGauge::start();
-                match engine
-                    .race(id, &token, engine.run_agent(id, gate, wait, &token))
+                match runs
+                    .supervisor
+                    .race(id, &token, runs.run_agent(id, gate, wait, &token))
                     .await
                 {
                     Raced::Done(Some((lease, status, text, error))) => {
-                        engine
-                            .finish_with_retries(&lease, status, text, error)
-                            .await;
+                        runs.finish_with_retries(&lease, status, text, error).await;
                     }
                     // Paused by the shutdown drain (stays `running` for the next start), or
                     // superseded by a newer run, which records the end.
                     Raced::Done(None) => {}
                     // Recorded only now that the run (and any process group it started) is
                     // gone, so a killed notification means the agent has stopped.
-                    Raced::Killed => engine.record_kill(id).await,
+                    Raced::Killed => runs.record_kill(id).await,
                     // Stays `running` for the next start.
                     Raced::Shutdown => tracing::debug!("Agent run stopped by shutdown"),
                 }
                 // Unregistered last: a kill that arrives while the end is recorded finds the run
                 // still registered, and does not claim the agent from under its finish.
-                engine.unregister_run(id);
+                runs.supervisor.unregister(id);
             }
             .instrument(span),
         );
-    }
-
-    pub(crate) fn killed(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<AgentId>> {
-        self.inner.killed.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Whether the agent's run was cancelled by a kill (and forgets it).
-    pub(crate) fn take_killed(&self, id: AgentId) -> bool {
-        self.killed().remove(&id)
-    }
-
-    pub(crate) fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, CancellationToken>> {
-        self.inner.runs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Kills an agent: its run stops at once (its Bash process group with it), and it ends
@@ -178,10 +113,10 @@ impl Engine {
     ///
     /// A session's main loop is never killed (the session lives on): killing it cancels the
     /// turn it is running. The turn's stored messages stay; its unfinished reply is dropped.
-    pub async fn kill(&self, id: AgentId) -> Result<(), EngineError> {
-        let agent = self.get_agent(id).await?;
+    pub(crate) async fn kill(self: &Arc<Self>, id: AgentId) -> Result<(), EngineError> {
+        let agent = crate::lookup::agent(&*self.store, id).await?;
         if agent.kind == AgentKind::Parent {
-            if self.kill_here(id) {
+            if self.supervisor.kill_here(id) {
                 tracing::info!(agent.id = %id, "Parent turn cancelled");
                 return Ok(());
             }
@@ -194,8 +129,8 @@ impl Engine {
             if agent.state != forkd_core::AgentState::Running {
                 return Err(not_running());
             }
-            return match self.inner.store.request_kill(id).await? {
-                Some(daemon) if daemon != self.inner.store.holder().daemon => {
+            return match self.store.request_kill(id).await? {
+                Some(daemon) if daemon != self.store.holder().daemon => {
                     tracing::info!(agent.id = %id, %daemon, "Turn cancel passed to the daemon running it");
                     Ok(())
                 }
@@ -208,14 +143,14 @@ impl Engine {
                 agent.state.as_str()
             )));
         }
-        if self.kill_here(id) {
+        if self.supervisor.kill_here(id) {
             tracing::info!(agent.id = %id, "Agent killed");
             return Ok(());
         }
         // Not running here: the request is stored with the agent, so that the daemon running it
         // stops it at its next heartbeat, and any run that claims it later sees it.
-        match self.inner.store.request_kill(id).await? {
-            Some(daemon) if daemon != self.inner.store.holder().daemon => {
+        match self.store.request_kill(id).await? {
+            Some(daemon) if daemon != self.store.holder().daemon => {
                 tracing::info!(agent.id = %id, %daemon, "Kill passed to the daemon running the agent");
             }
             // Nothing runs it (it never started, or its daemon died): record the kill here.
@@ -230,8 +165,8 @@ impl Engine {
     /// Ends a killed agent with its partial result: the text of its last reply, if any. It
     /// claims the agent first, so a run still alive anywhere (another daemon on the same
     /// database) is fenced off before the agent is marked killed.
-    async fn record_kill(&self, id: AgentId) {
-        let lease = match self.inner.store.claim_agent(id).await {
+    async fn record_kill(self: &Arc<Self>, id: AgentId) {
+        let lease = match self.store.claim_agent(id).await {
             Ok(lease) => lease,
             // Ended meanwhile: its own end stands.
             Err(StoreError::Conflict(_)) => return,
@@ -258,8 +193,8 @@ impl Engine {
     }
 
     /// What a killed agent had said so far: the text of its last reply, if any.
-    pub(crate) async fn partial_text(&self, id: AgentId) -> Option<String> {
-        match self.inner.store.agent_messages(id).await {
+    pub(crate) async fn partial_text(self: &Arc<Self>, id: AgentId) -> Option<String> {
+        match self.store.agent_messages(id).await {
             Ok(messages) => messages
                 .into_iter()
                 .rev()
@@ -276,9 +211,8 @@ impl Engine {
 
     /// Whether a client asked (through any daemon) for the agent to be killed. Not knowing, it
     /// runs: a kill asked meanwhile reaches it through the heartbeat.
-    pub(crate) async fn kill_was_requested(&self, id: AgentId) -> bool {
-        self.inner
-            .store
+    pub(crate) async fn kill_was_requested(self: &Arc<Self>, id: AgentId) -> bool {
+        self.store
             .kill_requested(id)
             .await
             .inspect_err(|e| tracing::warn!(error = %e, "Cannot read whether a kill was asked"))
@@ -288,7 +222,7 @@ impl Engine {
     /// Records an agent's end, retrying a store that is briefly unavailable (a busy database):
     /// an agent whose end is never recorded would keep its subscribers waiting forever.
     pub(crate) async fn finish_with_retries(
-        &self,
+        self: &Arc<Self>,
         lease: &Lease,
         status: NotificationStatus,
         text: Option<String>,
@@ -321,15 +255,15 @@ impl Engine {
     /// Records the agent's end: its state, its notification (stored, appended to the parent's
     /// transcript, then pushed to subscribers, in that order).
     async fn finish(
-        &self,
+        self: &Arc<Self>,
         lease: &Lease,
         status: NotificationStatus,
         final_text: Option<String>,
         error: Option<String>,
     ) -> Result<(), EngineError> {
-        let store = &self.inner.store;
+        let store = &self.store;
         let id = lease.agent_id;
-        let agent = self.get_agent(id).await?;
+        let agent = crate::lookup::agent(&*self.store, id).await?;
         let report = match (&final_text, &error) {
             (Some(text), _) => Report::parse(text),
             (None, Some(err)) => Report {
@@ -359,10 +293,10 @@ impl Engine {
             cost_usd: agent.cost_usd,
             created_at_ms: now_ms(),
         };
-        let lock = self.session_lock(agent.session_id);
+        let lock = self.session_locks.get(agent.session_id);
         let _session = lock.lock().await;
         // Commit and broadcast under one lock, so subscribers see notifications in seq order.
-        let _order = self.inner.notify_order.lock().await;
+        let _order = self.notifications.ordered().await;
         let committing = std::time::Instant::now();
         let stored = store
             .finish_agent(lease, &notification, error.as_deref())
@@ -373,7 +307,7 @@ impl Engine {
             cost_usd = stored.cost_usd,
             "Agent ended"
         );
-        self.publish(stored);
+        self.notifications.publish(stored);
         crate::metrics::notification(status.as_str(), committing.elapsed());
         Ok(())
     }

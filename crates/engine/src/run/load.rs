@@ -2,6 +2,7 @@
 //! with its siblings (a batch's prefix, loaded once and shared by reference), its directive, its
 //! own messages and the compaction boundaries among them.
 
+use super::Runs;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
@@ -13,7 +14,6 @@ use forkd_core::store::RequestRecord;
 use forkd_core::{Agent, AgentId, AgentKind, BatchId, Block, Message};
 
 use super::RunFailure;
-use crate::Engine;
 use crate::error::EngineError;
 
 /// What the children of one batch share, loaded once and held by reference: the prefix is
@@ -113,8 +113,11 @@ fn own_from(compaction: Option<&Compaction>, upto: usize) -> usize {
         .min(upto)
 }
 
-impl Engine {
-    async fn batch_context(&self, agent: &Agent) -> Result<Arc<BatchContext>, RunFailure> {
+impl Runs {
+    async fn batch_context(
+        self: &Arc<Self>,
+        agent: &Agent,
+    ) -> Result<Arc<BatchContext>, RunFailure> {
         let Some(batch_id) = agent.batch_id else {
             return Err(EngineError::Invariant(format!(
                 "agent {} is not a fork child; only fork children run in this build",
@@ -125,21 +128,16 @@ impl Engine {
         if let Some(ctx) = self.cached_batch(batch_id) {
             return Ok(ctx);
         }
-        let batch = self.get_batch(batch_id).await?;
-        let session = self.get_session(agent.session_id).await?;
-        let history = self.inherited_history(&batch).await?;
+        let batch = crate::lookup::batch(&*self.store, batch_id).await?;
+        let session = self.sessions.get(agent.session_id).await?;
+        let history = self.compaction.inherited_history(&batch).await?;
         let ctx = Arc::new(BatchContext {
             session,
             batch,
             history,
             first_request: std::sync::Mutex::new(None),
         });
-        let mut cache = self
-            .inner
-            .batches
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.batches.0.lock().unwrap_or_else(|p| p.into_inner());
         // Another sibling may have loaded it meanwhile: keep theirs, so all share one copy.
         if let Some(existing) = cache.get(&batch_id).and_then(Weak::upgrade) {
             return Ok(existing);
@@ -149,21 +147,16 @@ impl Engine {
         Ok(ctx)
     }
 
-    fn cached_batch(&self, id: BatchId) -> Option<Arc<BatchContext>> {
-        let cache = self
-            .inner
-            .batches
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+    fn cached_batch(self: &Arc<Self>, id: BatchId) -> Option<Arc<BatchContext>> {
+        let cache = self.batches.0.lock().unwrap_or_else(|p| p.into_inner());
         cache.get(&id).and_then(Weak::upgrade)
     }
 
     /// Loads what a run needs: the agent, its params, what its conversation shares, its
     /// directive block and its own messages so far.
-    pub(crate) async fn load_run(&self, id: AgentId) -> Result<AgentRun, RunFailure> {
-        let store = &self.inner.store;
-        let agent = self.get_agent(id).await?;
+    pub(crate) async fn load_run(self: &Arc<Self>, id: AgentId) -> Result<AgentRun, RunFailure> {
+        let store = &self.store;
+        let agent = crate::lookup::agent(&*self.store, id).await?;
         let directive =
             store
                 .agent_directive_block(id)
@@ -196,7 +189,7 @@ impl Engine {
                             kind: "params of typed agent",
                             id: id.to_string(),
                         })?;
-                let session = self.get_session(agent.session_id).await?;
+                let session = self.sessions.get(agent.session_id).await?;
                 (
                     session,
                     own_params.params,

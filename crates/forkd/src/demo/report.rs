@@ -3,8 +3,6 @@
 use forkd_core::pricing::{self, CacheTtl};
 use forkd_proto::v1 as pb;
 
-use super::DIRECTIVES;
-
 /// What the demo measured.
 pub(crate) struct DemoReport {
     pub model: String,
@@ -15,6 +13,8 @@ pub(crate) struct DemoReport {
     pub stats: pb::GetCacheStatsResponse,
     pub estimate: pb::EstimateForkCostResponse,
     pub directive_tokens: u64,
+    /// The directives' descriptions, in order.
+    pub labels: Vec<String>,
 }
 
 fn usage_of(n: &pb::Notification) -> pb::Usage {
@@ -113,10 +113,7 @@ impl DemoReport {
                 .as_ref()
                 .map(|r| r.scope.clone())
                 .unwrap_or_default();
-            let label: String = DIRECTIVES
-                .get(i)
-                .map(|d| d.0.to_owned())
-                .unwrap_or(description);
+            let label: String = self.labels.get(i).cloned().unwrap_or(description);
             table.add_row(vec![
                 right((i + 1).to_string()),
                 Cell::new(label),

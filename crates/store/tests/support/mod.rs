@@ -387,22 +387,17 @@ pub fn fork(session: &Session, fork_point: u64, n: usize) -> TestResult<Fixture>
     let mut ids = Vec::new();
     for (index, (tool_use_id, directive)) in fork_directives(&assistant).into_iter().enumerate() {
         let agent = Agent {
-            id: forkd_core::AgentId::new(),
-            session_id: session.id,
             batch_id: Some(id),
-            kind: AgentKind::Fork,
             index: u32::try_from(index)?,
-            state: AgentState::Pending,
             directive: Some(directive.clone()),
             query_source: Some(FORK_QUERY_SOURCE.into()),
-            report_to: forkd_core::ReportTo::Transcript,
-            usage: Usage::default(),
-            cost_usd: 0.0,
-            error: None,
-            created_at_ms: created,
-            updated_at_ms: created,
-            held_by: None,
-            throttled_since_ms: None,
+            ..Agent::new(
+                forkd_core::AgentId::new(),
+                session.id,
+                AgentKind::Fork,
+                AgentState::Pending,
+                created,
+            )
         };
         ids.push((tool_use_id, agent.id));
         children.push(NewChild {
@@ -490,22 +485,17 @@ pub fn client_fork(session: &Session, fork_point: u64, n: usize) -> TestResult<F
         .map(|(index, directive)| {
             Ok(NewChild {
                 agent: Agent {
-                    id: forkd_core::AgentId::new(),
-                    session_id: session.id,
                     batch_id: Some(id),
-                    kind: AgentKind::Fork,
                     index: u32::try_from(index)?,
-                    state: AgentState::Pending,
                     directive: Some(directive.clone()),
                     query_source: Some(FORK_QUERY_SOURCE.into()),
-                    report_to: forkd_core::ReportTo::Transcript,
-                    usage: Usage::default(),
-                    cost_usd: 0.0,
-                    error: None,
-                    created_at_ms: created,
-                    updated_at_ms: created,
-                    held_by: None,
-                    throttled_since_ms: None,
+                    ..Agent::new(
+                        forkd_core::AgentId::new(),
+                        session.id,
+                        AgentKind::Fork,
+                        AgentState::Pending,
+                        created,
+                    )
                 },
                 directive_block: ForkBatch::directive_block(directive),
             })
@@ -520,47 +510,29 @@ pub fn client_fork(session: &Session, fork_point: u64, n: usize) -> TestResult<F
 
 /// A session's main-loop agent, idle between turns, as the engine creates it.
 pub fn main_loop(session: &Session) -> Agent {
-    Agent {
-        id: forkd_core::AgentId::new(),
-        session_id: session.id,
-        batch_id: None,
-        kind: AgentKind::Parent,
-        index: 0,
-        state: AgentState::Idle,
-        directive: None,
-        query_source: None,
-        report_to: forkd_core::ReportTo::Transcript,
-        usage: Usage::default(),
-        cost_usd: 0.0,
-        error: None,
-        created_at_ms: session.created_at_ms,
-        updated_at_ms: session.created_at_ms,
-        held_by: None,
-        throttled_since_ms: None,
-    }
+    Agent::new(
+        forkd_core::AgentId::new(),
+        session.id,
+        AgentKind::Parent,
+        AgentState::Idle,
+        session.created_at_ms,
+    )
 }
 
 /// A typed agent of `session` that reports to `report_to`, running.
 pub fn typed(session: &Session, report_to: forkd_core::ReportTo) -> Agent {
     Agent {
-        id: forkd_core::AgentId::new(),
-        session_id: session.id,
-        batch_id: None,
-        kind: AgentKind::Typed,
-        index: 0,
-        state: AgentState::Running,
         directive: Some(Directive {
             description: "explore".into(),
             prompt: "Map the crate.".into(),
         }),
-        query_source: None,
         report_to,
-        usage: Usage::default(),
-        cost_usd: 0.0,
-        error: None,
-        created_at_ms: session.created_at_ms,
-        updated_at_ms: session.created_at_ms,
-        held_by: None,
-        throttled_since_ms: None,
+        ..Agent::new(
+            forkd_core::AgentId::new(),
+            session.id,
+            AgentKind::Typed,
+            AgentState::Running,
+            session.created_at_ms,
+        )
     }
 }

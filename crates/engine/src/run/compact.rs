@@ -7,26 +7,49 @@
 //! produced that reply, byte for byte, plus the instruction, so it reads that request's cache;
 //! the boundary is stored under the agent's lease in one transaction.
 
+use super::Runs;
 use forkd_core::compaction::{self, Compaction};
 use forkd_core::request::Conversation;
 use forkd_core::store::Lease;
 use forkd_provider::StreamEvent;
+use std::sync::Arc;
 
+use super::{AgentRun, BatchContext, Shape};
 use crate::error::{EngineError, Result};
 use crate::model::{Answer, ModelCall, PrefixEnd};
-use crate::run::{AgentRun, Shape};
 use crate::window::{block_tokens, head_tokens, message_tokens};
-use crate::{Engine, now_ms};
+use forkd_core::{Block, Message};
 
 /// What an agent's model requests stream to: a warm-up gate opens on the first `MessageStart`.
 pub(crate) type OnEvent<'a> = dyn FnMut(&StreamEvent) + Send + 'a;
 
-impl Engine {
+impl Runs {
+    /// The input tokens of a fork child's next request, from the counts kept for its parent's
+    /// history: the shared blocks, its directive and `own` (its own messages, from its latest
+    /// compaction boundary) are all that is counted.
+    pub(crate) async fn fork_child_tokens(
+        self: &Arc<Self>,
+        ctx: &BatchContext,
+        directive: &Block,
+        own: &[Message],
+    ) -> Result<u64> {
+        // A batch forked after a compaction inherits its summary: the history's first message.
+        let compaction = ctx.batch.compacted_to.zip(ctx.history.first());
+        let history = self
+            .window
+            .inherited_tokens(&ctx.session, Some(ctx.batch.fork_point), compaction)
+            .await?;
+        let assistant = ctx.batch.assistant().map_or(0, message_tokens);
+        let shared: u64 = ctx.batch.shared_user_blocks.iter().map(block_tokens).sum();
+        let own: u64 = own.iter().map(message_tokens).sum();
+        Ok(history + assistant + shared + block_tokens(directive) + own)
+    }
+
     /// The input tokens of the agent's next request, from the counts kept per block: a fork
     /// child's from its parent's history's counts, its shared blocks, its directive, the
     /// summary and its messages since the boundary; a typed agent's from its tools and system
     /// prompt (counted once per run), its prompt, the summary and its messages.
-    pub(crate) async fn agent_tokens(&self, run: &AgentRun) -> Result<u64> {
+    pub(crate) async fn agent_tokens(self: &Arc<Self>, run: &AgentRun) -> Result<u64> {
         let (compaction, own) = run.view_parts();
         let summary = compaction.map_or(0, |c| message_tokens(&c.summary));
         Ok(summary
@@ -46,36 +69,11 @@ impl Engine {
             })
     }
 
-    /// Compacts the agent first when its next request would pass the compaction threshold.
-    /// Returns that request's input tokens as counted (after the compaction, if there was
-    /// one), for the window check.
-    pub(crate) async fn compact_agent_if_needed(
-        &self,
-        run: &mut AgentRun,
-        lease: &Lease,
-        turn: u32,
-        on_event: &mut OnEvent<'_>,
-    ) -> Result<u64> {
-        let tokens = self.agent_tokens(run).await?;
-        if !self.needs_compaction(&run.params, tokens) {
-            return Ok(tokens);
-        }
-        match self.compact_agent(run, lease, turn, on_event).await {
-            Ok(_) => self.agent_tokens(run).await,
-            // Nothing to compact yet: the window check decides.
-            Err(EngineError::WrongState(why)) => {
-                tracing::warn!(%why, "The agent's request passes the compaction threshold");
-                Ok(tokens)
-            }
-            Err(e) => Err(e),
-        }
-    }
-
     /// Compacts the agent's own transcript under its `lease`: the model summarizes its
     /// messages before its last reply since the previous boundary (`WrongState` when it has
     /// not replied since), and the boundary is stored. `run` then holds it.
     pub(crate) async fn compact_agent(
-        &self,
+        self: &Arc<Self>,
         run: &mut AgentRun,
         lease: &Lease,
         turn: u32,
@@ -105,7 +103,8 @@ impl Engine {
         };
         tracing::info!(agent.id = %run.agent.id, to_seq, "Compacting the agent's transcript");
         let Answer { completion, .. } = self
-            .call_model(
+            .calls
+            .call(
                 ModelCall {
                     agent: &run.agent,
                     turn,
@@ -117,20 +116,8 @@ impl Engine {
                 on_event,
             )
             .await?;
-        let text = completion.message.text();
-        if text.trim().is_empty() {
-            return Err(EngineError::Invariant(
-                "the model's compaction summary was empty".into(),
-            ));
-        }
-        let compaction = Compaction {
-            from_seq: after,
-            to_seq,
-            summary: compaction::summary_message(&text),
-            created_at_ms: now_ms(),
-        };
-        self.inner
-            .store
+        let compaction = crate::compact::boundary(&completion.message, after, to_seq)?;
+        self.store
             .append_agent_compaction(lease, &compaction)
             .await?;
         tracing::info!(

@@ -8,6 +8,7 @@
 //! group it started, recorded while it ran, is stopped if it still runs on this machine.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use forkd_core::plan::{Calls, ForkLimits, Forker, plan};
@@ -22,10 +23,11 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::Runs;
+use crate::clock::now_ms;
 use crate::error::{EngineError, Result};
 use crate::permissions::{PermissionAnswer, PermissionPrompt};
-use crate::typed::{TypedCall, TypedOutcome};
-use crate::{Engine, now_ms};
+use crate::run::typed::{TypedCall, TypedOutcome};
 
 /// Outputs longer than this (in bytes) are stored whole but shown to the model shortened.
 pub(crate) const REPLACEMENT_THRESHOLD: usize = 50_000;
@@ -121,14 +123,14 @@ fn shorten(content: &str) -> (String, Option<String>) {
     (text, Some(content.to_owned()))
 }
 
-impl Engine {
+impl Runs {
     /// Answers every tool_use of `assistant`, in order, with one tool_result each.
     pub(crate) async fn run_tools(
-        &self,
+        self: &Arc<Self>,
         turn: &ToolTurn<'_>,
         assistant: &Message,
     ) -> Result<Message> {
-        let store = &self.inner.store;
+        let store = &self.store;
         let done: HashMap<String, ToolCall> = store
             .tool_calls(turn.agent.id)
             .await?
@@ -147,7 +149,7 @@ impl Engine {
         let policy = policy(turn.permission_mode, turn.session);
         let mut results = Vec::new();
         for (id, name, block) in assistant.tool_uses() {
-            if self.draining() {
+            if self.supervisor.draining() {
                 // Shutting down: the calls not started yet run at the next start.
                 return Err(EngineError::Draining);
             }
@@ -176,7 +178,7 @@ impl Engine {
 
     /// Stores the intent, runs the call, stores the result; returns what the model sees.
     async fn call(
-        &self,
+        self: &Arc<Self>,
         turn: &ToolTurn<'_>,
         id: &str,
         name: &str,
@@ -184,7 +186,7 @@ impl Engine {
         ctx: &ToolContext,
         policy: &Policy,
     ) -> Result<Block> {
-        let store = &self.inner.store;
+        let store = &self.store;
         let mcp = turn.session.mcp.tool(name);
         store
             .begin_tool_call(
@@ -224,7 +226,7 @@ impl Engine {
             match (allowed, mcp) {
                 (Err(denied), _) => Ran::Builtin(ToolOutput::error(denied)),
                 (Ok(()), Some(tool)) => {
-                    Ran::Mcp(self.mcp_call(turn.session, tool, input, &turn.cancel).await)
+                    Ran::Mcp(self.mcp.call(turn.session, tool, input, &turn.cancel).await)
                 }
                 (Ok(()), None) => Ran::Builtin(self.run_tool(turn, id, name, input, ctx).await?),
             }
@@ -241,12 +243,12 @@ impl Engine {
     }
 }
 
-impl Engine {
+impl Runs {
     /// Runs a built-in tool, recording the process group it starts (Bash) while it runs, under
     /// the run's lease like the call's other writes. A failed write ends the call (dropping it
     /// kills its group), as a failed result write would.
     async fn run_tool(
-        &self,
+        self: &Arc<Self>,
         turn: &ToolTurn<'_>,
         id: &str,
         name: &str,
@@ -258,7 +260,7 @@ impl Engine {
         let run = forkd_tools::run_tool(name, input, &ctx);
         tokio::pin!(run);
         let mut watch = GroupWatch {
-            engine: self,
+            runs: self,
             agent: turn.agent.id,
             started,
             seen: Vec::new(),
@@ -269,8 +271,7 @@ impl Engine {
                 biased;
                 Some(group) = watch.started.recv() => {
                     watch.seen.push(group.clone());
-                    self.inner
-                        .store
+                    self.store
                         .record_tool_process(turn.lease, id, &group)
                         .await?;
                 }
@@ -286,9 +287,9 @@ impl Engine {
 /// The process groups a built-in tool call starts, while it runs. A call dropped before it ends
 /// (a kill drops the run) hands them to the engine in its `Drop`, synchronously, the ones not
 /// received yet included: a group may not be stored yet, and the kill must still wait for it
-/// ([`Engine::stop_cut_off_groups`]).
+/// ([`Runs::stop_cut_off_groups`]).
 struct GroupWatch<'a> {
-    engine: &'a Engine,
+    runs: &'a Arc<Runs>,
     agent: forkd_core::AgentId,
     started: mpsc::UnboundedReceiver<ProcessGroup>,
     seen: Vec<ProcessGroup>,
@@ -306,7 +307,7 @@ impl Drop for GroupWatch<'_> {
         if self.seen.is_empty() {
             return;
         }
-        self.engine
+        self.runs
             .cut_off_groups()
             .entry(self.agent)
             .or_default()
@@ -314,12 +315,12 @@ impl Drop for GroupWatch<'_> {
     }
 }
 
-impl Engine {
+impl Runs {
     /// Waits until the process groups of the agent's cut-off tool calls (started, never
     /// answered) have ended, killing what is left: a run dropped by a kill sends its Bash group
     /// SIGKILL but cannot wait for it, and a killed notification must mean that nothing the
     /// agent started still runs.
-    pub(crate) async fn stop_cut_off_groups(&self, agent: forkd_core::AgentId) {
+    pub(crate) async fn stop_cut_off_groups(self: &Arc<Self>, agent: forkd_core::AgentId) {
         // Those this daemon saw start (stored or not), then any stored by an earlier run.
         let mut groups: Vec<(String, ProcessGroup)> = self
             .cut_off_groups()
@@ -328,7 +329,7 @@ impl Engine {
             .into_iter()
             .map(|g| (String::new(), g))
             .collect();
-        match self.inner.store.tool_calls(agent).await {
+        match self.store.tool_calls(agent).await {
             Ok(calls) => groups.extend(
                 calls
                     .into_iter()
@@ -348,11 +349,10 @@ impl Engine {
     /// Process groups of tool calls dropped before they ended, by agent, until a kill waits
     /// for them.
     fn cut_off_groups(
-        &self,
+        self: &Arc<Self>,
     ) -> std::sync::MutexGuard<'_, std::collections::HashMap<forkd_core::AgentId, Vec<ProcessGroup>>>
     {
-        self.inner
-            .cut_off_groups
+        self.cut_off_groups
             .lock()
             .unwrap_or_else(|p| p.into_inner())
     }
@@ -392,22 +392,22 @@ async fn stop_leftover(tool_use_id: &str, group: &ProcessGroup) {
     }
 }
 
-impl Engine {
+impl Runs {
     /// The sandbox of a session's Bash commands (`None` for `full-access`): hidden are the
     /// daemon's home, the deny list, every other session's workspace and the other sessions'
     /// private temporary directories.
-    async fn sandbox_spec(&self, session: &Session) -> Result<Option<SandboxSpec>> {
+    async fn sandbox_spec(self: &Arc<Self>, session: &Session) -> Result<Option<SandboxSpec>> {
         if session.sandbox.mode == SandboxMode::FullAccess {
             return Ok(None);
         }
-        let cfg = &self.config().sandbox;
+        let cfg = &self.config.sandbox;
         let mut hidden = cfg.hidden.clone();
         hidden.push(cfg.tmp_root.clone());
         hidden.extend(forkd_tools::sandbox::other_homes(
             cfg.home.as_ref().map(|h| h.dir.as_path()),
         ));
         let own = std::fs::canonicalize(&session.workspace).unwrap_or(session.workspace.clone());
-        for workspace in self.inner.store.workspaces().await? {
+        for workspace in self.store.workspaces().await? {
             let theirs = std::fs::canonicalize(&workspace).unwrap_or(workspace);
             // A workspace that holds this one (or is it) stays readable where it is kept.
             if theirs != own {
@@ -429,14 +429,14 @@ impl Engine {
     /// A call that needs a person's approval: in an interactive session it is put to the
     /// session's clients and the agent waits; otherwise it is denied with a clear error.
     async fn ask_person(
-        &self,
+        self: &Arc<Self>,
         turn: &ToolTurn<'_>,
         name: &str,
         input: &Value,
         what: String,
     ) -> Result<(), String> {
         let session = turn.session;
-        match self.always_allowed(session.id, name).await {
+        match self.permissions.always_allowed(session.id, name).await {
             Ok(true) => return Ok(()),
             Ok(false) => {}
             Err(e) => {
@@ -460,7 +460,7 @@ impl Engine {
             input_json: input.to_string(),
             question: what,
         };
-        match self.ask(turn.lease, prompt, &turn.cancel).await {
+        match self.permissions.ask(turn.lease, prompt, &turn.cancel).await {
             Ok(Some(PermissionAnswer::AllowOnce | PermissionAnswer::AllowAlways)) => Ok(()),
             Ok(Some(PermissionAnswer::Deny(reason))) => Err(format!(
                 "Permission denied by the user{}. Do not retry this call; work without it.",
@@ -472,13 +472,18 @@ impl Engine {
     }
 }
 
-impl Engine {
+impl Runs {
     /// The `Agent` tool inside an agent run (a fork child's), planned like any other `Agent`
     /// call: a fork attempt is refused by the recursion guard (the child's query source, or the
     /// boilerplate in its conversation); a typed agent is started and waited for — with the same
     /// race against the background signal as a parent turn's wait — unless it would sit deeper
     /// below the session than `max_agent_depth`.
-    async fn agent_call(&self, turn: &ToolTurn<'_>, id: &str, input: &Value) -> ToolOutput {
+    async fn agent_call(
+        self: &Arc<Self>,
+        turn: &ToolTurn<'_>,
+        id: &str,
+        input: &Value,
+    ) -> ToolOutput {
         let forker = Forker {
             coordinator: turn.session.coordinator,
             child: Some((turn.agent.query_source.as_deref(), turn.conversation)),
@@ -504,7 +509,7 @@ impl Engine {
             AgentKind::Parent => 1,
             AgentKind::Fork | AgentKind::Typed => 2,
         };
-        let max = self.config().max_agent_depth;
+        let max = self.config.max_agent_depth;
         if depth > max {
             return ToolOutput::error(format!(
                 "A {subagent_type} agent started here would be {depth} levels below the \
@@ -523,11 +528,11 @@ impl Engine {
         let (block, outcome) = self.typed_call(call, directive).await;
         // The report is in this call's result, or goes to the session's transcript.
         let settled = match outcome {
-            Some(TypedOutcome::Delivered(agent)) => self.inner.store.mark_delivered(&[agent]).await,
+            Some(TypedOutcome::Delivered(agent)) => self.store.mark_delivered(&[agent]).await,
             Some(TypedOutcome::Backgrounded(agent)) => {
-                let lock = self.session_lock(turn.session.id);
+                let lock = self.session_locks.get(turn.session.id);
                 let _guard = lock.lock().await;
-                self.inner.store.redirect_reports(&[agent]).await.map(drop)
+                self.store.redirect_reports(&[agent]).await.map(drop)
             }
             None => Ok(()),
         };

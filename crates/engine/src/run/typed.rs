@@ -3,53 +3,31 @@
 //! share no cache with their session: their params are rendered once, when the agent is created,
 //! and stored with it.
 
-use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use forkd_core::session::{CacheSafeParams, RenderedSystem, ToolsJson};
 use forkd_core::store::{AgentParams, NotificationFilter};
 use forkd_core::{
     Agent, AgentId, AgentKind, AgentState, Block, Directive, Notification, ReportTo, SessionId,
-    Usage,
 };
 use futures::StreamExt;
 
-use crate::agent_types::{self, AgentType};
+use super::Runs;
+use crate::agent_types;
+use crate::clock::now_ms;
+use crate::clock::today;
+use crate::error::clip;
 use crate::error::{EngineError, Result};
-use crate::parent::Handoff;
-use crate::session::{clip, today};
-use crate::{Engine, now_ms};
+use crate::handoff::Handoff;
 
 /// How long a parent's synchronous `Agent` call waits for its typed agent.
 const TYPED_CALL_LIMIT: Duration = Duration::from_secs(3600);
 
-impl Engine {
-    /// The agent types a session can use: built-ins, `$FORKD_HOME/agents`, then
-    /// `<workspace>/.forkd/agents` (later definitions of a custom name win).
-    pub fn agent_types(&self, workspace: &Path) -> Vec<AgentType> {
-        let local = workspace.join(".forkd").join("agents");
-        let mut dirs: Vec<&Path> = self
-            .config()
-            .agent_dirs
-            .iter()
-            .map(|d| d.as_path())
-            .collect();
-        dirs.push(&local);
-        // The session's whole pool (built-ins and external tools) is what a type may name.
-        let known: Vec<String> = forkd_core::tools::builtin_definitions()
-            .into_iter()
-            .map(|t| t.name)
-            .collect();
-        let (types, errors) = agent_types::load_types(&dirs, &known);
-        for e in errors {
-            tracing::warn!(error = %e, "Skipping an agent type definition");
-        }
-        types
-    }
-
+impl Runs {
     /// Creates a typed agent in `session_id` and starts it; it reports through a notification.
-    pub async fn spawn_typed(
-        &self,
+    pub(crate) async fn spawn_typed(
+        self: &Arc<Self>,
         session_id: SessionId,
         subagent_type: &str,
         directive: Directive,
@@ -69,14 +47,14 @@ impl Engine {
     /// same tool call answered again after a restart) is not created twice: it is started if
     /// no run has it, and its id returned.
     async fn create_typed(
-        &self,
+        self: &Arc<Self>,
         id: AgentId,
         session_id: SessionId,
         subagent_type: &str,
         directive: Directive,
         report_to: ReportTo,
     ) -> Result<AgentId> {
-        if let Some(existing) = self.inner.store.get_agent(id).await? {
+        if let Some(existing) = self.store.get_agent(id).await? {
             if existing.session_id != session_id || existing.kind != AgentKind::Typed {
                 return Err(EngineError::Invariant(format!(
                     "agent {id} exists, but not as a typed agent of session {session_id}"
@@ -84,7 +62,7 @@ impl Engine {
             }
             if !existing.state.is_terminal() {
                 tracing::info!(agent.id = %id, "The call's typed agent exists already; not starting a second");
-                let tenant = self.session_owner(session_id).await?;
+                let tenant = self.tenancy.session_owner(session_id).await?;
                 self.start_run(id, &tenant);
             }
             return Ok(id);
@@ -94,14 +72,14 @@ impl Engine {
                 "the agent's prompt is empty".into(),
             ));
         }
-        let max = self.config().max_directive_bytes;
+        let max = self.config.max_directive_bytes;
         if directive.prompt.len() + directive.description.len() > max {
             return Err(EngineError::InvalidRequest(format!(
                 "the agent's prompt and description exceed the limit of {max} bytes"
             )));
         }
-        let session = self.get_session(session_id).await?;
-        let types = self.agent_types(&session.workspace);
+        let session = self.sessions.get(session_id).await?;
+        let types = agent_types::for_workspace(&self.config.agent_dirs, &session.workspace);
         let ty = agent_types::find_type(&types, subagent_type).ok_or_else(|| {
             let names: Vec<&str> = types.iter().map(|t| t.name.as_str()).collect();
             EngineError::InvalidRequest(format!(
@@ -115,7 +93,7 @@ impl Engine {
             .clone()
             .filter(|m| m != "inherit")
             .unwrap_or_else(|| session.params.model.clone());
-        if self.config().models.get(&model).is_none() {
+        if self.config.models.get(&model).is_none() {
             return Err(EngineError::InvalidRequest(format!(
                 "agent type {} names unknown model {model:?}",
                 ty.name
@@ -135,28 +113,20 @@ impl Engine {
             },
             permission_mode: ty.permission_mode.unwrap_or(session.permission_mode),
         };
-        let now = now_ms();
         let agent = Agent {
-            id,
-            session_id,
-            batch_id: None,
-            kind: AgentKind::Typed,
-            index: 0,
-            state: AgentState::Pending,
             query_source: Some(format!("agent:{}", ty.name)),
             report_to,
             directive: Some(directive.clone()),
-            usage: Usage::default(),
-            cost_usd: 0.0,
-            error: None,
-            created_at_ms: now,
-            updated_at_ms: now,
-            held_by: None,
-            throttled_since_ms: None,
+            ..Agent::new(
+                id,
+                session_id,
+                AgentKind::Typed,
+                AgentState::Pending,
+                now_ms(),
+            )
         };
         let block = Block::text(&directive.prompt);
-        self.inner
-            .store
+        self.store
             .insert_agent(&agent, Some(&block), Some(&own))
             .await?;
         tracing::info!(agent.id = %agent.id, agent.type = %ty.name, "Typed agent spawned");
@@ -173,7 +143,7 @@ impl Engine {
     /// answered again after a restart finds the agent it started. Returns its id, and whether
     /// its report still waits for the caller (false: a restart handed it to the transcript).
     pub(crate) async fn start_typed_for_caller(
-        &self,
+        self: &Arc<Self>,
         caller: AgentId,
         tool_use_id: &str,
         session_id: SessionId,
@@ -185,7 +155,7 @@ impl Engine {
         let id = self
             .create_typed(id, session_id, subagent_type, directive, ReportTo::Caller)
             .await?;
-        let agent = self.get_agent(id).await?;
+        let agent = crate::lookup::agent(&*self.store, id).await?;
         if agent.report_to != ReportTo::Caller {
             return Ok((id, false));
         }
@@ -194,12 +164,12 @@ impl Engine {
     }
 
     /// Waits (at most an hour) for a typed agent's notification.
-    pub(crate) async fn typed_report(&self, id: AgentId) -> Result<Notification> {
+    pub(crate) async fn typed_report(self: &Arc<Self>, id: AgentId) -> Result<Notification> {
         let filter = NotificationFilter {
             agent_id: Some(id),
             ..NotificationFilter::default()
         };
-        let mut ended = self.subscribe(0, filter, true).await?;
+        let mut ended = self.notifications.subscribe(0, filter, true);
         match tokio::time::timeout(TYPED_CALL_LIMIT, ended.next()).await {
             Ok(Some(note)) => note,
             Ok(None) => Err(EngineError::Draining),
@@ -234,25 +204,25 @@ pub(crate) struct TypedCall<'a> {
     pub waited: &'a std::sync::Mutex<Vec<AgentId>>,
 }
 
-impl Engine {
+impl Runs {
     /// The seed's race, for an agent model's own waits: `wait` against the background signal —
     /// `Background` on one of `waited_on` or on the waiting agent (`caller`: the session's main
     /// loop, or a fork child), or the auto-background delay counted from now. A parent turn
     /// already in the background does not wait. `None` when the signal won: the waited-on agents
     /// go on under their own ids.
     pub(crate) async fn race_background<T>(
-        &self,
+        self: &Arc<Self>,
         caller: AgentId,
         handoff: Option<&Handoff>,
         waited_on: &[AgentId],
         wait: impl std::future::Future<Output = Result<T>>,
     ) -> Result<Option<T>> {
         // Subscribed before the check, so a signal sent in between is not missed.
-        let mut backgrounds = self.inner.backgrounds.subscribe();
+        let mut backgrounds = self.attach.backgrounds();
         if handoff.is_some_and(Handoff::is_backgrounded) {
             return Ok(None);
         }
-        let deadline = crate::attach::after(self.config().auto_background);
+        let deadline = crate::attach::after(self.config.auto_background);
         tokio::pin!(wait, deadline);
         loop {
             tokio::select! {
@@ -279,7 +249,7 @@ impl Engine {
     /// the background signal. Returns the call's tool_result, and where the report went (`None`
     /// when the agent could not be started).
     pub(crate) async fn typed_call(
-        &self,
+        self: &Arc<Self>,
         call: TypedCall<'_>,
         directive: Directive,
     ) -> (Block, Option<TypedOutcome>) {
