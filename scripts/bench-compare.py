@@ -65,8 +65,12 @@ def timings(path):
                     match = NUMBER.fullmatch(row[ci].strip())
                     if not match:
                         continue
+                    # Rows named by their first cells; a row of numbers only by its table.
                     label = " / ".join(c for c in row[:2] if not NUMBER.fullmatch(c.strip()))
-                    label = f"{figure['id']}: {label or row[0]} — {header}"
+                    if not label:
+                        caption = table.get("caption", "")
+                        label = f"{caption[:48]}… row {ri + 1}" if caption else f"row {ri + 1}"
+                    label = f"{figure['id']}: {label} — {header}"
                     found[(figure["id"], ti, ri, ci)] = (label, float(match.group()))
     return found
 
