@@ -2,7 +2,8 @@
 //!
 //! ARCHITECTURE.md's "Engine services" table names each service, its layer and its modules. This
 //! test reads that table and every `crate::…` path in `crates/engine/src` (in `use` items and
-//! inline, tests left out) and fails on:
+//! inline, tests left out; a `super::…` path that climbs to the crate root counts as one) and
+//! fails on:
 //!
 //! - a module the table does not place, or places twice;
 //! - a circle of modules that reach each other;
@@ -152,12 +153,47 @@ fn read_modules(src: &Path) -> Vec<Module> {
         }
         let text = std::fs::read_to_string(&file).expect("a readable source file");
         let entry = code.entry(name).or_default();
-        entry.push_str(&without_tests(&strip(&text)));
+        entry.push_str(&rooted(&without_tests(&strip(&text)), module_depth(rel)));
         entry.push('\n');
     }
     code.into_iter()
         .map(|(name, code)| Module { name, code })
         .collect()
+}
+
+/// How deep below the crate root a file's module sits: `run.rs` and `run/mod.rs` 1,
+/// `run/tools.rs` 2 (`lib.rs` 0).
+fn module_depth(rel: &Path) -> usize {
+    let parts = rel.components().count();
+    if rel
+        .file_name()
+        .is_some_and(|f| f == "mod.rs" || f == "lib.rs")
+    {
+        parts - 1
+    } else {
+        parts
+    }
+}
+
+/// `code` with the `super::` paths that climb to the crate root written as `crate::` paths, so
+/// that `super::parent::X` in a top-level module (or `super::super::parent::X` one below) is
+/// seen for what it reaches. A `super::` that stays inside the module is left alone.
+fn rooted(code: &str, depth: usize) -> String {
+    if depth == 0 {
+        return code.to_owned();
+    }
+    let climb = "super::".repeat(depth);
+    let mut out = String::with_capacity(code.len());
+    let mut rest = code;
+    while let Some(at) = rest.find(&climb) {
+        let before = rest[..at].chars().next_back();
+        let starts_path = !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
+        out.push_str(&rest[..at]);
+        out.push_str(if starts_path { "crate::" } else { &climb });
+        rest = &rest[at + climb.len()..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn collect_rs(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -631,6 +667,31 @@ mod checker {
         let services = parse_table(&text).unwrap();
         assert_eq!(services[0], service("base", 1, &["error", "clock"], false));
         assert_eq!(services[1], service("runs", 5, &["run"], true));
+    }
+
+    #[test]
+    fn a_path_up_through_super_is_a_path_up() {
+        // A top-level module's `super` is the crate root; one level down it takes two.
+        assert_eq!(
+            rooted("use super::run::R; use super::{model, error};", 1),
+            "use crate::run::R; use crate::{model, error};"
+        );
+        assert_eq!(
+            rooted("use super::gate::G; use super::super::model::M;", 2),
+            "use super::gate::G; use crate::model::M;"
+        );
+        assert_eq!(module_depth(Path::new("run.rs")), 1);
+        assert_eq!(module_depth(Path::new("run/mod.rs")), 1);
+        assert_eq!(module_depth(Path::new("run/tools.rs")), 2);
+        let climbed = rooted("use super::run::AgentRun;", 1);
+        let modules = crate_with(&[("model", climbed.as_str())]);
+        let problems = check(&services(), &modules);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("`model` (calls, layer 2) uses `run`")),
+            "{problems:?}"
+        );
     }
 
     #[test]
