@@ -573,6 +573,11 @@ mod checker {
             .collect()
     }
 
+    /// Fails unless one of `problems` says `what`.
+    fn assert_reported(problems: &[String], what: &str) {
+        assert!(problems.iter().any(|p| p.contains(what)), "{problems:?}");
+    }
+
     fn services() -> Vec<Service> {
         vec![
             service("base", 1, &["error"], false),
@@ -615,27 +620,12 @@ mod checker {
             ("tools", "use crate::run;"),
         ]);
         let problems = check(&services(), &modules);
-        assert!(
-            problems
-                .iter()
-                .any(|p| p.contains("`error` (base, layer 1) uses `model`")),
-            "{problems:?}"
-        );
-        assert!(
-            problems
-                .iter()
-                .any(|p| p.contains("`model` (calls) names `Engine`")),
-            "{problems:?}"
-        );
+        assert_reported(&problems, "`error` (base, layer 1) uses `model`");
+        assert_reported(&problems, "`model` (calls) names `Engine`");
         // Code that merely moved into another file of a lower service still reaches up.
         let moved = crate_with(&[("model", "use crate::run::AgentRun;")]);
         let problems = check(&services(), &moved);
-        assert!(
-            problems
-                .iter()
-                .any(|p| p.contains("`model` (calls, layer 2) uses `run`")),
-            "{problems:?}"
-        );
+        assert_reported(&problems, "`model` (calls, layer 2) uses `run`");
     }
 
     #[test]
@@ -646,16 +636,8 @@ mod checker {
             ("stray", "use crate::error::E;"),
         ]);
         let problems = check(&services(), &modules);
-        assert!(
-            problems.iter().any(|p| p.contains("circle: model → run")),
-            "{problems:?}"
-        );
-        assert!(
-            problems
-                .iter()
-                .any(|p| p.contains("`stray` is in no service")),
-            "{problems:?}"
-        );
+        assert_reported(&problems, "circle: model → run");
+        assert_reported(&problems, "`stray` is in no service");
     }
 
     #[test]
@@ -686,12 +668,7 @@ mod checker {
         let climbed = rooted("use super::run::AgentRun;", 1);
         let modules = crate_with(&[("model", climbed.as_str())]);
         let problems = check(&services(), &modules);
-        assert!(
-            problems
-                .iter()
-                .any(|p| p.contains("`model` (calls, layer 2) uses `run`")),
-            "{problems:?}"
-        );
+        assert_reported(&problems, "`model` (calls, layer 2) uses `run`");
     }
 
     #[test]

@@ -34,18 +34,11 @@ pub(crate) async fn record_process(
     agents::check_lease(conn, lease).await?;
     let agent = lease.agent_id;
     let p = ProcessValues::new(process)?;
-    let done = sqlx::query(RECORD_PROCESS)
+    let update = sqlx::query(RECORD_PROCESS)
         .bind(p.pgid)
         .bind(p.start_ticks)
-        .bind(p.boot_id)
-        .bind(agent.to_string())
-        .bind(tool_use_id)
-        .execute(conn)
-        .await?;
-    if done.rows_affected() == 0 {
-        return Err(no_open_intent(tool_use_id, agent));
-    }
-    Ok(())
+        .bind(p.boot_id);
+    update_open_intent(conn, update, agent, tool_use_id).await
 }
 
 /// Records a call's result; the call's intent must have been recorded, and a result is final.
@@ -58,11 +51,22 @@ pub(crate) async fn finish(
     at_ms: i64,
 ) -> Result<()> {
     agents::check_lease(conn, lease).await?;
-    let agent = lease.agent_id;
-    let done = sqlx::query(RECORD_RESULT)
+    let update = sqlx::query(RECORD_RESULT)
         .bind(result.raw().as_str())
         .bind(dialect::output_param(full_output))
-        .bind(at_ms)
+        .bind(at_ms);
+    update_open_intent(conn, update, lease.agent_id, tool_use_id).await
+}
+
+/// Runs an update of a call whose intent is recorded and whose result is not, its last two
+/// parameters the agent and the tool_use id; no such call is an error.
+async fn update_open_intent(
+    conn: &mut Conn,
+    update: sqlx::query::Query<'_, dialect::Db, <dialect::Db as sqlx::Database>::Arguments>,
+    agent: AgentId,
+    tool_use_id: &str,
+) -> Result<()> {
+    let done = update
         .bind(agent.to_string())
         .bind(tool_use_id)
         .execute(conn)

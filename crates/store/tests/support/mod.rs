@@ -386,30 +386,35 @@ pub fn fork(session: &Session, fork_point: u64, n: usize) -> TestResult<Fixture>
     let mut children = Vec::new();
     let mut ids = Vec::new();
     for (index, (tool_use_id, directive)) in fork_directives(&assistant).into_iter().enumerate() {
-        let agent = Agent {
-            batch_id: Some(id),
-            index: u32::try_from(index)?,
-            directive: Some(directive.clone()),
-            query_source: Some(FORK_QUERY_SOURCE.into()),
-            ..Agent::new(
-                forkd_core::AgentId::new(),
-                session.id,
-                AgentKind::Fork,
-                AgentState::Pending,
-                created,
-            )
-        };
-        ids.push((tool_use_id, agent.id));
-        children.push(NewChild {
-            agent,
-            directive_block: ForkBatch::directive_block(&directive),
-        });
+        let child = fork_child(&batch, index, &directive)?;
+        ids.push((tool_use_id, child.agent.id));
+        children.push(child);
     }
     let parent_results = batch.parent_results(&ids);
     Ok(Fixture {
         batch,
         children,
         parent_results,
+    })
+}
+
+/// Child `index` of `batch`, pending, with its directive block.
+fn fork_child(batch: &ForkBatch, index: usize, directive: &Directive) -> TestResult<NewChild> {
+    Ok(NewChild {
+        agent: Agent {
+            batch_id: Some(batch.id),
+            index: u32::try_from(index)?,
+            directive: Some(directive.clone()),
+            query_source: Some(FORK_QUERY_SOURCE.into()),
+            ..Agent::new(
+                forkd_core::AgentId::new(),
+                batch.session_id,
+                AgentKind::Fork,
+                AgentState::Pending,
+                batch.created_at_ms,
+            )
+        },
+        directive_block: ForkBatch::directive_block(directive),
     })
 }
 
@@ -482,24 +487,7 @@ pub fn client_fork(session: &Session, fork_point: u64, n: usize) -> TestResult<F
     let children = directives
         .iter()
         .enumerate()
-        .map(|(index, directive)| {
-            Ok(NewChild {
-                agent: Agent {
-                    batch_id: Some(id),
-                    index: u32::try_from(index)?,
-                    directive: Some(directive.clone()),
-                    query_source: Some(FORK_QUERY_SOURCE.into()),
-                    ..Agent::new(
-                        forkd_core::AgentId::new(),
-                        session.id,
-                        AgentKind::Fork,
-                        AgentState::Pending,
-                        created,
-                    )
-                },
-                directive_block: ForkBatch::directive_block(directive),
-            })
-        })
+        .map(|(index, directive)| fork_child(&batch, index, directive))
         .collect::<TestResult<Vec<_>>>()?;
     Ok(Fixture {
         batch,
