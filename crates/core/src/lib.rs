@@ -10,6 +10,7 @@ pub mod compaction;
 pub mod digest;
 pub mod fork;
 pub mod ids;
+pub mod isolation;
 pub mod json;
 pub mod message;
 pub mod plan;

@@ -93,13 +93,21 @@ enum Ending {
 }
 
 async fn execute(command: &str, limit: Duration, ctx: &ToolContext) -> std::io::Result<ToolOutput> {
+    let layer = ctx.workspace.layer().map(|l| &**l);
     let prepared = match &ctx.sandbox {
-        Some(spec) => match Prepared::new(spec.sandbox, &spec.paths, ctx.workspace.root()) {
+        Some(spec) => match Prepared::new(spec.sandbox, &spec.paths, ctx.workspace.root(), layer) {
             Ok(prepared) => prepared,
             Err(e) => return Ok(ToolOutput::error(e.to_string())),
         },
         None => None,
     };
+    if layer.is_some() && prepared.is_none() {
+        // Unconfined, the command would see the live workspace instead of the child's copy.
+        return Ok(ToolOutput::error(
+            "an isolated child's commands need the sandbox that mounts its copy; the command \
+             did not run",
+        ));
+    }
     let spawned = spawn(command, ctx.workspace.root(), prepared);
     let Spawned {
         mut child,

@@ -50,7 +50,7 @@ struct Search {
     filter: Option<PathPattern>,
     mode: Mode,
     base: PathBuf,
-    root: PathBuf,
+    workspace: crate::Workspace,
     line_chars: usize,
 }
 
@@ -77,7 +77,7 @@ async fn grep(input: &Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError>
         filter,
         mode,
         base: ctx.workspace.resolve(dir, Access::Read)?,
-        root: ctx.workspace.root().to_path_buf(),
+        workspace: ctx.workspace.clone(),
         line_chars: ctx.limits.line_chars,
     };
     let cancel = ctx.cancel.clone();
@@ -113,27 +113,24 @@ impl Search {
             return;
         }
         let Some(text) = read_text(path) else { return };
-        let rel = path
-            .strip_prefix(&self.root)
-            .unwrap_or(path)
-            .to_string_lossy();
+        let rel = self.workspace.relative(path);
         match self.mode {
             Mode::Files => {
                 if self.regex.is_match(&text) {
-                    out.push((rel.to_string(), 0, rel.into_owned()));
+                    out.push((rel.clone(), 0, rel));
                 }
             }
             Mode::Count => {
                 let count = text.lines().filter(|l| self.regex.is_match(l)).count();
                 if count > 0 {
-                    out.push((rel.to_string(), 0, format!("{rel}:{count}")));
+                    out.push((rel.clone(), 0, format!("{rel}:{count}")));
                 }
             }
             Mode::Content => {
                 for (i, line) in text.lines().enumerate() {
                     if self.regex.is_match(line) {
                         let line = truncate_line(line, self.line_chars);
-                        out.push((rel.to_string(), i + 1, format!("{rel}:{}:{line}", i + 1)));
+                        out.push((rel.clone(), i + 1, format!("{rel}:{}:{line}", i + 1)));
                     }
                 }
             }

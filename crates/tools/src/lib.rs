@@ -16,6 +16,7 @@ mod fsutil;
 pub mod glob;
 pub mod grep;
 mod input;
+pub mod isolation;
 mod pattern;
 pub mod permission;
 pub mod process;

@@ -51,6 +51,7 @@ pub mod cgroup;
 mod held;
 pub mod home;
 mod init;
+pub mod layer;
 pub mod limits;
 mod seccomp;
 
@@ -185,6 +186,7 @@ enum Layer {
     Landlock = 7,
     Seccomp = 8,
     Cgroup = 9,
+    Overlay = 10,
 }
 
 /// The step a failed `errno` came from travels in the error itself: the only thing a process
@@ -203,6 +205,7 @@ impl Layer {
             Layer::Landlock => "Landlock",
             Layer::Seccomp => "the seccomp filter",
             Layer::Cgroup => "the session's cgroup",
+            Layer::Overlay => "the child's copy-on-write layer (overlayfs)",
         }
     }
 
@@ -217,6 +220,7 @@ impl Layer {
             Layer::Landlock,
             Layer::Seccomp,
             Layer::Cgroup,
+            Layer::Overlay,
         ]
         .into_iter()
         .find(|l| *l as i32 == code)
@@ -262,6 +266,8 @@ pub(crate) struct Setup {
     home: Option<home::Cover>,
     /// What to cover, and whether it is a directory.
     covers: Vec<(CString, bool)>,
+    /// An isolated child's layer, mounted over the workspace before anything is covered.
+    overlay: Option<layer::Mount>,
 }
 
 impl Setup {
@@ -306,6 +312,7 @@ impl Setup {
             dev_null: c_str("/dev/null")?,
             home,
             covers,
+            overlay: None,
         })
     }
 
@@ -351,6 +358,11 @@ impl Setup {
                 libc::MS_REC | libc::MS_PRIVATE,
                 std::ptr::null(),
             )))?;
+            // The layer first: it reads its lower and upper directories where they are (in the
+            // daemon's home), before the covers hide them.
+            if let Some(overlay) = &self.overlay {
+                Layer::Overlay.tag(overlay.mount())?;
+            }
             if let Some(home) = &mut self.home {
                 Layer::HomeCover.tag(home.take())?;
                 Layer::HomeCover.tag(home.mount())?;
@@ -438,11 +450,13 @@ pub fn landlock_abi() -> i64 {
 }
 
 impl Prepared {
-    /// Prepares the sandbox of a command working in `workspace`; `None` for `full-access`.
+    /// Prepares the sandbox of a command working in `workspace`, or in an isolated child's
+    /// `layer` mounted there; `None` for `full-access`.
     pub(crate) fn new(
         sandbox: Sandbox,
         paths: &SandboxPaths,
         workspace: &Path,
+        layer: Option<&layer::LayerView>,
     ) -> Result<Option<Prepared>, SandboxError> {
         if sandbox.mode == SandboxMode::FullAccess {
             return Ok(None);
@@ -459,14 +473,20 @@ impl Prepared {
         })?;
         let tmp = canonical(&paths.tmp)?;
         let workspace = canonical(workspace)?;
+        // Landlock judges a write by the inode it reaches: in a layer, the layer's root, which
+        // the daemon reaches through its descriptor.
+        let writable_workspace = layer.map_or(workspace.as_path(), |l| l.through());
         let writable: Vec<&Path> = match sandbox.mode {
-            SandboxMode::WorkspaceWrite => vec![&workspace, &tmp],
+            SandboxMode::WorkspaceWrite => vec![writable_workspace, &tmp],
             _ => vec![&tmp],
         };
         let ruleset = ruleset(&writable)?;
-        let held = held::get_or_make(Setup::key(sandbox, paths, &workspace, &tmp), || {
-            Setup::new(sandbox, paths, &workspace, &tmp)
-        })?;
+        let held = match layer {
+            Some(layer) => Arc::clone(&layer.held),
+            None => held::get_or_make(Setup::key(sandbox, paths, &workspace, &tmp), || {
+                Setup::new(sandbox, paths, &workspace, &tmp)
+            })?,
+        };
         let group = match (&paths.group, cgroup::hierarchy()) {
             (Some(session), Ok(hierarchy)) => {
                 let membership = hierarchy.join(session, &paths.limits)?;
@@ -707,7 +727,7 @@ pub async fn probe(scratch: &Path) -> Probe {
         allow_network: false,
         unix_sockets: false,
     };
-    let failure = match Prepared::new(sandbox, &paths, scratch) {
+    let failure = match Prepared::new(sandbox, &paths, scratch, None) {
         Err(e) => Some(e.to_string()),
         Ok(None) => None,
         Ok(Some(prepared)) => {

@@ -119,7 +119,7 @@ pub fn spawn_server(cmd: &ServerCommand) -> Result<ServerProcess, ServerSpawnErr
     };
     std::fs::create_dir_all(&cmd.dir).map_err(dir_err)?;
     let prepared = match &cmd.sandbox {
-        Some((sandbox, paths)) => Prepared::new(*sandbox, paths, &cmd.dir)?,
+        Some((sandbox, paths)) => Prepared::new(*sandbox, paths, &cmd.dir, None)?,
         None => None,
     };
     let spawn_err = |source| ServerSpawnError::Spawn {

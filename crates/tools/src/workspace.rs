@@ -14,8 +14,13 @@
 
 use std::fs;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 
 use crate::error::ToolError;
+use crate::sandbox::layer::LayerView;
 
 /// What the caller means to do with a path, which decides whether it must already exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,11 +31,26 @@ pub enum Access {
     Write,
 }
 
-/// A canonical workspace root that paths are resolved against and confined to.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A canonical workspace root that paths are resolved against and confined to: the live
+/// workspace, or an isolated child's layer mounted at its path ([`Workspace::layered`]).
+#[derive(Debug, Clone)]
 pub struct Workspace {
     root: PathBuf,
+    layer: Option<Arc<LayerView>>,
 }
+
+impl PartialEq for Workspace {
+    fn eq(&self, other: &Workspace) -> bool {
+        self.root == other.root
+            && match (&self.layer, &other.layer) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            }
+    }
+}
+
+impl Eq for Workspace {}
 
 impl Workspace {
     /// Canonicalizes `root` once; every later check compares against this canonical form.
@@ -46,12 +66,26 @@ impl Workspace {
                 source: std::io::Error::other("not a directory"),
             });
         }
-        Ok(Workspace { root })
+        Ok(Workspace { root, layer: None })
     }
 
-    /// The canonical root.
+    /// An isolated child's workspace: its layer, seen at the workspace's path. Paths resolve to
+    /// places beneath the layer's root as the daemon reaches it ([`LayerView::through`]).
+    pub fn layered(layer: Arc<LayerView>) -> Workspace {
+        Workspace {
+            root: layer.workspace().to_path_buf(),
+            layer: Some(layer),
+        }
+    }
+
+    /// The canonical root: the path the model and commands see.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The child's layer, for an isolated child.
+    pub fn layer(&self) -> Option<&Arc<LayerView>> {
+        self.layer.as_ref()
     }
 
     /// Resolves `path` (relative to the root, or absolute) to a canonical path inside the
@@ -65,6 +99,9 @@ impl Workspace {
             return Err(ToolError::NulByte {
                 path: path.to_owned(),
             });
+        }
+        if let Some(layer) = &self.layer {
+            return self.resolve_in(layer, path, intent);
         }
         // `join` replaces the root when `path` is absolute, which is what we want.
         let joined = self.root.join(path);
@@ -102,10 +139,97 @@ impl Workspace {
         Ok(canonical.join(missing))
     }
 
+    /// [`Workspace::resolve`] in a layer: the kernel resolves the path beneath the layer's root
+    /// (`openat2` with `RESOLVE_BENEATH`), so neither `..` nor a symlink leads out of it, nor to
+    /// the live workspace an absolute symlink would name in the daemon's view. An absolute
+    /// symlink is refused even where it names a path inside: it cannot be followed safely from
+    /// the daemon. Writes beneath `.git/` are refused: it is read-only in a child.
+    fn resolve_in(
+        &self,
+        layer: &LayerView,
+        path: &str,
+        intent: Access,
+    ) -> Result<PathBuf, ToolError> {
+        let joined = self.root.join(path);
+        let outside = || ToolError::OutsideWorkspace {
+            path: path.to_owned(),
+            resolved: joined.clone(),
+            root: self.root.clone(),
+        };
+        let rel = joined.strip_prefix(&self.root).map_err(|_| outside())?;
+        let parts: Vec<Component> = rel
+            .components()
+            .filter(|c| !matches!(c, Component::CurDir))
+            .collect();
+        let open = |prefix: &[Component]| -> nix::Result<()> {
+            let sub: PathBuf = prefix.iter().collect();
+            let sub = if sub.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                sub
+            };
+            let how = OpenHow::new()
+                .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+                .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+            openat2(layer.root_fd(), &sub, how).map(drop)
+        };
+        let unresolvable = |errno: Errno| match errno {
+            Errno::EXDEV => outside(),
+            errno => ToolError::Unresolvable {
+                path: path.to_owned(),
+                source: std::io::Error::from(errno),
+            },
+        };
+        // The deepest prefix that exists (the whole path, for a read).
+        let mut existing = parts.len();
+        loop {
+            match open(&parts[..existing]) {
+                Ok(()) => break,
+                Err(Errno::ENOENT) if existing > 0 && intent == Access::Write => existing -= 1,
+                Err(Errno::ENOENT) => {
+                    return Err(ToolError::NotFound {
+                        path: path.to_owned(),
+                    });
+                }
+                Err(errno) => return Err(unresolvable(errno)),
+            }
+        }
+        let missing = &parts[existing..];
+        if !missing.iter().all(|c| matches!(c, Component::Normal(_))) {
+            return Err(ToolError::UncheckableDotDot {
+                path: path.to_owned(),
+                root: self.root.clone(),
+            });
+        }
+        if let Some(first) = missing.first() {
+            // A dangling symlink "exists" to a write, which would follow it anywhere.
+            let dir = layer
+                .through()
+                .join(parts[..existing].iter().collect::<PathBuf>());
+            if fs::symlink_metadata(dir.join(first)).is_ok() {
+                return Err(ToolError::rejected(format!(
+                    "{path} is a symbolic link that leads nowhere inside the workspace;                      refusing to write through it"
+                )));
+            }
+        }
+        if intent == Access::Write
+            && parts.first() == Some(&Component::Normal(std::ffi::OsStr::new(".git")))
+        {
+            return Err(ToolError::rejected(format!(
+                "{path} is beneath .git/, which is read-only in an isolated child: commit                  nothing there; forkd keeps your changes as a diff"
+            )));
+        }
+        Ok(layer.through().join(parts.iter().collect::<PathBuf>()))
+    }
+
     /// `path` relative to the root for display and for `files_changed` (`.` for the root
     /// itself); a path outside the root is shown whole.
     pub fn relative(&self, path: &Path) -> String {
-        match path.strip_prefix(&self.root) {
+        let base = match &self.layer {
+            Some(layer) if path.starts_with(layer.through()) => layer.through(),
+            _ => self.root.as_path(),
+        };
+        match path.strip_prefix(base) {
             Ok(rel) if rel.as_os_str().is_empty() => ".".to_owned(),
             Ok(rel) => rel.to_string_lossy().into_owned(),
             Err(_) => path.to_string_lossy().into_owned(),

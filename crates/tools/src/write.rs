@@ -33,7 +33,7 @@ async fn write(input: &Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError
         Err(_) => false,
     };
     if let Some(parent) = path.parent() {
-        create_parents(parent, file_path).await?;
+        create_parents(&ctx.workspace, parent, file_path).await?;
     }
     write_file(&path, file_path, content.as_bytes()).await?;
     let rel = ctx.workspace.relative(&path);
@@ -48,15 +48,17 @@ async fn write(input: &Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError
 
 /// Creates the missing parents, then checks that the directory we are about to write into is
 /// still the one that was checked: a concurrent process swapping a component for a symlink in
-/// the meantime would make its canonical form differ.
-async fn create_parents(parent: &std::path::Path, file_path: &str) -> Result<(), ToolError> {
+/// the meantime would make it resolve elsewhere.
+async fn create_parents(
+    workspace: &crate::Workspace,
+    parent: &std::path::Path,
+    file_path: &str,
+) -> Result<(), ToolError> {
     tokio::fs::create_dir_all(parent)
         .await
         .map_err(|e| ToolError::io(file_path, e))?;
-    let now = tokio::fs::canonicalize(parent)
-        .await
-        .map_err(|e| ToolError::io(file_path, e))?;
-    if now != parent {
+    let now = workspace.resolve(&workspace.relative(parent), Access::Read);
+    if now.ok().as_deref() != Some(parent) {
         return Err(ToolError::rejected(format!(
             "the directory of {file_path} changed while it was being created; refusing to write"
         )));

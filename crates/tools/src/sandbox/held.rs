@@ -25,6 +25,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
@@ -169,7 +170,7 @@ pub(crate) fn get_or_make(
             return Ok(Arc::clone(&entry.held));
         }
     }
-    let held = Arc::new(hold(make()?)?);
+    let held = Arc::new(hold(make()?, None)?.0);
     if key.keepable {
         let mut views = VIEWS.lock().unwrap_or_else(PoisonError::into_inner);
         let views = views.get_or_insert_with(HashMap::new);
@@ -192,8 +193,12 @@ pub(crate) fn get_or_make(
     Ok(held)
 }
 
-/// Makes `setup`'s namespaces in a holder process and opens them.
-fn hold(mut setup: Setup) -> Result<Held, SandboxError> {
+/// Makes `setup`'s namespaces in a holder process and opens them, and the directory at `open`
+/// as the holder sees it (an isolated child's layer, mounted there).
+pub(crate) fn hold(
+    mut setup: Setup,
+    open: Option<&Path>,
+) -> Result<(Held, Option<OwnedFd>), SandboxError> {
     let net = setup.has_own_network();
     let mut pair = [0; 2];
     // SAFETY: socketpair writes two descriptors into the array it is given.
@@ -218,7 +223,10 @@ fn hold(mut setup: Setup) -> Result<Held, SandboxError> {
         unsafe { holder(&mut setup, theirs.as_raw_fd()) }
     }
     drop(theirs);
-    let opened = opened(pid, &ours, net);
+    let opened = opened(pid, &ours, net).and_then(|held| {
+        let dir = open.map(|dir| open_in(pid, dir)).transpose()?;
+        Ok((held, dir))
+    });
     // Closing our end lets the holder exit; the namespaces live on in the descriptors.
     drop(ours);
     let mut status = 0;
@@ -273,6 +281,19 @@ fn opened(pid: libc::pid_t, ours: &OwnedFd, net: bool) -> Result<Held, SandboxEr
         net: if net { Some(ns("net")?) } else { None },
         group: OnceLock::new(),
     })
+}
+
+/// Opens `dir` as the holder `pid` sees it, through its root: the descriptor keeps reaching the
+/// holder's mounts after it is gone.
+fn open_in(pid: libc::pid_t, dir: &Path) -> Result<OwnedFd, SandboxError> {
+    let mut path = PathBuf::from(format!("/proc/{pid}/root"));
+    path.push(dir.strip_prefix("/").unwrap_or(dir));
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(&path)
+        .map(OwnedFd::from)
+        .map_err(|e| prepare(&format!("the layer at {}", dir.display()), e))
 }
 
 /// The holder: sets the view up in new namespaces, says how it went, and waits for the daemon

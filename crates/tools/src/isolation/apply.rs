@@ -1,0 +1,389 @@
+//! Applying a child's changes to the live workspace: the daemon writing on a sandboxed child's
+//! behalf, so it is strict.
+//!
+//! Each changed file is merged three ways: the snapshot (base), the live file (ours, which the
+//! parent or an earlier applied child may have changed) and the child's file (theirs). Hunks
+//! that do not overlap merge; a file whose hunks overlap is a conflict. A git workspace merges
+//! with git's own `git merge-file`; any other with `diffy`. A child with any conflict or refused
+//! path is applied not at all: its conflicts are reported per file and nothing is written.
+//! Otherwise every new file is written beside its target first and then renamed over it, so a
+//! file is never half-written.
+//!
+//! Refused: a path beneath `.git/`; a path whose parent directories in the workspace are not
+//! plain directories (a symlink there could lead the write out); a symlink that points outside
+//! the workspace; a FIFO, socket or device node.
+
+use std::path::{Component, Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+use super::IsolationError;
+use super::changes::Changes;
+use crate::sandbox::layer::LayerDirs;
+use forkd_core::isolation::{ChangeKind, Conflict, FileChange, Special};
+
+/// What applying one child did: every file, or none and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyOutcome {
+    /// The files written (or removed); empty when there were conflicts.
+    pub applied: Vec<String>,
+    pub conflicts: Vec<Conflict>,
+}
+
+/// What one file becomes in the live workspace.
+enum Planned {
+    Write(Vec<u8>, Option<u32>),
+    Link(PathBuf),
+    Remove,
+}
+
+/// Applies `changes`, read from `dirs`, to `workspace` (canonical).
+pub fn apply(
+    workspace: &Path,
+    dirs: &LayerDirs,
+    changes: &Changes,
+) -> Result<ApplyOutcome, IsolationError> {
+    let git = super::snapshot::is_git(workspace);
+    let mut plans = Vec::new();
+    let mut conflicts = Vec::new();
+    for change in &changes.files {
+        match plan(workspace, dirs, change, git) {
+            Ok(planned) => plans.push((change.path.clone(), planned)),
+            Err(reason) => conflicts.push(Conflict {
+                path: change.path.clone(),
+                reason,
+            }),
+        }
+    }
+    if !conflicts.is_empty() {
+        return Ok(ApplyOutcome {
+            applied: Vec::new(),
+            conflicts,
+        });
+    }
+    // Stage every new file beside its target, then move them all into place.
+    let mut staged: Vec<(PathBuf, Option<PathBuf>)> = Vec::new();
+    let result = (|| {
+        for (path, planned) in &plans {
+            let target = workspace.join(path);
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| {
+                    IsolationError::io(format!("cannot create {}", parent.display()), e)
+                })?;
+            }
+            let temp = match planned {
+                Planned::Remove => None,
+                Planned::Write(bytes, mode) => Some(stage_file(&target, bytes, *mode)?),
+                Planned::Link(to) => Some(stage_link(&target, to)?),
+            };
+            staged.push((target, temp));
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        for (_, temp) in &staged {
+            if let Some(temp) = temp {
+                let _ = std::fs::remove_file(temp);
+            }
+        }
+        return Err(e);
+    }
+    for (target, temp) in &staged {
+        match temp {
+            Some(temp) => std::fs::rename(temp, target)
+                .map_err(|e| IsolationError::io(format!("cannot write {}", target.display()), e))?,
+            None => match std::fs::remove_file(target) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(IsolationError::io(
+                        format!("cannot remove {}", target.display()),
+                        e,
+                    ));
+                }
+                _ => {}
+            },
+        }
+    }
+    Ok(ApplyOutcome {
+        applied: plans.into_iter().map(|(p, _)| p).collect(),
+        conflicts: Vec::new(),
+    })
+}
+
+/// What `change` makes of the live file, or why it cannot be applied.
+fn plan(
+    workspace: &Path,
+    dirs: &LayerDirs,
+    change: &FileChange,
+    git: bool,
+) -> Result<Planned, String> {
+    let rel = checked_relative(&change.path)?;
+    check_parents(workspace, rel)?;
+    let live = workspace.join(rel);
+    let base = dirs.lower.join(rel);
+    let theirs = dirs.upper.join(rel);
+    let live_meta = std::fs::symlink_metadata(&live).ok();
+    if live_meta
+        .as_ref()
+        .is_some_and(|m| !m.is_file() && !m.file_type().is_symlink())
+    {
+        return Err("the workspace has something other than a file at this path".into());
+    }
+    match &change.special {
+        Some(Special::Other(what)) => {
+            return Err(format!(
+                "the child made {what} here; only files and links apply"
+            ));
+        }
+        Some(Special::Symlink(target)) => {
+            let target = PathBuf::from(target);
+            if !link_stays_inside(workspace, rel, &target) {
+                return Err(format!(
+                    "a symbolic link to {} leads outside the workspace",
+                    target.display()
+                ));
+            }
+            if live_meta.is_some() && !unchanged_since(&live, &base) {
+                return Err("changed in the workspace since the snapshot".into());
+            }
+            return Ok(Planned::Link(target));
+        }
+        None => {}
+    }
+    if live_meta
+        .as_ref()
+        .is_some_and(|m| m.file_type().is_symlink())
+    {
+        return Err(
+            "the workspace has a symbolic link at this path; not writing through it".into(),
+        );
+    }
+    let read = |p: &Path| std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
+    match change.kind {
+        ChangeKind::Deleted => {
+            if live_meta.is_some() && !unchanged_since(&live, &base) {
+                return Err("deleted by the child but changed in the workspace since".into());
+            }
+            Ok(Planned::Remove)
+        }
+        ChangeKind::Added => {
+            let new = read(&theirs)?;
+            if live_meta.is_some() && read(&live)? != new {
+                return Err(
+                    "added by the child, and the workspace has a different file here".into(),
+                );
+            }
+            Ok(Planned::Write(new, mode_of(&theirs)))
+        }
+        ChangeKind::Modified => {
+            let new = read(&theirs)?;
+            let Some(_) = live_meta else {
+                return Err("changed by the child but deleted in the workspace since".into());
+            };
+            if unchanged_since(&live, &base) {
+                return Ok(Planned::Write(new, mode_of(&theirs)));
+            }
+            let merged = if git {
+                merge_with_git(workspace, &live, &base, &theirs)?
+            } else {
+                merge_text(&read(&base)?, &read(&live)?, &new)?
+            };
+            Ok(Planned::Write(merged, mode_of(&live)))
+        }
+    }
+}
+
+/// `path` as plain components, never beneath `.git/`.
+fn checked_relative(path: &str) -> Result<&Path, String> {
+    let rel = Path::new(path);
+    if !rel.components().all(|c| matches!(c, Component::Normal(_))) {
+        return Err("not a plain relative path".into());
+    }
+    if rel.components().next() == Some(Component::Normal(".git".as_ref())) {
+        return Err("beneath .git/, which is never applied".into());
+    }
+    Ok(rel)
+}
+
+/// Every existing parent of `rel` in the workspace must be a plain directory, never a symlink.
+fn check_parents(workspace: &Path, rel: &Path) -> Result<(), String> {
+    let mut dir = workspace.to_path_buf();
+    for part in rel.parent().into_iter().flat_map(Path::components) {
+        dir.push(part);
+        match std::fs::symlink_metadata(&dir) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(format!(
+                    "{} is a symbolic link in the workspace; not writing through it",
+                    dir.strip_prefix(workspace).unwrap_or(&dir).display()
+                ));
+            }
+            Ok(m) if !m.is_dir() => {
+                return Err(format!(
+                    "{} is not a directory in the workspace",
+                    dir.strip_prefix(workspace).unwrap_or(&dir).display()
+                ));
+            }
+            Ok(_) => {}
+            Err(_) => return Ok(()),
+        }
+    }
+    Ok(())
+}
+
+/// Whether a link at `rel` to `target` names a place inside the workspace (judged on the names:
+/// the place itself may not exist yet).
+fn link_stays_inside(workspace: &Path, rel: &Path, target: &Path) -> bool {
+    let start = if target.is_absolute() {
+        match target.strip_prefix(workspace) {
+            Ok(inside) => inside.to_path_buf(),
+            Err(_) => return false,
+        }
+    } else {
+        rel.parent().unwrap_or(Path::new("")).join(target)
+    };
+    let mut depth: usize = 0;
+    for part in start.components() {
+        match part {
+            Component::Normal(_) => depth += 1,
+            Component::CurDir => {}
+            Component::ParentDir if depth > 0 => depth -= 1,
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// Whether the live file still is what the snapshot had (content, or link target).
+fn unchanged_since(live: &Path, base: &Path) -> bool {
+    match (
+        std::fs::symlink_metadata(live),
+        std::fs::symlink_metadata(base),
+    ) {
+        (Ok(l), Ok(b)) if l.file_type().is_symlink() || b.file_type().is_symlink() => {
+            matches!((std::fs::read_link(live), std::fs::read_link(base)), (Ok(x), Ok(y)) if x == y)
+        }
+        (Ok(_), Ok(_)) => {
+            matches!((std::fs::read(live), std::fs::read(base)), (Ok(x), Ok(y)) if x == y)
+        }
+        _ => false,
+    }
+}
+
+fn mode_of(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).ok().map(|m| m.permissions().mode())
+}
+
+/// Three-way merge with `diffy`; a conflict names the reason.
+fn merge_text(base: &[u8], ours: &[u8], theirs: &[u8]) -> Result<Vec<u8>, String> {
+    diffy::merge_bytes(base, ours, theirs).map_err(|_| {
+        "changed by the child and in the workspace since the snapshot, in overlapping lines".into()
+    })
+}
+
+/// Three-way merge with `git merge-file`, which writes nothing but its output.
+fn merge_with_git(
+    workspace: &Path,
+    ours: &Path,
+    base: &Path,
+    theirs: &Path,
+) -> Result<Vec<u8>, String> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(workspace)
+        .args(["merge-file", "-p", "--quiet"])
+        .arg(ours)
+        .arg(base)
+        .arg(theirs)
+        .output()
+        .map_err(|e| format!("cannot run git merge-file: {e}"))?;
+    match out.status.code() {
+        Some(0) => Ok(out.stdout),
+        Some(n) if n > 0 => Err(
+            "changed by the child and in the workspace since the snapshot, in overlapping lines"
+                .into(),
+        ),
+        _ => Err(format!(
+            "git merge-file failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+    }
+}
+
+fn temp_beside(target: &Path) -> PathBuf {
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    target.with_file_name(format!(".{name}.forkd-apply-{}", std::process::id()))
+}
+
+fn stage_file(target: &Path, bytes: &[u8], mode: Option<u32>) -> Result<PathBuf, IsolationError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let temp = temp_beside(target);
+    let mut options = std::fs::OpenOptions::new();
+    options
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .mode(mode.unwrap_or(0o644) & 0o777);
+    let mut file = options
+        .open(&temp)
+        .map_err(|e| IsolationError::io(format!("cannot create {}", temp.display()), e))?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| IsolationError::io(format!("cannot write {}", temp.display()), e))?;
+    Ok(temp)
+}
+
+fn stage_link(target: &Path, to: &Path) -> Result<PathBuf, IsolationError> {
+    let temp = temp_beside(target);
+    std::os::unix::fs::symlink(to, &temp)
+        .map_err(|e| IsolationError::io(format!("cannot create {}", temp.display()), e))?;
+    Ok(temp)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn links_are_judged_by_where_they_lead() {
+        let ws = Path::new("/w");
+        assert!(link_stays_inside(ws, Path::new("a/l"), Path::new("../b")));
+        assert!(link_stays_inside(ws, Path::new("l"), Path::new("/w/x")));
+        assert!(!link_stays_inside(ws, Path::new("l"), Path::new("/etc")));
+        assert!(!link_stays_inside(
+            ws,
+            Path::new("a/l"),
+            Path::new("../../x")
+        ));
+        assert!(!link_stays_inside(
+            ws,
+            Path::new("l"),
+            Path::new("/w-other/x")
+        ));
+    }
+
+    #[test]
+    fn git_paths_and_odd_paths_are_refused() {
+        assert!(checked_relative(".git/hooks/pre-commit").is_err());
+        assert!(checked_relative("a/../b").is_err());
+        assert!(checked_relative("/etc/passwd").is_err());
+        assert!(checked_relative("src/.git-keep").is_ok());
+    }
+
+    #[test]
+    fn merges_take_hunks_that_do_not_overlap() {
+        let base = b"1\n2\n3\n4\n5\n";
+        let ours = b"one\n2\n3\n4\n5\n";
+        let theirs = b"1\n2\n3\n4\nfive\n";
+        assert_eq!(
+            merge_text(base, ours, theirs).unwrap(),
+            b"one\n2\n3\n4\nfive\n"
+        );
+        assert!(merge_text(base, b"uno\n2\n3\n4\n5\n", ours).is_err());
+    }
+}

@@ -1,0 +1,331 @@
+//! What an isolated child changed, read from the files (its layer), never from its words.
+//!
+//! The layer's upper directory holds everything the child wrote: a whole file for each file it
+//! created or changed, a *whiteout* (a character device 0/0) for each entry it removed, and an
+//! *opaque* directory (the `user.overlay.opaque` mark) for a directory it removed and made
+//! again. Reading it costs what the child changed, not the size of the workspace. A file copied
+//! up unchanged (touched, or its mode changed) is no change.
+//!
+//! Left out: `.git/` (read-only to the child anyway) and files the workspace's `.gitignore`
+//! files ignore (build output), as `git status` leaves them out.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use forkd_core::isolation::{ChangeKind, FileChange, Special};
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+use serde::{Deserialize, Serialize};
+
+use super::IsolationError;
+use crate::sandbox::layer::LayerDirs;
+
+/// A child's changes: each path, and the unified diff of them all.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Changes {
+    pub files: Vec<FileChange>,
+    pub diff: String,
+}
+
+impl Changes {
+    /// The changed paths, for the report's "Files changed".
+    pub fn paths(&self) -> Vec<String> {
+        self.files.iter().map(|f| f.path.clone()).collect()
+    }
+
+    /// `3 files (+12 -4)`, or `no changes`.
+    pub fn summary(&self) -> String {
+        forkd_core::isolation::summary(&self.files)
+    }
+}
+
+/// What the upper directory says of one path.
+enum Upper {
+    File(PathBuf),
+    Special(Special),
+    Removed,
+}
+
+/// Reads `dirs`' changes against the snapshot (`dirs.lower`).
+pub fn collect(dirs: &LayerDirs) -> Result<Changes, IsolationError> {
+    let mut found: BTreeMap<String, Upper> = BTreeMap::new();
+    walk_upper(dirs, Path::new(""), &mut found)?;
+    let ignored = Ignored::new(dirs);
+    let mut changes = Changes::default();
+    for (path, upper) in found {
+        if path == ".git" || path.starts_with(".git/") || ignored.is(&path) {
+            continue;
+        }
+        let lower = dirs.lower.join(&path);
+        let base = std::fs::symlink_metadata(&lower)
+            .ok()
+            .filter(|m| !m.is_dir());
+        let change = match upper {
+            Upper::Removed => match base {
+                Some(_) => file_change(&path, ChangeKind::Deleted, Some(&lower), None)?,
+                None => continue,
+            },
+            Upper::File(file) => {
+                let kind = match &base {
+                    Some(_) => ChangeKind::Modified,
+                    None => ChangeKind::Added,
+                };
+                if kind == ChangeKind::Modified && same_content(&lower, &file) {
+                    continue;
+                }
+                file_change(
+                    &path,
+                    kind,
+                    base.as_ref().map(|_| lower.as_path()),
+                    Some(&file),
+                )?
+            }
+            Upper::Special(special) => {
+                let kind = match &base {
+                    Some(_) => ChangeKind::Modified,
+                    None => ChangeKind::Added,
+                };
+                if let (Special::Symlink(target), Some(meta)) = (&special, &base)
+                    && meta.file_type().is_symlink()
+                    && std::fs::read_link(&lower).is_ok_and(|t| t.as_os_str() == target.as_str())
+                {
+                    continue;
+                }
+                let header = format!("diff --git a/{path} b/{path}\n");
+                changes.diff.push_str(&header);
+                changes.diff.push_str(&format!(
+                    "# {}\n",
+                    match &special {
+                        Special::Symlink(t) => format!("symbolic link -> {t}"),
+                        Special::Other(what) => what.clone(),
+                    }
+                ));
+                changes.files.push(FileChange {
+                    path,
+                    kind,
+                    added: 0,
+                    removed: 0,
+                    binary: false,
+                    special: Some(special),
+                });
+                continue;
+            }
+        };
+        changes.diff.push_str(&change.1);
+        changes.files.push(change.0);
+    }
+    Ok(changes)
+}
+
+/// Collects what `upper/rel` holds, recursively: files, specials and removals (a whiteout, or a
+/// lower entry an opaque directory hides).
+fn walk_upper(
+    dirs: &LayerDirs,
+    rel: &Path,
+    found: &mut BTreeMap<String, Upper>,
+) -> Result<(), IsolationError> {
+    let dir = dirs.upper.join(rel);
+    let entries = std::fs::read_dir(&dir)
+        .map_err(|e| IsolationError::io(format!("cannot read {}", dir.display()), e))?;
+    for entry in entries {
+        let entry =
+            entry.map_err(|e| IsolationError::io(format!("cannot read {}", dir.display()), e))?;
+        let rel = rel.join(entry.file_name());
+        let key = rel.to_string_lossy().into_owned();
+        let meta = entry
+            .metadata()
+            .map_err(|e| IsolationError::io(format!("cannot stat {key}"), e))?;
+        let kind = meta.file_type();
+        let lower = dirs.lower.join(&rel);
+        let lower_meta = std::fs::symlink_metadata(&lower).ok();
+        if kind.is_char_device() && meta.rdev() == 0 {
+            removed_below(&lower, &rel, found);
+            found.insert(key, Upper::Removed);
+        } else if kind.is_dir() {
+            let opaque = rustix::fs::lgetxattr(entry.path(), "user.overlay.opaque", &mut [0u8; 4])
+                .is_ok_and(|n| n == 1);
+            match &lower_meta {
+                Some(m) if m.is_dir() && opaque => removed_below(&lower, &rel, found),
+                Some(m) if !m.is_dir() => {
+                    found.insert(key, Upper::Removed);
+                }
+                _ => {}
+            }
+            walk_upper(dirs, &rel, found)?;
+        } else {
+            if lower_meta.as_ref().is_some_and(|m| m.is_dir()) {
+                removed_below(&lower, &rel, found);
+            }
+            let upper = if kind.is_file() {
+                Upper::File(entry.path())
+            } else if kind.is_symlink() {
+                let target = std::fs::read_link(entry.path())
+                    .map_err(|e| IsolationError::io(format!("cannot read link {key}"), e))?;
+                Upper::Special(Special::Symlink(target.to_string_lossy().into_owned()))
+            } else {
+                let what = if kind.is_fifo() {
+                    "a FIFO"
+                } else if kind.is_socket() {
+                    "a socket"
+                } else {
+                    "a device node"
+                };
+                Upper::Special(Special::Other(what.to_owned()))
+            };
+            found.insert(key, upper);
+        }
+    }
+    Ok(())
+}
+
+/// Marks every non-directory beneath the lower directory `lower` (shown as `rel`) removed.
+fn removed_below(lower: &Path, rel: &Path, found: &mut BTreeMap<String, Upper>) {
+    let Ok(entries) = std::fs::read_dir(lower) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let rel = rel.join(entry.file_name());
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            removed_below(&entry.path(), &rel, found);
+        } else {
+            found
+                .entry(rel.to_string_lossy().into_owned())
+                .or_insert(Upper::Removed);
+        }
+    }
+}
+
+fn same_content(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(ma), Ok(mb)) if ma.len() != mb.len() => false,
+        _ => matches!((std::fs::read(a), std::fs::read(b)), (Ok(x), Ok(y)) if x == y),
+    }
+}
+
+/// One file's change and its part of the unified diff.
+fn file_change(
+    path: &str,
+    kind: ChangeKind,
+    before: Option<&Path>,
+    after: Option<&Path>,
+) -> Result<(FileChange, String), IsolationError> {
+    let read = |p: Option<&Path>| -> Result<Vec<u8>, IsolationError> {
+        match p {
+            Some(p) => std::fs::read(p)
+                .map_err(|e| IsolationError::io(format!("cannot read {}", p.display()), e)),
+            None => Ok(Vec::new()),
+        }
+    };
+    let (old, new) = (read(before)?, read(after)?);
+    let mut diff = format!("diff --git a/{path} b/{path}\n");
+    match kind {
+        ChangeKind::Added => diff.push_str("new file\n"),
+        ChangeKind::Deleted => diff.push_str("deleted file\n"),
+        ChangeKind::Modified => {}
+    }
+    let text = |b: &[u8]| {
+        if crate::fsutil::looks_binary(b) {
+            None
+        } else {
+            std::str::from_utf8(b).ok().map(str::to_owned)
+        }
+    };
+    let (added, removed, binary) = match (text(&old), text(&new)) {
+        (Some(old), Some(new)) => {
+            let from = if kind == ChangeKind::Added {
+                "/dev/null".to_owned()
+            } else {
+                format!("a/{path}")
+            };
+            let to = if kind == ChangeKind::Deleted {
+                "/dev/null".to_owned()
+            } else {
+                format!("b/{path}")
+            };
+            let patch = diffy::DiffOptions::new()
+                .set_original_filename(from)
+                .set_modified_filename(to)
+                .create_patch(&old, &new);
+            let (mut added, mut removed) = (0, 0);
+            for hunk in patch.hunks() {
+                for line in hunk.lines() {
+                    match line {
+                        diffy::Line::Insert(_) => added += 1,
+                        diffy::Line::Delete(_) => removed += 1,
+                        diffy::Line::Context(_) => {}
+                    }
+                }
+            }
+            diff.push_str(&patch.to_string());
+            (added, removed, false)
+        }
+        _ => {
+            diff.push_str(&format!("Binary files a/{path} and b/{path} differ\n"));
+            (0, 0, true)
+        }
+    };
+    Ok((
+        FileChange {
+            path: path.to_owned(),
+            kind,
+            added,
+            removed,
+            binary,
+            special: None,
+        },
+        diff,
+    ))
+}
+
+/// The `.gitignore` files of the child's view (its own edits to them included), directory by
+/// directory.
+struct Ignored {
+    dirs: LayerDirs,
+    cache: std::cell::RefCell<BTreeMap<PathBuf, Option<Gitignore>>>,
+}
+
+impl Ignored {
+    fn new(dirs: &LayerDirs) -> Ignored {
+        Ignored {
+            dirs: dirs.clone(),
+            cache: std::cell::RefCell::new(BTreeMap::new()),
+        }
+    }
+
+    /// Whether `path` (a file) is ignored by a `.gitignore` of a directory above it.
+    fn is(&self, path: &str) -> bool {
+        let path = Path::new(path);
+        let mut dir = PathBuf::new();
+        let mut ancestors = vec![PathBuf::new()];
+        for part in path.parent().into_iter().flat_map(Path::components) {
+            dir.push(part);
+            ancestors.push(dir.clone());
+        }
+        // The deepest .gitignore that has a say decides (a nested `!` re-includes).
+        for dir in ancestors.iter().rev() {
+            let mut cache = self.cache.borrow_mut();
+            let matcher = cache.entry(dir.clone()).or_insert_with(|| self.load(dir));
+            if let Some(matcher) = matcher {
+                let rel = path.strip_prefix(dir).unwrap_or(path);
+                let found = matcher.matched_path_or_any_parents(rel, false);
+                if found.is_ignore() {
+                    return true;
+                }
+                if found.is_whitelist() {
+                    return false;
+                }
+            }
+        }
+        false
+    }
+
+    /// The view's `dir/.gitignore`: the child's if it wrote one, else the snapshot's.
+    fn load(&self, dir: &Path) -> Option<Gitignore> {
+        let upper = self.dirs.upper.join(dir).join(".gitignore");
+        let lower = self.dirs.lower.join(dir).join(".gitignore");
+        let file = [upper, lower].into_iter().find(|p| p.is_file())?;
+        let mut builder = GitignoreBuilder::new(self.dirs.lower.join(dir));
+        builder.add(&file);
+        builder.build().ok()
+    }
+}

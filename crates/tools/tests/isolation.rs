@@ -1,0 +1,329 @@
+//! Isolated children on real layers: each sibling sees the snapshot and its own edits alone,
+//! through the file tools and through `Bash` alike; its changes are read from the files and
+//! applied back with conflicts reported and nothing half-written.
+//!
+//! These need Landlock, unprivileged user namespaces and overlayfs in them; where the kernel
+//! lacks them, they fail with the reason (they do not skip).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use forkd_tools::isolation::{self, ChangeKind, Changes};
+use forkd_tools::sandbox::layer::{LayerDirs, LayerView};
+use forkd_tools::sandbox::{ResourceLimits, Sandbox, SandboxMode, SandboxPaths};
+use forkd_tools::{SandboxSpec, ToolContext, ToolOutput, Workspace, run_tool};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// A live workspace `ws/`, the daemon's home `home/` (hidden) holding a batch's snapshot and its
+/// children's layers.
+struct Batch {
+    _dir: tempfile::TempDir,
+    base: PathBuf,
+    ws: PathBuf,
+    home: PathBuf,
+    snapshot: PathBuf,
+}
+
+impl Batch {
+    fn new(files: &[(&str, &str)]) -> Batch {
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let ws = base.join("ws");
+        let home = base.join("home");
+        for (rel, content) in files {
+            let path = ws.join(rel);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, content).unwrap();
+        }
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::create_dir_all(&home).unwrap();
+        if ws.join(".git").exists() {
+            // A real repository, its hooks directory already there.
+            let out = std::process::Command::new("git")
+                .args(["init", "-q"])
+                .current_dir(&ws)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+        }
+        let snapshot = home.join("isolation/b1/snapshot");
+        isolation::snapshot::take(&ws, &snapshot, "b1").unwrap();
+        Batch {
+            _dir: dir,
+            base,
+            ws,
+            home,
+            snapshot,
+        }
+    }
+
+    fn dirs(&self, child: &str) -> LayerDirs {
+        let at = self.home.join("isolation/b1").join(child);
+        LayerDirs {
+            lower: self.snapshot.clone(),
+            upper: at.join("upper"),
+            work: at.join("work"),
+        }
+    }
+
+    /// A child's tool context: its layer, its own temporary directory, the home hidden.
+    fn child(&self, child: &str) -> ToolContext {
+        let spec = SandboxSpec {
+            sandbox: Sandbox {
+                mode: SandboxMode::WorkspaceWrite,
+                allow_network: false,
+                unix_sockets: false,
+            },
+            paths: SandboxPaths {
+                hidden: vec![self.home.clone(), self.base.join("tmp")],
+                tmp: self.base.join("tmp").join(child),
+                home: None,
+                limits: ResourceLimits::default(),
+                group: None,
+            },
+        };
+        let view = LayerView::open(spec.sandbox, &spec.paths, &self.ws, &self.dirs(child))
+            .unwrap_or_else(|e| panic!("the layer could not be made here: {e}"));
+        ToolContext::new(Workspace::layered(Arc::new(view)), CancellationToken::new())
+            .with_sandbox(spec)
+    }
+
+    fn changes(&self, child: &str) -> Changes {
+        isolation::changes::collect(&self.dirs(child)).unwrap()
+    }
+
+    fn live(&self, rel: &str) -> String {
+        std::fs::read_to_string(self.ws.join(rel)).unwrap()
+    }
+}
+
+async fn call(ctx: &ToolContext, tool: &str, input: Value) -> String {
+    let out: ToolOutput = run_tool(tool, &input, ctx).await;
+    assert!(!out.is_error, "{tool} {input}: {}", out.content);
+    out.content
+}
+
+async fn call_err(ctx: &ToolContext, tool: &str, input: Value) -> String {
+    let out: ToolOutput = run_tool(tool, &input, ctx).await;
+    assert!(out.is_error, "{tool} {input} should fail: {}", out.content);
+    out.content
+}
+
+async fn bash(ctx: &ToolContext, command: &str) -> String {
+    call(ctx, "Bash", json!({ "command": command })).await
+}
+
+#[tokio::test]
+async fn siblings_see_only_their_own_edits_through_every_tool() {
+    let batch = Batch::new(&[("a.txt", "first\nsecond\n"), ("src/lib.rs", "fn x() {}\n")]);
+    let one = batch.child("c1");
+    let two = batch.child("c2");
+    // One edits with Edit and reads back with cat; the other the reverse.
+    call(
+        &one,
+        "Edit",
+        json!({"file_path": "a.txt", "old_string": "first", "new_string": "one's"}),
+    )
+    .await;
+    bash(&two, "sed -i 's/first/two'\"'\"'s/' a.txt").await;
+    assert_eq!(bash(&one, "cat a.txt").await.trim_end(), "one's\nsecond");
+    let read = call(&two, "Read", json!({"file_path": "a.txt"})).await;
+    assert!(read.contains("two's") && !read.contains("one's"), "{read}");
+    // The same path, absolute, in both: the workspace's own.
+    let path = batch.ws.join("a.txt");
+    let abs = call(&one, "Read", json!({"file_path": path})).await;
+    assert!(abs.contains("one's"), "{abs}");
+    assert_eq!(batch.live("a.txt"), "first\nsecond\n");
+    // A parent edit after the fork does not reach a running child.
+    std::fs::write(batch.ws.join("src/lib.rs"), "fn parent() {}\n").unwrap();
+    assert_eq!(bash(&one, "cat src/lib.rs").await, "fn x() {}\n");
+    let grep = call(&two, "Grep", json!({"pattern": "parent"})).await;
+    assert_eq!(grep, "No matches found");
+    // Write and Glob work in the layer; a new file is the child's alone.
+    call(
+        &one,
+        "Write",
+        json!({"file_path": "src/new.rs", "content": "new\n"}),
+    )
+    .await;
+    let globbed = call(&one, "Glob", json!({"pattern": "src/*.rs"})).await;
+    assert!(globbed.contains("src/new.rs"), "{globbed}");
+    assert_eq!(bash(&two, "ls src").await, "lib.rs\n");
+    // The changes come from the files.
+    let changes = batch.changes("c1");
+    let got: Vec<(&str, ChangeKind)> = changes
+        .files
+        .iter()
+        .map(|f| (f.path.as_str(), f.kind))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("a.txt", ChangeKind::Modified),
+            ("src/new.rs", ChangeKind::Added)
+        ]
+    );
+    assert_eq!((changes.files[0].added, changes.files[0].removed), (1, 1));
+    assert!(
+        changes.diff.contains("-first\n+one's\n"),
+        "{}",
+        changes.diff
+    );
+}
+
+#[tokio::test]
+async fn a_child_cannot_reach_the_live_workspace_nor_a_siblings_copy() {
+    let batch = Batch::new(&[("a.txt", "snap\n")]);
+    let one = batch.child("c1");
+    let two = batch.child("c2");
+    bash(&two, "echo secret > mine.txt").await;
+    let upper = batch.dirs("c2").upper;
+    let out = run_tool(
+        "Bash",
+        &json!({"command": format!("cat {}/mine.txt", upper.display())}),
+        &one,
+    )
+    .await;
+    assert!(
+        out.is_error && !out.content.contains("secret"),
+        "{}",
+        out.content
+    );
+    // The live workspace's path is the child's copy; writing there leaves the live one alone.
+    bash(&one, &format!("echo child > {}/a.txt", batch.ws.display())).await;
+    assert_eq!(batch.live("a.txt"), "snap\n");
+    // TMPDIR is the child's own.
+    let tmp = bash(&one, "echo $TMPDIR").await;
+    assert!(tmp.trim_end().ends_with("tmp/c1"), "{tmp}");
+    // The file tools refuse to leave the layer, by `..` or by a symlink.
+    bash(&one, "ln -s /etc/hostname host; ln -s ../../home up").await;
+    call_err(&one, "Read", json!({"file_path": "host"})).await;
+    call_err(&one, "Read", json!({"file_path": "up/isolation"})).await;
+    call_err(&one, "Read", json!({"file_path": "../home"})).await;
+}
+
+#[tokio::test]
+async fn apply_merges_the_first_and_reports_overlapping_siblings_as_conflicts() {
+    let batch = Batch::new(&[("a.txt", "line 1\nline 2\nline 3\n")]);
+    let mut outcomes = Vec::new();
+    for (i, child) in ["c1", "c2", "c3"].iter().enumerate() {
+        let ctx = batch.child(child);
+        call(
+            &ctx,
+            "Edit",
+            json!({"file_path": "a.txt", "old_string": "line 1", "new_string": format!("child {i}")}),
+        )
+        .await;
+        let own = bash(&ctx, "head -n1 a.txt").await;
+        assert_eq!(own.trim_end(), format!("child {i}"));
+    }
+    for child in ["c1", "c2", "c3"] {
+        let changes = batch.changes(child);
+        outcomes.push(isolation::apply::apply(&batch.ws, &batch.dirs(child), &changes).unwrap());
+    }
+    assert_eq!(outcomes[0].applied, vec!["a.txt"]);
+    for outcome in &outcomes[1..] {
+        assert!(outcome.applied.is_empty(), "{outcome:?}");
+        assert_eq!(outcome.conflicts.len(), 1);
+        assert_eq!(outcome.conflicts[0].path, "a.txt");
+    }
+    assert_eq!(batch.live("a.txt"), "child 0\nline 2\nline 3\n");
+}
+
+#[tokio::test]
+async fn ten_children_editing_different_files_all_apply_and_hunks_that_do_not_overlap_merge() {
+    let files: Vec<(String, String)> = (0..10)
+        .map(|i| (format!("f{i}.txt"), "a\nb\nc\nd\ne\nf\n".to_owned()))
+        .collect();
+    let refs: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(p, c)| (p.as_str(), c.as_str()))
+        .collect();
+    let batch = Batch::new(&refs);
+    for i in 0..10 {
+        let ctx = batch.child(&format!("c{i}"));
+        bash(&ctx, &format!("sed -i 's/^f$/child {i}/' f{i}.txt")).await;
+    }
+    // The parent changed the first line of f0 meanwhile: no overlap with the child's hunk.
+    std::fs::write(batch.ws.join("f0.txt"), "parent\nb\nc\nd\ne\nf\n").unwrap();
+    for i in 0..10 {
+        let child = format!("c{i}");
+        let outcome =
+            isolation::apply::apply(&batch.ws, &batch.dirs(&child), &batch.changes(&child))
+                .unwrap();
+        assert_eq!(outcome.applied, vec![format!("f{i}.txt")], "{outcome:?}");
+    }
+    assert_eq!(batch.live("f0.txt"), "parent\nb\nc\nd\ne\nchild 0\n");
+    assert_eq!(batch.live("f9.txt"), "a\nb\nc\nd\ne\nchild 9\n");
+}
+
+#[tokio::test]
+async fn links_out_fifos_and_git_edits_are_refused_and_nothing_is_written() {
+    let batch = Batch::new(&[("a.txt", "a\n"), (".git/hooks/README", "hooks\n")]);
+    let ctx = batch.child("c1");
+    bash(
+        &ctx,
+        "echo changed > a.txt; ln -s /etc etc; mkfifo pipe; ln -s a.txt ok-link",
+    )
+    .await;
+    let refused = call_err(
+        &ctx,
+        "Write",
+        json!({"file_path": ".git/hooks/pre-commit", "content": "evil"}),
+    )
+    .await;
+    assert!(refused.contains(".git"), "{refused}");
+    let out = run_tool(
+        "Bash",
+        &json!({"command": "echo evil > .git/hooks/pre-commit"}),
+        &ctx,
+    )
+    .await;
+    assert!(out.is_error, "{}", out.content);
+    let changes = batch.changes("c1");
+    let paths = changes.paths();
+    assert_eq!(paths, vec!["a.txt", "etc", "ok-link", "pipe"]);
+    let outcome = isolation::apply::apply(&batch.ws, &batch.dirs("c1"), &changes).unwrap();
+    assert!(outcome.applied.is_empty());
+    let refused: Vec<&str> = outcome.conflicts.iter().map(|c| c.path.as_str()).collect();
+    assert_eq!(refused, vec!["etc", "pipe"], "{outcome:?}");
+    assert_eq!(batch.live("a.txt"), "a\n");
+    assert!(!batch.ws.join("ok-link").exists());
+    assert!(!batch.ws.join(".git/hooks/pre-commit").exists());
+}
+
+#[tokio::test]
+async fn a_layer_made_again_finds_the_childs_earlier_edits() {
+    let batch = Batch::new(&[("a.txt", "a\n")]);
+    {
+        let ctx = batch.child("c1");
+        bash(&ctx, "echo mine > a.txt; rm -f gone.txt").await;
+    }
+    // As after a restart: a new view over the same directories.
+    let again = batch.child("c1");
+    assert_eq!(bash(&again, "cat a.txt").await, "mine\n");
+    let sibling = batch.child("c2");
+    assert_eq!(bash(&sibling, "cat a.txt").await, "a\n");
+}
+
+#[test]
+fn full_access_sessions_are_refused_isolation() {
+    let batch = Batch::new(&[("a.txt", "a\n")]);
+    let sandbox = Sandbox {
+        mode: SandboxMode::FullAccess,
+        allow_network: true,
+        unix_sockets: false,
+    };
+    let paths = SandboxPaths {
+        tmp: batch.base.join("tmp/c1"),
+        ..SandboxPaths::default()
+    };
+    let err = LayerView::open(sandbox, &paths, &batch.ws, &batch.dirs("c1")).unwrap_err();
+    assert!(err.to_string().contains("full-access"), "{err}");
+    let _: &Path = &batch.ws;
+}
