@@ -118,6 +118,8 @@ pub struct BatchExtras<'a> {
     /// The client's idempotency key, stored with the batch.
     pub idempotency: Option<&'a IdempotencyRecord>,
     pub budget: Budget,
+    /// The snapshot of an isolated batch (`isolation: copy`), stored with it.
+    pub snapshot: Option<&'a crate::isolation::BatchSnapshot>,
 }
 
 /// A run's claim on an agent: the agent's generation when the run claimed it.
@@ -432,6 +434,14 @@ pub trait Store: Send + Sync + 'static {
     async fn get_batch(&self, id: BatchId) -> Result<Option<ForkBatch>>;
     /// The budget a batch was forked with.
     async fn batch_budget(&self, id: BatchId) -> Result<Budget>;
+    /// An isolated batch's snapshot; `None` for a batch without isolation.
+    async fn batch_snapshot(&self, id: BatchId) -> Result<Option<crate::isolation::BatchSnapshot>>;
+    /// Stores (or replaces) an isolated child's changes and where its copy stands.
+    async fn put_changes(&self, changes: &crate::isolation::AgentChanges) -> Result<()>;
+    /// An isolated child's changes, once it has ended.
+    async fn agent_changes(&self, id: AgentId) -> Result<Option<crate::isolation::AgentChanges>>;
+    /// The changes of a batch's isolated children that have ended.
+    async fn batch_changes(&self, id: BatchId) -> Result<Vec<crate::isolation::AgentChanges>>;
     /// What the agents of a batch, or of a tenant's sessions, have spent so far.
     async fn spend(&self, scope: SpendScope<'_>) -> Result<Spend>;
 

@@ -25,6 +25,7 @@ pub(super) mod agents;
 pub(super) mod batches;
 pub(super) mod compactions;
 pub(super) mod idempotency;
+pub(super) mod isolation;
 pub(super) mod notifications;
 pub(super) mod pending;
 pub(super) mod prompts;

@@ -5,6 +5,7 @@
 use async_trait::async_trait;
 use forkd_core::compaction::Compaction;
 use forkd_core::fork::ForkBatch;
+use forkd_core::isolation::{AgentChanges, BatchSnapshot};
 use forkd_core::prompt::{PermissionAnswer, PermissionPrompt};
 use forkd_core::session::Session;
 use forkd_core::store::{Holder, Renewal, Wakeups};
@@ -15,8 +16,8 @@ use forkd_core::{
 
 use super::dialect::{self, DriverStore};
 use super::{
-    agent_params, agents, batches, compactions, idempotency, notifications, pending, prompts,
-    requests, sessions, stats, tool_calls,
+    agent_params, agents, batches, compactions, idempotency, isolation, notifications, pending,
+    prompts, requests, sessions, stats, tool_calls,
 };
 use crate::error::Result;
 use crate::rows::agents::NewAgents;
@@ -227,6 +228,9 @@ impl Store for DriverStore {
             if let Some(record) = extras.idempotency {
                 idempotency::insert(&mut tx, record).await?;
             }
+            if let Some(snapshot) = extras.snapshot {
+                isolation::put_snapshot(&mut tx, snapshot).await?;
+            }
         })
     }
 
@@ -236,6 +240,22 @@ impl Store for DriverStore {
 
     async fn batch_budget(&self, id: BatchId) -> StoreResult<Budget> {
         db(batches::budget(self.readers(), id).await)
+    }
+
+    async fn batch_snapshot(&self, id: BatchId) -> StoreResult<Option<BatchSnapshot>> {
+        db(isolation::snapshot(self.readers(), id).await)
+    }
+
+    async fn put_changes(&self, changes: &AgentChanges) -> StoreResult<()> {
+        write_tx!(self, |tx| isolation::put_changes(&mut tx, changes).await?)
+    }
+
+    async fn agent_changes(&self, id: AgentId) -> StoreResult<Option<AgentChanges>> {
+        db(isolation::changes(self.readers(), id).await)
+    }
+
+    async fn batch_changes(&self, id: BatchId) -> StoreResult<Vec<AgentChanges>> {
+        db(isolation::batch_changes(self.readers(), id).await)
     }
 
     async fn spend(&self, scope: SpendScope<'_>) -> StoreResult<Spend> {
