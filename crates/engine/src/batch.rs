@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 
 use forkd_core::agent::FORK_QUERY_SOURCE;
 use forkd_core::fork::{ForkBatch, ForkError};
+use forkd_core::isolation::Isolation;
 use forkd_core::plan::{self, ForkLimits, Forker, Refusal};
 use forkd_core::request;
 use forkd_core::session::Session;
@@ -16,6 +17,7 @@ use forkd_core::{Agent, AgentId, AgentKind, AgentState, BatchId, Directive, Sess
 use crate::clock::now_ms;
 use crate::compact::Compactor;
 use crate::config::EngineConfig;
+use crate::copies::Copies;
 use crate::error::{EngineError, Result};
 use crate::locks::LockMap;
 use crate::run::Runs;
@@ -32,6 +34,8 @@ pub struct BatchOptions {
     /// A retry with the same key and parameters returns the first call's batch.
     pub idempotency_key: Option<String>,
     pub budget: Budget,
+    /// Each child in its own copy of the workspace (`copy`), or all in the session's (`none`).
+    pub isolation: Isolation,
 }
 
 /// A submitted batch: its id and its children in directive order.
@@ -56,6 +60,8 @@ pub(crate) struct BatchStart {
     /// The parent turn that forks (its lease, checked on commit) and the typed agents whose
     /// reports `others` carries; `None` for a client's batch.
     pub turn: Option<(forkd_core::store::Lease, Vec<AgentId>)>,
+    /// Whether the children work in copies: the snapshot is taken before the batch is stored.
+    pub isolation: Isolation,
 }
 
 /// Fork batches: a client's through the fork plan, checked against the window at submission;
@@ -70,6 +76,8 @@ pub(crate) struct Batches {
     sessions: Arc<Sessions>,
     /// Starts the children.
     runs: Arc<Runs>,
+    /// Isolated batches' snapshots.
+    copies: Arc<Copies>,
     /// Stores and starts a batch in a task of its own.
     supervisor: Arc<Supervisor>,
     session_locks: Arc<LockMap<SessionId>>,
@@ -85,6 +93,7 @@ pub(crate) struct BatchParts {
     pub compaction: Arc<Compactor>,
     pub sessions: Arc<Sessions>,
     pub runs: Arc<Runs>,
+    pub copies: Arc<Copies>,
     pub supervisor: Arc<Supervisor>,
     pub session_locks: Arc<LockMap<SessionId>>,
     pub turn_starts: Arc<TurnStarts>,
@@ -100,6 +109,7 @@ impl Batches {
             compaction: parts.compaction,
             sessions: parts.sessions,
             runs: parts.runs,
+            copies: parts.copies,
             supervisor: parts.supervisor,
             session_locks: parts.session_locks,
             turn_starts: parts.turn_starts,
@@ -258,6 +268,9 @@ impl Batches {
         )
         .await?;
         let gating = options.warmup_gating.unwrap_or(cfg.warmup_gating);
+        if options.isolation == Isolation::Copy {
+            Copies::check(&session)?;
+        }
         for (what, bad) in [
             (
                 "budget_usd",
@@ -276,7 +289,7 @@ impl Batches {
         }
         let key = options.idempotency_key.clone().filter(|k| !k.is_empty());
         let digest = key.as_ref().map(|_| {
-            let canonical = serde_json::json!([
+            let mut canonical = serde_json::json!([
                 session_id.to_string(),
                 directives
                     .iter()
@@ -286,6 +299,12 @@ impl Batches {
                 options.budget.usd,
                 options.budget.tokens,
             ]);
+            // Only where set, so that keys stored before isolation existed keep their digest.
+            if options.isolation != Isolation::None
+                && let Some(parts) = canonical.as_array_mut()
+            {
+                parts.push(options.isolation.as_str().into());
+            }
             forkd_core::request::fingerprint(canonical.to_string().as_bytes())
         });
         let tenant = session.tenant;
@@ -305,6 +324,7 @@ impl Batches {
                     idempotency: None,
                     budget: options.budget,
                     turn: None,
+                    isolation: options.isolation,
                 };
                 let (Some(key), Some(digest)) = (key, digest) else {
                     return batches.commit_and_start(start).await;
@@ -373,9 +393,18 @@ impl Batches {
             idempotency,
             budget,
             turn,
+            isolation,
         } = start;
         // Known before the commit: once it is stored, nothing may keep the children from starting.
         let tenant = self.tenancy.session_owner(session_id).await?;
+        // The workspace as it is when the batch is forked; the children's copies lie over it.
+        let snapshot = match isolation {
+            Isolation::Copy => {
+                let session = self.sessions.get(session_id).await?;
+                Some(self.copies.snapshot(&session, batch_id).await?)
+            }
+            Isolation::None => None,
+        };
         let lock = self.session_locks.get(session_id);
         let guard = lock.lock().await;
         let len = self.store.session_message_count(session_id).await?;
@@ -418,7 +447,8 @@ impl Batches {
             .compaction_before(session_id, batch.fork_point)
             .await?
             .map(|c| c.to_seq);
-        self.store
+        let created = self
+            .store
             .create_fork_batch(
                 &batch,
                 &parent_messages,
@@ -429,9 +459,16 @@ impl Batches {
                         .map(|(lease, delivered)| (lease, delivered.as_slice())),
                     idempotency: idempotency.as_ref(),
                     budget,
+                    snapshot: snapshot.as_ref(),
                 },
             )
-            .await?;
+            .await;
+        if let Err(err) = created {
+            if let Some(snapshot) = &snapshot {
+                self.copies.forget(snapshot).await;
+            }
+            return Err(err.into());
+        }
         drop(guard);
 
         let agent_ids: Vec<AgentId> = children.iter().map(|c| c.agent.id).collect();

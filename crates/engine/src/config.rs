@@ -54,6 +54,8 @@ pub struct EngineConfig {
     pub max_running_agents: Option<usize>,
     /// The sandbox of sessions' Bash commands.
     pub sandbox: SandboxConfig,
+    /// Where isolated batches keep their snapshots and their children's copies.
+    pub isolation: IsolationConfig,
     /// MCP servers: the operator's, and who may define their own.
     pub mcp: McpConfig,
     /// Spending limits per tenant (by name); an agent of a tenant over its budget fails.
@@ -79,8 +81,25 @@ impl Default for EngineConfig {
             fork_always_async: true,
             tenant_budgets: std::collections::HashMap::new(),
             sandbox: SandboxConfig::default(),
+            isolation: IsolationConfig::default(),
             mcp: McpConfig::default(),
             max_running_agents: Some(256),
+        }
+    }
+}
+
+/// Isolated batches (docs/contracts.md, "Isolation").
+#[derive(Debug, Clone, PartialEq)]
+pub struct IsolationConfig {
+    /// Where snapshots and copies go (`ROOT/BATCH/…`): the daemon's home sets `HOME/isolation`;
+    /// hidden from every sandboxed command.
+    pub root: std::path::PathBuf,
+}
+
+impl Default for IsolationConfig {
+    fn default() -> Self {
+        Self {
+            root: forkd_tools::isolation::default_root(),
         }
     }
 }

@@ -12,6 +12,7 @@ mod batch;
 mod clock;
 mod compact;
 mod config;
+mod copies;
 mod diagnose;
 mod divergence;
 mod error;
@@ -51,7 +52,8 @@ pub use admission::Class;
 pub use agents::TranscriptEntry;
 pub use attach::{AgentEvent, AgentEventStream, auto_background};
 pub use batch::{BatchOptions, SubmittedBatch};
-pub use config::{AdmissionConfig, EngineConfig, McpConfig, SandboxConfig};
+pub use config::{AdmissionConfig, EngineConfig, IsolationConfig, McpConfig, SandboxConfig};
+pub use copies::Applied;
 pub use diagnose::CacheExplanation;
 pub use divergence::{Divergence, first_differing_part};
 pub use error::EngineError;
@@ -100,6 +102,8 @@ struct Inner {
     mcp: Arc<mcp::McpServers>,
     /// Sessions: created and read.
     sessions: Arc<session::Sessions>,
+    /// Isolated batches' snapshots and their children's copies.
+    copies: Arc<copies::Copies>,
     /// Cancelled when shutdown begins: runs finish the call in flight and start no other.
     draining: CancellationToken,
     shutdown: CancellationToken,
@@ -171,7 +175,13 @@ impl Engine {
             config.models.clone(),
             config.compact_threshold,
         ));
+        let copies = Arc::new(copies::Copies::new(
+            store.clone(),
+            config.clone(),
+            session_locks.clone(),
+        ));
         let runs = Arc::new(run::Runs::new(run::RunParts {
+            copies: copies.clone(),
             store: store.clone(),
             config: config.clone(),
             calls: calls.clone(),
@@ -196,6 +206,7 @@ impl Engine {
             compaction: compaction.clone(),
             sessions: sessions.clone(),
             runs: runs.clone(),
+            copies: copies.clone(),
             supervisor: supervisor.clone(),
             session_locks: session_locks.clone(),
             turn_starts: turn_starts.clone(),
@@ -233,6 +244,7 @@ impl Engine {
                 divergences,
                 mcp,
                 sessions,
+                copies,
                 draining,
                 shutdown,
             }),
@@ -424,5 +436,81 @@ impl Engine {
     /// Whether the engine is draining for shutdown: runs start nothing new.
     pub(crate) fn draining(&self) -> bool {
         self.inner.draining.is_cancelled()
+    }
+}
+
+/// Which isolated children's copies a call applies or discards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CopyTargets {
+    /// These children, in this order.
+    Agents(Vec<AgentId>),
+    /// Every child of the batch, in its order.
+    Batch(forkd_core::BatchId),
+}
+
+impl Engine {
+    /// An ended isolated child's changes against its batch's snapshot.
+    pub async fn changes(
+        &self,
+        id: AgentId,
+    ) -> Result<forkd_core::isolation::AgentChanges, EngineError> {
+        let agent = self.get_agent(id).await?;
+        self.inner.copies.changes(&agent).await
+    }
+
+    /// The session and the children `targets` names; all must be of one session.
+    async fn copies_of(
+        &self,
+        targets: &CopyTargets,
+    ) -> Result<(forkd_core::session::Session, Vec<forkd_core::Agent>), EngineError> {
+        let agents = match targets {
+            CopyTargets::Agents(ids) => {
+                let mut agents = Vec::new();
+                for id in ids {
+                    agents.push(self.get_agent(*id).await?);
+                }
+                agents
+            }
+            CopyTargets::Batch(batch) => {
+                let mut agents = self
+                    .list_agents(&forkd_core::store::AgentFilter {
+                        batch_id: Some(*batch),
+                        include_ended: true,
+                        ..Default::default()
+                    })
+                    .await?;
+                agents.sort_by_key(|a| a.index);
+                agents
+            }
+        };
+        let Some(first) = agents.first() else {
+            return Err(EngineError::InvalidRequest(
+                "name at least one agent, or a batch".into(),
+            ));
+        };
+        if let Some(other) = agents.iter().find(|a| a.session_id != first.session_id) {
+            return Err(EngineError::InvalidRequest(format!(
+                "agents {} and {} are of different sessions; apply one session's at a time",
+                first.id, other.id
+            )));
+        }
+        let session = self.get_session(first.session_id).await?;
+        Ok((session, agents))
+    }
+
+    /// Applies isolated children's changes to their session's workspace, in order: those whose
+    /// hunks do not overlap merge; a child with a conflict stays unapplied, reported per file.
+    pub async fn apply_changes(&self, targets: &CopyTargets) -> Result<Vec<Applied>, EngineError> {
+        let (session, agents) = self.copies_of(targets).await?;
+        self.inner.copies.apply(&session, &agents).await
+    }
+
+    /// Discards isolated children's copies (their changes stay on record); the ids discarded.
+    pub async fn discard_changes(
+        &self,
+        targets: &CopyTargets,
+    ) -> Result<Vec<AgentId>, EngineError> {
+        let (_, agents) = self.copies_of(targets).await?;
+        self.inner.copies.discard(&agents).await
     }
 }

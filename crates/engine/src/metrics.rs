@@ -26,6 +26,8 @@ pub const LIMITER_RATE: &str = "forkd_provider_limiter_rate";
 pub const LIMITER_CONCURRENCY: &str = "forkd_provider_limiter_concurrency";
 pub const LIMITER_IN_FLIGHT: &str = "forkd_provider_limiter_in_flight";
 pub const LIMITER_WAITING: &str = "forkd_provider_limiter_waiting";
+pub const SNAPSHOT_SECONDS: &str = "forkd_isolation_snapshot_seconds";
+pub const SNAPSHOT_BYTES: &str = "forkd_isolation_snapshot_bytes";
 
 /// Describes every metric, and sets the counters that matter when they are zero (a divergence
 /// counter that is absent until the first divergence is hard to alert on).
@@ -57,6 +59,16 @@ pub fn describe() {
         "Agent runs in progress (fork children and typed agents)"
     );
     describe_counter!(AGENTS_ENDED, "Agents that ended, by status");
+    describe_histogram!(
+        SNAPSHOT_SECONDS,
+        Unit::Seconds,
+        "Time to take an isolated batch's snapshot of its session's workspace"
+    );
+    describe_histogram!(
+        SNAPSHOT_BYTES,
+        Unit::Bytes,
+        "Bytes in an isolated batch's snapshot of its session's workspace"
+    );
     describe_histogram!(
         REQUEST_SECONDS,
         Unit::Seconds,
@@ -178,6 +190,11 @@ pub(crate) fn mcp_call(server: &str, error: bool, took: Duration) {
     let outcome = if error { "error" } else { "ok" };
     counter!(MCP_CALLS, "server" => server.to_owned(), "outcome" => outcome).increment(1);
     histogram!(MCP_CALL_SECONDS, "server" => server.to_owned()).record(took.as_secs_f64());
+}
+
+pub(crate) fn snapshot(took: Duration, bytes: u64) {
+    histogram!(SNAPSHOT_SECONDS).record(took.as_secs_f64());
+    histogram!(SNAPSHOT_BYTES).record(bytes as f64);
 }
 
 pub(crate) fn prefix_divergence() {

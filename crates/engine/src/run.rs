@@ -27,6 +27,7 @@ pub(crate) use load::{AgentRun, BatchCache, BatchContext, Shape};
 use crate::attach::Attach;
 use crate::compact::{Compacting, Compactor};
 use crate::config::EngineConfig;
+use crate::copies::Copies;
 use crate::divergence::Divergences;
 use crate::error::EngineError;
 use crate::locks::LockMap;
@@ -57,6 +58,8 @@ pub(crate) struct Runs {
     sessions: Arc<Sessions>,
     supervisor: Arc<Supervisor>,
     divergences: Arc<Divergences>,
+    /// Isolated children's copies: their layers, their changes.
+    copies: Arc<Copies>,
     /// Appends to a session's transcript (an agent's end, its report) one at a time.
     session_locks: Arc<LockMap<SessionId>>,
     /// Batch prefixes shared by the running children of each batch.
@@ -81,6 +84,7 @@ pub(crate) struct RunParts {
     pub sessions: Arc<Sessions>,
     pub supervisor: Arc<Supervisor>,
     pub divergences: Arc<Divergences>,
+    pub copies: Arc<Copies>,
     pub session_locks: Arc<LockMap<SessionId>>,
 }
 
@@ -100,6 +104,7 @@ impl Runs {
             sessions: parts.sessions,
             supervisor: parts.supervisor,
             divergences: parts.divergences,
+            copies: parts.copies,
             session_locks: parts.session_locks,
             batches: BatchCache::default(),
             cut_off_groups: StdMutex::default(),

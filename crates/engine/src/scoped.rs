@@ -11,8 +11,8 @@ use forkd_core::{Agent, AgentId, BatchId, Directive, RequestId, SessionId, Tenan
 
 use crate::error::{EngineError, Result};
 use crate::{
-    AgentEventStream, BatchOptions, CacheExplanation, CacheStats, Engine, NewSession,
-    NotificationStream, ParentEventStream, PermissionAnswer, PromptStream, StatsScope,
+    AgentEventStream, Applied, BatchOptions, CacheExplanation, CacheStats, CopyTargets, Engine,
+    NewSession, NotificationStream, ParentEventStream, PermissionAnswer, PromptStream, StatsScope,
     SubmittedBatch, TranscriptEntry,
 };
 
@@ -245,6 +245,37 @@ impl TenantEngine<'_> {
     pub async fn kill(&self, id: AgentId) -> Result<()> {
         self.own_agent(id).await?;
         self.engine.kill(id).await
+    }
+
+    /// An ended isolated child's changes.
+    pub async fn changes(&self, id: AgentId) -> Result<forkd_core::isolation::AgentChanges> {
+        self.own_agent(id).await?;
+        self.engine.changes(id).await
+    }
+
+    /// Checks that the tenant owns what `targets` names.
+    async fn own_targets(&self, targets: &CopyTargets) -> Result<()> {
+        match targets {
+            CopyTargets::Agents(ids) => {
+                for id in ids {
+                    self.own_agent(*id).await?;
+                }
+            }
+            CopyTargets::Batch(batch) => {
+                self.own_batch(*batch).await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn apply_changes(&self, targets: &CopyTargets) -> Result<Vec<Applied>> {
+        self.own_targets(targets).await?;
+        self.engine.apply_changes(targets).await
+    }
+
+    pub async fn discard_changes(&self, targets: &CopyTargets) -> Result<Vec<AgentId>> {
+        self.own_targets(targets).await?;
+        self.engine.discard_changes(targets).await
     }
 
     /// The tenant's notifications that pass `filter`. The ids it names are read once, to check

@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::commands::{
-    attach, cache, calc, fork, kill, logs, ps, run, session, stats, top, ui, watch,
+    attach, cache, calc, changes, fork, kill, logs, ps, run, session, stats, top, ui, watch,
 };
 
 /// forkctl: a thin client of the forkd daemon.
@@ -56,6 +56,13 @@ pub enum Command {
     Bg(attach::BgArgs),
     /// Stop an agent at once; it ends `killed` with its partial result.
     Kill(kill::KillArgs),
+    /// An isolated child's changes (a batch forked with `--isolation copy`): its unified diff.
+    Diff(changes::DiffArgs),
+    /// Apply isolated children's changes to their session's workspace, in order; a child with a
+    /// conflict stays unapplied (exit 1), reported per file.
+    Apply(changes::TargetArgs),
+    /// Throw isolated children's copies away (their changes stay on record).
+    Discard(changes::TargetArgs),
     /// Cache efficiency of a batch or session: tokens, reads, writes, cost vs independent agents.
     Stats(stats::StatsArgs),
     /// Cache diagnostics: where two requests' bodies part (`explain`), recorded requests.

@@ -459,6 +459,8 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     engine_config.agent_dirs.push(config.home.join("agents"));
     // The daemon's home (database, socket, tokens) is hidden from every sandboxed command.
     let home = std::fs::canonicalize(&config.home).unwrap_or_else(|_| config.home.clone());
+    // Isolated batches' snapshots and copies live in the home, hidden with it.
+    engine_config.isolation.root = home.join("isolation");
     engine_config.sandbox.hidden.push(home);
     engine_config.mcp.servers = operator_mcp_servers(&config.home)?;
     engine_config.mcp.secret_key = Some(Arc::new(secret_key(&config)?));

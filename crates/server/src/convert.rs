@@ -246,14 +246,51 @@ pub(crate) fn new_session(req: pb::CreateSessionRequest) -> Result<NewSession, A
 }
 
 /// A `ForkBatch` request's options.
-pub(crate) fn batch_options(req: &pb::ForkBatchRequest) -> BatchOptions {
-    BatchOptions {
+pub(crate) fn batch_options(req: &pb::ForkBatchRequest) -> Result<BatchOptions, String> {
+    Ok(BatchOptions {
         warmup_gating: req.warmup_gating,
         idempotency_key: Some(req.idempotency_key.clone()).filter(|k| !k.is_empty()),
         budget: Budget {
             usd: Some(req.budget_usd).filter(|u| *u != 0.0),
             tokens: Some(req.budget_tokens).filter(|t| *t != 0),
         },
+        isolation: req.isolation.parse()?,
+    })
+}
+
+/// An isolated child's changes on the wire.
+pub(crate) fn changes(c: forkd_core::isolation::AgentChanges) -> pb::GetChangesResponse {
+    pb::GetChangesResponse {
+        agent_id: c.agent_id.to_string(),
+        batch_id: c.batch_id.to_string(),
+        files: c.files.into_iter().map(file_change).collect(),
+        diff: c.diff,
+        state: c.state.as_str().to_owned(),
+        conflicts: c.conflicts.into_iter().map(conflict).collect(),
+        outside_possible: c.outside_possible,
+    }
+}
+
+fn file_change(f: forkd_core::isolation::FileChange) -> pb::FileChange {
+    use forkd_core::isolation::Special;
+    pb::FileChange {
+        path: f.path,
+        kind: f.kind.as_str().to_owned(),
+        added_lines: f.added,
+        removed_lines: f.removed,
+        binary: f.binary,
+        special: match f.special {
+            None => String::new(),
+            Some(Special::Symlink(target)) => format!("symbolic link -> {target}"),
+            Some(Special::Other(what)) => what,
+        },
+    }
+}
+
+pub(crate) fn conflict(c: forkd_core::isolation::Conflict) -> pb::ChangeConflict {
+    pb::ChangeConflict {
+        path: c.path,
+        reason: c.reason,
     }
 }
 

@@ -119,9 +119,11 @@ impl Meaning {
             E::NotFound { .. } => Meaning::NotFound,
             E::Forbidden(_) => Meaning::Forbidden,
             E::ForkRefused(refusal) if !refusal.is_state() => Meaning::BadRequest,
-            E::WrongState(_) | E::ForkRefused(_) | E::Workspace(_) | E::McpServer(_) => {
-                Meaning::WrongState
-            }
+            E::WrongState(_)
+            | E::ForkRefused(_)
+            | E::Workspace(_)
+            | E::Isolation(_)
+            | E::McpServer(_) => Meaning::WrongState,
             E::KeyReused { .. } => Meaning::KeyReused,
             E::ContextWindow { .. } => Meaning::WindowOverflow,
             E::BudgetSpent { .. } | E::TurnLimit(_) => Meaning::BudgetSpent,

@@ -19,6 +19,12 @@ pub use changes::Changes;
 pub use forkd_core::isolation::{ChangeKind, Conflict, FileChange, Special};
 pub use snapshot::{GitSnapshot, Snapshot};
 
+/// Where snapshots and copies go when the daemon names no place: one folder per user under the
+/// system's temporary directory.
+pub fn default_root() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("forkd-isolation-{}", nix::unistd::getuid()))
+}
+
 /// Why an isolation step failed (not a conflict: those are outcomes).
 #[derive(Debug, thiserror::Error)]
 pub enum IsolationError {
@@ -33,7 +39,7 @@ pub enum IsolationError {
 }
 
 impl IsolationError {
-    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> IsolationError {
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> IsolationError {
         IsolationError::Io {
             what: what.into(),
             source,

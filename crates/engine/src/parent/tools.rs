@@ -162,6 +162,9 @@ impl Turns {
                 idempotency: None,
                 budget: forkd_core::store::Budget::default(),
                 turn: Some((turn.lease, delivered)),
+                // The Agent tool's `isolation` input is not offered yet: a model's batch shares
+                // the session's workspace.
+                isolation: forkd_core::isolation::Isolation::None,
             })
             .await?;
         send(events, ParentEvent::ForkLaunched(submitted.clone())).await;

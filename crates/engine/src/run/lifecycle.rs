@@ -281,6 +281,22 @@ impl Runs {
             },
             (None, None) => Report::default(),
         };
+        let mut report = report;
+        // An isolated child's "Files changed" is what its copy holds, whatever it wrote.
+        if let Some(snapshot) = self.copies.snapshot_of(&agent).await? {
+            let outside = self.may_have_written_outside(&agent).await?;
+            let changes = self.copies.record(&agent, &snapshot, outside).await?;
+            report.files_changed = changes.files.iter().map(|f| f.path.clone()).collect();
+            if outside {
+                let note = "changes outside the copy possible: the child called an MCP tool \
+                            not marked read-only";
+                report.issues = if report.issues.is_empty() || report.issues == "none" {
+                    note.to_owned()
+                } else {
+                    format!("{}; {note}", report.issues)
+                };
+            }
+        }
         let summary = report.summary();
         let notification = NewNotification {
             session_id: agent.session_id,
@@ -310,5 +326,21 @@ impl Runs {
         self.notifications.publish(stored);
         crate::metrics::notification(status.as_str(), committing.elapsed());
         Ok(())
+    }
+
+    /// Whether `agent` called an MCP tool its session's operator did not mark read-only: such a
+    /// tool may change things outside an isolated child's copy, which no diff shows.
+    async fn may_have_written_outside(
+        &self,
+        agent: &forkd_core::Agent,
+    ) -> Result<bool, EngineError> {
+        let session = self.sessions.get(agent.session_id).await?;
+        let read_only = session.mcp.read_only_tools();
+        Ok(self
+            .store
+            .tool_calls(agent.id)
+            .await?
+            .iter()
+            .any(|c| session.mcp.tool(&c.name).is_some() && !read_only.contains(&c.name)))
     }
 }

@@ -16,7 +16,7 @@ use forkd_core::session::SandboxMode;
 use forkd_core::session::{PermissionMode, PermissionRules, Session};
 use forkd_core::store::{ProcessGroup, ToolCall};
 use forkd_core::tools::AGENT_TOOL;
-use forkd_core::{Agent, AgentKind, Block, Message, RawJson};
+use forkd_core::{Agent, AgentId, AgentKind, Block, Message, RawJson};
 use forkd_tools::sandbox::SandboxPaths;
 use forkd_tools::{Decision, Policy, Rule, SandboxSpec, ToolContext, ToolOutput, Workspace};
 use serde_json::Value;
@@ -137,13 +137,25 @@ impl Runs {
             .into_iter()
             .map(|c| (c.tool_use_id.clone(), c))
             .collect();
-        let workspace = Workspace::new(&turn.session.workspace).map_err(EngineError::Workspace)?;
-        let mut ctx = ToolContext::new(workspace, turn.cancel.clone());
         // Only Bash runs in the sandbox: the spec (every session's workspace, read from the
-        // store) is built for the turns that call it.
-        if assistant.tool_uses().any(|(_, name, _)| name == "Bash")
-            && let Some(spec) = self.sandbox_spec(turn.session).await?
-        {
+        // store) is built for the turns that call it, and for an isolated child's every turn,
+        // whose file tools work in the layer its view mounts.
+        let isolated = self.copies.snapshot_of(turn.agent).await?.is_some();
+        let spec = if isolated || assistant.tool_uses().any(|(_, name, _)| name == "Bash") {
+            self.sandbox_spec(turn.session, isolated.then_some(turn.agent.id))
+                .await?
+        } else {
+            None
+        };
+        let workspace = if isolated {
+            self.copies
+                .workspace(turn.agent, turn.session, spec.as_ref())
+                .await?
+        } else {
+            Workspace::new(&turn.session.workspace).map_err(EngineError::Workspace)?
+        };
+        let mut ctx = ToolContext::new(workspace, turn.cancel.clone());
+        if let Some(spec) = spec {
             ctx = ctx.with_sandbox(spec);
         }
         let policy = policy(turn.permission_mode, turn.session);
@@ -394,15 +406,21 @@ async fn stop_leftover(tool_use_id: &str, group: &ProcessGroup) {
 
 impl Runs {
     /// The sandbox of a session's Bash commands (`None` for `full-access`): hidden are the
-    /// daemon's home, the deny list, every other session's workspace and the other sessions'
-    /// private temporary directories.
-    async fn sandbox_spec(self: &Arc<Self>, session: &Session) -> Result<Option<SandboxSpec>> {
+    /// daemon's home, the deny list, every other session's workspace, the other sessions'
+    /// private temporary directories and the isolated batches' copies. An isolated child
+    /// (`child`) gets a temporary directory of its own.
+    async fn sandbox_spec(
+        self: &Arc<Self>,
+        session: &Session,
+        child: Option<AgentId>,
+    ) -> Result<Option<SandboxSpec>> {
         if session.sandbox.mode == SandboxMode::FullAccess {
             return Ok(None);
         }
         let cfg = &self.config.sandbox;
         let mut hidden = cfg.hidden.clone();
         hidden.push(cfg.tmp_root.clone());
+        hidden.push(self.config.isolation.root.clone());
         hidden.extend(forkd_tools::sandbox::other_homes(
             cfg.home.as_ref().map(|h| h.dir.as_path()),
         ));
@@ -418,7 +436,13 @@ impl Runs {
             sandbox: session.sandbox,
             paths: SandboxPaths {
                 hidden,
-                tmp: cfg.tmp_root.join(session.id.to_string()),
+                tmp: match child {
+                    Some(child) => cfg
+                        .tmp_root
+                        .join(session.id.to_string())
+                        .join(child.to_string()),
+                    None => cfg.tmp_root.join(session.id.to_string()),
+                },
                 home: cfg.home.clone(),
                 limits: cfg.limits,
                 group: Some(session.id.to_string()),

@@ -26,6 +26,12 @@ pub struct ForkArgs {
     #[arg(long)]
     pub no_gating: bool,
 
+    /// `copy`: each child works in its own copy-on-write copy of the session's workspace (a
+    /// snapshot taken now), and its changes wait for `forkctl apply`; `none` (the default): the
+    /// children share the workspace.
+    #[arg(long, value_name = "copy|none", value_parser = parse_isolation)]
+    pub isolation: Option<String>,
+
     /// Stream the children's notifications until all have ended; exit 1 if any failed.
     #[arg(long)]
     pub wait: bool,
@@ -35,6 +41,12 @@ pub struct ForkArgs {
     /// complete, then the totals.
     #[arg(long)]
     pub all: bool,
+}
+
+fn parse_isolation(value: &str) -> Result<String, String> {
+    value
+        .parse::<forkd_core::isolation::Isolation>()
+        .map(|i| i.as_str().to_owned())
 }
 
 /// Up to this many children, a batch is listed child by child; past it, only the children that
@@ -63,6 +75,7 @@ pub async fn run(args: ForkArgs, client: &mut Client, out: &Printer) -> anyhow::
         directives: args.directives.into_iter().map(directive).collect(),
         // Unset leaves the daemon's own setting in force.
         warmup_gating: args.no_gating.then_some(false),
+        isolation: args.isolation.unwrap_or_default(),
         ..Default::default()
     };
     let batch = client.fork_batch(request).await?.into_inner();

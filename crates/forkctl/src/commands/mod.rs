@@ -3,6 +3,7 @@
 pub mod attach;
 pub mod cache;
 pub mod calc;
+pub mod changes;
 pub mod fork;
 pub mod kill;
 pub mod logs;

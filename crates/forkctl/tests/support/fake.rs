@@ -136,6 +136,30 @@ impl Forkd for Fake {
         Err(Status::unimplemented("the fake daemon compacts nothing"))
     }
 
+    async fn get_changes(
+        &self,
+        request: Request<GetChangesRequest>,
+    ) -> Result<Response<GetChangesResponse>, Status> {
+        check_token(&request)?;
+        Err(Status::unimplemented("the fake daemon isolates nothing"))
+    }
+
+    async fn apply_changes(
+        &self,
+        request: Request<ApplyChangesRequest>,
+    ) -> Result<Response<ApplyChangesResponse>, Status> {
+        check_token(&request)?;
+        Err(Status::unimplemented("the fake daemon isolates nothing"))
+    }
+
+    async fn discard_changes(
+        &self,
+        request: Request<DiscardChangesRequest>,
+    ) -> Result<Response<DiscardChangesResponse>, Status> {
+        check_token(&request)?;
+        Err(Status::unimplemented("the fake daemon isolates nothing"))
+    }
+
     async fn spawn_agent(
         &self,
         request: Request<SpawnAgentRequest>,

@@ -36,6 +36,22 @@ pub(crate) fn optional<T>(
     }
 }
 
+/// The children an apply or a discard names: agents, or a batch, never both.
+fn copy_targets(agents: &[String], batch: &str) -> Result<forkd_engine::CopyTargets, ApiError> {
+    match (agents.is_empty(), batch.is_empty()) {
+        (false, true) => Ok(forkd_engine::CopyTargets::Agents(
+            agents
+                .iter()
+                .map(|a| parse_agent_id(a))
+                .collect::<Result<_, _>>()?,
+        )),
+        (true, false) => Ok(forkd_engine::CopyTargets::Batch(parse_batch_id(batch)?)),
+        _ => Err(ApiError::BadRequest(
+            "name the children: agent_ids or batch_id, not both".into(),
+        )),
+    }
+}
+
 impl ForkdService {
     pub(super) async fn fork_batch_rpc(
         &self,
@@ -43,7 +59,7 @@ impl ForkdService {
         req: pb::ForkBatchRequest,
     ) -> Result<pb::ForkBatchResponse, ApiError> {
         let session_id = parse_session_id(&req.session_id)?;
-        let options = convert::batch_options(&req);
+        let options = convert::batch_options(&req).map_err(ApiError::BadRequest)?;
         let directives = req.directives.into_iter().map(convert::directive).collect();
         let batch = self
             .engine
@@ -151,6 +167,60 @@ impl ForkdService {
         Ok(pb::BackgroundResponse {
             agent_id: id.to_string(),
             status: "async_launched".into(),
+        })
+    }
+
+    pub(super) async fn get_changes_rpc(
+        &self,
+        tenant: Tenant,
+        req: pb::GetChangesRequest,
+    ) -> Result<pb::GetChangesResponse, ApiError> {
+        let id = parse_agent_id(&req.agent_id)?;
+        let changes = self.engine.for_tenant(tenant).changes(id).await?;
+        Ok(convert::changes(changes))
+    }
+
+    pub(super) async fn apply_changes_rpc(
+        &self,
+        tenant: Tenant,
+        req: pb::ApplyChangesRequest,
+    ) -> Result<pb::ApplyChangesResponse, ApiError> {
+        let targets = copy_targets(&req.agent_ids, &req.batch_id)?;
+        let applied = self
+            .engine
+            .for_tenant(tenant)
+            .apply_changes(&targets)
+            .await?;
+        Ok(pb::ApplyChangesResponse {
+            results: applied
+                .into_iter()
+                .map(|a| pb::AppliedChanges {
+                    agent_id: a.agent_id.to_string(),
+                    applied: a.outcome.applied,
+                    conflicts: a
+                        .outcome
+                        .conflicts
+                        .into_iter()
+                        .map(convert::conflict)
+                        .collect(),
+                })
+                .collect(),
+        })
+    }
+
+    pub(super) async fn discard_changes_rpc(
+        &self,
+        tenant: Tenant,
+        req: pb::DiscardChangesRequest,
+    ) -> Result<pb::DiscardChangesResponse, ApiError> {
+        let targets = copy_targets(&req.agent_ids, &req.batch_id)?;
+        let discarded = self
+            .engine
+            .for_tenant(tenant)
+            .discard_changes(&targets)
+            .await?;
+        Ok(pb::DiscardChangesResponse {
+            agent_ids: discarded.iter().map(ToString::to_string).collect(),
         })
     }
 

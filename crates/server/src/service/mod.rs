@@ -156,6 +156,33 @@ impl Forkd for ForkdService {
         reply(self.kill_rpc(tenant(&req)?, req.into_inner()).await)
     }
 
+    async fn get_changes(
+        &self,
+        req: Request<pb::GetChangesRequest>,
+    ) -> Reply<pb::GetChangesResponse> {
+        reply(self.get_changes_rpc(tenant(&req)?, req.into_inner()).await)
+    }
+
+    async fn apply_changes(
+        &self,
+        req: Request<pb::ApplyChangesRequest>,
+    ) -> Reply<pb::ApplyChangesResponse> {
+        reply(
+            self.apply_changes_rpc(tenant(&req)?, req.into_inner())
+                .await,
+        )
+    }
+
+    async fn discard_changes(
+        &self,
+        req: Request<pb::DiscardChangesRequest>,
+    ) -> Reply<pb::DiscardChangesResponse> {
+        reply(
+            self.discard_changes_rpc(tenant(&req)?, req.into_inner())
+                .await,
+        )
+    }
+
     type SubscribeNotificationsStream = notifications::NotificationStream;
 
     async fn subscribe_notifications(

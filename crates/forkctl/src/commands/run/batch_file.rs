@@ -21,6 +21,7 @@
 //! warmup_gating: true             # optional; the daemon's setting
 //! budget_usd: 2.5                 # optional batch budgets
 //! budget_tokens: 2000000
+//! isolation: copy                 # optional: each child in its own copy of the workspace
 //! ```
 //!
 //! Relative paths resolve against the file's directory, so the file means the same thing from
@@ -48,6 +49,7 @@ struct Spec {
     warmup_gating: Option<bool>,
     budget_usd: Option<f64>,
     budget_tokens: Option<u64>,
+    isolation: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -232,6 +234,11 @@ impl Spec {
         if self.budget_tokens == Some(0) {
             return Err("`budget_tokens` must be positive (leave it out for no budget)".into());
         }
+        if let Some(isolation) = &self.isolation {
+            isolation
+                .parse::<forkd_core::isolation::Isolation>()
+                .map_err(|e| format!("`isolation`: {e}"))?;
+        }
         Ok(())
     }
 
@@ -296,6 +303,7 @@ impl Spec {
             idempotency_key: batch_key(&self.key),
             budget_usd: self.budget_usd.unwrap_or_default(),
             budget_tokens: self.budget_tokens.unwrap_or_default(),
+            isolation: self.isolation.unwrap_or_default(),
         };
         Ok(BatchFile {
             key: self.key,

@@ -1,0 +1,352 @@
+//! Isolated children's copies (docs/contracts.md, "Isolation"): a batch forked with
+//! `isolation: copy` gets a snapshot of its session's workspace, and each child a copy-on-write
+//! layer over it, mounted at the workspace's own path so that its requests name the same paths
+//! as its siblings'. When the child ends its changes are read from its layer and stored; a
+//! client then applies them to the session's workspace or discards them.
+//!
+//! On disk, under the configured root (the daemon's home by default):
+//! `ROOT/BATCH/snapshot` (the copy), `ROOT/BATCH/AGENT/{upper,work}` (a child's layer). A copy
+//! that was applied or discarded goes at once; the snapshot goes with the batch's last copy.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use forkd_core::isolation::{AgentChanges, BatchSnapshot, CopyState};
+use forkd_core::session::{SandboxMode, Session};
+use forkd_core::store::Store;
+use forkd_core::{Agent, AgentId, BatchId, SessionId};
+use forkd_tools::isolation::{self, ApplyOutcome, IsolationError};
+use forkd_tools::sandbox::layer::{LayerDirs, LayerView};
+use forkd_tools::{SandboxSpec, Workspace};
+
+use crate::clock::now_ms;
+use crate::config::EngineConfig;
+use crate::error::{EngineError, Result};
+use crate::locks::LockMap;
+
+/// Isolated batches' snapshots and their children's copies.
+pub(crate) struct Copies {
+    store: Arc<dyn Store>,
+    config: Arc<EngineConfig>,
+    /// Apply writes the session's workspace under its session's lock.
+    session_locks: Arc<LockMap<SessionId>>,
+}
+
+/// What applying one child did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    pub agent_id: AgentId,
+    pub outcome: ApplyOutcome,
+}
+
+fn isolation_error(err: IsolationError) -> EngineError {
+    EngineError::Isolation(err.to_string())
+}
+
+/// Runs blocking file work off the runtime's worker threads.
+async fn blocking<T: Send + 'static>(job: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(job)
+        .await
+        .map_err(|e| EngineError::Invariant(format!("a file task failed: {e}")))
+}
+
+impl Copies {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        config: Arc<EngineConfig>,
+        session_locks: Arc<LockMap<SessionId>>,
+    ) -> Self {
+        Self {
+            store,
+            config,
+            session_locks,
+        }
+    }
+
+    fn batch_dir(&self, batch: BatchId) -> PathBuf {
+        self.config.isolation.root.join(batch.to_string())
+    }
+
+    /// The directories of `agent`'s layer over `snapshot`.
+    pub(crate) fn dirs(&self, snapshot: &BatchSnapshot, agent: AgentId) -> LayerDirs {
+        let at = self.batch_dir(snapshot.batch_id).join(agent.to_string());
+        LayerDirs {
+            lower: PathBuf::from(&snapshot.dir),
+            upper: at.join("upper"),
+            work: at.join("work"),
+        }
+    }
+
+    /// Refuses isolation where it cannot work: a `full-access` session's commands run in the
+    /// daemon's own view of the files, which no layer covers.
+    pub(crate) fn check(session: &Session) -> Result<()> {
+        if session.sandbox.mode == SandboxMode::FullAccess {
+            return Err(EngineError::InvalidRequest(
+                "isolation: copy needs a sandboxed session (read-only or workspace-write); this \
+                 session is full-access, whose commands see the daemon's own files"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Takes `batch`'s snapshot of `session`'s workspace.
+    pub(crate) async fn snapshot(
+        &self,
+        session: &Session,
+        batch: BatchId,
+    ) -> Result<BatchSnapshot> {
+        Self::check(session)?;
+        let workspace = session.workspace.clone();
+        let dir = self.batch_dir(batch).join("snapshot");
+        let name = batch.to_string();
+        let taken = blocking(move || isolation::snapshot::take(&workspace, &dir, &name))
+            .await?
+            .map_err(isolation_error)?;
+        let (git_ref, git_commit) = taken.git.map(|g| (g.reference, g.commit)).unzip();
+        crate::metrics::snapshot(taken.took, taken.bytes);
+        tracing::info!(
+            batch.id = %batch,
+            files = taken.files,
+            bytes = taken.bytes,
+            took_ms = taken.took.as_millis() as u64,
+            "Isolated batch: workspace snapshot taken"
+        );
+        Ok(BatchSnapshot {
+            batch_id: batch,
+            dir: taken.dir.to_string_lossy().into_owned(),
+            git_ref,
+            git_commit,
+            files: taken.files,
+            bytes: taken.bytes,
+            took_ms: taken.took.as_millis() as u64,
+            created_at_ms: now_ms(),
+        })
+    }
+
+    /// Removes a snapshot whose batch was not stored.
+    pub(crate) async fn forget(&self, snapshot: &BatchSnapshot) {
+        let dir = self.batch_dir(snapshot.batch_id);
+        let _ = blocking(move || std::fs::remove_dir_all(dir)).await;
+    }
+
+    /// The snapshot of `agent`'s batch, when the batch is isolated.
+    pub(crate) async fn snapshot_of(&self, agent: &Agent) -> Result<Option<BatchSnapshot>> {
+        match agent.batch_id {
+            Some(batch) => Ok(self.store.batch_snapshot(batch).await?),
+            None => Ok(None),
+        }
+    }
+
+    /// The workspace `agent`'s tools use: its own layer when its batch is isolated (made for
+    /// this turn, over the directories an earlier run left), the session's otherwise.
+    pub(crate) async fn workspace(
+        &self,
+        agent: &Agent,
+        session: &Session,
+        spec: Option<&SandboxSpec>,
+    ) -> Result<Workspace> {
+        let Some(snapshot) = self.snapshot_of(agent).await? else {
+            return Workspace::new(&session.workspace).map_err(EngineError::Workspace);
+        };
+        let Some(spec) = spec.cloned() else {
+            return Err(EngineError::Isolation(
+                "an isolated child needs its session's sandbox; this session has none".into(),
+            ));
+        };
+        let dirs = self.dirs(&snapshot, agent.id);
+        let workspace = session.workspace.clone();
+        let view = blocking(move || LayerView::open(spec.sandbox, &spec.paths, &workspace, &dirs))
+            .await?
+            .map_err(|e| EngineError::Isolation(format!("the child's copy: {e}")))?;
+        Ok(Workspace::layered(Arc::new(view)))
+    }
+
+    /// Reads what `agent`, a child of the isolated batch of `snapshot`, changed and stores it.
+    /// `outside_possible`: it called an MCP tool that may write elsewhere.
+    pub(crate) async fn record(
+        &self,
+        agent: &Agent,
+        snapshot: &BatchSnapshot,
+        outside_possible: bool,
+    ) -> Result<AgentChanges> {
+        let dirs = self.dirs(snapshot, agent.id);
+        let changes = blocking(move || {
+            // A child that never ran a tool has no layer yet: it changed nothing.
+            if !dirs.upper.is_dir() {
+                return Ok(isolation::Changes::default());
+            }
+            isolation::changes::collect(&dirs)
+        })
+        .await?
+        .map_err(isolation_error)?;
+        let changes = AgentChanges {
+            agent_id: agent.id,
+            batch_id: snapshot.batch_id,
+            files: changes.files,
+            diff: changes.diff,
+            outside_possible,
+            state: CopyState::Kept,
+            conflicts: Vec::new(),
+            updated_at_ms: now_ms(),
+        };
+        self.store.put_changes(&changes).await?;
+        Ok(changes)
+    }
+
+    /// An ended isolated child's changes.
+    pub(crate) async fn changes(&self, agent: &Agent) -> Result<AgentChanges> {
+        match self.store.agent_changes(agent.id).await? {
+            Some(changes) => Ok(changes),
+            None if agent.batch_id.is_some() && self.snapshot_of(agent).await?.is_some() => {
+                Err(EngineError::WrongState(format!(
+                    "agent {} has not ended: its changes are read when it ends",
+                    agent.id
+                )))
+            }
+            None => Err(EngineError::WrongState(format!(
+                "agent {} did not work in an isolated copy (its batch was forked without \
+                 isolation: copy); its edits are in the session's workspace already",
+                agent.id
+            ))),
+        }
+    }
+
+    /// Applies `agents`' changes to `session`'s workspace, in the order given. A child with a
+    /// conflict is left unapplied and reported per file; the others go on.
+    pub(crate) async fn apply(&self, session: &Session, agents: &[Agent]) -> Result<Vec<Applied>> {
+        let mut ready = Vec::new();
+        for agent in agents {
+            let changes = self.changes(agent).await?;
+            match changes.state {
+                CopyState::Applied | CopyState::Discarded => {
+                    return Err(EngineError::WrongState(format!(
+                        "agent {}'s copy was {} already",
+                        agent.id,
+                        changes.state.as_str()
+                    )));
+                }
+                CopyState::Kept | CopyState::Conflicted => ready.push((agent, changes)),
+            }
+        }
+        let lock = self.session_locks.get(session.id);
+        let _guard = lock.lock().await;
+        let mut applied = Vec::new();
+        for (agent, mut changes) in ready {
+            let Some(snapshot) = self.snapshot_of(agent).await? else {
+                continue;
+            };
+            let dirs = self.dirs(&snapshot, agent.id);
+            let workspace = session.workspace.clone();
+            let files = isolation::Changes {
+                files: changes.files.clone(),
+                diff: String::new(),
+            };
+            let outcome = blocking(move || {
+                let workspace =
+                    std::fs::canonicalize(&workspace).map_err(|e| IsolationError::Io {
+                        what: format!("the session's workspace {}", workspace.display()),
+                        source: e,
+                    })?;
+                isolation::apply::apply(&workspace, &dirs, &files)
+            })
+            .await?
+            .map_err(isolation_error)?;
+            changes.state = if outcome.conflicts.is_empty() {
+                CopyState::Applied
+            } else {
+                CopyState::Conflicted
+            };
+            changes.conflicts = outcome.conflicts.clone();
+            changes.updated_at_ms = now_ms();
+            self.store.put_changes(&changes).await?;
+            if changes.state == CopyState::Applied {
+                self.remove_copy(&snapshot, agent.id).await?;
+            }
+            tracing::info!(
+                agent.id = %agent.id,
+                applied = outcome.applied.len(),
+                conflicts = outcome.conflicts.len(),
+                "Isolated child's changes applied"
+            );
+            applied.push(Applied {
+                agent_id: agent.id,
+                outcome,
+            });
+        }
+        Ok(applied)
+    }
+
+    /// Discards `agents`' copies: their changes stay on record, their files go.
+    pub(crate) async fn discard(&self, agents: &[Agent]) -> Result<Vec<AgentId>> {
+        let mut discarded = Vec::new();
+        for agent in agents {
+            let mut changes = self.changes(agent).await?;
+            if matches!(changes.state, CopyState::Applied | CopyState::Discarded) {
+                continue;
+            }
+            let Some(snapshot) = self.snapshot_of(agent).await? else {
+                continue;
+            };
+            changes.state = CopyState::Discarded;
+            changes.updated_at_ms = now_ms();
+            self.store.put_changes(&changes).await?;
+            self.remove_copy(&snapshot, agent.id).await?;
+            discarded.push(agent.id);
+        }
+        Ok(discarded)
+    }
+
+    /// Removes a child's layer, and the batch's snapshot once no copy of it is left.
+    async fn remove_copy(&self, snapshot: &BatchSnapshot, agent: AgentId) -> Result<()> {
+        let dirs = self.dirs(snapshot, agent);
+        let layer = dirs.upper.parent().map(PathBuf::from);
+        if let Some(layer) = layer {
+            blocking(move || remove_all(&layer))
+                .await?
+                .map_err(isolation_error)?;
+        }
+        let children = self
+            .store
+            .list_agents(&forkd_core::query::AgentFilter {
+                batch_id: Some(snapshot.batch_id),
+                include_ended: true,
+                ..Default::default()
+            })
+            .await?;
+        let records = self.store.batch_changes(snapshot.batch_id).await?;
+        let all_gone = children.iter().all(|child| {
+            records.iter().any(|r| {
+                r.agent_id == child.id
+                    && matches!(r.state, CopyState::Applied | CopyState::Discarded)
+            })
+        });
+        if all_gone {
+            let dir = self.batch_dir(snapshot.batch_id);
+            blocking(move || remove_all(&dir))
+                .await?
+                .map_err(isolation_error)?;
+        }
+        Ok(())
+    }
+}
+
+/// Removes `dir` and what it holds. overlayfs leaves directories without permissions for
+/// anyone in its work directory (`work/work`, mode 000): each is opened up before it is read.
+fn remove_all(dir: &std::path::Path) -> Result<(), IsolationError> {
+    fn open_up(dir: &std::path::Path) {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                open_up(&entry.path());
+            }
+        }
+    }
+    if std::fs::symlink_metadata(dir).is_err() {
+        return Ok(());
+    }
+    open_up(dir);
+    std::fs::remove_dir_all(dir)
+        .map_err(|e| IsolationError::io(format!("cannot remove {}", dir.display()), e))
+}

@@ -1,0 +1,172 @@
+//! `forkctl diff`, `apply` and `discard`: an isolated child's changes (a batch forked with
+//! `--isolation copy`), shown, applied to the session's workspace, or thrown away.
+
+use clap::Args;
+use forkd_proto::v1::{
+    AppliedChanges, ApplyChangesRequest, DiscardChangesRequest, GetChangesRequest,
+    GetChangesResponse,
+};
+use serde_json::{Value, json};
+
+use crate::client::Client;
+use crate::exit;
+use crate::output::Printer;
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The isolated child's id.
+    pub agent_id: String,
+
+    /// List the changed files with their line counts instead of the unified diff.
+    #[arg(long)]
+    pub stat: bool,
+}
+
+/// The children an apply or a discard names.
+#[derive(Debug, Args)]
+pub struct TargetArgs {
+    /// Children's ids, applied in this order.
+    #[arg(
+        value_name = "AGENT",
+        required_unless_present = "batch",
+        conflicts_with = "batch"
+    )]
+    pub agent_ids: Vec<String>,
+
+    /// Every child of this batch, in its order.
+    #[arg(long, value_name = "BATCH")]
+    pub batch: Option<String>,
+}
+
+pub async fn diff(args: DiffArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
+    let changes = client
+        .get_changes(GetChangesRequest {
+            agent_id: args.agent_id,
+        })
+        .await?
+        .into_inner();
+    if out.is_json() {
+        out.value(&changes_json(&changes))?;
+    } else if args.stat {
+        for f in &changes.files {
+            out.line(format!(
+                "{:<8} +{:<5} -{:<5} {}",
+                f.kind, f.added_lines, f.removed_lines, f.path
+            ))?;
+        }
+        out.line(format!("{} ({})", summary(&changes), changes.state))?;
+    } else if changes.diff.is_empty() {
+        out.line("no changes")?;
+    } else {
+        // The diff as it is: a trailing newline ends it already.
+        out.line(changes.diff.trim_end_matches('\n'))?;
+    }
+    if changes.outside_possible && !out.is_json() {
+        eprintln!(
+            "note: the child called an MCP tool not marked read-only; it may have changed \
+             things outside its copy that no diff shows"
+        );
+    }
+    Ok(exit::OK)
+}
+
+pub async fn apply(args: TargetArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
+    let reply = client
+        .apply_changes(ApplyChangesRequest {
+            agent_ids: args.agent_ids,
+            batch_id: args.batch.unwrap_or_default(),
+        })
+        .await?
+        .into_inner();
+    let conflicted = reply.results.iter().any(|r| !r.conflicts.is_empty());
+    if out.is_json() {
+        let results: Vec<Value> = reply.results.iter().map(applied_json).collect();
+        out.value(&json!({ "results": results }))?;
+    } else {
+        for r in &reply.results {
+            if r.conflicts.is_empty() {
+                out.line(format!(
+                    "applied {} ({} file{})",
+                    r.agent_id,
+                    r.applied.len(),
+                    if r.applied.len() == 1 { "" } else { "s" }
+                ))?;
+            } else {
+                out.line(format!(
+                    "not applied {}: {} conflict{}",
+                    r.agent_id,
+                    r.conflicts.len(),
+                    if r.conflicts.len() == 1 { "" } else { "s" }
+                ))?;
+                for c in &r.conflicts {
+                    out.line(format!("  {}: {}", c.path, c.reason))?;
+                }
+            }
+        }
+    }
+    Ok(if conflicted {
+        exit::CHILD_FAILED
+    } else {
+        exit::OK
+    })
+}
+
+pub async fn discard(args: TargetArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
+    let reply = client
+        .discard_changes(DiscardChangesRequest {
+            agent_ids: args.agent_ids,
+            batch_id: args.batch.unwrap_or_default(),
+        })
+        .await?
+        .into_inner();
+    if out.is_json() {
+        out.value(&json!({ "discarded": reply.agent_ids }))?;
+    } else if reply.agent_ids.is_empty() {
+        out.line("nothing to discard")?;
+    } else {
+        for id in &reply.agent_ids {
+            out.line(format!("discarded {id}"))?;
+        }
+    }
+    Ok(exit::OK)
+}
+
+fn summary(changes: &GetChangesResponse) -> String {
+    let files = changes.files.len();
+    if files == 0 {
+        return "no changes".to_owned();
+    }
+    let added: u64 = changes.files.iter().map(|f| f.added_lines).sum();
+    let removed: u64 = changes.files.iter().map(|f| f.removed_lines).sum();
+    format!(
+        "{files} file{} (+{added} -{removed})",
+        if files == 1 { "" } else { "s" }
+    )
+}
+
+fn changes_json(c: &GetChangesResponse) -> Value {
+    json!({
+        "agent_id": c.agent_id,
+        "batch_id": c.batch_id,
+        "state": c.state,
+        "files": c.files.iter().map(|f| json!({
+            "path": f.path,
+            "kind": f.kind,
+            "added_lines": f.added_lines,
+            "removed_lines": f.removed_lines,
+            "binary": f.binary,
+            "special": f.special,
+        })).collect::<Vec<_>>(),
+        "diff": c.diff,
+        "conflicts": c.conflicts.iter().map(|x| json!({"path": x.path, "reason": x.reason})).collect::<Vec<_>>(),
+        "outside_possible": c.outside_possible,
+    })
+}
+
+fn applied_json(r: &AppliedChanges) -> Value {
+    json!({
+        "agent_id": r.agent_id,
+        "applied": r.applied,
+        "conflicts": r.conflicts.iter().map(|x| json!({"path": x.path, "reason": x.reason})).collect::<Vec<_>>(),
+    })
+}

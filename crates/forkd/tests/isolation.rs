@@ -1,0 +1,295 @@
+//! Isolated fork children end to end through the daemon (`isolation: copy`): each child edits
+//! its own copy of the workspace at the workspace's own path, its "Files changed" comes from
+//! the files, and `ApplyChanges` merges the children back in order, leaving a child with a
+//! conflict unapplied.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use forkd_proto::v1 as pb;
+use forkd_test_support::{
+    create_session, directives, spawn_daemon, transcript_text, trusted_session_request,
+    wait_for_batch,
+};
+use tonic::Code;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+type Client = pb::forkd_client::ForkdClient<tonic::transport::Channel>;
+
+async fn fork_isolated(
+    client: &mut Client,
+    session: &str,
+    prompts: &[&str],
+) -> pb::ForkBatchResponse {
+    client
+        .fork_batch(pb::ForkBatchRequest {
+            session_id: session.to_owned(),
+            directives: directives(prompts),
+            isolation: "copy".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+async fn changes(client: &mut Client, agent: &str) -> pb::GetChangesResponse {
+    client
+        .get_changes(pb::GetChangesRequest {
+            agent_id: agent.to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+fn read(ws: &Path, rel: &str) -> String {
+    std::fs::read_to_string(ws.join(rel)).unwrap()
+}
+
+#[tokio::test]
+async fn three_children_edit_one_line_each_sees_its_own_and_apply_takes_the_first() {
+    let daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), "line 1\nline 2\nline 3\n").unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(&mut client, trusted_session_request(ws.path()))
+        .await
+        .unwrap();
+    let scripts: Vec<String> = (1..=3)
+        .map(|i| {
+            format!(
+                "Change line 1.\n\
+                 @sim tool Edit {{\"file_path\":\"a.txt\",\"old_string\":\"line 1\",\"new_string\":\"child {i}\"}}\n\
+                 @sim tool Bash {{\"command\":\"head -n1 a.txt\"}}\n\
+                 @sim say changed line 1\n\
+                 Files changed: notes/made-up.md"
+            )
+        })
+        .collect();
+    let prompts: Vec<&str> = scripts.iter().map(String::as_str).collect();
+    let batch = fork_isolated(&mut client, &session.session_id, &prompts).await;
+    let done = wait_for_batch(&mut client, &batch.batch_id, 3, DEADLINE)
+        .await
+        .unwrap();
+    // Nothing reached the live workspace.
+    assert_eq!(read(ws.path(), "a.txt"), "line 1\nline 2\nline 3\n");
+    for (i, agent) in batch.agent_ids.iter().enumerate() {
+        let log = transcript_text(&mut client, agent).await.unwrap();
+        let own = format!("child {}", i + 1);
+        assert!(log.contains(&own), "{log}");
+        for other in (1..=3).filter(|j| *j != i + 1) {
+            assert!(!log.contains(&format!("\"child {other}")), "{log}");
+        }
+        // "Files changed" is the diff's, not the model's words.
+        let note = done.iter().find(|n| &n.agent_id == agent).unwrap();
+        let report = note.report.clone().unwrap();
+        assert_eq!(report.files_changed, vec!["a.txt".to_owned()]);
+        let c = changes(&mut client, agent).await;
+        assert_eq!(c.state, "kept");
+        let paths: Vec<&str> = c.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(paths, report.files_changed);
+        assert_eq!((c.files[0].added_lines, c.files[0].removed_lines), (1, 1));
+        assert!(c.diff.contains(&format!("+{own}\n")), "{}", c.diff);
+    }
+
+    let applied = client
+        .apply_changes(pb::ApplyChangesRequest {
+            batch_id: batch.batch_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .results;
+    assert_eq!(applied.len(), 3);
+    assert_eq!(applied[0].applied, vec!["a.txt".to_owned()]);
+    assert!(applied[0].conflicts.is_empty());
+    for later in &applied[1..] {
+        assert!(later.applied.is_empty(), "{later:?}");
+        let paths: Vec<&str> = later.conflicts.iter().map(|c| c.path.as_str()).collect();
+        assert_eq!(paths, vec!["a.txt"]);
+    }
+    assert_eq!(read(ws.path(), "a.txt"), "child 1\nline 2\nline 3\n");
+    assert_eq!(
+        changes(&mut client, &batch.agent_ids[0]).await.state,
+        "applied"
+    );
+    assert_eq!(
+        changes(&mut client, &batch.agent_ids[1]).await.state,
+        "conflicted"
+    );
+    // Applied again: refused, nothing written twice.
+    let again = client
+        .apply_changes(pb::ApplyChangesRequest {
+            agent_ids: vec![batch.agent_ids[0].clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), Code::FailedPrecondition, "{again:?}");
+    // The conflicted copies are discarded; the batch's files are gone with the last one.
+    let discarded = client
+        .discard_changes(pb::DiscardChangesRequest {
+            batch_id: batch.batch_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .agent_ids;
+    assert_eq!(discarded, batch.agent_ids[1..].to_vec());
+    assert!(
+        !daemon
+            .home_path()
+            .join("isolation")
+            .join(&batch.batch_id)
+            .exists()
+    );
+}
+
+#[tokio::test]
+async fn siblings_edit_and_cat_in_their_own_copies_and_a_parent_edit_stays_out() {
+    let daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), "snapshot\n").unwrap();
+    std::fs::write(ws.path().join("b.txt"), "before the fork\n").unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(&mut client, trusted_session_request(ws.path()))
+        .await
+        .unwrap();
+    let editor = "Edit, then cat.\n\
+        @sim tool Edit {\"file_path\":\"a.txt\",\"old_string\":\"snapshot\",\"new_string\":\"edited by one\"}\n\
+        @sim tool Bash {\"command\":\"sleep 1; cat a.txt b.txt\"}\n\
+        @sim say done";
+    let basher = "Bash, then Read.\n\
+        @sim tool Bash {\"command\":\"echo written by two > a.txt; sleep 1\"}\n\
+        @sim tool Read {\"file_path\":\"a.txt\"}\n\
+        @sim tool Read {\"file_path\":\"b.txt\"}\n\
+        @sim say done";
+    let batch = fork_isolated(&mut client, &session.session_id, &[editor, basher]).await;
+    // The parent's workspace changes after the fork: no child sees it.
+    std::fs::write(ws.path().join("b.txt"), "after the fork\n").unwrap();
+    wait_for_batch(&mut client, &batch.batch_id, 2, DEADLINE)
+        .await
+        .unwrap();
+    let one = transcript_text(&mut client, &batch.agent_ids[0])
+        .await
+        .unwrap();
+    let two = transcript_text(&mut client, &batch.agent_ids[1])
+        .await
+        .unwrap();
+    assert!(one.contains("edited by one\\nbefore the fork"), "{one}");
+    assert!(
+        !one.contains("written by two") && !one.contains("after the fork"),
+        "{one}"
+    );
+    assert!(two.contains("written by two"), "{two}");
+    assert!(
+        !two.contains("edited by one") && !two.contains("after the fork"),
+        "{two}"
+    );
+    assert_eq!(read(ws.path(), "a.txt"), "snapshot\n");
+}
+
+#[tokio::test]
+async fn isolation_is_refused_for_full_access_sessions_and_changes_for_shared_children() {
+    let daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let open = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
+            sandbox: "full-access".into(),
+            ..trusted_session_request(ws.path())
+        },
+    )
+    .await
+    .unwrap();
+    let refused = client
+        .fork_batch(pb::ForkBatchRequest {
+            session_id: open.session_id.clone(),
+            directives: directives(&["x"]),
+            isolation: "copy".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("full-access"), "{refused:?}");
+    let unknown = client
+        .fork_batch(pb::ForkBatchRequest {
+            session_id: open.session_id.clone(),
+            directives: directives(&["x"]),
+            isolation: "worktree".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Code::InvalidArgument, "{unknown:?}");
+
+    let shared = forkd_test_support::fork(&mut client, &open.session_id, &["hello"], None)
+        .await
+        .unwrap();
+    wait_for_batch(&mut client, &shared.batch_id, 1, DEADLINE)
+        .await
+        .unwrap();
+    let none = client
+        .get_changes(pb::GetChangesRequest {
+            agent_id: shared.agent_ids[0].clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(none.code(), Code::FailedPrecondition, "{none:?}");
+    assert!(none.message().contains("isolation"), "{none:?}");
+}
+
+#[tokio::test]
+async fn a_child_resumed_after_a_restart_finds_its_own_earlier_edits() {
+    let mut daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), "snapshot\n").unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(&mut client, trusted_session_request(ws.path()))
+        .await
+        .unwrap();
+    let slow = "Write, wait, read.\n\
+        @sim tool Bash {\"command\":\"echo mine > a.txt\"}\n\
+        @sim sleep 4s\n\
+        @sim tool Bash {\"command\":\"cat a.txt\"}\n\
+        @sim say done";
+    let other = "Look.\n@sim tool Bash {\"command\":\"cat a.txt\"}\n@sim say looked";
+    let batch = fork_isolated(&mut client, &session.session_id, &[slow, other]).await;
+    // Wait for the first command's result, then restart in the middle of the slow reply.
+    forkd_test_support::eventually(DEADLINE, "the first command's result", || {
+        let mut client = client.clone();
+        let agent = batch.agent_ids[0].clone();
+        async move {
+            let log = transcript_text(&mut client, &agent)
+                .await
+                .unwrap_or_default();
+            log.contains("tool_result")
+        }
+    })
+    .await;
+    daemon.restart(|_| {}).await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    wait_for_batch(&mut client, &batch.batch_id, 2, DEADLINE)
+        .await
+        .unwrap();
+    let log = transcript_text(&mut client, &batch.agent_ids[0])
+        .await
+        .unwrap();
+    assert!(log.contains("mine"), "{log}");
+    let sibling = transcript_text(&mut client, &batch.agent_ids[1])
+        .await
+        .unwrap();
+    assert!(
+        sibling.contains("snapshot") && !sibling.contains("mine"),
+        "{sibling}"
+    );
+    assert_eq!(read(ws.path(), "a.txt"), "snapshot\n");
+}
