@@ -1,9 +1,12 @@
 -- Isolated children (docs/contracts.md, "Isolation"). A batch forked with `isolation: copy`
 -- has a snapshot of its session's workspace: the copy its children's layers lie over, on the
 -- machine of the daemon that forked it, and for a git workspace the commit kept by a ref.
+-- `agents_json`: the children that work in copies (a model's batch may isolate some of its
+-- calls only); NULL for all of them.
 CREATE TABLE batch_snapshots (
     batch_id TEXT PRIMARY KEY,
     dir TEXT NOT NULL,
+    agents_json TEXT,
     git_ref TEXT,
     git_commit TEXT,
     files INTEGER NOT NULL,

@@ -10,6 +10,7 @@ mod cache;
 mod common;
 mod compaction;
 mod durability;
+mod isolation;
 mod limits;
 mod memory;
 mod notify;
@@ -40,6 +41,7 @@ enum Figure {
     Compaction,
     Scaleout,
     Limits,
+    Isolation,
 }
 
 /// forkd's benchmark suite.
@@ -104,6 +106,7 @@ async fn run_figure(figure: Figure, ctx: &common::Ctx) -> anyhow::Result<Section
         Figure::Compaction => compaction::run(ctx).await,
         Figure::Scaleout => scaleout::run(ctx).await,
         Figure::Limits => limits::run(ctx).await,
+        Figure::Isolation => isolation::run(ctx).await,
     }
 }
 

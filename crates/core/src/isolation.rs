@@ -54,6 +54,8 @@ pub struct BatchSnapshot {
     pub batch_id: BatchId,
     /// The copy the children's layers lie over (on this daemon's machine).
     pub dir: String,
+    /// The children that work in copies; `None`: every child of the batch.
+    pub agents: Option<Vec<AgentId>>,
     /// For a git workspace: the ref that keeps the snapshot commit, and the commit.
     pub git_ref: Option<String>,
     pub git_commit: Option<String>,
@@ -168,6 +170,13 @@ pub struct AgentChanges {
     /// The last apply's conflicts (for `Conflicted`).
     pub conflicts: Vec<Conflict>,
     pub updated_at_ms: i64,
+}
+
+impl BatchSnapshot {
+    /// Whether child `agent` of the batch works in a copy.
+    pub fn isolates(&self, agent: AgentId) -> bool {
+        self.agents.as_ref().is_none_or(|a| a.contains(&agent))
+    }
 }
 
 impl AgentChanges {

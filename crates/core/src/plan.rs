@@ -7,6 +7,7 @@ use serde_json::Value;
 use crate::agent::Directive;
 use crate::fork::{self, ForkError, ForkRefusal, fork_refusal};
 use crate::ids::BatchId;
+use crate::isolation::Isolation;
 use crate::message::Message;
 use crate::tools::AGENT_TOOL;
 
@@ -27,14 +28,28 @@ impl AgentCall {
     /// type; anything else is refused rather than guessed at.
     pub fn read(input: &Value) -> Result<Self, Refusal> {
         let directive = Directive::from_agent_input(input);
+        let isolation = isolation_of(input)?;
         match input.get("subagent_type") {
             None | Some(Value::Null) => Ok(AgentCall::Fork(directive)),
+            Some(Value::String(_)) if isolation == Isolation::Copy => Err(Refusal::TypedIsolation),
             Some(Value::String(ty)) => Ok(AgentCall::Typed {
                 subagent_type: ty.clone(),
                 directive,
             }),
             Some(_) => Err(Refusal::SubagentTypeNotText),
         }
+    }
+}
+
+/// An `Agent` call's `isolation` input: absent or null is `none`; anything but `copy` or `none`
+/// is refused.
+pub fn isolation_of(input: &Value) -> Result<Isolation, Refusal> {
+    match input.get("isolation") {
+        None | Some(Value::Null) => Ok(Isolation::None),
+        Some(Value::String(text)) => text
+            .parse()
+            .map_err(|_| Refusal::BadIsolation(text.clone())),
+        Some(other) => Err(Refusal::BadIsolation(other.to_string())),
     }
 }
 
@@ -73,6 +88,10 @@ pub enum Refusal {
     Directive(ForkError),
     #[error("subagent_type must be a string naming an agent type")]
     SubagentTypeNotText,
+    #[error("isolation must be \"copy\" or \"none\", not {0}")]
+    BadIsolation(String),
+    #[error("isolation: copy is for forks; a typed agent works in the session's workspace")]
+    TypedIsolation,
 }
 
 impl Refusal {
@@ -98,6 +117,14 @@ impl Refusal {
                  type, or left out to fork."
                     .to_owned()
             }
+            Refusal::BadIsolation(value) => format!(
+                "This Agent call was refused: isolation must be \"copy\" (the agent works in \
+                 its own copy of the workspace) or \"none\", not {value}."
+            ),
+            Refusal::TypedIsolation => "This Agent call was refused: isolation \"copy\" is for \
+                 forks (calls without subagent_type); a typed agent works in the session's \
+                 workspace. Call it without isolation."
+                .to_owned(),
         }
     }
 }

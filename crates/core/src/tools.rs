@@ -179,7 +179,8 @@ pub fn builtin_definitions_with_types(types: &[AgentTypeListing<'_>]) -> Vec<Too
                 json!({
                     "description": {"type": "string", "description": "A short (3-5 word) description of the task."},
                     "prompt": {"type": "string", "description": "The task for the agent."},
-                    "subagent_type": {"type": "string"}
+                    "subagent_type": {"type": "string"},
+                    "isolation": {"type": "string", "enum": ["copy", "none"], "description": "copy: a fork works in its own copy of the workspace, at the same path; its edits are kept apart until applied. Default none."}
                 }),
                 &["description", "prompt"],
             ),

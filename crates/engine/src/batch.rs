@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 
 use forkd_core::agent::FORK_QUERY_SOURCE;
 use forkd_core::fork::{ForkBatch, ForkError};
-use forkd_core::isolation::Isolation;
+use forkd_core::isolation::{BatchSnapshot, Isolation};
 use forkd_core::plan::{self, ForkLimits, Forker, Refusal};
 use forkd_core::request;
 use forkd_core::session::Session;
@@ -60,8 +60,9 @@ pub(crate) struct BatchStart {
     /// The parent turn that forks (its lease, checked on commit) and the typed agents whose
     /// reports `others` carries; `None` for a client's batch.
     pub turn: Option<(forkd_core::store::Lease, Vec<AgentId>)>,
-    /// Whether the children work in copies: the snapshot is taken before the batch is stored.
-    pub isolation: Isolation,
+    /// Which children work in copies, one per fork in order (a model's calls each say; a
+    /// client's batch says for all): the snapshot is taken before the batch is stored.
+    pub isolated: Vec<bool>,
 }
 
 /// Fork batches: a client's through the fork plan, checked against the window at submission;
@@ -308,6 +309,7 @@ impl Batches {
             forkd_core::request::fingerprint(canonical.to_string().as_bytes())
         });
         let tenant = session.tenant;
+        let n = forks.len();
         // Storing and starting happen in a task of their own: if the caller goes away (a client
         // deadline, a reset stream) after the commit, the children still start. A committed
         // batch whose children never run would be work that silently vanished.
@@ -324,7 +326,7 @@ impl Batches {
                     idempotency: None,
                     budget: options.budget,
                     turn: None,
-                    isolation: options.isolation,
+                    isolated: vec![options.isolation == Isolation::Copy; n],
                 };
                 let (Some(key), Some(digest)) = (key, digest) else {
                     return batches.commit_and_start(start).await;
@@ -393,17 +395,16 @@ impl Batches {
             idempotency,
             budget,
             turn,
-            isolation,
+            isolated,
         } = start;
         // Known before the commit: once it is stored, nothing may keep the children from starting.
         let tenant = self.tenancy.session_owner(session_id).await?;
         // The workspace as it is when the batch is forked; the children's copies lie over it.
-        let snapshot = match isolation {
-            Isolation::Copy => {
-                let session = self.sessions.get(session_id).await?;
-                Some(self.copies.snapshot(&session, batch_id).await?)
-            }
-            Isolation::None => None,
+        let snapshot = if isolated.iter().any(|i| *i) {
+            let session = self.sessions.get(session_id).await?;
+            Some(self.copies.snapshot(&session, batch_id).await?)
+        } else {
+            None
         };
         let lock = self.session_locks.get(session_id);
         let guard = lock.lock().await;
@@ -440,6 +441,18 @@ impl Batches {
                 (batch, vec![note])
             }
         };
+        let snapshot = snapshot.map(|snapshot| BatchSnapshot {
+            // Every child, or those whose calls asked (NULL keeps "all" short).
+            agents: (!isolated.iter().all(|i| *i)).then(|| {
+                children
+                    .iter()
+                    .zip(&isolated)
+                    .filter(|(_, i)| **i)
+                    .map(|(c, _)| c.agent.id)
+                    .collect()
+            }),
+            ..snapshot
+        });
         // Forked after a compaction, the children inherit what the parent's requests saw.
         let mut batch = batch;
         batch.compacted_to = self

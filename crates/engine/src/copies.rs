@@ -115,6 +115,7 @@ impl Copies {
         Ok(BatchSnapshot {
             batch_id: batch,
             dir: taken.dir.to_string_lossy().into_owned(),
+            agents: None,
             git_ref,
             git_commit,
             files: taken.files,
@@ -130,12 +131,24 @@ impl Copies {
         let _ = blocking(move || std::fs::remove_dir_all(dir)).await;
     }
 
-    /// The snapshot of `agent`'s batch, when the batch is isolated.
+    /// The snapshot of `agent`'s batch, when the agent works in a copy.
     pub(crate) async fn snapshot_of(&self, agent: &Agent) -> Result<Option<BatchSnapshot>> {
-        match agent.batch_id {
-            Some(batch) => Ok(self.store.batch_snapshot(batch).await?),
-            None => Ok(None),
+        let Some(batch) = agent.batch_id else {
+            return Ok(None);
+        };
+        let snapshot = self.store.batch_snapshot(batch).await?;
+        Ok(snapshot.filter(|s| s.isolates(agent.id)))
+    }
+
+    /// Those of `agents` that work in copies, in order.
+    pub(crate) async fn isolated(&self, agents: Vec<Agent>) -> Result<Vec<Agent>> {
+        let mut isolated = Vec::with_capacity(agents.len());
+        for agent in agents {
+            if self.snapshot_of(&agent).await?.is_some() {
+                isolated.push(agent);
+            }
         }
+        Ok(isolated)
     }
 
     /// The workspace `agent`'s tools use: its own layer when its batch is isolated (made for
@@ -232,6 +245,7 @@ impl Copies {
         let lock = self.session_locks.get(session.id);
         let _guard = lock.lock().await;
         let mut applied = Vec::new();
+        let mut touched = std::collections::BTreeMap::new();
         for (agent, mut changes) in ready {
             let Some(snapshot) = self.snapshot_of(agent).await? else {
                 continue;
@@ -261,7 +275,8 @@ impl Copies {
             changes.updated_at_ms = now_ms();
             self.store.put_changes(&changes).await?;
             if changes.state == CopyState::Applied {
-                self.remove_copy(&snapshot, agent.id).await?;
+                self.remove_layer(&snapshot, agent.id).await?;
+                touched.insert(snapshot.batch_id, snapshot);
             }
             tracing::info!(
                 agent.id = %agent.id,
@@ -274,12 +289,16 @@ impl Copies {
                 outcome,
             });
         }
+        for snapshot in touched.values() {
+            self.remove_snapshot_if_done(snapshot).await?;
+        }
         Ok(applied)
     }
 
     /// Discards `agents`' copies: their changes stay on record, their files go.
     pub(crate) async fn discard(&self, agents: &[Agent]) -> Result<Vec<AgentId>> {
         let mut discarded = Vec::new();
+        let mut touched = std::collections::BTreeMap::new();
         for agent in agents {
             let mut changes = self.changes(agent).await?;
             if matches!(changes.state, CopyState::Applied | CopyState::Discarded) {
@@ -291,21 +310,29 @@ impl Copies {
             changes.state = CopyState::Discarded;
             changes.updated_at_ms = now_ms();
             self.store.put_changes(&changes).await?;
-            self.remove_copy(&snapshot, agent.id).await?;
+            self.remove_layer(&snapshot, agent.id).await?;
             discarded.push(agent.id);
+            touched.insert(snapshot.batch_id, snapshot);
+        }
+        for snapshot in touched.values() {
+            self.remove_snapshot_if_done(snapshot).await?;
         }
         Ok(discarded)
     }
 
-    /// Removes a child's layer, and the batch's snapshot once no copy of it is left.
-    async fn remove_copy(&self, snapshot: &BatchSnapshot, agent: AgentId) -> Result<()> {
+    /// Removes a child's layer.
+    async fn remove_layer(&self, snapshot: &BatchSnapshot, agent: AgentId) -> Result<()> {
         let dirs = self.dirs(snapshot, agent);
-        let layer = dirs.upper.parent().map(PathBuf::from);
-        if let Some(layer) = layer {
+        if let Some(layer) = dirs.upper.parent().map(PathBuf::from) {
             blocking(move || remove_all(&layer))
                 .await?
                 .map_err(isolation_error)?;
         }
+        Ok(())
+    }
+
+    /// Removes the batch's snapshot once every copy over it was applied or discarded.
+    async fn remove_snapshot_if_done(&self, snapshot: &BatchSnapshot) -> Result<()> {
         let children = self
             .store
             .list_agents(&forkd_core::query::AgentFilter {
@@ -315,17 +342,30 @@ impl Copies {
             })
             .await?;
         let records = self.store.batch_changes(snapshot.batch_id).await?;
-        let all_gone = children.iter().all(|child| {
-            records.iter().any(|r| {
-                r.agent_id == child.id
-                    && matches!(r.state, CopyState::Applied | CopyState::Discarded)
-            })
-        });
+        let all_gone = children
+            .iter()
+            .filter(|c| snapshot.isolates(c.id))
+            .all(|child| {
+                records.iter().any(|r| {
+                    r.agent_id == child.id
+                        && matches!(r.state, CopyState::Applied | CopyState::Discarded)
+                })
+            });
         if all_gone {
             let dir = self.batch_dir(snapshot.batch_id);
             blocking(move || remove_all(&dir))
                 .await?
                 .map_err(isolation_error)?;
+            if let (Some(reference), Some(child)) = (&snapshot.git_ref, children.first()) {
+                // The commit's ref goes with the snapshot; git collects the commit in time.
+                let session = self.store.get_session(child.session_id).await?;
+                let (workspace, reference) = (session.map(|s| s.workspace), reference.clone());
+                if let Some(workspace) = workspace {
+                    blocking(move || isolation::snapshot::drop_ref(&workspace, &reference))
+                        .await?
+                        .map_err(isolation_error)?;
+                }
+            }
         }
         Ok(())
     }

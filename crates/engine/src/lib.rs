@@ -480,13 +480,20 @@ impl Engine {
                     })
                     .await?;
                 agents.sort_by_key(|a| a.index);
-                agents
+                // A model's batch may isolate some calls only: the others have no copy.
+                self.inner.copies.isolated(agents).await?
             }
         };
         let Some(first) = agents.first() else {
-            return Err(EngineError::InvalidRequest(
-                "name at least one agent, or a batch".into(),
-            ));
+            return Err(match targets {
+                CopyTargets::Batch(batch) => EngineError::WrongState(format!(
+                    "batch {batch} has no isolated children (it was forked without isolation: \
+                     copy)"
+                )),
+                CopyTargets::Agents(_) => {
+                    EngineError::InvalidRequest("name at least one agent, or a batch".into())
+                }
+            });
         };
         if let Some(other) = agents.iter().find(|a| a.session_id != first.session_id) {
             return Err(EngineError::InvalidRequest(format!(

@@ -293,3 +293,95 @@ async fn a_child_resumed_after_a_restart_finds_its_own_earlier_edits() {
     );
     assert_eq!(read(ws.path(), "a.txt"), "snapshot\n");
 }
+
+#[tokio::test]
+async fn a_models_fork_calls_each_say_whether_their_child_works_in_a_copy() {
+    use pb::session_event::Event;
+    let daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), "live\n").unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(&mut client, trusted_session_request(ws.path()))
+        .await
+        .unwrap();
+    let script = concat!(
+        "Try both ways.\n",
+        r#"@sim agent {"description":"copied","prompt":"Edit in a copy.\n@sim tool Bash {\"command\":\"echo copied > a.txt\"}\n@sim say done","isolation":"copy"}"#,
+        "\n",
+        r#"@sim agent {"description":"shared","prompt":"Edit for real.\n@sim tool Bash {\"command\":\"echo shared > b.txt\"}\n@sim say done"}"#,
+        "\n",
+        r#"@sim agent {"description":"odd","prompt":"x","isolation":"worktree"}"#,
+        "\n@sim say forked",
+    );
+    let events = forkd_test_support::run_turn(
+        &mut client,
+        pb::SendMessageRequest {
+            session_id: session.session_id.clone(),
+            text: script.into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let launched = events
+        .iter()
+        .find_map(|e| match e {
+            Event::ForkLaunched(l) => Some(l.clone()),
+            _ => None,
+        })
+        .expect("the reply forked");
+    assert_eq!(
+        launched.agent_ids.len(),
+        2,
+        "the bad isolation value is refused"
+    );
+    wait_for_batch(&mut client, &launched.batch_id, 2, DEADLINE)
+        .await
+        .unwrap();
+    // The copied child's edit waits in its copy; the shared child's is in the workspace.
+    assert_eq!(read(ws.path(), "a.txt"), "live\n");
+    assert_eq!(read(ws.path(), "b.txt"), "shared\n");
+    let copied = changes(&mut client, &launched.agent_ids[0]).await;
+    assert_eq!(copied.files[0].path, "a.txt");
+    let shared = client
+        .get_changes(pb::GetChangesRequest {
+            agent_id: launched.agent_ids[1].clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(shared.code(), Code::FailedPrecondition, "{shared:?}");
+    let parent = forkd_test_support::session_transcript(&mut client, &session.session_id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.content_json.clone())
+        .collect::<String>();
+    assert!(parent.contains("isolation must be"), "{parent}");
+    // Named, the shared child has no copy to apply; a batch's apply takes its copies only.
+    let named = client
+        .apply_changes(pb::ApplyChangesRequest {
+            agent_ids: launched.agent_ids.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(named.code(), Code::FailedPrecondition, "{named:?}");
+    assert_eq!(
+        read(ws.path(), "a.txt"),
+        "live
+",
+        "nothing applied when one is refused"
+    );
+    let applied = client
+        .apply_changes(pb::ApplyChangesRequest {
+            batch_id: launched.batch_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(applied.results.len(), 1);
+    assert_eq!(applied.results[0].agent_id, launched.agent_ids[0]);
+    assert_eq!(applied.results[0].applied, vec!["a.txt".to_owned()]);
+    assert_eq!(read(ws.path(), "a.txt"), "copied\n");
+}

@@ -20,6 +20,7 @@ async fn an_isolated_batch_keeps_its_snapshot_and_its_childrens_changes(
     let snapshot = BatchSnapshot {
         batch_id: fx.batch.id,
         dir: "/var/lib/forkd/isolation/b/snapshot".into(),
+        agents: Some(vec![fx.children[0].agent.id]),
         git_ref: Some(format!("refs/forkd/snapshots/{}", fx.batch.id)),
         git_commit: Some("0123456789abcdef0123456789abcdef01234567".into()),
         files: 10_000,

@@ -327,3 +327,26 @@ fn full_access_sessions_are_refused_isolation() {
     assert!(err.to_string().contains("full-access"), "{err}");
     let _: &Path = &batch.ws;
 }
+
+#[tokio::test]
+async fn a_git_workspace_merges_with_git_and_its_snapshot_ref_goes_when_dropped() {
+    let batch = Batch::new(&[("a.txt", "1\n2\n3\n4\n5\n6\n"), (".git/placeholder", "")]);
+    let ctx = batch.child("c1");
+    bash(&ctx, "sed -i 's/^6$/six/' a.txt").await;
+    std::fs::write(batch.ws.join("a.txt"), "one\n2\n3\n4\n5\n6\n").unwrap();
+    let outcome =
+        isolation::apply::apply(&batch.ws, &batch.dirs("c1"), &batch.changes("c1")).unwrap();
+    assert_eq!(outcome.applied, vec!["a.txt"], "{outcome:?}");
+    assert_eq!(batch.live("a.txt"), "one\n2\n3\n4\n5\nsix\n");
+    let refs = |ws: &Path| {
+        let out = std::process::Command::new("git")
+            .args(["for-each-ref", "refs/forkd/"])
+            .current_dir(ws)
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert!(refs(&batch.ws).contains("refs/forkd/snapshots/b1"));
+    isolation::snapshot::drop_ref(&batch.ws, "refs/forkd/snapshots/b1").unwrap();
+    assert_eq!(refs(&batch.ws), "");
+}

@@ -24,6 +24,8 @@ use crate::run::typed::{TypedCall, TypedOutcome};
 /// (a typed agent, an invalid fork call, any other tool) get results of their own.
 struct ForkPlan {
     forks: Vec<(String, Directive)>,
+    /// Whether each fork's call asked for a copy of the workspace (`isolation: copy`).
+    isolated: Vec<bool>,
     /// Typed agent calls: tool_use id, type, directive. Run before the reply's other tools.
     typed: Vec<(String, String, Directive)>,
     /// Calls answered without running a tool: typed agents' reports and refusals.
@@ -149,6 +151,7 @@ impl Turns {
                 others.push((tool_use_id.clone(), block.clone()));
             }
         }
+        let isolated = std::mem::take(&mut plan.isolated);
         let batch_id = BatchId::new();
         let submitted = self
             .batches
@@ -162,9 +165,7 @@ impl Turns {
                 idempotency: None,
                 budget: forkd_core::store::Budget::default(),
                 turn: Some((turn.lease, delivered)),
-                // The Agent tool's `isolation` input is not offered yet: a model's batch shares
-                // the session's workspace.
-                isolation: forkd_core::isolation::Isolation::None,
+                isolated,
             })
             .await?;
         send(events, ParentEvent::ForkLaunched(submitted.clone())).await;
@@ -257,17 +258,41 @@ impl Turns {
             limits: self.batches.fork_limits(),
         };
         let plan = plan::plan(plan::Calls::Reply(reply), &forker);
+        let mut answered: Vec<(String, Block)> = plan
+            .refused
+            .into_iter()
+            .map(|(id, refusal)| {
+                let result = Block::tool_result(&id, &refusal.to_model(), true);
+                (id, result)
+            })
+            .collect();
+        // Each fork call says whether its child works in a copy (the plan refused bad values);
+        // a session whose commands run unconfined has no copy to give.
+        let asks_copy = |id: &str| {
+            reply
+                .tool_uses()
+                .find(|(use_id, _, _)| *use_id == id)
+                .and_then(|(_, _, block)| block.tool_input())
+                .and_then(|input| plan::isolation_of(&input).ok())
+                == Some(forkd_core::isolation::Isolation::Copy)
+        };
+        let (mut forks, mut isolated) = (Vec::new(), Vec::new());
+        for (id, directive) in plan.forks {
+            let copy = asks_copy(&id);
+            if copy && let Err(refused) = crate::copies::Copies::check(session) {
+                let text =
+                    format!("This fork call was refused: {refused}. Fork it without isolation.");
+                answered.push((id.clone(), Block::tool_result(&id, &text, true)));
+                continue;
+            }
+            forks.push((id, directive));
+            isolated.push(copy);
+        }
         ForkPlan {
-            forks: plan.forks,
+            forks,
+            isolated,
             typed: plan.typed,
-            answered: plan
-                .refused
-                .into_iter()
-                .map(|(id, refusal)| {
-                    let result = Block::tool_result(&id, &refusal.to_model(), true);
-                    (id, result)
-                })
-                .collect(),
+            answered,
         }
     }
 }

@@ -8,12 +8,22 @@ use crate::error::Result;
 use crate::rows::convert::{corrupt, from_i64, parse_id, to_i64};
 
 pub(crate) async fn put_snapshot(conn: &mut Conn, snapshot: &BatchSnapshot) -> Result<()> {
+    let agents = snapshot
+        .agents
+        .as_ref()
+        .map(|ids| {
+            let ids: Vec<String> = ids.iter().map(ToString::to_string).collect();
+            serde_json::to_string(&ids)
+        })
+        .transpose()
+        .map_err(|e| corrupt("isolated children", e))?;
     sqlx::query(
-        "INSERT INTO batch_snapshots (batch_id, dir, git_ref, git_commit, files, bytes, took_ms, \
-         created_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        "INSERT INTO batch_snapshots (batch_id, dir, agents_json, git_ref, git_commit, files, \
+         bytes, took_ms, created_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(snapshot.batch_id.to_string())
     .bind(&snapshot.dir)
+    .bind(agents)
     .bind(snapshot.git_ref.as_deref())
     .bind(snapshot.git_commit.as_deref())
     .bind(to_i64(snapshot.files, "snapshot files")?)
@@ -30,6 +40,7 @@ type SnapshotRow = (
     String,
     Option<String>,
     Option<String>,
+    Option<String>,
     i64,
     i64,
     i64,
@@ -38,24 +49,36 @@ type SnapshotRow = (
 
 pub(crate) async fn snapshot(pool: &Pool, batch: BatchId) -> Result<Option<BatchSnapshot>> {
     let row: Option<SnapshotRow> = sqlx::query_as(
-        "SELECT batch_id, dir, git_ref, git_commit, files, bytes, took_ms, created_at_ms \
-         FROM batch_snapshots WHERE batch_id = $1",
+        "SELECT batch_id, dir, agents_json, git_ref, git_commit, files, bytes, took_ms, \
+         created_at_ms FROM batch_snapshots WHERE batch_id = $1",
     )
     .bind(batch.to_string())
     .fetch_optional(pool)
     .await?;
-    row.map(|(id, dir, git_ref, git_commit, files, bytes, took, at)| {
-        Ok(BatchSnapshot {
-            batch_id: parse_id(&id, "batch id")?,
-            dir,
-            git_ref,
-            git_commit,
-            files: from_i64(files, "snapshot files")?,
-            bytes: from_i64(bytes, "snapshot bytes")?,
-            took_ms: from_i64(took, "snapshot time")?,
-            created_at_ms: at,
-        })
-    })
+    row.map(
+        |(id, dir, agents, git_ref, git_commit, files, bytes, took, at)| {
+            let agents = agents
+                .map(|json| {
+                    let ids: Vec<String> =
+                        serde_json::from_str(&json).map_err(|e| corrupt("isolated children", e))?;
+                    ids.iter()
+                        .map(|id| parse_id(id, "isolated child"))
+                        .collect::<Result<Vec<AgentId>>>()
+                })
+                .transpose()?;
+            Ok(BatchSnapshot {
+                batch_id: parse_id(&id, "batch id")?,
+                dir,
+                agents,
+                git_ref,
+                git_commit,
+                files: from_i64(files, "snapshot files")?,
+                bytes: from_i64(bytes, "snapshot bytes")?,
+                took_ms: from_i64(took, "snapshot time")?,
+                created_at_ms: at,
+            })
+        },
+    )
     .transpose()
 }
 

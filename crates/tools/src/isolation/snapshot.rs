@@ -127,6 +127,12 @@ fn commit(workspace: &Path, dir: &Path, name: &str) -> Result<GitSnapshot, Isola
     result
 }
 
+/// Deletes a snapshot's ref (once its batch's copies are gone); a ref already gone is fine.
+pub fn drop_ref(workspace: &Path, reference: &str) -> Result<(), IsolationError> {
+    let index = workspace.join(".git/index");
+    git(workspace, &index, &["update-ref", "-d", reference]).map(drop)
+}
+
 /// Runs git in `workspace` with `index` as its index, and forkd as the committer; its output,
 /// trimmed.
 pub(crate) fn git(workspace: &Path, index: &Path, args: &[&str]) -> Result<String, IsolationError> {
