@@ -442,6 +442,9 @@ pub trait Store: Send + Sync + 'static {
     async fn agent_changes(&self, id: AgentId) -> Result<Option<crate::isolation::AgentChanges>>;
     /// The changes of a batch's isolated children that have ended.
     async fn batch_changes(&self, id: BatchId) -> Result<Vec<crate::isolation::AgentChanges>>;
+    /// Isolated children whose copies were neither applied nor discarded since `before_ms`,
+    /// at most `limit`: past their retention.
+    async fn expired_copies(&self, before_ms: i64, limit: u32) -> Result<Vec<AgentId>>;
     /// What the agents of a batch, or of a tenant's sessions, have spent so far.
     async fn spend(&self, scope: SpendScope<'_>) -> Result<Spend>;
 

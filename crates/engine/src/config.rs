@@ -94,12 +94,19 @@ pub struct IsolationConfig {
     /// Where snapshots and copies go (`ROOT/BATCH/…`): the daemon's home sets `HOME/isolation`;
     /// hidden from every sandboxed command.
     pub root: std::path::PathBuf,
+    /// The most disk one child's copy may take (what it wrote, whole files); past it, its
+    /// writing tools fail saying so. `None`: no cap.
+    pub disk_cap: Option<u64>,
+    /// How long a copy neither applied nor discarded is kept after its child ended.
+    pub retention: Duration,
 }
 
 impl Default for IsolationConfig {
     fn default() -> Self {
         Self {
             root: forkd_tools::isolation::default_root(),
+            disk_cap: Some(4 << 30),
+            retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }

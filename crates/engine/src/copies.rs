@@ -30,7 +30,14 @@ pub(crate) struct Copies {
     config: Arc<EngineConfig>,
     /// Apply writes the session's workspace under its session's lock.
     session_locks: Arc<LockMap<SessionId>>,
+    /// When the retention sweep last ran.
+    last_sweep: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// How often the heartbeat looks for copies past their retention.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+/// The most copies one sweep discards.
+const SWEEP_LIMIT: u32 = 256;
 
 /// What applying one child did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +67,7 @@ impl Copies {
             store,
             config,
             session_locks,
+            last_sweep: std::sync::Mutex::new(None),
         }
     }
 
@@ -167,6 +175,13 @@ impl Copies {
                 "an isolated child needs its session's sandbox; this session has none".into(),
             ));
         };
+        if !std::path::Path::new(&snapshot.dir).is_dir() {
+            return Err(EngineError::Isolation(format!(
+                "this child's snapshot ({}) is not on this machine: an isolated child runs on \
+                 the machine of the daemon that forked its batch",
+                snapshot.dir
+            )));
+        }
         let dirs = self.dirs(&snapshot, agent.id);
         let workspace = session.workspace.clone();
         let view = blocking(move || LayerView::open(spec.sandbox, &spec.paths, &workspace, &dirs))
@@ -318,6 +333,31 @@ impl Copies {
             self.remove_snapshot_if_done(snapshot).await?;
         }
         Ok(discarded)
+    }
+
+    /// Discards the copies kept past the retention (neither applied nor discarded since their
+    /// child ended), at most every [`SWEEP_EVERY`]; how many.
+    pub(crate) async fn sweep(&self) -> Result<usize> {
+        {
+            let mut last = self.last_sweep.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|at| at.elapsed() < SWEEP_EVERY) {
+                return Ok(0);
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        let retention =
+            i64::try_from(self.config.isolation.retention.as_millis()).unwrap_or(i64::MAX);
+        let expired = self
+            .store
+            .expired_copies(now_ms().saturating_sub(retention), SWEEP_LIMIT)
+            .await?;
+        let mut agents = Vec::with_capacity(expired.len());
+        for id in expired {
+            if let Some(agent) = self.store.get_agent(id).await? {
+                agents.push(agent);
+            }
+        }
+        Ok(self.discard(&agents).await?.len())
     }
 
     /// Removes a child's layer.

@@ -74,6 +74,15 @@ impl Engine {
             return;
         }
         self.inner.mcp.stop_idle_servers().await;
+        match self.discard_expired_copies().await {
+            Ok(0) => {}
+            Ok(swept) => {
+                tracing::info!(swept, "Discarded isolated copies kept past their retention")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot discard isolated copies past their retention")
+            }
+        }
         match self.adopt().await {
             Ok(0) => {}
             Ok(adopted) => tracing::info!(adopted, "Adopted agents whose daemon stopped renewing"),

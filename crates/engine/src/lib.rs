@@ -512,6 +512,12 @@ impl Engine {
         self.inner.copies.apply(&session, &agents).await
     }
 
+    /// Discards the isolated copies kept past the retention (the heartbeat calls this; it looks
+    /// at most every ten minutes); how many.
+    pub async fn discard_expired_copies(&self) -> Result<usize, EngineError> {
+        self.inner.copies.sweep().await
+    }
+
     /// Discards isolated children's copies (their changes stay on record); the ids discarded.
     pub async fn discard_changes(
         &self,

@@ -95,3 +95,65 @@ proptest! {
         run(edits.len(), &edits);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_at_its_disk_cap_stops_writing_and_one_kept_past_retention_is_discarded() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let mut config = EngineConfig::default();
+    config.isolation.root = dir.path().join("isolation");
+    config.isolation.disk_cap = Some(64 << 10);
+    config.isolation.retention = std::time::Duration::ZERO;
+    let engine = common::engine_with(dir.path(), config).await;
+    let session = engine
+        .create_session(forkd_engine::NewSession {
+            permission_mode: PermissionMode::BypassPermissions,
+            ..common::new_session(&ws, "Sys.")
+        })
+        .await
+        .unwrap();
+    let prompt = "Fill the disk.\n\
+        @sim tool Bash {\"command\":\"head -c 200000 /dev/zero > big.bin\"}\n\
+        @sim tool Write {\"file_path\":\"small.txt\",\"content\":\"x\"}\n\
+        @sim tool Read {\"file_path\":\"big.bin\",\"limit\":1}\n\
+        @sim say done";
+    let batch = engine
+        .fork_batch(
+            session.id,
+            vec![Directive {
+                description: "fill".into(),
+                prompt: prompt.into(),
+            }],
+            BatchOptions {
+                isolation: Isolation::Copy,
+                ..BatchOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    let child = batch.agent_ids[0];
+    common::ended(&engine, child).await;
+    let log: String = engine
+        .transcript(child, false)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.message.content_json())
+        .collect();
+    assert!(log.contains("at its cap of 0.1 MiB"), "{log}");
+    let changes = engine.changes(child).await.unwrap();
+    let paths: Vec<&str> = changes.files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(paths, vec!["big.bin"], "the refused Write wrote nothing");
+    // Kept past a retention of zero: the sweep discards it, and its files go.
+    assert_eq!(engine.discard_expired_copies().await.unwrap(), 1);
+    let after = engine.changes(child).await.unwrap();
+    assert_eq!(after.state, forkd_core::isolation::CopyState::Discarded);
+    assert!(
+        !dir.path()
+            .join("isolation")
+            .join(batch.batch_id.to_string())
+            .exists()
+    );
+    engine.shutdown(std::time::Duration::from_millis(100)).await;
+}

@@ -80,8 +80,14 @@ async fn an_isolated_batch_keeps_its_snapshot_and_its_childrens_changes(
     changes.updated_at_ms = 7_000;
     store.put_changes(&changes).await?;
     assert_eq!(store.agent_changes(child).await?, Some(changes.clone()));
+    assert_eq!(store.expired_copies(7_001, 10).await?, vec![child]);
+    assert_eq!(store.expired_copies(7_000, 10).await?, Vec::new());
     let listed = store.batch_changes(fx.batch.id).await?;
-    assert_eq!(listed, vec![changes]);
+    assert_eq!(listed, vec![changes.clone()]);
     assert_eq!(store.batch_changes(plain.batch.id).await?, Vec::new());
+    // Applied or discarded copies are past any retention.
+    changes.state = CopyState::Discarded;
+    store.put_changes(&changes).await?;
+    assert_eq!(store.expired_copies(i64::MAX, 10).await?, Vec::new());
     Ok(())
 }

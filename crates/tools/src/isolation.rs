@@ -25,6 +25,24 @@ pub fn default_root() -> std::path::PathBuf {
     std::env::temp_dir().join(format!("forkd-isolation-{}", nix::unistd::getuid()))
 }
 
+/// The disk the files beneath `dir` take (their blocks), symlinks not followed: what a child's
+/// copy costs, checked against its cap.
+pub fn disk_usage(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut total = 0;
+    for entry in entries.flatten() {
+        let Ok(meta) = entry.metadata() else { continue };
+        total += meta.blocks() * 512;
+        if meta.is_dir() {
+            total += disk_usage(&entry.path());
+        }
+    }
+    total
+}
+
 /// Why an isolation step failed (not a conflict: those are outcomes).
 #[derive(Debug, thiserror::Error)]
 pub enum IsolationError {

@@ -29,6 +29,9 @@ use crate::error::{EngineError, Result};
 use crate::permissions::{PermissionAnswer, PermissionPrompt};
 use crate::run::typed::{TypedCall, TypedOutcome};
 
+/// Bytes in a MiB, for messages.
+const MIB: f64 = (1u64 << 20) as f64;
+
 /// Outputs longer than this (in bytes) are stored whole but shown to the model shortened.
 pub(crate) const REPLACEMENT_THRESHOLD: usize = 50_000;
 /// How much of a replaced output the model still sees.
@@ -240,7 +243,10 @@ impl Runs {
                 (Ok(()), Some(tool)) => {
                     Ran::Mcp(self.mcp.call(turn.session, tool, input, &turn.cancel).await)
                 }
-                (Ok(()), None) => Ran::Builtin(self.run_tool(turn, id, name, input, ctx).await?),
+                (Ok(()), None) => match self.over_disk_cap(name, ctx).await {
+                    Some(full) => Ran::Builtin(ToolOutput::error(full)),
+                    None => Ran::Builtin(self.run_tool(turn, id, name, input, ctx).await?),
+                },
             }
         };
         let (result, full) = match &output {
@@ -256,6 +262,29 @@ impl Runs {
 }
 
 impl Runs {
+    /// Why a writing tool of an isolated child may not run: its copy is at its disk cap.
+    async fn over_disk_cap(&self, name: &str, ctx: &ToolContext) -> Option<String> {
+        let cap = self.config.isolation.disk_cap?;
+        let layer = ctx.workspace.layer()?;
+        if forkd_tools::is_read_only(name) {
+            return None;
+        }
+        let upper = layer.upper().to_path_buf();
+        let used = tokio::task::spawn_blocking(move || forkd_tools::isolation::disk_usage(&upper))
+            .await
+            .unwrap_or(0);
+        (used >= cap).then(|| {
+            format!(
+                "This agent's copy of the workspace holds {:.1} MiB, at its cap of {:.1} MiB \
+                 ([isolation] disk_cap_mib): {name} did not run, and no tool that writes \
+                 (Write, Edit, Bash) will. Finish and report what you did; your changes so far \
+                 are kept.",
+                used as f64 / MIB,
+                cap as f64 / MIB
+            )
+        })
+    }
+
     /// Runs a built-in tool, recording the process group it starts (Bash) while it runs, under
     /// the run's lease like the call's other writes. A failed write ends the call (dropping it
     /// kills its group), as a failed result write would.

@@ -89,6 +89,8 @@ pub struct FileConfig {
     pub sandbox_read_allow: Option<Vec<String>>,
     /// Resource limits of each sandboxed command: `[sandbox_limits]`.
     pub sandbox_limits: Option<LimitsSection>,
+    /// Isolated children's copies: `[isolation]`.
+    pub isolation: Option<IsolationSection>,
     /// Per-tenant settings: `[tenants.NAME]`.
     pub tenants: Option<BTreeMap<String, TenantSection>>,
     /// The `anthropic` provider's settings.
@@ -121,6 +123,16 @@ pub struct LimitsSection {
     /// A session's CPU, in percent of one CPU (`cpu.max` of its cgroup v2 group; off by
     /// default).
     pub session_cpu_percent: Option<u64>,
+}
+
+/// `[isolation]` in `config.toml`: isolated children's copies (docs/contracts.md, "Isolation").
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IsolationSection {
+    /// The most disk one child's copy may take, in MiB (default 4096; 0: no cap).
+    pub disk_cap_mib: Option<u64>,
+    /// How long a copy neither applied nor discarded is kept after its child ended (`"7d"`).
+    pub retention: Option<String>,
 }
 
 /// `[tenants.NAME]` in `config.toml`: a tenant's spending limits.
@@ -245,6 +257,25 @@ impl FileConfig {
                     .map_err(|e| anyhow::anyhow!("{CONFIG_FILE}: grace = {v:?}: {e}"))
             })
             .transpose()
+    }
+
+    /// `[isolation]` over `config`.
+    pub(super) fn isolation(
+        &self,
+        mut config: forkd_engine::IsolationConfig,
+    ) -> anyhow::Result<forkd_engine::IsolationConfig> {
+        let Some(section) = &self.isolation else {
+            return Ok(config);
+        };
+        if let Some(mib) = section.disk_cap_mib {
+            config.disk_cap = (mib > 0).then(|| mib.saturating_mul(1 << 20));
+        }
+        if let Some(v) = &section.retention {
+            config.retention = humantime_duration(v).map_err(|e| {
+                anyhow::anyhow!("{CONFIG_FILE}: [isolation] retention = {v:?}: {e}")
+            })?;
+        }
+        Ok(config)
     }
 
     /// `provider_patience` and `unreachable_patience`, parsed like `grace`.

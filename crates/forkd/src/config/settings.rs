@@ -53,6 +53,8 @@ pub struct Settings {
     pub tenant_budgets: BTreeMap<String, forkd_store::Budget>,
     /// The sandbox of sessions' Bash commands.
     pub sandbox: forkd_engine::SandboxConfig,
+    /// Isolated children's copies (their root is set in the home by the daemon).
+    pub isolation: forkd_engine::IsolationConfig,
     /// The tenants that may define their own MCP servers (the servers are read from
     /// `$FORKD_HOME/mcp.json` when the daemon starts).
     pub mcp_config_tenants: std::collections::BTreeSet<String>,
@@ -105,6 +107,7 @@ impl Default for Settings {
             compact_threshold: engine.compact_threshold,
             tenant_budgets: BTreeMap::new(),
             sandbox: engine.sandbox,
+            isolation: engine.isolation,
             mcp_config_tenants: Default::default(),
             models: engine.models,
             provider_vars: ProviderVars::default(),
@@ -242,6 +245,7 @@ impl Settings {
             });
         }
         self.sandbox.limits = file.sandbox_limits(self.sandbox.limits);
+        self.isolation = file.isolation(self.isolation.clone())?;
         self.sandbox.full_access_tenants = file.full_access_tenants().into_iter().collect();
         self.sandbox.unix_socket_tenants = file.unix_socket_tenants().into_iter().collect();
         self.mcp_config_tenants = file.mcp_config_tenants();
@@ -363,6 +367,7 @@ impl Settings {
             .collect();
         config.engine.models = self.models.clone();
         config.engine.sandbox = self.sandbox.clone();
+        config.engine.isolation = self.isolation.clone();
         config.engine.mcp.config_tenants = self.mcp_config_tenants.iter().cloned().collect();
         config.tls = self.tls.clone();
         config.secret_key_file = self.secret_key_file.clone();

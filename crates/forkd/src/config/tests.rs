@@ -679,3 +679,32 @@ fn the_lease_comes_from_its_layers_and_must_last() {
         .to_string();
     assert!(err.contains("FORKD_LEASE"), "{err}");
 }
+
+#[test]
+fn isolated_copies_take_their_disk_cap_and_retention_from_the_file() {
+    let defaults = resolve(&ServeFlags::default(), &[], "").unwrap();
+    assert_eq!(defaults.isolation.disk_cap, Some(4 << 30));
+    assert_eq!(
+        defaults.isolation.retention,
+        Duration::from_secs(7 * 24 * 3600)
+    );
+    let file = "[isolation]\ndisk_cap_mib = 512\nretention = \"2h\"\n";
+    let s = resolve(&ServeFlags::default(), &[], file).unwrap();
+    let engine = s.daemon_config("/srv/forkd".into()).unwrap().engine;
+    assert_eq!(engine.isolation.disk_cap, Some(512 << 20));
+    assert_eq!(engine.isolation.retention, Duration::from_secs(7200));
+    let off = resolve(
+        &ServeFlags::default(),
+        &[],
+        "[isolation]\ndisk_cap_mib = 0\n",
+    )
+    .unwrap();
+    assert_eq!(off.isolation.disk_cap, None, "0 lifts the cap");
+    let bad = resolve(
+        &ServeFlags::default(),
+        &[],
+        "[isolation]\nretention = \"soon\"\n",
+    );
+    let err = bad.err().unwrap().to_string();
+    assert!(err.contains("[isolation] retention"), "{err}");
+}

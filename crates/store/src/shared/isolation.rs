@@ -147,3 +147,15 @@ pub(crate) async fn batch_changes(pool: &Pool, batch: BatchId) -> Result<Vec<Age
     .await?;
     rows.into_iter().map(changes_row).collect()
 }
+
+pub(crate) async fn expired(pool: &Pool, before_ms: i64, limit: u32) -> Result<Vec<AgentId>> {
+    let ids: Vec<String> = sqlx::query_scalar(
+        "SELECT agent_id FROM agent_changes WHERE state IN ('kept', 'conflicted') \
+         AND updated_at_ms < $1 ORDER BY updated_at_ms LIMIT $2",
+    )
+    .bind(before_ms)
+    .bind(super::limit_param(limit))
+    .fetch_all(pool)
+    .await?;
+    ids.iter().map(|id| parse_id(id, "agent id")).collect()
+}

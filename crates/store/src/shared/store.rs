@@ -258,6 +258,10 @@ impl Store for DriverStore {
         db(isolation::batch_changes(self.readers(), id).await)
     }
 
+    async fn expired_copies(&self, before_ms: i64, limit: u32) -> StoreResult<Vec<AgentId>> {
+        db(isolation::expired(self.readers(), before_ms, limit).await)
+    }
+
     async fn spend(&self, scope: SpendScope<'_>) -> StoreResult<Spend> {
         db(idempotency::spend(self.readers(), scope).await)
     }

@@ -131,6 +131,8 @@ pub struct LayerView {
     through: PathBuf,
     /// The workspace's path, where the layer is mounted in the view.
     workspace: PathBuf,
+    /// The layer's upper directory: what the child wrote.
+    upper: PathBuf,
 }
 
 impl LayerView {
@@ -158,7 +160,11 @@ impl LayerView {
         })?;
         let workspace = super::canonical(workspace)?;
         let tmp = super::canonical(&paths.tmp)?;
-        let mut setup = Setup::new(sandbox, paths, &workspace, &tmp)?;
+        // The child's temporary directory is one of its own inside its session's, which the
+        // view keeps readable whole: hiding each sibling's one by one would cost a mount per
+        // sibling in every child's view. Landlock still lets it write in its own alone.
+        let session_tmp = tmp.parent().unwrap_or(&tmp).to_path_buf();
+        let mut setup = Setup::new(sandbox, paths, &workspace, &session_tmp)?;
         setup.overlay = Some(Mount::new(dirs, &workspace)?);
         let (held, root) = held::hold(setup, Some(&workspace))?;
         let root = root
@@ -169,6 +175,7 @@ impl LayerView {
             root,
             through,
             workspace,
+            upper: dirs.upper.clone(),
         })
     }
 
@@ -185,5 +192,10 @@ impl LayerView {
     /// The workspace's path, where commands see the layer.
     pub fn workspace(&self) -> &Path {
         &self.workspace
+    }
+
+    /// The layer's upper directory, which holds what the child wrote.
+    pub fn upper(&self) -> &Path {
+        &self.upper
     }
 }
