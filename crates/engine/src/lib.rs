@@ -458,6 +458,27 @@ impl Engine {
         self.inner.copies.changes(&agent).await
     }
 
+    /// The copies of those of `agents` that worked in one and have ended, by agent: one read
+    /// per batch.
+    pub async fn copies_of_agents(
+        &self,
+        agents: &[forkd_core::Agent],
+    ) -> Result<std::collections::HashMap<AgentId, forkd_core::isolation::AgentChanges>, EngineError>
+    {
+        let batches: std::collections::BTreeSet<forkd_core::BatchId> = agents
+            .iter()
+            .filter(|a| a.state.is_terminal())
+            .filter_map(|a| a.batch_id)
+            .collect();
+        let mut copies = std::collections::HashMap::new();
+        for batch in batches {
+            for changes in self.inner.store.batch_changes(batch).await? {
+                copies.insert(changes.agent_id, changes);
+            }
+        }
+        Ok(copies)
+    }
+
     /// The session and the children `targets` names; all must be of one session.
     async fn copies_of(
         &self,

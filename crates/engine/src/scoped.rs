@@ -253,6 +253,14 @@ impl TenantEngine<'_> {
         self.engine.changes(id).await
     }
 
+    /// The copies of those of `agents` (the tenant's, as listed) that worked in one, by agent.
+    pub async fn copies_of(
+        &self,
+        agents: &[Agent],
+    ) -> Result<std::collections::HashMap<AgentId, forkd_core::isolation::AgentChanges>> {
+        self.engine.copies_of_agents(agents).await
+    }
+
     /// Checks that the tenant owns what `targets` names.
     async fn own_targets(&self, targets: &CopyTargets) -> Result<()> {
         match targets {

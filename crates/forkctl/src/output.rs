@@ -153,6 +153,7 @@ pub fn agent_json(a: &Agent) -> Value {
         "description": a.description,
         "error": if a.error.is_empty() { Value::Null } else { json!(a.error) },
         "daemon": optional_id(&a.daemon),
+        "changes": if a.changes.is_empty() { Value::Null } else { json!(a.changes) },
     })
 }
 

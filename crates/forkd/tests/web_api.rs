@@ -546,3 +546,53 @@ async fn the_view_serves_tls_with_the_listeners_certificate_and_a_secure_cookie(
     let plain = http().get(format!("http://127.0.0.1:{port}/")).send().await;
     assert!(plain.is_err() || !plain.unwrap().status().is_success());
 }
+
+#[tokio::test]
+async fn an_isolated_childs_page_carries_its_diff() {
+    let (daemon, base) = daemon_with_ui().await;
+    let alice = daemon.tokens().create("alice").unwrap();
+    let secret = alice.expose().to_owned();
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), "before\n").unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let auth: tonic::metadata::MetadataValue<_> = format!("Bearer {secret}").parse().unwrap();
+    let mut req = tonic::Request::new(forkd_test_support::trusted_session_request(ws.path()));
+    req.metadata_mut().insert("authorization", auth.clone());
+    let session = client.create_session(req).await.unwrap().into_inner();
+    let mut req = tonic::Request::new(pb::ForkBatchRequest {
+        session_id: session.session.unwrap().session_id,
+        directives: vec![pb::Directive {
+            description: "edit".into(),
+            prompt: "Edit.\n@sim tool Bash {\"command\":\"echo after > a.txt\"}\n@sim say done"
+                .into(),
+        }],
+        isolation: "copy".into(),
+        ..Default::default()
+    });
+    req.metadata_mut().insert("authorization", auth.clone());
+    let batch = client.fork_batch(req).await.unwrap().into_inner();
+    let child = batch.agent_ids[0].clone();
+    let page = signed_in(&base, &secret).await;
+    let changes = eventually(Duration::from_secs(30), "the child's changes", || {
+        let (page, child) = (&page, child.clone());
+        async move {
+            let (_, body) = page.get(&format!("/api/agents/{child}")).await;
+            (!body["changes"].is_null()).then_some(body["changes"].clone())
+        }
+    })
+    .await;
+    assert_eq!(changes["state"], "kept");
+    assert_eq!(changes["summary"], "1 file (+1 -1)");
+    assert_eq!(changes["files"][0]["path"], "a.txt");
+    let diff = changes["diff"].as_str().unwrap();
+    assert!(diff.contains("-before\n+after\n"), "{diff}");
+    // `ps` shows the copy too.
+    let mut req = tonic::Request::new(pb::ListAgentsRequest {
+        batch_id: batch.batch_id.clone(),
+        include_ended: true,
+        ..Default::default()
+    });
+    req.metadata_mut().insert("authorization", auth);
+    let listed = client.list_agents(req).await.unwrap().into_inner().agents;
+    assert_eq!(listed[0].changes, "1 file (+1 -1), kept");
+}

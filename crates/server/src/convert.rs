@@ -64,7 +64,7 @@ fn agent_state(s: AgentState) -> pb::AgentState {
     }
 }
 
-pub(crate) fn agent(a: &Agent) -> pb::Agent {
+pub(crate) fn agent(a: &Agent, changes: Option<&forkd_core::isolation::AgentChanges>) -> pb::Agent {
     let (description, prompt) = a
         .directive
         .as_ref()
@@ -90,6 +90,9 @@ pub(crate) fn agent(a: &Agent) -> pb::Agent {
             .throttled_since_ms
             .filter(|_| a.state == forkd_core::AgentState::Running)
             .map(timestamp),
+        changes: changes
+            .map(|c| format!("{}, {}", c.summary(), c.state.as_str()))
+            .unwrap_or_default(),
     }
 }
 

@@ -562,7 +562,7 @@ async function agentView(id) {
   app.replaceChildren(
     h('div', { class: 'toolbar' }, h('h1', {}, 'Agent ', h('span', { class: 'mono' }, id)), indicator),
     data.directive ? h('p', {}, h('b', {}, data.directive.description)) : '',
-    head, actions, report,
+    head, actions, report, data.changes ? changesView(data.changes) : '',
     h('h2', {}, 'Requests'),
     h('div', { class: 'actions' }, h('button', { onclick: () => {
       const [x, y] = [...selected];
@@ -585,6 +585,17 @@ async function agentView(id) {
     requests: drawRequests,
   }, indicator);
   const refreshAgent = async () => { try { a = (await api('/api/agents/' + id)).agent; drawHead(); } catch (e) { /* shown on next load */ } };
+}
+
+// An isolated child's copy: its files, then the unified diff, its lines marked.
+function changesView(c) {
+  const line = (l) => h('span', { class: l.startsWith('+') && !l.startsWith('+++') ? 'diff-add'
+    : l.startsWith('-') && !l.startsWith('---') ? 'diff-del' : l.startsWith('@@') ? 'diff-hunk' : '' }, l + '\n');
+  return h('div', { id: 'changes' },
+    h('h2', {}, 'Changes · ', c.state),
+    h('p', {}, c.summary, c.outside_possible ? ' — changes outside the copy possible (an MCP tool not marked read-only)' : ''),
+    c.conflicts.length ? h('ul', { class: 'error' }, ...c.conflicts.map((x) => h('li', {}, x.path + ': ' + x.reason))) : '',
+    c.diff ? h('pre', { class: 'diff' }, ...c.diff.split('\n').map(line)) : '');
 }
 
 function explainView(e) {

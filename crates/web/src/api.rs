@@ -160,8 +160,24 @@ pub(crate) async fn agent(
         .iter()
         .map(RequestView::from)
         .collect();
+    // An isolated child's copy, once it has ended: its files and unified diff.
+    let changes = match agent.batch_id.is_some() && agent.state.is_terminal() {
+        true => scoped
+            .copies_of(std::slice::from_ref(&agent))
+            .await?
+            .remove(&id),
+        false => None,
+    };
     Ok(Json(json!({
         "agent": AgentRow::from(&agent),
+        "changes": changes.map(|c| json!({
+            "state": c.state.as_str(),
+            "summary": c.summary(),
+            "files": c.files,
+            "diff": c.diff,
+            "conflicts": c.conflicts,
+            "outside_possible": c.outside_possible,
+        })),
         "directive": agent.directive.as_ref().map(|d| json!({"description": d.description, "prompt": d.prompt})),
         "transcript": transcript,
         "next_seq": own,

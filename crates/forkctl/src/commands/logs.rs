@@ -1,7 +1,7 @@
 //! `forkctl logs`: an agent's transcript, rendered for reading or as one JSON object per message.
 
 use clap::Args;
-use forkd_proto::v1::{GetTranscriptRequest, TranscriptMessage};
+use forkd_proto::v1::{GetAgentRequest, GetTranscriptRequest, TranscriptMessage};
 use serde_json::Value;
 
 use crate::client::Client;
@@ -40,6 +40,22 @@ pub async fn run(args: LogsArgs, client: &mut Client, out: &Printer) -> anyhow::
         }
     }
     if !args.follow {
+        // An isolated child's copy, on the human form's last line (`forkctl diff` shows it).
+        if !out.is_json() {
+            let agent = client
+                .get_agent(GetAgentRequest {
+                    agent_id: args.agent_id.clone(),
+                })
+                .await?
+                .into_inner()
+                .agent;
+            if let Some(agent) = agent.filter(|a| !a.changes.is_empty()) {
+                out.line(format!(
+                    "changes: {} (forkctl diff {})",
+                    agent.changes, agent.agent_id
+                ))?;
+            }
+        }
         return Ok(exit::OK);
     }
     let attach = super::attach::AttachArgs {

@@ -100,7 +100,7 @@ pub(crate) fn right_align(table: &mut Table, columns: std::ops::Range<usize>) {
 /// `ps`: full ids (scripts copy them), then state, the daemon running the agent, the four
 /// token counts, read share and cost.
 pub fn agents_table(agents: &[Agent]) -> String {
-    let header = [
+    let mut header = vec![
         "AGENT",
         "KIND",
         "STATE",
@@ -113,10 +113,15 @@ pub fn agents_table(agents: &[Agent]) -> String {
         "COST",
         "DESCRIPTION",
     ];
+    // Isolated children's copies, when the listing has any.
+    let copies = agents.iter().any(|a| !a.changes.is_empty());
+    if copies {
+        header.push("CHANGES");
+    }
     let mut t = table(Some(&header));
     for a in agents {
         let u = a.usage.unwrap_or_default();
-        t.add_row(vec![
+        let mut row = vec![
             a.agent_id.clone(),
             a.kind.clone(),
             agent_state_label(a).to_owned(),
@@ -128,7 +133,11 @@ pub fn agents_table(agents: &[Agent]) -> String {
             percent(a.cache_read_share),
             usd(a.cost_usd),
             first_line(&a.description, 40),
-        ]);
+        ];
+        if copies {
+            row.push(a.changes.clone());
+        }
+        t.add_row(row);
     }
     right_align(&mut t, 4..10);
     finish(t)

@@ -116,8 +116,14 @@ fn agent() {
             "description": "fix the tests",
             "error": null,
             "daemon": "D",
+            "changes": null,
         })
     );
+    let isolated = Agent {
+        changes: "1 file (+1 -1), kept".into(),
+        ..a.clone()
+    };
+    assert_eq!(agent_json(&isolated)["changes"], "1 file (+1 -1), kept");
     let parent = Agent {
         kind: "parent".into(),
         error: "boom".into(),

@@ -115,13 +115,18 @@ impl ForkdService {
             })?,
             limit,
         };
-        let agents = self.engine.for_tenant(tenant).list_agents(filter).await?;
+        let engine = self.engine.for_tenant(tenant);
+        let agents = engine.list_agents(filter).await?;
+        let copies = engine.copies_of(&agents).await?;
         let next_page_token = match agents.last() {
             Some(last) if agents.len() as u32 == limit => last.id.to_string(),
             _ => String::new(),
         };
         Ok(pb::ListAgentsResponse {
-            agents: agents.iter().map(convert::agent).collect(),
+            agents: agents
+                .iter()
+                .map(|a| convert::agent(a, copies.get(&a.id)))
+                .collect(),
             next_page_token,
         })
     }
@@ -132,9 +137,11 @@ impl ForkdService {
         req: pb::GetAgentRequest,
     ) -> Result<pb::GetAgentResponse, ApiError> {
         let id = parse_agent_id(&req.agent_id)?;
-        let agent = self.engine.for_tenant(tenant).agent(id).await?;
+        let engine = self.engine.for_tenant(tenant);
+        let agent = engine.agent(id).await?;
+        let copies = engine.copies_of(std::slice::from_ref(&agent)).await?;
         Ok(pb::GetAgentResponse {
-            agent: Some(convert::agent(&agent)),
+            agent: Some(convert::agent(&agent, copies.get(&agent.id))),
         })
     }
 
