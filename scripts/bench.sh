@@ -117,6 +117,10 @@ what else runs on it.
    \`forkd sim-server --rate-limit\` — 1000 children at 50 requests/s and 400k input tokens/s,
    200 at 5 requests/s — wall time against the floor the limits set, 429s as a share of
    requests, the same batch without limits, and another tenant's turn during the batch.
+11. **Isolated children**: 100 and 1000 children with \`isolation: copy\`, one edit each, on a
+   generated workspace of 10 000 files (~100 MB): the snapshot's time and disk, each copy's
+   disk, a child's view setup (p50/p99), applying the batch, and the cache-read share against
+   the same batch without isolation.
 
 EOF
     cat "$report"

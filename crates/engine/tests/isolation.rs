@@ -12,6 +12,33 @@ use forkd_core::session::PermissionMode;
 use forkd_engine::{BatchOptions, EngineConfig};
 use proptest::prelude::*;
 
+/// A temporary directory, its workspace `ws/`, an engine whose copies go in `isolation/` (with
+/// `tweak` applied to its settings) and a session on the workspace that asks for nothing.
+async fn isolating(
+    tweak: impl FnOnce(&mut EngineConfig),
+) -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    forkd_engine::Engine,
+    forkd_core::session::Session,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let mut config = EngineConfig::default();
+    config.isolation.root = dir.path().join("isolation");
+    tweak(&mut config);
+    let engine = common::engine_with(dir.path(), config).await;
+    let session = engine
+        .create_session(forkd_engine::NewSession {
+            permission_mode: PermissionMode::BypassPermissions,
+            ..common::new_session(&ws, "Sys.")
+        })
+        .await
+        .unwrap();
+    (dir, ws, engine, session)
+}
+
 fn run(n: usize, edits: &[String]) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -19,20 +46,8 @@ fn run(n: usize, edits: &[String]) {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = dir.path().join("ws");
-        std::fs::create_dir_all(&ws).unwrap();
+        let (_dir, ws, engine, session) = isolating(|_| {}).await;
         std::fs::write(ws.join("notes.txt"), "first line\n").unwrap();
-        let mut config = EngineConfig::default();
-        config.isolation.root = dir.path().join("isolation");
-        let engine = common::engine_with(dir.path(), config).await;
-        let session = engine
-            .create_session(forkd_engine::NewSession {
-                permission_mode: PermissionMode::BypassPermissions,
-                ..common::new_session(&ws, "Sys.")
-            })
-            .await
-            .unwrap();
         let directives: Vec<Directive> = (0..n)
             .map(|i| Directive {
                 description: format!("child {i}"),
@@ -98,21 +113,11 @@ proptest! {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_at_its_disk_cap_stops_writing_and_one_kept_past_retention_is_discarded() {
-    let dir = tempfile::tempdir().unwrap();
-    let ws = dir.path().join("ws");
-    std::fs::create_dir_all(&ws).unwrap();
-    let mut config = EngineConfig::default();
-    config.isolation.root = dir.path().join("isolation");
-    config.isolation.disk_cap = Some(64 << 10);
-    config.isolation.retention = std::time::Duration::ZERO;
-    let engine = common::engine_with(dir.path(), config).await;
-    let session = engine
-        .create_session(forkd_engine::NewSession {
-            permission_mode: PermissionMode::BypassPermissions,
-            ..common::new_session(&ws, "Sys.")
-        })
-        .await
-        .unwrap();
+    let (dir, _ws, engine, session) = isolating(|config| {
+        config.isolation.disk_cap = Some(64 << 10);
+        config.isolation.retention = std::time::Duration::ZERO;
+    })
+    .await;
     let prompt = "Fill the disk.\n\
         @sim tool Bash {\"command\":\"head -c 200000 /dev/zero > big.bin\"}\n\
         @sim tool Write {\"file_path\":\"small.txt\",\"content\":\"x\"}\n\

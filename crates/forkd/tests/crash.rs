@@ -199,3 +199,87 @@ async fn sigkill_at_seeded_moments_loses_nothing_and_runs_nothing_twice() {
         eprintln!("{summary}");
     }
 }
+
+/// An isolated child killed with its daemon (SIGKILL) after it wrote in its copy resumes in the
+/// same copy: it reads its own edit, its sibling never sees it, and the workspace stays as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_child_resumed_after_sigkill_finds_its_own_edits() {
+    let home = tempfile::Builder::new()
+        .prefix("forkd-crash-")
+        .tempdir()
+        .unwrap();
+    let ws = home.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("a.txt"), "snapshot\n").unwrap();
+    let daemon = Daemon::start(home.path(), "1");
+    let mut c = client(home.path()).await;
+    let session = create_session(&mut c, trusted_session_request(&ws))
+        .await
+        .unwrap();
+    let writer = "Write, wait, read.\n@sim tool Bash {\"command\":\"echo mine > a.txt\"}\n\
+        @sim sleep 5s\n@sim tool Bash {\"command\":\"cat a.txt\"}\n@sim say done";
+    let looker =
+        "Look.\n@sim sleep 5s\n@sim tool Bash {\"command\":\"cat a.txt\"}\n@sim say looked";
+    let batch = c
+        .fork_batch(pb::ForkBatchRequest {
+            session_id: session.session_id.clone(),
+            directives: forkd_test_support::directives(&[writer, looker]),
+            isolation: "copy".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    // Killed once the first command's result is stored.
+    eventually(
+        Duration::from_secs(30),
+        "the first command's result",
+        || {
+            let mut c = c.clone();
+            let agent = batch.agent_ids[0].clone();
+            async move {
+                forkd_test_support::transcript_text(&mut c, &agent)
+                    .await
+                    .is_ok_and(|log| log.contains("tool_result"))
+            }
+        },
+    )
+    .await;
+    daemon.kill9();
+    let _daemon = Daemon::start(home.path(), "0");
+    let mut c = client(home.path()).await;
+    let done = eventually(Duration::from_secs(60), "both children to end", || {
+        let mut c = c.clone();
+        let batch = batch.batch_id.clone();
+        async move {
+            let all = replay(&mut c, &batch).await;
+            (all.len() >= 2).then_some(all)
+        }
+    })
+    .await;
+    assert!(
+        done.iter()
+            .all(|n| n.status == pb::NotificationStatus::Completed as i32),
+        "{done:?}"
+    );
+    let own = forkd_test_support::transcript_text(&mut c, &batch.agent_ids[0])
+        .await
+        .unwrap();
+    // Its second command ran after the restart and read its own copy, not the snapshot.
+    assert!(own.matches("tool_result").count() >= 2, "{own}");
+    assert!(
+        !own.contains("snapshot"),
+        "the resumed child reads its edit: {own}"
+    );
+    let sibling = forkd_test_support::transcript_text(&mut c, &batch.agent_ids[1])
+        .await
+        .unwrap();
+    assert!(
+        sibling.contains("snapshot") && !sibling.contains("mine"),
+        "{sibling}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("a.txt")).unwrap(),
+        "snapshot\n"
+    );
+}

@@ -187,7 +187,9 @@ async fn siblings_edit_and_cat_in_their_own_copies_and_a_parent_edit_stays_out()
         !one.contains("written by two") && !one.contains("after the fork"),
         "{one}"
     );
-    assert!(two.contains("written by two"), "{two}");
+    // Read's numbered line: its own Bash's write, read back through the file tool.
+    assert!(two.contains("1\\twritten by two"), "{two}");
+    assert!(two.contains("1\\tbefore the fork"), "{two}");
     assert!(
         !two.contains("edited by one") && !two.contains("after the fork"),
         "{two}"
@@ -283,7 +285,9 @@ async fn a_child_resumed_after_a_restart_finds_its_own_earlier_edits() {
     let log = transcript_text(&mut client, &batch.agent_ids[0])
         .await
         .unwrap();
-    assert!(log.contains("mine"), "{log}");
+    // Its second command read its own copy (the word "snapshot" is nowhere in its script).
+    assert!(log.matches("tool_result").count() >= 2, "{log}");
+    assert!(!log.contains("snapshot"), "{log}");
     let sibling = transcript_text(&mut client, &batch.agent_ids[1])
         .await
         .unwrap();

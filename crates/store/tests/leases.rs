@@ -24,6 +24,7 @@ conformance!(
     pending_children_are_taken_by_other_daemons_once_their_gate_opens,
     a_throttled_first_child_keeps_its_gate_shut_past_the_timeout,
     a_sqlite_database_opened_again_ends_its_earlier_holders_leases,
+    an_isolated_batchs_pending_children_stay_with_their_daemon,
 );
 
 /// Long enough that no machine, however loaded, lets it expire within a test.
@@ -318,6 +319,15 @@ async fn a_throttled_first_child_keeps_its_gate_shut_past_the_timeout(
 /// A session with one batch of `n` children created now (the gate's timeout counts from the
 /// batch's creation).
 async fn batch_now(store: &dyn forkd_store::Store, n: usize) -> TestResult<support::Fixture> {
+    batch_now_with(store, n, false).await
+}
+
+/// [`batch_now`], isolated (`isolation: copy`) when `isolated`.
+async fn batch_now_with(
+    store: &dyn forkd_store::Store,
+    n: usize,
+    isolated: bool,
+) -> TestResult<support::Fixture> {
     let mut session = support::session()?;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
@@ -327,13 +337,43 @@ async fn batch_now(store: &dyn forkd_store::Store, n: usize) -> TestResult<suppo
     let history = support::history()?;
     store.create_session(&session, &history, None).await?;
     let fx = support::fork(&session, u64::try_from(history.len())?, n)?;
+    let snapshot = forkd_core::isolation::BatchSnapshot {
+        batch_id: fx.batch.id,
+        dir: "/var/lib/forkd/isolation/snapshot".into(),
+        agents: None,
+        git_ref: None,
+        git_commit: None,
+        files: 1,
+        bytes: 1,
+        took_ms: 1,
+        created_at_ms: fx.batch.created_at_ms,
+    };
     store
         .create_fork_batch(
             &fx.batch,
             std::slice::from_ref(&fx.parent_results),
             &fx.children,
-            &forkd_store::BatchExtras::default(),
+            &forkd_store::BatchExtras {
+                snapshot: isolated.then_some(&snapshot),
+                ..forkd_store::BatchExtras::default()
+            },
         )
         .await?;
     Ok(fx)
+}
+
+/// An isolated batch's children run where its snapshot is: another daemon never takes them.
+async fn an_isolated_batchs_pending_children_stay_with_their_daemon(
+    store: TestStore,
+) -> TestResult {
+    let a = store.daemon_with_lease(LONG).await?;
+    let b = store.daemon_with_lease(LONG).await?;
+    let fx = batch_now_with(&*a, 3, true).await?;
+    let ids: Vec<_> = fx.children.iter().map(|x| x.agent.id).collect();
+    a.claim_agent(ids[0]).await?;
+    b.open_gate(fx.batch.id).await?;
+    expire(SHORT).await;
+    assert!(b.take_pending(10, LONG, SHORT).await?.is_empty());
+    a.claim_agent(ids[1]).await?;
+    Ok(())
 }

@@ -674,6 +674,23 @@ fn c_str(s: &str) -> Result<CString, SandboxError> {
     CString::new(s).map_err(|_| SandboxError::Prepare(format!("{s:?} holds a NUL byte")))
 }
 
+/// Makes the mount at `path` read-only (and nosuid, nodev), as a bind remount.
+///
+/// # Safety
+/// In a forked process's own mount namespace: a plain system call on a string that lives for it.
+unsafe fn remount_read_only(path: &CString) -> io::Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        check(libc::mount(
+            std::ptr::null(),
+            path.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+            std::ptr::null(),
+        ))
+    }
+}
+
 fn check(rc: libc::c_int) -> io::Result<()> {
     if rc == 0 {
         Ok(())

@@ -305,6 +305,7 @@ pub(crate) async fn take_pending(
            SELECT a.id AS picked_id FROM agents AS a JOIN batches AS b ON b.id = a.batch_id \
            WHERE a.state = 'pending' AND a.kind = 'fork' \
              AND (a.held_by IS NULL OR a.held_by <> $1) \
+             AND NOT EXISTS (SELECT 1 FROM batch_snapshots AS s WHERE s.batch_id = b.id) \
              AND (b.gate_opened_at_ms <= {NOW_MS} - $6 OR (b.gate_opened_at_ms IS NULL \
                AND b.created_at_ms <= {NOW_MS} - $2 \
                AND NOT EXISTS (SELECT 1 FROM agents AS f WHERE f.batch_id = b.id AND f.idx = 0 \

@@ -14,7 +14,7 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::SandboxError;
+use super::{SandboxError, c_path, c_str, check, remount_read_only};
 
 /// What [`crate::sandbox::SandboxPaths::home`] asks for: the home, and what stays readable in it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -262,17 +262,7 @@ impl Cover {
                 }
                 libc::close(bind.fd);
             }
-            check(libc::mount(
-                std::ptr::null(),
-                self.dir.as_ptr(),
-                std::ptr::null(),
-                libc::MS_REMOUNT
-                    | libc::MS_BIND
-                    | libc::MS_RDONLY
-                    | libc::MS_NOSUID
-                    | libc::MS_NODEV,
-                std::ptr::null(),
-            ))?;
+            remount_read_only(&self.dir)?;
         }
         Ok(())
     }
@@ -288,23 +278,6 @@ impl Cover {
     pub(crate) fn covers(&self, path: &Path) -> bool {
         path.starts_with(Path::new(std::ffi::OsStr::from_bytes(self.dir.as_bytes())))
     }
-}
-
-fn check(rc: libc::c_int) -> io::Result<()> {
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-fn c_path(path: &Path) -> Result<CString, SandboxError> {
-    CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| SandboxError::Prepare(format!("{} holds a NUL byte", path.display())))
-}
-
-fn c_str(s: &str) -> Result<CString, SandboxError> {
-    CString::new(s).map_err(|_| SandboxError::Prepare(format!("{s:?} holds a NUL byte")))
 }
 
 #[cfg(test)]

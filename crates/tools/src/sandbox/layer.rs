@@ -18,7 +18,10 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Sandbox, SandboxError, SandboxMode, SandboxPaths, Setup, c_path, c_str, check, held};
+use super::{
+    Sandbox, SandboxError, SandboxMode, SandboxPaths, Setup, c_path, c_str, check, held,
+    remount_read_only,
+};
 
 /// The directories of one child's layer, all on one file system.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,17 +107,7 @@ impl Mount {
                     libc::MS_BIND | libc::MS_REC,
                     std::ptr::null(),
                 ))?;
-                check(libc::mount(
-                    std::ptr::null(),
-                    git.as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_BIND
-                        | libc::MS_REMOUNT
-                        | libc::MS_RDONLY
-                        | libc::MS_NOSUID
-                        | libc::MS_NODEV,
-                    std::ptr::null(),
-                ))?;
+                remount_read_only(git)?;
             }
         }
         Ok(())
