@@ -64,10 +64,11 @@ pub fn batch_digest(batch: BatchId, notifications: &[Notification]) -> Message {
         };
         let _ = writeln!(
             text,
-            "- {} {}: {}",
+            "- {} {}: {}{}",
             n.agent_id,
             n.status.as_str(),
-            one_line(result)
+            one_line(result),
+            files_changed(&n.report.files_changed)
         );
     }
     if ordered.len() > LISTED_CHILDREN {
@@ -82,6 +83,22 @@ pub fn batch_digest(batch: BatchId, notifications: &[Notification]) -> Message {
          </batch-notification>",
     );
     Message::user(vec![Block::text(&text)])
+}
+
+/// How many changed files a child's line names before it counts the rest.
+const LISTED_FILES: usize = 3;
+
+/// ` (files changed: a.rs, b.rs)`, or nothing when the report names none: an isolated child's
+/// are read from its copy, and wait to be applied.
+fn files_changed(files: &[String]) -> String {
+    if files.is_empty() {
+        return String::new();
+    }
+    let mut names = files[..files.len().min(LISTED_FILES)].join(", ");
+    if files.len() > LISTED_FILES {
+        names.push_str(&format!(" and {} more", files.len() - LISTED_FILES));
+    }
+    format!(" (files changed: {names})")
 }
 
 /// The first line of `text`, at most [`LINE_CHARS`] characters.
@@ -160,5 +177,17 @@ mod tests {
         assert!(text.contains("40. part 39"));
         assert!(!text.contains("part 40\n"));
         assert!(text.contains("and 60 more"));
+    }
+
+    #[test]
+    fn a_childs_line_names_the_files_it_changed() {
+        assert_eq!(files_changed(&[]), "");
+        let few: Vec<String> = ["a.rs", "b.rs"].map(String::from).to_vec();
+        assert_eq!(files_changed(&few), " (files changed: a.rs, b.rs)");
+        let many: Vec<String> = (0..5).map(|i| format!("f{i}")).collect();
+        assert_eq!(
+            files_changed(&many),
+            " (files changed: f0, f1, f2 and 2 more)"
+        );
     }
 }

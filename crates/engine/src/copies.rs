@@ -243,6 +243,10 @@ impl Copies {
     /// Applies `agents`' changes to `session`'s workspace, in the order given. A child with a
     /// conflict is left unapplied and reported per file; the others go on.
     pub(crate) async fn apply(&self, session: &Session, agents: &[Agent]) -> Result<Vec<Applied>> {
+        // Under the session's lock from the first read of a copy's state to its last write: two
+        // applies, or an apply and a discard, never work on one copy at once.
+        let lock = self.session_locks.get(session.id);
+        let _guard = lock.lock().await;
         let mut ready = Vec::new();
         for agent in agents {
             let changes = self.changes(agent).await?;
@@ -257,8 +261,6 @@ impl Copies {
                 CopyState::Kept | CopyState::Conflicted => ready.push((agent, changes)),
             }
         }
-        let lock = self.session_locks.get(session.id);
-        let _guard = lock.lock().await;
         let mut applied = Vec::new();
         let mut touched = std::collections::BTreeMap::new();
         for (agent, mut changes) in ready {
@@ -315,6 +317,8 @@ impl Copies {
         let mut discarded = Vec::new();
         let mut touched = std::collections::BTreeMap::new();
         for agent in agents {
+            let lock = self.session_locks.get(agent.session_id);
+            let _guard = lock.lock().await;
             let mut changes = self.changes(agent).await?;
             if matches!(changes.state, CopyState::Applied | CopyState::Discarded) {
                 continue;

@@ -229,7 +229,8 @@ impl McpServers {
         if let Some(own) = kept {
             return Ok(own);
         }
-        let not_kept = "such definitions (which may hold secrets) are stored only sealed with the                         daemon's secret key";
+        let not_kept = "such definitions (which may hold secrets) are stored only sealed with \
+                        the daemon's secret key";
         let Some(sealed) = &session.mcp.sealed_config else {
             return Err(format!(
                 "{not_kept}, and the daemon that created the session had none"

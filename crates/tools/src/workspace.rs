@@ -161,7 +161,7 @@ impl Workspace {
             .components()
             .filter(|c| !matches!(c, Component::CurDir))
             .collect();
-        let open = |prefix: &[Component]| -> nix::Result<()> {
+        let open = |prefix: &[Component]| -> nix::Result<std::os::fd::OwnedFd> {
             let sub: PathBuf = prefix.iter().collect();
             let sub = if sub.as_os_str().is_empty() {
                 PathBuf::from(".")
@@ -171,7 +171,7 @@ impl Workspace {
             let how = OpenHow::new()
                 .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
                 .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
-            openat2(layer.root_fd(), &sub, how).map(drop)
+            openat2(layer.root_fd(), &sub, how)
         };
         let unresolvable = |errno: Errno| match errno {
             Errno::EXDEV => outside(),
@@ -182,9 +182,9 @@ impl Workspace {
         };
         // The deepest prefix that exists (the whole path, for a read).
         let mut existing = parts.len();
-        loop {
+        let found = loop {
             match open(&parts[..existing]) {
-                Ok(()) => break,
+                Ok(fd) => break fd,
                 Err(Errno::ENOENT) if existing > 0 && intent == Access::Write => existing -= 1,
                 Err(Errno::ENOENT) => {
                     return Err(ToolError::NotFound {
@@ -193,7 +193,7 @@ impl Workspace {
                 }
                 Err(errno) => return Err(unresolvable(errno)),
             }
-        }
+        };
         let missing = &parts[existing..];
         if !missing.iter().all(|c| matches!(c, Component::Normal(_))) {
             return Err(ToolError::UncheckableDotDot {
@@ -208,18 +208,34 @@ impl Workspace {
                 .join(parts[..existing].iter().collect::<PathBuf>());
             if fs::symlink_metadata(dir.join(first)).is_ok() {
                 return Err(ToolError::rejected(format!(
-                    "{path} is a symbolic link that leads nowhere inside the workspace;                      refusing to write through it"
+                    "{path} is a symbolic link that leads nowhere inside the workspace; \
+                     refusing to write through it"
                 )));
             }
         }
+        // Where the existing part really is (its `..` and relative symlinks resolved), as the
+        // kernel names the descriptor: permission rules match that place, as they match the
+        // canonical path outside a layer.
+        use std::os::fd::AsRawFd;
+        let named = fs::read_link(format!("/proc/self/fd/{}", found.as_raw_fd())).ok();
+        let real = named
+            .as_deref()
+            .and_then(|n| n.strip_prefix(&self.root).ok())
+            .map(Path::to_path_buf)
+            .ok_or_else(|| ToolError::Unresolvable {
+                path: path.to_owned(),
+                source: std::io::Error::other("its place in the child's copy cannot be named"),
+            })?;
+        let rel: PathBuf = real.components().chain(missing.iter().copied()).collect();
         if intent == Access::Write
-            && parts.first() == Some(&Component::Normal(std::ffi::OsStr::new(".git")))
+            && rel.components().next() == Some(Component::Normal(std::ffi::OsStr::new(".git")))
         {
             return Err(ToolError::rejected(format!(
-                "{path} is beneath .git/, which is read-only in an isolated child: commit                  nothing there; forkd keeps your changes as a diff"
+                "{path} is beneath .git/, which is read-only in an isolated child: commit \
+                 nothing there; forkd keeps your changes as a diff"
             )));
         }
-        Ok(layer.through().join(parts.iter().collect::<PathBuf>()))
+        Ok(layer.through().join(rel))
     }
 
     /// `path` relative to the root for display and for `files_changed` (`.` for the root

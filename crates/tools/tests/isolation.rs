@@ -350,3 +350,64 @@ async fn a_git_workspace_merges_with_git_and_its_snapshot_ref_goes_when_dropped(
     isolation::snapshot::drop_ref(&batch.ws, "refs/forkd/snapshots/b1").unwrap();
     assert_eq!(refs(&batch.ws), "");
 }
+
+#[tokio::test]
+async fn changes_never_read_through_a_snapshot_symlink_and_survive_unreadable_files() {
+    let outside_dir = tempfile::tempdir().unwrap();
+    let secret = outside_dir.path().join("secret.txt");
+    std::fs::write(&secret, "the daemon's secret\n").unwrap();
+    let batch = Batch::new(&[("a.txt", "a\n")]);
+    // Planted before the fork: a link out of the workspace, and one to a directory outside.
+    std::os::unix::fs::symlink(&secret, batch.snapshot.join("leak")).unwrap();
+    std::os::unix::fs::symlink(outside_dir.path(), batch.snapshot.join("dir-link")).unwrap();
+    let ctx = batch.child("c1");
+    bash(
+        &ctx,
+        "rm leak dir-link; mkdir locked; echo x > locked/f; chmod 000 locked; \
+         echo y > unreadable.txt; chmod 000 unreadable.txt",
+    )
+    .await;
+    let changes = batch.changes("c1");
+    assert!(
+        !changes.diff.contains("the daemon's secret"),
+        "{}",
+        changes.diff
+    );
+    let paths = changes.paths();
+    assert!(paths.contains(&"leak".to_owned()), "{paths:?}");
+    assert!(paths.contains(&"locked/f".to_owned()), "{paths:?}");
+    assert!(paths.contains(&"unreadable.txt".to_owned()), "{paths:?}");
+    assert!(
+        !paths.iter().any(|p| p.starts_with("dir-link/")),
+        "{paths:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_path_in_a_copy_is_named_where_it_really_is() {
+    let batch = Batch::new(&[
+        ("src/lib.rs", "x\n"),
+        ("Cargo.toml", "[package]\n"),
+        (".git/placeholder", ""),
+    ]);
+    let ctx = batch.child("c1");
+    bash(&ctx, "ln -s .. src/up").await;
+    let ws = &ctx.workspace;
+    for (given, real) in [
+        ("src/../Cargo.toml", "Cargo.toml"),
+        ("src/up/Cargo.toml", "Cargo.toml"),
+        ("src/./lib.rs", "src/lib.rs"),
+        ("src/../new/file.rs", "new/file.rs"),
+    ] {
+        let access = if given.contains("new/") {
+            forkd_tools::Access::Write
+        } else {
+            forkd_tools::Access::Read
+        };
+        let resolved = ws.resolve(given, access).unwrap();
+        assert_eq!(ws.relative(&resolved), real, "{given}");
+    }
+    // Through `..`, .git/ is still .git/: read-only in a copy.
+    let git = ws.resolve("src/../.git/config", forkd_tools::Access::Write);
+    assert!(git.is_err(), "{git:?}");
+}

@@ -285,13 +285,29 @@ impl Runs {
         // An isolated child's "Files changed" is what its copy holds, whatever it wrote.
         if let Some(snapshot) = self.copies.snapshot_of(&agent).await? {
             let outside = self.may_have_written_outside(&agent).await?;
-            let changes = self.copies.record(&agent, &snapshot, outside).await?;
-            report.files_changed = changes.files.iter().map(|f| f.path.clone()).collect();
+            let mut notes = Vec::new();
+            // The agent's end is recorded whatever its copy holds: a copy that cannot be read is
+            // said in its report, never a reason to leave the agent live.
+            match self.copies.record(&agent, &snapshot, outside).await {
+                Ok(changes) => {
+                    report.files_changed = changes.files.iter().map(|f| f.path.clone()).collect();
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "Cannot read an isolated child's changes");
+                    report.files_changed = Vec::new();
+                    notes.push(format!("forkd could not read the changes in its copy: {e}"));
+                }
+            }
             if outside {
-                let note = "changes outside the copy possible: the child called an MCP tool \
-                            not marked read-only";
+                notes.push(
+                    "changes outside the copy possible: the child called an MCP tool not marked \
+                     read-only"
+                        .to_owned(),
+                );
+            }
+            for note in notes {
                 report.issues = if report.issues.is_empty() || report.issues == "none" {
-                    note.to_owned()
+                    note
                 } else {
                     format!("{}; {note}", report.issues)
                 };

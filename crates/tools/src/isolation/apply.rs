@@ -62,47 +62,48 @@ pub fn apply(
             conflicts,
         });
     }
-    // Stage every new file beside its target, then move them all into place.
-    let mut staged: Vec<(PathBuf, Option<PathBuf>)> = Vec::new();
-    let result = (|| {
-        for (path, planned) in &plans {
-            let target = workspace.join(path);
-            if let Some(parent) = target.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| {
-                    IsolationError::io(format!("cannot create {}", parent.display()), e)
-                })?;
-            }
-            let temp = match planned {
-                Planned::Remove => None,
-                Planned::Write(bytes, mode) => Some(stage_file(&target, bytes, *mode)?),
-                Planned::Link(to) => Some(stage_link(&target, to)?),
-            };
-            staged.push((target, temp));
+    // Stage every new file beside its target (each removed again if it is never moved into
+    // place), then move them all into place.
+    let mut staged: Vec<(PathBuf, Option<tempfile::TempPath>)> = Vec::new();
+    for (path, planned) in &plans {
+        let target = workspace.join(path);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                IsolationError::io(format!("cannot create {}", parent.display()), e)
+            })?;
         }
-        Ok(())
-    })();
-    if let Err(e) = result {
-        for (_, temp) in &staged {
-            if let Some(temp) = temp {
-                let _ = std::fs::remove_file(temp);
-            }
-        }
-        return Err(e);
+        let temp = match planned {
+            Planned::Remove => None,
+            Planned::Write(bytes, mode) => Some(stage_file(&target, bytes, *mode)?),
+            Planned::Link(to) => Some(stage_link(&target, to)?),
+        };
+        staged.push((target, temp));
     }
-    for (target, temp) in &staged {
-        match temp {
-            Some(temp) => std::fs::rename(temp, target)
-                .map_err(|e| IsolationError::io(format!("cannot write {}", target.display()), e))?,
-            None => match std::fs::remove_file(target) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(IsolationError::io(
-                        format!("cannot remove {}", target.display()),
-                        e,
-                    ));
-                }
-                _ => {}
+    let mut done = Vec::new();
+    for ((target, temp), (path, _)) in staged.into_iter().zip(&plans) {
+        let moved = match temp {
+            Some(temp) => temp.persist(&target).map_err(|e| e.error),
+            None => match std::fs::remove_file(&target) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
             },
+        };
+        if let Err(e) = moved {
+            // The staged files not moved yet are removed as they drop; say what was written.
+            return Err(IsolationError::io(
+                format!(
+                    "cannot write {} (written before it: {})",
+                    target.display(),
+                    if done.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        done.join(", ")
+                    }
+                ),
+                e,
+            ));
         }
+        done.push(path.clone());
     }
     Ok(ApplyOutcome {
         applied: plans.into_iter().map(|(p, _)| p).collect(),
@@ -310,38 +311,35 @@ fn merge_with_git(
     }
 }
 
-fn temp_beside(target: &Path) -> PathBuf {
-    let name = target
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    target.with_file_name(format!(".{name}.forkd-apply-{}", std::process::id()))
-}
-
-fn stage_file(target: &Path, bytes: &[u8], mode: Option<u32>) -> Result<PathBuf, IsolationError> {
+/// A new file beside `target` (a random name, removed if it is never moved into place).
+fn stage_file(
+    target: &Path,
+    bytes: &[u8],
+    mode: Option<u32>,
+) -> Result<tempfile::TempPath, IsolationError> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let temp = temp_beside(target);
-    let mut options = std::fs::OpenOptions::new();
-    options
-        .write(true)
-        .create_new(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .mode(mode.unwrap_or(0o644) & 0o777);
-    let mut file = options
-        .open(&temp)
-        .map_err(|e| IsolationError::io(format!("cannot create {}", temp.display()), e))?;
-    file.write_all(bytes)
-        .and_then(|()| file.sync_all())
-        .map_err(|e| IsolationError::io(format!("cannot write {}", temp.display()), e))?;
-    Ok(temp)
+    use std::os::unix::fs::PermissionsExt;
+    let dir = target.parent().unwrap_or(Path::new("."));
+    let fail = |e| IsolationError::io(format!("cannot write beside {}", target.display()), e);
+    let mut file = tempfile::Builder::new()
+        .prefix(".forkd-apply-")
+        .tempfile_in(dir)
+        .map_err(fail)?;
+    file.write_all(bytes).map_err(fail)?;
+    let perms = std::fs::Permissions::from_mode(mode.unwrap_or(0o644) & 0o777);
+    file.as_file().set_permissions(perms).map_err(fail)?;
+    file.as_file().sync_all().map_err(fail)?;
+    Ok(file.into_temp_path())
 }
 
-fn stage_link(target: &Path, to: &Path) -> Result<PathBuf, IsolationError> {
-    let temp = temp_beside(target);
-    std::os::unix::fs::symlink(to, &temp)
-        .map_err(|e| IsolationError::io(format!("cannot create {}", temp.display()), e))?;
-    Ok(temp)
+/// A new symlink to `to` beside `target`.
+fn stage_link(target: &Path, to: &Path) -> Result<tempfile::TempPath, IsolationError> {
+    let dir = target.parent().unwrap_or(Path::new("."));
+    tempfile::Builder::new()
+        .prefix(".forkd-apply-")
+        .make_in(dir, |path| std::os::unix::fs::symlink(to, path))
+        .map(tempfile::NamedTempFile::into_temp_path)
+        .map_err(|e| IsolationError::io(format!("cannot link beside {}", target.display()), e))
 }
 
 #[cfg(test)]

@@ -125,8 +125,18 @@ fn walk_upper(
     found: &mut BTreeMap<String, Upper>,
 ) -> Result<(), IsolationError> {
     let dir = dirs.upper.join(rel);
-    let entries = std::fs::read_dir(&dir)
-        .map_err(|e| IsolationError::io(format!("cannot read {}", dir.display()), e))?;
+    let entries = std::fs::read_dir(&dir).or_else(|e| {
+        // A directory the child made unreadable (`chmod 000`): its files are the daemon user's,
+        // so it is opened up to be read.
+        if e.kind() != std::io::ErrorKind::PermissionDenied {
+            return Err(e);
+        }
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        std::fs::read_dir(&dir)
+    });
+    let entries =
+        entries.map_err(|e| IsolationError::io(format!("cannot read {}", dir.display()), e))?;
     for entry in entries {
         let entry =
             entry.map_err(|e| IsolationError::io(format!("cannot read {}", dir.display()), e))?;
@@ -142,8 +152,9 @@ fn walk_upper(
             removed_below(&lower, &rel, found);
             found.insert(key, Upper::Removed);
         } else if kind.is_dir() {
-            let opaque = rustix::fs::lgetxattr(entry.path(), "user.overlay.opaque", &mut [0u8; 4])
-                .is_ok_and(|n| n == 1);
+            let mut mark = [0u8; 4];
+            let opaque = rustix::fs::lgetxattr(entry.path(), "user.overlay.opaque", &mut mark)
+                .is_ok_and(|n| mark[..n] == *b"y");
             match &lower_meta {
                 Some(m) if m.is_dir() && opaque => removed_below(&lower, &rel, found),
                 Some(m) if !m.is_dir() => {
@@ -180,6 +191,10 @@ fn walk_upper(
 
 /// Marks every non-directory beneath the lower directory `lower` (shown as `rel`) removed.
 fn removed_below(lower: &Path, rel: &Path, found: &mut BTreeMap<String, Upper>) {
+    // A symlink in the snapshot is an entry of its own, never a directory to list.
+    if !std::fs::symlink_metadata(lower).is_ok_and(|m| m.is_dir()) {
+        return;
+    }
     let Ok(entries) = std::fs::read_dir(lower) else {
         return;
     };
@@ -196,9 +211,11 @@ fn removed_below(lower: &Path, rel: &Path, found: &mut BTreeMap<String, Upper>) 
 }
 
 fn same_content(a: &Path, b: &Path) -> bool {
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(ma), Ok(mb)) if ma.len() != mb.len() => false,
-        _ => matches!((std::fs::read(a), std::fs::read(b)), (Ok(x), Ok(y)) if x == y),
+    match (std::fs::symlink_metadata(a), std::fs::symlink_metadata(b)) {
+        (Ok(ma), Ok(mb)) if ma.is_file() && mb.is_file() && ma.len() == mb.len() => {
+            matches!((std::fs::read(a), std::fs::read(b)), (Ok(x), Ok(y)) if x == y)
+        }
+        _ => false,
     }
 }
 
@@ -209,14 +226,33 @@ fn file_change(
     before: Option<&Path>,
     after: Option<&Path>,
 ) -> Result<(FileChange, String), IsolationError> {
-    let read = |p: Option<&Path>| -> Result<Vec<u8>, IsolationError> {
-        match p {
-            Some(p) => std::fs::read(p)
-                .map_err(|e| IsolationError::io(format!("cannot read {}", p.display()), e)),
-            None => Ok(Vec::new()),
+    // A symlink's side is its target's name, never what it points at (which may be anything the
+    // daemon can read); an unreadable file (a child's `chmod 000`) is shown as such, not fatal.
+    let read = |p: Option<&Path>| -> Result<Vec<u8>, String> {
+        let Some(p) = p else { return Ok(Vec::new()) };
+        match std::fs::symlink_metadata(p) {
+            Ok(m) if m.file_type().is_symlink() => std::fs::read_link(p)
+                .map(|t| format!("symbolic link -> {}\n", t.display()).into_bytes())
+                .map_err(|e| e.to_string()),
+            Ok(m) if !m.is_file() => Err("not a regular file".to_owned()),
+            _ => std::fs::read(p).map_err(|e| e.to_string()),
         }
     };
-    let (old, new) = (read(before)?, read(after)?);
+    let (old, new) = match (read(before), read(after)) {
+        (Ok(old), Ok(new)) => (old, new),
+        (Err(e), _) | (_, Err(e)) => {
+            let diff = format!("diff --git a/{path} b/{path}\n# could not be read: {e}\n");
+            let change = FileChange {
+                path: path.to_owned(),
+                kind,
+                added: 0,
+                removed: 0,
+                binary: true,
+                special: None,
+            };
+            return Ok((change, diff));
+        }
+    };
     let mut diff = format!("diff --git a/{path} b/{path}\n");
     match kind {
         ChangeKind::Added => diff.push_str("new file\n"),
@@ -323,7 +359,13 @@ impl Ignored {
     fn load(&self, dir: &Path) -> Option<Gitignore> {
         let upper = self.dirs.upper.join(dir).join(".gitignore");
         let lower = self.dirs.lower.join(dir).join(".gitignore");
-        let file = [upper, lower].into_iter().find(|p| p.is_file())?;
+        // The child's own: its file, or nothing if it removed it (a whiteout there).
+        let file = match std::fs::symlink_metadata(&upper) {
+            Ok(m) if m.is_file() => upper,
+            Ok(_) => return None,
+            Err(_) if std::fs::symlink_metadata(&lower).is_ok_and(|m| m.is_file()) => lower,
+            Err(_) => return None,
+        };
         let mut builder = GitignoreBuilder::new(self.dirs.lower.join(dir));
         builder.add(&file);
         builder.build().ok()

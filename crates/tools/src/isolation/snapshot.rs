@@ -33,11 +33,13 @@ pub struct GitSnapshot {
     pub commit: String,
 }
 
-/// Whether `workspace` is the top of a git working tree (a `.git` directory with a `HEAD`, or
-/// a `.git` file naming one, as in a linked worktree).
+/// Whether `workspace` is the top of a git working tree: a `.git` directory of its own with a
+/// `HEAD`. A `.git` file (a linked worktree's `gitdir:` line) or a symlink is not trusted: an
+/// agent could point it at a repository it built.
 pub fn is_git(workspace: &Path) -> bool {
     let git = workspace.join(".git");
-    git.join("HEAD").is_file() || git.is_file()
+    std::fs::symlink_metadata(&git).is_ok_and(|m| m.is_dir())
+        && std::fs::symlink_metadata(git.join("HEAD")).is_ok_and(|m| m.is_file())
 }
 
 /// Snapshots `workspace` into `dir` (which must not exist yet), naming the git ref after `name`.
@@ -47,11 +49,6 @@ pub fn take(workspace: &Path, dir: &Path, name: &str) -> Result<Snapshot, Isolat
         std::fs::create_dir_all(parent)
             .map_err(|e| IsolationError::io(format!("cannot create {}", parent.display()), e))?;
     }
-    let git = if is_git(workspace) {
-        Some(commit(workspace, dir, name)?)
-    } else {
-        None
-    };
     let mut source = workspace.as_os_str().to_owned();
     source.push("/.");
     let out = Command::new("cp")
@@ -67,6 +64,18 @@ pub fn take(workspace: &Path, dir: &Path, name: &str) -> Result<Snapshot, Isolat
             std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_owned()),
         ));
     }
+    // The commit records the copy, so that it and the merge base are one state.
+    let git = if is_git(workspace) {
+        match commit(workspace, dir, name) {
+            Ok(git) => Some(git),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(dir);
+                return Err(e);
+            }
+        }
+    } else {
+        None
+    };
     let (files, bytes) = size(dir);
     Ok(Snapshot {
         dir: dir.to_path_buf(),
@@ -94,33 +103,24 @@ pub fn size(dir: &Path) -> (u64, u64) {
     (files, bytes)
 }
 
-/// Commits the working tree through a temporary index beside `dir`, and keeps the commit by a
-/// ref.
+/// Commits the copy at `dir` (as the workspace's working tree) through a temporary index beside
+/// it, and keeps the commit by a ref in the workspace's repository.
 fn commit(workspace: &Path, dir: &Path, name: &str) -> Result<GitSnapshot, IsolationError> {
     let index = dir.with_extension("index");
-    // Starting from the real index lets git reuse what it knows of unchanged files.
-    let real = workspace.join(".git/index");
-    if real.is_file() {
-        std::fs::copy(&real, &index)
-            .map_err(|e| IsolationError::io(format!("cannot copy {}", real.display()), e))?;
-    }
     let result = (|| {
-        git(workspace, &index, &["add", "--all", "--", "."])?;
-        let tree = git(workspace, &index, &["write-tree"])?;
-        let head = git(
-            workspace,
-            &index,
-            &["rev-parse", "--verify", "--quiet", "HEAD"],
-        )
-        .ok();
+        let add = Git::new(workspace, &index).work_tree(dir).without_filters();
+        add.run(&["add", "--all", "--", "."])?;
+        let git = Git::new(workspace, &index);
+        let tree = git.run(&["write-tree"])?;
+        let head = git.run(&["rev-parse", "--verify", "--quiet", "HEAD"]).ok();
         let message = format!("forkd: snapshot of the working tree for batch {name}");
         let mut args = vec!["commit-tree", tree.as_str(), "-m", message.as_str()];
         if let Some(head) = &head {
             args.extend(["-p", head.as_str()]);
         }
-        let commit = git(workspace, &index, &args)?;
+        let commit = git.run(&args)?;
         let reference = format!("refs/forkd/snapshots/{name}");
-        git(workspace, &index, &["update-ref", &reference, &commit])?;
+        git.run(&["update-ref", &reference, &commit])?;
         Ok(GitSnapshot { reference, commit })
     })();
     let _ = std::fs::remove_file(&index);
@@ -129,33 +129,107 @@ fn commit(workspace: &Path, dir: &Path, name: &str) -> Result<GitSnapshot, Isola
 
 /// Deletes a snapshot's ref (once its batch's copies are gone); a ref already gone is fine.
 pub fn drop_ref(workspace: &Path, reference: &str) -> Result<(), IsolationError> {
+    if !is_git(workspace) {
+        return Ok(());
+    }
     let index = workspace.join(".git/index");
-    git(workspace, &index, &["update-ref", "-d", reference]).map(drop)
+    Git::new(workspace, &index)
+        .run(&["update-ref", "-d", reference])
+        .map(drop)
 }
 
-/// Runs git in `workspace` with `index` as its index, and forkd as the committer; its output,
-/// trimmed.
-pub(crate) fn git(workspace: &Path, index: &Path, args: &[&str]) -> Result<String, IsolationError> {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(workspace)
-        .args(args)
-        .env("GIT_INDEX_FILE", index)
-        .env("GIT_AUTHOR_NAME", "forkd")
-        .env("GIT_AUTHOR_EMAIL", "forkd@localhost")
-        .env("GIT_COMMITTER_NAME", "forkd")
-        .env("GIT_COMMITTER_EMAIL", "forkd@localhost")
-        .output()
-        .map_err(|e| IsolationError::io("cannot run git", e))?;
-    if !out.status.success() {
-        return Err(IsolationError::Git(format!(
-            "git {} failed in {}: {}",
-            args.join(" "),
-            workspace.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+/// git, run by the daemon in a repository its agents can write: nothing in the repository's own
+/// configuration may make it run a program. Hooks, the fsmonitor, signing and automatic gc are
+/// off; with [`Git::without_filters`], every filter driver the configuration names is replaced
+/// by `cat`. Neither the system's nor the user's configuration is read.
+pub(crate) struct Git<'a> {
+    workspace: &'a Path,
+    index: &'a Path,
+    work_tree: Option<&'a Path>,
+    overrides: Vec<String>,
+}
+
+impl<'a> Git<'a> {
+    pub(crate) fn new(workspace: &'a Path, index: &'a Path) -> Git<'a> {
+        Git {
+            workspace,
+            index,
+            work_tree: None,
+            overrides: [
+                "core.hooksPath=/dev/null",
+                "core.fsmonitor=false",
+                "commit.gpgSign=false",
+                "gc.auto=0",
+                "maintenance.auto=false",
+            ]
+            .map(String::from)
+            .to_vec(),
+        }
     }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+
+    /// With `dir` as the working tree (the repository stays the workspace's).
+    fn work_tree(mut self, dir: &'a Path) -> Git<'a> {
+        self.work_tree = Some(dir);
+        self
+    }
+
+    /// With every filter driver of the repository's configuration replaced by `cat`.
+    fn without_filters(mut self) -> Git<'a> {
+        // `--get-regexp` exits 1 when nothing matches: no filters.
+        let names = self
+            .run(&["config", "--name-only", "--get-regexp", r"^filter\."])
+            .unwrap_or_default();
+        let mut drivers: Vec<String> = names
+            .lines()
+            .filter_map(|key| key.strip_prefix("filter."))
+            .filter_map(|rest| rest.rsplit_once('.').map(|(driver, _)| driver.to_owned()))
+            .collect();
+        drivers.sort();
+        drivers.dedup();
+        for driver in drivers {
+            self.overrides.extend([
+                format!("filter.{driver}.clean=cat"),
+                format!("filter.{driver}.smudge=cat"),
+                format!("filter.{driver}.process="),
+            ]);
+        }
+        self
+    }
+
+    /// Runs git with `args`; its output, trimmed.
+    pub(crate) fn run(&self, args: &[&str]) -> Result<String, IsolationError> {
+        let tree = self.work_tree.unwrap_or(self.workspace);
+        let mut cmd = Command::new("git");
+        for o in &self.overrides {
+            cmd.arg("-c").arg(o);
+        }
+        let out = cmd
+            .arg("--git-dir")
+            .arg(self.workspace.join(".git"))
+            .arg("--work-tree")
+            .arg(tree)
+            .args(args)
+            .current_dir(tree)
+            .env("GIT_INDEX_FILE", self.index)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .env("GIT_AUTHOR_NAME", "forkd")
+            .env("GIT_AUTHOR_EMAIL", "forkd@localhost")
+            .env("GIT_COMMITTER_NAME", "forkd")
+            .env("GIT_COMMITTER_EMAIL", "forkd@localhost")
+            .output()
+            .map_err(|e| IsolationError::io("cannot run git", e))?;
+        if !out.status.success() {
+            return Err(IsolationError::Git(format!(
+                "git {} failed in {}: {}",
+                args.join(" "),
+                self.workspace.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
 }
 
 #[cfg(test)]
@@ -219,5 +293,55 @@ mod tests {
             git.commit
         );
         assert!(snap.dir.join(".git/HEAD").is_file());
+    }
+
+    #[test]
+    fn nothing_in_the_repository_makes_the_daemons_git_run_a_program() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        let marker = dir.path().join("ran");
+        std::fs::create_dir_all(ws.join("hooks")).unwrap();
+        let git = |args: &[&str]| {
+            let out = Command::new("git")
+                .arg("-C")
+                .arg(&ws)
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{args:?}: {out:?}");
+        };
+        git(&["init", "-q"]);
+        // What an agent with write access to the workspace could plant.
+        let run = format!("touch {}; cat", marker.display());
+        git(&["config", "filter.evil.clean", &run]);
+        git(&["config", "filter.evil.process", &run]);
+        git(&["config", "core.hooksPath", "hooks"]);
+        git(&["config", "core.fsmonitor", &run]);
+        git(&["config", "commit.gpgSign", "true"]);
+        git(&["config", "gpg.program", &run]);
+        let hook = ws.join("hooks/reference-transaction");
+        std::fs::write(&hook, format!("#!/bin/sh\ntouch {}\n", marker.display())).unwrap();
+        std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        std::fs::write(ws.join(".gitattributes"), "* filter=evil\n").unwrap();
+        std::fs::write(ws.join("a.txt"), "a\n").unwrap();
+        let snap = take(&ws, &dir.path().join("snaps/b3"), "b3").unwrap();
+        assert!(snap.git.is_some());
+        drop_ref(&ws, "refs/forkd/snapshots/b3").unwrap();
+        assert!(
+            !marker.exists(),
+            "the repository's configuration ran a program"
+        );
+    }
+
+    #[test]
+    fn a_git_file_pointing_elsewhere_is_not_a_repository_of_the_workspace() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::write(ws.join(".git"), "gitdir: /somewhere/else\n").unwrap();
+        assert!(!is_git(&ws));
+        let snap = take(&ws, &dir.path().join("snaps/b4"), "b4").unwrap();
+        assert_eq!(snap.git, None);
     }
 }

@@ -53,7 +53,9 @@ pub(crate) struct Mount {
 
 impl Mount {
     fn new(dirs: &LayerDirs, workspace: &Path) -> Result<Mount, SandboxError> {
-        let mut options = String::from("userxattr");
+        // No inode index: a second mount of the same upper directory (a leftover command of a
+        // crashed daemon still holding the last one) is refused by the index where it is on.
+        let mut options = String::from("userxattr,index=off");
         for (key, dir) in [
             ("lowerdir", &dirs.lower),
             ("upperdir", &dirs.upper),
