@@ -172,6 +172,21 @@ pub struct AgentChanges {
     pub updated_at_ms: i64,
 }
 
+/// Where an agent's snapshot is kept: its batch's, or for a typed agent (which has none) its own,
+/// under the id its own id gives.
+pub fn snapshot_key(agent: &crate::Agent) -> Option<BatchId> {
+    match (agent.batch_id, agent.kind) {
+        (Some(batch), _) => Some(batch),
+        (None, crate::AgentKind::Typed) => Some(typed_key(agent.id)),
+        (None, _) => None,
+    }
+}
+
+/// The snapshot key of typed agent `id`.
+pub fn typed_key(id: AgentId) -> BatchId {
+    BatchId::from_uuid(id.as_uuid())
+}
+
 impl BatchSnapshot {
     /// Whether child `agent` of the batch works in a copy.
     pub fn isolates(&self, agent: AgentId) -> bool {

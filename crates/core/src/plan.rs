@@ -28,10 +28,10 @@ impl AgentCall {
     /// type; anything else is refused rather than guessed at.
     pub fn read(input: &Value) -> Result<Self, Refusal> {
         let directive = Directive::from_agent_input(input);
-        let isolation = isolation_of(input)?;
+        // Checked for every call, fork or typed: each says for its own agent.
+        isolation_of(input)?;
         match input.get("subagent_type") {
             None | Some(Value::Null) => Ok(AgentCall::Fork(directive)),
-            Some(Value::String(_)) if isolation == Isolation::Copy => Err(Refusal::TypedIsolation),
             Some(Value::String(ty)) => Ok(AgentCall::Typed {
                 subagent_type: ty.clone(),
                 directive,
@@ -90,8 +90,6 @@ pub enum Refusal {
     SubagentTypeNotText,
     #[error("isolation must be \"copy\" or \"none\", not {0}")]
     BadIsolation(String),
-    #[error("isolation: copy is for forks; a typed agent works in the session's workspace")]
-    TypedIsolation,
 }
 
 impl Refusal {
@@ -121,10 +119,6 @@ impl Refusal {
                 "This Agent call was refused: isolation must be \"copy\" (the agent works in \
                  its own copy of the workspace) or \"none\", not {value}."
             ),
-            Refusal::TypedIsolation => "This Agent call was refused: isolation \"copy\" is for \
-                 forks (calls without subagent_type); a typed agent works in the session's \
-                 workspace. Call it without isolation."
-                .to_owned(),
         }
     }
 }

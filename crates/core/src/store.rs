@@ -434,6 +434,9 @@ pub trait Store: Send + Sync + 'static {
     async fn get_batch(&self, id: BatchId) -> Result<Option<ForkBatch>>;
     /// The budget a batch was forked with.
     async fn batch_budget(&self, id: BatchId) -> Result<Budget>;
+    /// Stores the snapshot of an isolated typed agent's workspace (a batch's is stored with the
+    /// batch).
+    async fn put_snapshot(&self, snapshot: &crate::isolation::BatchSnapshot) -> Result<()>;
     /// An isolated batch's snapshot; `None` for a batch without isolation.
     async fn batch_snapshot(&self, id: BatchId) -> Result<Option<crate::isolation::BatchSnapshot>>;
     /// Stores (or replaces) an isolated child's changes and where its copy stands.

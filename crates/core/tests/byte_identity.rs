@@ -1190,7 +1190,7 @@ fn three_children_wire_format() {
         r#"{"type":"string","description":"A short (3-5 word) description of the task."},"#,
         r#""prompt":{"type":"string","description":"The task for the agent."},"subagent_type":"#,
         r#"{"type":"string"},"isolation":{"type":"string","enum":["copy","none"],"description":"#,
-        r#""copy: a fork works in its own copy of the workspace, at the same path; its edits are "#,
+        r#""copy: the agent works in its own copy of the workspace, at the same path; its edits are "#,
         r#"kept apart until applied. Default none."}},"required":["description","prompt"]}},"#,
         r#"{"name":"mcp__docs__search","description":"Search the docs.","input_schema":"#,
         r#"{"type":"object","properties":{"q":{"type":"string"}}}}],"#,

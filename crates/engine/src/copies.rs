@@ -133,6 +133,24 @@ impl Copies {
         })
     }
 
+    /// Takes and stores the snapshot of typed agent `id`'s own copy, before the agent is stored.
+    pub(crate) async fn snapshot_typed(&self, session: &Session, id: AgentId) -> Result<()> {
+        let key = forkd_core::isolation::typed_key(id);
+        if self.store.batch_snapshot(key).await?.is_some() {
+            // The same call answered again: its snapshot is taken.
+            return Ok(());
+        }
+        let snapshot = BatchSnapshot {
+            agents: Some(vec![id]),
+            ..self.snapshot(session, key).await?
+        };
+        if let Err(e) = self.store.put_snapshot(&snapshot).await {
+            self.forget(&snapshot).await;
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
     /// Removes a snapshot whose batch was not stored.
     pub(crate) async fn forget(&self, snapshot: &BatchSnapshot) {
         let dir = self.batch_dir(snapshot.batch_id);
@@ -141,10 +159,10 @@ impl Copies {
 
     /// The snapshot of `agent`'s batch, when the agent works in a copy.
     pub(crate) async fn snapshot_of(&self, agent: &Agent) -> Result<Option<BatchSnapshot>> {
-        let Some(batch) = agent.batch_id else {
+        let Some(key) = forkd_core::isolation::snapshot_key(agent) else {
             return Ok(None);
         };
-        let snapshot = self.store.batch_snapshot(batch).await?;
+        let snapshot = self.store.batch_snapshot(key).await?;
         Ok(snapshot.filter(|s| s.isolates(agent.id)))
     }
 
@@ -226,7 +244,7 @@ impl Copies {
     pub(crate) async fn changes(&self, agent: &Agent) -> Result<AgentChanges> {
         match self.store.agent_changes(agent.id).await? {
             Some(changes) => Ok(changes),
-            None if agent.batch_id.is_some() && self.snapshot_of(agent).await?.is_some() => {
+            None if self.snapshot_of(agent).await?.is_some() => {
                 Err(EngineError::WrongState(format!(
                     "agent {} has not ended: its changes are read when it ends",
                     agent.id

@@ -331,15 +331,17 @@ impl Engine {
     }
 
     /// Creates a typed agent in `session_id` and starts it; it reports through a notification.
+    /// With `isolation: copy` it works in its own copy of the workspace.
     pub async fn spawn_typed(
         &self,
         session_id: SessionId,
         subagent_type: &str,
         directive: forkd_core::Directive,
+        isolation: forkd_core::isolation::Isolation,
     ) -> Result<AgentId, EngineError> {
         self.inner
             .runs
-            .spawn_typed(session_id, subagent_type, directive)
+            .spawn_typed(session_id, (subagent_type, isolation), directive)
             .await
     }
 
@@ -474,6 +476,15 @@ impl Engine {
         for batch in batches {
             for changes in self.inner.store.batch_changes(batch).await? {
                 copies.insert(changes.agent_id, changes);
+            }
+        }
+        // A typed agent's copy is its own.
+        for agent in agents
+            .iter()
+            .filter(|a| a.kind == forkd_core::AgentKind::Typed && a.state.is_terminal())
+        {
+            if let Some(changes) = self.inner.store.agent_changes(agent.id).await? {
+                copies.insert(agent.id, changes);
             }
         }
         Ok(copies)

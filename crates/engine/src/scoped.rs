@@ -206,9 +206,12 @@ impl TenantEngine<'_> {
         id: SessionId,
         subagent_type: &str,
         directive: Directive,
+        isolation: forkd_core::isolation::Isolation,
     ) -> Result<AgentId> {
         self.own_session_id(id).await?;
-        self.engine.spawn_typed(id, subagent_type, directive).await
+        self.engine
+            .spawn_typed(id, subagent_type, directive, isolation)
+            .await
     }
 
     /// The tenant's agents that pass `filter`.

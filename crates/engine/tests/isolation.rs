@@ -162,3 +162,38 @@ async fn a_copy_at_its_disk_cap_stops_writing_and_one_kept_past_retention_is_dis
     );
     engine.shutdown(std::time::Duration::from_millis(100)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typed_agent_in_a_copy_edits_its_own_and_applies_like_a_child() {
+    let (_dir, ws, engine, session) = isolating(|_| {}).await;
+    std::fs::write(ws.join("a.txt"), "live\n").unwrap();
+    let prompt =
+        "Edit.\n@sim tool Bash {\"command\":\"echo typed > a.txt; cat a.txt\"}\n@sim say done";
+    let id = engine
+        .spawn_typed(
+            session.id,
+            "general-purpose",
+            Directive {
+                description: "edit".into(),
+                prompt: prompt.into(),
+            },
+            Isolation::Copy,
+        )
+        .await
+        .unwrap();
+    let note = common::ended(&engine, id).await;
+    assert_eq!(note.report.files_changed, vec!["a.txt".to_owned()]);
+    assert_eq!(std::fs::read_to_string(ws.join("a.txt")).unwrap(), "live\n");
+    let changes = engine.changes(id).await.unwrap();
+    assert!(changes.diff.contains("-live\n+typed\n"), "{}", changes.diff);
+    let applied = engine
+        .apply_changes(&forkd_engine::CopyTargets::Agents(vec![id]))
+        .await
+        .unwrap();
+    assert_eq!(applied[0].outcome.applied, vec!["a.txt".to_owned()]);
+    assert_eq!(
+        std::fs::read_to_string(ws.join("a.txt")).unwrap(),
+        "typed\n"
+    );
+    engine.shutdown(std::time::Duration::from_millis(100)).await;
+}

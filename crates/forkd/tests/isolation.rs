@@ -389,3 +389,46 @@ async fn a_models_fork_calls_each_say_whether_their_child_works_in_a_copy() {
     assert_eq!(applied.results[0].applied, vec!["a.txt".to_owned()]);
     assert_eq!(read(ws.path(), "a.txt"), "copied\n");
 }
+
+#[tokio::test]
+async fn a_models_typed_agent_call_may_ask_for_a_copy() {
+    let daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), "live\n").unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(&mut client, trusted_session_request(ws.path()))
+        .await
+        .unwrap();
+    let script = concat!(
+        "Delegate it.\n",
+        r#"@sim agent {"description":"typed","prompt":"Edit in a copy.\n@sim tool Bash {\"command\":\"echo typed > a.txt\"}\n@sim say edited","subagent_type":"general-purpose","isolation":"copy"}"#,
+        "\n@sim say delegated",
+    );
+    forkd_test_support::run_turn(
+        &mut client,
+        pb::SendMessageRequest {
+            session_id: session.session_id.clone(),
+            text: script.into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let typed = client
+        .list_agents(pb::ListAgentsRequest {
+            session_id: session.session_id.clone(),
+            include_ended: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .agents
+        .into_iter()
+        .find(|a| a.kind == "typed")
+        .expect("the typed agent");
+    assert_eq!(typed.changes, "1 file (+1 -1), kept");
+    assert_eq!(read(ws.path(), "a.txt"), "live\n");
+    let c = changes(&mut client, &typed.agent_id).await;
+    assert_eq!(c.files[0].path, "a.txt");
+}

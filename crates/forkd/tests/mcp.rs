@@ -469,6 +469,7 @@ async fn typed_agents_name_mcp_tools_and_a_kill_cancels_a_call() {
         subagent_type: "adder".into(),
         description: "add".into(),
         prompt: prompt.to_owned(),
+        ..Default::default()
     };
     let adder = client
         .spawn_agent(spawn(

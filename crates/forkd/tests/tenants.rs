@@ -160,6 +160,7 @@ async fn a_tenant_sees_only_its_own_sessions_agents_and_notifications() {
             subagent_type: "Explore".into(),
             description: "x".into(),
             prompt: "look".into(),
+            ..Default::default()
         }
     );
     not_found!(

@@ -58,6 +58,7 @@ async fn typed_agents_have_their_own_prompt_tools_and_model() {
         subagent_type: ty.to_owned(),
         description: "look".into(),
         prompt: prompt.to_owned(),
+        ..Default::default()
     };
 
     // Explore reads, and is refused a Write it was never offered.

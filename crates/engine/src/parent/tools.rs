@@ -115,6 +115,7 @@ impl Turns {
                 subagent_type: &ty,
                 handoff: Some(&turn.handoff),
                 waited: &turn.waited,
+                isolation: asks(&reply, &id),
             };
             let (result, outcome) = self.runs.typed_call(call, directive).await;
             match outcome {
@@ -268,17 +269,10 @@ impl Turns {
             .collect();
         // Each fork call says whether its child works in a copy (the plan refused bad values);
         // a session whose commands run unconfined has no copy to give.
-        let asks_copy = |id: &str| {
-            reply
-                .tool_uses()
-                .find(|(use_id, _, _)| *use_id == id)
-                .and_then(|(_, _, block)| block.tool_input())
-                .and_then(|input| plan::isolation_of(&input).ok())
-                == Some(forkd_core::isolation::Isolation::Copy)
-        };
+
         let (mut forks, mut isolated) = (Vec::new(), Vec::new());
         for (id, directive) in plan.forks {
-            let copy = asks_copy(&id);
+            let copy = asks(reply, &id) == forkd_core::isolation::Isolation::Copy;
             if copy && let Err(refused) = crate::copies::Copies::check(session) {
                 let text =
                     format!("This fork call was refused: {refused}. Fork it without isolation.");
@@ -295,4 +289,15 @@ impl Turns {
             answered,
         }
     }
+}
+
+/// What the `Agent` call `id` of `reply` asks for its agent's workspace (the plan refused a bad
+/// value).
+fn asks(reply: &Message, id: &str) -> forkd_core::isolation::Isolation {
+    reply
+        .tool_uses()
+        .find(|(use_id, _, _)| *use_id == id)
+        .and_then(|(_, _, block)| block.tool_input())
+        .and_then(|input| plan::isolation_of(&input).ok())
+        .unwrap_or_default()
 }

@@ -577,6 +577,8 @@ impl Runs {
             subagent_type: &subagent_type,
             handoff: None,
             waited: &waited,
+            // The plan refused a bad value.
+            isolation: forkd_core::plan::isolation_of(input).unwrap_or_default(),
         };
         let (block, outcome) = self.typed_call(call, directive).await;
         // The report is in this call's result, or goes to the session's transcript.

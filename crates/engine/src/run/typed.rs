@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use forkd_core::isolation::Isolation;
 use forkd_core::session::{CacheSafeParams, RenderedSystem, ToolsJson};
 use forkd_core::store::{AgentParams, NotificationFilter};
 use forkd_core::{
@@ -29,14 +30,14 @@ impl Runs {
     pub(crate) async fn spawn_typed(
         self: &Arc<Self>,
         session_id: SessionId,
-        subagent_type: &str,
+        (subagent_type, isolation): (&str, Isolation),
         directive: Directive,
     ) -> Result<AgentId> {
         let id = AgentId::new();
         self.create_typed(
             id,
             session_id,
-            subagent_type,
+            (subagent_type, isolation),
             directive,
             ReportTo::Transcript,
         )
@@ -50,7 +51,7 @@ impl Runs {
         self: &Arc<Self>,
         id: AgentId,
         session_id: SessionId,
-        subagent_type: &str,
+        (subagent_type, isolation): (&str, Isolation),
         directive: Directive,
         report_to: ReportTo,
     ) -> Result<AgentId> {
@@ -125,6 +126,11 @@ impl Runs {
                 now_ms(),
             )
         };
+        // Its own copy of the workspace, as it is now, before the agent exists.
+        if isolation == Isolation::Copy {
+            crate::copies::Copies::check(&session)?;
+            self.copies.snapshot_typed(&session, id).await?;
+        }
         let block = Block::text(&directive.prompt);
         self.store
             .insert_agent(&agent, Some(&block), Some(&own))
@@ -147,13 +153,19 @@ impl Runs {
         caller: AgentId,
         tool_use_id: &str,
         session_id: SessionId,
-        subagent_type: &str,
+        (subagent_type, isolation): (&str, Isolation),
         directive: Directive,
         waited: &std::sync::Mutex<Vec<AgentId>>,
     ) -> Result<(AgentId, bool)> {
         let id = AgentId::for_call(caller, tool_use_id);
         let id = self
-            .create_typed(id, session_id, subagent_type, directive, ReportTo::Caller)
+            .create_typed(
+                id,
+                session_id,
+                (subagent_type, isolation),
+                directive,
+                ReportTo::Caller,
+            )
             .await?;
         let agent = crate::lookup::agent(&*self.store, id).await?;
         if agent.report_to != ReportTo::Caller {
@@ -202,6 +214,8 @@ pub(crate) struct TypedCall<'a> {
     /// The agents whose reports the caller still owes the transcript, should it not deliver
     /// them (see `start_typed_for_caller`).
     pub waited: &'a std::sync::Mutex<Vec<AgentId>>,
+    /// Whether the agent works in its own copy of the workspace.
+    pub isolation: Isolation,
 }
 
 impl Runs {
@@ -260,6 +274,7 @@ impl Runs {
             subagent_type,
             handoff,
             waited,
+            isolation,
         } = call;
         let failed = |e: EngineError| {
             Block::tool_result(
@@ -273,7 +288,7 @@ impl Runs {
                 caller,
                 tool_use_id,
                 session_id,
-                subagent_type,
+                (subagent_type, isolation),
                 directive,
                 waited,
             )

@@ -85,6 +85,7 @@ impl ForkdService {
                     .into(),
             ));
         }
+        let isolation = req.isolation.parse().map_err(ApiError::BadRequest)?;
         let directive = Directive {
             description: req.description,
             prompt: req.prompt,
@@ -92,7 +93,7 @@ impl ForkdService {
         let id = self
             .engine
             .for_tenant(tenant)
-            .spawn_typed(session_id, &req.subagent_type, directive)
+            .spawn_typed(session_id, &req.subagent_type, directive, isolation)
             .await?;
         Ok(pb::SpawnAgentResponse {
             agent_id: id.to_string(),

@@ -242,6 +242,11 @@ impl Store for DriverStore {
         db(batches::budget(self.readers(), id).await)
     }
 
+    async fn put_snapshot(&self, snapshot: &BatchSnapshot) -> StoreResult<()> {
+        write_tx!(self, |tx| isolation::put_snapshot(&mut tx, snapshot)
+            .await?)
+    }
+
     async fn batch_snapshot(&self, id: BatchId) -> StoreResult<Option<BatchSnapshot>> {
         db(isolation::snapshot(self.readers(), id).await)
     }
