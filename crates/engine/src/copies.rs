@@ -217,12 +217,24 @@ impl Copies {
         outside_possible: bool,
     ) -> Result<AgentChanges> {
         let dirs = self.dirs(snapshot, agent.id);
+        // In a git workspace, a tracked file is reported even where a .gitignore matches it.
+        let git = match &snapshot.git_commit {
+            Some(commit) => self
+                .store
+                .get_session(agent.session_id)
+                .await?
+                .map(|s| (s.workspace, commit.clone())),
+            None => None,
+        };
         let changes = blocking(move || {
             // A child that never ran a tool has no layer yet: it changed nothing.
             if !dirs.upper.is_dir() {
                 return Ok(isolation::Changes::default());
             }
-            isolation::changes::collect(&dirs)
+            let git = git
+                .as_ref()
+                .map(|(ws, commit)| (ws.as_path(), commit.as_str()));
+            isolation::changes::collect_in(&dirs, git)
         })
         .await?
         .map_err(isolation_error)?;

@@ -522,3 +522,62 @@ async fn typed_agents_name_mcp_tools_and_a_kill_cancels_a_call() {
     let log = transcript_text(&mut client, &again.agent_id).await.unwrap();
     assert!(log.contains(r#""content":"3""#), "{log}");
 }
+
+/// An isolated child that calls an MCP tool not marked read-only may have changed things no
+/// diff of its copy shows: its report and its changes say so. A read-only tool's call does not.
+#[tokio::test]
+async fn an_isolated_childs_writing_mcp_call_is_noted_as_outside_its_copy() {
+    let Some(python) = mcp_python() else { return };
+    let tmp_root = tempfile::tempdir().unwrap();
+    let daemon = spawn_daemon_with(|c| {
+        write_mcp_json(&c.home, &python, json!({}), json!({}));
+        c.engine.sandbox.tmp_root = tmp_root.path().to_path_buf();
+    })
+    .await
+    .unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
+            mcp_servers: vec!["calc".into()],
+            ..forkd_test_support::trusted_session_request(ws.path())
+        },
+    )
+    .await
+    .unwrap();
+    let batch = client
+        .fork_batch(pb::ForkBatchRequest {
+            session_id: session.session_id.clone(),
+            directives: forkd_test_support::directives(&[
+                "Add.\n@sim tool mcp__calc__add {\"a\":2,\"b\":40}\n@sim say added",
+                "Echo.\n@sim tool mcp__calc__echo {\"text\":\"hi\"}\n@sim say echoed",
+            ]),
+            isolation: "copy".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let done = wait_for_batch(&mut client, &batch.batch_id, 2, DEADLINE)
+        .await
+        .unwrap();
+    for (i, outside) in [(0, false), (1, true)] {
+        let id = &batch.agent_ids[i];
+        let note = done.iter().find(|n| &n.agent_id == id).unwrap();
+        let issues = note.report.clone().unwrap().issues;
+        assert_eq!(
+            issues.contains("changes outside the copy possible"),
+            outside,
+            "{issues}"
+        );
+        let changes = client
+            .get_changes(pb::GetChangesRequest {
+                agent_id: id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(changes.outside_possible, outside);
+    }
+}

@@ -411,3 +411,44 @@ async fn a_path_in_a_copy_is_named_where_it_really_is() {
     let git = ws.resolve("src/../.git/config", forkd_tools::Access::Write);
     assert!(git.is_err(), "{git:?}");
 }
+
+#[tokio::test]
+async fn a_tracked_file_a_gitignore_matches_is_still_a_change() {
+    let batch = Batch::new(&[
+        (".gitignore", "dist/\n"),
+        ("dist/bundle.js", "v1\n"),
+        (".git/placeholder", ""),
+    ]);
+    // `dist/bundle.js` is committed by force, then the snapshot taken again with it tracked.
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .args(args)
+            .current_dir(&batch.ws)
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@t")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@t")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    };
+    run(&["add", "-f", "dist/bundle.js", ".gitignore"]);
+    run(&["commit", "-qm", "release"]);
+    std::fs::remove_dir_all(&batch.snapshot).unwrap();
+    let snap = isolation::snapshot::take(&batch.ws, &batch.snapshot, "b2").unwrap();
+    let commit = snap.git.unwrap().commit;
+    let ctx = batch.child("c1");
+    bash(
+        &ctx,
+        "echo v2 > dist/bundle.js; mkdir -p dist/tmp; echo x > dist/tmp/scratch",
+    )
+    .await;
+    let plain = batch.changes("c1");
+    assert!(
+        plain.files.is_empty(),
+        "without the commit both are ignored"
+    );
+    let changes =
+        isolation::changes::collect_in(&batch.dirs("c1"), Some((&batch.ws, &commit))).unwrap();
+    assert_eq!(changes.paths(), vec!["dist/bundle.js"]);
+}

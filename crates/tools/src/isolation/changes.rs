@@ -48,13 +48,32 @@ enum Upper {
 
 /// Reads `dirs`' changes against the snapshot (`dirs.lower`).
 pub fn collect(dirs: &LayerDirs) -> Result<Changes, IsolationError> {
+    collect_in(dirs, None)
+}
+
+/// [`collect`] for a git workspace whose snapshot is commit `git.1` of the repository at
+/// `git.0`: a file the snapshot tracks is reported even where a `.gitignore` matches it (a
+/// force-added file), as `git status` would.
+pub fn collect_in(dirs: &LayerDirs, git: Option<(&Path, &str)>) -> Result<Changes, IsolationError> {
     let mut found: BTreeMap<String, Upper> = BTreeMap::new();
     walk_upper(dirs, Path::new(""), &mut found)?;
     let ignored = Ignored::new(dirs);
+    let mut tracked: Option<std::collections::HashSet<String>> = None;
     let mut changes = Changes::default();
     for (path, upper) in found {
-        if path == ".git" || path.starts_with(".git/") || ignored.is(&path) {
+        if path == ".git" || path.starts_with(".git/") {
             continue;
+        }
+        if ignored.is(&path) {
+            let Some((workspace, commit)) = git else {
+                continue;
+            };
+            if tracked.is_none() {
+                tracked = Some(tracked_files(workspace, commit)?);
+            }
+            if !tracked.as_ref().is_some_and(|t| t.contains(&path)) {
+                continue;
+            }
         }
         let lower = dirs.lower.join(&path);
         let base = std::fs::symlink_metadata(&lower)
@@ -115,6 +134,26 @@ pub fn collect(dirs: &LayerDirs) -> Result<Changes, IsolationError> {
         changes.files.push(change.0);
     }
     Ok(changes)
+}
+
+/// The files commit `commit` of the repository at `workspace` tracks.
+fn tracked_files(
+    workspace: &Path,
+    commit: &str,
+) -> Result<std::collections::HashSet<String>, IsolationError> {
+    let index = workspace.join(".git/index");
+    let listed = super::snapshot::Git::new(workspace, &index).run(&[
+        "ls-tree",
+        "-r",
+        "-z",
+        "--name-only",
+        commit,
+    ])?;
+    Ok(listed
+        .split('\0')
+        .filter(|p| !p.is_empty())
+        .map(str::to_owned)
+        .collect())
 }
 
 /// Collects what `upper/rel` holds, recursively: files, specials and removals (a whiteout, or a

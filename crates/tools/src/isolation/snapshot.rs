@@ -108,11 +108,16 @@ pub fn size(dir: &Path) -> (u64, u64) {
 fn commit(workspace: &Path, dir: &Path, name: &str) -> Result<GitSnapshot, IsolationError> {
     let index = dir.with_extension("index");
     let result = (|| {
+        let git = Git::new(workspace, &index);
+        let head = git.run(&["rev-parse", "--verify", "--quiet", "HEAD"]).ok();
+        // Starting from HEAD's tree: a tracked file stays in the commit even where a .gitignore
+        // matches it (a force-added one), as in the user's own index.
+        if let Some(head) = &head {
+            git.run(&["read-tree", head])?;
+        }
         let add = Git::new(workspace, &index).work_tree(dir).without_filters();
         add.run(&["add", "--all", "--", "."])?;
-        let git = Git::new(workspace, &index);
         let tree = git.run(&["write-tree"])?;
-        let head = git.run(&["rev-parse", "--verify", "--quiet", "HEAD"]).ok();
         let message = format!("forkd: snapshot of the working tree for batch {name}");
         let mut args = vec!["commit-tree", tree.as_str(), "-m", message.as_str()];
         if let Some(head) = &head {
