@@ -46,19 +46,33 @@ async fn changes(client: &mut Client, agent: &str) -> pb::GetChangesResponse {
         .into_inner()
 }
 
+/// A daemon, a workspace whose `a.txt` holds `content`, a client, and a session on the
+/// workspace whose agents run every tool without asking.
+async fn world(
+    content: &str,
+) -> (
+    forkd_test_support::TestDaemon,
+    tempfile::TempDir,
+    Client,
+    pb::Session,
+) {
+    let daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), content).unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(&mut client, trusted_session_request(ws.path()))
+        .await
+        .unwrap();
+    (daemon, ws, client, session)
+}
+
 fn read(ws: &Path, rel: &str) -> String {
     std::fs::read_to_string(ws.join(rel)).unwrap()
 }
 
 #[tokio::test]
 async fn three_children_edit_one_line_each_sees_its_own_and_apply_takes_the_first() {
-    let daemon = spawn_daemon().await.unwrap();
-    let ws = tempfile::tempdir().unwrap();
-    std::fs::write(ws.path().join("a.txt"), "line 1\nline 2\nline 3\n").unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, trusted_session_request(ws.path()))
-        .await
-        .unwrap();
+    let (daemon, ws, mut client, session) = world("line 1\nline 2\nline 3\n").await;
     let scripts: Vec<String> = (1..=3)
         .map(|i| {
             format!(
@@ -153,14 +167,8 @@ async fn three_children_edit_one_line_each_sees_its_own_and_apply_takes_the_firs
 
 #[tokio::test]
 async fn siblings_edit_and_cat_in_their_own_copies_and_a_parent_edit_stays_out() {
-    let daemon = spawn_daemon().await.unwrap();
-    let ws = tempfile::tempdir().unwrap();
-    std::fs::write(ws.path().join("a.txt"), "snapshot\n").unwrap();
+    let (_daemon, ws, mut client, session) = world("snapshot\n").await;
     std::fs::write(ws.path().join("b.txt"), "before the fork\n").unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, trusted_session_request(ws.path()))
-        .await
-        .unwrap();
     let editor = "Edit, then cat.\n\
         @sim tool Edit {\"file_path\":\"a.txt\",\"old_string\":\"snapshot\",\"new_string\":\"edited by one\"}\n\
         @sim tool Bash {\"command\":\"sleep 1; cat a.txt b.txt\"}\n\
@@ -251,13 +259,7 @@ async fn isolation_is_refused_for_full_access_sessions_and_changes_for_shared_ch
 
 #[tokio::test]
 async fn a_child_resumed_after_a_restart_finds_its_own_earlier_edits() {
-    let mut daemon = spawn_daemon().await.unwrap();
-    let ws = tempfile::tempdir().unwrap();
-    std::fs::write(ws.path().join("a.txt"), "snapshot\n").unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, trusted_session_request(ws.path()))
-        .await
-        .unwrap();
+    let (mut daemon, ws, mut client, session) = world("snapshot\n").await;
     let slow = "Write, wait, read.\n\
         @sim tool Bash {\"command\":\"echo mine > a.txt\"}\n\
         @sim sleep 4s\n\
@@ -301,13 +303,7 @@ async fn a_child_resumed_after_a_restart_finds_its_own_earlier_edits() {
 #[tokio::test]
 async fn a_models_fork_calls_each_say_whether_their_child_works_in_a_copy() {
     use pb::session_event::Event;
-    let daemon = spawn_daemon().await.unwrap();
-    let ws = tempfile::tempdir().unwrap();
-    std::fs::write(ws.path().join("a.txt"), "live\n").unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, trusted_session_request(ws.path()))
-        .await
-        .unwrap();
+    let (_daemon, ws, mut client, session) = world("live\n").await;
     let script = concat!(
         "Try both ways.\n",
         r#"@sim agent {"description":"copied","prompt":"Edit in a copy.\n@sim tool Bash {\"command\":\"echo copied > a.txt\"}\n@sim say done","isolation":"copy"}"#,
@@ -392,13 +388,7 @@ async fn a_models_fork_calls_each_say_whether_their_child_works_in_a_copy() {
 
 #[tokio::test]
 async fn a_models_typed_agent_call_may_ask_for_a_copy() {
-    let daemon = spawn_daemon().await.unwrap();
-    let ws = tempfile::tempdir().unwrap();
-    std::fs::write(ws.path().join("a.txt"), "live\n").unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, trusted_session_request(ws.path()))
-        .await
-        .unwrap();
+    let (_daemon, ws, mut client, session) = world("live\n").await;
     let script = concat!(
         "Delegate it.\n",
         r#"@sim agent {"description":"typed","prompt":"Edit in a copy.\n@sim tool Bash {\"command\":\"echo typed > a.txt\"}\n@sim say edited","subagent_type":"general-purpose","isolation":"copy"}"#,
