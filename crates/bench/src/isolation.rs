@@ -8,7 +8,6 @@
 //! the setup of one child's view (its namespaces, its layer mounted, its root opened), as each of
 //! its turns pays it.
 
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,22 +41,6 @@ fn generate(ws: &Path, files: usize, size: usize) -> anyhow::Result<()> {
         std::fs::write(dir.join(format!("f{i:05}.txt")), &body)?;
     }
     Ok(())
-}
-
-/// The bytes the blocks of everything beneath `dir` take.
-fn disk(dir: &Path) -> u64 {
-    let mut total = 0;
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    for entry in entries.flatten() {
-        let Ok(meta) = entry.metadata() else { continue };
-        total += meta.blocks() * 512;
-        if meta.is_dir() {
-            total += disk(&entry.path());
-        }
-    }
-    total
 }
 
 /// Child `i`'s directive: one edit of its own file, then its report.
@@ -207,11 +190,11 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
             .await?
             .ok_or_else(|| anyhow::anyhow!("the isolated batch has no snapshot"))?;
         let batch_dir = base.join("home/isolation").join(iso.batch.to_string());
-        let snapshot_disk = disk(Path::new(&snapshot.dir));
+        let snapshot_disk = forkd_tools::isolation::disk_usage(Path::new(&snapshot.dir));
         let mut per_child = Vec::new();
         for entry in std::fs::read_dir(&batch_dir)?.flatten() {
             if entry.file_name() != "snapshot" {
-                per_child.push(disk(&entry.path()));
+                per_child.push(forkd_tools::isolation::disk_usage(&entry.path()));
             }
         }
         let max_child = per_child.iter().copied().max().unwrap_or(0);

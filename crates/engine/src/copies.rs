@@ -166,28 +166,53 @@ impl Copies {
         Ok(snapshot.filter(|s| s.isolates(agent.id)))
     }
 
-    /// Those of `agents` that work in copies, in order.
-    pub(crate) async fn isolated(&self, agents: Vec<Agent>) -> Result<Vec<Agent>> {
+    /// Those of `agents` that work in copies, in order, with their snapshots: each snapshot
+    /// read once, however many of a batch's children are named.
+    pub(crate) async fn isolated(&self, agents: Vec<Agent>) -> Result<Vec<(Agent, BatchSnapshot)>> {
+        let mut read: std::collections::HashMap<BatchId, Option<BatchSnapshot>> =
+            std::collections::HashMap::new();
         let mut isolated = Vec::with_capacity(agents.len());
         for agent in agents {
-            if self.snapshot_of(&agent).await?.is_some() {
-                isolated.push(agent);
+            let Some(key) = forkd_core::isolation::snapshot_key(&agent) else {
+                continue;
+            };
+            let snapshot = match read.get(&key) {
+                Some(snapshot) => snapshot.clone(),
+                None => {
+                    let snapshot = self.store.batch_snapshot(key).await?;
+                    read.insert(key, snapshot.clone());
+                    snapshot
+                }
+            };
+            if let Some(snapshot) = snapshot.filter(|s| s.isolates(agent.id)) {
+                isolated.push((agent, snapshot));
             }
         }
         Ok(isolated)
     }
 
-    /// The workspace `agent`'s tools use: its own layer when its batch is isolated (made for
-    /// this turn, over the directories an earlier run left), the session's otherwise.
+    /// The snapshots of those of `agents` that work in copies, by agent.
+    async fn snapshots(
+        &self,
+        agents: &[Agent],
+    ) -> Result<std::collections::HashMap<AgentId, BatchSnapshot>> {
+        Ok(self
+            .isolated(agents.to_vec())
+            .await?
+            .into_iter()
+            .map(|(agent, snapshot)| (agent.id, snapshot))
+            .collect())
+    }
+
+    /// The workspace an isolated `agent`'s tools use: its own layer over `snapshot`, made for
+    /// this turn over the directories an earlier run left.
     pub(crate) async fn workspace(
         &self,
         agent: &Agent,
+        snapshot: &BatchSnapshot,
         session: &Session,
         spec: Option<&SandboxSpec>,
     ) -> Result<Workspace> {
-        let Some(snapshot) = self.snapshot_of(agent).await? else {
-            return Workspace::new(&session.workspace).map_err(EngineError::Workspace);
-        };
         let Some(spec) = spec.cloned() else {
             return Err(EngineError::Isolation(
                 "an isolated child needs its session's sandbox; this session has none".into(),
@@ -200,7 +225,7 @@ impl Copies {
                 snapshot.dir
             )));
         }
-        let dirs = self.dirs(&snapshot, agent.id);
+        let dirs = self.dirs(snapshot, agent.id);
         let workspace = session.workspace.clone();
         let view = blocking(move || LayerView::open(spec.sandbox, &spec.paths, &workspace, &dirs))
             .await?
@@ -277,6 +302,7 @@ impl Copies {
         // applies, or an apply and a discard, never work on one copy at once.
         let lock = self.session_locks.get(session.id);
         let _guard = lock.lock().await;
+        let snapshots = self.snapshots(agents).await?;
         let mut ready = Vec::new();
         for agent in agents {
             let changes = self.changes(agent).await?;
@@ -294,7 +320,7 @@ impl Copies {
         let mut applied = Vec::new();
         let mut touched = std::collections::BTreeMap::new();
         for (agent, mut changes) in ready {
-            let Some(snapshot) = self.snapshot_of(agent).await? else {
+            let Some(snapshot) = snapshots.get(&agent.id).cloned() else {
                 continue;
             };
             let dirs = self.dirs(&snapshot, agent.id);
@@ -344,6 +370,7 @@ impl Copies {
 
     /// Discards `agents`' copies: their changes stay on record, their files go.
     pub(crate) async fn discard(&self, agents: &[Agent]) -> Result<Vec<AgentId>> {
+        let snapshots = self.snapshots(agents).await?;
         let mut discarded = Vec::new();
         let mut touched = std::collections::BTreeMap::new();
         for agent in agents {
@@ -353,7 +380,7 @@ impl Copies {
             if matches!(changes.state, CopyState::Applied | CopyState::Discarded) {
                 continue;
             }
-            let Some(snapshot) = self.snapshot_of(agent).await? else {
+            let Some(snapshot) = snapshots.get(&agent.id).cloned() else {
                 continue;
             };
             changes.state = CopyState::Discarded;

@@ -513,7 +513,13 @@ impl Engine {
                     .await?;
                 agents.sort_by_key(|a| a.index);
                 // A model's batch may isolate some calls only: the others have no copy.
-                self.inner.copies.isolated(agents).await?
+                self.inner
+                    .copies
+                    .isolated(agents)
+                    .await?
+                    .into_iter()
+                    .map(|(agent, _)| agent)
+                    .collect()
             }
         };
         let Some(first) = agents.first() else {

@@ -24,16 +24,25 @@ async fn fork_isolated(
     session: &str,
     prompts: &[&str],
 ) -> pb::ForkBatchResponse {
+    fork_with(client, session, prompts, "copy").await.unwrap()
+}
+
+/// A batch of `prompts` asking for `isolation`.
+async fn fork_with(
+    client: &mut Client,
+    session: &str,
+    prompts: &[&str],
+    isolation: &str,
+) -> Result<pb::ForkBatchResponse, tonic::Status> {
     client
         .fork_batch(pb::ForkBatchRequest {
             session_id: session.to_owned(),
             directives: directives(prompts),
-            isolation: "copy".into(),
+            isolation: isolation.into(),
             ..Default::default()
         })
         .await
-        .unwrap()
-        .into_inner()
+        .map(tonic::Response::into_inner)
 }
 
 async fn changes(client: &mut Client, agent: &str) -> pb::GetChangesResponse {
@@ -219,24 +228,12 @@ async fn isolation_is_refused_for_full_access_sessions_and_changes_for_shared_ch
     )
     .await
     .unwrap();
-    let refused = client
-        .fork_batch(pb::ForkBatchRequest {
-            session_id: open.session_id.clone(),
-            directives: directives(&["x"]),
-            isolation: "copy".into(),
-            ..Default::default()
-        })
+    let refused = fork_with(&mut client, &open.session_id, &["x"], "copy")
         .await
         .unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
     assert!(refused.message().contains("full-access"), "{refused:?}");
-    let unknown = client
-        .fork_batch(pb::ForkBatchRequest {
-            session_id: open.session_id.clone(),
-            directives: directives(&["x"]),
-            isolation: "worktree".into(),
-            ..Default::default()
-        })
+    let unknown = fork_with(&mut client, &open.session_id, &["x"], "worktree")
         .await
         .unwrap_err();
     assert_eq!(unknown.code(), Code::InvalidArgument, "{unknown:?}");

@@ -46,6 +46,19 @@ fn write_mcp_json(home: &Path, python: &str, calc: serde_json::Value, extra: ser
     .unwrap();
 }
 
+/// A daemon whose operator's `mcp.json` has the fixture as `calc`; its servers live under a
+/// temporary root of its own (returned with it, to keep).
+async fn calc_daemon(python: &str) -> (tempfile::TempDir, forkd_test_support::TestDaemon) {
+    let tmp_root = tempfile::tempdir().unwrap();
+    let daemon = spawn_daemon_with(|c| {
+        write_mcp_json(&c.home, python, json!({}), json!({}));
+        c.engine.sandbox.tmp_root = tmp_root.path().to_path_buf();
+    })
+    .await
+    .unwrap();
+    (tmp_root, daemon)
+}
+
 fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
         !stat
@@ -57,14 +70,7 @@ fn alive(pid: i32) -> bool {
 #[tokio::test]
 async fn fork_children_call_a_servers_tools_and_get_its_real_results() {
     let Some(python) = mcp_python() else { return };
-    // Servers of this daemon alone live under its own temporary root.
-    let tmp_root = tempfile::tempdir().unwrap();
-    let mut daemon = spawn_daemon_with(|c| {
-        write_mcp_json(&c.home, &python, json!({}), json!({}));
-        c.engine.sandbox.tmp_root = tmp_root.path().to_path_buf();
-    })
-    .await
-    .unwrap();
+    let (tmp_root, mut daemon) = calc_daemon(&python).await;
     let ws = tempfile::tempdir().unwrap();
     let mut client = daemon.client().await.unwrap();
     let session = create_session(
@@ -528,13 +534,7 @@ async fn typed_agents_name_mcp_tools_and_a_kill_cancels_a_call() {
 #[tokio::test]
 async fn an_isolated_childs_writing_mcp_call_is_noted_as_outside_its_copy() {
     let Some(python) = mcp_python() else { return };
-    let tmp_root = tempfile::tempdir().unwrap();
-    let daemon = spawn_daemon_with(|c| {
-        write_mcp_json(&c.home, &python, json!({}), json!({}));
-        c.engine.sandbox.tmp_root = tmp_root.path().to_path_buf();
-    })
-    .await
-    .unwrap();
+    let (_tmp_root, daemon) = calc_daemon(&python).await;
     let ws = tempfile::tempdir().unwrap();
     let mut client = daemon.client().await.unwrap();
     let session = create_session(

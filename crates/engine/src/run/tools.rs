@@ -143,19 +143,21 @@ impl Runs {
         // Only Bash runs in the sandbox: the spec (every session's workspace, read from the
         // store) is built for the turns that call it, and for an isolated child's every turn,
         // whose file tools work in the layer its view mounts.
-        let isolated = self.copies.snapshot_of(turn.agent).await?.is_some();
+        let snapshot = self.copies.snapshot_of(turn.agent).await?;
+        let isolated = snapshot.is_some();
         let spec = if isolated || assistant.tool_uses().any(|(_, name, _)| name == "Bash") {
             self.sandbox_spec(turn.session, isolated.then_some(turn.agent.id))
                 .await?
         } else {
             None
         };
-        let workspace = if isolated {
-            self.copies
-                .workspace(turn.agent, turn.session, spec.as_ref())
-                .await?
-        } else {
-            Workspace::new(&turn.session.workspace).map_err(EngineError::Workspace)?
+        let workspace = match &snapshot {
+            Some(snapshot) => {
+                self.copies
+                    .workspace(turn.agent, snapshot, turn.session, spec.as_ref())
+                    .await?
+            }
+            None => Workspace::new(&turn.session.workspace).map_err(EngineError::Workspace)?,
         };
         let mut ctx = ToolContext::new(workspace, turn.cancel.clone());
         if let Some(spec) = spec {
