@@ -5,6 +5,7 @@
 //! the byte-identity invariants can be property-tested in isolation.
 
 pub mod agent;
+pub mod branch;
 pub mod calc;
 pub mod compaction;
 pub mod digest;

@@ -38,6 +38,27 @@ impl Conversation {
             anchors: Vec::new(),
         }
     }
+
+    /// A session's main-loop request. With `reply_breakpoint`, the end of the last assistant
+    /// message gets a breakpoint too: the cache then holds the history up to that reply, which a
+    /// branch or a batch that starts right after it reads instead of writing it again. It costs
+    /// nothing: everything up to the last breakpoint is written anyway.
+    pub fn main_loop(messages: Vec<Message>, reply_breakpoint: bool) -> Self {
+        let anchors = if reply_breakpoint {
+            messages
+                .iter()
+                .rposition(|m| m.role == Role::Assistant && !m.blocks.is_empty())
+                .map(|message| BlockPos {
+                    message,
+                    block: messages[message].blocks.len() - 1,
+                })
+                .into_iter()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Self { messages, anchors }
+    }
 }
 
 /// Where one block's bytes sit in a serialized body.
@@ -261,6 +282,58 @@ mod tests {
             }),
             max_tokens: 100,
         }
+    }
+
+    #[test]
+    fn a_main_loop_request_may_mark_the_end_of_the_last_reply_too() {
+        let messages = vec![
+            Message::user(vec![Block::text("u1")]),
+            Message::assistant(vec![Block::thinking("t", "s"), Block::text("a1")]),
+            Message::user(vec![Block::text("u2")]),
+            Message::assistant(vec![Block::text("a2"), Block::text("a2, more")]),
+            Message::user(vec![Block::text("note")]),
+            Message::user(vec![Block::text("u3")]),
+        ];
+        let last = BlockPos {
+            message: 5,
+            block: 0,
+        };
+        let reply = BlockPos {
+            message: 3,
+            block: 1,
+        };
+        let marked = serialize(
+            &params(),
+            &Conversation::main_loop(messages.clone(), true),
+            true,
+        );
+        assert_eq!(marked.breakpoints, vec![reply, last]);
+        assert!(marked.system_breakpoint);
+        let plain = serialize(
+            &params(),
+            &Conversation::main_loop(messages.clone(), false),
+            true,
+        );
+        assert_eq!(plain.breakpoints, vec![last]);
+        assert_eq!(
+            plain,
+            serialize(&params(), &Conversation::plain(messages), true)
+        );
+        // Up to the reply's breakpoint, a branch that goes on after it sends the same bytes.
+        let branch = vec![
+            Message::user(vec![Block::text("u1")]),
+            Message::assistant(vec![Block::thinking("t", "s"), Block::text("a1")]),
+            Message::user(vec![Block::text("u2")]),
+            Message::assistant(vec![Block::text("a2"), Block::text("a2, more")]),
+            Message::user(vec![Block::text("another u3")]),
+        ];
+        let other = serialize(&params(), &Conversation::main_loop(branch, true), true);
+        let end = |r: &SerializedRequest| r.span(reply).map(|s| s.end).unwrap_or_default();
+        assert_eq!(end(&marked), end(&other));
+        assert_eq!(marked.body[..end(&marked)], other.body[..end(&other)]);
+        // Without any reply yet, only the last block is marked.
+        let first = Conversation::main_loop(vec![Message::user(vec![Block::text("u1")])], true);
+        assert_eq!(serialize(&params(), &first, true).breakpoints.len(), 1);
     }
 
     #[test]

@@ -66,6 +66,20 @@ impl RenderedSystem {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The same text naming another working directory: `Working directory: FROM` in its
+    /// `<env>` becomes `TO`. `None` when the text names no such line (it was not rendered by
+    /// [`SystemTemplate::render`] with `from`).
+    pub fn with_workspace(&self, from: &str, to: &str) -> Option<Self> {
+        let line = format!("\nWorking directory: {from}\n");
+        let at = self.0.find("\n<env>\n")?;
+        let found = at + self.0[at..].find(&line)?;
+        let mut out = String::with_capacity(self.0.len() + to.len());
+        out.push_str(&self.0[..found]);
+        out.push_str(&format!("\nWorking directory: {to}\n"));
+        out.push_str(&self.0[found + line.len()..]);
+        Some(Self(Arc::from(out)))
+    }
 }
 
 /// One tool definition: its name and its exact JSON bytes.
@@ -312,6 +326,13 @@ pub struct Session {
     /// The MCP servers it uses and the tools it got from them, fixed at creation.
     pub mcp: SessionMcp,
     pub created_at_ms: i64,
+    /// Where a branch starts in its origin's transcript; `None` for a session created afresh.
+    pub branch: Option<crate::branch::Branch>,
+    /// Its main loop's requests also carry a breakpoint at the end of the last assistant reply
+    /// ([`crate::request::Conversation::main_loop`]), so a branch or a batch that starts after
+    /// that reply reads it from the cache. Set for sessions created since branches came; earlier
+    /// sessions keep the bytes their requests always had.
+    pub reply_breakpoint: bool,
 }
 
 /// Who defined one of a session's MCP servers.
@@ -422,6 +443,26 @@ mod tests {
         };
         assert_eq!(t.render(), t.clone().render());
         assert!(t.render().as_str().contains("Platform: linux"));
+    }
+
+    #[test]
+    fn another_workspace_changes_only_its_line() {
+        let t = SystemTemplate {
+            base: "Work in /ws.\nWorking directory: /ws\n".into(),
+            date: "2026-11-29".into(),
+            workspace: "/ws".into(),
+            model: "m".into(),
+            coordinator: false,
+            environment: BTreeMap::new(),
+        };
+        let moved = t.render().with_workspace("/ws", "/other");
+        let expected = SystemTemplate {
+            workspace: "/other".into(),
+            ..t.clone()
+        };
+        // The client's own text (before <env>) is left as it was written.
+        assert_eq!(moved, Some(expected.render()));
+        assert_eq!(t.render().with_workspace("/elsewhere", "/other"), None);
     }
 
     #[test]

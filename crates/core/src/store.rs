@@ -218,6 +218,9 @@ pub struct StoredMessage {
     pub seq: u64,
     pub message: Message,
     pub created_at_ms: i64,
+    /// A session's message that began a turn (the user's, stored by
+    /// [`Store::append_user_message`]); `false` for every other message and for agents'.
+    pub starts_turn: bool,
 }
 
 /// A fork child to insert with its batch.
@@ -326,6 +329,20 @@ pub trait Store: Send + Sync + 'static {
         first_messages: &[Message],
         idempotency: Option<&IdempotencyRecord>,
     ) -> Result<()>;
+    /// Stores a branch (`session.branch` set): its row and, copied from its origin, the tools
+    /// allowed always. None of the origin's transcript is copied, nor its system prompt and
+    /// tools when the branch keeps them (the row names the session that holds them). `Conflict`
+    /// when the origin has fewer messages than the point; `NotFound` without the origin.
+    async fn create_branch(
+        &self,
+        session: &Session,
+        idempotency: Option<&IdempotencyRecord>,
+    ) -> Result<()>;
+    /// The branches made from `origin` (not theirs), in creation order.
+    async fn branches(&self, origin: SessionId) -> Result<Vec<Session>>;
+    /// The seq of each message that began one of the session's turns (its origins' included,
+    /// for a branch), in order: turn `K` begins at the `K`-th.
+    async fn session_turns(&self, id: SessionId) -> Result<Vec<u64>>;
     async fn get_session(&self, id: SessionId) -> Result<Option<Session>>;
     /// Sessions in creation order after the cursor, of one tenant or all; `limit` 0 means no
     /// limit.
@@ -367,6 +384,17 @@ pub trait Store: Send + Sync + 'static {
         session: SessionId,
         messages: &[Message],
         delivered: &[AgentId],
+        idempotency: Option<&IdempotencyRecord>,
+        at_ms: i64,
+    ) -> Result<u64>;
+
+    /// Appends the user's message that begins a turn, as [`Store::append_turn`] appends one
+    /// message; it counts as the turn's ([`StoredMessage::starts_turn`]).
+    async fn append_user_message(
+        &self,
+        lease: &Lease,
+        session: SessionId,
+        message: &Message,
         idempotency: Option<&IdempotencyRecord>,
         at_ms: i64,
     ) -> Result<u64>;

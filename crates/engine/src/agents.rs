@@ -18,6 +18,10 @@ pub struct TranscriptEntry {
     /// A compaction's summary, shown where its boundary is: the requests after it start with
     /// this message instead of everything before it. Not a message of the transcript itself.
     pub compaction: bool,
+    /// A session's main loop's message: its seq in the session's transcript, and the turn it
+    /// begins, if it does.
+    pub seq: Option<u64>,
+    pub turn: Option<u32>,
 }
 
 impl Engine {
@@ -105,18 +109,32 @@ impl Engine {
                 .await?
                 .into_iter()
                 .peekable();
+            // A branch's messages before its point are its origin's.
+            let point = self
+                .get_session(agent.session_id)
+                .await?
+                .branch
+                .map_or(0, |b| b.point);
+            let mut turn = 0_u32;
             for m in store.session_messages(agent.session_id, None).await? {
                 while let Some(c) = boundaries.next_if(|c| c.to_seq == m.seq) {
                     out.push(TranscriptEntry {
                         message: c.summary,
-                        shared: false,
+                        shared: m.seq < point,
                         compaction: true,
+                        seq: None,
+                        turn: None,
                     });
+                }
+                if m.starts_turn {
+                    turn += 1;
                 }
                 out.push(TranscriptEntry {
                     message: m.message,
-                    shared: false,
+                    shared: m.seq < point,
                     compaction: false,
+                    seq: Some(m.seq),
+                    turn: m.starts_turn.then_some(turn),
                 });
             }
             return Ok(out);
@@ -131,6 +149,8 @@ impl Engine {
                         message,
                         shared: true,
                         compaction: false,
+                        seq: None,
+                        turn: None,
                     });
                 }
                 if let Some(assistant) = batch.assistant() {
@@ -138,6 +158,8 @@ impl Engine {
                         message: assistant.clone(),
                         shared: true,
                         compaction: false,
+                        seq: None,
+                        turn: None,
                     });
                 }
             }
@@ -149,6 +171,8 @@ impl Engine {
                 message: Message::user(first),
                 shared: false,
                 compaction: false,
+                seq: None,
+                turn: None,
             });
         }
         // A fork child's or typed agent's own boundaries, marked where they sit like the main
@@ -160,12 +184,16 @@ impl Engine {
                     message: c.summary,
                     shared: false,
                     compaction: true,
+                    seq: None,
+                    turn: None,
                 });
             }
             out.push(TranscriptEntry {
                 message: m.message,
                 shared: false,
                 compaction: false,
+                seq: None,
+                turn: None,
             });
         }
         Ok(out)

@@ -269,7 +269,7 @@ impl Compactor {
                     agent: parent,
                     turn: request,
                     params: &session.params,
-                    conversation: &Conversation::plain(conversation),
+                    conversation: &Conversation::main_loop(conversation, session.reply_breakpoint),
                     prefix: PrefixEnd::LastBlock,
                     input_tokens: None,
                 },

@@ -165,7 +165,7 @@ impl Engine {
         if history.len() != count as usize {
             return None;
         }
-        let conversation = Conversation::plain(history);
+        let conversation = Conversation::main_loop(history, session.reply_breakpoint);
         let built = build(&session.params, &conversation, PrefixEnd::LastBlock);
         let (body, prefix_end) = (built.body, built.prefix_end?);
         if fingerprint(&body.body.as_bytes()[..prefix_end]) != record.prefix_fingerprint {

@@ -9,6 +9,7 @@ pub mod agent_types;
 mod agents;
 mod attach;
 mod batch;
+mod branch;
 mod clock;
 mod compact;
 mod config;
@@ -52,6 +53,7 @@ pub use admission::Class;
 pub use agents::TranscriptEntry;
 pub use attach::{AgentEvent, AgentEventStream, auto_background};
 pub use batch::{BatchOptions, SubmittedBatch};
+pub use branch::NewBranch;
 pub use config::{AdmissionConfig, EngineConfig, IsolationConfig, McpConfig, SandboxConfig};
 pub use copies::Applied;
 pub use diagnose::CacheExplanation;
@@ -102,6 +104,8 @@ struct Inner {
     mcp: Arc<mcp::McpServers>,
     /// Sessions: created and read.
     sessions: Arc<session::Sessions>,
+    /// Branches of sessions.
+    branches: Arc<branch::Branches>,
     /// Isolated batches' snapshots and their children's copies.
     copies: Arc<copies::Copies>,
     /// Cancelled when shutdown begins: runs finish the call in flight and start no other.
@@ -211,6 +215,14 @@ impl Engine {
             session_locks: session_locks.clone(),
             turn_starts: turn_starts.clone(),
         }));
+        let branches = Arc::new(branch::Branches::new(
+            store.clone(),
+            sessions.clone(),
+            tenancy.clone(),
+            mcp.clone(),
+            compaction.clone(),
+            turn_starts.clone(),
+        ));
         let turns = Arc::new(parent::Turns::new(parent::TurnParts {
             store: store.clone(),
             config: config.clone(),
@@ -244,6 +256,7 @@ impl Engine {
                 divergences,
                 mcp,
                 sessions,
+                branches,
                 copies,
                 draining,
                 shutdown,
@@ -268,6 +281,28 @@ impl Engine {
 
     pub async fn get_session(&self, id: SessionId) -> Result<Session, EngineError> {
         self.inner.sessions.get(id).await
+    }
+
+    /// Branches `origin` (read by the caller, who checked its owner) at the point `req` names.
+    pub async fn branch_session(
+        &self,
+        origin: Session,
+        req: NewBranch,
+    ) -> Result<Session, EngineError> {
+        self.inner.branches.branch(origin, req).await
+    }
+
+    /// Where each of the session's turns began, its length and its turn in flight.
+    pub async fn session_turns(
+        &self,
+        id: SessionId,
+    ) -> Result<forkd_core::branch::TurnIndex, EngineError> {
+        self.inner.branches.turns(id).await
+    }
+
+    /// The branches made from a session, in creation order.
+    pub async fn branches_of(&self, id: SessionId) -> Result<Vec<Session>, EngineError> {
+        Ok(self.inner.store.branches(id).await?)
     }
 
     /// Sessions of one tenant (or of all, for `None`), in creation order after the cursor.

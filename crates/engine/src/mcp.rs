@@ -216,6 +216,39 @@ impl McpServers {
         Ok(())
     }
 
+    /// A branch's copy of its origin's own definitions: kept in memory for it when this daemon
+    /// has them, and sealed again for the branch's id (a sealed copy is bound to its session).
+    /// `None` when the origin has none sealed, or this daemon has no key to open them with.
+    pub(crate) fn branch_own_servers(
+        &self,
+        origin: &Session,
+        branch: SessionId,
+    ) -> Result<Option<String>> {
+        if !origin
+            .mcp
+            .servers
+            .iter()
+            .any(|s| s.origin == McpOrigin::Session)
+        {
+            return Ok(None);
+        }
+        if let Ok(own) = self.own_servers(origin) {
+            self.keep_own_servers(branch, own);
+        }
+        let (Some(sealed), Some(key)) = (&origin.mcp.sealed_config, &self.config.secret_key) else {
+            return Ok(None);
+        };
+        let seal_error =
+            |e: String| EngineError::Invariant(format!("cannot seal MCP definitions again: {e}"));
+        let text = key
+            .open(&origin.id.to_string(), sealed)
+            .map_err(|e| seal_error(e.to_string()))?;
+        let sealed = key
+            .seal(&branch.to_string(), &text)
+            .map_err(|e| seal_error(e.to_string()))?;
+        Ok(Some(sealed))
+    }
+
     /// The session's own server definitions: kept in memory since its creation or an earlier
     /// call, or opened from the sealed copy stored with it (after a restart, or on a daemon that
     /// did not create it).

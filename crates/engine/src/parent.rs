@@ -667,7 +667,7 @@ impl Turns {
             agent: parent,
             turn,
             params: &session.params,
-            conversation: &Conversation::plain(messages),
+            conversation: &Conversation::main_loop(messages, session.reply_breakpoint),
             prefix: PrefixEnd::LastBlock,
             input_tokens: Some(input_tokens),
         };

@@ -29,6 +29,10 @@ pub struct SessionView {
     pub message_count: u64,
     /// The sandbox layers its commands get on this daemon (`forkctl session get`).
     pub sandbox_layers: String,
+    /// Its turns: where each one's message sits (turn `K` at `turns.starts[K - 1]`).
+    pub turns: forkd_core::branch::TurnIndex,
+    /// The branches made from it, in creation order.
+    pub branches: Vec<SessionId>,
 }
 
 impl Engine {
@@ -123,14 +127,30 @@ impl TenantEngine<'_> {
     }
 
     async fn view(&self, session: Session) -> Result<SessionView> {
-        let message_count = self.engine.session_message_count(session.id).await?;
+        let turns = self.engine.session_turns(session.id).await?;
+        let branches = self
+            .engine
+            .branches_of(session.id)
+            .await?
+            .iter()
+            .map(|b| b.id)
+            .collect();
         let sandbox_layers =
             forkd_tools::sandbox::layers(session.sandbox, &self.engine.config().sandbox.limits);
         Ok(SessionView {
             session,
-            message_count,
+            message_count: turns.len,
             sandbox_layers,
+            turns,
+            branches,
         })
+    }
+
+    /// Branches one of the tenant's sessions (another tenant's is `NotFound`).
+    pub async fn branch_session(&self, req: crate::NewBranch) -> Result<SessionView> {
+        let origin = self.own_session(req.origin).await?;
+        let branch = self.engine.branch_session(origin, req).await?;
+        self.view(branch).await
     }
 
     /// Creates a session owned by this tenant (whatever `new.tenant` said).

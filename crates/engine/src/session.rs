@@ -192,7 +192,7 @@ fn check_model(models: &Models, model: &str) -> Result<()> {
 /// The workspace as a canonical directory, so every later path check compares against the same
 /// root. Required: a daemon's own working directory (often `/` under a service manager) is never
 /// a sensible default.
-fn check_workspace(dir: Option<&Path>) -> Result<PathBuf> {
+pub(crate) fn check_workspace(dir: Option<&Path>) -> Result<PathBuf> {
     let dir = dir.ok_or_else(|| {
         invalid("a workspace directory is required (forkctl sends its current directory)".into())
     })?;
@@ -356,6 +356,8 @@ impl Sessions {
             sandbox,
             mcp: mcp.mcp,
             created_at_ms: now_ms(),
+            branch: None,
+            reply_breakpoint: true,
         };
         self.store
             .create_session(

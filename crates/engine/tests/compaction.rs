@@ -8,16 +8,16 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
+use common::{Recorder, Sent};
+
+use std::sync::Arc;
 use std::time::Duration;
 
 use forkd_core::pricing::{self, ModelSpec, Models};
 use forkd_core::store::RequestFilter;
-use forkd_core::{AgentId, Directive, NotificationStatus, Usage};
+use forkd_core::{AgentId, Directive, NotificationStatus};
 use forkd_engine::{Engine, EngineConfig, EngineError, ParentEvent};
-use forkd_provider::{EventStream, ModelRequest, Provider, SimProvider, StreamEvent, TokenCount};
 use futures::StreamExt;
-use futures::future::BoxFuture;
 use serde_json::Value;
 
 const WINDOW: u64 = 32_000;
@@ -329,80 +329,6 @@ async fn a_compaction_cut_off_leaves_no_half_boundary() {
     );
     let c = second.compact_session(s.id, None).await.unwrap();
     assert_eq!(c.from_seq, 0);
-}
-
-/// One request the provider was sent: its exact body, and the usage the sim answered with.
-#[derive(Clone)]
-struct Sent {
-    body: Arc<str>,
-    usage: Arc<Mutex<Option<Usage>>>,
-}
-
-impl Sent {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap()
-    }
-
-    fn usage(&self) -> Usage {
-        self.usage
-            .lock()
-            .unwrap()
-            .expect("the request was answered")
-    }
-}
-
-/// The instant sim, keeping every request's body and usage.
-#[derive(Default)]
-struct Recorder {
-    sim: SimProvider,
-    sent: Mutex<Vec<Sent>>,
-}
-
-impl Recorder {
-    /// A recorder on `sim` (a clone shares its prompt cache, as a provider's outlives a daemon).
-    fn on(sim: SimProvider) -> Self {
-        Self {
-            sim,
-            sent: Mutex::default(),
-        }
-    }
-
-    /// What was sent whose body holds `marker` (a directive's own text), in order.
-    fn sent_with(&self, marker: &str) -> Vec<Sent> {
-        self.sent
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|s| s.body.contains(marker))
-            .cloned()
-            .collect()
-    }
-}
-
-impl Provider for Recorder {
-    fn name(&self) -> &'static str {
-        "recorder"
-    }
-
-    fn stream(&self, request: ModelRequest) -> EventStream {
-        let usage = Arc::new(Mutex::new(None));
-        self.sent.lock().unwrap().push(Sent {
-            body: request.body.clone(),
-            usage: usage.clone(),
-        });
-        Box::pin(self.sim.stream(request).inspect(move |event| {
-            if let Ok(StreamEvent::MessageStart { usage: u, .. }) = event {
-                *usage.lock().unwrap() = Some(*u);
-            }
-        }))
-    }
-
-    fn count_tokens(
-        &self,
-        request: ModelRequest,
-    ) -> BoxFuture<'static, Result<TokenCount, forkd_provider::ProviderError>> {
-        self.sim.count_tokens(request)
-    }
 }
 
 /// An engine on `dir`'s database, the instant sim behind `recorder`, and a 32k window.

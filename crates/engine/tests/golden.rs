@@ -19,57 +19,13 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use common::{ended, eventually, new_session};
+use common::{Recorder, ended, eventually, new_session};
 use forkd_core::{AgentState, Directive};
 use forkd_engine::{Engine, EngineConfig};
-use forkd_provider::{
-    EventStream, ModelRequest, Provider, ProviderError, SimConfig, SimProvider, TokenCount,
-};
 use futures::StreamExt;
-use futures::future::BoxFuture;
-
-/// The instant sim, every body it is sent kept in order.
-struct Recorder {
-    sim: SimProvider,
-    sent: Mutex<Vec<String>>,
-}
-
-impl Recorder {
-    fn new(speed: f64) -> Arc<Recorder> {
-        Arc::new(Recorder {
-            sim: SimProvider::new(SimConfig {
-                speed,
-                ..SimConfig::default()
-            }),
-            sent: Mutex::default(),
-        })
-    }
-
-    fn sent(&self) -> Vec<String> {
-        self.sent.lock().unwrap().clone()
-    }
-}
-
-impl Provider for Recorder {
-    fn name(&self) -> &'static str {
-        "sim"
-    }
-
-    fn stream(&self, request: ModelRequest) -> EventStream {
-        self.sent.lock().unwrap().push(request.body.to_string());
-        self.sim.stream(request)
-    }
-
-    fn count_tokens(
-        &self,
-        request: ModelRequest,
-    ) -> BoxFuture<'static, Result<TokenCount, ProviderError>> {
-        self.sim.count_tokens(request)
-    }
-}
 
 async fn engine(dir: &Path, recorder: Arc<Recorder>, config: EngineConfig) -> Engine {
     Engine::new(common::store(dir).await, recorder, config)
@@ -226,7 +182,7 @@ const DEMO_SCENARIO: &str = include_str!("../../forkd/src/demo/scenario.json");
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demos_children() {
     let dir = tempfile::tempdir().unwrap();
-    let recorder = Recorder::new(0.0);
+    let recorder = Arc::new(Recorder::with_speed(0.0));
     let engine = engine(dir.path(), recorder.clone(), EngineConfig::default()).await;
     let scenario: serde_json::Value = serde_json::from_str(DEMO_SCENARIO).unwrap();
     let text = |v: &serde_json::Value| v.as_str().unwrap().to_owned();
@@ -262,7 +218,7 @@ async fn the_demos_children() {
         .iter()
         .map(|d| d.prompt[..40].to_owned())
         .collect();
-    let children = ordered(recorder.sent(), &markers);
+    let children = ordered(recorder.bodies(), &markers);
     assert_eq!(children.len(), directives.len());
     check("demo_children", &normalized(&children, dir.path()));
 }
@@ -270,13 +226,13 @@ async fn the_demos_children() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_batch_on_a_thinking_session() {
     let dir = tempfile::tempdir().unwrap();
-    let recorder = Recorder::new(0.0);
+    let recorder = Arc::new(Recorder::with_speed(0.0));
     let engine = engine(dir.path(), recorder.clone(), EngineConfig::default()).await;
     let mut new = new_session(dir.path(), "You review code.");
     new.thinking_budget = Some(2048);
     let s = engine.create_session(new).await.unwrap();
     turn(&engine, s.id, "Get ready to review.\n@sim say ready").await;
-    let parent = recorder.sent();
+    let parent = recorder.bodies();
     let batch = engine
         .fork_batch(s.id, directives(2), Default::default())
         .await
@@ -284,7 +240,7 @@ async fn a_client_batch_on_a_thinking_session() {
     for id in &batch.agent_ids {
         ended(&engine, *id).await;
     }
-    let children: Vec<String> = recorder.sent()[parent.len()..].to_vec();
+    let children: Vec<String> = recorder.bodies()[parent.len()..].to_vec();
     let markers: Vec<String> = (0..2).map(|i| format!("Review part {i}.")).collect();
     let mut all = parent;
     all.extend(ordered(children, &markers));
@@ -295,7 +251,7 @@ async fn a_client_batch_on_a_thinking_session() {
 async fn a_model_driven_fork() {
     let dir = tempfile::tempdir().unwrap();
     // Real time, so that child b (which sleeps) reports after child a.
-    let recorder = Recorder::new(1.0);
+    let recorder = Arc::new(Recorder::with_speed(1.0));
     let config = EngineConfig {
         fork_always_async: false,
         ..EngineConfig::default()
@@ -313,7 +269,7 @@ async fn a_model_driven_fork() {
         "\n@sim say summarized",
     );
     turn(&engine, s.id, script).await;
-    let sent = recorder.sent();
+    let sent = recorder.bodies();
     // The parent's first request, the children's (in directive order), the parent's last.
     let markers = ["Do a.".to_owned(), "Do b.".to_owned()];
     let (children, parent): (Vec<String>, Vec<String>) = sent.into_iter().partition(|b| {
@@ -329,7 +285,7 @@ async fn a_model_driven_fork() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compaction_asked_for_by_the_client() {
     let dir = tempfile::tempdir().unwrap();
-    let recorder = Recorder::new(0.0);
+    let recorder = Arc::new(Recorder::with_speed(0.0));
     let engine = engine(dir.path(), recorder.clone(), EngineConfig::default()).await;
     let s = engine
         .create_session(new_session(dir.path(), "You keep notes."))
@@ -338,13 +294,13 @@ async fn a_compaction_asked_for_by_the_client() {
     for i in 0..3 {
         turn(&engine, s.id, &format!("Note {i}.\n@sim say noted {i}")).await;
     }
-    let before = recorder.sent().len();
+    let before = recorder.bodies().len();
     engine
         .compact_session(s.id, Some("Keep every note.".into()))
         .await
         .unwrap();
     turn(&engine, s.id, "What did I note?\n@sim say three notes").await;
-    let after = recorder.sent()[before..].to_vec();
+    let after = recorder.bodies()[before..].to_vec();
     check("compaction", &normalized(&after, dir.path()));
 }
 
@@ -352,7 +308,7 @@ async fn a_compaction_asked_for_by_the_client() {
 async fn a_child_resumed_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     // Real time, so that the child's reply is still streaming when the engine stops.
-    let first_recorder = Recorder::new(1.0);
+    let first_recorder = Arc::new(Recorder::with_speed(1.0));
     let first = engine(dir.path(), first_recorder.clone(), EngineConfig::default()).await;
     let s = first
         .create_session(new_session(dir.path(), "You wait well."))
@@ -368,12 +324,12 @@ async fn a_child_resumed_after_a_restart() {
         .unwrap();
     let child = batch.agent_ids[0];
     eventually(Duration::from_secs(30), "the child's request", || async {
-        !first_recorder.sent().is_empty()
+        !first_recorder.bodies().is_empty()
     })
     .await;
     first.shutdown(Duration::ZERO).await;
 
-    let recorder = Recorder::new(0.0);
+    let recorder = Arc::new(Recorder::with_speed(0.0));
     let second = engine(dir.path(), recorder.clone(), EngineConfig::default()).await;
     assert_eq!(second.resume_interrupted().await.unwrap(), 1);
     let note = ended(&second, child).await;
@@ -382,7 +338,7 @@ async fn a_child_resumed_after_a_restart() {
         AgentState::Completed,
         "{note:?}"
     );
-    let mut all = first_recorder.sent();
-    all.extend(recorder.sent());
+    let mut all = first_recorder.bodies();
+    all.extend(recorder.bodies());
     check("child_resumed", &normalized(&all, dir.path()));
 }

@@ -176,6 +176,14 @@ pub fn session_json(s: &Session) -> Value {
         "system_prompt_bytes": s.system_prompt_bytes,
         "message_count": s.message_count,
         "created_at": s.created_at.map(|t| t.to_string()),
+        "turn_seqs": s.turn_seqs,
+        "finished_turns": s.finished_turns,
+        "branch": (!s.branch_of.is_empty()).then(|| json!({
+            "origin": s.branch_of,
+            "point": s.branch_point,
+            "turn": s.branch_turn,
+        })),
+        "branches": s.branches,
     })
 }
 
@@ -219,7 +227,14 @@ pub fn estimate_json(e: &EstimateForkCostResponse) -> Value {
 pub fn message_json(m: &TranscriptMessage) -> Value {
     let content = serde_json::from_str::<Value>(&m.content_json)
         .unwrap_or_else(|_| Value::String(m.content_json.clone()));
-    json!({ "role": m.role, "content": content, "shared": m.shared, "compaction": m.compaction })
+    json!({
+        "role": m.role,
+        "content": content,
+        "shared": m.shared,
+        "compaction": m.compaction,
+        "seq": m.seq,
+        "turn": (m.turn > 0).then_some(m.turn),
+    })
 }
 
 #[cfg(test)]

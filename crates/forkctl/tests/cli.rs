@@ -56,6 +56,62 @@ fn session_create_sends_the_files_and_the_token() -> anyhow::Result<()> {
 }
 
 #[test]
+fn session_branch_sends_its_point_and_prints_the_id_alone() -> anyhow::Result<()> {
+    use forkd_proto::v1::branch_session_request::Point;
+    let daemon = FakeDaemon::start(Script::default())?;
+    let run = forkctl(
+        &daemon.addr(),
+        Some(TOKEN),
+        &[
+            "session",
+            "branch",
+            "S1",
+            "--at-turn",
+            "2",
+            "--idempotency-key",
+            "k",
+        ],
+    )?;
+    assert_eq!(
+        (run.code, run.stdout.as_str()),
+        (Some(0), "B1\n"),
+        "{run:?}"
+    );
+    assert!(run.stderr.contains("after turn 2"), "{run:?}");
+    assert!(run.stderr.contains("files are not rewound"), "{run:?}");
+    let json = forkctl(
+        &daemon.addr(),
+        Some(TOKEN),
+        &["session", "branch", "S1", "--before", "7", "--json"],
+    )?;
+    assert_eq!(json.code, Some(0), "{json:?}");
+    let shown = &json_lines(&json.stdout)?[0];
+    assert_eq!(
+        shown["branch"],
+        json!({"origin": "S1", "point": 5, "turn": 2})
+    );
+    assert_eq!(shown["turn_seqs"], json!([1, 3]));
+    let latest = forkctl(&daemon.addr(), Some(TOKEN), &["session", "branch", "S1"])?;
+    assert_eq!(latest.code, Some(0), "{latest:?}");
+    let both = forkctl(
+        &daemon.addr(),
+        Some(TOKEN),
+        &["session", "branch", "S1", "--at-turn", "1", "--before", "3"],
+    )?;
+    assert_eq!(both.code, Some(2), "{both:?}");
+
+    let recorded = daemon.recorded()?;
+    let points: Vec<_> = recorded.branch.iter().map(|r| r.point).collect();
+    assert_eq!(
+        points,
+        [Some(Point::AtTurn(2)), Some(Point::BeforeSeq(7)), None]
+    );
+    assert_eq!(recorded.branch[0].idempotency_key, "k");
+    assert_eq!(recorded.branch[0].session_id, "S1");
+    Ok(())
+}
+
+#[test]
 fn fork_wait_streams_until_every_child_reported_and_fails_on_a_failure() -> anyhow::Result<()> {
     let notifications = vec![
         notification(1, "A1", NotificationStatus::Completed),

@@ -3,7 +3,6 @@
 
 use forkd_core::calc::ForkCostEstimate;
 use forkd_core::report::Report;
-use forkd_core::session::Session;
 use forkd_core::session::{PermissionMode, SandboxMode};
 use forkd_core::tenant::Budget;
 use forkd_core::{Agent, AgentState, Notification, NotificationStatus, Usage};
@@ -30,7 +29,15 @@ pub(crate) fn usage(u: &Usage) -> pb::Usage {
     }
 }
 
-pub(crate) fn session(s: &Session, message_count: u64, sandbox_layers: &str) -> pb::Session {
+pub(crate) fn session_view(view: &SessionView) -> pb::Session {
+    let s = &view.session;
+    let turns = &view.turns;
+    let branch_point = s.branch.map_or(0, |b| b.point);
+    let branch_turn = turns
+        .starts
+        .iter()
+        .filter(|seq| **seq < branch_point)
+        .count();
     pb::Session {
         session_id: s.id.to_string(),
         model: s.params.model.clone(),
@@ -41,7 +48,7 @@ pub(crate) fn session(s: &Session, message_count: u64, sandbox_layers: &str) -> 
         thinking_budget_tokens: s.params.thinking.map_or(0, |t| t.budget_tokens),
         tool_names: s.params.tools.names(),
         system_prompt_bytes: s.params.system.as_str().len() as u64,
-        message_count,
+        message_count: view.message_count,
         created_at: Some(timestamp(s.created_at_ms)),
         allow_rules: s.rules.allow.clone(),
         deny_rules: s.rules.deny.clone(),
@@ -49,7 +56,13 @@ pub(crate) fn session(s: &Session, message_count: u64, sandbox_layers: &str) -> 
         allow_network: s.sandbox.allow_network,
         mcp_servers: s.mcp.servers.iter().map(|m| m.name.clone()).collect(),
         unix_sockets: s.sandbox.unix_sockets,
-        sandbox_layers: sandbox_layers.to_owned(),
+        sandbox_layers: view.sandbox_layers.clone(),
+        turn_seqs: turns.starts.clone(),
+        finished_turns: turns.finished(),
+        branch_of: s.branch.map(|b| b.origin.to_string()).unwrap_or_default(),
+        branch_point,
+        branch_turn: u32::try_from(branch_turn).unwrap_or(u32::MAX),
+        branches: view.branches.iter().map(ToString::to_string).collect(),
     }
 }
 
@@ -180,10 +193,6 @@ pub(crate) fn directive(d: pb::Directive) -> forkd_core::Directive {
 }
 
 /// A session as `CreateSession`, `GetSession` and `ListSessions` answer with it.
-pub(crate) fn session_view(view: &SessionView) -> pb::Session {
-    session(&view.session, view.message_count, &view.sandbox_layers)
-}
-
 /// What `CreateSession` asks the engine for.
 pub(crate) fn new_session(req: pb::CreateSessionRequest) -> Result<NewSession, ApiError> {
     let permission_mode = match req.permission_mode.as_str() {
@@ -303,6 +312,30 @@ pub(crate) fn transcript_message(e: TranscriptEntry) -> pb::TranscriptMessage {
         content_json: e.message.content_json(),
         shared: e.shared,
         compaction: e.compaction,
+        seq: e.seq,
+        turn: e.turn.unwrap_or(0),
+    }
+}
+
+/// What `BranchSession` asks the engine for.
+pub(crate) fn new_branch(
+    origin: forkd_core::SessionId,
+    req: pb::BranchSessionRequest,
+) -> forkd_engine::NewBranch {
+    use forkd_core::branch::At;
+    use pb::branch_session_request::Point;
+    let at = match req.point {
+        None => At::Latest,
+        Some(Point::AtTurn(k)) => At::AfterTurn(k),
+        Some(Point::BeforeSeq(seq)) => At::Before(seq),
+    };
+    forkd_engine::NewBranch {
+        origin,
+        at,
+        workspace: Some(req.workspace)
+            .filter(|w| !w.is_empty())
+            .map(Into::into),
+        idempotency_key: Some(req.idempotency_key).filter(|k| !k.is_empty()),
     }
 }
 

@@ -6,6 +6,7 @@
 
 mod support;
 
+use forkd_core::branch::Branch;
 use forkd_core::compaction::{Compaction, summary_message};
 use forkd_core::{Agent, AgentId, AgentKind, AgentState, Block, Message};
 use forkd_store::StoreError;
@@ -14,7 +15,8 @@ use support::{TestResult, TestStore, conformance, fork, history, session};
 conformance!(
     boundaries_are_checked_and_read_back_in_order,
     a_batch_keeps_its_boundary,
-    an_agents_boundaries_are_its_own
+    an_agents_boundaries_are_its_own,
+    a_branch_inherits_the_boundary_in_force_at_its_point_and_no_later_one,
 );
 
 /// A session with the test history (assistant messages at 1 and 3) and its main loop, claimed.
@@ -156,5 +158,46 @@ async fn an_agents_boundaries_are_its_own(store: TestStore) -> TestResult {
         Err(StoreError::Superseded { .. })
     ));
     assert_eq!(store.agent_compactions(one).await?.len(), 2);
+    Ok(())
+}
+
+async fn a_branch_inherits_the_boundary_in_force_at_its_point_and_no_later_one(
+    store: TestStore,
+) -> TestResult {
+    let (origin, lease) = main_loop(&store).await?;
+    let first = boundary(0, 1, "before the point");
+    store.append_compaction(&lease, origin.id, &first).await?;
+    let branch_at = |point, compacted_to| forkd_core::session::Session {
+        id: forkd_core::SessionId::new(),
+        branch: Some(Branch {
+            origin: origin.id,
+            point,
+            compacted_to,
+        }),
+        ..origin.clone()
+    };
+    let compacted = branch_at(4, Some(1));
+    store.create_branch(&compacted, None).await?;
+    let whole = branch_at(4, None);
+    store.create_branch(&whole, None).await?;
+    // The origin compacts again (at 3, before the branches' point): not theirs.
+    store
+        .append_compaction(&lease, origin.id, &boundary(1, 3, "after the branches"))
+        .await?;
+    assert_eq!(store.compactions(origin.id).await?.len(), 2);
+    assert_eq!(store.compactions(compacted.id).await?, vec![first.clone()]);
+    assert_eq!(store.compactions(whole.id).await?, vec![]);
+    // A branch of the compacted branch keeps what it kept.
+    let grandchild = forkd_core::session::Session {
+        id: forkd_core::SessionId::new(),
+        branch: Some(Branch {
+            origin: compacted.id,
+            point: 4,
+            compacted_to: Some(1),
+        }),
+        ..origin.clone()
+    };
+    store.create_branch(&grandchild, None).await?;
+    assert_eq!(store.compactions(grandchild.id).await?, vec![first]);
     Ok(())
 }

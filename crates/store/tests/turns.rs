@@ -25,6 +25,8 @@ conformance!(
     workspaces_are_listed_once_each,
     a_client_batch_reports_with_one_digest_when_its_last_child_ends,
     the_main_loop_is_found_by_its_session_among_its_children,
+    a_branch_reads_its_origins_transcript_to_its_point_then_its_own,
+    a_branch_is_refused_past_its_origins_end_and_without_its_origin,
 );
 
 fn key(kind: IdempotentCall, key: &str, resource_id: String) -> IdempotencyRecord {
@@ -517,5 +519,164 @@ async fn a_client_batch_reports_with_one_digest_when_its_last_child_ends(
         "{text}"
     );
     assert_eq!(digest.created_at_ms, 502);
+    Ok(())
+}
+
+fn branch_of(origin: &forkd_core::session::Session, point: u64) -> forkd_core::session::Session {
+    forkd_core::session::Session {
+        id: SessionId::new(),
+        branch: Some(forkd_core::branch::Branch {
+            origin: origin.id,
+            point,
+            compacted_to: None,
+        }),
+        created_at_ms: origin.created_at_ms + 1,
+        ..origin.clone()
+    }
+}
+
+/// Messages as stored, without their times.
+async fn transcript(store: &TestStore, id: SessionId) -> TestResult<Vec<(u64, Message, bool)>> {
+    Ok(store
+        .session_messages(id, None)
+        .await?
+        .into_iter()
+        .map(|m| (m.seq, m.message, m.starts_turn))
+        .collect())
+}
+
+async fn a_branch_reads_its_origins_transcript_to_its_point_then_its_own(
+    store: TestStore,
+) -> TestResult {
+    let origin = session()?;
+    let first = history()?;
+    store.create_session(&origin, &first, None).await?;
+    let parent = main_loop(&origin);
+    store.insert_agent(&parent, None, None).await?;
+    let lease = store.claim_agent(parent.id).await?;
+    let len = u64::try_from(first.len())?;
+    // Two turns: a user's message each, and a reply.
+    let one = store
+        .append_user_message(&lease, origin.id, &text(true, "one"), None, 2)
+        .await?;
+    store
+        .append_turn(&lease, origin.id, &[text(false, "ok one")], &[], None, 3)
+        .await?;
+    let two = store
+        .append_user_message(&lease, origin.id, &text(true, "two"), None, 4)
+        .await?;
+    store
+        .append_turn(&lease, origin.id, &[text(false, "ok two")], &[], None, 5)
+        .await?;
+    assert_eq!((one, two), (len, len + 2));
+    assert_eq!(store.session_turns(origin.id).await?, vec![one, two]);
+
+    // Branched before turn 2's message: the origin's first `two` messages are its history.
+    let branch = branch_of(&origin, two);
+    store.create_branch(&branch, None).await?;
+    assert_eq!(store.get_session(branch.id).await?, Some(branch.clone()));
+    let origin_messages = transcript(&store, origin.id).await?;
+    let inherited: Vec<_> = origin_messages[..usize::try_from(two)?].to_vec();
+    assert_eq!(transcript(&store, branch.id).await?, inherited);
+    assert_eq!(store.session_message_count(branch.id).await?, two);
+    assert_eq!(store.session_turns(branch.id).await?, vec![one]);
+
+    // Its own turn goes on from the point, and the origin's later messages stay the origin's.
+    let branch_loop = main_loop(&branch);
+    store.insert_agent(&branch_loop, None, None).await?;
+    let branch_lease = store.claim_agent(branch_loop.id).await?;
+    let other = store
+        .append_user_message(
+            &branch_lease,
+            branch.id,
+            &text(true, "two, differently"),
+            None,
+            6,
+        )
+        .await?;
+    store
+        .append_turn(&branch_lease, branch.id, &[text(false, "ok")], &[], None, 7)
+        .await?;
+    assert_eq!(other, two);
+    store
+        .append_user_message(&lease, origin.id, &text(true, "three"), None, 8)
+        .await?;
+    let mine = transcript(&store, branch.id).await?;
+    assert_eq!(mine.len(), usize::try_from(two + 2)?);
+    assert_eq!(mine[..inherited.len()], inherited[..]);
+    assert_eq!(mine[inherited.len()].1, text(true, "two, differently"));
+    assert_eq!(store.session_turns(branch.id).await?, vec![one, two]);
+    assert_eq!(
+        store
+            .session_messages_from(branch.id, one, Some(two + 1))
+            .await?
+            .len(),
+        usize::try_from(two + 1 - one)?
+    );
+
+    // A branch of the branch, after its turn: three sessions' messages, in order.
+    let grandchild = branch_of(&branch, two + 2);
+    store.create_branch(&grandchild, None).await?;
+    assert_eq!(transcript(&store, grandchild.id).await?, mine);
+    assert_eq!(store.session_turns(grandchild.id).await?, vec![one, two]);
+
+    // Each origin lists its own branches only.
+    let listed: Vec<SessionId> = store
+        .branches(origin.id)
+        .await?
+        .iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(listed, vec![branch.id]);
+    let listed: Vec<SessionId> = store
+        .branches(branch.id)
+        .await?
+        .iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(listed, vec![grandchild.id]);
+
+    // A branch with a system prompt of its own (another workspace) keeps it.
+    let mut moved = branch_of(&origin, one);
+    moved.params.system = forkd_core::session::RenderedSystem::from_stored(
+        "You help.\n<env>\nWorking directory: /b\n",
+    );
+    store.create_branch(&moved, None).await?;
+    assert_eq!(store.get_session(moved.id).await?, Some(moved));
+    Ok(())
+}
+
+async fn a_branch_is_refused_past_its_origins_end_and_without_its_origin(
+    store: TestStore,
+) -> TestResult {
+    let origin = session()?;
+    store.create_session(&origin, &history()?, None).await?;
+    let len = u64::try_from(history()?.len())?;
+    let past = branch_of(&origin, len + 1);
+    assert!(matches!(
+        store.create_branch(&past, None).await,
+        Err(StoreError::Conflict(_))
+    ));
+    let orphan = branch_of(&session()?, 1);
+    assert!(matches!(
+        store.create_branch(&orphan, None).await,
+        Err(StoreError::NotFound { .. })
+    ));
+    assert_eq!(store.get_session(past.id).await?, None);
+    // At its end is fine, and an idempotency key is stored with it.
+    let at_end = branch_of(&origin, len);
+    let record = key(
+        IdempotentCall::CreateSession,
+        "branch-1",
+        at_end.id.to_string(),
+    );
+    store.create_branch(&at_end, Some(&record)).await?;
+    assert_eq!(
+        store
+            .idempotency_key("local", "branch-1")
+            .await?
+            .map(|r| r.resource_id),
+        Some(at_end.id.to_string())
+    );
     Ok(())
 }

@@ -63,14 +63,7 @@ impl Turns {
             None => None,
         };
         Ok(store
-            .append_turn(
-                lease,
-                session.id,
-                std::slice::from_ref(message),
-                &[],
-                record,
-                now_ms(),
-            )
+            .append_user_message(lease, session.id, message, record, now_ms())
             .await?)
     }
 

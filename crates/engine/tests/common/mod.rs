@@ -14,9 +14,16 @@ use std::time::Duration;
 use forkd_core::session::PermissionMode;
 use forkd_core::{AgentId, Notification};
 use forkd_engine::{ContextFile, Engine, EngineConfig, NewSession};
-use forkd_provider::{SimConfig, SimProvider};
+use std::sync::Mutex;
+
+use forkd_core::Usage;
+use forkd_provider::{
+    EventStream, ModelRequest, Provider, SimConfig, SimProvider, StreamEvent, TokenCount,
+};
 use forkd_store::{Durability, NotificationFilter, SqliteStore};
 use futures::StreamExt;
+use futures::future::BoxFuture;
+use serde_json::Value;
 
 #[path = "../../../test-support/src/eventually.rs"]
 mod eventually;
@@ -80,4 +87,96 @@ pub async fn ended(engine: &Engine, agent: AgentId) -> Notification {
         .expect("the agent ends")
         .unwrap()
         .unwrap()
+}
+
+/// One request the provider was sent: its exact body, and the usage the sim answered with.
+#[derive(Clone)]
+pub struct Sent {
+    pub body: Arc<str>,
+    pub usage: Arc<Mutex<Option<Usage>>>,
+}
+
+impl Sent {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap()
+    }
+
+    pub fn usage(&self) -> Usage {
+        self.usage
+            .lock()
+            .unwrap()
+            .expect("the request was answered")
+    }
+}
+
+/// The instant sim, keeping every request's body and usage.
+#[derive(Default)]
+pub struct Recorder {
+    pub sim: SimProvider,
+    sent: Mutex<Vec<Sent>>,
+}
+
+impl Recorder {
+    /// A recorder on `sim` (a clone shares its prompt cache, as a provider's outlives a daemon).
+    pub fn on(sim: SimProvider) -> Self {
+        Self {
+            sim,
+            sent: Mutex::default(),
+        }
+    }
+
+    /// The sim at `speed` (0: instant), recorded.
+    pub fn with_speed(speed: f64) -> Self {
+        Self::on(SimProvider::new(SimConfig {
+            speed,
+            ..SimConfig::default()
+        }))
+    }
+
+    /// Everything sent so far, in order.
+    pub fn sent(&self) -> Vec<Sent> {
+        self.sent.lock().unwrap().clone()
+    }
+
+    /// The bodies sent so far, in order.
+    pub fn bodies(&self) -> Vec<String> {
+        self.sent().iter().map(|s| s.body.to_string()).collect()
+    }
+
+    /// What was sent whose body holds `marker` (a directive's own text), in order.
+    pub fn sent_with(&self, marker: &str) -> Vec<Sent> {
+        self.sent
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.body.contains(marker))
+            .cloned()
+            .collect()
+    }
+}
+
+impl Provider for Recorder {
+    fn name(&self) -> &'static str {
+        "recorder"
+    }
+
+    fn stream(&self, request: ModelRequest) -> EventStream {
+        let usage = Arc::new(Mutex::new(None));
+        self.sent.lock().unwrap().push(Sent {
+            body: request.body.clone(),
+            usage: usage.clone(),
+        });
+        Box::pin(self.sim.stream(request).inspect(move |event| {
+            if let Ok(StreamEvent::MessageStart { usage: u, .. }) = event {
+                *usage.lock().unwrap() = Some(*u);
+            }
+        }))
+    }
+
+    fn count_tokens(
+        &self,
+        request: ModelRequest,
+    ) -> BoxFuture<'static, Result<TokenCount, forkd_provider::ProviderError>> {
+        self.sim.count_tokens(request)
+    }
 }

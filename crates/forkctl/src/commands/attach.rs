@@ -42,11 +42,11 @@ pub async fn run(args: AttachArgs, client: &mut Client, out: &Printer) -> anyhow
                     content_json: m.content_json,
                     shared: false,
                     compaction: false,
+                    seq: Some(m.seq),
+                    turn: 0,
                 };
                 if out.is_json() {
-                    let mut value = message_json(&message);
-                    value["seq"] = json!(m.seq);
-                    out.value(&value)?;
+                    out.value(&message_json(&message))?;
                 } else {
                     out.line(render_message(&message))?;
                 }

@@ -70,6 +70,13 @@ pub async fn run(args: LogsArgs, client: &mut Client, out: &Printer) -> anyhow::
 pub(crate) fn render_message(message: &TranscriptMessage) -> String {
     let shared = if message.shared { " (shared)" } else { "" };
     let mut out = String::new();
+    if message.turn > 0 {
+        out.push_str(&format!(
+            "──── turn {} (message {}) ────\n",
+            message.turn,
+            message.seq.unwrap_or_default()
+        ));
+    }
     if message.compaction {
         out.push_str("──── compacted: the requests from here on start with this summary ────\n");
     }
@@ -140,6 +147,7 @@ mod tests {
             content_json: content_json.into(),
             shared,
             compaction: false,
+            ..TranscriptMessage::default()
         }
     }
 

@@ -7,8 +7,8 @@ use clap::{Args, Subcommand};
 use forkd_core::session::{PermissionMode, SandboxMode};
 use forkd_proto::v1::session_event::Event;
 use forkd_proto::v1::{
-    CompactSessionRequest, ContextFile, CreateSessionRequest, GetSessionRequest,
-    ListSessionsRequest, SendMessageRequest, Session,
+    BranchSessionRequest, CompactSessionRequest, ContextFile, CreateSessionRequest,
+    GetSessionRequest, ListSessionsRequest, SendMessageRequest, Session,
 };
 use serde_json::json;
 
@@ -44,6 +44,10 @@ pub enum SessionCommand {
         #[arg(long)]
         idempotency_key: Option<String>,
     },
+    /// Branch the session: a new session whose history is this one's up to a point between
+    /// turns, read from the cache the session's own requests wrote; prints its id. Files are not
+    /// rewound: the branch sees the workspace as it is now.
+    Branch(BranchArgs),
     /// Compact the session's transcript now: the model summarizes it up to its last reply, and
     /// later requests start from the summary (refused while a turn runs).
     Compact {
@@ -53,6 +57,27 @@ pub enum SessionCommand {
         #[arg(long, value_name = "TEXT")]
         instructions: Option<String>,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct BranchArgs {
+    /// The session to branch from.
+    pub session_id: String,
+    /// Start after turn K ends (turn K is the K-th user message's; `forkctl session get` lists
+    /// them). Default: after the last finished turn.
+    #[arg(long, value_name = "K", conflicts_with = "before")]
+    pub at_turn: Option<u32>,
+    /// Start just before the user message at SEQ (it must begin a turn): the branch's first
+    /// message takes its place.
+    #[arg(long, value_name = "SEQ")]
+    pub before: Option<u64>,
+    /// Another workspace for the branch (its system prompt then names it, so the branch reads no
+    /// cache from its origin). Default: the origin's.
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// Create the branch once per key: the same command again returns the same branch.
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
 }
 
 /// The sandbox modes `--sandbox` takes (core's table).
@@ -156,6 +181,7 @@ pub async fn run(args: SessionArgs, client: &mut Client, out: &Printer) -> anyho
             Ok(exit::OK)
         }
         SessionCommand::List => run_list(client, out).await,
+        SessionCommand::Branch(branch) => run_branch(branch, client, out).await,
         SessionCommand::Send {
             session_id,
             text,
@@ -305,6 +331,41 @@ async fn run_create(args: CreateArgs, client: &mut Client, out: &Printer) -> any
         out.value(&json!({ "session_id": session_id }))?;
     } else {
         out.line(session_id)?;
+    }
+    Ok(exit::OK)
+}
+
+async fn run_branch(args: BranchArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
+    use forkd_proto::v1::branch_session_request::Point;
+    let point = match (args.at_turn, args.before) {
+        (Some(k), _) => Some(Point::AtTurn(k)),
+        (None, Some(seq)) => Some(Point::BeforeSeq(seq)),
+        (None, None) => None,
+    };
+    let workspace = match &args.workspace {
+        Some(dir) => absolute_workspace(dir)?,
+        None => String::new(),
+    };
+    let reply = client
+        .branch_session(BranchSessionRequest {
+            session_id: args.session_id,
+            point,
+            workspace,
+            idempotency_key: args.idempotency_key.unwrap_or_default(),
+        })
+        .await?
+        .into_inner();
+    let session = reply.session.unwrap_or_default();
+    if out.is_json() {
+        out.value(&session_json(&session))?;
+    } else {
+        out.line(&session.session_id)?;
+        // On stderr: stdout stays the id alone, for `B=$(forkctl session branch …)`.
+        eprintln!(
+            "branched from {} after turn {} (its first {} messages); the workspace is as it is \
+             now: files are not rewound",
+            session.branch_of, session.branch_turn, session.branch_point
+        );
     }
     Ok(exit::OK)
 }

@@ -191,42 +191,82 @@ fn sandbox_summary(s: &Session) -> String {
 
 /// `session get`.
 pub fn session_table(s: &Session) -> String {
-    key_values(vec![
-        ("session", s.session_id.clone()),
-        ("model", s.model.clone()),
-        ("workspace", s.workspace.clone()),
-        ("permission mode", s.permission_mode.clone()),
-        ("sandbox", sandbox_summary(s)),
-        (
-            "sandbox layers",
-            if s.sandbox_layers.is_empty() {
-                "unknown (an older daemon)".to_owned()
-            } else {
-                s.sandbox_layers.clone()
-            },
-        ),
-        (
-            "mcp servers",
-            if s.mcp_servers.is_empty() {
-                "none".to_owned()
-            } else {
-                s.mcp_servers.join(", ")
-            },
-        ),
-        ("coordinator", s.coordinator.to_string()),
-        ("interactive", s.interactive.to_string()),
-        (
-            "thinking budget",
-            tokens(u64::from(s.thinking_budget_tokens)),
-        ),
-        ("tools", s.tool_names.join(", ")),
-        ("system prompt bytes", tokens(s.system_prompt_bytes)),
-        ("messages", s.message_count.to_string()),
-        (
-            "created",
-            s.created_at.map(|c| c.to_string()).unwrap_or_default(),
-        ),
-    ])
+    key_values(
+        vec![
+            ("session", s.session_id.clone()),
+            ("model", s.model.clone()),
+            ("workspace", s.workspace.clone()),
+            ("permission mode", s.permission_mode.clone()),
+            ("sandbox", sandbox_summary(s)),
+            (
+                "sandbox layers",
+                if s.sandbox_layers.is_empty() {
+                    "unknown (an older daemon)".to_owned()
+                } else {
+                    s.sandbox_layers.clone()
+                },
+            ),
+            (
+                "mcp servers",
+                if s.mcp_servers.is_empty() {
+                    "none".to_owned()
+                } else {
+                    s.mcp_servers.join(", ")
+                },
+            ),
+            ("coordinator", s.coordinator.to_string()),
+            ("interactive", s.interactive.to_string()),
+            (
+                "thinking budget",
+                tokens(u64::from(s.thinking_budget_tokens)),
+            ),
+            ("tools", s.tool_names.join(", ")),
+            ("system prompt bytes", tokens(s.system_prompt_bytes)),
+            ("messages", s.message_count.to_string()),
+            ("turns", turns_summary(s)),
+            (
+                "created",
+                s.created_at.map(|c| c.to_string()).unwrap_or_default(),
+            ),
+        ]
+        .into_iter()
+        .chain((!s.branch_of.is_empty()).then(|| {
+            (
+                "branch of",
+                format!(
+                    "{} after turn {} (its first {} messages; files not rewound)",
+                    s.branch_of, s.branch_turn, s.branch_point
+                ),
+            )
+        }))
+        .chain((!s.branches.is_empty()).then(|| ("branches", s.branches.join(", "))))
+        .collect(),
+    )
+}
+
+/// How many turns, and where each one's message sits (`forkctl session branch --before SEQ`).
+fn turns_summary(s: &Session) -> String {
+    const SHOWN: usize = 20;
+    if s.turn_seqs.is_empty() {
+        return "none".to_owned();
+    }
+    let mut where_: Vec<String> = s
+        .turn_seqs
+        .iter()
+        .enumerate()
+        .take(SHOWN)
+        .map(|(i, seq)| format!("{}@{seq}", i + 1))
+        .collect();
+    if s.turn_seqs.len() > SHOWN {
+        where_.push(format!("… {} more", s.turn_seqs.len() - SHOWN));
+    }
+    let running = s.turn_seqs.len() as u32 > s.finished_turns;
+    format!(
+        "{}{} (turn@message: {})",
+        s.turn_seqs.len(),
+        if running { ", the last running" } else { "" },
+        where_.join(" ")
+    )
 }
 
 /// `stats`.

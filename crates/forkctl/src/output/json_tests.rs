@@ -242,6 +242,10 @@ fn session() {
             "system_prompt_bytes": 1234,
             "message_count": 2,
             "created_at": "1970-01-01T00:00:00Z",
+            "turn_seqs": [],
+            "finished_turns": 0,
+            "branch": null,
+            "branches": [],
         })
     );
 }
@@ -253,16 +257,18 @@ fn transcript_message_content_is_parsed_in_order() {
         content_json: r#"[{"type":"text","text":"hi"}]"#.into(),
         shared: true,
         compaction: false,
+        seq: Some(4),
+        turn: 2,
     };
     let v = message_json(&m);
     assert_eq!(
         v,
-        json!({"role": "assistant", "content": [{"type": "text", "text": "hi"}], "shared": true, "compaction": false})
+        json!({"role": "assistant", "content": [{"type": "text", "text": "hi"}], "shared": true, "compaction": false, "seq": 4, "turn": 2})
     );
     // Key order is kept (serde_json's `preserve_order`), so output mirrors what the model saw.
     assert_eq!(
         v.to_string(),
-        r#"{"role":"assistant","content":[{"type":"text","text":"hi"}],"shared":true,"compaction":false}"#
+        r#"{"role":"assistant","content":[{"type":"text","text":"hi"}],"shared":true,"compaction":false,"seq":4,"turn":2}"#
     );
     let bad = TranscriptMessage {
         content_json: "{oops".into(),

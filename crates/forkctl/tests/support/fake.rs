@@ -33,6 +33,7 @@ pub fn notification(seq: u64, agent: &str, status: NotificationStatus) -> Notifi
 #[derive(Debug, Default)]
 pub struct Recorded {
     pub create: Vec<CreateSessionRequest>,
+    pub branch: Vec<forkd_proto::v1::BranchSessionRequest>,
     pub fork: Vec<ForkBatchRequest>,
     pub subscribe: Vec<SubscribeNotificationsRequest>,
     pub list_agents: Vec<ListAgentsRequest>,
@@ -126,6 +127,27 @@ impl Forkd for Fake {
         Err(Status::unimplemented(
             "the fake daemon runs no parent turns",
         ))
+    }
+
+    async fn branch_session(
+        &self,
+        request: Request<forkd_proto::v1::BranchSessionRequest>,
+    ) -> Result<Response<forkd_proto::v1::BranchSessionResponse>, Status> {
+        check_token(&request)?;
+        let request = request.into_inner();
+        let session = Session {
+            session_id: "B1".into(),
+            branch_of: request.session_id.clone(),
+            branch_point: 5,
+            branch_turn: 2,
+            turn_seqs: vec![1, 3],
+            finished_turns: 2,
+            ..Default::default()
+        };
+        self.record(|r| r.branch.push(request))?;
+        Ok(Response::new(forkd_proto::v1::BranchSessionResponse {
+            session: Some(session),
+        }))
     }
 
     async fn compact_session(

@@ -107,6 +107,16 @@ impl Forkd for ForkdService {
         )
     }
 
+    async fn branch_session(
+        &self,
+        req: Request<pb::BranchSessionRequest>,
+    ) -> Reply<pb::BranchSessionResponse> {
+        reply(
+            self.branch_session_rpc(tenant(&req)?, req.into_inner())
+                .await,
+        )
+    }
+
     async fn fork_batch(&self, req: Request<pb::ForkBatchRequest>) -> Reply<pb::ForkBatchResponse> {
         reply(self.fork_batch_rpc(tenant(&req)?, req.into_inner()).await)
     }

@@ -41,6 +41,19 @@ impl ForkdService {
         })
     }
 
+    pub(super) async fn branch_session_rpc(
+        &self,
+        tenant: Tenant,
+        req: pb::BranchSessionRequest,
+    ) -> Result<pb::BranchSessionResponse, ApiError> {
+        let origin = parse_session_id(&req.session_id)?;
+        let new = convert::new_branch(origin, req);
+        let view = self.engine.for_tenant(tenant).branch_session(new).await?;
+        Ok(pb::BranchSessionResponse {
+            session: Some(convert::session_view(&view)),
+        })
+    }
+
     pub(super) async fn compact_session_rpc(
         &self,
         tenant: Tenant,

@@ -130,6 +130,9 @@ pub(crate) struct MessageRow {
     role: String,
     content_json: String,
     created_at_ms: i64,
+    /// Only a session's rows have it.
+    #[sqlx(default)]
+    starts_turn: bool,
 }
 
 impl TryFrom<MessageRow> for StoredMessage {
@@ -144,6 +147,7 @@ impl TryFrom<MessageRow> for StoredMessage {
             seq: from_i64(row.seq, "message seq")?,
             message,
             created_at_ms: row.created_at_ms,
+            starts_turn: row.starts_turn,
         })
     }
 }
@@ -154,8 +158,8 @@ pub(crate) fn stored_messages(rows: Vec<MessageRow>) -> Result<Vec<StoredMessage
 }
 
 /// Appends a message to a session's transcript: session id, seq, role, content, time.
-pub(crate) const INSERT_SESSION_MESSAGE: &str = "INSERT INTO session_messages (session_id, seq, role, content_json, created_at_ms) \
-     VALUES ($1, $2, $3, $4, $5)";
+pub(crate) const INSERT_SESSION_MESSAGE: &str = "INSERT INTO session_messages (session_id, seq, role, content_json, created_at_ms, \
+     starts_turn) VALUES ($1, $2, $3, $4, $5, $6)";
 
 /// Appends a message to an agent's own transcript: agent id, seq, role, content, time.
 pub(crate) const INSERT_AGENT_MESSAGE: &str = "INSERT INTO agent_messages (agent_id, seq, role, content_json, created_at_ms) \

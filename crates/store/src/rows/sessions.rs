@@ -1,5 +1,6 @@
 //! Session rows.
 
+use forkd_core::branch::Branch;
 use forkd_core::session::{
     CacheSafeParams, PermissionMode, PermissionRules, RenderedSystem, Sandbox, SandboxMode,
     Session, ThinkingConfig, ToolsJson,
@@ -14,16 +15,31 @@ macro_rules! session_columns {
     () => {
         "id, model, system_prompt, tools_json, thinking_budget, max_tokens, workspace, \
          coordinator, interactive, permission_mode, created_at_ms, allow_rules, deny_rules, tenant, \
-         sandbox, allow_network, mcp_json, unix_sockets"
+         sandbox, allow_network, mcp_json, unix_sockets, branch_of, branch_point, \
+         branch_compacted_to, params_of, reply_breakpoint"
     };
 }
-pub(crate) use session_columns;
+
+/// `SELECT` and `FROM` of session rows as [`SessionRow`] reads them: a row whose system prompt
+/// and tools another session holds (`params_of`) gets them from there. Rows are `s`.
+macro_rules! select_sessions {
+    () => {
+        "SELECT s.id, s.model, COALESCE(p.system_prompt, s.system_prompt) AS system_prompt, \
+         COALESCE(p.tools_json, s.tools_json) AS tools_json, s.thinking_budget, s.max_tokens, \
+         s.workspace, s.coordinator, s.interactive, s.permission_mode, s.created_at_ms, \
+         s.allow_rules, s.deny_rules, s.tenant, s.sandbox, s.allow_network, s.mcp_json, \
+         s.unix_sockets, s.branch_of, s.branch_point, s.branch_compacted_to, s.reply_breakpoint \
+         FROM sessions s LEFT JOIN sessions p ON p.id = s.params_of"
+    };
+}
+pub(crate) use select_sessions;
 
 /// Inserts a session: bind [`SessionValues`] with [`bind_session!`].
 pub(crate) const INSERT_SESSION: &str = concat!(
     "INSERT INTO sessions (",
     session_columns!(),
-    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, \
+     $19, $20, $21, $22, $23)"
 );
 
 #[derive(sqlx::FromRow)]
@@ -46,6 +62,10 @@ pub(crate) struct SessionRow {
     allow_network: bool,
     mcp_json: String,
     unix_sockets: bool,
+    branch_of: Option<String>,
+    branch_point: Option<i64>,
+    branch_compacted_to: Option<i64>,
+    reply_breakpoint: bool,
 }
 
 impl TryFrom<SessionRow> for Session {
@@ -60,6 +80,23 @@ impl TryFrom<SessionRow> for Session {
                 from_i64(b, "thinking_budget").map(|budget_tokens| ThinkingConfig { budget_tokens })
             })
             .transpose()?;
+        let branch = match (row.branch_of, row.branch_point) {
+            (Some(origin), Some(point)) => Some(Branch {
+                origin: parse_id(&origin, "branch origin")?,
+                point: from_i64(point, "branch_point")?,
+                compacted_to: row
+                    .branch_compacted_to
+                    .map(|c| from_i64(c, "branch_compacted_to"))
+                    .transpose()?,
+            }),
+            (None, None) => None,
+            _ => {
+                return Err(corrupt(
+                    "branch",
+                    "an origin without a point, or the reverse",
+                ));
+            }
+        };
         let permission_mode = PermissionMode::parse(&row.permission_mode).ok_or_else(|| {
             corrupt(
                 "permission_mode",
@@ -94,6 +131,8 @@ impl TryFrom<SessionRow> for Session {
             },
             mcp: serde_json::from_str(&row.mcp_json).map_err(|e| corrupt("mcp_json", e))?,
             created_at_ms: row.created_at_ms,
+            branch,
+            reply_breakpoint: row.reply_breakpoint,
         })
     }
 }
@@ -118,6 +157,12 @@ pub(crate) struct SessionValues<'a> {
     pub allow_network: bool,
     pub mcp_json: String,
     pub unix_sockets: bool,
+    pub branch_of: Option<String>,
+    pub branch_point: Option<i64>,
+    pub branch_compacted_to: Option<i64>,
+    /// The session whose system prompt and tools this row uses (its own columns hold '').
+    pub params_of: Option<String>,
+    pub reply_breakpoint: bool,
 }
 
 impl<'a> SessionValues<'a> {
@@ -154,7 +199,26 @@ impl<'a> SessionValues<'a> {
             mcp_json: serde_json::to_string(&session.mcp)
                 .unwrap_or_else(|_| r#"{"servers":[],"tools":[]}"#.into()),
             unix_sockets: session.sandbox.unix_sockets,
+            branch_of: session.branch.map(|b| b.origin.to_string()),
+            branch_point: session
+                .branch
+                .map(|b| to_i64(b.point, "branch_point"))
+                .transpose()?,
+            branch_compacted_to: session
+                .branch
+                .and_then(|b| b.compacted_to)
+                .map(|c| to_i64(c, "branch_compacted_to"))
+                .transpose()?,
+            params_of: None,
+            reply_breakpoint: session.reply_breakpoint,
         })
+    }
+
+    /// The row uses `holder`'s system prompt and tools instead of storing them again.
+    pub fn share_params(&mut self, holder: String) {
+        self.system_prompt = "";
+        self.tools_json = "";
+        self.params_of = Some(holder);
     }
 }
 
@@ -181,6 +245,11 @@ macro_rules! bind_session {
             .bind(v.allow_network)
             .bind(&v.mcp_json)
             .bind(v.unix_sockets)
+            .bind(&v.branch_of)
+            .bind(v.branch_point)
+            .bind(v.branch_compacted_to)
+            .bind(&v.params_of)
+            .bind(v.reply_breakpoint)
     }};
 }
 pub(crate) use bind_session;

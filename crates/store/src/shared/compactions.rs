@@ -61,8 +61,27 @@ async fn cut(conn: &mut Conn, transcript: Transcript, c: &Compaction) -> Result<
     Ok(())
 }
 
+/// A session's boundaries; a branch's begin with those it inherited: its origin's (and so on up
+/// the chain) in force at its point when it was made, never one the origin stored later.
 pub(crate) async fn list(pool: &Pool, session: SessionId) -> Result<Vec<Compaction>> {
-    list_of(pool, Transcript::Session(session)).await
+    let chain = sessions::chain(pool, &session.to_string()).await?;
+    let mut out: Vec<Compaction> = Vec::new();
+    // From the first session down: each keeps what its origin's had at its point, then its own.
+    for (i, link) in chain.iter().enumerate().rev() {
+        let is_branch = i + 1 < chain.len();
+        if is_branch {
+            let bound = link.compacted_to.and_then(|c| u64::try_from(c).ok());
+            out.retain(|c| bound.is_some_and(|b| c.to_seq <= b));
+        }
+        let id = link.id.parse().map_err(|e| {
+            DbError::Store(StoreError::Corrupt(format!(
+                "session id {:?}: {e}",
+                link.id
+            )))
+        })?;
+        out.extend(list_of(pool, Transcript::Session(id)).await?);
+    }
+    Ok(out)
 }
 
 pub(crate) async fn list_agent(pool: &Pool, agent: AgentId) -> Result<Vec<Compaction>> {

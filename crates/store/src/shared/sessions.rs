@@ -10,8 +10,9 @@ use crate::rows::convert::{
     INSERT_SESSION_MESSAGE, MessageRow, bound, conflict_if_duplicate, from_i64, stored_messages,
 };
 use crate::rows::sessions::{
-    INSERT_SESSION, SessionRow, SessionValues, bind_session, not_found, session_columns,
+    INSERT_SESSION, SessionRow, SessionValues, bind_session, not_found, select_sessions,
 };
+use crate::{DbError, StoreError};
 
 pub(crate) async fn create(
     conn: &mut Conn,
@@ -32,14 +33,10 @@ pub(crate) async fn create(
 }
 
 pub(crate) async fn get(pool: &Pool, id: SessionId) -> Result<Option<Session>> {
-    let row: Option<SessionRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        session_columns!(),
-        " FROM sessions WHERE id = $1"
-    ))
-    .bind(id.to_string())
-    .fetch_optional(pool)
-    .await?;
+    let row: Option<SessionRow> = sqlx::query_as(concat!(select_sessions!(), " WHERE s.id = $1"))
+        .bind(id.to_string())
+        .fetch_optional(pool)
+        .await?;
     row.map(Session::try_from).transpose()
 }
 
@@ -51,10 +48,8 @@ pub(crate) async fn list(
 ) -> Result<Vec<Session>> {
     // Every id sorts after "", so one statement serves both the first page and the next ones.
     let rows: Vec<SessionRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        session_columns!(),
-        " FROM sessions WHERE (CAST($1 AS TEXT) IS NULL OR tenant = $1) AND id > $2 \
-         ORDER BY id LIMIT $3"
+        select_sessions!(),
+        " WHERE (CAST($1 AS TEXT) IS NULL OR s.tenant = $1) AND s.id > $2 ORDER BY s.id LIMIT $3"
     ))
     .bind(tenant)
     .bind(after.map(|a| a.to_string()).unwrap_or_default())
@@ -96,9 +91,11 @@ pub(crate) async fn lock(conn: &mut Conn, id: &str) -> Result<bool> {
 /// The length of a session's transcript: the seq its next message gets. The caller holds the
 /// session's lock.
 pub(crate) async fn len(conn: &mut Conn, session_id: &str) -> Result<i64> {
-    // Seqs are contiguous from 0, so MAX + 1 is the length; unlike COUNT it is one index seek.
+    // A session's own seqs are contiguous from 0 (from its point, for a branch), so MAX + 1 is
+    // the length; unlike COUNT it is one index seek.
     let len: i64 = sqlx::query_scalar(
-        "SELECT COALESCE(MAX(seq) + 1, 0) FROM session_messages WHERE session_id = $1",
+        "SELECT COALESCE((SELECT MAX(seq) + 1 FROM session_messages WHERE session_id = $1), \
+         (SELECT branch_point FROM sessions WHERE id = $1), 0)",
     )
     .bind(session_id)
     .fetch_one(conn)
@@ -114,15 +111,154 @@ pub(crate) async fn insert_message(
     message: &Message,
     created_at_ms: i64,
 ) -> Result<()> {
+    insert(conn, session_id, seq, message, created_at_ms, false).await
+}
+
+/// Appends the user's message of a turn at `seq`: turns are counted by these.
+pub(crate) async fn insert_user_message(
+    conn: &mut Conn,
+    session_id: &str,
+    seq: i64,
+    message: &Message,
+    created_at_ms: i64,
+) -> Result<()> {
+    insert(conn, session_id, seq, message, created_at_ms, true).await
+}
+
+async fn insert(
+    conn: &mut Conn,
+    session_id: &str,
+    seq: i64,
+    message: &Message,
+    created_at_ms: i64,
+    starts_turn: bool,
+) -> Result<()> {
     sqlx::query(INSERT_SESSION_MESSAGE)
         .bind(session_id)
         .bind(seq)
         .bind(message.role.as_str())
         .bind(message.content_json())
         .bind(created_at_ms)
+        .bind(starts_turn)
         .execute(conn)
         .await?;
     Ok(())
+}
+
+/// `chain (id, origin, lo, hi, compacted_to, depth)`: the session `$1` (depth 0) and, for a
+/// branch, its origins up to the first session, each with the range of seqs `lo..hi` the
+/// transcript takes from it.
+macro_rules! chain {
+    () => {
+        "WITH RECURSIVE chain (id, origin, lo, hi, compacted_to, depth) AS (\
+           SELECT id, branch_of, COALESCE(branch_point, 0), CAST(9223372036854775807 AS BIGINT), \
+                  branch_compacted_to, 0 FROM sessions WHERE id = $1 \
+           UNION ALL \
+           SELECT s.id, s.branch_of, COALESCE(s.branch_point, 0), c.lo, s.branch_compacted_to, \
+                  c.depth + 1 \
+           FROM sessions s JOIN chain c ON s.id = c.origin) "
+    };
+}
+
+/// One session of a transcript's chain (see `chain!`).
+#[derive(sqlx::FromRow)]
+pub(crate) struct Link {
+    pub id: String,
+    /// The boundary in force at the branch point, for the session after it in the chain.
+    pub compacted_to: Option<i64>,
+}
+
+/// The sessions whose messages make up `id`'s transcript: `id` first, then its origins.
+pub(crate) async fn chain(pool: &Pool, id: &str) -> Result<Vec<Link>> {
+    Ok(sqlx::query_as(concat!(
+        chain!(),
+        "SELECT id, compacted_to FROM chain ORDER BY depth"
+    ))
+    .bind(id)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Stores a branch (see `Store::create_branch`). Runs inside the caller's write transaction.
+pub(crate) async fn create_branch(conn: &mut Conn, branch: &Session) -> Result<()> {
+    let Some(point) = branch.branch else {
+        return Err(DbError::Store(StoreError::Conflict(format!(
+            "session {} is not a branch",
+            branch.id
+        ))));
+    };
+    let origin = point.origin.to_string();
+    // The origin's transcript may grow, never shrink: its lock makes the check exact anyway.
+    if !lock(conn, &origin).await? {
+        return Err(not_found(origin));
+    }
+    let origin_len = len(conn, &origin).await?;
+    if i64::try_from(point.point).map_or(true, |p| p > origin_len || p == 0) {
+        return Err(DbError::Store(StoreError::Conflict(format!(
+            "session {origin} has {origin_len} messages; a branch cannot start at {}",
+            point.point
+        ))));
+    }
+    let (holder, system, tools): (String, String, String) = sqlx::query_as(
+        "SELECT COALESCE(s.params_of, s.id), COALESCE(p.system_prompt, s.system_prompt), \
+         COALESCE(p.tools_json, s.tools_json) \
+         FROM sessions s LEFT JOIN sessions p ON p.id = s.params_of WHERE s.id = $1",
+    )
+    .bind(&origin)
+    .fetch_one(&mut *conn)
+    .await?;
+    let mut values = SessionValues::new(branch)?;
+    if system == branch.params.system.as_str() && tools == branch.params.tools.raw().as_str() {
+        values.share_params(holder);
+    }
+    bind_session!(sqlx::query(INSERT_SESSION), &values)
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| {
+            conflict_if_duplicate(e, || format!("session {} already exists", values.id))
+        })?;
+    // "Allow always" answers hold in the branch too.
+    sqlx::query(
+        "INSERT INTO session_allowed_tools (session_id, tool, allowed_at_ms) \
+         SELECT $1, tool, allowed_at_ms FROM session_allowed_tools WHERE session_id = $2",
+    )
+    .bind(&values.id)
+    .bind(&origin)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// The branches made from `origin`, in creation order.
+pub(crate) async fn branches(pool: &Pool, origin: SessionId) -> Result<Vec<Session>> {
+    let rows: Vec<SessionRow> = sqlx::query_as(concat!(
+        select_sessions!(),
+        " WHERE s.branch_of = $1 ORDER BY s.id"
+    ))
+    .bind(origin.to_string())
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter().map(Session::try_from).collect()
+}
+
+/// The seqs of the messages that began the session's turns, its origins' included.
+pub(crate) async fn turns(pool: &Pool, id: SessionId) -> Result<Vec<u64>> {
+    let id = id.to_string();
+    let seqs: Vec<i64> = sqlx::query_scalar(concat!(
+        chain!(),
+        "SELECT m.seq FROM chain c JOIN session_messages m \
+         ON m.session_id = c.id AND m.seq >= c.lo AND m.seq < c.hi \
+         WHERE m.starts_turn ORDER BY m.seq"
+    ))
+    .bind(&id)
+    .fetch_all(pool)
+    .await?;
+    if seqs.is_empty() && !exists(&mut *pool.acquire().await?, &id).await? {
+        return Err(not_found(id));
+    }
+    seqs.into_iter()
+        .map(|s| from_i64(s, "message seq"))
+        .collect()
 }
 
 pub(crate) async fn message_count(pool: &Pool, id: SessionId) -> Result<u64> {
@@ -144,10 +280,14 @@ pub(crate) async fn messages(
     let id = id.to_string();
     let before = before.map_or(i64::MAX, bound);
     let mut conn = pool.acquire().await?;
-    let rows: Vec<MessageRow> = sqlx::query_as(
-        "SELECT seq, role, content_json, created_at_ms FROM session_messages \
-         WHERE session_id = $1 AND seq >= $2 AND seq < $3 ORDER BY seq",
-    )
+    // A branch's transcript is its origins' up to its point, then its own.
+    let rows: Vec<MessageRow> = sqlx::query_as(concat!(
+        chain!(),
+        "SELECT m.seq, m.role, m.content_json, m.created_at_ms, m.starts_turn \
+         FROM chain c JOIN session_messages m \
+         ON m.session_id = c.id AND m.seq >= c.lo AND m.seq < c.hi \
+         WHERE m.seq >= $2 AND m.seq < $3 ORDER BY m.seq"
+    ))
     .bind(&id)
     .bind(bound(from))
     .bind(before)

@@ -66,6 +66,27 @@ impl Store for DriverStore {
         })
     }
 
+    async fn create_branch(
+        &self,
+        session: &Session,
+        idempotency: Option<&IdempotencyRecord>,
+    ) -> StoreResult<()> {
+        write_tx!(self, |tx| {
+            sessions::create_branch(&mut tx, session).await?;
+            if let Some(record) = idempotency {
+                idempotency::insert(&mut tx, record).await?;
+            }
+        })
+    }
+
+    async fn branches(&self, origin: SessionId) -> StoreResult<Vec<Session>> {
+        db(sessions::branches(self.readers(), origin).await)
+    }
+
+    async fn session_turns(&self, id: SessionId) -> StoreResult<Vec<u64>> {
+        db(sessions::turns(self.readers(), id).await)
+    }
+
     async fn get_session(&self, id: SessionId) -> StoreResult<Option<Session>> {
         db(sessions::get(self.readers(), id).await)
     }
@@ -110,6 +131,33 @@ impl Store for DriverStore {
         before: Option<u64>,
     ) -> StoreResult<Vec<StoredMessage>> {
         db(sessions::messages(self.readers(), id, 0, before).await)
+    }
+
+    async fn append_user_message(
+        &self,
+        lease: &Lease,
+        session: SessionId,
+        message: &Message,
+        idempotency: Option<&IdempotencyRecord>,
+        at_ms: i64,
+    ) -> StoreResult<u64> {
+        let seq = write_tx!(self, |tx| {
+            dialect::lock_agents(&mut tx, std::iter::once(&lease.agent_id)).await?;
+            agents::check_lease(&mut tx, lease).await?;
+            let session_id = session.to_string();
+            let exists = sessions::lock(&mut tx, &session_id).await?;
+            if let Some(record) = idempotency {
+                idempotency::insert(&mut tx, record).await?;
+            }
+            if !exists {
+                return Err(session_not_found(session_id));
+            }
+            let seq = sessions::len(&mut tx, &session_id).await?;
+            sessions::insert_user_message(&mut tx, &session_id, seq, message, at_ms).await?;
+            pending::clear(&mut tx, &session_id).await?;
+            seq
+        })?;
+        db(from_i64(seq, "session message seq"))
     }
 
     async fn append_turn(

@@ -1,0 +1,282 @@
+//! Branches through the engine and the sim: a branch's first request carries its origin's bytes
+//! up to the branch point and reads what the origin's requests cached; on both sides of a
+//! compaction boundary; a branch of a branch; invalid points refused with the nearest valid
+//! ones; idempotency keys.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Recorder, Sent, new_session};
+use forkd_core::branch::At;
+use forkd_core::session::Session;
+use forkd_engine::{Engine, EngineConfig, EngineError, NewBranch, ParentEvent};
+use futures::StreamExt;
+
+/// The padding words of each turn's message: ten turns make a ~100k-token session.
+const WORDS: usize = 9_000;
+
+async fn engine(dir: &Path, recorder: Arc<Recorder>) -> Engine {
+    Engine::new(common::store(dir).await, recorder, EngineConfig::default())
+}
+
+/// Turn `k`'s message: padding, then the sim's script for a long answer (~1,500 tokens: a
+/// branch that wrote the last reply again would read well under 99% of the ideal).
+fn message(k: usize) -> String {
+    format!(
+        "Turn {k}. {}\n@sim say answer {k}: {}",
+        "word ".repeat(WORDS),
+        "reply ".repeat(1_500)
+    )
+}
+
+/// Runs one turn; what it sent comes back.
+async fn turn(engine: &Engine, recorder: &Recorder, session: &Session, text: &str) -> Vec<Sent> {
+    let before = recorder.sent().len();
+    let stream = engine
+        .send_message(session.id, text.to_owned())
+        .await
+        .unwrap();
+    let events: Vec<_> = tokio::time::timeout(Duration::from_secs(60), stream.collect::<Vec<_>>())
+        .await
+        .expect("the turn ends");
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Ok(ParentEvent::TurnEnded { .. }))),
+        "{events:?}"
+    );
+    recorder.sent()[before..].to_vec()
+}
+
+fn branch(origin: &Session, at: At) -> NewBranch {
+    NewBranch {
+        origin: origin.id,
+        at,
+        workspace: None,
+        idempotency_key: None,
+    }
+}
+
+/// A body without its last message: what a request carries before its new message.
+fn before_last_message(body: &str) -> String {
+    let mut json: serde_json::Value = serde_json::from_str(body).unwrap();
+    json["messages"].as_array_mut().unwrap().pop();
+    json.to_string()
+}
+
+/// `a` and `b` agree byte for byte up to where their last message begins.
+fn same_up_to_last_message(a: &str, b: &str) {
+    let start = |body: &str| body.rfind(r#"{"role":"user""#).expect("a user message");
+    let (ea, eb) = (start(a), start(b));
+    assert_eq!(ea, eb, "the histories differ in length");
+    assert!(a[..ea] == b[..eb], "the histories differ");
+    // And the part compared is all of what comes before the last message.
+    let tail: serde_json::Value = serde_json::from_str(&a[ea..a.rfind(']').unwrap()]).unwrap();
+    assert_eq!(tail["role"], "user");
+}
+
+/// The share of the ideal read (everything before the new message) that `sent` read.
+fn read_share(sent: &Sent) -> f64 {
+    let ideal = forkd_provider::tokens::request_input_tokens(&before_last_message(&sent.body))
+        .unwrap() as f64;
+    sent.usage().cache_read_input_tokens as f64 / ideal
+}
+
+/// A 10-turn session; the bodies of each turn's request, in order.
+async fn ten_turns(engine: &Engine, recorder: &Recorder, dir: &Path) -> (Session, Vec<Sent>) {
+    let origin = engine
+        .create_session(new_session(dir, "Sys."))
+        .await
+        .unwrap();
+    let mut turns = Vec::new();
+    for k in 1..=10 {
+        let sent = turn(engine, recorder, &origin, &message(k)).await;
+        assert_eq!(sent.len(), 1, "turn {k} is one request");
+        turns.extend(sent);
+    }
+    (origin, turns)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_branch_sends_its_origins_bytes_to_the_point_and_reads_their_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = Arc::new(Recorder::with_speed(0.0));
+    let engine = engine(dir.path(), recorder.clone()).await;
+    let (origin, turns) = ten_turns(&engine, &recorder, dir.path()).await;
+    let total = turns[9].usage().total_input();
+    assert!(total > 90_000, "a ~100k-token session: {total}");
+
+    // At turn 3: its first request is the origin's turn 4 up to turn 4's message.
+    let at_three = engine
+        .branch_session(origin.clone(), branch(&origin, At::AfterTurn(3)))
+        .await
+        .unwrap();
+    let first = turn(&engine, &recorder, &at_three, "Instead: @sim say other").await;
+    same_up_to_last_message(&turns[3].body, &first[0].body);
+    let share = read_share(&first[0]);
+    assert!(share >= 0.99, "read {share:.4} of the ideal");
+    eprintln!("at turn 3: read {share:.4} of the ideal");
+
+    // Before turn 5's message: the origin's turn 5 up to its message.
+    let turn_seqs = engine.session_turns(origin.id).await.unwrap().starts;
+    assert_eq!(turn_seqs.len(), 10);
+    let before_five = engine
+        .branch_session(origin.clone(), branch(&origin, At::Before(turn_seqs[4])))
+        .await
+        .unwrap();
+    assert_eq!(before_five.branch.unwrap().point, turn_seqs[4]);
+    let first = turn(
+        &engine,
+        &recorder,
+        &before_five,
+        "Turn 5, again. @sim say again",
+    )
+    .await;
+    same_up_to_last_message(&turns[4].body, &first[0].body);
+    let share = read_share(&first[0]);
+    assert!(share >= 0.99, "read {share:.4} of the ideal");
+
+    // The branch's turns number on from the origin's, and the origin is untouched.
+    let seen = engine.session_turns(before_five.id).await.unwrap();
+    assert_eq!(seen.starts.len(), 5);
+    assert_eq!(seen.starts[..4], turn_seqs[..4]);
+    assert_eq!(
+        engine.session_turns(origin.id).await.unwrap().starts,
+        turn_seqs
+    );
+
+    // A branch of the branch, after the branch's own turn.
+    let second = turn(&engine, &recorder, &before_five, "More. @sim say more").await;
+    let grandchild = engine
+        .branch_session(before_five.clone(), branch(&before_five, At::AfterTurn(5)))
+        .await
+        .unwrap();
+    let first = turn(
+        &engine,
+        &recorder,
+        &grandchild,
+        "Elsewhere. @sim say elsewhere",
+    )
+    .await;
+    same_up_to_last_message(&second[0].body, &first[0].body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn branches_on_both_sides_of_a_compaction_see_what_the_origin_saw() {
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = Arc::new(Recorder::with_speed(0.0));
+    let engine = engine(dir.path(), recorder.clone()).await;
+    let origin = engine
+        .create_session(new_session(dir.path(), "Sys."))
+        .await
+        .unwrap();
+    let mut turns = Vec::new();
+    for k in 1..=4 {
+        turns.extend(turn(&engine, &recorder, &origin, &message(k)).await);
+    }
+    let boundary = engine.compact_session(origin.id, None).await.unwrap();
+    for k in 5..=6 {
+        turns.extend(turn(&engine, &recorder, &origin, &message(k)).await);
+    }
+    // Before the boundary: the whole history, as turn 3 of the origin sent it.
+    let early = engine
+        .branch_session(origin.clone(), branch(&origin, At::AfterTurn(2)))
+        .await
+        .unwrap();
+    assert_eq!(early.branch.unwrap().compacted_to, None);
+    let first = turn(&engine, &recorder, &early, "Early. @sim say early").await;
+    same_up_to_last_message(&turns[2].body, &first[0].body);
+    assert!(!first[0].body.contains("compaction-summary"));
+    // After it: the summary and the messages kept, as turn 6 of the origin sent them.
+    let late = engine
+        .branch_session(origin.clone(), branch(&origin, At::AfterTurn(5)))
+        .await
+        .unwrap();
+    assert_eq!(late.branch.unwrap().compacted_to, Some(boundary.to_seq));
+    let first = turn(&engine, &recorder, &late, "Late. @sim say late").await;
+    same_up_to_last_message(&turns[5].body, &first[0].body);
+    assert!(first[0].body.contains("compaction-summary"));
+    assert!(read_share(&first[0]) >= 0.99);
+
+    // The origin compacts again: the branches' bytes do not move.
+    engine.compact_session(origin.id, None).await.unwrap();
+    let again = turn(&engine, &recorder, &early, "Once more. @sim say once").await;
+    assert!(!again[0].body.contains("compaction-summary"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_points_are_refused_with_the_nearest_valid_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = Arc::new(Recorder::with_speed(0.0));
+    let engine = engine(dir.path(), recorder.clone()).await;
+    let origin = engine
+        .create_session(new_session(dir.path(), "Sys."))
+        .await
+        .unwrap();
+    for k in 1..=2 {
+        turn(&engine, &recorder, &origin, &format!("{k} @sim say {k}")).await;
+    }
+    let starts = engine.session_turns(origin.id).await.unwrap().starts;
+    let refused = |at| {
+        let engine = &engine;
+        let origin = origin.clone();
+        async move {
+            match engine
+                .branch_session(origin.clone(), branch(&origin, at))
+                .await
+            {
+                Err(EngineError::InvalidRequest(why)) => why,
+                other => panic!("{at:?}: {other:?}"),
+            }
+        }
+    };
+    let why = refused(At::AfterTurn(3)).await;
+    assert!(why.contains("has 2 turns"), "{why}");
+    // Turn 1's reply: inside turn 1, between its message and turn 2's.
+    let why = refused(At::Before(starts[0] + 1)).await;
+    assert!(
+        why.contains(&format!("--at-turn 0 (= --before {})", starts[0]))
+            && why.contains(&format!("--at-turn 1 (= --before {})", starts[1])),
+        "{why}"
+    );
+    // Nothing was created.
+    assert!(engine.branches_of(origin.id).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_names_one_branch() {
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = Arc::new(Recorder::with_speed(0.0));
+    let engine = engine(dir.path(), recorder.clone()).await;
+    let origin = engine
+        .create_session(new_session(dir.path(), "Sys."))
+        .await
+        .unwrap();
+    turn(&engine, &recorder, &origin, "1 @sim say 1").await;
+    let keyed = |at| NewBranch {
+        idempotency_key: Some("branch-key".into()),
+        ..branch(&origin, at)
+    };
+    let first = engine
+        .branch_session(origin.clone(), keyed(At::Latest))
+        .await
+        .unwrap();
+    let again = engine
+        .branch_session(origin.clone(), keyed(At::Latest))
+        .await
+        .unwrap();
+    assert_eq!(first.id, again.id);
+    let other = engine
+        .branch_session(origin.clone(), keyed(At::AfterTurn(0)))
+        .await;
+    assert!(
+        matches!(other, Err(EngineError::KeyReused { .. })),
+        "{other:?}"
+    );
+    assert_eq!(engine.branches_of(origin.id).await.unwrap().len(), 1);
+}
