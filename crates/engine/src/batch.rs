@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
 
 use forkd_core::agent::FORK_QUERY_SOURCE;
+use forkd_core::branch::{At, TurnIndex};
 use forkd_core::fork::{ForkBatch, ForkError};
 use forkd_core::isolation::{BatchSnapshot, Isolation};
 use forkd_core::plan::{self, ForkLimits, Forker, Refusal};
@@ -36,6 +37,8 @@ pub struct BatchOptions {
     pub budget: Budget,
     /// Each child in its own copy of the workspace (`copy`), or all in the session's (`none`).
     pub isolation: Isolation,
+    /// Fork after this turn instead of the last finished one (docs/contracts.md, "Branches").
+    pub at_turn: Option<u32>,
 }
 
 /// A submitted batch: its id and its children in directive order.
@@ -63,6 +66,8 @@ pub(crate) struct BatchStart {
     /// Which children work in copies, one per fork in order (a model's calls each say; a
     /// client's batch says for all): the snapshot is taken before the batch is stored.
     pub isolated: Vec<bool>,
+    /// Where a client's batch forks, when it asked for an earlier turn than the last finished.
+    pub fork_point: Option<u64>,
 }
 
 /// Fork batches: a client's through the fork plan, checked against the window at submission;
@@ -224,6 +229,51 @@ impl Batches {
             .await
     }
 
+    /// The session's turns: where each began, its length, and the turn in flight — this
+    /// daemon's, or another's (its main loop is running there, on its last turn).
+    pub(crate) async fn turns(&self, session: SessionId) -> Result<TurnIndex> {
+        let starts = self.store.session_turns(session).await?;
+        let len = self.store.session_message_count(session).await?;
+        let in_flight = match self.turn_starts.finished_turns_end(session) {
+            Some(start) => Some(start),
+            None => {
+                let main_loop = self.store.main_loop_agent(session).await?;
+                let running = main_loop.is_some_and(|a| a.state == AgentState::Running);
+                running.then(|| starts.last().copied()).flatten()
+            }
+        };
+        Ok(TurnIndex {
+            starts,
+            len,
+            in_flight,
+        })
+    }
+
+    /// Where a client's batch forks when it asks for turn `k`: after that turn's end. A
+    /// branch's batch forks at its own messages (its point or later).
+    async fn point_after(&self, session: &Session, k: u32) -> Result<u64> {
+        let point = self
+            .turns(session.id)
+            .await?
+            .point(At::AfterTurn(k))
+            .map_err(|e| {
+                EngineError::InvalidRequest(format!(
+                    "cannot fork session {} there: {e}",
+                    session.id
+                ))
+            })?;
+        if let Some(branch) = session.branch
+            && point < branch.point
+        {
+            return Err(EngineError::InvalidRequest(format!(
+                "session {} is a branch of {} from its message {}: turn {k} ends before that \
+                 point; fork {} at turn {k} instead (the same history)",
+                session.id, branch.origin, branch.point, branch.origin
+            )));
+        }
+        Ok(point)
+    }
+
     /// The limits every batch is planned under, a client's or a model's.
     pub(crate) fn fork_limits(self: &Arc<Self>) -> ForkLimits {
         ForkLimits {
@@ -262,9 +312,13 @@ impl Batches {
         let forks =
             plan::plan_client(batch_id, &directives, &forker).map_err(EngineError::ForkRefused)?;
         let children: Vec<&Directive> = forks.iter().map(|(_, d)| d).collect();
+        let fork_point = match options.at_turn {
+            Some(k) => Some(self.point_after(&session, k).await?),
+            None => None,
+        };
         self.check_children_fit(
             &session,
-            self.turn_starts.finished_turns_end(session.id),
+            fork_point.or_else(|| self.turn_starts.finished_turns_end(session.id)),
             &children,
         )
         .await?;
@@ -306,6 +360,11 @@ impl Batches {
             {
                 parts.push(options.isolation.as_str().into());
             }
+            if let Some(k) = options.at_turn
+                && let Some(parts) = canonical.as_array_mut()
+            {
+                parts.push(serde_json::json!({ "at_turn": k }));
+            }
             forkd_core::request::fingerprint(canonical.to_string().as_bytes())
         });
         let tenant = session.tenant;
@@ -327,6 +386,7 @@ impl Batches {
                     budget: options.budget,
                     turn: None,
                     isolated: vec![options.isolation == Isolation::Copy; n],
+                    fork_point,
                 };
                 let (Some(key), Some(digest)) = (key, digest) else {
                     return batches.commit_and_start(start).await;
@@ -396,6 +456,7 @@ impl Batches {
             budget,
             turn,
             isolated,
+            fork_point: asked_point,
         } = start;
         // Known before the commit: once it is stored, nothing may keep the children from starting.
         let tenant = self.tenancy.session_owner(session_id).await?;
@@ -430,11 +491,12 @@ impl Batches {
             None => {
                 // A client's batch forks at the end of the parent's last finished turn: a turn
                 // in flight is not part of what its children inherit.
-                let fork_point = self
-                    .turn_starts
-                    .finished_turns_end(session_id)
-                    .unwrap_or(len)
-                    .min(len);
+                let fork_point = asked_point.unwrap_or_else(|| {
+                    self.turn_starts
+                        .finished_turns_end(session_id)
+                        .unwrap_or(len)
+                        .min(len)
+                });
                 let batch = ForkBatch::client(batch_id, session_id, fork_point, now);
                 let directives: Vec<Directive> = forks.into_iter().map(|(_, d)| d).collect();
                 let note = forkd_core::digest::launch_note(batch_id, &directives);

@@ -7,13 +7,13 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use forkd_core::SessionId;
 use forkd_core::branch::{At, Branch, TurnIndex};
 use forkd_core::request::fingerprint;
 use forkd_core::session::Session;
 use forkd_core::store::{IdempotencyRecord, IdempotentCall, Store};
-use forkd_core::{AgentState, SessionId};
 
-use crate::batch::TurnStarts;
+use crate::batch::Batches;
 use crate::clock::now_ms;
 use crate::compact::Compactor;
 use crate::error::{EngineError, Result};
@@ -61,8 +61,8 @@ pub(crate) struct Branches {
     tenancy: Arc<Tenancy>,
     mcp: Arc<McpServers>,
     compaction: Arc<Compactor>,
-    /// Where each session's turn in flight began: a branch never starts inside it.
-    turn_starts: Arc<TurnStarts>,
+    /// Turns (where each session's turn in flight began: a branch never starts inside it).
+    batches: Arc<Batches>,
 }
 
 impl Branches {
@@ -72,7 +72,7 @@ impl Branches {
         tenancy: Arc<Tenancy>,
         mcp: Arc<McpServers>,
         compaction: Arc<Compactor>,
-        turn_starts: Arc<TurnStarts>,
+        batches: Arc<Batches>,
     ) -> Self {
         Self {
             store,
@@ -80,28 +80,13 @@ impl Branches {
             tenancy,
             mcp,
             compaction,
-            turn_starts,
+            batches,
         }
     }
 
-    /// The session's turns: where each began, its length, and the turn in flight — this
-    /// daemon's, or another's (its main loop is running there, on its last turn).
+    /// The session's turns: where each began, its length, and the turn in flight.
     pub(crate) async fn turns(&self, session: SessionId) -> Result<TurnIndex> {
-        let starts = self.store.session_turns(session).await?;
-        let len = self.store.session_message_count(session).await?;
-        let in_flight = match self.turn_starts.finished_turns_end(session) {
-            Some(start) => Some(start),
-            None => {
-                let main_loop = self.store.main_loop_agent(session).await?;
-                let running = main_loop.is_some_and(|a| a.state == AgentState::Running);
-                running.then(|| starts.last().copied()).flatten()
-            }
-        };
-        Ok(TurnIndex {
-            starts,
-            len,
-            in_flight,
-        })
+        self.batches.turns(session).await
     }
 
     /// Creates a branch of `origin` (read, and its owner checked, by the caller). With an

@@ -221,7 +221,7 @@ impl Engine {
             tenancy.clone(),
             mcp.clone(),
             compaction.clone(),
-            turn_starts.clone(),
+            batches.clone(),
         ));
         let turns = Arc::new(parent::Turns::new(parent::TurnParts {
             store: store.clone(),

@@ -280,3 +280,117 @@ async fn a_key_names_one_branch() {
     );
     assert_eq!(engine.branches_of(origin.id).await.unwrap().len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_forks_after_an_earlier_turn_and_reports_at_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = Arc::new(Recorder::with_speed(0.0));
+    let engine = engine(dir.path(), recorder.clone()).await;
+    let origin = engine
+        .create_session(new_session(dir.path(), "Sys."))
+        .await
+        .unwrap();
+    let mut turns = Vec::new();
+    for k in 1..=4 {
+        turns.extend(turn(&engine, &recorder, &origin, &message(k)).await);
+    }
+    let len = engine.session_turns(origin.id).await.unwrap().len;
+    let directives = ["first variant", "second variant"].map(|p| forkd_core::Directive {
+        description: p.into(),
+        prompt: format!("{p}\n@sim say {p} done"),
+    });
+    let before = recorder.sent().len();
+    let batch = engine
+        .fork_batch(
+            origin.id,
+            directives.to_vec(),
+            forkd_engine::BatchOptions {
+                at_turn: Some(2),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    for agent in &batch.agent_ids {
+        common::ended(&engine, *agent).await;
+    }
+    // Each child's history is the origin's turn 3 request up to turn 3's message.
+    let children: Vec<Sent> = recorder.sent()[before..].to_vec();
+    assert_eq!(children.len(), 2);
+    for child in &children {
+        same_up_to_last_message(&turns[2].body, &child.body);
+        assert!(!child.body.contains("answer 3"));
+    }
+    let first = children
+        .iter()
+        .find(|c| c.body.contains("first variant"))
+        .unwrap();
+    let share = read_share(first);
+    assert!(share >= 0.99, "read {share:.4} of the ideal");
+    // The launch note and the digest went to the end of the transcript.
+    common::eventually(Duration::from_secs(10), "the digest", || async {
+        engine
+            .store()
+            .session_message_count(origin.id)
+            .await
+            .unwrap()
+            == len + 2
+    })
+    .await;
+    let messages = engine
+        .store()
+        .session_messages(origin.id, None)
+        .await
+        .unwrap();
+    assert!(
+        messages[len as usize]
+            .message
+            .text()
+            .contains("<batch-launched>")
+    );
+    assert!(
+        messages[len as usize + 1]
+            .message
+            .text()
+            .contains("<batch-notification>")
+    );
+
+    // A turn that has not ended, or one before a branch's point, is refused.
+    let refused = engine
+        .fork_batch(
+            origin.id,
+            directives.to_vec(),
+            forkd_engine::BatchOptions {
+                at_turn: Some(5),
+                ..Default::default()
+            },
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(EngineError::InvalidRequest(_))),
+        "{refused:?}"
+    );
+    let branch = engine
+        .branch_session(origin.clone(), branch(&origin, At::AfterTurn(3)))
+        .await
+        .unwrap();
+    let refused = engine
+        .fork_batch(
+            branch.id,
+            directives.to_vec(),
+            forkd_engine::BatchOptions {
+                at_turn: Some(2),
+                ..Default::default()
+            },
+        )
+        .await;
+    match refused {
+        Err(EngineError::InvalidRequest(why)) => {
+            assert!(
+                why.contains(&format!("fork {} at turn 2", origin.id)),
+                "{why}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -267,6 +267,7 @@ pub(crate) fn batch_options(req: &pb::ForkBatchRequest) -> Result<BatchOptions, 
             tokens: Some(req.budget_tokens).filter(|t| *t != 0),
         },
         isolation: req.isolation.parse()?,
+        at_turn: req.at_turn,
     })
 }
 

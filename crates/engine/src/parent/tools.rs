@@ -167,6 +167,7 @@ impl Turns {
                 budget: forkd_core::store::Budget::default(),
                 turn: Some((turn.lease, delivered)),
                 isolated,
+                fork_point: None,
             })
             .await?;
         send(events, ParentEvent::ForkLaunched(submitted.clone())).await;

@@ -32,6 +32,11 @@ pub struct ForkArgs {
     #[arg(long, value_name = "copy|none", value_parser = parse_isolation)]
     pub isolation: Option<String>,
 
+    /// Fork after turn K (`forkctl session get` lists the turns) instead of the last finished
+    /// turn: the children inherit the history up to there.
+    #[arg(long, value_name = "K")]
+    pub at_turn: Option<u32>,
+
     /// Stream the children's notifications until all have ended; exit 1 if any failed.
     #[arg(long)]
     pub wait: bool,
@@ -76,6 +81,7 @@ pub async fn run(args: ForkArgs, client: &mut Client, out: &Printer) -> anyhow::
         // Unset leaves the daemon's own setting in force.
         warmup_gating: args.no_gating.then_some(false),
         isolation: args.isolation.unwrap_or_default(),
+        at_turn: args.at_turn,
         ..Default::default()
     };
     let batch = client.fork_batch(request).await?.into_inner();

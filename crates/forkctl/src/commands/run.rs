@@ -23,7 +23,7 @@ use crate::commands::fork::{self, Follower, Tally};
 use crate::commands::ps;
 use crate::exit;
 use crate::output::{Printer, human};
-pub(crate) use batch_file::BatchFile;
+pub(crate) use batch_file::{BatchFile, SessionSource};
 use progress::Progress;
 
 #[derive(Debug, Args)]
@@ -135,19 +135,19 @@ async fn submit(
     path: &Path,
     client: &mut Client,
 ) -> anyhow::Result<(String, ForkBatchResponse)> {
-    let session = client
-        .create_session(file.session.clone())
-        .await
-        .map_err(|status| {
-            refused(
-                status,
-                path,
-                "create the session",
-                &file.session.idempotency_key,
-            )
-        })?
-        .into_inner();
-    let session_id = session.session.map(|s| s.session_id).unwrap_or_default();
+    let session_id = match &file.session {
+        SessionSource::Existing(id) => id.clone(),
+        SessionSource::Create(request) => {
+            let session = client
+                .create_session(request.clone())
+                .await
+                .map_err(|status| {
+                    refused(status, path, "create the session", &request.idempotency_key)
+                })?
+                .into_inner();
+            session.session.map(|s| s.session_id).unwrap_or_default()
+        }
+    };
     if session_id.is_empty() {
         anyhow::bail!(
             "the daemon created the session of {} without an id",

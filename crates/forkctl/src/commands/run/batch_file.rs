@@ -24,6 +24,9 @@
 //! isolation: copy                 # optional: each child in its own copy of the workspace
 //! ```
 //!
+//! `session` may also be an existing session's id: the batch then forks that session, and
+//! `at_turn: K` forks it after its turn K instead of its last finished turn.
+//!
 //! Relative paths resolve against the file's directory, so the file means the same thing from
 //! any working directory.
 
@@ -44,12 +47,45 @@ use crate::exit::CliError;
 #[serde(deny_unknown_fields)]
 struct Spec {
     key: String,
-    session: SessionSpec,
+    session: SessionField,
     directives: Vec<DirectiveSpec>,
     warmup_gating: Option<bool>,
     budget_usd: Option<f64>,
     budget_tokens: Option<u64>,
     isolation: Option<String>,
+    at_turn: Option<u32>,
+}
+
+/// A session to create (a map), or an existing session's id (a string).
+#[derive(Debug)]
+enum SessionField {
+    New(Box<SessionSpec>),
+    Existing(String),
+}
+
+impl<'de> Deserialize<'de> for SessionField {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SessionVisitor;
+
+        impl<'de> Visitor<'de> for SessionVisitor {
+            type Value = SessionField;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a session to create (a map), or an existing session's id")
+            }
+
+            fn visit_str<E: de::Error>(self, id: &str) -> Result<SessionField, E> {
+                Ok(SessionField::Existing(id.to_owned()))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<SessionField, A::Error> {
+                let spec = SessionSpec::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(SessionField::New(Box::new(spec)))
+            }
+        }
+
+        deserializer.deserialize_any(SessionVisitor)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -119,12 +155,19 @@ impl<'de> Deserialize<'de> for DirectiveSpec {
     }
 }
 
+/// Where a batch file's batch forks: a session it creates, or one that exists.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum SessionSource {
+    Create(CreateSessionRequest),
+    Existing(String),
+}
+
 /// A parsed batch file: the two requests `run` sends, idempotency keys included.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct BatchFile {
     /// The file's `key`.
     pub key: String,
-    pub session: CreateSessionRequest,
+    pub session: SessionSource,
     /// Everything but `session_id`, which the session's creation gives.
     pub fork: ForkBatchRequest,
 }
@@ -190,7 +233,14 @@ impl Spec {
         if self.key.trim().is_empty() {
             return Err("`key` must not be empty".into());
         }
-        match (&self.session.system_file, &self.session.system) {
+        let session = match &self.session {
+            SessionField::New(session) => session,
+            SessionField::Existing(id) if id.trim().is_empty() => {
+                return Err("`session`: an existing session's id must not be empty".into());
+            }
+            SessionField::Existing(_) => return self.check_batch(),
+        };
+        match (&session.system_file, &session.system) {
             (Some(_), Some(_)) => {
                 return Err("`session`: give `system_file` or `system`, not both".into());
             }
@@ -202,7 +252,7 @@ impl Spec {
             }
             _ => {}
         }
-        if let Some(mode) = &self.session.permission_mode
+        if let Some(mode) = &session.permission_mode
             && PermissionMode::parse(mode).is_none()
         {
             return Err(format!(
@@ -210,7 +260,7 @@ impl Spec {
                 PermissionMode::choices()
             ));
         }
-        if let Some(mode) = &self.session.sandbox
+        if let Some(mode) = &session.sandbox
             && SandboxMode::parse(mode).is_none()
         {
             return Err(format!(
@@ -218,6 +268,11 @@ impl Spec {
                 SandboxMode::choices()
             ));
         }
+        self.check_batch()
+    }
+
+    /// What the types alone do not say of the batch's own keys.
+    fn check_batch(&self) -> Result<(), String> {
         if self.directives.is_empty() {
             return Err("`directives` must list at least one directive".into());
         }
@@ -245,45 +300,9 @@ impl Spec {
     /// Reads the files it names (here: the daemon may run elsewhere, and the paths are the
     /// user's) and builds the requests.
     fn into_requests(self, base: &Path) -> Result<BatchFile, String> {
-        let s = self.session;
-        let system_prompt = match (s.system_file, s.system) {
-            (Some(file), _) => read_text(&base.join(&file), "system file")
-                .map_err(|e| format!("`session.system_file`: {e}"))?,
-            (None, Some(inline)) => inline,
-            (None, None) => String::new(),
-        };
-        let context_files = s
-            .context_files
-            .iter()
-            .enumerate()
-            .map(|(i, file)| {
-                Ok(ContextFile {
-                    // As written: the same file means the same request from any directory.
-                    path: file.display().to_string(),
-                    content: read_text(&base.join(file), "context file")
-                        .map_err(|e| format!("`session.context_files[{i}]`: {e}"))?,
-                })
-            })
-            .collect::<Result<_, String>>()?;
-        let dir = base.join(s.workspace.unwrap_or_else(|| PathBuf::from(".")));
-        // Canonical when it exists, so `..` and symlinks do not make the same file a
-        // different request (which the daemon would refuse under the same key).
-        let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
-        let workspace =
-            absolute_workspace(&dir).map_err(|e| format!("`session.workspace`: {e}"))?;
-        let session = CreateSessionRequest {
-            system_prompt,
-            context_files,
-            model: s.model.unwrap_or_default(),
-            workspace,
-            permission_mode: s.permission_mode.unwrap_or_default(),
-            sandbox: s.sandbox.unwrap_or_default(),
-            allow_network: s.allow_network,
-            mcp_servers: s.mcp,
-            allow_rules: s.allow,
-            deny_rules: s.deny,
-            idempotency_key: session_key(&self.key),
-            ..Default::default()
+        let session = match self.session {
+            SessionField::New(s) => SessionSource::Create(new_session(*s, &self.key, base)?),
+            SessionField::Existing(id) => SessionSource::Existing(id.trim().to_owned()),
         };
         let directives = self
             .directives
@@ -304,6 +323,7 @@ impl Spec {
             budget_usd: self.budget_usd.unwrap_or_default(),
             budget_tokens: self.budget_tokens.unwrap_or_default(),
             isolation: self.isolation.unwrap_or_default(),
+            at_turn: self.at_turn,
         };
         Ok(BatchFile {
             key: self.key,
@@ -311,6 +331,48 @@ impl Spec {
             fork,
         })
     }
+}
+
+/// The `CreateSession` request of a file's `session` map; paths resolve against `base`.
+fn new_session(s: SessionSpec, key: &str, base: &Path) -> Result<CreateSessionRequest, String> {
+    let system_prompt = match (s.system_file, s.system) {
+        (Some(file), _) => read_text(&base.join(&file), "system file")
+            .map_err(|e| format!("`session.system_file`: {e}"))?,
+        (None, Some(inline)) => inline,
+        (None, None) => String::new(),
+    };
+    let context_files = s
+        .context_files
+        .iter()
+        .enumerate()
+        .map(|(i, file)| {
+            Ok(ContextFile {
+                // As written: the same file means the same request from any directory.
+                path: file.display().to_string(),
+                content: read_text(&base.join(file), "context file")
+                    .map_err(|e| format!("`session.context_files[{i}]`: {e}"))?,
+            })
+        })
+        .collect::<Result<_, String>>()?;
+    let dir = base.join(s.workspace.unwrap_or_else(|| PathBuf::from(".")));
+    // Canonical when it exists, so `..` and symlinks do not make the same file a
+    // different request (which the daemon would refuse under the same key).
+    let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
+    let workspace = absolute_workspace(&dir).map_err(|e| format!("`session.workspace`: {e}"))?;
+    Ok(CreateSessionRequest {
+        system_prompt,
+        context_files,
+        model: s.model.unwrap_or_default(),
+        workspace,
+        permission_mode: s.permission_mode.unwrap_or_default(),
+        sandbox: s.sandbox.unwrap_or_default(),
+        allow_network: s.allow_network,
+        mcp_servers: s.mcp,
+        allow_rules: s.allow,
+        deny_rules: s.deny,
+        idempotency_key: session_key(key),
+        ..Default::default()
+    })
 }
 
 #[cfg(test)]
@@ -362,7 +424,9 @@ budget_tokens: 100000
         let file = BatchFile::load(&path)?;
         assert_eq!(file.key, "nightly-42");
 
-        let s = &file.session;
+        let SessionSource::Create(s) = &file.session else {
+            panic!("the file creates its session")
+        };
         assert_eq!(s.system_prompt, "You review.");
         assert_eq!(s.context_files.len(), 1);
         assert_eq!(s.context_files[0].path, "notes/a.md");
@@ -398,16 +462,32 @@ budget_tokens: 100000
         let dir = tempfile::tempdir()?;
         let text = "key: k\nsession:\n  system: Be brief.\ndirectives: [one]\n";
         let file = BatchFile::parse(Path::new("b.yaml"), text, dir.path())?;
-        assert_eq!(file.session.system_prompt, "Be brief.");
-        assert_eq!(file.session.model, "");
-        assert_eq!(file.session.permission_mode, "");
+        let SessionSource::Create(session) = &file.session else {
+            panic!("the file creates its session")
+        };
+        assert_eq!(session.system_prompt, "Be brief.");
+        assert_eq!(session.model, "");
+        assert_eq!(session.permission_mode, "");
         // The workspace defaults to the file's directory.
         assert_eq!(
-            Path::new(&file.session.workspace),
+            Path::new(&session.workspace),
             std::fs::canonicalize(dir.path())?
         );
         assert_eq!(file.fork.warmup_gating, None);
         assert_eq!((file.fork.budget_usd, file.fork.budget_tokens), (0.0, 0));
+        Ok(())
+    }
+
+    #[test]
+    fn a_file_may_fork_an_existing_session_after_a_turn() -> anyhow::Result<()> {
+        let text = "key: k\nsession: 0193-s\nat_turn: 5\ndirectives: [one, two]\n";
+        let file = BatchFile::parse(Path::new("b.yaml"), text, Path::new("/nonexistent"))?;
+        assert_eq!(file.session, SessionSource::Existing("0193-s".into()));
+        assert_eq!(file.fork.at_turn, Some(5));
+        assert_eq!(file.fork.directives.len(), 2);
+        assert!(
+            parse_err("key: k\nsession: ''\ndirectives: [one]\n").contains("must not be empty")
+        );
         Ok(())
     }
 
