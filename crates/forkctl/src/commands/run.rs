@@ -139,7 +139,7 @@ async fn submit(
         SessionSource::Existing(id) => id.clone(),
         SessionSource::Create(request) => {
             let session = client
-                .create_session(request.clone())
+                .create_session(request.as_ref().clone())
                 .await
                 .map_err(|status| {
                     refused(status, path, "create the session", &request.idempotency_key)

@@ -158,7 +158,7 @@ impl<'de> Deserialize<'de> for DirectiveSpec {
 /// Where a batch file's batch forks: a session it creates, or one that exists.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum SessionSource {
-    Create(CreateSessionRequest),
+    Create(Box<CreateSessionRequest>),
     Existing(String),
 }
 
@@ -301,7 +301,7 @@ impl Spec {
     /// user's) and builds the requests.
     fn into_requests(self, base: &Path) -> Result<BatchFile, String> {
         let session = match self.session {
-            SessionField::New(s) => SessionSource::Create(new_session(*s, &self.key, base)?),
+            SessionField::New(s) => SessionSource::Create(Box::new(new_session(*s, &self.key, base)?)),
             SessionField::Existing(id) => SessionSource::Existing(id.trim().to_owned()),
         };
         let directives = self
