@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 
 use crate::agent::{Directive, Notification, NotificationStatus};
-use crate::ids::BatchId;
+use crate::ids::{BatchId, SessionId};
 use crate::message::{Block, Message};
 
 /// The most children a launch note or a digest names one by one; the rest are counted.
@@ -85,6 +85,63 @@ pub fn batch_digest(batch: BatchId, notifications: &[Notification]) -> Message {
     Message::user(vec![Block::text(&text)])
 }
 
+/// The longest branch's reply or summary a `<branch-report>` carries, in characters.
+pub const BRANCH_REPLY_CHARS: usize = 8_000;
+
+/// What a branch brings back to its origin ([`branch_report`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BranchReport<'a> {
+    pub branch: SessionId,
+    /// Where the branch starts: after this turn of the origin's, at this message.
+    pub after_turn: u32,
+    pub point: u64,
+    /// The user's message of each of the branch's own turns, in order.
+    pub turns: Vec<&'a str>,
+    /// The branch's conclusion: the model's summary of it since the point, or its last reply.
+    pub conclusion: Conclusion<'a>,
+}
+
+/// A branch's conclusion, as [`BranchReport`] carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Conclusion<'a> {
+    LastReply(&'a str),
+    Summary(&'a str),
+}
+
+/// The note `forkctl session merge` appends to a branch's origin: where the branch started, the
+/// turns it ran (one line each, at most [`LISTED_CHILDREN`]) and its conclusion (at most
+/// [`BRANCH_REPLY_CHARS`]).
+pub fn branch_report(report: &BranchReport<'_>) -> Message {
+    let mut text = format!(
+        "<branch-report>\n<branch-id>{}</branch-id>\n<point>after turn {} of this \
+         conversation (message {})</point>\n<turns>\n",
+        report.branch, report.after_turn, report.point
+    );
+    for (i, turn) in report.turns.iter().enumerate().take(LISTED_CHILDREN) {
+        let _ = writeln!(text, "{}. {}", i + 1, one_line(turn));
+    }
+    if report.turns.len() > LISTED_CHILDREN {
+        let _ = writeln!(text, "… and {} more.", report.turns.len() - LISTED_CHILDREN);
+    }
+    text.push_str("</turns>\n");
+    let (tag, body) = match report.conclusion {
+        Conclusion::LastReply(reply) => ("last-reply", reply),
+        Conclusion::Summary(summary) => ("summary", summary),
+    };
+    let body = body.trim();
+    let shown: String = body.chars().take(BRANCH_REPLY_CHARS).collect();
+    let _ = write!(text, "<{tag}>\n{shown}");
+    let more = body.chars().count().saturating_sub(BRANCH_REPLY_CHARS);
+    if more > 0 {
+        let _ = write!(
+            text,
+            "… ({more} more characters, in the branch's transcript)"
+        );
+    }
+    let _ = write!(text, "\n</{tag}>\n</branch-report>");
+    Message::user(vec![Block::text(&text)])
+}
+
 /// How many changed files a child's line names before it counts the rest.
 const LISTED_FILES: usize = 3;
 
@@ -135,6 +192,35 @@ mod tests {
             cost_usd: 0.01,
             created_at_ms: 0,
         }
+    }
+
+    #[test]
+    fn a_branch_report_holds_the_point_the_turns_and_the_conclusion() {
+        let branch = SessionId::new();
+        let long = "x".repeat(BRANCH_REPLY_CHARS + 5);
+        let report = BranchReport {
+            branch,
+            after_turn: 3,
+            point: 7,
+            turns: vec!["Try the other parser.\nIt may be faster.", "Measure it."],
+            conclusion: Conclusion::LastReply(&long),
+        };
+        let text = branch_report(&report).text();
+        assert!(text.starts_with("<branch-report>\n"), "{text}");
+        assert!(text.contains(&format!("<branch-id>{branch}</branch-id>")));
+        assert!(text.contains("after turn 3 of this conversation (message 7)"));
+        assert!(text.contains("1. Try the other parser.\n2. Measure it.\n"));
+        assert!(text.contains("… (5 more characters, in the branch's transcript)"));
+        assert!(text.ends_with("</last-reply>\n</branch-report>"));
+        let summary = BranchReport {
+            conclusion: Conclusion::Summary("It is faster."),
+            ..report
+        };
+        assert!(
+            branch_report(&summary)
+                .text()
+                .contains("<summary>\nIt is faster.\n</summary>")
+        );
     }
 
     #[test]

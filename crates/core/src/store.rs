@@ -388,6 +388,11 @@ pub trait Store: Send + Sync + 'static {
         at_ms: i64,
     ) -> Result<u64>;
 
+    /// Appends one of forkd's notes (a branch's report) to the end of a session's transcript,
+    /// whether or not a turn runs (it joins that turn's next request, as a notification does);
+    /// returns its seq.
+    async fn append_note(&self, session: SessionId, note: &Message, at_ms: i64) -> Result<u64>;
+
     /// Appends the user's message that begins a turn, as [`Store::append_turn`] appends one
     /// message; it counts as the turn's ([`StoredMessage::starts_turn`]).
     async fn append_user_message(

@@ -62,7 +62,7 @@ pub use error::EngineError;
 pub use forkd_provider::{FailureKind, ProviderError};
 pub use mcp::McpRequest;
 pub use notify::NotificationStream;
-pub use parent::{ParentEvent, ParentEventStream};
+pub use parent::{Merged, ParentEvent, ParentEventStream};
 pub use permissions::{PermissionAnswer, PermissionPrompt, PromptStream};
 pub use scoped::{SessionView, TenantEngine};
 pub use session::{ContextFile, NewSession, context_block};
@@ -290,6 +290,16 @@ impl Engine {
         req: NewBranch,
     ) -> Result<Session, EngineError> {
         self.inner.branches.branch(origin, req).await
+    }
+
+    /// Appends a branch's report (its point, its turns, its last reply or its model's summary)
+    /// to its origin's transcript.
+    pub async fn merge_branch(
+        &self,
+        branch: Session,
+        summary: bool,
+    ) -> Result<Merged, EngineError> {
+        self.inner.turns.merge_branch(branch, summary).await
     }
 
     /// Where each of the session's turns began, its length and its turn in flight.

@@ -34,8 +34,11 @@ use crate::supervisor::{Raced, Supervisor};
 use crate::tenancy::Tenancy;
 use message::Stored;
 
+mod merge;
 mod message;
 mod tools;
+
+pub use merge::Merged;
 
 /// Parent turns: a session's main loop, one turn at a time, its handoff to the background, its
 /// resumption after a restart, and a client-asked compaction of its transcript.

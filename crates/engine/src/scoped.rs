@@ -146,6 +146,18 @@ impl TenantEngine<'_> {
         })
     }
 
+    /// The branches made from one of the tenant's sessions, in creation order.
+    pub async fn branches(&self, id: SessionId) -> Result<Vec<Session>> {
+        self.own_session_id(id).await?;
+        self.engine.branches_of(id).await
+    }
+
+    /// Brings one of the tenant's branches back to its origin.
+    pub async fn merge_branch(&self, id: SessionId, summary: bool) -> Result<crate::Merged> {
+        let branch = self.own_session(id).await?;
+        self.engine.merge_branch(branch, summary).await
+    }
+
     /// Branches one of the tenant's sessions (another tenant's is `NotFound`).
     pub async fn branch_session(&self, req: crate::NewBranch) -> Result<SessionView> {
         let origin = self.own_session(req.origin).await?;

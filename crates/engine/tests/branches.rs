@@ -116,7 +116,7 @@ async fn a_branch_sends_its_origins_bytes_to_the_point_and_reads_their_cache() {
         .branch_session(origin.clone(), branch(&origin, At::AfterTurn(3)))
         .await
         .unwrap();
-    let first = turn(&engine, &recorder, &at_three, "Instead: @sim say other").await;
+    let first = turn(&engine, &recorder, &at_three, "Instead.\n@sim say other").await;
     same_up_to_last_message(&turns[3].body, &first[0].body);
     let share = read_share(&first[0]);
     assert!(share >= 0.99, "read {share:.4} of the ideal");
@@ -134,7 +134,7 @@ async fn a_branch_sends_its_origins_bytes_to_the_point_and_reads_their_cache() {
         &engine,
         &recorder,
         &before_five,
-        "Turn 5, again. @sim say again",
+        "Turn 5, again.\n@sim say again",
     )
     .await;
     same_up_to_last_message(&turns[4].body, &first[0].body);
@@ -151,7 +151,7 @@ async fn a_branch_sends_its_origins_bytes_to_the_point_and_reads_their_cache() {
     );
 
     // A branch of the branch, after the branch's own turn.
-    let second = turn(&engine, &recorder, &before_five, "More. @sim say more").await;
+    let second = turn(&engine, &recorder, &before_five, "More.\n@sim say more").await;
     let grandchild = engine
         .branch_session(before_five.clone(), branch(&before_five, At::AfterTurn(5)))
         .await
@@ -160,7 +160,7 @@ async fn a_branch_sends_its_origins_bytes_to_the_point_and_reads_their_cache() {
         &engine,
         &recorder,
         &grandchild,
-        "Elsewhere. @sim say elsewhere",
+        "Elsewhere.\n@sim say elsewhere",
     )
     .await;
     same_up_to_last_message(&second[0].body, &first[0].body);
@@ -189,7 +189,7 @@ async fn branches_on_both_sides_of_a_compaction_see_what_the_origin_saw() {
         .await
         .unwrap();
     assert_eq!(early.branch.unwrap().compacted_to, None);
-    let first = turn(&engine, &recorder, &early, "Early. @sim say early").await;
+    let first = turn(&engine, &recorder, &early, "Early.\n@sim say early").await;
     same_up_to_last_message(&turns[2].body, &first[0].body);
     assert!(!first[0].body.contains("compaction-summary"));
     // After it: the summary and the messages kept, as turn 6 of the origin sent them.
@@ -198,14 +198,14 @@ async fn branches_on_both_sides_of_a_compaction_see_what_the_origin_saw() {
         .await
         .unwrap();
     assert_eq!(late.branch.unwrap().compacted_to, Some(boundary.to_seq));
-    let first = turn(&engine, &recorder, &late, "Late. @sim say late").await;
+    let first = turn(&engine, &recorder, &late, "Late.\n@sim say late").await;
     same_up_to_last_message(&turns[5].body, &first[0].body);
     assert!(first[0].body.contains("compaction-summary"));
     assert!(read_share(&first[0]) >= 0.99);
 
     // The origin compacts again: the branches' bytes do not move.
     engine.compact_session(origin.id, None).await.unwrap();
-    let again = turn(&engine, &recorder, &early, "Once more. @sim say once").await;
+    let again = turn(&engine, &recorder, &early, "Once more.\n@sim say once").await;
     assert!(!again[0].body.contains("compaction-summary"));
 }
 
@@ -219,7 +219,7 @@ async fn invalid_points_are_refused_with_the_nearest_valid_ones() {
         .await
         .unwrap();
     for k in 1..=2 {
-        turn(&engine, &recorder, &origin, &format!("{k} @sim say {k}")).await;
+        turn(&engine, &recorder, &origin, &format!("{k}\n@sim say {k}")).await;
     }
     let starts = engine.session_turns(origin.id).await.unwrap().starts;
     let refused = |at| {
@@ -257,7 +257,7 @@ async fn a_key_names_one_branch() {
         .create_session(new_session(dir.path(), "Sys."))
         .await
         .unwrap();
-    turn(&engine, &recorder, &origin, "1 @sim say 1").await;
+    turn(&engine, &recorder, &origin, "1\n@sim say 1").await;
     let keyed = |at| NewBranch {
         idempotency_key: Some("branch-key".into()),
         ..branch(&origin, at)
@@ -393,4 +393,154 @@ async fn a_batch_forks_after_an_earlier_turn_and_reports_at_the_end() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_brings_the_branch_back_as_one_note() {
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = Arc::new(Recorder::with_speed(0.0));
+    let engine = engine(dir.path(), recorder.clone()).await;
+    let origin = engine
+        .create_session(new_session(dir.path(), "Sys."))
+        .await
+        .unwrap();
+    for k in 1..=2 {
+        turn(
+            &engine,
+            &recorder,
+            &origin,
+            &format!("Turn {k}.\n@sim say {k}"),
+        )
+        .await;
+    }
+    let branch_at_one = engine
+        .branch_session(origin.clone(), branch(&origin, At::AfterTurn(1)))
+        .await
+        .unwrap();
+    // Nothing to merge yet; and a session that is no branch cannot be merged.
+    let early = engine.merge_branch(branch_at_one.clone(), false).await;
+    assert!(
+        matches!(early, Err(EngineError::WrongState(_))),
+        "{early:?}"
+    );
+    let not_a_branch = engine.merge_branch(origin.clone(), false).await;
+    assert!(matches!(not_a_branch, Err(EngineError::InvalidRequest(_))));
+
+    turn(
+        &engine,
+        &recorder,
+        &branch_at_one,
+        "Try the other parser.\n@sim say the other parser is 2x faster",
+    )
+    .await;
+    let merged = engine
+        .merge_branch(branch_at_one.clone(), false)
+        .await
+        .unwrap();
+    assert_eq!(merged.origin, origin.id);
+    let note = &merged.note;
+    assert!(note.contains(&format!("<branch-id>{}</branch-id>", branch_at_one.id)));
+    assert!(note.contains("after turn 1 of this conversation"), "{note}");
+    assert!(note.contains("1. Try the other parser."), "{note}");
+    assert!(note.contains("<last-reply>\n"), "{note}");
+    assert!(
+        note.contains("Result: the other parser is 2x faster"),
+        "{note}"
+    );
+    let stored = engine
+        .store()
+        .session_messages_from(origin.id, merged.seq, None)
+        .await
+        .unwrap();
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].message.text(), merged.note);
+    assert!(!stored[0].starts_turn);
+    // The origin's next request reads it, after its own history.
+    let next = turn(&engine, &recorder, &origin, "Go on.\n@sim say going on").await;
+    assert!(next[0].body.contains("<branch-report>"));
+
+    // With a summary: the branch's model writes it, reading the branch's cache.
+    let summed = engine
+        .merge_branch(branch_at_one.clone(), true)
+        .await
+        .unwrap();
+    let summary_request = recorder.sent().last().cloned().unwrap();
+    assert!(
+        summary_request
+            .body
+            .contains("branched from another one at message")
+    );
+    let usage = summary_request.usage();
+    assert!(
+        usage.cache_read_input_tokens as f64 >= 0.9 * usage.total_input() as f64,
+        "{usage:?}"
+    );
+    assert!(summed.note.contains("<summary>\n"), "{}", summed.note);
+    assert!(!summed.note.contains("<last-reply>"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_while_the_origin_runs_a_turn_joins_its_next_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = Arc::new(Recorder::with_speed(0.0));
+    let engine = Arc::new(engine(dir.path(), recorder.clone()).await);
+    let origin = engine
+        .create_session(new_session(dir.path(), "Sys."))
+        .await
+        .unwrap();
+    turn(&engine, &recorder, &origin, "One.\n@sim say one").await;
+    let side = engine
+        .branch_session(origin.clone(), branch(&origin, At::Latest))
+        .await
+        .unwrap();
+    turn(&engine, &recorder, &side, "Side.\n@sim say side done").await;
+    // The origin's turn takes two seconds: the merge lands while it runs.
+    let running = {
+        let (engine, origin) = (engine.clone(), origin.clone());
+        tokio::spawn(async move {
+            let stream = engine
+                .send_message(origin.id, "Two.\n@sim sleep 2s\n@sim say two done".into())
+                .await
+                .unwrap();
+            stream.collect::<Vec<_>>().await
+        })
+    };
+    common::eventually(
+        Duration::from_secs(10),
+        "the origin's turn to start",
+        || async {
+            engine
+                .session_turns(origin.id)
+                .await
+                .unwrap()
+                .in_flight
+                .is_some()
+        },
+    )
+    .await;
+    let merged = engine.merge_branch(side.clone(), false).await.unwrap();
+    let events = running.await.unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Ok(ParentEvent::TurnEnded { .. }))),
+        "{events:?}"
+    );
+    // The note went in while the turn ran (after its message), and the next turn reads it.
+    let turns = engine.session_turns(origin.id).await.unwrap();
+    assert_eq!(turns.in_flight, None);
+    assert_eq!(merged.seq, turns.starts[1] + 1);
+    let next = turn(&engine, &recorder, &origin, "Three.\n@sim say three").await;
+    assert!(next[0].body.contains("<branch-report>"));
+    let messages = engine
+        .store()
+        .session_messages(origin.id, None)
+        .await
+        .unwrap();
+    assert!(
+        messages[merged.seq as usize + 1]
+            .message
+            .text()
+            .contains("two done")
+    );
 }

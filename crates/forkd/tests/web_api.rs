@@ -596,3 +596,37 @@ async fn an_isolated_childs_page_carries_its_diff() {
     let listed = client.list_agents(req).await.unwrap().into_inner().agents;
     assert_eq!(listed[0].changes, "1 file (+1 -1), kept");
 }
+
+#[tokio::test]
+async fn a_branch_and_its_origin_link_to_each_other() {
+    let (daemon, base) = daemon_with_ui().await;
+    let alice = daemon.tokens().create("alice").unwrap();
+    let secret = alice.expose().to_owned();
+    let (session, _, _) = batch_of(&daemon, &secret, 1).await;
+    let mut client = daemon.client().await.unwrap();
+    let auth: tonic::metadata::MetadataValue<_> = format!("Bearer {secret}").parse().unwrap();
+    let mut req = tonic::Request::new(pb::BranchSessionRequest {
+        session_id: session.clone(),
+        ..Default::default()
+    });
+    req.metadata_mut().insert("authorization", auth);
+    let branch = client
+        .branch_session(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .session
+        .unwrap();
+    let page = signed_in(&base, &secret).await;
+    let (status, origin) = page.get(&format!("/api/sessions/{session}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(origin["branch"], Value::Null);
+    assert_eq!(origin["branches"][0]["id"], branch.session_id.as_str());
+    assert_eq!(origin["branches"][0]["after_turn"], 0);
+    let (_, shown) = page
+        .get(&format!("/api/sessions/{}", branch.session_id))
+        .await;
+    assert_eq!(shown["branch"]["origin"], session.as_str());
+    assert_eq!(shown["branch"]["point"], branch.branch_point);
+    assert_eq!(shown["branches"], json!([]));
+}

@@ -282,14 +282,25 @@ async function sessionView(id) {
   drawTyped();
   transcriptView(data.transcript, transcript);
 
+  const origin = data.branch
+    ? h('p', { id: 'branch-of' }, 'Branch of ', h('a', { href: '#/session/' + data.branch.origin, class: 'mono' }, short(data.branch.origin)),
+      ' after its turn ' + data.branch.after_turn + ' (its first ' + data.branch.point + ' messages; files are not rewound)')
+    : '';
+  const branches = h('table', { id: 'branches' }, h('thead', {}, h('tr', {}, ['branch', 'after turn', 'made'].map((t) => h('th', {}, t)))),
+    h('tbody', {}, ...data.branches.map((b) => h('tr', { 'data-session-id': b.id },
+      h('td', { class: 'mono' }, h('a', { href: '#/session/' + b.id }, b.id)),
+      h('td', { class: 'num' }, num(b.after_turn)),
+      h('td', { class: 'muted' }, ago(b.created_at_ms))))));
+
   app.replaceChildren(
     h('div', { class: 'toolbar' }, h('h1', {}, 'Session ', h('span', { class: 'mono' }, id)), indicator),
     h('p', { class: 'muted' }, 'permission mode ', data.permission_mode, ' · sandbox ', data.sandbox,
       data.session.interactive ? ' · interactive' : '', data.session.coordinator ? ' · coordinator' : ''),
-    head, mainActions, prompts,
+    origin, head, mainActions, prompts,
     h('h2', {}, 'Batches'),
     h('table', { id: 'batches' }, h('thead', {}, h('tr', {}, h('th', {}, 'batch'), h('th', { class: 'num' }, 'children'),
       h('th', {}, 'states'), h('th', { class: 'num' }, 'cost'), h('th', {}, 'forked'))), batches),
+    ...(data.branches.length ? [h('h2', {}, 'Branches'), branches] : []),
     h('h2', {}, 'Typed agents'),
     h('table', { id: 'typed' }, h('thead', {}, h('tr', {}, ['agent', 'type', 'description', 'state', 'cost'].map((t) => h('th', {}, t)))), typed),
     h('h2', {}, 'Transcript'), transcript);

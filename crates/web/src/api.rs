@@ -68,6 +68,32 @@ pub(crate) async fn session(
             }
         ),
     );
+    // Where a branch starts, and the branches made from this session: links both ways.
+    let after_turn = |turns: &forkd_core::branch::TurnIndex, point: u64| {
+        turns.starts.iter().filter(|s| **s < point).count()
+    };
+    let branch = match view.session.branch {
+        Some(b) => Some(json!({
+            "origin": b.origin.to_string(),
+            "point": b.point,
+            "after_turn": after_turn(&view.turns, b.point),
+        })),
+        None => None,
+    };
+    let branches: Vec<Value> = scoped
+        .branches(id)
+        .await?
+        .iter()
+        .filter_map(|s| s.branch.map(|b| (s, b)))
+        .map(|(s, b)| {
+            json!({
+                "id": s.id.to_string(),
+                "point": b.point,
+                "after_turn": after_turn(&view.turns, b.point),
+                "created_at_ms": s.created_at_ms,
+            })
+        })
+        .collect();
     let summary = summary(&scoped, view).await?;
     let agents = scoped
         .list_agents(AgentFilter {
@@ -99,6 +125,8 @@ pub(crate) async fn session(
         "transcript": transcript,
         "batches": batch_summaries(&agents),
         "typed": typed,
+        "branch": branch,
+        "branches": branches,
     })))
 }
 

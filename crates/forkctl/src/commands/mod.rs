@@ -12,6 +12,7 @@ pub mod run;
 pub mod session;
 pub mod stats;
 pub mod top;
+pub mod tree;
 pub mod ui;
 pub mod watch;
 

@@ -8,7 +8,7 @@ use forkd_core::session::{PermissionMode, SandboxMode};
 use forkd_proto::v1::session_event::Event;
 use forkd_proto::v1::{
     BranchSessionRequest, CompactSessionRequest, ContextFile, CreateSessionRequest,
-    GetSessionRequest, ListSessionsRequest, SendMessageRequest, Session,
+    GetSessionRequest, ListSessionsRequest, MergeBranchRequest, SendMessageRequest, Session,
 };
 use serde_json::json;
 
@@ -48,6 +48,22 @@ pub enum SessionCommand {
     /// turns, read from the cache the session's own requests wrote; prints its id. Files are not
     /// rewound: the branch sees the workspace as it is now.
     Branch(BranchArgs),
+    /// Bring a branch's conclusion back: append one <branch-report> note (its point, its turns,
+    /// its last reply) to the session it was branched from.
+    Merge {
+        /// The branch.
+        session_id: String,
+        /// Have the branch's model summarize the branch first (one request, which reads the
+        /// branch's cache); the note carries the summary instead of the last reply.
+        #[arg(long)]
+        summary: bool,
+    },
+    /// Print a session's tree: its origin's, from the first session down, with each session's
+    /// branches and fork batches.
+    Tree {
+        /// Any session of the tree (it is marked).
+        session_id: String,
+    },
     /// Compact the session's transcript now: the model summarizes it up to its last reply, and
     /// later requests start from the summary (refused while a turn runs).
     Compact {
@@ -182,6 +198,32 @@ pub async fn run(args: SessionArgs, client: &mut Client, out: &Printer) -> anyho
         }
         SessionCommand::List => run_list(client, out).await,
         SessionCommand::Branch(branch) => run_branch(branch, client, out).await,
+        SessionCommand::Merge {
+            session_id,
+            summary,
+        } => {
+            let merged = client
+                .merge_branch(MergeBranchRequest {
+                    session_id,
+                    summary,
+                })
+                .await?
+                .into_inner();
+            if out.is_json() {
+                out.value(&json!({
+                    "origin_session_id": merged.origin_session_id,
+                    "seq": merged.seq,
+                    "note": merged.note,
+                }))?;
+            } else {
+                out.line(format!(
+                    "merged into {} as message {}",
+                    merged.origin_session_id, merged.seq
+                ))?;
+            }
+            Ok(exit::OK)
+        }
+        SessionCommand::Tree { session_id } => super::tree::run(&session_id, client, out).await,
         SessionCommand::Send {
             session_id,
             text,

@@ -150,6 +150,14 @@ impl Forkd for Fake {
         }))
     }
 
+    async fn merge_branch(
+        &self,
+        request: Request<forkd_proto::v1::MergeBranchRequest>,
+    ) -> Result<Response<forkd_proto::v1::MergeBranchResponse>, Status> {
+        check_token(&request)?;
+        Err(Status::unimplemented("the fake daemon merges nothing"))
+    }
+
     async fn compact_session(
         &self,
         request: Request<forkd_proto::v1::CompactSessionRequest>,

@@ -117,6 +117,13 @@ impl Forkd for ForkdService {
         )
     }
 
+    async fn merge_branch(
+        &self,
+        req: Request<pb::MergeBranchRequest>,
+    ) -> Reply<pb::MergeBranchResponse> {
+        reply(self.merge_branch_rpc(tenant(&req)?, req.into_inner()).await)
+    }
+
     async fn fork_batch(&self, req: Request<pb::ForkBatchRequest>) -> Reply<pb::ForkBatchResponse> {
         reply(self.fork_batch_rpc(tenant(&req)?, req.into_inner()).await)
     }

@@ -54,6 +54,24 @@ impl ForkdService {
         })
     }
 
+    pub(super) async fn merge_branch_rpc(
+        &self,
+        tenant: Tenant,
+        req: pb::MergeBranchRequest,
+    ) -> Result<pb::MergeBranchResponse, ApiError> {
+        let id = parse_session_id(&req.session_id)?;
+        let merged = self
+            .engine
+            .for_tenant(tenant)
+            .merge_branch(id, req.summary)
+            .await?;
+        Ok(pb::MergeBranchResponse {
+            origin_session_id: merged.origin.to_string(),
+            seq: merged.seq,
+            note: merged.note,
+        })
+    }
+
     pub(super) async fn compact_session_rpc(
         &self,
         tenant: Tenant,

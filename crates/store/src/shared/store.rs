@@ -133,6 +133,24 @@ impl Store for DriverStore {
         db(sessions::messages(self.readers(), id, 0, before).await)
     }
 
+    async fn append_note(
+        &self,
+        session: SessionId,
+        note: &Message,
+        at_ms: i64,
+    ) -> StoreResult<u64> {
+        let seq = write_tx!(self, |tx| {
+            let session_id = session.to_string();
+            if !sessions::lock(&mut tx, &session_id).await? {
+                return Err(session_not_found(session_id));
+            }
+            let seq = sessions::len(&mut tx, &session_id).await?;
+            sessions::insert_message(&mut tx, &session_id, seq, note, at_ms).await?;
+            seq
+        })?;
+        db(from_i64(seq, "session message seq"))
+    }
+
     async fn append_user_message(
         &self,
         lease: &Lease,

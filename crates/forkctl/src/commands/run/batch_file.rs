@@ -301,7 +301,9 @@ impl Spec {
     /// user's) and builds the requests.
     fn into_requests(self, base: &Path) -> Result<BatchFile, String> {
         let session = match self.session {
-            SessionField::New(s) => SessionSource::Create(Box::new(new_session(*s, &self.key, base)?)),
+            SessionField::New(s) => {
+                SessionSource::Create(Box::new(new_session(*s, &self.key, base)?))
+            }
             SessionField::Existing(id) => SessionSource::Existing(id.trim().to_owned()),
         };
         let directives = self
