@@ -6,6 +6,7 @@
 //! One module per figure; `common` holds what they share. Everything runs on the embedded sim
 //! (no network) with seeded inputs.
 
+mod branches;
 mod cache;
 mod common;
 mod compaction;
@@ -42,6 +43,7 @@ enum Figure {
     Scaleout,
     Limits,
     Isolation,
+    Branches,
 }
 
 /// forkd's benchmark suite.
@@ -107,6 +109,7 @@ async fn run_figure(figure: Figure, ctx: &common::Ctx) -> anyhow::Result<Section
         Figure::Scaleout => scaleout::run(ctx).await,
         Figure::Limits => limits::run(ctx).await,
         Figure::Isolation => isolation::run(ctx).await,
+        Figure::Branches => branches::run(ctx).await,
     }
 }
 
