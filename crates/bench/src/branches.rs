@@ -30,7 +30,11 @@ const READ_SHARE_TARGET: f64 = 0.99;
 const TURNS: usize = 10;
 
 /// One turn of `text` on `session`; its usage.
-async fn turn(engine: &Engine, session: &Session, text: String) -> anyhow::Result<forkd_core::Usage> {
+async fn turn(
+    engine: &Engine,
+    session: &Session,
+    text: String,
+) -> anyhow::Result<forkd_core::Usage> {
     let mut stream = engine.send_message(session.id, text).await?;
     while let Some(event) = stream.next().await {
         if let ParentEvent::TurnEnded { usage, .. } = event? {
@@ -42,7 +46,12 @@ async fn turn(engine: &Engine, session: &Session, text: String) -> anyhow::Resul
 
 /// Turn `k`'s message: a part of the corpus (`words` words), then a reply of `reply` words.
 fn message(corpus: &str, k: usize, words: usize, reply: usize) -> String {
-    let text: Vec<&str> = corpus.split_whitespace().cycle().skip(k * 97).take(words).collect();
+    let text: Vec<&str> = corpus
+        .split_whitespace()
+        .cycle()
+        .skip(k * 97)
+        .take(words)
+        .collect();
     format!(
         "Part {k} of the notes:\n{}\n@sim say noted part {k}: {}",
         text.join(" "),
