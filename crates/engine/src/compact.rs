@@ -246,6 +246,16 @@ impl Compactor {
                 }
             ))
         })?;
+        // A branch's boundary lies among its own messages: what it inherited is its origin's.
+        if let Some(branch) = session.branch
+            && to_seq < branch.point
+        {
+            return Err(EngineError::WrongState(format!(
+                "branch {} has no reply of its own to compact at yet (its last is its origin's, \
+                 message {to_seq}); compact its origin {}, or this branch after its first turn",
+                session.id, branch.origin
+            )));
+        }
         let cut = usize::try_from(to_seq).unwrap_or(all.len()).min(all.len());
         let from = usize::try_from(after).unwrap_or(0).min(cut);
         let before: Vec<Message> = match &previous {

@@ -544,3 +544,48 @@ async fn a_merge_while_the_origin_runs_a_turn_joins_its_next_request() {
             .contains("two done")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_branch_compacts_its_own_messages_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = Arc::new(Recorder::with_speed(0.0));
+    let engine = engine(dir.path(), recorder.clone()).await;
+    let origin = engine
+        .create_session(new_session(dir.path(), "Sys."))
+        .await
+        .unwrap();
+    for k in 1..=2 {
+        turn(
+            &engine,
+            &recorder,
+            &origin,
+            &format!("Turn {k}.\n@sim say {k}"),
+        )
+        .await;
+    }
+    let fresh = engine
+        .branch_session(origin.clone(), branch(&origin, At::Latest))
+        .await
+        .unwrap();
+    // Its last reply is its origin's: nothing of its own to compact yet.
+    match engine.compact_session(fresh.id, None).await {
+        Err(EngineError::WrongState(why)) => assert!(why.contains("of its own"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    turn(&engine, &recorder, &fresh, "Three.\n@sim say three").await;
+    let boundary = engine.compact_session(fresh.id, None).await.unwrap();
+    assert!(
+        boundary.to_seq >= fresh.branch.unwrap().point,
+        "{boundary:?}"
+    );
+    let next = turn(&engine, &recorder, &fresh, "Four.\n@sim say four").await;
+    assert!(next[0].body.contains("compaction-summary"));
+    assert!(
+        engine
+            .store()
+            .compactions(origin.id)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

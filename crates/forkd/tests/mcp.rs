@@ -303,7 +303,7 @@ async fn a_session_s_own_servers_are_for_the_local_user_and_allowed_tenants() {
     const LOOPBACK: SocketAddr =
         SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
     let mut secrets = Vec::new();
-    let daemon = spawn_daemon_with(|c| {
+    let mut daemon = spawn_daemon_with(|c| {
         c.listen = Some(LOOPBACK);
         let tokens = TokenStore::in_home(&c.home);
         secrets.push(tokens.create("web").unwrap());
@@ -363,6 +363,37 @@ async fn a_session_s_own_servers_are_for_the_local_user_and_allowed_tenants() {
         .await
         .unwrap();
     assert!(log.contains(r#""content":"7""#), "{log}");
+
+    // A branch has them too, sealed again for its own id: after a restart (nothing kept in
+    // memory) its children still reach the server.
+    let branch = client
+        .branch_session(pb::BranchSessionRequest {
+            session_id: session.session_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .session
+        .unwrap();
+    assert_eq!(branch.mcp_servers, ["mine"]);
+    daemon.restart(|_| {}).await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let batch = fork(
+        &mut client,
+        &branch.session_id,
+        &["Add.\n@sim tool mcp__mine__add {\"a\":5,\"b\":6}\n@sim say added"],
+        None,
+    )
+    .await
+    .unwrap();
+    wait_for_batch(&mut client, &batch.batch_id, 1, DEADLINE)
+        .await
+        .unwrap();
+    let log = transcript_text(&mut client, &batch.agent_ids[0])
+        .await
+        .unwrap();
+    assert!(log.contains(r#""content":"11""#), "{log}");
 }
 
 #[tokio::test]

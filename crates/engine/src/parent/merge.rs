@@ -59,6 +59,13 @@ impl Turns {
                 branch.id
             ))
         })?;
+        // A turn on another daemon (its main loop is running there) has not concluded either.
+        if self.batches.turns(branch.id).await?.in_flight.is_some() {
+            return Err(EngineError::WrongState(format!(
+                "branch {} is running a turn on another daemon; merge it once the turn has ended",
+                branch.id
+            )));
+        }
         let messages = self.store.session_messages(branch.id, None).await?;
         let inherited_turns = messages
             .iter()
