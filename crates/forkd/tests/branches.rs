@@ -402,4 +402,7 @@ async fn branches_on_postgres(url: String) {
         .unwrap()
         .into_inner();
     assert_eq!(merged.origin_session_id, at_two.session_id);
+    // Its connections closed before the scratch database is dropped.
+    drop(client);
+    daemon.stop().await.unwrap();
 }
