@@ -389,9 +389,16 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<u64>;
 
     /// Appends one of forkd's notes (a branch's report) to the end of a session's transcript,
-    /// whether or not a turn runs (it joins that turn's next request, as a notification does);
-    /// returns its seq.
-    async fn append_note(&self, session: SessionId, note: &Message, at_ms: i64) -> Result<u64>;
+    /// whether or not a turn runs (it joins that turn's next request, as a notification does),
+    /// with the idempotency key that asked for it (its resource id becomes `SESSION/SEQ`;
+    /// `Conflict` if the key is taken); returns its seq.
+    async fn append_note(
+        &self,
+        session: SessionId,
+        note: &Message,
+        idempotency: Option<&IdempotencyRecord>,
+        at_ms: i64,
+    ) -> Result<u64>;
 
     /// Appends the user's message that begins a turn, as [`Store::append_turn`] appends one
     /// message; it counts as the turn's ([`StoredMessage::starts_turn`]).

@@ -155,7 +155,7 @@ impl Branches {
             }
         };
         let mut mcp = origin.mcp.clone();
-        mcp.sealed_config = self.mcp.branch_own_servers(&origin, id)?;
+        mcp.sealed_config = self.mcp.reseal_for_branch(&origin, id)?;
         let session = Session {
             id,
             params,
@@ -167,9 +167,10 @@ impl Branches {
                 point,
                 compacted_to,
             }),
-            ..origin
+            ..origin.clone()
         };
         self.store.create_branch(&session, record.as_ref()).await?;
+        self.mcp.keep_for_branch(&origin, id);
         tracing::info!(
             session.id = %session.id,
             origin = %session.branch.map(|b| b.origin.to_string()).unwrap_or_default(),

@@ -298,8 +298,12 @@ impl Engine {
         &self,
         branch: Session,
         summary: bool,
+        idempotency_key: Option<String>,
     ) -> Result<Merged, EngineError> {
-        self.inner.turns.merge_branch(branch, summary).await
+        self.inner
+            .turns
+            .merge_branch(branch, summary, idempotency_key)
+            .await
     }
 
     /// Where each of the session's turns began, its length and its turn in flight.

@@ -216,37 +216,44 @@ impl McpServers {
         Ok(())
     }
 
-    /// A branch's copy of its origin's own definitions: kept in memory for it when this daemon
-    /// has them, and sealed again for the branch's id (a sealed copy is bound to its session).
-    /// `None` when the origin has none sealed, or this daemon has no key to open them with.
-    pub(crate) fn branch_own_servers(
+    /// A branch's sealed copy of its origin's own definitions: opened with the origin's id and
+    /// sealed again for the branch's (a sealed copy is bound to its session). `None` when the
+    /// origin has none sealed, or this daemon has no key to open them with. Definitions that
+    /// cannot be opened are `WrongState`, naming why.
+    pub(crate) fn reseal_for_branch(
         &self,
         origin: &Session,
         branch: SessionId,
     ) -> Result<Option<String>> {
-        if !origin
+        let (Some(sealed), Some(key)) = (&origin.mcp.sealed_config, &self.config.secret_key) else {
+            return Ok(None);
+        };
+        let refused = |e: String| {
+            EngineError::WrongState(format!(
+                "session {}'s own MCP server definitions cannot be sealed for a branch: {e}",
+                origin.id
+            ))
+        };
+        let text = key
+            .open(&origin.id.to_string(), sealed)
+            .map_err(|e| refused(e.to_string()))?;
+        let sealed = key
+            .seal(&branch.to_string(), &text)
+            .map_err(|e| refused(e.to_string()))?;
+        Ok(Some(sealed))
+    }
+
+    /// Keeps a stored branch's own definitions in memory, as its origin's are here.
+    pub(crate) fn keep_for_branch(&self, origin: &Session, branch: SessionId) {
+        if origin
             .mcp
             .servers
             .iter()
             .any(|s| s.origin == McpOrigin::Session)
+            && let Ok(own) = self.own_servers(origin)
         {
-            return Ok(None);
-        }
-        if let Ok(own) = self.own_servers(origin) {
             self.keep_own_servers(branch, own);
         }
-        let (Some(sealed), Some(key)) = (&origin.mcp.sealed_config, &self.config.secret_key) else {
-            return Ok(None);
-        };
-        let seal_error =
-            |e: String| EngineError::Invariant(format!("cannot seal MCP definitions again: {e}"));
-        let text = key
-            .open(&origin.id.to_string(), sealed)
-            .map_err(|e| seal_error(e.to_string()))?;
-        let sealed = key
-            .seal(&branch.to_string(), &text)
-            .map_err(|e| seal_error(e.to_string()))?;
-        Ok(Some(sealed))
     }
 
     /// The session's own server definitions: kept in memory since its creation or an earlier

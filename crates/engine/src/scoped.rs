@@ -153,9 +153,16 @@ impl TenantEngine<'_> {
     }
 
     /// Brings one of the tenant's branches back to its origin.
-    pub async fn merge_branch(&self, id: SessionId, summary: bool) -> Result<crate::Merged> {
+    pub async fn merge_branch(
+        &self,
+        id: SessionId,
+        summary: bool,
+        idempotency_key: Option<String>,
+    ) -> Result<crate::Merged> {
         let branch = self.own_session(id).await?;
-        self.engine.merge_branch(branch, summary).await
+        self.engine
+            .merge_branch(branch, summary, idempotency_key)
+            .await
     }
 
     /// Branches one of the tenant's sessions (another tenant's is `NotFound`).

@@ -418,12 +418,14 @@ async fn a_merge_brings_the_branch_back_as_one_note() {
         .await
         .unwrap();
     // Nothing to merge yet; and a session that is no branch cannot be merged.
-    let early = engine.merge_branch(branch_at_one.clone(), false).await;
+    let early = engine
+        .merge_branch(branch_at_one.clone(), false, None)
+        .await;
     assert!(
         matches!(early, Err(EngineError::WrongState(_))),
         "{early:?}"
     );
-    let not_a_branch = engine.merge_branch(origin.clone(), false).await;
+    let not_a_branch = engine.merge_branch(origin.clone(), false, None).await;
     assert!(matches!(not_a_branch, Err(EngineError::InvalidRequest(_))));
 
     turn(
@@ -434,7 +436,7 @@ async fn a_merge_brings_the_branch_back_as_one_note() {
     )
     .await;
     let merged = engine
-        .merge_branch(branch_at_one.clone(), false)
+        .merge_branch(branch_at_one.clone(), false, None)
         .await
         .unwrap();
     assert_eq!(merged.origin, origin.id);
@@ -461,7 +463,7 @@ async fn a_merge_brings_the_branch_back_as_one_note() {
 
     // With a summary: the branch's model writes it, reading the branch's cache.
     let summed = engine
-        .merge_branch(branch_at_one.clone(), true)
+        .merge_branch(branch_at_one.clone(), true, None)
         .await
         .unwrap();
     let summary_request = recorder.sent().last().cloned().unwrap();
@@ -477,6 +479,36 @@ async fn a_merge_brings_the_branch_back_as_one_note() {
     );
     assert!(summed.note.contains("<summary>\n"), "{}", summed.note);
     assert!(!summed.note.contains("<last-reply>"));
+
+    // With a key, a retry appends nothing and asks for no second summary.
+    let keyed = || engine.merge_branch(branch_at_one.clone(), true, Some("merge-once".to_owned()));
+    let first = keyed().await.unwrap();
+    let (sent, len) = (
+        recorder.sent().len(),
+        engine
+            .store()
+            .session_message_count(origin.id)
+            .await
+            .unwrap(),
+    );
+    let again = keyed().await.unwrap();
+    assert_eq!(again, first);
+    assert_eq!(recorder.sent().len(), sent);
+    assert_eq!(
+        engine
+            .store()
+            .session_message_count(origin.id)
+            .await
+            .unwrap(),
+        len
+    );
+    let other = engine
+        .merge_branch(branch_at_one.clone(), false, Some("merge-once".to_owned()))
+        .await;
+    assert!(
+        matches!(other, Err(EngineError::KeyReused { .. })),
+        "{other:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -518,7 +550,10 @@ async fn a_merge_while_the_origin_runs_a_turn_joins_its_next_request() {
         },
     )
     .await;
-    let merged = engine.merge_branch(side.clone(), false).await.unwrap();
+    let merged = engine
+        .merge_branch(side.clone(), false, None)
+        .await
+        .unwrap();
     let events = running.await.unwrap();
     assert!(
         events

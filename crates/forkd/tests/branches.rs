@@ -140,6 +140,7 @@ async fn a_branch_through_the_anthropic_provider_reads_what_its_origin_cached() 
         .merge_branch(pb::MergeBranchRequest {
             session_id: at_two.session_id.clone(),
             summary: false,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -207,6 +208,7 @@ async fn another_tenants_session_cannot_be_branched_or_merged() {
         .merge_branch(beta.req(pb::MergeBranchRequest {
             session_id: mine.session_id.clone(),
             summary: false,
+            ..Default::default()
         }))
         .await
         .unwrap_err();
@@ -216,6 +218,7 @@ async fn another_tenants_session_cannot_be_branched_or_merged() {
         .merge_branch(alpha.req(pb::MergeBranchRequest {
             session_id: mine.session_id,
             summary: false,
+            ..Default::default()
         }))
         .await
         .unwrap_err();
@@ -334,6 +337,7 @@ async fn a_branch_survives_a_sigkill_and_goes_on_after_the_restart() {
             .merge_branch(pb::MergeBranchRequest {
                 session_id: at_one.session_id,
                 summary: true,
+                ..Default::default()
             })
             .await
             .unwrap()
@@ -397,6 +401,7 @@ async fn branches_on_postgres(url: String) {
         .merge_branch(pb::MergeBranchRequest {
             session_id: grandchild.session_id,
             summary: false,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -620,6 +620,15 @@ async fn a_branch_reads_its_origins_transcript_to_its_point_then_its_own(
     assert_eq!(transcript(&store, grandchild.id).await?, mine);
     assert_eq!(store.session_turns(grandchild.id).await?, vec![one, two]);
 
+    // A branch of the branch at a point the branch inherited: the origin's messages up to it.
+    let early = branch_of(&branch, one);
+    store.create_branch(&early, None).await?;
+    assert_eq!(
+        transcript(&store, early.id).await?,
+        origin_messages[..usize::try_from(one)?].to_vec()
+    );
+    assert_eq!(store.session_turns(early.id).await?, Vec::<u64>::new());
+
     // Each origin lists its own branches only.
     let listed: Vec<SessionId> = store
         .branches(origin.id)
@@ -634,7 +643,7 @@ async fn a_branch_reads_its_origins_transcript_to_its_point_then_its_own(
         .iter()
         .map(|s| s.id)
         .collect();
-    assert_eq!(listed, vec![grandchild.id]);
+    assert_eq!(listed, vec![grandchild.id, early.id]);
 
     // A branch with a system prompt of its own (another workspace) keeps it.
     let mut moved = branch_of(&origin, one);

@@ -8,14 +8,16 @@ use std::sync::Arc;
 
 use forkd_core::branch::Branch;
 use forkd_core::digest::{BranchReport, Conclusion, branch_report};
-use forkd_core::request::Conversation;
+use forkd_core::request::{Conversation, fingerprint};
 use forkd_core::session::Session;
+use forkd_core::store::{IdempotencyRecord, IdempotentCall};
 use forkd_core::{Block, Message, Role, SessionId};
 
 use super::Turns;
 use crate::clock::now_ms;
 use crate::error::{EngineError, Result};
 use crate::model::{ModelCall, PrefixEnd};
+use crate::tenancy::Idempotent;
 
 /// What a merge did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,11 +42,13 @@ fn instruction(point: u64) -> String {
 
 impl Turns {
     /// Appends `branch`'s report to its origin. Refused while the branch runs a turn, and for a
-    /// branch with no turn of its own.
+    /// branch with no turn of its own. With an idempotency key, a retry appends nothing (and asks
+    /// for no summary): it answers with the note the key first appended.
     pub(crate) async fn merge_branch(
         self: &Arc<Self>,
         branch: Session,
         summary: bool,
+        idempotency_key: Option<String>,
     ) -> Result<Merged> {
         let Some(point) = branch.branch else {
             return Err(EngineError::InvalidRequest(format!(
@@ -52,6 +56,54 @@ impl Turns {
                 branch.id
             )));
         };
+        let Some(key) = idempotency_key.filter(|k| !k.is_empty()) else {
+            return self.merge_now(&branch, point, summary, None).await;
+        };
+        let canonical = serde_json::json!(["merge", branch.id.to_string(), summary]);
+        let outcome = self
+            .tenancy
+            .idempotent(
+                &branch.tenant,
+                &key,
+                // A merge stores one message, in the origin's transcript.
+                IdempotentCall::SendMessage,
+                fingerprint(canonical.to_string().as_bytes()),
+                String::new(),
+                |record| self.merge_now(&branch, point, summary, Some(record)),
+            )
+            .await?;
+        let resource = match outcome {
+            Idempotent::Created(merged) => return Ok(merged),
+            Idempotent::Earlier(resource) => resource,
+        };
+        let seq = resource
+            .rsplit_once('/')
+            .and_then(|(_, seq)| seq.parse::<u64>().ok())
+            .ok_or_else(|| {
+                EngineError::Invariant(format!("stored merge key {resource:?} does not parse"))
+            })?;
+        let note = self
+            .store
+            .session_messages_from(point.origin, seq, Some(seq + 1))
+            .await?
+            .pop()
+            .ok_or_else(|| {
+                EngineError::Invariant(format!("the note {resource} of a merge is not stored"))
+            })?;
+        Ok(Merged {
+            origin: point.origin,
+            seq,
+            note: note.message.text(),
+        })
+    }
+
+    async fn merge_now(
+        self: &Arc<Self>,
+        branch: &Session,
+        point: Branch,
+        summary: bool,
+        record: Option<IdempotencyRecord>,
+    ) -> Result<Merged> {
         let turn_lock = self.turn_locks.get(branch.id);
         let _guard = turn_lock.try_lock_owned().map_err(|_| {
             EngineError::WrongState(format!(
@@ -94,7 +146,7 @@ impl Turns {
             .map(|m| m.text())
             .unwrap_or_default();
         let summary_text = if summary {
-            Some(self.summarize(&branch, point).await?)
+            Some(self.summarize(branch, point).await?)
         } else {
             None
         };
@@ -114,7 +166,7 @@ impl Turns {
         let seq = {
             let _appending = lock.lock().await;
             self.store
-                .append_note(point.origin, &note, now_ms())
+                .append_note(point.origin, &note, record.as_ref(), now_ms())
                 .await?
         };
         tracing::info!(

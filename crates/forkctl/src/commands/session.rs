@@ -57,6 +57,9 @@ pub enum SessionCommand {
         /// branch's cache); the note carries the summary instead of the last reply.
         #[arg(long)]
         summary: bool,
+        /// Merge once per key: the same command again appends no second note.
+        #[arg(long)]
+        idempotency_key: Option<String>,
     },
     /// Print a session's tree: its origin's, from the first session down, with each session's
     /// branches and fork batches.
@@ -201,11 +204,13 @@ pub async fn run(args: SessionArgs, client: &mut Client, out: &Printer) -> anyho
         SessionCommand::Merge {
             session_id,
             summary,
+            idempotency_key,
         } => {
             let merged = client
                 .merge_branch(MergeBranchRequest {
                     session_id,
                     summary,
+                    idempotency_key: idempotency_key.unwrap_or_default(),
                 })
                 .await?
                 .into_inner();

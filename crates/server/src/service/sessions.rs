@@ -63,7 +63,11 @@ impl ForkdService {
         let merged = self
             .engine
             .for_tenant(tenant)
-            .merge_branch(id, req.summary)
+            .merge_branch(
+                id,
+                req.summary,
+                Some(req.idempotency_key).filter(|k| !k.is_empty()),
+            )
             .await?;
         Ok(pb::MergeBranchResponse {
             origin_session_id: merged.origin.to_string(),

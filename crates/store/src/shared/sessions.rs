@@ -147,14 +147,16 @@ async fn insert(
 
 /// `chain (id, origin, lo, hi, compacted_to, depth)`: the session `$1` (depth 0) and, for a
 /// branch, its origins up to the first session, each with the range of seqs `lo..hi` the
-/// transcript takes from it.
+/// transcript takes from it: an origin's ends where the first point below it does (a branch of a
+/// branch may start before its own origin's point, which then gives it nothing).
 macro_rules! chain {
     () => {
         "WITH RECURSIVE chain (id, origin, lo, hi, compacted_to, depth) AS (\
            SELECT id, branch_of, COALESCE(branch_point, 0), CAST(9223372036854775807 AS BIGINT), \
                   branch_compacted_to, 0 FROM sessions WHERE id = $1 \
            UNION ALL \
-           SELECT s.id, s.branch_of, COALESCE(s.branch_point, 0), c.lo, s.branch_compacted_to, \
+           SELECT s.id, s.branch_of, COALESCE(s.branch_point, 0), \
+                  CASE WHEN c.lo < c.hi THEN c.lo ELSE c.hi END, s.branch_compacted_to, \
                   c.depth + 1 \
            FROM sessions s JOIN chain c ON s.id = c.origin) "
     };

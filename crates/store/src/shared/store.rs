@@ -137,6 +137,7 @@ impl Store for DriverStore {
         &self,
         session: SessionId,
         note: &Message,
+        idempotency: Option<&IdempotencyRecord>,
         at_ms: i64,
     ) -> StoreResult<u64> {
         let seq = write_tx!(self, |tx| {
@@ -145,6 +146,13 @@ impl Store for DriverStore {
                 return Err(session_not_found(session_id));
             }
             let seq = sessions::len(&mut tx, &session_id).await?;
+            if let Some(record) = idempotency {
+                let record = IdempotencyRecord {
+                    resource_id: format!("{session_id}/{seq}"),
+                    ..record.clone()
+                };
+                idempotency::insert(&mut tx, &record).await?;
+            }
             sessions::insert_message(&mut tx, &session_id, seq, note, at_ms).await?;
             seq
         })?;
