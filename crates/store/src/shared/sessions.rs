@@ -166,18 +166,25 @@ macro_rules! chain {
 #[derive(sqlx::FromRow)]
 pub(crate) struct Link {
     pub id: String,
+    /// The seqs the transcript takes from this session: `lo..hi`.
+    pub lo: i64,
+    pub hi: i64,
     /// The boundary in force at the branch point, for the session after it in the chain.
     pub compacted_to: Option<i64>,
 }
 
 /// The sessions whose messages make up `id`'s transcript: `id` first, then its origins.
 pub(crate) async fn chain(pool: &Pool, id: &str) -> Result<Vec<Link>> {
+    chain_on(&mut *pool.acquire().await?, id).await
+}
+
+async fn chain_on(conn: &mut Conn, id: &str) -> Result<Vec<Link>> {
     Ok(sqlx::query_as(concat!(
         chain!(),
-        "SELECT id, compacted_to FROM chain ORDER BY depth"
+        "SELECT id, lo, hi, compacted_to FROM chain ORDER BY depth"
     ))
     .bind(id)
-    .fetch_all(pool)
+    .fetch_all(conn)
     .await?)
 }
 
@@ -282,19 +289,27 @@ pub(crate) async fn messages(
     let id = id.to_string();
     let before = before.map_or(i64::MAX, bound);
     let mut conn = pool.acquire().await?;
-    // A branch's transcript is its origins' up to its point, then its own.
-    let rows: Vec<MessageRow> = sqlx::query_as(concat!(
-        chain!(),
-        "SELECT m.seq, m.role, m.content_json, m.created_at_ms, m.starts_turn \
-         FROM chain c JOIN session_messages m \
-         ON m.session_id = c.id AND m.seq >= c.lo AND m.seq < c.hi \
-         WHERE m.seq >= $2 AND m.seq < $3 ORDER BY m.seq"
-    ))
-    .bind(&id)
-    .bind(bound(from))
-    .bind(before)
-    .fetch_all(&mut *conn)
-    .await?;
+    // A branch's transcript is its origins' up to its point, then its own: each session's part
+    // read as one range in its index's order (no join, no sort: a batch's children load their
+    // prefix from here), the first session's first.
+    let chain = chain_on(&mut conn, &id).await?;
+    let mut rows: Vec<MessageRow> = Vec::new();
+    for link in chain.iter().rev() {
+        let (lo, hi) = (link.lo.max(bound(from)), link.hi.min(before));
+        if lo >= hi {
+            continue;
+        }
+        let part: Vec<MessageRow> = sqlx::query_as(
+            "SELECT seq, role, content_json, created_at_ms, starts_turn FROM session_messages \
+             WHERE session_id = $1 AND seq >= $2 AND seq < $3 ORDER BY seq",
+        )
+        .bind(&link.id)
+        .bind(lo)
+        .bind(hi)
+        .fetch_all(&mut *conn)
+        .await?;
+        rows.extend(part);
+    }
     // Rows are never deleted, so checking existence after the read cannot race.
     if rows.is_empty() && !exists(&mut conn, &id).await? {
         return Err(not_found(id));
