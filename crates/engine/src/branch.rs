@@ -111,12 +111,7 @@ impl Branches {
             .await?;
         match outcome {
             Idempotent::Created(session) => Ok(session),
-            Idempotent::Earlier(id) => {
-                let id = id.parse().map_err(|e| {
-                    EngineError::Invariant(format!("stored session id {id:?} does not parse: {e}"))
-                })?;
-                self.sessions.get(id).await
-            }
+            Idempotent::Earlier(id) => self.sessions.get_stored(&id).await,
         }
     }
 

@@ -280,13 +280,16 @@ impl Sessions {
             .await?;
         match outcome {
             Idempotent::Created(session) => Ok(session),
-            Idempotent::Earlier(id) => {
-                let id = id.parse().map_err(|e| {
-                    EngineError::Invariant(format!("stored session id {id:?} does not parse: {e}"))
-                })?;
-                self.get(id).await
-            }
+            Idempotent::Earlier(id) => self.get_stored(&id).await,
         }
+    }
+
+    /// The session an idempotency key names by its stored id.
+    pub(crate) async fn get_stored(&self, id: &str) -> Result<Session> {
+        let id = id.parse().map_err(|e| {
+            EngineError::Invariant(format!("stored session id {id:?} does not parse: {e}"))
+        })?;
+        self.get(id).await
     }
 
     async fn new_session(

@@ -24,6 +24,30 @@ async fn engine(dir: &Path, recorder: Arc<Recorder>) -> Engine {
     Engine::new(common::store(dir).await, recorder, EngineConfig::default())
 }
 
+/// An engine on the instant sim behind a recorder, and a session to branch.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    recorder: Arc<Recorder>,
+    engine: Engine,
+    origin: Session,
+}
+
+async fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let recorder = Arc::new(Recorder::with_speed(0.0));
+    let engine = engine(dir.path(), recorder.clone()).await;
+    let origin = engine
+        .create_session(new_session(dir.path(), "Sys."))
+        .await
+        .unwrap();
+    Fixture {
+        _dir: dir,
+        recorder,
+        engine,
+        origin,
+    }
+}
+
 /// Turn `k`'s message: padding, then the sim's script for a long answer (~1,500 tokens: a
 /// branch that wrote the last reply again would read well under 99% of the ideal).
 fn message(k: usize) -> String {
@@ -87,27 +111,26 @@ fn read_share(sent: &Sent) -> f64 {
     sent.usage().cache_read_input_tokens as f64 / ideal
 }
 
-/// A 10-turn session; the bodies of each turn's request, in order.
-async fn ten_turns(engine: &Engine, recorder: &Recorder, dir: &Path) -> (Session, Vec<Sent>) {
-    let origin = engine
-        .create_session(new_session(dir, "Sys."))
-        .await
-        .unwrap();
+/// Ten turns of a ~100k-token session; each turn's request, in order.
+async fn ten_turns(engine: &Engine, recorder: &Recorder, origin: &Session) -> Vec<Sent> {
     let mut turns = Vec::new();
     for k in 1..=10 {
-        let sent = turn(engine, recorder, &origin, &message(k)).await;
+        let sent = turn(engine, recorder, origin, &message(k)).await;
         assert_eq!(sent.len(), 1, "turn {k} is one request");
         turns.extend(sent);
     }
-    (origin, turns)
+    turns
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_branch_sends_its_origins_bytes_to_the_point_and_reads_their_cache() {
-    let dir = tempfile::tempdir().unwrap();
-    let recorder = Arc::new(Recorder::with_speed(0.0));
-    let engine = engine(dir.path(), recorder.clone()).await;
-    let (origin, turns) = ten_turns(&engine, &recorder, dir.path()).await;
+    let Fixture {
+        _dir,
+        recorder,
+        engine,
+        origin,
+    } = fixture().await;
+    let turns = ten_turns(&engine, &recorder, &origin).await;
     let total = turns[9].usage().total_input();
     assert!(total > 90_000, "a ~100k-token session: {total}");
 
@@ -168,13 +191,12 @@ async fn a_branch_sends_its_origins_bytes_to_the_point_and_reads_their_cache() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn branches_on_both_sides_of_a_compaction_see_what_the_origin_saw() {
-    let dir = tempfile::tempdir().unwrap();
-    let recorder = Arc::new(Recorder::with_speed(0.0));
-    let engine = engine(dir.path(), recorder.clone()).await;
-    let origin = engine
-        .create_session(new_session(dir.path(), "Sys."))
-        .await
-        .unwrap();
+    let Fixture {
+        _dir,
+        recorder,
+        engine,
+        origin,
+    } = fixture().await;
     let mut turns = Vec::new();
     for k in 1..=4 {
         turns.extend(turn(&engine, &recorder, &origin, &message(k)).await);
@@ -211,13 +233,12 @@ async fn branches_on_both_sides_of_a_compaction_see_what_the_origin_saw() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_points_are_refused_with_the_nearest_valid_ones() {
-    let dir = tempfile::tempdir().unwrap();
-    let recorder = Arc::new(Recorder::with_speed(0.0));
-    let engine = engine(dir.path(), recorder.clone()).await;
-    let origin = engine
-        .create_session(new_session(dir.path(), "Sys."))
-        .await
-        .unwrap();
+    let Fixture {
+        _dir,
+        recorder,
+        engine,
+        origin,
+    } = fixture().await;
     for k in 1..=2 {
         turn(&engine, &recorder, &origin, &format!("{k}\n@sim say {k}")).await;
     }
@@ -250,13 +271,12 @@ async fn invalid_points_are_refused_with_the_nearest_valid_ones() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_names_one_branch() {
-    let dir = tempfile::tempdir().unwrap();
-    let recorder = Arc::new(Recorder::with_speed(0.0));
-    let engine = engine(dir.path(), recorder.clone()).await;
-    let origin = engine
-        .create_session(new_session(dir.path(), "Sys."))
-        .await
-        .unwrap();
+    let Fixture {
+        _dir,
+        recorder,
+        engine,
+        origin,
+    } = fixture().await;
     turn(&engine, &recorder, &origin, "1\n@sim say 1").await;
     let keyed = |at| NewBranch {
         idempotency_key: Some("branch-key".into()),
@@ -283,13 +303,12 @@ async fn a_key_names_one_branch() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_forks_after_an_earlier_turn_and_reports_at_the_end() {
-    let dir = tempfile::tempdir().unwrap();
-    let recorder = Arc::new(Recorder::with_speed(0.0));
-    let engine = engine(dir.path(), recorder.clone()).await;
-    let origin = engine
-        .create_session(new_session(dir.path(), "Sys."))
-        .await
-        .unwrap();
+    let Fixture {
+        _dir,
+        recorder,
+        engine,
+        origin,
+    } = fixture().await;
     let mut turns = Vec::new();
     for k in 1..=4 {
         turns.extend(turn(&engine, &recorder, &origin, &message(k)).await);
@@ -397,13 +416,12 @@ async fn a_batch_forks_after_an_earlier_turn_and_reports_at_the_end() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_merge_brings_the_branch_back_as_one_note() {
-    let dir = tempfile::tempdir().unwrap();
-    let recorder = Arc::new(Recorder::with_speed(0.0));
-    let engine = engine(dir.path(), recorder.clone()).await;
-    let origin = engine
-        .create_session(new_session(dir.path(), "Sys."))
-        .await
-        .unwrap();
+    let Fixture {
+        _dir,
+        recorder,
+        engine,
+        origin,
+    } = fixture().await;
     for k in 1..=2 {
         turn(
             &engine,
@@ -582,13 +600,12 @@ async fn a_merge_while_the_origin_runs_a_turn_joins_its_next_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_branch_compacts_its_own_messages_only() {
-    let dir = tempfile::tempdir().unwrap();
-    let recorder = Arc::new(Recorder::with_speed(0.0));
-    let engine = engine(dir.path(), recorder.clone()).await;
-    let origin = engine
-        .create_session(new_session(dir.path(), "Sys."))
-        .await
-        .unwrap();
+    let Fixture {
+        _dir,
+        recorder,
+        engine,
+        origin,
+    } = fixture().await;
     for k in 1..=2 {
         turn(
             &engine,

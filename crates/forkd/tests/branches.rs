@@ -11,7 +11,8 @@ use forkd_provider::{SimConfig, SimProvider};
 use forkd_server::TokenStore;
 use forkd_sim_server::SimServerConfig;
 use forkd_test_support::{
-    Caller, create_session, run_turn, session_request, spawn_daemon, spawn_daemon_with,
+    Caller, create_session, run_turn, session_request, session_transcript, spawn_daemon,
+    spawn_daemon_with,
 };
 use pb::branch_session_request::Point;
 use tonic::Code;
@@ -309,16 +310,9 @@ async fn a_branch_survives_a_sigkill_and_goes_on_after_the_restart() {
     let shown = get(&mut client, &at_one.session_id).await;
     assert_eq!(shown.turn_seqs.len(), 2);
     assert_eq!(shown.finished_turns, 2);
-    let agent_id = main_loop(&mut client, &at_one.session_id).await;
-    let transcript = client
-        .get_transcript(pb::GetTranscriptRequest {
-            agent_id,
-            include_shared_prefix: true,
-        })
+    let transcript = session_transcript(&mut client, &at_one.session_id)
         .await
-        .unwrap()
-        .into_inner()
-        .messages;
+        .unwrap();
     // Inherited messages are marked, and turns are numbered on from the origin's.
     assert!(
         transcript
@@ -345,24 +339,6 @@ async fn a_branch_survives_a_sigkill_and_goes_on_after_the_restart() {
             .note
             .contains("<summary>")
     );
-}
-
-/// The session's main-loop agent.
-async fn main_loop(client: &mut Client, session: &str) -> String {
-    client
-        .list_agents(pb::ListAgentsRequest {
-            session_id: session.into(),
-            include_ended: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .agents
-        .into_iter()
-        .find(|a| a.kind == "parent")
-        .unwrap()
-        .agent_id
 }
 
 #[tokio::test]
