@@ -13,6 +13,7 @@ use crate::agent::{Directive, FORK_QUERY_SOURCE};
 use crate::ids::{AgentId, BatchId, SessionId};
 use crate::json::RawJson;
 use crate::message::{Block, BlockKind, Message, Role};
+use crate::output::OutputSchema;
 use crate::plan::AgentCall;
 use crate::request::{BlockPos, Conversation, positions_between};
 use crate::tools::AGENT_TOOL;
@@ -146,6 +147,9 @@ pub struct ForkBatch {
     /// The blocks before each child's directive in its first user message: the placeholder
     /// tool_results for every tool_use in `A` (model forks), then the boilerplate block.
     pub shared_user_blocks: Vec<Block>,
+    /// The JSON Schema the children's final replies must match; its block is the last of
+    /// `shared_user_blocks`.
+    pub output_schema: Option<OutputSchema>,
     pub created_at_ms: i64,
 }
 
@@ -248,6 +252,7 @@ impl ForkBatch {
             compacted_to: None,
             shape: ForkShape::Model { assistant },
             shared_user_blocks,
+            output_schema: None,
             created_at_ms,
         })
     }
@@ -262,8 +267,19 @@ impl ForkBatch {
             compacted_to: None,
             shape: ForkShape::Client,
             shared_user_blocks: vec![Block::text(&client_boilerplate_text())],
+            output_schema: None,
             created_at_ms,
         }
+    }
+
+    /// The batch with an output schema: its block follows the boilerplate, so the bytes before
+    /// it are the same with or without one, and the shared breakpoint moves onto it.
+    pub fn with_output_schema(mut self, schema: Option<OutputSchema>) -> Self {
+        if let Some(schema) = schema {
+            self.shared_user_blocks.push(schema.block());
+            self.output_schema = Some(schema);
+        }
+        self
     }
 
     /// `A`, for a model's fork.

@@ -14,6 +14,7 @@ pub mod ids;
 pub mod isolation;
 pub mod json;
 pub mod message;
+pub mod output;
 pub mod plan;
 pub mod pricing;
 pub mod prompt;

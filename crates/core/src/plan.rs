@@ -9,6 +9,7 @@ use crate::fork::{self, ForkError, ForkRefusal, fork_refusal};
 use crate::ids::BatchId;
 use crate::isolation::Isolation;
 use crate::message::Message;
+use crate::output::OutputSchema;
 use crate::tools::AGENT_TOOL;
 
 /// What one `Agent` call asks for.
@@ -30,7 +31,11 @@ impl AgentCall {
         let directive = Directive::from_agent_input(input);
         // Checked for every call, fork or typed: each says for its own agent.
         isolation_of(input)?;
+        let schema = output_schema_of(input)?;
         match input.get("subagent_type") {
+            // Each fork call would carry its own schema, and the schema block is part of what
+            // siblings share: their prefixes would differ.
+            None | Some(Value::Null) if schema.is_some() => Err(Refusal::SchemaOnFork),
             None | Some(Value::Null) => Ok(AgentCall::Fork(directive)),
             Some(Value::String(ty)) => Ok(AgentCall::Typed {
                 subagent_type: ty.clone(),
@@ -50,6 +55,17 @@ pub fn isolation_of(input: &Value) -> Result<Isolation, Refusal> {
             .parse()
             .map_err(|_| Refusal::BadIsolation(text.clone())),
         Some(other) => Err(Refusal::BadIsolation(other.to_string())),
+    }
+}
+
+/// An `Agent` call's `output_schema` input: absent or null is none; anything else must be a
+/// JSON Schema the daemon accepts.
+pub fn output_schema_of(input: &Value) -> Result<Option<OutputSchema>, Refusal> {
+    match input.get("output_schema") {
+        None | Some(Value::Null) => Ok(None),
+        Some(schema) => OutputSchema::from_value(schema)
+            .map(Some)
+            .map_err(|e| Refusal::BadOutputSchema(e.to_string())),
     }
 }
 
@@ -90,6 +106,10 @@ pub enum Refusal {
     SubagentTypeNotText,
     #[error("isolation must be \"copy\" or \"none\", not {0}")]
     BadIsolation(String),
+    #[error("output_schema is for typed agents: a fork's children share one schema block")]
+    SchemaOnFork,
+    #[error("{0}")]
+    BadOutputSchema(String),
 }
 
 impl Refusal {
@@ -115,6 +135,14 @@ impl Refusal {
                  type, or left out to fork."
                     .to_owned()
             }
+            Refusal::SchemaOnFork => {
+                "This fork call was refused: output_schema is for typed agents (with a \
+                 subagent_type). A fork's children share everything before their directives, \
+                 and each fork call's own schema would make them differ; fork without it and \
+                 say in the prompt what the report should hold."
+                    .to_owned()
+            }
+            Refusal::BadOutputSchema(e) => format!("This Agent call was refused: {e}."),
             Refusal::BadIsolation(value) => format!(
                 "This Agent call was refused: isolation must be \"copy\" (the agent works in \
                  its own copy of the workspace) or \"none\", not {value}."

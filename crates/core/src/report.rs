@@ -12,6 +12,10 @@ pub struct Report {
     pub key_files: Vec<String>,
     pub files_changed: Vec<String>,
     pub issues: String,
+    /// The JSON object a child's final reply held under an output schema, valid against it.
+    /// forkd's own facts (status, usage, files changed) stay beside it, never inside.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -159,6 +163,7 @@ mod tests {
                 key_files: vec!["a.rs".into(), "b.rs".into()],
                 files_changed: vec!["c.rs".into(), "d.rs".into()],
                 issues: "none".into(),
+                structured: None,
             },
         );
     }
@@ -194,6 +199,7 @@ mod tests {
             key_files: vec!["k".into()],
             files_changed: vec![],
             issues: "i".into(),
+            structured: None,
         };
         assert_eq!(Report::parse(&r.to_text()), r);
     }

@@ -251,6 +251,8 @@ pub struct NewNotification {
 pub struct AgentParams {
     pub params: crate::session::CacheSafeParams,
     pub permission_mode: crate::session::PermissionMode,
+    /// The JSON Schema the agent's final reply must match (docs/contracts.md, "Output schemas").
+    pub output_schema: Option<crate::output::OutputSchema>,
 }
 
 /// One tool call: its intent (stored before it runs) and its result (stored after).

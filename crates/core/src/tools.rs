@@ -180,7 +180,8 @@ pub fn builtin_definitions_with_types(types: &[AgentTypeListing<'_>]) -> Vec<Too
                     "description": {"type": "string", "description": "A short (3-5 word) description of the task."},
                     "prompt": {"type": "string", "description": "The task for the agent."},
                     "subagent_type": {"type": "string"},
-                    "isolation": {"type": "string", "enum": ["copy", "none"], "description": "copy: the agent works in its own copy of the workspace, at the same path; its edits are kept apart until applied. Default none."}
+                    "isolation": {"type": "string", "enum": ["copy", "none"], "description": "copy: the agent works in its own copy of the workspace, at the same path; its edits are kept apart until applied. Default none."},
+                    "output_schema": {"type": "object", "description": "With subagent_type only: a JSON Schema (draft 2020-12) the agent's final reply must be an object valid against; its report then carries that object."}
                 }),
                 &["description", "prompt"],
             ),

@@ -13,6 +13,7 @@ use forkd_core::fork::{
 use forkd_core::ids::{AgentId, BatchId, SessionId};
 use forkd_core::json::RawJson;
 use forkd_core::message::{Block, Message, Role};
+use forkd_core::output::OutputSchema;
 use forkd_core::request::{self, BlockPos, Conversation, MAX_BREAKPOINTS, SerializedRequest};
 use forkd_core::session::{
     CacheSafeParams, RenderedSystem, SystemTemplate, ThinkingConfig, ToolDef, ToolsJson,
@@ -394,6 +395,23 @@ fn source() -> impl Strategy<Value = Source> {
     ]
 }
 
+/// A schema a client might send: an object with a required enum, an array, a nested object.
+fn output_schema() -> impl Strategy<Value = OutputSchema> {
+    (vec("[a-z]{1,8}", 1..4), 0u64..5, any::<bool>()).prop_map(|(values, min_items, extra)| {
+        let schema = json!({
+            "type": "object",
+            "required": ["verdict", "findings"],
+            "properties": {
+                "verdict": {"enum": values},
+                "findings": {"type": "array", "minItems": min_items, "items": {"type": "string"}},
+                "detail": {"type": "object", "properties": {"line": {"type": "integer"}}}
+            },
+            "additionalProperties": extra
+        });
+        OutputSchema::from_value(&schema).expect("a valid schema")
+    })
+}
+
 /// Everything one fork case is built from.
 #[derive(Debug, Clone)]
 struct Case {
@@ -748,6 +766,7 @@ fn load(s: &Stored, children: &[Directive]) -> Fork {
             assistant: Message::from_stored(Role::Assistant, &s.assistant).unwrap(),
         },
         shared_user_blocks: shared.blocks,
+        output_schema: None,
         created_at_ms: s.batch.3,
     };
     Fork {
@@ -995,6 +1014,54 @@ proptest! {
         check_siblings(&case)?;
     }
 
+    /// An output schema keeps the cache: a client batch's children have the same bytes with and
+    /// without one up to the end of the boilerplate; with one, siblings agree up to their
+    /// directive, and the shared breakpoint sits on the schema block, which is the same for all.
+    #[test]
+    fn an_output_schema_keeps_the_shared_prefix(
+        steps in history(),
+        params in params(),
+        directives in vec(directive(), 1..=16),
+        schema in output_schema(),
+        batch in any::<u128>(),
+    ) {
+        let history = materialize(&steps);
+        let id = BatchId::from_uuid(Uuid::from_u128(batch));
+        let session = SessionId::from_uuid(Uuid::from_u128(7));
+        let plain = ForkBatch::client(id, session, history.len() as u64, 0);
+        let shaped = plain.clone().with_output_schema(Some(schema.clone()));
+        let dir = shaped.directive_pos(&history);
+        let schema_pos = before(dir);
+        let boiler = before(schema_pos);
+        prop_assert_eq!(plain.directive_pos(&history), schema_pos);
+        let mut first: Option<String> = None;
+        for d in &directives {
+            let block = ForkBatch::directive_block(d);
+            let without = request::serialize(&params, &plain.child_conversation(&history, &block, &[]), true);
+            let with = request::serialize(&params, &shaped.child_conversation(&history, &block, &[]), true);
+            // The same bytes up to the boilerplate, and the boilerplate's own (its breakpoint
+            // moved on to the schema block).
+            let (b_without, b_with) = (without.span(boiler).expect("boilerplate"), with.span(boiler).expect("boilerplate"));
+            same_bytes(&with.body[..b_with.start], &without.body[..b_without.start], "bytes before the boilerplate")?;
+            same_bytes(
+                &with.body[b_with.start..b_with.end],
+                &without.body[b_without.start..b_without.end].replacen(CACHE_CONTROL, "", 1),
+                "the boilerplate, breakpoint removed",
+            )?;
+            prop_assert!(with.breakpoints.contains(&schema_pos), "the schema block is the shared entry");
+            prop_assert!(!with.breakpoints.contains(&boiler));
+            let span = with.span(schema_pos).expect("schema block");
+            same_bytes(&with.body[span.start..span.end], &with_breakpoint(schema.block().raw().as_str()), "schema block")?;
+            let dir_span = with.span(dir).expect("directive");
+            let prefix = &with.body[..dir_span.start];
+            match &first {
+                None => first = Some(prefix.to_owned()),
+                Some(p) => same_bytes(prefix, p, "sibling prefix with a schema")?,
+            }
+            check_body(&params, &with)?;
+        }
+    }
+
     /// The system prompt is rendered once: editing any template input later changes no child's
     /// bytes, while a re-render would.
     #[test]
@@ -1191,7 +1258,10 @@ fn three_children_wire_format() {
         r#""prompt":{"type":"string","description":"The task for the agent."},"subagent_type":"#,
         r#"{"type":"string"},"isolation":{"type":"string","enum":["copy","none"],"description":"#,
         r#""copy: the agent works in its own copy of the workspace, at the same path; its edits are "#,
-        r#"kept apart until applied. Default none."}},"required":["description","prompt"]}},"#,
+        r#"kept apart until applied. Default none."},"output_schema":{"type":"object","description":"#,
+        r#""With subagent_type only: a JSON Schema (draft 2020-12) the agent's final reply must be "#,
+        r#"an object valid against; its report then carries that object."}},"#,
+        r#""required":["description","prompt"]}},"#,
         r#"{"name":"mcp__docs__search","description":"Search the docs.","input_schema":"#,
         r#"{"type":"object","properties":{"q":{"type":"string"}}}}],"#,
         r#""system":[{"type":"text","text":"You are a careful engineer.\nToday: 2026-01-02","#,

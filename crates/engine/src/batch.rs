@@ -7,6 +7,7 @@ use forkd_core::agent::FORK_QUERY_SOURCE;
 use forkd_core::branch::{At, TurnIndex};
 use forkd_core::fork::{ForkBatch, ForkError};
 use forkd_core::isolation::{BatchSnapshot, Isolation};
+use forkd_core::output::OutputSchema;
 use forkd_core::plan::{self, ForkLimits, Forker, Refusal};
 use forkd_core::request;
 use forkd_core::session::Session;
@@ -39,6 +40,11 @@ pub struct BatchOptions {
     pub isolation: Isolation,
     /// Fork after this turn instead of the last finished one (docs/contracts.md, "Branches").
     pub at_turn: Option<u32>,
+    /// Fork where this earlier batch of the session forked: its children's history, and so
+    /// their cached prefix (a rerun of that batch's failed children).
+    pub fork_point_of: Option<BatchId>,
+    /// The JSON Schema the children's final replies must match.
+    pub output_schema: Option<OutputSchema>,
 }
 
 /// A submitted batch: its id and its children in directive order.
@@ -46,6 +52,10 @@ pub struct BatchOptions {
 pub struct SubmittedBatch {
     pub batch_id: BatchId,
     pub agent_ids: Vec<AgentId>,
+    /// How many of the session's messages its children inherit.
+    pub fork_point: u64,
+    /// Whether an idempotency key returned an earlier call's batch (nothing was forked now).
+    pub existing: bool,
 }
 
 /// A batch about to be stored: its fork message, the children it forks (tool_use id and
@@ -68,6 +78,8 @@ pub(crate) struct BatchStart {
     pub isolated: Vec<bool>,
     /// Where a client's batch forks, when it asked for an earlier turn than the last finished.
     pub fork_point: Option<u64>,
+    /// A client's batch's output schema.
+    pub output_schema: Option<OutputSchema>,
 }
 
 /// Fork batches: a client's through the fork plan, checked against the window at submission;
@@ -187,7 +199,7 @@ impl Batches {
     pub(crate) async fn check_children_fit(
         self: &Arc<Self>,
         session: &Session,
-        fork_point: Option<u64>,
+        (fork_point, schema): (Option<u64>, Option<&OutputSchema>),
         directives: &[&Directive],
     ) -> Result<()> {
         let Some(longest) = directives.iter().max_by_key(|d| d.prompt.len()) else {
@@ -196,7 +208,8 @@ impl Batches {
         let Some(room) = self.window.room(&session.params) else {
             return Ok(());
         };
-        let probe = ForkBatch::client(BatchId::new(), session.id, 0, 0);
+        let probe =
+            ForkBatch::client(BatchId::new(), session.id, 0, 0).with_output_schema(schema.cloned());
         let shared: u64 = probe.shared_user_blocks.iter().map(block_tokens).sum();
         let directive = ForkBatch::directive_block(longest);
         let point = match fork_point {
@@ -312,13 +325,22 @@ impl Batches {
         let forks =
             plan::plan_client(batch_id, &directives, &forker).map_err(EngineError::ForkRefused)?;
         let children: Vec<&Directive> = forks.iter().map(|(_, d)| d).collect();
-        let fork_point = match options.at_turn {
-            Some(k) => Some(self.point_after(&session, k).await?),
-            None => None,
+        let fork_point = match (options.at_turn, options.fork_point_of) {
+            (Some(_), Some(_)) => {
+                return Err(EngineError::InvalidRequest(
+                    "give at_turn or fork_point_of, not both".into(),
+                ));
+            }
+            (Some(k), None) => Some(self.point_after(&session, k).await?),
+            (None, Some(earlier)) => Some(self.point_of(&session, earlier).await?),
+            (None, None) => None,
         };
         self.check_children_fit(
             &session,
-            fork_point.or_else(|| self.turn_starts.finished_turns_end(session.id)),
+            (
+                fork_point.or_else(|| self.turn_starts.finished_turns_end(session.id)),
+                options.output_schema.as_ref(),
+            ),
             &children,
         )
         .await?;
@@ -365,6 +387,16 @@ impl Batches {
             {
                 parts.push(serde_json::json!({ "at_turn": k }));
             }
+            if let Some(earlier) = options.fork_point_of
+                && let Some(parts) = canonical.as_array_mut()
+            {
+                parts.push(serde_json::json!({ "fork_point_of": earlier.to_string() }));
+            }
+            if let Some(schema) = &options.output_schema
+                && let Some(parts) = canonical.as_array_mut()
+            {
+                parts.push(serde_json::json!({ "output_schema": schema.as_str() }));
+            }
             forkd_core::request::fingerprint(canonical.to_string().as_bytes())
         });
         let tenant = session.tenant;
@@ -387,6 +419,7 @@ impl Batches {
                     turn: None,
                     isolated: vec![options.isolation == Isolation::Copy; n],
                     fork_point,
+                    output_schema: options.output_schema,
                 };
                 let (Some(key), Some(digest)) = (key, digest) else {
                     return batches.commit_and_start(start).await;
@@ -416,11 +449,31 @@ impl Batches {
             .map_err(|e| EngineError::Invariant(format!("fork batch task failed: {e}")))?
     }
 
+    /// Where the session's earlier batch `earlier` forked: a point in the session's own
+    /// transcript (transcripts only grow, so it is still there, with the same history).
+    async fn point_of(&self, session: &Session, earlier: BatchId) -> Result<u64> {
+        let batch = self
+            .store
+            .get_batch(earlier)
+            .await?
+            .filter(|b| b.session_id == session.id)
+            .ok_or_else(|| {
+                EngineError::InvalidRequest(format!(
+                    "fork_point_of: session {} has no batch {earlier}",
+                    session.id
+                ))
+            })?;
+        Ok(batch.fork_point)
+    }
+
     /// The batch an earlier call submitted, by its stored id.
     async fn submitted(self: &Arc<Self>, id: &str) -> Result<SubmittedBatch> {
         let batch_id: BatchId = id.parse().map_err(|e| {
             EngineError::Invariant(format!("stored batch id {id:?} does not parse: {e}"))
         })?;
+        let fork_point = crate::lookup::batch(&*self.store, batch_id)
+            .await?
+            .fork_point;
         let agent_ids = self
             .store
             .list_agents(&AgentFilter {
@@ -435,6 +488,8 @@ impl Batches {
         Ok(SubmittedBatch {
             batch_id,
             agent_ids,
+            fork_point,
+            existing: true,
         })
     }
 
@@ -457,6 +512,7 @@ impl Batches {
             turn,
             isolated,
             fork_point: asked_point,
+            output_schema,
         } = start;
         // Known before the commit: once it is stored, nothing may keep the children from starting.
         let tenant = self.tenancy.session_owner(session_id).await?;
@@ -497,7 +553,8 @@ impl Batches {
                         .unwrap_or(len)
                         .min(len)
                 });
-                let batch = ForkBatch::client(batch_id, session_id, fork_point, now);
+                let batch = ForkBatch::client(batch_id, session_id, fork_point, now)
+                    .with_output_schema(output_schema);
                 let directives: Vec<Directive> = forks.into_iter().map(|(_, d)| d).collect();
                 let note = forkd_core::digest::launch_note(batch_id, &directives);
                 (batch, vec![note])
@@ -558,6 +615,8 @@ impl Batches {
         Ok(SubmittedBatch {
             batch_id,
             agent_ids,
+            fork_point: batch.fork_point,
+            existing: false,
         })
     }
 }

@@ -64,6 +64,7 @@ pub use mcp::McpRequest;
 pub use notify::NotificationStream;
 pub use parent::{Merged, ParentEvent, ParentEventStream};
 pub use permissions::{PermissionAnswer, PermissionPrompt, PromptStream};
+pub use run::typed::TypedOptions;
 pub use scoped::{SessionView, TenantEngine};
 pub use session::{ContextFile, NewSession, context_block};
 pub use stats::{CacheStats, StatsScope};
@@ -380,17 +381,18 @@ impl Engine {
     }
 
     /// Creates a typed agent in `session_id` and starts it; it reports through a notification.
-    /// With `isolation: copy` it works in its own copy of the workspace.
+    /// With `isolation: copy` it works in its own copy of the workspace; with an output schema,
+    /// its final reply is an object valid against it.
     pub async fn spawn_typed(
         &self,
         session_id: SessionId,
         subagent_type: &str,
         directive: forkd_core::Directive,
-        isolation: forkd_core::isolation::Isolation,
+        options: &TypedOptions,
     ) -> Result<AgentId, EngineError> {
         self.inner
             .runs
-            .spawn_typed(session_id, (subagent_type, isolation), directive)
+            .spawn_typed(session_id, (subagent_type, options), directive)
             .await
     }
 

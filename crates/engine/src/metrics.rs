@@ -28,6 +28,7 @@ pub const LIMITER_IN_FLIGHT: &str = "forkd_provider_limiter_in_flight";
 pub const LIMITER_WAITING: &str = "forkd_provider_limiter_waiting";
 pub const SNAPSHOT_SECONDS: &str = "forkd_isolation_snapshot_seconds";
 pub const SNAPSHOT_BYTES: &str = "forkd_isolation_snapshot_bytes";
+pub const SCHEMA_MISMATCHES: &str = "forkd_output_schema_mismatches_total";
 
 /// Describes every metric, and sets the counters that matter when they are zero (a divergence
 /// counter that is absent until the first divergence is hard to alert on).
@@ -120,7 +121,17 @@ pub fn describe() {
         LIMITER_WAITING,
         "Model requests waiting for admission, by provider and model"
     );
+    describe_counter!(
+        SCHEMA_MISMATCHES,
+        "Final replies that did not match their output schema, by outcome: follow_up (asked \
+         once more) or failed (the second mismatch ended the agent)"
+    );
     counter!(PREFIX_DIVERGENCES).absolute(0);
+}
+
+/// A final reply did not match its output schema: `follow_up` or `failed`.
+pub(crate) fn schema_mismatch(outcome: &'static str) {
+    counter!(SCHEMA_MISMATCHES, "outcome" => outcome).increment(1);
 }
 
 /// A refusal that the limiter answers by waiting and sending again.

@@ -14,6 +14,7 @@ pub(crate) mod typed;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
 
+use forkd_core::output;
 use forkd_core::store::{Lease, ProcessGroup, RequestRecord, Store, StoreError};
 use forkd_core::{AgentId, NotificationStatus, Role, SessionId};
 use forkd_provider::StreamEvent;
@@ -21,7 +22,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use gate::WarmupGate;
-pub(crate) use lifecycle::KILLED;
+pub(crate) use lifecycle::Ending;
 pub(crate) use load::{AgentRun, BatchCache, BatchContext, Shape};
 
 use crate::attach::Attach;
@@ -126,6 +127,12 @@ pub(crate) enum RunFailure {
     /// A newer run claimed the agent: this one stops without a word, the newer one goes on.
     #[error("superseded by a newer run of the agent")]
     Superseded,
+    /// Its final reply did not match its output schema, after the one follow-up.
+    #[error(
+        "the final reply did not match the output schema after one follow-up:\n{}",
+        output::list_violations(.0)
+    )]
+    Schema(Vec<String>),
 }
 
 impl From<EngineError> for RunFailure {
@@ -146,7 +153,7 @@ impl From<StoreError> for RunFailure {
 
 /// How a run ended: its end to record, or nothing to record (paused for shutdown, superseded,
 /// never claimed).
-type RunOutcome = Option<(Lease, NotificationStatus, Option<String>, Option<String>)>;
+type RunOutcome = Option<(Lease, Ending)>;
 
 impl Runs {
     async fn run_agent(
@@ -182,12 +189,7 @@ impl Runs {
                 g.open();
             }
             let partial = self.partial_text(id).await;
-            return Some((
-                *lease,
-                NotificationStatus::Killed,
-                partial,
-                Some(KILLED.to_owned()),
-            ));
+            return Some((*lease, Ending::killed(partial)));
         }
         let outcome = match &lease {
             Some(lease) => Some(self.drive(lease, &mut gate, cancel).await),
@@ -198,7 +200,15 @@ impl Runs {
         }
         let (lease, outcome) = lease.zip(outcome)?;
         match outcome {
-            Ok(text) => Some((lease, NotificationStatus::Completed, Some(text), None)),
+            Ok(Final { text, structured }) => Some((
+                lease,
+                Ending {
+                    status: NotificationStatus::Completed,
+                    text: Some(text),
+                    structured,
+                    error: None,
+                },
+            )),
             Err(RunFailure::Draining) => {
                 tracing::info!("Agent run paused for shutdown; it resumes at the next start");
                 None
@@ -209,23 +219,18 @@ impl Runs {
             }
             Err(failure) => {
                 tracing::warn!(error = %failure, "Agent failed");
-                Some((
-                    lease,
-                    NotificationStatus::Failed,
-                    None,
-                    Some(failure.to_string()),
-                ))
+                Some((lease, Ending::failed(failure.to_string())))
             }
         }
     }
 
-    /// Runs the agent's turns from wherever its transcript stands; returns its final text.
+    /// Runs the agent's turns from wherever its transcript stands; returns its final reply.
     async fn drive(
         self: &Arc<Self>,
         lease: &Lease,
         gate: &mut Option<WarmupGate>,
         cancel: &CancellationToken,
-    ) -> Result<String, RunFailure> {
+    ) -> Result<Final, RunFailure> {
         let mut run = self.load_run(lease.agent_id).await?;
         let max_turns = self.config.max_turns;
         // Turns already taken (a later run of the same agent continues the count).
@@ -234,7 +239,37 @@ impl Runs {
             if let Some(last) = run.own.last().filter(|m| m.role == Role::Assistant)
                 && last.tool_uses().next().is_none()
             {
-                return Ok(last.text());
+                let text = last.text();
+                let Some(schema) = run.output_schema() else {
+                    return Ok(Final {
+                        text,
+                        structured: None,
+                    });
+                };
+                match schema.check(&text) {
+                    Ok(object) => {
+                        return Ok(Final {
+                            text,
+                            structured: Some(object),
+                        });
+                    }
+                    // Checked again on every start from the stored transcript, so a restart
+                    // decides as this run did: one follow-up, then failed.
+                    Err(violations) if run.own.iter().any(output::is_follow_up) => {
+                        crate::metrics::schema_mismatch("failed");
+                        return Err(RunFailure::Schema(violations));
+                    }
+                    Err(violations) => {
+                        tracing::info!(
+                            violations = violations.len(),
+                            "The final reply does not match the output schema; asking once more"
+                        );
+                        crate::metrics::schema_mismatch("follow_up");
+                        let follow_up = output::follow_up(&violations);
+                        self.attach.append_own(lease, &follow_up).await?;
+                        run.own.push(follow_up);
+                    }
+                }
             }
             if self.supervisor.draining() {
                 return Err(RunFailure::Draining);
@@ -350,6 +385,12 @@ impl Runs {
             self.divergences.compare(&first, record);
         }
     }
+}
+
+/// A run's final reply: its text, and the object it holds when the agent has an output schema.
+pub(crate) struct Final {
+    text: String,
+    structured: Option<serde_json::Value>,
 }
 
 /// A fork child's or typed agent's request, as [`Compactor::request_compacting`](crate::compact::Compactor::request_compacting) makes it.

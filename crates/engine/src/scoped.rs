@@ -245,11 +245,11 @@ impl TenantEngine<'_> {
         id: SessionId,
         subagent_type: &str,
         directive: Directive,
-        isolation: forkd_core::isolation::Isolation,
+        options: &crate::TypedOptions,
     ) -> Result<AgentId> {
         self.own_session_id(id).await?;
         self.engine
-            .spawn_typed(id, subagent_type, directive, isolation)
+            .spawn_typed(id, subagent_type, directive, options)
             .await
     }
 

@@ -623,7 +623,7 @@ async fn a_typed_agent_compacts_keeping_its_prompt() {
         ),
     };
     let id = engine
-        .spawn_typed(s.id, "general-purpose", directive, Default::default())
+        .spawn_typed(s.id, "general-purpose", directive, &Default::default())
         .await
         .unwrap();
     let n = common::ended(&engine, id).await;

@@ -177,7 +177,10 @@ async fn a_typed_agent_in_a_copy_edits_its_own_and_applies_like_a_child() {
                 description: "edit".into(),
                 prompt: prompt.into(),
             },
-            Isolation::Copy,
+            &forkd_engine::TypedOptions {
+                isolation: Isolation::Copy,
+                ..Default::default()
+            },
         )
         .await
         .unwrap();

@@ -114,13 +114,28 @@ pub fn usage_json(usage: Option<&Usage>) -> Value {
 fn report_json(report: Option<&Report>) -> Value {
     let empty = Report::default();
     let report = report.unwrap_or(&empty);
-    json!({
+    let mut value = json!({
         "scope": report.scope,
         "result": report.result,
         "key_files": report.key_files,
         "files_changed": report.files_changed,
         "issues": report.issues,
-    })
+    });
+    // Under an output schema only: the object itself, not its text.
+    if let Some(structured) = structured(report)
+        && let Some(map) = value.as_object_mut()
+    {
+        map.insert("structured".into(), structured);
+    }
+    value
+}
+
+/// The object a report's final reply held under an output schema, if any.
+pub fn structured(report: &Report) -> Option<Value> {
+    if report.structured_json.is_empty() {
+        return None;
+    }
+    serde_json::from_str(&report.structured_json).ok()
 }
 
 /// A task notification (`watch`, `fork --wait`).

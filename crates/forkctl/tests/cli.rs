@@ -375,3 +375,36 @@ fn ui_prints_the_link_and_asks_for_it_over_the_unix_socket_only() -> anyhow::Res
     assert!(run.stdout.is_empty(), "{run:?}");
     Ok(())
 }
+
+#[test]
+fn fork_sends_its_output_schema_checked_and_compact() -> anyhow::Result<()> {
+    let daemon = FakeDaemon::start(Script::default())?;
+    let schema = daemon.dir.path().join("verdict.json");
+    std::fs::write(
+        &schema,
+        "{\n  \"type\": \"object\",\n  \"required\": [\"verdict\"]\n}\n",
+    )?;
+    let path = schema.display().to_string();
+    let run = forkctl(
+        &daemon.addr(),
+        Some(TOKEN),
+        &["fork", "S1", "-d", "Judge it", "--output-schema", &path],
+    )?;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    std::fs::write(&schema, r#"{"type": "objet"}"#)?;
+    let bad = forkctl(
+        &daemon.addr(),
+        Some(TOKEN),
+        &["fork", "S1", "-d", "Judge it", "--output-schema", &path],
+    )?;
+    assert_eq!(bad.code, Some(4), "{bad:?}");
+    assert!(bad.stderr.contains("verdict.json"), "{bad:?}");
+    assert!(bad.stderr.contains("not a valid JSON Schema"), "{bad:?}");
+    let recorded = daemon.recorded()?;
+    assert_eq!(recorded.fork.len(), 1, "the bad schema never left forkctl");
+    assert_eq!(
+        recorded.fork[0].output_schema,
+        r#"{"type":"object","required":["verdict"]}"#
+    );
+    Ok(())
+}

@@ -83,24 +83,30 @@ fn write_batch(dir: &Path, key: &str, directives: &[&str]) -> PathBuf {
 }
 
 /// The `<testcase>` elements of a JUnit file, parsed (so the file must be well-formed XML) as
-/// (name, classname, failure message).
-fn junit_cases(path: &Path) -> Vec<(String, String, Option<String>)> {
+/// (name, classname, failure text, failure type).
+fn junit_cases(path: &Path) -> Vec<(String, String, Option<String>, Option<String>)> {
     let xml = std::fs::read_to_string(path).unwrap();
     let doc = roxmltree::Document::parse(&xml).unwrap_or_else(|e| panic!("{e}: {xml}"));
     assert_eq!(doc.root_element().tag_name().name(), "testsuites");
     doc.descendants()
         .filter(|n| n.has_tag_name("testcase"))
         .map(|case| {
-            let failure = case
-                .children()
-                .find(|n| n.has_tag_name("failure"))
-                .map(|f| f.text().unwrap_or_default().to_owned());
+            let failure = case.children().find(|n| n.has_tag_name("failure"));
             (
                 case.attribute("name").unwrap().to_owned(),
                 case.attribute("classname").unwrap().to_owned(),
-                failure,
+                failure.map(|f| f.text().unwrap_or_default().to_owned()),
+                failure.and_then(|f| f.attribute("type").map(str::to_owned)),
             )
         })
+        .collect()
+}
+
+/// Each case's name and failure type, in order.
+fn junit_failure_types(path: &Path) -> Vec<(String, Option<String>)> {
+    junit_cases(path)
+        .into_iter()
+        .map(|(name, _, _, failure)| (name, failure))
         .collect()
 }
 
@@ -141,7 +147,7 @@ async fn running_a_file_twice_attaches_to_the_same_batch() {
 
         let cases = junit_cases(&junit);
         assert_eq!(cases.len(), 3);
-        for (i, (name, classname, failure)) in cases.iter().enumerate() {
+        for (i, (name, classname, failure, _)) in cases.iter().enumerate() {
             assert_eq!(name, &format!("part {}", i + 1));
             assert_eq!(classname, ids["batch_id"].as_str().unwrap());
             assert_eq!(failure, &None);
@@ -395,4 +401,132 @@ async fn a_thousand_children_get_a_compact_summary_and_a_full_junit_file() {
     let cases = junit_cases(&junit);
     assert_eq!(cases.len(), 1000);
     assert_eq!(cases.iter().filter(|c| c.2.is_some()).count(), 1);
+}
+
+#[tokio::test]
+async fn rerun_failed_reruns_exactly_the_failures_once_and_merges_the_junit() {
+    let daemon = spawn_daemon().await.unwrap();
+    // A scripted 400 fails a request once: the rerun of the same directive succeeds.
+    let (dir, batch) = batch_dir(
+        "flaky",
+        &[
+            "fine one",
+            "Flaky A.\n@sim fail 400",
+            "fine two",
+            "Flaky B.\n@sim fail 400",
+            "Flaky C.\n@sim fail 400",
+        ],
+    );
+    let junit = dir.path().join("first.xml");
+    let out = run_with_junit(&daemon, &batch, &junit).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let failed: Vec<String> = junit_failure_types(&junit)
+        .into_iter()
+        .filter(|(_, failure)| failure.is_some())
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(failed, ["part 2", "part 4", "part 5"]);
+
+    let merged = dir.path().join("merged.xml");
+    let rerun = |junit: &Path| {
+        let args = [
+            "--json",
+            "run",
+            batch.to_str().unwrap(),
+            "--rerun-failed",
+            "--junit",
+            junit.to_str().unwrap(),
+        ]
+        .map(str::to_owned);
+        let daemon = &daemon;
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            forkctl(daemon, &args).await
+        }
+    };
+    let out = rerun(&merged).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let lines = json_lines(&out.stdout);
+    let submitted = &lines[0];
+    assert_eq!(submitted["agent_ids"].as_array().unwrap().len(), 3);
+    let summary = lines.last().unwrap();
+    assert_eq!(
+        (&summary["children"], &summary["completed"]),
+        (&json!(5), &json!(5))
+    );
+    assert_eq!(summary["batches"].as_array().unwrap().len(), 2);
+    // The whole file: the earlier successes and the rerun's, in the file's order.
+    let cases = junit_failure_types(&merged);
+    let names: Vec<&str> = cases.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["part 1", "part 2", "part 3", "part 4", "part 5"]);
+    assert!(cases.iter().all(|(_, f)| f.is_none()), "{cases:?}");
+
+    // Again: the same rerun batch, nothing forked.
+    let again = dir.path().join("again.xml");
+    let out = rerun(&again).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        json_lines(&out.stdout)[0]["batch_id"],
+        submitted["batch_id"]
+    );
+    assert_eq!(junit_failure_types(&again), cases);
+    let human = forkctl(&daemon, &["run", batch.to_str().unwrap(), "--rerun-failed"]).await;
+    assert!(
+        stderr(&human).contains("nothing to rerun"),
+        "{}",
+        stderr(&human)
+    );
+}
+
+#[tokio::test]
+async fn a_schema_batch_reports_objects_and_fail_when_turns_a_verdict_red() {
+    let daemon = spawn_daemon().await.unwrap();
+    let (dir, batch) = batch_dir(
+        "verdicts",
+        &[
+            "Review A.\n@sim json {\"verdict\":\"pass\",\"findings\":[]}",
+            "Review B.\n@sim json {\"verdict\":\"fail\",\"findings\":[\"x.rs:3\"]}",
+        ],
+    );
+    let mut yaml = std::fs::read_to_string(&batch).unwrap();
+    yaml.push_str(
+        "output_schema:\n  type: object\n  required: [verdict, findings]\n  properties:\n    \
+         verdict: {enum: [pass, fail]}\n    findings: {type: array, items: {type: string}}\n",
+    );
+    std::fs::write(&batch, yaml).unwrap();
+    let junit = dir.path().join("out.xml");
+    let args = [
+        "--json",
+        "run",
+        batch.to_str().unwrap(),
+        "--junit",
+        junit.to_str().unwrap(),
+        "--junit-fail-when",
+        "$.verdict=fail",
+    ];
+    let out = forkctl(&daemon, &args).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let lines = json_lines(&out.stdout);
+    let structured: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l.get("seq").is_some())
+        .map(|n| &n["report"]["structured"])
+        .collect();
+    assert_eq!(structured.len(), 2);
+    assert!(
+        structured.contains(&&json!({"verdict": "fail", "findings": ["x.rs:3"]})),
+        "{lines:?}"
+    );
+    let summary = lines.last().unwrap();
+    assert_eq!(
+        (&summary["completed"], &summary["failed_when"]),
+        (&json!(2), &json!(1))
+    );
+    assert_eq!(
+        junit_failure_types(&junit),
+        [
+            ("part 1".to_owned(), None),
+            ("part 2".to_owned(), Some("fail-when".to_owned()))
+        ]
+    );
 }

@@ -257,3 +257,83 @@ async fn a_prompt_too_long_compacts_the_session_and_retries_once() {
     let compacted = transcript.iter().filter(|m| m.compaction).count();
     assert_eq!(compacted, 1);
 }
+
+/// An output schema through the `anthropic` provider and `forkd sim-server`: a valid object
+/// completes its child, a mismatch gets one follow-up, a second one fails the child; children
+/// 2..N read the shared prefix, schema block included. Bad schemas are INVALID_ARGUMENT, a
+/// remote `$ref` among them (nothing is fetched: no resolver is built in).
+#[tokio::test]
+async fn an_output_schema_shapes_the_reports_against_sim_server() {
+    let workspace = tempfile::tempdir().unwrap();
+    let url = sim_server(StreamCuts::default()).await;
+    let daemon = spawn_daemon_with(|c| use_sim_server(c, url)).await.unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(&mut client, session_request(workspace.path()))
+        .await
+        .unwrap();
+    let schema = serde_json::json!({
+        "type": "object",
+        "required": ["verdict", "findings"],
+        "properties": {
+            "verdict": {"enum": ["pass", "fail"]},
+            "findings": {"type": "array", "items": {"type": "string"}}
+        }
+    });
+    let prompts = [
+        "Valid.\n@sim json {\"verdict\":\"pass\",\"findings\":[]}",
+        "Fixed.\n@sim json {\"verdict\":\"maybe\",\"findings\":[]}\n\
+         @sim json {\"verdict\":\"fail\",\"findings\":[\"a.rs\"]}",
+        "Wrong.\n@sim json {\"findings\":1}\n@sim json {\"findings\":2}",
+    ];
+    let request = |output_schema: String| pb::ForkBatchRequest {
+        session_id: session.session_id.clone(),
+        directives: directives(&prompts),
+        output_schema,
+        ..Default::default()
+    };
+    for (bad, needle) in [
+        (r#"{"type": "objet"}"#, "not a valid JSON Schema"),
+        (
+            r#"{"$ref": "https://example.com/s.json"}"#,
+            "not a valid JSON Schema",
+        ),
+        ("[1]", "must be a JSON object"),
+    ] {
+        let err = client.fork_batch(request(bad.into())).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{bad}: {err:?}");
+        assert!(err.message().contains(needle), "{bad}: {}", err.message());
+    }
+    let submitted = client
+        .fork_batch(request(schema.to_string()))
+        .await
+        .unwrap()
+        .into_inner();
+    let done = wait_for_batch(&mut client, &submitted.batch_id, prompts.len(), DEADLINE)
+        .await
+        .unwrap();
+    let note = |i: usize| {
+        done.iter()
+            .find(|n| n.agent_id == submitted.agent_ids[i])
+            .unwrap()
+    };
+    let structured = |i: usize| -> serde_json::Value {
+        serde_json::from_str(&note(i).report.as_ref().unwrap().structured_json).unwrap()
+    };
+    assert_eq!(note(0).status, pb::NotificationStatus::Completed as i32);
+    assert_eq!(
+        structured(0),
+        serde_json::json!({"verdict": "pass", "findings": []})
+    );
+    assert_eq!(note(1).status, pb::NotificationStatus::Completed as i32);
+    assert_eq!(structured(1)["findings"], serde_json::json!(["a.rs"]));
+    assert_eq!(note(2).status, pb::NotificationStatus::Failed as i32);
+    let issues = &note(2).report.as_ref().unwrap().issues;
+    assert!(issues.contains("after one follow-up"), "{issues}");
+    assert!(issues.contains("at /findings"), "{issues}");
+    // Children 2..N: only their directive (and, for those asked again, their own turns) is not
+    // read from the cache; the first request of each reads the shared part whole.
+    for i in 1..prompts.len() {
+        let usage = note(i).usage.unwrap();
+        assert!(usage.cache_read_input_tokens > 1024, "{usage:?}");
+    }
+}

@@ -630,3 +630,48 @@ async fn a_branch_and_its_origin_link_to_each_other() {
     assert_eq!(shown["branch"]["point"], branch.branch_point);
     assert_eq!(shown["branches"], json!([]));
 }
+
+#[tokio::test]
+async fn a_schema_childs_page_gets_its_structured_report() {
+    let (daemon, base) = daemon_with_ui().await;
+    let alice = daemon.tokens().create("alice").unwrap().expose().to_owned();
+    let mut client = daemon.client().await.unwrap();
+    let auth: tonic::metadata::MetadataValue<_> = format!("Bearer {alice}").parse().unwrap();
+    let mut req = tonic::Request::new(session_request(daemon.home_path()));
+    req.metadata_mut().insert("authorization", auth.clone());
+    let session = client.create_session(req).await.unwrap().into_inner();
+    let mut req = tonic::Request::new(pb::ForkBatchRequest {
+        session_id: session.session.unwrap().session_id,
+        directives: vec![pb::Directive {
+            description: "judge".into(),
+            prompt: "Judge.\n@sim json {\"verdict\":\"pass\"}".into(),
+        }],
+        output_schema: r#"{"type":"object","required":["verdict"]}"#.into(),
+        ..Default::default()
+    });
+    req.metadata_mut().insert("authorization", auth);
+    let child = client.fork_batch(req).await.unwrap().into_inner().agent_ids[0].clone();
+    let page = signed_in(&base, &alice).await;
+    let res = http()
+        .get(format!("{base}/api/live/agents/{child}?from=0"))
+        .header(COOKIE, &page.cookie)
+        .send()
+        .await
+        .unwrap();
+    let mut events = res.bytes_stream().eventsource();
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(event) = events.next().await {
+            let event = event.unwrap();
+            if event.event == "ended" {
+                return serde_json::from_str::<Value>(&event.data).unwrap();
+            }
+        }
+        panic!("the stream ended without the agent's end");
+    })
+    .await
+    .expect("the stream stalled");
+    assert_eq!(
+        ended["report"]["structured"],
+        serde_json::json!({"verdict": "pass"})
+    );
+}

@@ -14,6 +14,7 @@ mod cache;
 mod limit;
 mod reply;
 mod request;
+mod schema;
 mod script;
 mod stream;
 

@@ -2,6 +2,7 @@
 //! engine takes, the engine's values and events into messages.
 
 use forkd_core::calc::ForkCostEstimate;
+use forkd_core::output::OutputSchema;
 use forkd_core::report::Report;
 use forkd_core::session::{PermissionMode, SandboxMode};
 use forkd_core::tenant::Budget;
@@ -116,6 +117,11 @@ fn report(r: &Report) -> pb::Report {
         key_files: r.key_files.clone(),
         files_changed: r.files_changed.clone(),
         issues: r.issues.clone(),
+        structured_json: r
+            .structured
+            .as_ref()
+            .map(serde_json::Value::to_string)
+            .unwrap_or_default(),
     }
 }
 
@@ -268,7 +274,25 @@ pub(crate) fn batch_options(req: &pb::ForkBatchRequest) -> Result<BatchOptions, 
         },
         isolation: req.isolation.parse()?,
         at_turn: req.at_turn,
+        fork_point_of: Some(req.fork_point_of.trim())
+            .filter(|id| !id.is_empty())
+            .map(|id| {
+                id.parse()
+                    .map_err(|e| format!("fork_point_of is not a batch id: {e}"))
+            })
+            .transpose()?,
+        output_schema: output_schema(&req.output_schema)?,
     })
+}
+
+/// A request's `output_schema`: empty for none, else a schema the daemon accepts.
+pub(crate) fn output_schema(text: &str) -> Result<Option<OutputSchema>, String> {
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    OutputSchema::parse(text)
+        .map(Some)
+        .map_err(|e| e.to_string())
 }
 
 /// An isolated child's changes on the wire.

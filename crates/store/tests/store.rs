@@ -217,6 +217,9 @@ async fn other_agents_can_be_inserted_beside_the_trait(store: TestStore) -> Test
             max_tokens: 4096,
         },
         permission_mode: forkd_core::session::PermissionMode::Plan,
+        output_schema: Some(forkd_core::output::OutputSchema::parse(
+            r#"{"type":"object","properties":{"verdict":{"enum":["pass","fail"]}}}"#,
+        )?),
     };
     store
         .insert_agent(

@@ -474,7 +474,10 @@ async fn a_client_batch_reports_with_one_digest_when_its_last_child_ends(
         "{refused:?}"
     );
     // ...but may fork before it (a finished turn, while a later one is in flight).
-    let fx = client_fork(&session, 3, 3)?;
+    // With an output schema, which the batch's row keeps beside its shared blocks.
+    let mut fx = client_fork(&session, 3, 3)?;
+    let schema = forkd_core::output::OutputSchema::parse(r#"{"type":"object","required":["v"]}"#)?;
+    fx.batch = fx.batch.clone().with_output_schema(Some(schema));
     store
         .create_fork_batch(
             &fx.batch,

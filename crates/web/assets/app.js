@@ -563,7 +563,11 @@ async function agentView(id) {
   const drawReport = (n) => report.replaceChildren(h('h2', {}, 'Report · ', n.status),
     h('div', { class: 'panel', id: 'report-text' },
       n.report.scope ? h('p', {}, h('b', {}, 'Scope: '), n.report.scope) : '',
-      n.report.result ? h('div', { class: 'text' }, n.report.result) : h('p', {}, n.summary),
+      n.report.structured !== undefined
+        ? h('div', {}, h('b', {}, 'Structured report (output schema):'),
+          h('pre', { id: 'report-structured', class: 'text mono' }, JSON.stringify(n.report.structured, null, 2)))
+        : n.report.result ? h('div', { class: 'text' }, n.report.result) : h('p', {}, n.summary),
+      n.report.files_changed?.length ? h('p', {}, h('b', {}, 'Files changed: '), n.report.files_changed.join(', ')) : '',
       n.report.issues ? h('p', {}, h('b', {}, 'Issues: '), n.report.issues) : '',
       n.report.key_files?.length ? h('p', {}, h('b', {}, 'Key files: '), n.report.key_files.join(', ')) : ''));
 

@@ -18,7 +18,7 @@ use crate::batch::{BatchStart, SubmittedBatch};
 use crate::clock::now_ms;
 use crate::error::{EngineError, Result};
 use crate::run::tools::ToolTurn;
-use crate::run::typed::{TypedCall, TypedOutcome};
+use crate::run::typed::{TypedCall, TypedOptions, TypedOutcome};
 
 /// What the parent's reply forks: valid fork calls become children; the reply's other tool calls
 /// (a typed agent, an invalid fork call, any other tool) get results of their own.
@@ -115,7 +115,7 @@ impl Turns {
                 subagent_type: &ty,
                 handoff: Some(&turn.handoff),
                 waited: &turn.waited,
-                isolation: asks(&reply, &id),
+                options: asks(&reply, &id),
             };
             let (result, outcome) = self.runs.typed_call(call, directive).await;
             match outcome {
@@ -168,6 +168,7 @@ impl Turns {
                 turn: Some((turn.lease, delivered)),
                 isolated,
                 fork_point: None,
+                output_schema: None,
             })
             .await?;
         send(events, ParentEvent::ForkLaunched(submitted.clone())).await;
@@ -273,7 +274,7 @@ impl Turns {
 
         let (mut forks, mut isolated) = (Vec::new(), Vec::new());
         for (id, directive) in plan.forks {
-            let copy = asks(reply, &id) == forkd_core::isolation::Isolation::Copy;
+            let copy = asks(reply, &id).isolation == forkd_core::isolation::Isolation::Copy;
             if copy && let Err(refused) = crate::copies::Copies::check(session) {
                 let text =
                     format!("This fork call was refused: {refused}. Fork it without isolation.");
@@ -292,13 +293,15 @@ impl Turns {
     }
 }
 
-/// What the `Agent` call `id` of `reply` asks for its agent's workspace (the plan refused a bad
-/// value).
-fn asks(reply: &Message, id: &str) -> forkd_core::isolation::Isolation {
-    reply
+/// What the `Agent` call `id` of `reply` asks for its agent's workspace and output (the plan
+/// refused bad values).
+fn asks(reply: &Message, id: &str) -> TypedOptions {
+    let input = reply
         .tool_uses()
         .find(|(use_id, _, _)| *use_id == id)
-        .and_then(|(_, _, block)| block.tool_input())
-        .and_then(|input| plan::isolation_of(&input).ok())
-        .unwrap_or_default()
+        .and_then(|(_, _, block)| block.tool_input());
+    input.map_or_else(TypedOptions::default, |input| TypedOptions {
+        isolation: plan::isolation_of(&input).unwrap_or_default(),
+        output_schema: plan::output_schema_of(&input).unwrap_or_default(),
+    })
 }

@@ -17,10 +17,42 @@ use crate::error::EngineError;
 use crate::supervisor::Raced;
 
 /// The error a killed agent ends with.
-pub(crate) const KILLED: &str = "killed by a client before it finished";
+const KILLED: &str = "killed by a client before it finished";
 
 /// How often an agent's end is attempted before giving up (about a minute in all).
 const FINISH_ATTEMPTS: u32 = 16;
+
+/// How an agent ended, as its notification records it.
+#[derive(Debug, Clone)]
+pub(crate) struct Ending {
+    pub status: NotificationStatus,
+    /// Its final reply, or what it had said when it was killed.
+    pub text: Option<String>,
+    /// The object its final reply held, valid against its output schema.
+    pub structured: Option<serde_json::Value>,
+    pub error: Option<String>,
+}
+
+impl Ending {
+    /// Killed, with whatever it had said so far.
+    pub(crate) fn killed(partial: Option<String>) -> Self {
+        Self {
+            status: NotificationStatus::Killed,
+            text: partial,
+            structured: None,
+            error: Some(KILLED.to_owned()),
+        }
+    }
+
+    pub(crate) fn failed(error: String) -> Self {
+        Self {
+            status: NotificationStatus::Failed,
+            text: None,
+            structured: None,
+            error: Some(error),
+        }
+    }
+}
 
 impl Runs {
     /// Starts a new run of an existing agent: it rebuilds its conversation from the store and
@@ -87,8 +119,8 @@ impl Runs {
                     .race(id, &token, runs.run_agent(id, gate, wait, &token))
                     .await
                 {
-                    Raced::Done(Some((lease, status, text, error))) => {
-                        runs.finish_with_retries(&lease, status, text, error).await;
+                    Raced::Done(Some((lease, ending))) => {
+                        runs.finish_with_retries(&lease, ending).await;
                     }
                     // Paused by the shutdown drain (stays `running` for the next start), or
                     // superseded by a newer run, which records the end.
@@ -183,13 +215,8 @@ impl Runs {
         // Its run is gone; what its Bash calls started is killed, and now waited for.
         self.stop_cut_off_groups(id).await;
         let partial = self.partial_text(id).await;
-        self.finish_with_retries(
-            &lease,
-            NotificationStatus::Killed,
-            partial,
-            Some(KILLED.to_owned()),
-        )
-        .await;
+        self.finish_with_retries(&lease, Ending::killed(partial))
+            .await;
     }
 
     /// What a killed agent had said so far: the text of its last reply, if any.
@@ -221,19 +248,10 @@ impl Runs {
 
     /// Records an agent's end, retrying a store that is briefly unavailable (a busy database):
     /// an agent whose end is never recorded would keep its subscribers waiting forever.
-    pub(crate) async fn finish_with_retries(
-        self: &Arc<Self>,
-        lease: &Lease,
-        status: NotificationStatus,
-        text: Option<String>,
-        error: Option<String>,
-    ) {
+    pub(crate) async fn finish_with_retries(self: &Arc<Self>, lease: &Lease, ending: Ending) {
         let mut delay = Duration::from_millis(100);
         for attempt in 1..=FINISH_ATTEMPTS {
-            match self
-                .finish(lease, status, text.clone(), error.clone())
-                .await
-            {
+            match self.finish(lease, &ending).await {
                 Ok(()) => return,
                 // Already ended (by an earlier attempt that committed, or a kill), or taken over
                 // by a newer run, which records its own end: nothing to do.
@@ -254,24 +272,39 @@ impl Runs {
 
     /// Records the agent's end: its state, its notification (stored, appended to the parent's
     /// transcript, then pushed to subscribers, in that order).
-    async fn finish(
-        self: &Arc<Self>,
-        lease: &Lease,
-        status: NotificationStatus,
-        final_text: Option<String>,
-        error: Option<String>,
-    ) -> Result<(), EngineError> {
+    async fn finish(self: &Arc<Self>, lease: &Lease, ending: &Ending) -> Result<(), EngineError> {
+        let Ending {
+            status,
+            text: final_text,
+            structured,
+            error,
+        } = ending;
+        let status = *status;
         let store = &self.store;
         let id = lease.agent_id;
         let agent = crate::lookup::agent(&*self.store, id).await?;
+        let scope = || {
+            agent
+                .directive
+                .as_ref()
+                .map(|d| d.description.clone())
+                .unwrap_or_default()
+        };
         let report = match (&final_text, &error) {
+            // The object is the result; forkd's own facts are set beside it below.
+            (Some(_), _) if structured.is_some() => Report {
+                scope: scope(),
+                result: structured
+                    .as_ref()
+                    .map(serde_json::Value::to_string)
+                    .unwrap_or_default(),
+                files_changed: self.written_paths(id).await?,
+                structured: structured.clone(),
+                ..Report::default()
+            },
             (Some(text), _) => Report::parse(text),
             (None, Some(err)) => Report {
-                scope: agent
-                    .directive
-                    .as_ref()
-                    .map(|d| d.description.clone())
-                    .unwrap_or_default(),
+                scope: scope(),
                 result: match status {
                     NotificationStatus::Killed => format!("Killed: {err}"),
                     _ => format!("Failed: {err}"),
@@ -342,6 +375,33 @@ impl Runs {
         self.notifications.publish(stored);
         crate::metrics::notification(status.as_str(), committing.elapsed());
         Ok(())
+    }
+
+    /// The paths an agent's `Write` and `Edit` calls wrote, in the order it first wrote them:
+    /// the "Files changed" of a report whose text is an object the agent's schema shaped.
+    async fn written_paths(&self, id: forkd_core::AgentId) -> Result<Vec<String>, EngineError> {
+        let mut paths: Vec<String> = Vec::new();
+        for call in self.store.tool_calls(id).await? {
+            let succeeded = call.result.as_ref().is_some_and(|r| {
+                r.raw()
+                    .value()
+                    .get("is_error")
+                    .and_then(serde_json::Value::as_bool)
+                    != Some(true)
+            });
+            if !succeeded || !matches!(call.name.as_str(), "Write" | "Edit") {
+                continue;
+            }
+            let path = serde_json::from_str::<serde_json::Value>(&call.input_json)
+                .ok()
+                .and_then(|input| Some(input.get("file_path")?.as_str()?.to_owned()));
+            if let Some(path) = path
+                && !paths.contains(&path)
+            {
+                paths.push(path);
+            }
+        }
+        Ok(paths)
     }
 
     /// Whether `agent` called an MCP tool its session's operator did not mark read-only: such a

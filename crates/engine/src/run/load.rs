@@ -8,6 +8,7 @@ use std::sync::{Arc, Weak};
 
 use forkd_core::compaction::{self, Compaction};
 use forkd_core::fork::ForkBatch;
+use forkd_core::output::OutputSchema;
 use forkd_core::request::{BlockPos, Conversation};
 use forkd_core::session::{CacheSafeParams, PermissionMode, Session};
 use forkd_core::store::RequestRecord;
@@ -53,9 +54,19 @@ pub(crate) struct AgentRun {
     pub(crate) compactions: Vec<Compaction>,
     /// A typed agent's tools and system prompt in tokens, counted at its first request.
     pub(crate) head_tokens: std::sync::OnceLock<u64>,
+    /// A typed agent's output schema (a fork child's is its batch's).
+    pub(crate) own_schema: Option<OutputSchema>,
 }
 
 impl AgentRun {
+    /// The JSON Schema the agent's final reply must match, if any.
+    pub(crate) fn output_schema(&self) -> Option<&OutputSchema> {
+        match &self.shape {
+            Shape::Fork { ctx } => ctx.batch.output_schema.as_ref(),
+            Shape::Typed => self.own_schema.as_ref(),
+        }
+    }
+
     /// The conversation of the agent's next request: its view from its latest boundary.
     pub(crate) fn conversation(&self) -> Conversation {
         self.view(self.compactions.last(), self.own.len())
@@ -81,7 +92,11 @@ impl AgentRun {
                 .child_conversation(&ctx.history, &self.directive, own),
             Shape::Typed => {
                 let mut messages = Vec::with_capacity(1 + own.len());
-                messages.push(Message::user(vec![self.directive.clone()]));
+                // The schema block after the prompt, as a batch's follows its boilerplate.
+                let first = std::iter::once(self.directive.clone())
+                    .chain(self.own_schema.as_ref().map(OutputSchema::block))
+                    .collect();
+                messages.push(Message::user(first));
                 messages.extend_from_slice(own);
                 Conversation::plain(messages)
             }
@@ -172,6 +187,7 @@ impl Runs {
             .map(|m| m.message)
             .collect();
         let compactions = store.agent_compactions(id).await?;
+        let mut own_schema = None;
         let (session, params, permission_mode, shape) = match agent.kind {
             AgentKind::Fork => {
                 let ctx = self.batch_context(&agent).await?;
@@ -190,6 +206,7 @@ impl Runs {
                             id: id.to_string(),
                         })?;
                 let session = self.sessions.get(agent.session_id).await?;
+                own_schema = own_params.output_schema;
                 (
                     session,
                     own_params.params,
@@ -214,6 +231,7 @@ impl Runs {
             own,
             compactions,
             head_tokens: std::sync::OnceLock::new(),
+            own_schema,
         })
     }
 }

@@ -27,7 +27,7 @@ use super::Runs;
 use crate::clock::now_ms;
 use crate::error::{EngineError, Result};
 use crate::permissions::{PermissionAnswer, PermissionPrompt};
-use crate::run::typed::{TypedCall, TypedOutcome};
+use crate::run::typed::{TypedCall, TypedOptions, TypedOutcome};
 
 /// Bytes in a MiB, for messages.
 const MIB: f64 = (1u64 << 20) as f64;
@@ -579,8 +579,11 @@ impl Runs {
             subagent_type: &subagent_type,
             handoff: None,
             waited: &waited,
-            // The plan refused a bad value.
-            isolation: forkd_core::plan::isolation_of(input).unwrap_or_default(),
+            // The plan refused bad values.
+            options: TypedOptions {
+                isolation: forkd_core::plan::isolation_of(input).unwrap_or_default(),
+                output_schema: forkd_core::plan::output_schema_of(input).unwrap_or_default(),
+            },
         };
         let (block, outcome) = self.typed_call(call, directive).await;
         // The report is in this call's result, or goes to the session's transcript.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use forkd_core::isolation::Isolation;
+use forkd_core::output::OutputSchema;
 use forkd_core::session::{CacheSafeParams, RenderedSystem, ToolsJson};
 use forkd_core::store::{AgentParams, NotificationFilter};
 use forkd_core::{
@@ -25,19 +26,28 @@ use crate::handoff::Handoff;
 /// How long a parent's synchronous `Agent` call waits for its typed agent.
 const TYPED_CALL_LIMIT: Duration = Duration::from_secs(3600);
 
+/// What a typed agent is asked for besides its type and directive.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TypedOptions {
+    /// Its own copy of the workspace (`copy`), or the session's (`none`).
+    pub isolation: Isolation,
+    /// The JSON Schema its final reply must match (docs/contracts.md, "Output schemas").
+    pub output_schema: Option<OutputSchema>,
+}
+
 impl Runs {
     /// Creates a typed agent in `session_id` and starts it; it reports through a notification.
     pub(crate) async fn spawn_typed(
         self: &Arc<Self>,
         session_id: SessionId,
-        (subagent_type, isolation): (&str, Isolation),
+        (subagent_type, options): (&str, &TypedOptions),
         directive: Directive,
     ) -> Result<AgentId> {
         let id = AgentId::new();
         self.create_typed(
             id,
             session_id,
-            (subagent_type, isolation),
+            (subagent_type, options),
             directive,
             ReportTo::Transcript,
         )
@@ -51,7 +61,7 @@ impl Runs {
         self: &Arc<Self>,
         id: AgentId,
         session_id: SessionId,
-        (subagent_type, isolation): (&str, Isolation),
+        (subagent_type, options): (&str, &TypedOptions),
         directive: Directive,
         report_to: ReportTo,
     ) -> Result<AgentId> {
@@ -113,6 +123,7 @@ impl Runs {
                 max_tokens: session.params.max_tokens,
             },
             permission_mode: ty.permission_mode.unwrap_or(session.permission_mode),
+            output_schema: options.output_schema.clone(),
         };
         let agent = Agent {
             query_source: Some(format!("agent:{}", ty.name)),
@@ -127,7 +138,7 @@ impl Runs {
             )
         };
         // Its own copy of the workspace, as it is now, before the agent exists.
-        if isolation == Isolation::Copy {
+        if options.isolation == Isolation::Copy {
             crate::copies::Copies::check(&session)?;
             self.copies.snapshot_typed(&session, id).await?;
         }
@@ -153,7 +164,7 @@ impl Runs {
         caller: AgentId,
         tool_use_id: &str,
         session_id: SessionId,
-        (subagent_type, isolation): (&str, Isolation),
+        (subagent_type, options): (&str, &TypedOptions),
         directive: Directive,
         waited: &std::sync::Mutex<Vec<AgentId>>,
     ) -> Result<(AgentId, bool)> {
@@ -162,7 +173,7 @@ impl Runs {
             .create_typed(
                 id,
                 session_id,
-                (subagent_type, isolation),
+                (subagent_type, options),
                 directive,
                 ReportTo::Caller,
             )
@@ -214,8 +225,8 @@ pub(crate) struct TypedCall<'a> {
     /// The agents whose reports the caller still owes the transcript, should it not deliver
     /// them (see `start_typed_for_caller`).
     pub waited: &'a std::sync::Mutex<Vec<AgentId>>,
-    /// Whether the agent works in its own copy of the workspace.
-    pub isolation: Isolation,
+    /// Its workspace and output schema, as the call asked.
+    pub options: TypedOptions,
 }
 
 impl Runs {
@@ -274,7 +285,7 @@ impl Runs {
             subagent_type,
             handoff,
             waited,
-            isolation,
+            options,
         } = call;
         let failed = |e: EngineError| {
             Block::tool_result(
@@ -288,7 +299,7 @@ impl Runs {
                 caller,
                 tool_use_id,
                 session_id,
-                (subagent_type, isolation),
+                (subagent_type, &options),
                 directive,
                 waited,
             )

@@ -37,6 +37,12 @@ pub struct ForkArgs {
     #[arg(long, value_name = "K")]
     pub at_turn: Option<u32>,
 
+    /// A JSON Schema (draft 2020-12) file: each child ends with a JSON object valid against it
+    /// instead of the five-line report; its notification carries the object as
+    /// `report.structured`. The schema goes after the fork boilerplate, so the cache is kept.
+    #[arg(long, value_name = "FILE")]
+    pub output_schema: Option<std::path::PathBuf>,
+
     /// Stream the children's notifications until all have ended; exit 1 if any failed.
     #[arg(long)]
     pub wait: bool,
@@ -74,7 +80,22 @@ pub(crate) fn directive(prompt: String) -> Directive {
     }
 }
 
+/// The text of a schema file, checked here so a mistake is named with its file before anything
+/// is sent (the daemon checks it again).
+pub(crate) fn read_schema(path: &std::path::Path) -> Result<String, CliError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        CliError::InvalidInput(format!("cannot read output schema {}: {e}", path.display()))
+    })?;
+    forkd_core::output::OutputSchema::parse(&text)
+        .map(|s| s.as_str().to_owned())
+        .map_err(|e| CliError::InvalidInput(format!("{}: {e}", path.display())))
+}
+
 pub async fn run(args: ForkArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
+    let output_schema = match &args.output_schema {
+        Some(path) => read_schema(path)?,
+        None => String::new(),
+    };
     let request = ForkBatchRequest {
         session_id: args.session_id,
         directives: args.directives.into_iter().map(directive).collect(),
@@ -82,6 +103,7 @@ pub async fn run(args: ForkArgs, client: &mut Client, out: &Printer) -> anyhow::
         warmup_gating: args.no_gating.then_some(false),
         isolation: args.isolation.unwrap_or_default(),
         at_turn: args.at_turn,
+        output_schema,
         ..Default::default()
     };
     let batch = client.fork_batch(request).await?.into_inner();
@@ -175,6 +197,14 @@ impl Follower {
                 batch.batch_id
             );
         }
+        Self::replay(batch, client).await
+    }
+
+    /// [`Follower::subscribe`] without a word: for a batch already known to have ended.
+    pub(crate) async fn replay(
+        batch: &ForkBatchResponse,
+        client: &mut Client,
+    ) -> anyhow::Result<Self> {
         let request = SubscribeNotificationsRequest {
             since_seq: 0,
             batch_id: batch.batch_id.clone(),

@@ -42,6 +42,7 @@ fn notification() {
             key_files: vec!["src/lib.rs".into()],
             files_changed: vec![],
             issues: "linker".into(),
+            structured_json: String::new(),
         }),
         usage: Some(usage()),
         cost_usd: 0.25,
@@ -67,6 +68,20 @@ fn notification() {
             "usage": usage_value(),
             "cost_usd": 0.25,
         })
+    );
+
+    // Under an output schema the report carries its object, as JSON, not text.
+    let shaped = Notification {
+        report: Some(Report {
+            result: r#"{"verdict":"fail"}"#.into(),
+            structured_json: r#"{"verdict":"fail"}"#.into(),
+            ..Default::default()
+        }),
+        ..n
+    };
+    assert_eq!(
+        notification_json(&shaped)["report"]["structured"],
+        json!({"verdict": "fail"})
     );
 }
 
@@ -137,6 +152,7 @@ fn fork_reply() {
     let r = ForkBatchResponse {
         batch_id: "B".into(),
         agent_ids: vec!["A1".into(), "A2".into()],
+        ..Default::default()
     };
     assert_eq!(
         fork_json(&r),

@@ -255,6 +255,7 @@ impl Forkd for Fake {
         Ok(Response::new(ForkBatchResponse {
             batch_id: "B1".into(),
             agent_ids,
+            ..Default::default()
         }))
     }
 

@@ -1,12 +1,15 @@
 //! What the simulated model answers: find the script in the conversation, work out which step it
-//! is at, and produce that step's tool turn or the final structured report.
+//! is at, and produce that step's tool turn or the final answer: the structured report, or the
+//! JSON object a `json` line or the request's output schema calls for.
 
 use forkd_core::Role;
 use forkd_core::fork::BOILERPLATE_TAG;
+use forkd_core::output::{SCHEMA_TAG, schema_in_block};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::request::SimMessage;
+use super::schema;
 use super::script::{self, Mods, Script};
 
 /// One content block of the reply.
@@ -123,6 +126,27 @@ fn locate(messages: &[SimMessage]) -> Located<'_> {
     }
 }
 
+/// The output schema the request carries: the latest user text block that is a schema block
+/// (docs/contracts.md, "Output schemas"), parsed. As with the script, a fork child never reads past
+/// its own boilerplate into its parent's messages. `None` without one, or when the block's schema
+/// does not parse (the sim then answers with its report).
+fn requested(messages: &[SimMessage]) -> Option<Value> {
+    let boilerplate = format!("<{BOILERPLATE_TAG}>");
+    let open = format!("<{SCHEMA_TAG}>");
+    for message in messages.iter().rev().filter(|m| m.role == Role::User) {
+        if let Some(block) = text_blocks(message)
+            .rev()
+            .find(|t| t.trim_start().starts_with(&open))
+        {
+            return serde_json::from_str(schema_in_block(block)?).ok();
+        }
+        if text_blocks(message).any(|t| t.trim_start().starts_with(&boilerplate)) {
+            break;
+        }
+    }
+    None
+}
+
 /// The steps of the located script taken so far: those before S and the replies after it.
 fn steps_taken(messages: &[SimMessage], located: &Located<'_>) -> usize {
     let after = located
@@ -234,12 +258,24 @@ pub(crate) fn reply(messages: &[SimMessage]) -> Reply {
             (calls.collect(), "tool_use", turn.mods)
         }
         Ok(script) => {
-            let result = if script.say.is_empty() {
-                format!("Done: {}", scope(directive))
-            } else {
-                script.say.join("\n")
+            // The k-th final answer of the script: 0 after its tool turns, 1 after a follow-up.
+            let k = step.saturating_sub(script.turns.len());
+            let text = match (
+                script.json.get(k).or(script.json.last()),
+                requested(messages),
+            ) {
+                (Some(object), _) if script.say.is_empty() => object.clone(),
+                (Some(object), _) => format!("{}\n\n```json\n{object}\n```", script.say.join("\n")),
+                (None, Some(schema)) => schema::minimal(&schema).to_string(),
+                (None, None) => {
+                    let result = if script.say.is_empty() {
+                        format!("Done: {}", scope(directive))
+                    } else {
+                        script.say.join("\n")
+                    };
+                    report(directive, &result, after, "none")
+                }
             };
-            let text = report(directive, &result, after, "none");
             (vec![OutBlock::Text(text)], "end_turn", script.final_mods)
         }
         Err(e) => {
@@ -321,6 +357,7 @@ mod tests {
     use std::sync::Arc;
 
     use forkd_core::compaction::{INSTRUCTION, SUMMARY_TAG, summary_message};
+    use forkd_core::output::{OutputSchema, follow_up};
     use serde_json::json;
 
     use super::*;
@@ -442,5 +479,137 @@ mod tests {
             done.stop_reason, "end_turn",
             "all three steps taken: {done:?}"
         );
+    }
+
+    fn final_text(reply: &Reply) -> &str {
+        assert_eq!(reply.stop_reason, "end_turn", "{reply:?}");
+        reply
+            .blocks
+            .iter()
+            .find_map(|b| match b {
+                OutBlock::Text(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no text: {reply:?}"))
+    }
+
+    fn mismatch() -> SimMessage {
+        user(vec![text(&follow_up(&["at /: bad".to_owned()]).text())])
+    }
+
+    /// The first final answer takes the first `json` line; the answer to forkd's follow-up, the
+    /// second; any later one, the last.
+    #[test]
+    fn json_lines_answer_in_order_and_a_follow_up_gets_the_next() {
+        let script = "Judge it.\n@sim tool Read {\"file_path\":\"a\"}\n\
+                      @sim json {\"verdict\": \"maybe\"}\n@sim json {\"verdict\": \"pass\"}";
+        let mut convo = vec![user(vec![text(script)])];
+        let r = reply(&convo);
+        let (id, _) = first_tool(&r);
+        convo.push(reply_message(&r));
+        convo.push(result(&id));
+        let first = reply(&convo);
+        assert_eq!(final_text(&first), r#"{"verdict":"maybe"}"#);
+        convo.push(reply_message(&first));
+        convo.push(mismatch());
+        let second = reply(&convo);
+        assert_eq!(final_text(&second), r#"{"verdict":"pass"}"#);
+        convo.push(reply_message(&second));
+        convo.push(mismatch());
+        assert_eq!(final_text(&reply(&convo)), r#"{"verdict":"pass"}"#);
+    }
+
+    #[test]
+    fn a_follow_up_to_a_directive_with_two_json_lines_gets_the_second() {
+        let script = "Judge it.\n@sim json {\"n\": 1}\n@sim json {\"n\": 2}";
+        let mut convo = vec![user(vec![text(script)])];
+        let first = reply(&convo);
+        assert_eq!(final_text(&first), r#"{"n":1}"#);
+        convo.push(reply_message(&first));
+        convo.push(user(vec![text("That does not match; try again.")]));
+        assert_eq!(final_text(&reply(&convo)), r#"{"n":2}"#);
+    }
+
+    #[test]
+    fn say_lines_come_before_a_fenced_object() {
+        let script =
+            "Judge it.\n@sim say Looked at it.\n@sim say All fine.\n@sim json {\"ok\": true}";
+        let answer = reply(&[user(vec![text(script)])]);
+        let text = final_text(&answer);
+        assert_eq!(
+            text,
+            "Looked at it.\nAll fine.\n\n```json\n{\"ok\":true}\n```"
+        );
+        let schema = OutputSchema::from_value(&json!({"required": ["ok"]})).unwrap();
+        assert_eq!(schema.check(text), Ok(json!({"ok": true})));
+    }
+
+    fn verdict_schema() -> OutputSchema {
+        OutputSchema::from_value(&json!({
+            "type": "object",
+            "required": ["verdict", "findings"],
+            "properties": {
+                "verdict": {"enum": ["pass", "fail"]},
+                "findings": {"type": "array", "items": {"type": "string"}, "minItems": 1}
+            },
+            "additionalProperties": false
+        }))
+        .unwrap()
+    }
+
+    /// Without a `json` line, a request carrying a schema block gets a minimal valid object:
+    /// unscripted, at the end of a script, and after a follow-up.
+    #[test]
+    fn a_schema_block_without_a_json_line_gets_a_minimal_object() {
+        let schema = verdict_schema();
+        let expected = json!({"verdict": "pass", "findings": [""]});
+
+        let unscripted = vec![user(vec![
+            text("Review the diff."),
+            text(&schema.block_text()),
+        ])];
+        let answer = reply(&unscripted);
+        assert_eq!(final_text(&answer), expected.to_string());
+        assert_eq!(schema.check(final_text(&answer)), Ok(expected.clone()));
+
+        let script = "Review the diff.\n@sim tool Read {\"file_path\":\"a\"}\n@sim say looked";
+        let mut convo = vec![user(vec![text(script), text(&schema.block_text())])];
+        let r = reply(&convo);
+        let (id, _) = first_tool(&r);
+        convo.push(reply_message(&r));
+        convo.push(result(&id));
+        let answer = reply(&convo);
+        assert_eq!(final_text(&answer), expected.to_string());
+        convo.push(reply_message(&answer));
+        convo.push(mismatch());
+        assert_eq!(final_text(&reply(&convo)), expected.to_string());
+    }
+
+    #[test]
+    fn a_schema_that_does_not_parse_gets_the_report() {
+        let broken = format!("<{SCHEMA_TAG}>\nEnd with:\n```json\n{{nope\n```\n</{SCHEMA_TAG}>");
+        let answer = reply(&[user(vec![text("Review the diff."), text(&broken)])]);
+        assert!(final_text(&answer).starts_with("Scope: "), "{answer:?}");
+    }
+
+    /// A fork child reads no schema from its parent's messages: the block must be in its own.
+    #[test]
+    fn a_child_does_not_take_its_parents_schema() {
+        let schema = verdict_schema();
+        let parent = user(vec![text("Typed parent."), text(&schema.block_text())]);
+        let child = user(vec![
+            text(&format!(
+                "<{BOILERPLATE_TAG}>\nYou are a fork.\n</{BOILERPLATE_TAG}>"
+            )),
+            text("Count the files."),
+        ]);
+        let answer = reply(&[parent.clone(), child]);
+        assert!(final_text(&answer).starts_with("Scope: "), "{answer:?}");
+        let typed_child = user(vec![
+            text(&format!("<{BOILERPLATE_TAG}>\nYou are a fork.\n</{BOILERPLATE_TAG}>")),
+            text(&OutputSchema::from_value(&json!({"required": ["n"], "properties": {"n": {"type": "integer", "minimum": 2}}})).unwrap().block_text()),
+            text("Count the files."),
+        ]);
+        assert_eq!(final_text(&reply(&[parent, typed_child])), r#"{"n":2}"#);
     }
 }

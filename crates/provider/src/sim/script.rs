@@ -52,6 +52,10 @@ pub(crate) struct Script {
     pub final_mods: Mods,
     /// The `say` lines, for the final answer's Result.
     pub say: Vec<String>,
+    /// The `json` lines, in order, as compact JSON objects: the k-th final answer (the first
+    /// after the tool turns is k = 0; one after a follow-up is k = 1) is the k-th, clamped to the
+    /// last.
+    pub json: Vec<String>,
 }
 
 /// A script that cannot be run: which line (1-based) and why.
@@ -221,6 +225,7 @@ pub(crate) fn parse(text: &str) -> Result<Script, ScriptError> {
             "sleep" => pending.sleep = Some(duration(args).map_err(err)?),
             "fail" => pending.fails.push(fail(line, args).map_err(err)?),
             "say" => script.say.push(args.to_owned()),
+            "json" => script.json.push(object(args).map_err(err)?),
             other => return Err(err(format!("unknown verb {other:?}"))),
         }
     }
@@ -290,6 +295,28 @@ mod tests {
     }
 
     #[test]
+    fn json_lines_are_kept_in_order_and_end_a_turn() {
+        let text = "Check it.\n\
+                    @sim tool Read {\"file_path\": \"a.rs\"}\n\
+                    @sim json {\"verdict\": \"fail\", \"findings\": [\"x\"]}\n\
+                    @sim tool Read {\"file_path\": \"b.rs\"}\n\
+                    @sim say checked\n\
+                    @sim json   { \"verdict\" : \"pass\" }  ";
+        let script = parse(text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            script.json,
+            vec![
+                r#"{"verdict":"fail","findings":["x"]}"#,
+                r#"{"verdict":"pass"}"#
+            ]
+        );
+        // A json line ends the open tool turn, as a say line does.
+        assert_eq!(script.turns.len(), 2);
+        assert_eq!(script.say, vec!["checked"]);
+        assert_eq!(parse("@sim say x").map(|s| s.json), Ok(Vec::new()));
+    }
+
+    #[test]
     fn a_failure_carries_the_retry_after_it_names() {
         let cases = [
             ("@sim fail 429", 1, Some(1000)),
@@ -315,6 +342,9 @@ mod tests {
             ("@sim frob", 1, "unknown verb"),
             ("prose\n@sim tool Read {nope", 2, "bad JSON"),
             ("@sim agent [1]", 1, "bad JSON"),
+            ("prose\n@sim say hi\n@sim json {\"a\": }", 3, "bad JSON"),
+            ("@sim json [1, 2]", 1, "bad JSON"),
+            ("@sim json \"verdict\"", 1, "bad JSON"),
             ("@sim tool", 1, "NAME"),
             ("@sim sleep 3h", 1, "bad duration"),
             ("@sim fail 200", 1, "bad fail status"),

@@ -69,6 +69,8 @@ impl ForkdService {
         Ok(pb::ForkBatchResponse {
             batch_id: batch.batch_id.to_string(),
             agent_ids: batch.agent_ids.iter().map(ToString::to_string).collect(),
+            fork_point: batch.fork_point,
+            existing: batch.existing,
         })
     }
 
@@ -85,7 +87,11 @@ impl ForkdService {
                     .into(),
             ));
         }
-        let isolation = req.isolation.parse().map_err(ApiError::BadRequest)?;
+        let options = forkd_engine::TypedOptions {
+            isolation: req.isolation.parse().map_err(ApiError::BadRequest)?,
+            output_schema: convert::output_schema(&req.output_schema)
+                .map_err(ApiError::BadRequest)?,
+        };
         let directive = Directive {
             description: req.description,
             prompt: req.prompt,
@@ -93,7 +99,7 @@ impl ForkdService {
         let id = self
             .engine
             .for_tenant(tenant)
-            .spawn_typed(session_id, &req.subagent_type, directive, isolation)
+            .spawn_typed(session_id, &req.subagent_type, directive, &options)
             .await?;
         Ok(pb::SpawnAgentResponse {
             agent_id: id.to_string(),

@@ -4,6 +4,8 @@ use forkd_core::session::{
     CacheSafeParams, PermissionMode, RenderedSystem, ThinkingConfig, ToolsJson,
 };
 
+use forkd_core::output::OutputSchema;
+
 use super::convert::{corrupt, from_i64, to_i64};
 use crate::error::Result;
 use crate::{AgentParams, DbError};
@@ -16,20 +18,22 @@ pub(crate) struct ParamsRow {
     thinking_budget: Option<i64>,
     max_tokens: i64,
     permission_mode: String,
+    output_schema: Option<String>,
 }
 
 /// The columns [`ParamsRow`] reads.
 macro_rules! params_columns {
     () => {
-        "model, system_prompt, tools_json, thinking_budget, max_tokens, permission_mode"
+        "model, system_prompt, tools_json, thinking_budget, max_tokens, permission_mode, \
+         output_schema"
     };
 }
 pub(crate) use params_columns;
 
 /// Stores an agent's params: bind the agent id, then [`ParamsValues`] with [`bind_params!`].
 pub(crate) const INSERT_PARAMS: &str = "INSERT INTO agent_params (agent_id, model, \
-     system_prompt, tools_json, thinking_budget, max_tokens, permission_mode) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7)";
+     system_prompt, tools_json, thinking_budget, max_tokens, permission_mode, output_schema) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
 
 impl TryFrom<ParamsRow> for AgentParams {
     type Error = DbError;
@@ -52,6 +56,7 @@ impl TryFrom<ParamsRow> for AgentParams {
             },
             permission_mode: PermissionMode::parse(&row.permission_mode)
                 .ok_or_else(|| corrupt("agent permission mode", &row.permission_mode))?,
+            output_schema: row.output_schema.map(OutputSchema::from_stored),
         })
     }
 }
@@ -64,6 +69,7 @@ pub(crate) struct ParamsValues<'a> {
     pub thinking_budget: Option<i64>,
     pub max_tokens: i64,
     pub permission_mode: &'a str,
+    pub output_schema: Option<&'a str>,
 }
 
 impl<'a> ParamsValues<'a> {
@@ -79,6 +85,7 @@ impl<'a> ParamsValues<'a> {
                 .transpose()?,
             max_tokens: to_i64(p.max_tokens, "max_tokens")?,
             permission_mode: params.permission_mode.as_str(),
+            output_schema: params.output_schema.as_ref().map(OutputSchema::as_str),
         })
     }
 }
@@ -94,6 +101,7 @@ macro_rules! bind_params {
             .bind(v.thinking_budget)
             .bind(v.max_tokens)
             .bind(v.permission_mode)
+            .bind(v.output_schema)
     }};
 }
 pub(crate) use bind_params;

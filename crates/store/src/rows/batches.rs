@@ -1,6 +1,7 @@
 //! Fork batch rows, and the checks a batch passes before it is stored.
 
 use forkd_core::fork::{ForkBatch, ForkShape};
+use forkd_core::output::OutputSchema;
 use forkd_core::{Message, Role};
 
 use super::convert::{blocks_from_array, content_array, corrupt, from_i64, parse_id, to_i64};
@@ -17,6 +18,7 @@ pub(crate) struct BatchRow {
     shape: String,
     assistant_json: String,
     shared_user_blocks_json: String,
+    output_schema: Option<String>,
     created_at_ms: i64,
 }
 
@@ -24,7 +26,7 @@ pub(crate) struct BatchRow {
 macro_rules! batch_columns {
     () => {
         "id, session_id, fork_point, compacted_to, shape, assistant_json, shared_user_blocks_json, \
-         created_at_ms"
+         output_schema, created_at_ms"
     };
 }
 pub(crate) use batch_columns;
@@ -55,6 +57,7 @@ impl TryFrom<BatchRow> for ForkBatch {
                 &row.shared_user_blocks_json,
                 "batch shared user blocks",
             )?,
+            output_schema: row.output_schema.map(OutputSchema::from_stored),
             created_at_ms: row.created_at_ms,
         })
     }
@@ -94,8 +97,8 @@ pub(crate) fn check_children(batch: &ForkBatch, children: &[NewChild]) -> Result
 
 /// Inserts a batch: bind [`BatchValues`] with [`bind_batch!`].
 pub(crate) const INSERT_BATCH: &str = "INSERT INTO batches (id, session_id, fork_point, shape, assistant_json, \
-     shared_user_blocks_json, created_at_ms, budget_usd, budget_tokens, compacted_to) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+     shared_user_blocks_json, created_at_ms, budget_usd, budget_tokens, compacted_to, \
+     output_schema) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 
 /// A batch as its row stores it.
 pub(crate) struct BatchValues {
@@ -109,6 +112,7 @@ pub(crate) struct BatchValues {
     pub budget_usd: Option<f64>,
     pub budget_tokens: Option<i64>,
     pub compacted_to: Option<i64>,
+    pub output_schema: Option<String>,
 }
 
 impl BatchValues {
@@ -136,6 +140,7 @@ impl BatchValues {
                 .compacted_to
                 .map(|to| to_i64(to, "compacted_to"))
                 .transpose()?,
+            output_schema: batch.output_schema.as_ref().map(|s| s.as_str().to_owned()),
         })
     }
 }
@@ -155,6 +160,7 @@ macro_rules! bind_batch {
             .bind(v.budget_usd)
             .bind(v.budget_tokens)
             .bind(v.compacted_to)
+            .bind(&v.output_schema)
     }};
 }
 pub(crate) use bind_batch;

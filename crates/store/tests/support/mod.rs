@@ -445,6 +445,10 @@ pub fn ended(child: &Agent, status: NotificationStatus, at_ms: i64) -> NewNotifi
         key_files: vec!["src/lib.rs".into()],
         files_changed: vec![],
         issues: String::new(),
+        // A completed child's object under an output schema: stored with the report, read back
+        // as it was.
+        structured: (status == NotificationStatus::Completed)
+            .then(|| serde_json::json!({"verdict": "pass", "findings": ["ü", 1.5, null]})),
     };
     NewNotification {
         session_id: child.session_id,

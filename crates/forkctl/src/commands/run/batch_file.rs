@@ -22,6 +22,7 @@
 //! budget_usd: 2.5                 # optional batch budgets
 //! budget_tokens: 2000000
 //! isolation: copy                 # optional: each child in its own copy of the workspace
+//! output_schema: verdict.json     # optional: a JSON Schema file, or the schema inline (a map)
 //! ```
 //!
 //! `session` may also be an existing session's id: the batch then forks that session, and
@@ -54,6 +55,8 @@ struct Spec {
     budget_tokens: Option<u64>,
     isolation: Option<String>,
     at_turn: Option<u32>,
+    /// A schema file's path (a string), or the schema itself (a map).
+    output_schema: Option<serde_json::Value>,
 }
 
 /// A session to create (a map), or an existing session's id (a string).
@@ -317,6 +320,15 @@ impl Spec {
                 None => fork::directive(d.prompt),
             })
             .collect();
+        let output_schema = match self.output_schema {
+            None => String::new(),
+            Some(serde_json::Value::String(file)) => {
+                fork::read_schema(&base.join(&file)).map_err(|e| format!("`output_schema`: {e}"))?
+            }
+            Some(inline) => forkd_core::output::OutputSchema::from_value(&inline)
+                .map(|s| s.as_str().to_owned())
+                .map_err(|e| format!("`output_schema`: {e}"))?,
+        };
         let fork = ForkBatchRequest {
             session_id: String::new(),
             directives,
@@ -326,6 +338,8 @@ impl Spec {
             budget_tokens: self.budget_tokens.unwrap_or_default(),
             isolation: self.isolation.unwrap_or_default(),
             at_turn: self.at_turn,
+            output_schema,
+            fork_point_of: String::new(),
         };
         Ok(BatchFile {
             key: self.key,
@@ -490,6 +504,36 @@ budget_tokens: 100000
         assert!(
             parse_err("key: k\nsession: ''\ndirectives: [one]\n").contains("must not be empty")
         );
+        Ok(())
+    }
+
+    #[test]
+    fn an_output_schema_is_a_file_or_inline_and_is_checked_here() -> anyhow::Result<()> {
+        let dir = dir_with_files()?;
+        std::fs::write(
+            dir.path().join("verdict.json"),
+            r#"{"type": "object", "required": ["verdict"]}"#,
+        )?;
+        let text = "key: k\nsession: s1\ndirectives: [a]\noutput_schema: verdict.json\n";
+        let file = BatchFile::parse(Path::new("b.yaml"), text, dir.path())?;
+        assert_eq!(
+            file.fork.output_schema,
+            r#"{"type":"object","required":["verdict"]}"#
+        );
+        let text = "key: k\nsession: s1\ndirectives: [a]\noutput_schema:\n  type: object\n  \
+                    properties: {verdict: {enum: [pass, fail]}}\n";
+        let file = BatchFile::parse(Path::new("b.yaml"), text, dir.path())?;
+        assert_eq!(
+            file.fork.output_schema,
+            r#"{"type":"object","properties":{"verdict":{"enum":["pass","fail"]}}}"#
+        );
+        let msg = parse_err("key: k\nsession: s1\ndirectives: [a]\noutput_schema: {type: objet}\n");
+        assert!(
+            msg.contains("`output_schema`: the output schema is not a valid JSON Schema"),
+            "{msg}"
+        );
+        let msg = parse_err("key: k\nsession: s1\ndirectives: [a]\noutput_schema: none.json\n");
+        assert!(msg.contains("cannot read output schema"), "{msg}");
         Ok(())
     }
 

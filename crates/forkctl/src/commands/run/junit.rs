@@ -20,8 +20,15 @@ pub(crate) fn report(key: &str, session_id: &str, batch_id: &str, children: &[Ch
         Property::new("batch_id", batch_id),
     ]);
     for child in children {
-        let status = if child.completed() {
+        let status = if child.passed() {
             TestCaseStatus::success()
+        } else if let Some(rule) = &child.failed_when {
+            let mut status = TestCaseStatus::non_success(NonSuccessKind::Failure);
+            status
+                .set_type("fail-when")
+                .set_message(format!("its report matches --junit-fail-when {rule}"))
+                .set_description(system_out(child));
+            status
         } else {
             let mut status = TestCaseStatus::non_success(NonSuccessKind::Failure);
             let message = if child.summary.trim().is_empty() {
@@ -45,7 +52,7 @@ pub(crate) fn report(key: &str, session_id: &str, batch_id: &str, children: &[Ch
             case.set_time(time);
         }
         if child.completed() {
-            case.set_system_out(child.report_text());
+            case.set_system_out(system_out(child));
         }
         suite.add_test_case(case);
     }
@@ -55,6 +62,15 @@ pub(crate) fn report(key: &str, session_id: &str, batch_id: &str, children: &[Ch
     let mut report = Report::new("forkctl run");
     report.add_test_suite(suite);
     report
+}
+
+/// What a completed child's case carries: its structured report as JSON when an output schema
+/// shaped it, else its report as text.
+fn system_out(child: &Child) -> String {
+    child
+        .structured()
+        .and_then(|object| serde_json::to_string_pretty(&object).ok())
+        .unwrap_or_else(|| child.report_text())
 }
 
 /// Writes the report to `path` through a temporary file beside it, so a reader never sees half
@@ -126,6 +142,50 @@ mod tests {
         assert_eq!(
             failure.and_then(|f| f.attribute("message")),
             Some("child killed")
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn structured_reports_are_the_output_and_fail_when_rules_fail_cases() -> anyhow::Result<()> {
+        let shaped = |index, verdict: &str| {
+            let mut c = child(index, NotificationStatus::Completed);
+            c.report = Some(forkd_proto::v1::Report {
+                structured_json: format!(r#"{{"verdict":"{verdict}"}}"#),
+                ..Default::default()
+            });
+            c
+        };
+        let mut failing = shaped(2, "fail");
+        failing.failed_when = Some("$.verdict=fail".into());
+        let xml = report("k", "S", "B", &[shaped(1, "pass"), failing]).to_string()?;
+        let doc = roxmltree::Document::parse(&xml)?;
+        assert_eq!(doc.root_element().attribute("failures"), Some("1"));
+        let cases: Vec<_> = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("testcase"))
+            .collect();
+        let out = cases[0]
+            .children()
+            .find(|n| n.has_tag_name("system-out"))
+            .and_then(|n| n.text())
+            .unwrap_or_default();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(out)?,
+            serde_json::json!({"verdict": "pass"})
+        );
+        let failure = cases[1]
+            .children()
+            .find(|n| n.has_tag_name("failure"))
+            .ok_or_else(|| anyhow::anyhow!("no failure in {xml}"))?;
+        assert_eq!(failure.attribute("type"), Some("fail-when"));
+        assert_eq!(
+            failure.attribute("message"),
+            Some("its report matches --junit-fail-when $.verdict=fail")
+        );
+        assert!(
+            failure.text().unwrap_or_default().contains("\"fail\""),
+            "{xml}"
         );
         Ok(())
     }

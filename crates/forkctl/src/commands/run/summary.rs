@@ -24,6 +24,9 @@ pub(crate) struct Child {
     pub cost_usd: f64,
     pub created_at: Option<Timestamp>,
     pub ended_at: Option<Timestamp>,
+    /// The `--junit-fail-when` rule its structured report matched: it completed, but its case
+    /// fails.
+    pub failed_when: Option<String>,
 }
 
 impl Child {
@@ -38,6 +41,16 @@ impl Child {
 
     pub fn completed(&self) -> bool {
         self.status == NotificationStatus::Completed
+    }
+
+    /// Completed, and its report matched no `--junit-fail-when` rule.
+    pub fn passed(&self) -> bool {
+        self.completed() && self.failed_when.is_none()
+    }
+
+    /// The object its final reply held under an output schema, if any.
+    pub fn structured(&self) -> Option<Value> {
+        self.report.as_ref().and_then(crate::output::structured)
     }
 
     /// Seconds from creation to the end, when both are known and in order.
@@ -67,6 +80,7 @@ impl Child {
             ("files changed", report.files_changed.join(", ")),
             ("issues", report.issues),
             ("error", self.error.clone()),
+            ("failed when", self.failed_when.clone().unwrap_or_default()),
         ];
         fields
             .iter()
@@ -133,6 +147,7 @@ pub(crate) fn children(
                 ended_at: note
                     .and_then(|n| n.created_at)
                     .or_else(|| agent.and_then(|a| a.updated_at)),
+                failed_when: None,
             }
         })
         .collect()
@@ -150,7 +165,10 @@ pub(crate) fn table(children: &[Child]) -> String {
         t.add_row(vec![
             c.index.to_string(),
             human::first_line(&c.name(), 40),
-            status_name(c.status).to_owned(),
+            match &c.failed_when {
+                Some(_) => "fail-when".to_owned(),
+                None => status_name(c.status).to_owned(),
+            },
             human::tokens(input),
             human::tokens(u.output_tokens),
             human::percent(cache_read_share(u)),
@@ -213,6 +231,7 @@ pub(crate) mod tests {
                 seconds: 12,
                 nanos: 0,
             }),
+            failed_when: None,
         }
     }
 
@@ -221,6 +240,7 @@ pub(crate) mod tests {
         let batch = ForkBatchResponse {
             batch_id: "B".into(),
             agent_ids: vec!["a".into(), "b".into()],
+            ..Default::default()
         };
         let notes = [Notification {
             agent_id: "b".into(),
