@@ -20,6 +20,7 @@ mod report;
 mod sandbox;
 mod scale;
 mod scaleout;
+mod schemas;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -44,6 +45,7 @@ enum Figure {
     Limits,
     Isolation,
     Branches,
+    Schemas,
 }
 
 /// forkd's benchmark suite.
@@ -110,6 +112,7 @@ async fn run_figure(figure: Figure, ctx: &common::Ctx) -> anyhow::Result<Section
         Figure::Limits => limits::run(ctx).await,
         Figure::Isolation => isolation::run(ctx).await,
         Figure::Branches => branches::run(ctx).await,
+        Figure::Schemas => schemas::run(ctx).await,
     }
 }
 
