@@ -21,6 +21,7 @@ mod sandbox;
 mod scale;
 mod scaleout;
 mod schemas;
+mod traces;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -46,6 +47,7 @@ enum Figure {
     Isolation,
     Branches,
     Schemas,
+    Traces,
 }
 
 /// forkd's benchmark suite.
@@ -113,6 +115,7 @@ async fn run_figure(figure: Figure, ctx: &common::Ctx) -> anyhow::Result<Section
         Figure::Isolation => isolation::run(ctx).await,
         Figure::Branches => branches::run(ctx).await,
         Figure::Schemas => schemas::run(ctx).await,
+        Figure::Traces => traces::run(ctx).await,
     }
 }
 

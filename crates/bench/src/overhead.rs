@@ -16,8 +16,8 @@ use tonic::transport::{Channel, Endpoint};
 use crate::common::{self, Corpus, Ctx};
 use crate::report::{Check, Section, Table};
 
-const CHILDREN: usize = 8;
-const PREFIX: u64 = 100_000;
+pub(crate) const CHILDREN: usize = 8;
+pub(crate) const PREFIX: u64 = 100_000;
 /// Batches per session: each batch adds its fork message and 8 notifications to the parent's
 /// transcript, so sessions are replaced before they grow far past 100k tokens.
 const BATCHES_PER_SESSION: usize = 5;
@@ -33,7 +33,7 @@ pub async fn connect(addr: &str) -> anyhow::Result<ForkdClient<Channel>> {
 }
 
 /// A session over the benchmark context, created through the daemon.
-async fn grpc_session(
+pub(crate) async fn grpc_session(
     client: &mut ForkdClient<Channel>,
     ws: &std::path::Path,
     context: &forkd_engine::ContextFile,
@@ -68,13 +68,13 @@ async fn settle(engine: &Engine, batch: forkd_core::BatchId) -> anyhow::Result<(
 
 /// Which way a `ForkBatch` call goes.
 #[derive(Clone, Copy, PartialEq)]
-enum Route {
+pub(crate) enum Route {
     Grpc,
     Engine,
 }
 
 /// Times `batches` ForkBatch calls on one path; the first `warmup` are not kept.
-async fn measure(
+pub(crate) async fn measure(
     route: Route,
     client: &mut ForkdClient<Channel>,
     engine: &Engine,

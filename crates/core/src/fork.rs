@@ -150,6 +150,9 @@ pub struct ForkBatch {
     /// The JSON Schema the children's final replies must match; its block is the last of
     /// `shared_user_blocks`.
     pub output_schema: Option<OutputSchema>,
+    /// The W3C trace context (`traceparent`) of the span that forked the batch: its children's
+    /// spans, resumed after a restart or on another daemon, stay in that trace.
+    pub trace_parent: Option<String>,
     pub created_at_ms: i64,
 }
 
@@ -253,6 +256,7 @@ impl ForkBatch {
             shape: ForkShape::Model { assistant },
             shared_user_blocks,
             output_schema: None,
+            trace_parent: None,
             created_at_ms,
         })
     }
@@ -268,6 +272,7 @@ impl ForkBatch {
             shape: ForkShape::Client,
             shared_user_blocks: vec![Block::text(&client_boilerplate_text())],
             output_schema: None,
+            trace_parent: None,
             created_at_ms,
         }
     }

@@ -345,6 +345,11 @@ pub trait Store: Send + Sync + 'static {
     /// The seq of each message that began one of the session's turns (its origins' included,
     /// for a branch), in order: turn `K` begins at the `K`-th.
     async fn session_turns(&self, id: SessionId) -> Result<Vec<u64>>;
+    /// Keeps the W3C trace context (`traceparent`) of the session's latest turn, so that a turn
+    /// resumed later goes on in its trace.
+    async fn set_turn_trace(&self, id: SessionId, trace_parent: &str) -> Result<()>;
+    /// The trace context [`Store::set_turn_trace`] kept, if any.
+    async fn turn_trace(&self, id: SessionId) -> Result<Option<String>>;
     async fn get_session(&self, id: SessionId) -> Result<Option<Session>>;
     /// Sessions in creation order after the cursor, of one tenant or all; `limit` 0 means no
     /// limit.

@@ -767,6 +767,7 @@ fn load(s: &Stored, children: &[Directive]) -> Fork {
         },
         shared_user_blocks: shared.blocks,
         output_schema: None,
+        trace_parent: None,
         created_at_ms: s.batch.3,
     };
     Fork {

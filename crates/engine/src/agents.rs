@@ -63,20 +63,20 @@ impl Engine {
         let gating = self.inner.config.warmup_gating
             && resume_gating(ids.len(), last_request, crate::clock::now_ms());
         let owner = async {
-            self.inner
-                .tenancy
-                .session_owner(self.get_batch(batch).await?.session_id)
-                .await
+            let stored = self.get_batch(batch).await?;
+            let tenant = self.inner.tenancy.session_owner(stored.session_id).await?;
+            Ok::<_, EngineError>((tenant, stored))
         };
-        let tenant = match owner.await {
-            Ok(tenant) => tenant,
+        let (tenant, stored) = match owner.await {
+            Ok(found) => found,
             Err(e) => {
                 tracing::error!(batch.id = %batch, error = %e, "Cannot tell whose batch it is; its children stay for the next start");
                 return;
             }
         };
         tracing::info!(batch.id = %batch, children = ids.len(), gating, "Resuming a batch");
-        self.inner.runs.start_batch(batch, &tenant, &ids, gating);
+        crate::run::resumed_span(Some(&stored))
+            .in_scope(|| self.inner.runs.start_batch(batch, &tenant, &ids, gating));
     }
 
     pub async fn get_agent(&self, id: AgentId) -> Result<Agent> {

@@ -27,6 +27,8 @@ use crate::session::Sessions;
 use crate::supervisor::Supervisor;
 use crate::tenancy::{Idempotent, Tenancy};
 use crate::window::{Window, block_tokens};
+use tracing::Instrument as _;
+use tracing::field::Empty;
 
 /// How a client's batch is submitted, besides its session and directives.
 #[derive(Debug, Clone, Default)]
@@ -406,45 +408,49 @@ impl Batches {
         // batch whose children never run would be work that silently vanished.
         let batches = Arc::clone(self);
         self.supervisor
-            .spawn(async move {
-                let start = BatchStart {
-                    session_id,
-                    batch_id,
-                    assistant: None,
-                    forks,
-                    others: Vec::new(),
-                    gating,
-                    idempotency: None,
-                    budget: options.budget,
-                    turn: None,
-                    isolated: vec![options.isolation == Isolation::Copy; n],
-                    fork_point,
-                    output_schema: options.output_schema,
-                };
-                let (Some(key), Some(digest)) = (key, digest) else {
-                    return batches.commit_and_start(start).await;
-                };
-                let outcome = batches
-                    .tenancy
-                    .idempotent(
-                        &tenant,
-                        &key,
-                        IdempotentCall::ForkBatch,
-                        digest,
-                        batch_id.to_string(),
-                        |record| {
-                            batches.commit_and_start(BatchStart {
-                                idempotency: Some(record),
-                                ..start
-                            })
-                        },
-                    )
-                    .await?;
-                match outcome {
-                    Idempotent::Created(batch) => Ok(batch),
-                    Idempotent::Earlier(id) => batches.submitted(&id).await,
+            .spawn(
+                async move {
+                    let start = BatchStart {
+                        session_id,
+                        batch_id,
+                        assistant: None,
+                        forks,
+                        others: Vec::new(),
+                        gating,
+                        idempotency: None,
+                        budget: options.budget,
+                        turn: None,
+                        isolated: vec![options.isolation == Isolation::Copy; n],
+                        fork_point,
+                        output_schema: options.output_schema,
+                    };
+                    let (Some(key), Some(digest)) = (key, digest) else {
+                        return batches.commit_and_start(start).await;
+                    };
+                    let outcome = batches
+                        .tenancy
+                        .idempotent(
+                            &tenant,
+                            &key,
+                            IdempotentCall::ForkBatch,
+                            digest,
+                            batch_id.to_string(),
+                            |record| {
+                                batches.commit_and_start(BatchStart {
+                                    idempotency: Some(record),
+                                    ..start
+                                })
+                            },
+                        )
+                        .await?;
+                    match outcome {
+                        Idempotent::Created(batch) => Ok(batch),
+                        Idempotent::Earlier(id) => batches.submitted(&id).await,
+                    }
                 }
-            })
+                // In the caller's span: the batch's span is its child, in the caller's trace.
+                .instrument(tracing::Span::current()),
+            )
             .await
             .map_err(|e| EngineError::Invariant(format!("fork batch task failed: {e}")))?
     }
@@ -500,6 +506,32 @@ impl Batches {
         self: &Arc<Self>,
         start: BatchStart,
     ) -> Result<SubmittedBatch> {
+        // The batch's span: its children's spans nest under it (they are started inside it), and
+        // its trace context is stored with it for their later runs (docs/operations.md,
+        // "Tracing").
+        let span = tracing::info_span!(
+            "fork_batch",
+            otel.name = "fork_batch",
+            otel.status_code = Empty,
+            forkd.batch.id = %start.batch_id,
+            forkd.session.id = %start.session_id,
+            forkd.batch.children = crate::trace::int(start.forks.len() as u64),
+            forkd.batch.shape = if start.assistant.is_some() { "model" } else { "client" },
+            forkd.batch.output_schema = start.output_schema.is_some(),
+            forkd.batch.gating = start.gating,
+        );
+        let committed = self
+            .commit_and_start_in(start)
+            .instrument(span.clone())
+            .await;
+        if let Err(e) = &committed {
+            span.record("otel.status_code", "ERROR");
+            span.in_scope(|| tracing::warn!(error = %e, "The fork batch was not stored"));
+        }
+        committed
+    }
+
+    async fn commit_and_start_in(self: &Arc<Self>, start: BatchStart) -> Result<SubmittedBatch> {
         let BatchStart {
             session_id,
             batch_id,
@@ -574,6 +606,7 @@ impl Batches {
         });
         // Forked after a compaction, the children inherit what the parent's requests saw.
         let mut batch = batch;
+        batch.trace_parent = crate::trace::traceparent(&tracing::Span::current());
         batch.compacted_to = self
             .compaction
             .compaction_before(session_id, batch.fork_point)

@@ -282,6 +282,7 @@ impl Compactor {
                     conversation: &Conversation::main_loop(conversation, session.reply_breakpoint),
                     prefix: PrefixEnd::LastBlock,
                     input_tokens: None,
+                    prefix_writer: None,
                 },
                 &mut |_| {},
             )

@@ -60,6 +60,10 @@ pub struct EngineConfig {
     pub mcp: McpConfig,
     /// Spending limits per tenant (by name); an agent of a tenant over its budget fails.
     pub tenant_budgets: std::collections::HashMap<String, forkd_core::store::Budget>,
+    /// Put each model request's messages and its reply on its trace span
+    /// (`gen_ai.input.messages`, `gen_ai.output.messages`). Off by default: they may hold
+    /// secrets.
+    pub trace_content: bool,
 }
 
 impl Default for EngineConfig {
@@ -84,6 +88,7 @@ impl Default for EngineConfig {
             isolation: IsolationConfig::default(),
             mcp: McpConfig::default(),
             max_running_agents: Some(256),
+            trace_content: false,
         }
     }
 }

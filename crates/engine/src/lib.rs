@@ -35,6 +35,7 @@ mod session;
 mod stats;
 mod supervisor;
 mod tenancy;
+pub mod trace;
 mod window;
 
 use std::sync::{Arc, Mutex as StdMutex};
@@ -149,6 +150,7 @@ impl Engine {
             tenancy: tenancy.clone(),
             models: config.models.clone(),
             draining: draining.clone(),
+            trace_content: config.trace_content,
         }));
         let notifications = Arc::new(notify::Notifications::new(
             store.clone(),

@@ -17,6 +17,7 @@ use forkd_provider::{
 };
 use futures::StreamExt;
 use tracing::Instrument;
+use tracing::field::Empty;
 
 use tokio_util::sync::CancellationToken;
 
@@ -126,6 +127,10 @@ pub(crate) struct ModelCall<'a> {
     /// The request's input tokens when the caller knows them from the counts the engine keeps;
     /// `None`: the window check reads the body (counting it only when it is big).
     pub input_tokens: Option<u64>,
+    /// For a fork child's first request: its batch's slot for the trace context of the
+    /// batch's first request, the one that writes the shared prefix. The first to come fills
+    /// it; the others link their span to it.
+    pub prefix_writer: Option<&'a std::sync::Mutex<Option<String>>>,
 }
 
 /// A model's answer and the record stored for it.
@@ -150,6 +155,8 @@ pub(crate) struct ModelCalls {
     models: Models,
     /// Cancelled when shutdown begins: a request waiting for admission stops waiting.
     draining: CancellationToken,
+    /// Messages and replies on the trace spans (`EngineConfig::trace_content`).
+    trace_content: bool,
 }
 
 /// What the model-call layer is made of.
@@ -161,6 +168,7 @@ pub(crate) struct ModelCallParts {
     pub tenancy: Arc<Tenancy>,
     pub models: Models,
     pub draining: CancellationToken,
+    pub trace_content: bool,
 }
 
 impl ModelCalls {
@@ -174,6 +182,7 @@ impl ModelCalls {
             tenancy: parts.tenancy,
             models: parts.models,
             draining: parts.draining,
+            trace_content: parts.trace_content,
         }
     }
 
@@ -198,22 +207,102 @@ impl ModelCalls {
         );
         let body_bytes = body.body.len() as u64;
         let id = RequestId::new();
-        let span =
-            tracing::info_span!("model_request", request.id = %id, turn = call.turn, body_bytes);
         let model = &call.params.model;
+        // The OpenTelemetry GenAI conventions' names; forkd's own under `forkd.`. No prompt or
+        // completion text: it may hold secrets.
+        let span = tracing::info_span!(
+            "model_request",
+            otel.name = %format!("chat {model}"),
+            otel.kind = "client",
+            otel.status_code = Empty,
+            otel.status_description = Empty,
+            request.id = %id,
+            turn = call.turn,
+            body_bytes = crate::trace::int(body_bytes),
+            gen_ai.operation.name = "chat",
+            gen_ai.provider.name = self.provider.name(),
+            gen_ai.request.model = %model,
+            gen_ai.request.max_tokens = i64::from(call.params.max_tokens),
+            gen_ai.usage.input_tokens = Empty,
+            gen_ai.usage.output_tokens = Empty,
+            gen_ai.usage.cache_read.input_tokens = Empty,
+            gen_ai.usage.cache_creation.input_tokens = Empty,
+            gen_ai.response.finish_reasons = Empty,
+            forkd.agent.id = %call.agent.id,
+            forkd.agent.kind = call.agent.kind.as_str(),
+            forkd.batch.id = Empty,
+            forkd.prefix_fingerprint = %prefix_fingerprint,
+            forkd.admission_wait_ms = Empty,
+            gen_ai.input.messages = Empty,
+            gen_ai.output.messages = Empty,
+        );
+        if let Some(batch) = call.agent.batch_id {
+            span.record("forkd.batch.id", tracing::field::display(batch));
+        }
+        if let Some(slot) = call.prefix_writer {
+            let mut writer = slot.lock().unwrap_or_else(|p| p.into_inner());
+            match writer.as_deref() {
+                Some(first) => crate::trace::link(&span, first),
+                None => *writer = crate::trace::traceparent(&span),
+            }
+        }
         let req = ModelRequest {
             model: model.clone(),
             body: body.body.into(),
         };
+        if self.trace_content
+            && let Ok(body) = serde_json::from_str::<serde_json::Value>(&req.body)
+        {
+            span.record("gen_ai.input.messages", body["messages"].to_string());
+        }
         let sent_at_ms = now_ms();
-        let ticket = self
-            .ticket(&call, &req, &prefix_fingerprint, prefix_end)
-            .await?;
-        let timed = self
-            .send(req, ticket, call.agent, &prefix_fingerprint, on_event)
-            .instrument(span.clone())
-            .await?;
+        let sent = async {
+            let admitted = std::time::Instant::now();
+            let ticket = self
+                .ticket(&call, &req, &prefix_fingerprint, prefix_end)
+                .await?;
+            tracing::Span::current().record(
+                "forkd.admission_wait_ms",
+                crate::trace::int(crate::clock::millis(admitted.elapsed())),
+            );
+            self.send(req, ticket, call.agent, &prefix_fingerprint, on_event)
+                .await
+        }
+        .instrument(span.clone())
+        .await;
+        let timed = match sent {
+            Ok(timed) => timed,
+            Err(e) => {
+                span.record("otel.status_code", "ERROR");
+                span.record("otel.status_description", tracing::field::display(&e));
+                return Err(e);
+            }
+        };
         let completion = timed.completion;
+        let usage = &completion.usage;
+        // As i64: the OpenTelemetry layer records unsigned values as text.
+        let int = crate::trace::int;
+        span.record("gen_ai.usage.input_tokens", int(usage.total_input()));
+        span.record("gen_ai.usage.output_tokens", int(usage.output_tokens));
+        span.record(
+            "gen_ai.usage.cache_read.input_tokens",
+            int(usage.cache_read_input_tokens),
+        );
+        span.record(
+            "gen_ai.usage.cache_creation.input_tokens",
+            int(usage.cache_creation_input_tokens),
+        );
+        if let Some(reason) = &completion.stop_reason {
+            span.record("gen_ai.response.finish_reasons", reason.as_str());
+        }
+        if self.trace_content {
+            let output = serde_json::json!([{
+                "role": "assistant",
+                "content": serde_json::from_str::<serde_json::Value>(&completion.message.content_json())
+                    .unwrap_or_default(),
+            }]);
+            span.record("gen_ai.output.messages", output.to_string());
+        }
         let record = RequestRecord {
             id,
             agent_id: call.agent.id,
@@ -301,7 +390,16 @@ impl ModelCalls {
         let mut first_token = None;
         let mut timing = |event: &StreamEvent| {
             if first_token.is_none() && event.starts_output() {
-                first_token = Some(started.elapsed());
+                let took = started.elapsed();
+                first_token = Some(took);
+                // A span event at the moment it came (docs/operations.md, "Tracing").
+                // Debug: not a log line at the default level, but the trace's layer takes it.
+                tracing::event!(
+                    name: "gen_ai.first_token",
+                    tracing::Level::DEBUG,
+                    first_token_ms = crate::trace::int(crate::clock::millis(took)),
+                    "gen_ai.first_token"
+                );
             }
             on_event(event);
         };

@@ -266,7 +266,14 @@ impl Turns {
         };
         self.turn_starts.begin(session.id, start);
         let handoff = Arc::new(Handoff::default());
-        let rx = self.spawn_turn(session, parent, lease, guard, handoff.clone(), None);
+        let rx = self.spawn_turn(
+            session,
+            parent,
+            lease,
+            guard,
+            handoff.clone(),
+            Resumption::default(),
+        );
         Ok(self.foreground(parent_id, rx, backgrounds, handoff))
     }
 
@@ -374,7 +381,16 @@ impl Turns {
         // Nobody listens to a resumed turn: its results land in the transcript, and its end in
         // a notification.
         let handoff = Arc::new(Handoff::in_background());
-        drop(self.spawn_turn(session, parent, lease, guard, handoff, pending));
+        // The turn goes on in the trace it began in.
+        let trace_parent = self.store.turn_trace(session.id).await.unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "Cannot read the turn's trace context");
+            None
+        });
+        let resumed = Resumption {
+            pending,
+            trace_parent,
+        };
+        drop(self.spawn_turn(session, parent, lease, guard, handoff, resumed));
         Ok(())
     }
 
@@ -387,13 +403,41 @@ impl Turns {
         lease: Lease,
         guard: OwnedMutexGuard<()>,
         handoff: Arc<Handoff>,
-        pending: Option<Message>,
+        resumed: Resumption,
     ) -> mpsc::Receiver<Result<ParentEvent>> {
         let (tx, rx) = mpsc::channel(256);
         let turns = Arc::clone(self);
         let cancel = self.supervisor.register(parent.id);
-        let span =
-            tracing::info_span!("parent_turn", session.id = %session.id, agent.id = %parent.id);
+        let span = tracing::info_span!(
+            "parent_turn",
+            otel.name = "parent_turn",
+            session.id = %session.id,
+            agent.id = %parent.id,
+            forkd.session.id = %session.id,
+            forkd.tenant = %session.tenant.as_str(),
+            forkd.resumed = resumed.trace_parent.is_some(),
+        );
+        let Resumption {
+            pending,
+            trace_parent,
+        } = resumed;
+        match &trace_parent {
+            Some(parent_trace) => {
+                crate::trace::adopt(&span, parent_trace);
+            }
+            // A new turn's trace context is kept, for a daemon that resumes it.
+            None => {
+                if let Some(context) = crate::trace::traceparent(&span) {
+                    let store = Arc::clone(&self.store);
+                    let session_id = session.id;
+                    self.supervisor.spawn(async move {
+                        if let Err(e) = store.set_turn_trace(session_id, &context).await {
+                            tracing::debug!(error = %e, "Cannot keep the turn's trace context");
+                        }
+                    });
+                }
+            }
+        }
         let turn = Turn {
             session,
             parent,
@@ -673,6 +717,7 @@ impl Turns {
             conversation: &Conversation::main_loop(messages, session.reply_breakpoint),
             prefix: PrefixEnd::LastBlock,
             input_tokens: Some(input_tokens),
+            prefix_writer: None,
         };
         let tx = events.clone();
         let answer = self
@@ -755,4 +800,12 @@ impl Compacting for MainLoop<'_> {
 async fn send(events: &Events, event: ParentEvent) {
     // The turn goes on when nobody listens: its results are in the transcript.
     let _ = events.send(Ok(event)).await;
+}
+
+/// What a resumed turn brings: the reply it was answering (answered again as it was, same
+/// tool_use ids), and the trace context its turn began in.
+#[derive(Debug, Default)]
+pub(crate) struct Resumption {
+    pending: Option<Message>,
+    trace_parent: Option<String>,
 }

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use gate::WarmupGate;
-pub(crate) use lifecycle::Ending;
+pub(crate) use lifecycle::{Ending, resumed_span};
 pub(crate) use load::{AgentRun, BatchCache, BatchContext, Shape};
 
 use crate::attach::Attach;
@@ -164,8 +164,14 @@ impl Runs {
         cancel: &CancellationToken,
     ) -> RunOutcome {
         if let Some(mut rx) = wait {
+            let waited = std::time::Instant::now();
             // A closed gate (its sender dropped) releases the sibling too.
             let _ = rx.wait_for(|open| *open).await;
+            // The warm-up gate's wait, on the agent's span (docs/operations.md, "Tracing").
+            tracing::Span::current().record(
+                "forkd.gate_wait_ms",
+                crate::trace::int(crate::clock::millis(waited.elapsed())),
+            );
         }
         // Claimed before the transcript is read: from here on an older run cannot write, so
         // what this run loads is final.
@@ -350,6 +356,10 @@ impl Runs {
             input_tokens: match run.shape {
                 Shape::Fork { .. } => Some(counted),
                 Shape::Typed => None,
+            },
+            prefix_writer: match &run.shape {
+                Shape::Fork { ctx } if turn == 0 => Some(&ctx.first_span),
+                _ => None,
             },
         };
         self.calls.call(call, &mut opens(gate)).await

@@ -116,10 +116,13 @@ impl fmt::Display for Addr {
     }
 }
 
-/// Adds `authorization: Bearer <token>` to every call when a token is configured.
+/// Adds `authorization: Bearer <token>` to every call when a token is configured, and the
+/// caller's W3C trace context (`TRACEPARENT`, as CI systems and `otel-cli` set it) as
+/// `traceparent`, so that the daemon's spans join the caller's trace.
 #[derive(Clone, Debug)]
 pub struct Auth {
     header: Option<MetadataValue<Ascii>>,
+    traceparent: Option<MetadataValue<Ascii>>,
 }
 
 impl Auth {
@@ -139,7 +142,20 @@ impl Auth {
                 Some(value)
             }
         };
-        Ok(Self { header })
+        Ok(Self {
+            header,
+            traceparent: None,
+        })
+    }
+
+    /// Sends `traceparent` (the `TRACEPARENT` variable's value) with every call. A value that
+    /// cannot travel in a header is not a trace context: it is left out, not an error.
+    pub fn with_traceparent(mut self, traceparent: Option<&str>) -> Self {
+        self.traceparent = traceparent
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .and_then(|t| t.parse().ok());
+        self
     }
 }
 
@@ -152,6 +168,11 @@ impl Interceptor for Auth {
             request
                 .metadata_mut()
                 .insert("authorization", header.clone());
+        }
+        if let Some(traceparent) = &self.traceparent {
+            request
+                .metadata_mut()
+                .insert("traceparent", traceparent.clone());
         }
         Ok(request)
     }
@@ -333,6 +354,24 @@ mod tests {
         let request = none.call(tonic::Request::new(()))?;
         assert!(request.metadata().get("authorization").is_none());
         assert!(Auth::new(Some("bad\ntoken")).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn a_trace_context_travels_as_traceparent() -> Result<(), Box<dyn std::error::Error>> {
+        let value = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut auth = Auth::new(None)?.with_traceparent(Some(value));
+        let request = auth.call(tonic::Request::new(()))?;
+        let header = request.metadata().get("traceparent");
+        assert_eq!(header.and_then(|v| v.to_str().ok()), Some(value));
+        for absent in [None, Some(""), Some("bad\nvalue")] {
+            let mut auth = Auth::new(None)?.with_traceparent(absent);
+            let request = auth.call(tonic::Request::new(()))?;
+            assert!(
+                request.metadata().get("traceparent").is_none(),
+                "{absent:?}"
+            );
+        }
         Ok(())
     }
 }

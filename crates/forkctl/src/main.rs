@@ -37,7 +37,8 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
     let addr = Addr::resolve(cli.addr.as_deref())?;
     // An unset or non-UTF-8 token both mean "no token"; the daemon then says whether it needs one.
     let token = std::env::var("FORKD_TOKEN").ok();
-    let auth = Auth::new(token.as_deref())?;
+    let auth =
+        Auth::new(token.as_deref())?.with_traceparent(std::env::var("TRACEPARENT").ok().as_deref());
     // What can be checked without a daemon is checked before connecting: a broken run file is
     // reported as such, daemon or not.
     let run_file = match &cli.command {

@@ -109,6 +109,9 @@ pub struct DaemonConfig {
     /// link minted over the Unix socket (`forkctl ui`). Off loopback it needs tokens, as
     /// `listen` does; it uses `tls` when that is set.
     pub ui_listen: Option<SocketAddr>,
+    /// The web view links a batch's or agent's trace id here (`{trace_id}` replaced): a trace
+    /// UI such as Jaeger's `http://localhost:16686/trace/{trace_id}`.
+    pub trace_url_template: Option<String>,
     /// TLS on the TCP listener and the web view (needs `listen` or `ui_listen`).
     pub tls: Option<TlsFiles>,
     /// The key that seals sessions' own MCP server definitions in the database (32 bytes as
@@ -136,6 +139,7 @@ impl DaemonConfig {
             listen: None,
             metrics_listen: None,
             ui_listen: None,
+            trace_url_template: None,
             tls: None,
             secret_key_file: None,
             provider: ProviderKind::Sim,
@@ -513,6 +517,7 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
             let web = forkd_web::WebConfig {
                 tokens: tokens.clone(),
                 codes: codes.clone(),
+                trace_url_template: config.trace_url_template.clone(),
             };
             endpoint.serve(engine.clone(), web, shutdown.clone());
             tracing::info!(ui = %addr, "Serving the web view at {scheme}://{addr}/");

@@ -9,3 +9,4 @@ pub mod daemon;
 pub mod demo;
 mod metrics;
 pub mod report;
+pub mod telemetry;

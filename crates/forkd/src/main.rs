@@ -104,13 +104,29 @@ fn init_tracing(format: LogFormat) {
 }
 
 fn init_tracing_with(filter: tracing_subscriber::EnvFilter, format: LogFormat) {
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    init_tracing_exported(filter, format, None);
+}
+
+/// Logs on stderr under `filter`, and with `telemetry` forkd's spans exported as traces too,
+/// under a filter of their own: a quieter log level does not thin the traces out.
+fn init_tracing_exported(
+    filter: tracing_subscriber::EnvFilter,
+    format: LogFormat,
+    telemetry: Option<&forkd::telemetry::Telemetry>,
+) {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let logs = match format {
+        LogFormat::Text => logs.boxed(),
+        LogFormat::Json => logs.json().boxed(),
+    };
+    let traces = telemetry.map(|t| t.layer().with_filter(forkd::telemetry::span_filter()));
+    tracing_subscriber::registry()
+        .with(logs.with_filter(filter))
+        .with(traces)
+        .init();
 }
 
 fn default_home() -> anyhow::Result<PathBuf> {
@@ -205,11 +221,23 @@ async fn serve(home: Option<PathBuf>, flags: ServeFlags) -> anyhow::Result<()> {
     let settings = Settings::resolve(&flags, |name| std::env::var(name).ok(), &file, &home)?;
     let filter = tracing_subscriber::EnvFilter::try_new(&settings.log)
         .with_context(|| format!("invalid log filter `{}`", settings.log))?;
-    init_tracing_with(filter, settings.log_format);
+    let telemetry = settings
+        .tracing
+        .as_ref()
+        .map(forkd::telemetry::Telemetry::start)
+        .transpose()
+        .context("cannot start the OTLP trace exporter")?;
+    init_tracing_exported(filter, settings.log_format, telemetry.as_ref());
+    if let Some(config) = &settings.tracing {
+        tracing::info!(endpoint = %config.endpoint, protocol = ?config.protocol, "Exporting traces over OTLP");
+    }
     let running = daemon::start(settings.daemon_config(home)?).await?;
     wait_for_signal().await?;
     tracing::info!("Shutting down");
-    running.shutdown(settings.grace).await
+    let stopped = running.shutdown(settings.grace).await;
+    // What is buffered goes out before the process does.
+    drop(telemetry);
+    stopped
 }
 
 /// `forkd token …`: only the secret of `create` goes to stdout; everything else people read goes

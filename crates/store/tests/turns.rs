@@ -27,6 +27,7 @@ conformance!(
     the_main_loop_is_found_by_its_session_among_its_children,
     a_branch_reads_its_origins_transcript_to_its_point_then_its_own,
     a_branch_is_refused_past_its_origins_end_and_without_its_origin,
+    a_sessions_latest_turn_keeps_its_trace_context,
 );
 
 fn key(kind: IdempotentCall, key: &str, resource_id: String) -> IdempotencyRecord {
@@ -53,6 +54,27 @@ fn turn_notification(agent: &forkd_core::Agent, at_ms: i64) -> NewNotification {
     let mut n = ended(agent, NotificationStatus::Completed, at_ms);
     n.batch_id = None;
     n
+}
+
+async fn a_sessions_latest_turn_keeps_its_trace_context(store: TestStore) -> TestResult {
+    let session = session()?;
+    store.create_session(&session, &history()?, None).await?;
+    assert_eq!(store.turn_trace(session.id).await?, None);
+    let first = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let later = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    store.set_turn_trace(session.id, first).await?;
+    store.set_turn_trace(session.id, later).await?;
+    assert_eq!(store.turn_trace(session.id).await?.as_deref(), Some(later));
+    let missing = forkd_core::SessionId::new();
+    assert!(matches!(
+        store.set_turn_trace(missing, first).await,
+        Err(StoreError::NotFound { .. })
+    ));
+    assert!(matches!(
+        store.turn_trace(missing).await,
+        Err(StoreError::NotFound { .. })
+    ));
+    Ok(())
 }
 
 async fn the_main_loop_is_found_by_its_session_among_its_children(store: TestStore) -> TestResult {
@@ -478,6 +500,7 @@ async fn a_client_batch_reports_with_one_digest_when_its_last_child_ends(
     let mut fx = client_fork(&session, 3, 3)?;
     let schema = forkd_core::output::OutputSchema::parse(r#"{"type":"object","required":["v"]}"#)?;
     fx.batch = fx.batch.clone().with_output_schema(Some(schema));
+    fx.batch.trace_parent = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
     store
         .create_fork_batch(
             &fx.batch,

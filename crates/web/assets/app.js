@@ -32,6 +32,12 @@ function s(tag, attrs, ...children) {
 }
 
 const short = (id) => (id || '').slice(-8);
+
+// The trace a batch's or agent's work is in (OpenTelemetry): its id, linked to a trace UI when the
+// daemon has a trace_url_template.
+const traceView = (trace) => !trace ? '' : h('p', { id: 'trace', class: 'muted' }, 'Trace ',
+  trace.url ? h('a', { href: trace.url, target: '_blank', rel: 'noopener noreferrer', class: 'mono' }, trace.trace_id)
+    : h('span', { class: 'mono' }, trace.trace_id));
 const usd = (x) => '$' + (x || 0).toFixed(x >= 100 ? 0 : x >= 1 ? 2 : 4);
 const pct = (x) => ((x || 0) * 100).toFixed(1) + '%';
 const num = (x) => (x || 0).toLocaleString('en-US');
@@ -404,6 +410,7 @@ async function batchView(id, t0) {
 
   app.replaceChildren(
     h('div', { class: 'toolbar' }, h('h1', {}, 'Batch ', h('span', { class: 'mono' }, id)), indicator),
+    traceView(data.trace),
     counts,
     h('h2', {}, 'Children'),
     h('div', { class: 'toolbar' }, select, h('span', { class: 'muted' }, 'rows are drawn as they scroll into view')),
@@ -576,6 +583,7 @@ async function agentView(id) {
   transcriptView(data.transcript, transcript);
   app.replaceChildren(
     h('div', { class: 'toolbar' }, h('h1', {}, 'Agent ', h('span', { class: 'mono' }, id)), indicator),
+    traceView(data.trace),
     data.directive ? h('p', {}, h('b', {}, data.directive.description)) : '',
     head, actions, report, data.changes ? changesView(data.changes) : '',
     h('h2', {}, 'Requests'),

@@ -146,8 +146,42 @@ pub(crate) async fn batch(
             "session_id": batch.session_id.to_string(),
             "created_at_ms": batch.created_at_ms,
         },
+        "trace": trace(state.trace_url_template.as_deref(), batch.trace_parent.as_deref()),
         "figures": figures,
     })))
+}
+
+/// The trace a batch's work is in (docs/operations.md, "Tracing"): its id, and a trace UI's
+/// link when the daemon has a `trace_url_template`; `null` when traces were off.
+fn trace(template: Option<&str>, trace_parent: Option<&str>) -> serde_json::Value {
+    let Some(id) = trace_parent
+        .and_then(forkd_engine::trace::parse)
+        .map(|sc| sc.trace_id().to_string())
+    else {
+        return serde_json::Value::Null;
+    };
+    let url = template.map(|template| template.replace("{trace_id}", &id));
+    json!({"trace_id": id, "url": url})
+}
+
+#[cfg(test)]
+mod trace_tests {
+    use super::*;
+
+    #[test]
+    fn a_trace_is_its_id_and_the_template_filled_in() {
+        let parent = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+        assert_eq!(
+            trace(Some("http://jaeger:16686/trace/{trace_id}"), parent),
+            json!({
+                "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
+                "url": "http://jaeger:16686/trace/4bf92f3577b34da6a3ce929d0e0e4736",
+            })
+        );
+        assert_eq!(trace(None, parent)["url"], serde_json::Value::Null);
+        assert_eq!(trace(Some("x"), None), serde_json::Value::Null);
+        assert_eq!(trace(Some("x"), Some("garbage")), serde_json::Value::Null);
+    }
 }
 
 pub(crate) async fn agent(
@@ -188,6 +222,11 @@ pub(crate) async fn agent(
         .iter()
         .map(RequestView::from)
         .collect();
+    // The trace its work is in: its batch's.
+    let trace_parent = match agent.batch_id {
+        Some(batch) => scoped.batch(batch).await?.trace_parent,
+        None => None,
+    };
     // An isolated child's copy, once it has ended: its files and unified diff.
     let changes = match agent.batch_id.is_some() && agent.state.is_terminal() {
         true => scoped
@@ -210,6 +249,7 @@ pub(crate) async fn agent(
         "transcript": transcript,
         "next_seq": own,
         "requests": requests,
+        "trace": trace(state.trace_url_template.as_deref(), trace_parent.as_deref()),
     })))
 }
 

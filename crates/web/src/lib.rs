@@ -46,6 +46,9 @@ pub struct WebConfig {
     /// (`CreateSignInLink`, for the Unix socket's owner): `GET /signin?code=…` spends one for a
     /// sign-in as tenant `local`.
     pub codes: SignInCodes,
+    /// A trace UI's URL for a trace, `{trace_id}` standing for its id
+    /// (`http://localhost:16686/trace/{trace_id}` for Jaeger): batch and agent pages link there.
+    pub trace_url_template: Option<String>,
 }
 
 /// The view's listener, bound (so a taken port fails the daemon's start) but not serving yet.
@@ -107,6 +110,7 @@ impl WebEndpoint {
                 self.tls.is_some(),
             )),
             shutdown: shutdown.clone(),
+            trace_url_template: config.trace_url_template.map(Arc::from),
         };
         let app = router(state);
         let handle = axum_server::Handle::new();
@@ -166,6 +170,8 @@ pub(crate) struct AppState {
     pub auth: Arc<auth::Auth>,
     /// Fires when the daemon stops: live streams end with it.
     pub shutdown: CancellationToken,
+    /// See [`WebConfig::trace_url_template`].
+    pub trace_url_template: Option<Arc<str>>,
 }
 
 fn router(state: AppState) -> Router {

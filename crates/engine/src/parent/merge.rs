@@ -198,6 +198,7 @@ impl Turns {
             conversation: &Conversation::main_loop(messages, branch.reply_breakpoint),
             prefix: PrefixEnd::LastBlock,
             input_tokens: None,
+            prefix_writer: None,
         };
         let shutdown = self.shutdown.clone();
         let mut ignore = |_: &forkd_provider::StreamEvent| {};

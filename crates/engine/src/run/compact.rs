@@ -112,6 +112,7 @@ impl Runs {
                     conversation: &conversation,
                     prefix: PrefixEnd::Before(run.directive_pos()),
                     input_tokens: None,
+                    prefix_writer: None,
                 },
                 on_event,
             )

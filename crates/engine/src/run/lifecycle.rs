@@ -10,6 +10,7 @@ use forkd_core::store::{Lease, NewNotification, StoreError};
 use forkd_core::{AgentId, AgentKind, NotificationStatus, Role};
 use tokio::sync::watch;
 use tracing::Instrument;
+use tracing::field::Empty;
 
 use super::WarmupGate;
 use crate::clock::now_ms;
@@ -62,7 +63,11 @@ impl Runs {
     pub(crate) async fn start_agent(self: &Arc<Self>, id: AgentId) -> crate::error::Result<()> {
         let agent = crate::lookup::agent(&*self.store, id).await?;
         let tenant = self.tenancy.session_owner(agent.session_id).await?;
-        self.start_run(id, &tenant);
+        let batch = match agent.batch_id {
+            Some(batch) => Some(crate::lookup::batch(&*self.store, batch).await?),
+            None => None,
+        };
+        resumed_span(batch.as_ref()).in_scope(|| self.start_run(id, &tenant));
         Ok(())
     }
 
@@ -92,7 +97,18 @@ impl Runs {
         // Queued now, not in the task: the order of the queue is the order of these calls.
         let turn = supervisor.queue(tenant);
         let runs = Arc::clone(self);
-        let span = tracing::info_span!("agent", agent.id = %id);
+        let span = tracing::info_span!(
+            "agent",
+            otel.name = "agent",
+            otel.status_code = Empty,
+            otel.status_description = Empty,
+            agent.id = %id,
+            forkd.agent.id = %id,
+            forkd.tenant = %tenant,
+            forkd.agent.status = Empty,
+            forkd.gate_wait_ms = Empty,
+        );
+        let ended = span.clone();
         supervisor.spawn(
             async move {
                 let _slot = match turn {
@@ -120,6 +136,11 @@ impl Runs {
                     .await
                 {
                     Raced::Done(Some((lease, ending))) => {
+                        ended.record("forkd.agent.status", ending.status.as_str());
+                        if let Some(error) = &ending.error {
+                            ended.record("otel.status_code", "ERROR");
+                            ended.record("otel.status_description", error.as_str());
+                        }
                         runs.finish_with_retries(&lease, ending).await;
                     }
                     // Paused by the shutdown drain (stays `running` for the next start), or
@@ -419,4 +440,23 @@ impl Runs {
             .iter()
             .any(|c| session.mcp.tool(&c.name).is_some() && !read_only.contains(&c.name)))
     }
+}
+
+/// The span a batch's children resume in, after a restart or on another daemon: a child of the
+/// span that forked the batch, whose trace context is stored with it, so they stay in its trace.
+pub(crate) fn resumed_span(batch: Option<&forkd_core::fork::ForkBatch>) -> tracing::Span {
+    let Some(batch) = batch else {
+        return tracing::Span::current();
+    };
+    let span = tracing::info_span!(
+        "fork_batch",
+        otel.name = "fork_batch resumed",
+        forkd.batch.id = %batch.id,
+        forkd.session.id = %batch.session_id,
+        forkd.batch.resumed = true,
+    );
+    if let Some(parent) = &batch.trace_parent {
+        crate::trace::adopt(&span, parent);
+    }
+    span
 }

@@ -26,6 +26,8 @@ pub(crate) struct BatchContext {
     /// The batch's first recorded turn-0 request, which every sibling's first request is
     /// compared with (loaded from the store when a restart lost it).
     pub first_request: std::sync::Mutex<Option<RequestRecord>>,
+    /// The trace context of the batch's first request: its siblings' first requests link to it.
+    pub first_span: std::sync::Mutex<Option<String>>,
 }
 
 /// Live batch contexts; entries die with the last child that holds them.
@@ -151,6 +153,7 @@ impl Runs {
             batch,
             history,
             first_request: std::sync::Mutex::new(None),
+            first_span: std::sync::Mutex::new(None),
         });
         let mut cache = self.batches.0.lock().unwrap_or_else(|p| p.into_inner());
         // Another sibling may have loaded it meanwhile: keep theirs, so all share one copy.

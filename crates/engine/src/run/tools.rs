@@ -22,6 +22,7 @@ use forkd_tools::{Decision, Policy, Rule, SandboxSpec, ToolContext, ToolOutput, 
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use super::Runs;
 use crate::clock::now_ms;
@@ -62,6 +63,33 @@ pub(crate) struct ToolTurn<'a> {
 
 /// The agent's permission policy: its mode and its session's rules (checked when the session
 /// was created, so none fails to parse here), with the MCP tools the operator marked read-only.
+/// A tool call's span, as the GenAI conventions name it (docs/operations.md, "Tracing"): the
+/// tool and the call's id, never its input or output.
+pub(crate) fn tool_span(id: &str, name: &str, sandbox: SandboxMode) -> tracing::Span {
+    tracing::info_span!(
+        "tool_call",
+        otel.name = %format!("execute_tool {name}"),
+        otel.status_code = tracing::field::Empty,
+        gen_ai.operation.name = "execute_tool",
+        gen_ai.tool.name = %name,
+        gen_ai.tool.call.id = %id,
+        forkd.sandbox = sandbox.as_str(),
+    )
+}
+
+/// Marks a tool call's span failed when the model was told the call failed.
+pub(crate) fn mark_error(span: &tracing::Span, result: &Block) {
+    let failed = result
+        .raw()
+        .value()
+        .get("is_error")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    if failed {
+        span.record("otel.status_code", "ERROR");
+    }
+}
+
 fn policy(mode: PermissionMode, session: &Session) -> Policy {
     let rules: &PermissionRules = &session.rules;
     let parse = |rules: &[String]| rules.iter().filter_map(|r| Rule::parse(r).ok()).collect();
@@ -186,7 +214,15 @@ impl Runs {
                         .await?;
                     result
                 }
-                _ => self.call(turn, id, name, &input, &ctx, &policy).await?,
+                _ => {
+                    let span = tool_span(id, name, turn.session.sandbox.mode);
+                    let result = self
+                        .call(turn, id, name, &input, &ctx, &policy)
+                        .instrument(span.clone())
+                        .await?;
+                    mark_error(&span, &result);
+                    result
+                }
             };
             results.push(result);
         }

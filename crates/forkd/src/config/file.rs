@@ -91,6 +91,8 @@ pub struct FileConfig {
     pub sandbox_limits: Option<LimitsSection>,
     /// Isolated children's copies: `[isolation]`.
     pub isolation: Option<IsolationSection>,
+    /// `[tracing]`: OTLP export of traces (the `OTEL_*` variables win).
+    pub tracing: Option<TracingSection>,
     /// Per-tenant settings: `[tenants.NAME]`.
     pub tenants: Option<BTreeMap<String, TenantSection>>,
     /// The `anthropic` provider's settings.
@@ -133,6 +135,25 @@ pub struct IsolationSection {
     pub disk_cap_mib: Option<u64>,
     /// How long a copy neither applied nor discarded is kept after its child ended (`"7d"`).
     pub retention: Option<String>,
+}
+
+/// `[tracing]` in `config.toml`: OpenTelemetry traces over OTLP (docs/operations.md, "Tracing").
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingSection {
+    /// The collector's base URL; traces are off without one.
+    pub endpoint: Option<String>,
+    /// `grpc` (default) or `http/protobuf`.
+    pub protocol: Option<String>,
+    /// Headers sent with every export (a hosted backend's API key).
+    pub headers: Option<BTreeMap<String, String>>,
+    /// The `service.name` of forkd's spans (default `forkd`).
+    pub service_name: Option<String>,
+    /// Put prompt and completion text on model-request spans (default false: it may hold
+    /// secrets).
+    pub capture_content: Option<bool>,
+    /// The web view's link to a trace UI, `{trace_id}` standing for the trace's id.
+    pub trace_url_template: Option<String>,
 }
 
 /// `[tenants.NAME]` in `config.toml`: a tenant's spending limits.

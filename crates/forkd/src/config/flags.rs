@@ -28,6 +28,14 @@ pub struct ServeFlags {
     /// `forkctl ui` prints; off loopback, tokens must exist. TLS with --tls-cert and --tls-key.
     #[arg(long, value_name = "ADDR")]
     pub ui_listen: Option<SocketAddr>,
+    /// Export traces over OTLP to this collector (env OTEL_EXPORTER_OTLP_ENDPOINT, or
+    /// `[tracing] endpoint`): `http://localhost:4317` for gRPC, `http://localhost:4318` for HTTP.
+    /// Off without one.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// `grpc` or `http/protobuf` (env OTEL_EXPORTER_OTLP_PROTOCOL; default grpc).
+    #[arg(long, value_name = "PROTOCOL")]
+    pub otlp_protocol: Option<String>,
     #[arg(long, value_enum, help = with_default(
         "The model provider (env FORKD_PROVIDER)",
         |d| value_name(&d.provider),

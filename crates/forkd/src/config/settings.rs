@@ -60,6 +60,11 @@ pub struct Settings {
     pub mcp_config_tenants: std::collections::BTreeSet<String>,
     /// The price table with `[models]` applied.
     pub models: forkd_core::pricing::Models,
+    /// OTLP trace export; `None`: off.
+    pub tracing: Option<crate::telemetry::TracingConfig>,
+    /// The web view's link to a trace UI (`[tracing] trace_url_template`,
+    /// `FORKD_TRACE_URL_TEMPLATE`).
+    pub trace_url_template: Option<String>,
     /// The provider variables, environment over file.
     pub(super) provider_vars: ProviderVars,
 }
@@ -110,6 +115,8 @@ impl Default for Settings {
             isolation: engine.isolation,
             mcp_config_tenants: Default::default(),
             models: engine.models,
+            tracing: None,
+            trace_url_template: None,
             provider_vars: ProviderVars::default(),
         }
     }
@@ -130,6 +137,13 @@ impl Settings {
         settings.resolve_agents(flags, &layers, file)?;
         settings.resolve_listeners(flags, &layers, file, home)?;
         settings.resolve_process(flags, &layers, file)?;
+        settings.tracing = resolve_tracing(flags, &layers, file)?;
+        let template = file
+            .tracing
+            .as_ref()
+            .and_then(|t| t.trace_url_template.clone());
+        settings.trace_url_template =
+            layers.pick(None, "FORKD_TRACE_URL_TEMPLATE", text, template)?;
         Ok(settings)
     }
 
@@ -343,9 +357,11 @@ impl Settings {
         config.listen = self.listen;
         config.metrics_listen = self.metrics_listen;
         config.ui_listen = self.ui_listen;
+        config.trace_url_template = self.trace_url_template.clone();
         config.provider = self.provider;
         config.sim_speed = self.sim_speed;
         config.engine.warmup_gating = self.warmup_gating;
+        config.engine.trace_content = self.tracing.as_ref().is_some_and(|t| t.capture_content);
         config.engine.auto_background = forkd_engine::auto_background(self.auto_background_secs);
         config.engine.fork_always_async = self.fork_always_async;
         config.engine.max_running_agents = self.max_running_agents;
@@ -415,4 +431,63 @@ fn sandbox_mode(name: &str, value: &str) -> anyhow::Result<forkd_core::session::
             forkd_core::session::SandboxMode::choices()
         )
     })
+}
+
+/// Trace export: the flag, else the OpenTelemetry variables (the traces-specific one first),
+/// else `[tracing]`; off without an endpoint, and with `OTEL_SDK_DISABLED=true`.
+fn resolve_tracing<E: Fn(&str) -> Option<String>>(
+    flags: &ServeFlags,
+    layers: &Layers<E>,
+    file: &FileConfig,
+) -> anyhow::Result<Option<crate::telemetry::TracingConfig>> {
+    use crate::telemetry::{OtlpProtocol, TracingConfig};
+    let section = file.tracing.clone().unwrap_or_default();
+    if layers
+        .var("OTEL_SDK_DISABLED")
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+    {
+        return Ok(None);
+    }
+    let protocol = flags
+        .otlp_protocol
+        .clone()
+        .or_else(|| layers.var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"))
+        .or_else(|| layers.var("OTEL_EXPORTER_OTLP_PROTOCOL"))
+        .or(section.protocol);
+    let protocol = match protocol {
+        Some(p) => OtlpProtocol::parse(&p)?,
+        None => OtlpProtocol::default(),
+    };
+    // The traces-specific variable is the whole URL; the others are the collector's base.
+    let endpoint = match (
+        flags.otlp_endpoint.clone(),
+        layers.var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+    ) {
+        (Some(base), _) => Some(protocol.traces_url(&base)),
+        (None, Some(whole)) => Some(whole.trim().to_owned()),
+        (None, None) => layers
+            .var("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .or(section.endpoint)
+            .map(|base| protocol.traces_url(&base)),
+    };
+    let Some(endpoint) = endpoint else {
+        return Ok(None);
+    };
+    let headers = match layers
+        .var("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+        .or_else(|| layers.var("OTEL_EXPORTER_OTLP_HEADERS"))
+    {
+        Some(list) => crate::telemetry::parse_headers(&list)?,
+        None => section.headers.unwrap_or_default().into_iter().collect(),
+    };
+    Ok(Some(TracingConfig {
+        endpoint,
+        protocol,
+        headers,
+        service_name: layers
+            .var("OTEL_SERVICE_NAME")
+            .or(section.service_name)
+            .unwrap_or_else(|| "forkd".to_owned()),
+        capture_content: section.capture_content.unwrap_or(false),
+    }))
 }

@@ -708,3 +708,68 @@ fn isolated_copies_take_their_disk_cap_and_retention_from_the_file() {
     let err = bad.err().unwrap().to_string();
     assert!(err.contains("[isolation] retention"), "{err}");
 }
+
+#[test]
+fn traces_come_from_the_flag_the_otel_variables_or_the_file_and_are_off_without_an_endpoint() {
+    use crate::telemetry::OtlpProtocol;
+    let none = ServeFlags::default();
+    assert_eq!(resolve(&none, &[], "").unwrap().tracing, None);
+    let file = "[tracing]\nendpoint = \"http://collector:4318\"\nprotocol = \"http/protobuf\"\n\
+                headers = { api-key = \"k\" }\nservice_name = \"forkd-ci\"\ncapture_content = true";
+    let t = resolve(&none, &[], file).unwrap().tracing.unwrap();
+    assert_eq!(t.endpoint, "http://collector:4318/v1/traces");
+    assert_eq!(t.protocol, OtlpProtocol::HttpProtobuf);
+    assert_eq!(t.headers, [("api-key".to_owned(), "k".to_owned())]);
+    assert_eq!(
+        (t.service_name.as_str(), t.capture_content),
+        ("forkd-ci", true)
+    );
+
+    // The standard variables win over the file; the traces-specific endpoint is taken whole.
+    let vars = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel:4317"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-team=forkd"),
+        ("OTEL_SERVICE_NAME", "forkd-env"),
+    ];
+    let t = resolve(&none, &vars, file).unwrap().tracing.unwrap();
+    assert_eq!(t.endpoint, "http://otel:4317");
+    assert_eq!(t.protocol, OtlpProtocol::Grpc);
+    assert_eq!(t.headers, [("x-team".to_owned(), "forkd".to_owned())]);
+    assert_eq!(t.service_name, "forkd-env");
+    let whole = [
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "http://otel:4318/custom/traces",
+        ),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+    ];
+    let t = resolve(&none, &whole, "").unwrap().tracing.unwrap();
+    assert_eq!(t.endpoint, "http://otel:4318/custom/traces");
+    assert_eq!(t.service_name, "forkd");
+
+    // The flag wins; OTEL_SDK_DISABLED turns it all off; a bad protocol names itself.
+    let flags = ServeFlags {
+        otlp_endpoint: Some("http://flag:4317".into()),
+        ..ServeFlags::default()
+    };
+    let t = resolve(&flags, &vars, file).unwrap().tracing.unwrap();
+    assert_eq!(t.endpoint, "http://flag:4317");
+    let off = [
+        ("OTEL_SDK_DISABLED", "true"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel:4317"),
+    ];
+    assert_eq!(resolve(&none, &off, "").unwrap().tracing, None);
+    let linked = "[tracing]\ntrace_url_template = \"http://jaeger:16686/trace/{trace_id}\"";
+    let s = resolve(&none, &[], linked).unwrap();
+    assert_eq!(
+        s.daemon_config(PathBuf::from("/srv/forkd"))
+            .unwrap()
+            .trace_url_template
+            .as_deref(),
+        Some("http://jaeger:16686/trace/{trace_id}")
+    );
+    let bad = [("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")];
+    let err = resolve(&flags, &bad, "").unwrap_err().to_string();
+    assert!(err.contains("http/json"), "{err}");
+}

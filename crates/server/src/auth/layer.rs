@@ -107,12 +107,24 @@ where
         let span = tracing::info_span!(
             "rpc",
             rpc = %path,
+            otel.name = %path.trim_start_matches('/'),
+            otel.kind = "server",
+            rpc.system = "grpc",
             transport = self.transport.name(),
             tenant = Empty,
             peer.uid = Empty,
             peer.pid = Empty,
             peer.addr = Empty,
         );
+        // A caller's W3C trace context (`traceparent`, as CI systems and `forkctl` send it): the
+        // call's span, and the work it starts, join the caller's trace.
+        if let Some(parent) = request
+            .headers()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+        {
+            forkd_engine::trace::adopt(&span, parent);
+        }
         Peer::of(request.extensions()).record(&span);
         let header = request.headers().get(http::header::AUTHORIZATION);
         match authorize(self.transport, self.tokens.as_ref(), header) {

@@ -19,6 +19,7 @@ pub(crate) struct BatchRow {
     assistant_json: String,
     shared_user_blocks_json: String,
     output_schema: Option<String>,
+    trace_parent: Option<String>,
     created_at_ms: i64,
 }
 
@@ -26,7 +27,7 @@ pub(crate) struct BatchRow {
 macro_rules! batch_columns {
     () => {
         "id, session_id, fork_point, compacted_to, shape, assistant_json, shared_user_blocks_json, \
-         output_schema, created_at_ms"
+         output_schema, trace_parent, created_at_ms"
     };
 }
 pub(crate) use batch_columns;
@@ -58,6 +59,7 @@ impl TryFrom<BatchRow> for ForkBatch {
                 "batch shared user blocks",
             )?,
             output_schema: row.output_schema.map(OutputSchema::from_stored),
+            trace_parent: row.trace_parent,
             created_at_ms: row.created_at_ms,
         })
     }
@@ -98,7 +100,7 @@ pub(crate) fn check_children(batch: &ForkBatch, children: &[NewChild]) -> Result
 /// Inserts a batch: bind [`BatchValues`] with [`bind_batch!`].
 pub(crate) const INSERT_BATCH: &str = "INSERT INTO batches (id, session_id, fork_point, shape, assistant_json, \
      shared_user_blocks_json, created_at_ms, budget_usd, budget_tokens, compacted_to, \
-     output_schema) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
+     output_schema, trace_parent) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
 
 /// A batch as its row stores it.
 pub(crate) struct BatchValues {
@@ -113,6 +115,7 @@ pub(crate) struct BatchValues {
     pub budget_tokens: Option<i64>,
     pub compacted_to: Option<i64>,
     pub output_schema: Option<String>,
+    pub trace_parent: Option<String>,
 }
 
 impl BatchValues {
@@ -141,6 +144,7 @@ impl BatchValues {
                 .map(|to| to_i64(to, "compacted_to"))
                 .transpose()?,
             output_schema: batch.output_schema.as_ref().map(|s| s.as_str().to_owned()),
+            trace_parent: batch.trace_parent.clone(),
         })
     }
 }
@@ -161,6 +165,7 @@ macro_rules! bind_batch {
             .bind(v.budget_tokens)
             .bind(v.compacted_to)
             .bind(&v.output_schema)
+            .bind(&v.trace_parent)
     }};
 }
 pub(crate) use bind_batch;

@@ -251,6 +251,35 @@ pub(crate) async fn branches(pool: &Pool, origin: SessionId) -> Result<Vec<Sessi
 }
 
 /// The seqs of the messages that began the session's turns, its origins' included.
+/// Keeps the trace context of the session's latest turn.
+pub(crate) async fn set_turn_trace(
+    conn: &mut Conn,
+    id: SessionId,
+    trace_parent: &str,
+) -> Result<()> {
+    let id = id.to_string();
+    let updated = sqlx::query("UPDATE sessions SET trace_parent = $2 WHERE id = $1")
+        .bind(&id)
+        .bind(trace_parent)
+        .execute(conn)
+        .await?;
+    if updated.rows_affected() == 0 {
+        return Err(not_found(id));
+    }
+    Ok(())
+}
+
+/// The trace context of the session's latest turn.
+pub(crate) async fn turn_trace(pool: &Pool, id: SessionId) -> Result<Option<String>> {
+    let id = id.to_string();
+    let row: Option<Option<String>> =
+        sqlx::query_scalar("SELECT trace_parent FROM sessions WHERE id = $1")
+            .bind(&id)
+            .fetch_optional(pool)
+            .await?;
+    row.ok_or_else(|| not_found(id))
+}
+
 pub(crate) async fn turns(pool: &Pool, id: SessionId) -> Result<Vec<u64>> {
     let id = id.to_string();
     let seqs: Vec<i64> = sqlx::query_scalar(concat!(

@@ -87,6 +87,19 @@ impl Store for DriverStore {
         db(sessions::turns(self.readers(), id).await)
     }
 
+    async fn set_turn_trace(&self, id: SessionId, trace_parent: &str) -> StoreResult<()> {
+        write_tx!(self, |tx| sessions::set_turn_trace(
+            &mut tx,
+            id,
+            trace_parent
+        )
+        .await?)
+    }
+
+    async fn turn_trace(&self, id: SessionId) -> StoreResult<Option<String>> {
+        db(sessions::turn_trace(self.readers(), id).await)
+    }
+
     async fn get_session(&self, id: SessionId) -> StoreResult<Option<Session>> {
         db(sessions::get(self.readers(), id).await)
     }
