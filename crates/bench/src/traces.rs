@@ -6,19 +6,13 @@
 //! The exporter's layer is installed once for the process, behind a switch that the runs turn
 //! on and off; off, the layer is given no span at all.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use forkd::daemon::{self, DaemonConfig};
 use forkd::telemetry::{OtlpProtocol, Telemetry, TracingConfig};
 use forkd_proto::v1 as pb;
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
+use forkd_test_support::otlp::OtlpReceiver;
 use serde_json::json;
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -34,42 +28,6 @@ const WIDE: usize = 100;
 
 /// Whether spans go to the exporter now.
 static EXPORTING: AtomicBool = AtomicBool::new(false);
-
-/// Counts the spans it is sent.
-#[derive(Default, Clone)]
-struct Receiver {
-    spans: Arc<AtomicU64>,
-}
-
-#[tonic::async_trait]
-impl TraceService for Receiver {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let n: usize = request
-            .into_inner()
-            .resource_spans
-            .iter()
-            .flat_map(|r| &r.scope_spans)
-            .map(|s| s.spans.len())
-            .sum();
-        self.spans.fetch_add(n as u64, Ordering::Relaxed);
-        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
-    }
-}
-
-async fn receiver() -> anyhow::Result<(String, Receiver)> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let receiver = Receiver::default();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(receiver.clone()))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    Ok((format!("http://{addr}"), receiver))
-}
 
 /// A batch of `WIDE` children, sent with a `traceparent`, until its last child ends.
 async fn wide_batch(
@@ -106,9 +64,9 @@ fn median(mut xs: Vec<f64>) -> f64 {
 
 pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
     let started = Instant::now();
-    let (endpoint, receiver) = receiver().await?;
+    let receiver = OtlpReceiver::start().await?;
     let telemetry = Telemetry::start(&TracingConfig {
-        endpoint,
+        endpoint: receiver.endpoint.clone(),
         protocol: OtlpProtocol::Grpc,
         headers: Vec::new(),
         service_name: "forkd-bench".into(),
@@ -171,7 +129,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
         telemetry
     });
     let telemetry = flush.await?;
-    let exported = receiver.spans.load(Ordering::Relaxed);
+    let exported = receiver.count() as u64;
 
     let rows = [
         (

@@ -11,23 +11,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use forkd::telemetry::{OtlpProtocol, Telemetry, TracingConfig, span_filter};
 use forkd_proto::v1 as pb;
+use forkd_test_support::otlp::{OtlpReceiver, Span, Value};
 use forkd_test_support::{
     create_session, directives, eventually, session_request, spawn_daemon, trusted_session_request,
     wait_for_batch, wait_for_path,
 };
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
-use opentelemetry_proto::tonic::common::v1::any_value::Value;
-use opentelemetry_proto::tonic::trace::v1::Span;
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
@@ -38,48 +30,6 @@ const CALLER_SPAN: &str = "00f067aa0ba902b7";
 const RESTARTED_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 /// The third caller's, whose parent turn a restart cuts in two.
 const TURN_TRACE: &str = "5e1ec7ed5e1ec7ed5e1ec7ed5e1ec7ed";
-
-/// An OTLP trace receiver: keeps every span it is sent.
-#[derive(Default, Clone)]
-struct Receiver {
-    spans: Arc<Mutex<Vec<Span>>>,
-}
-
-#[tonic::async_trait]
-impl TraceService for Receiver {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut kept = self.spans.lock().unwrap();
-        for resource in request.into_inner().resource_spans {
-            for scope in resource.scope_spans {
-                kept.extend(scope.spans);
-            }
-        }
-        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
-    }
-}
-
-/// The receiver's address, what it keeps, and its stop.
-async fn receiver() -> (String, Receiver, tokio::sync::oneshot::Sender<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let receiver = Receiver::default();
-    let service = TraceServiceServer::new(receiver.clone());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
-                async {
-                    let _ = stopped.await;
-                },
-            ),
-    );
-    (format!("http://{addr}"), receiver, stop)
-}
 
 fn attr<'a>(span: &'a Span, key: &str) -> Option<&'a Value> {
     span.attributes
@@ -104,9 +54,9 @@ fn text<'a>(span: &'a Span, key: &str) -> Option<&'a str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_joins_its_callers_trace_with_the_genai_attributes() {
-    let (endpoint, receiver, stop) = receiver().await;
+    let mut receiver = OtlpReceiver::start().await.unwrap();
     let telemetry = Telemetry::start(&TracingConfig {
-        endpoint,
+        endpoint: receiver.endpoint.clone(),
         protocol: OtlpProtocol::Grpc,
         headers: Vec::new(),
         service_name: "forkd-test".into(),
@@ -149,7 +99,7 @@ async fn a_batch_joins_its_callers_trace_with_the_genai_attributes() {
     // Spans end as their work does; the exporter batches them.
     let spans = eventually(Duration::from_secs(20), "the agents' spans", || {
         telemetry.flush();
-        let spans = receiver.spans.lock().unwrap().clone();
+        let spans = receiver.spans();
         let agents = spans.iter().filter(|s| s.name == "agent").count();
         async move { (agents >= 3).then_some(spans) }
     })
@@ -326,12 +276,9 @@ async fn a_batch_joins_its_callers_trace_with_the_genai_attributes() {
     let runs = eventually(Duration::from_secs(20), "the resumed child's span", || {
         telemetry.flush();
         let runs: Vec<Span> = receiver
-            .spans
-            .lock()
-            .unwrap()
-            .iter()
+            .spans()
+            .into_iter()
             .filter(|s| s.name == "agent" && text(s, "forkd.agent.id") == Some(child.as_str()))
-            .cloned()
             .collect();
         async move { (runs.len() >= 2).then_some(runs) }
     })
@@ -342,12 +289,9 @@ async fn a_batch_joins_its_callers_trace_with_the_genai_attributes() {
     let turns = eventually(Duration::from_secs(20), "the resumed turn's span", || {
         telemetry.flush();
         let turns: Vec<Span> = receiver
-            .spans
-            .lock()
-            .unwrap()
-            .iter()
+            .spans()
+            .into_iter()
             .filter(|s| s.name == "parent_turn" && hex(&s.trace_id) == TURN_TRACE)
-            .cloned()
             .collect();
         async move { (turns.len() >= 2).then_some(turns) }
     })
@@ -358,7 +302,7 @@ async fn a_batch_joins_its_callers_trace_with_the_genai_attributes() {
             .any(|t| attr(t, "forkd.resumed") == Some(&Value::BoolValue(true))),
         "the resumed turn is in the trace its turn began in: {turns:?}"
     );
-    let spans = receiver.spans.lock().unwrap().clone();
+    let spans = receiver.spans();
     // With content capture on, the resumed child's request carries its messages and its reply.
     let captured = spans
         .iter()
@@ -390,7 +334,7 @@ async fn a_batch_joins_its_callers_trace_with_the_genai_attributes() {
     }
 
     // The collector goes down: a batch still completes, and what cannot be exported is counted.
-    stop.send(()).unwrap();
+    receiver.stop();
     let before = telemetry.dropped();
     let session = create_session(&mut client, session_request(workspace.path()))
         .await

@@ -17,6 +17,7 @@ use tonic::transport::{Channel, Endpoint};
 pub use forkd::daemon::{DaemonConfig as Config, TlsFiles};
 
 mod eventually;
+pub mod otlp;
 pub use eventually::{Condition, POLL_INTERVAL, eventually};
 
 /// A daemon on a temporary home. Dropping it without [`TestDaemon::stop`] leaves the runtime to
