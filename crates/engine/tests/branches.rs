@@ -77,6 +77,19 @@ async fn turn(engine: &Engine, recorder: &Recorder, session: &Session, text: &st
     recorder.sent()[before..].to_vec()
 }
 
+/// Turns 1..=`n` of `session`, each a one-line message and a one-line reply.
+async fn short_turns(engine: &Engine, recorder: &Recorder, session: &Session, n: usize) {
+    for k in 1..=n {
+        turn(
+            engine,
+            recorder,
+            session,
+            &format!("Turn {k}.\n@sim say {k}"),
+        )
+        .await;
+    }
+}
+
 fn branch(origin: &Session, at: At) -> NewBranch {
     NewBranch {
         origin: origin.id,
@@ -422,15 +435,7 @@ async fn a_merge_brings_the_branch_back_as_one_note() {
         engine,
         origin,
     } = fixture().await;
-    for k in 1..=2 {
-        turn(
-            &engine,
-            &recorder,
-            &origin,
-            &format!("Turn {k}.\n@sim say {k}"),
-        )
-        .await;
-    }
+    short_turns(&engine, &recorder, &origin, 2).await;
     let branch_at_one = engine
         .branch_session(origin.clone(), branch(&origin, At::AfterTurn(1)))
         .await
@@ -606,15 +611,7 @@ async fn a_branch_compacts_its_own_messages_only() {
         engine,
         origin,
     } = fixture().await;
-    for k in 1..=2 {
-        turn(
-            &engine,
-            &recorder,
-            &origin,
-            &format!("Turn {k}.\n@sim say {k}"),
-        )
-        .await;
-    }
+    short_turns(&engine, &recorder, &origin, 2).await;
     let fresh = engine
         .branch_session(origin.clone(), branch(&origin, At::Latest))
         .await

@@ -297,6 +297,24 @@ async fn crashes_timeouts_and_servers_that_never_start_are_clear_errors() {
     }
 }
 
+/// A one-child batch of `session` whose child calls its own server's `add` on `a` and `b`; the
+/// child's transcript.
+async fn add_in_a_child(
+    client: &mut forkd_proto::v1::forkd_client::ForkdClient<tonic::transport::Channel>,
+    session: &str,
+    a: i64,
+    b: i64,
+) -> String {
+    let prompt = format!("Add.\n@sim tool mcp__mine__add {{\"a\":{a},\"b\":{b}}}\n@sim say added");
+    let batch = fork(client, session, &[prompt.as_str()], None)
+        .await
+        .unwrap();
+    wait_for_batch(client, &batch.batch_id, 1, DEADLINE)
+        .await
+        .unwrap();
+    transcript_text(client, &batch.agent_ids[0]).await.unwrap()
+}
+
 #[tokio::test]
 async fn a_session_s_own_servers_are_for_the_local_user_and_allowed_tenants() {
     let Some(python) = mcp_python() else { return };
@@ -348,20 +366,7 @@ async fn a_session_s_own_servers_are_for_the_local_user_and_allowed_tenants() {
     // The local user's own server runs its calls.
     let mut client = daemon.client().await.unwrap();
     let session = create_session(&mut client, request()).await.unwrap();
-    let batch = fork(
-        &mut client,
-        &session.session_id,
-        &["Add.\n@sim tool mcp__mine__add {\"a\":3,\"b\":4}\n@sim say added"],
-        None,
-    )
-    .await
-    .unwrap();
-    wait_for_batch(&mut client, &batch.batch_id, 1, DEADLINE)
-        .await
-        .unwrap();
-    let log = transcript_text(&mut client, &batch.agent_ids[0])
-        .await
-        .unwrap();
+    let log = add_in_a_child(&mut client, &session.session_id, 3, 4).await;
     assert!(log.contains(r#""content":"7""#), "{log}");
 
     // A branch has them too, sealed again for its own id: after a restart (nothing kept in
@@ -379,20 +384,7 @@ async fn a_session_s_own_servers_are_for_the_local_user_and_allowed_tenants() {
     assert_eq!(branch.mcp_servers, ["mine"]);
     daemon.restart(|_| {}).await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let batch = fork(
-        &mut client,
-        &branch.session_id,
-        &["Add.\n@sim tool mcp__mine__add {\"a\":5,\"b\":6}\n@sim say added"],
-        None,
-    )
-    .await
-    .unwrap();
-    wait_for_batch(&mut client, &batch.batch_id, 1, DEADLINE)
-        .await
-        .unwrap();
-    let log = transcript_text(&mut client, &batch.agent_ids[0])
-        .await
-        .unwrap();
+    let log = add_in_a_child(&mut client, &branch.session_id, 5, 6).await;
     assert!(log.contains(r#""content":"11""#), "{log}");
 }
 
