@@ -7,7 +7,7 @@
 #   --quick          a smaller run (under 2 minutes on 2 cores; the full run is under 10)
 #   --json FILE      also write every figure and raw measurement as one JSON object
 #   --only FIGURES   comma-separated: cache,overhead,memory,durability,notifications,scale,sandbox,
-#                    compaction,scaleout,limits,isolation,branches,schemas,traces
+#                    compaction,scaleout,limits,isolation,branches,schemas,traces,faults
 #
 # The scale-out figure runs its PostgreSQL rows when FORKD_BENCH_DATABASE_URL names a server
 # (postgres://user:password@host:5432/postgres, a role that may create databases).

@@ -11,6 +11,7 @@ mod cache;
 mod common;
 mod compaction;
 mod durability;
+mod faults;
 mod isolation;
 mod limits;
 mod memory;
@@ -48,6 +49,7 @@ enum Figure {
     Branches,
     Schemas,
     Traces,
+    Faults,
 }
 
 /// forkd's benchmark suite.
@@ -116,6 +118,7 @@ async fn run_figure(figure: Figure, ctx: &common::Ctx) -> anyhow::Result<Section
         Figure::Branches => branches::run(ctx).await,
         Figure::Schemas => schemas::run(ctx).await,
         Figure::Traces => traces::run(ctx).await,
+        Figure::Faults => faults::run(ctx).await,
     }
 }
 

@@ -42,9 +42,44 @@ pub enum StoreError {
     /// Stored bytes that no longer decode: a bug or a damaged database.
     #[error("corrupt row: {0}")]
     Corrupt(String),
+    /// The database is out of disk space: the write was rolled back whole, and the same write
+    /// succeeds once space returns. `detail` says how much is free where, when the store can
+    /// tell (SQLite's file), or what the server said (PostgreSQL).
+    #[error("forkd's database is out of disk space ({detail})")]
+    DiskFull { detail: String },
+    /// The database cannot be reached now: its server is restarting or gone, a connection was
+    /// lost, no connection came in time. Nothing of the write was stored; it may be retried.
+    #[error("forkd's database cannot be reached ({detail})")]
+    Unreachable { detail: String },
     /// The database failed (its driver's error, kept as the source).
     #[error(transparent)]
     Database(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl StoreError {
+    /// The database's fault, one that passes by itself (its disk filled, its server restarts):
+    /// a write refused for it stored nothing, and the same write succeeds once the fault is
+    /// gone. Every other error is about the write itself, or is a bug.
+    pub fn is_fault(&self) -> bool {
+        matches!(
+            self,
+            StoreError::DiskFull { .. } | StoreError::Unreachable { .. }
+        )
+    }
+
+    /// A short name for the error's kind: the `kind` label of `forkd_store_errors_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::NotFound { .. } => "not_found",
+            StoreError::Conflict(_) => "conflict",
+            StoreError::Superseded { .. } => "superseded",
+            StoreError::Held { .. } => "held",
+            StoreError::Corrupt(_) => "corrupt",
+            StoreError::DiskFull { .. } => "disk_full",
+            StoreError::Unreachable { .. } => "unreachable",
+            StoreError::Database(_) => "database",
+        }
+    }
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -664,4 +699,31 @@ pub trait Store: Send + Sync + 'static {
     /// Agents counted by kind and state, and the fork batches that have a child not yet ended or
     /// a child that changed at or after `batches_since_ms`.
     async fn stats(&self, batches_since_ms: i64) -> Result<Stats>;
+    /// Whether the database takes writes now: writes, and removes in the same transaction, a
+    /// row of [`PROBE_BYTES`], so that a database short of space for an ordinary write fails it
+    /// (`DiskFull`) as that write would. Nothing stays behind.
+    async fn probe_write(&self) -> Result<()>;
+    /// The space on the filesystem holding the database, where the store can see it (SQLite's
+    /// file); `None` for a database server's, or when the filesystem cannot be asked.
+    fn disk_space(&self) -> Option<DiskSpace>;
+    /// The database's fault ([`StoreError::is_fault`]) that a write last met, as its message:
+    /// held from that write until a [`Store::probe_write`] succeeds, whatever other writes do
+    /// meanwhile (a write that grows nothing may succeed on a full disk).
+    fn fault(&self) -> Option<String>;
+}
+
+/// How much [`Store::probe_write`] writes: more than most single writes (a tool call's output is
+/// capped at 30 000 characters by default), so that a database with room for the probe has room
+/// for them.
+pub const PROBE_BYTES: usize = 64 * 1024;
+
+/// The space on the filesystem holding a database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskSpace {
+    /// The database's file.
+    pub path: std::path::PathBuf,
+    /// Bytes an unprivileged process may still write there.
+    pub available: u64,
+    /// The filesystem's size in bytes.
+    pub total: u64,
 }

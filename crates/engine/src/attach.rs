@@ -18,6 +18,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Result;
+use crate::faults::{Faults, Pause};
 use crate::notify::Notifications;
 
 /// One event of an attached agent.
@@ -30,6 +31,11 @@ pub enum AgentEvent {
     /// The client was handed to the background (by a request, or after the auto-background
     /// delay); the agent goes on.
     AsyncLaunched,
+    /// The database refused the agent's write (its disk is full, its server out of reach): the
+    /// agent stopped where it stood, and resumes by itself once writes succeed again.
+    Interrupted { reason: String },
+    /// The database takes writes again: the interrupted agent runs again.
+    Resumed,
 }
 
 pub type AgentEventStream = BoxStream<'static, Result<AgentEvent>>;
@@ -58,6 +64,8 @@ pub(crate) struct Attach {
     store: Arc<dyn Store>,
     /// An agent's end, and whether other daemons share the database.
     notifications: Arc<Notifications>,
+    /// Agents stopped by a database fault, and resumed.
+    faults: Arc<Faults>,
     /// Messages as they are stored, for attached clients.
     messages: broadcast::Sender<Published>,
     /// Requests to hand an agent's attached clients (or its turn's client) to the background.
@@ -72,12 +80,14 @@ impl Attach {
     pub(crate) fn new(
         store: Arc<dyn Store>,
         notifications: Arc<Notifications>,
+        faults: Arc<Faults>,
         auto_background: Option<Duration>,
         shutdown: CancellationToken,
     ) -> Self {
         Self {
             store,
             notifications,
+            faults,
             messages: broadcast::channel(CHANNEL_BUFFER).0,
             backgrounds: broadcast::channel(CHANNEL_BUFFER).0,
             auto_background,
@@ -126,6 +136,7 @@ impl Attach {
             messages: self.messages.subscribe(),
             ended: self.notifications.live(),
             backgrounds: self.backgrounds.subscribe(),
+            pauses: self.faults.pauses(),
         };
         let (tx, rx) = mpsc::channel(256);
         let this = Arc::clone(self);
@@ -188,6 +199,20 @@ impl Attach {
                             return;
                         }
                     }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+                pause = live.pauses.recv() => match pause {
+                    Ok((agent, pause)) if agent == id => {
+                        let event = match pause {
+                            Pause::Interrupted(reason) => AgentEvent::Interrupted { reason },
+                            Pause::Resumed => AgentEvent::Resumed,
+                        };
+                        if tx.send(Ok(event)).await.is_err() {
+                            return;
+                        }
+                    }
+                    // A missed pause changes nothing stored: the messages and the end follow.
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
                 bg = live.backgrounds.recv() => {
@@ -254,6 +279,7 @@ struct Live {
     messages: broadcast::Receiver<Published>,
     ended: broadcast::Receiver<Notification>,
     backgrounds: broadcast::Receiver<AgentId>,
+    pauses: broadcast::Receiver<(AgentId, Pause)>,
 }
 
 /// Resolves after `delay`, or never when there is none: the auto-background deadline.

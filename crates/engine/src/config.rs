@@ -4,6 +4,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytesize::ByteSize;
 use forkd_core::pricing::{DEFAULT_MODEL, Models};
 use forkd_mcp::{McpFile, Origin, ServerSpec};
 
@@ -64,6 +65,9 @@ pub struct EngineConfig {
     /// (`gen_ai.input.messages`, `gen_ai.output.messages`). Off by default: they may hold
     /// secrets.
     pub trace_content: bool,
+    /// Below this much free space on the filesystem holding the database, new sessions,
+    /// messages and batches are refused (docs/operations.md, "Disk and database faults").
+    pub min_free_disk: MinFreeDisk,
 }
 
 impl Default for EngineConfig {
@@ -89,6 +93,7 @@ impl Default for EngineConfig {
             mcp: McpConfig::default(),
             max_running_agents: Some(256),
             trace_content: false,
+            min_free_disk: MinFreeDisk::Default,
         }
     }
 }
@@ -227,5 +232,95 @@ impl Default for AdmissionConfig {
             backoff_cap: Duration::from_secs(30),
             max_server_error_retries: 2,
         }
+    }
+}
+
+/// Where `min_free_disk` (docs/operations.md, "Disk and database faults") stands by default: 256 MiB, or 1% of the filesystem when that is less.
+const DEFAULT_MIN_FREE: u64 = 256 * 1024 * 1024;
+const DEFAULT_MIN_FREE_PERCENT: f64 = 1.0;
+
+/// The free space below which new sessions, messages and batches are refused (`min_free_disk`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum MinFreeDisk {
+    /// 256 MiB, or 1% of the filesystem when that is less.
+    #[default]
+    Default,
+    /// A number of bytes; 0 turns the check off.
+    Bytes(u64),
+    /// A share of the filesystem, in percent.
+    Percent(f64),
+}
+
+impl MinFreeDisk {
+    /// The threshold in bytes on a filesystem of `total` bytes.
+    pub fn bytes(self, total: u64) -> u64 {
+        let share = |percent: f64| (total as f64 * percent / 100.0) as u64;
+        match self {
+            MinFreeDisk::Default => DEFAULT_MIN_FREE.min(share(DEFAULT_MIN_FREE_PERCENT)),
+            MinFreeDisk::Bytes(bytes) => bytes,
+            MinFreeDisk::Percent(percent) => share(percent),
+        }
+    }
+
+    /// `256MiB`, `1 GB`, `5%`, or `0` to turn the check off.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if let Some(percent) = text.strip_suffix('%') {
+            return match percent.trim().parse::<f64>() {
+                Ok(p) if (0.0..=100.0).contains(&p) => Ok(MinFreeDisk::Percent(p)),
+                _ => Err(format!(
+                    "min_free_disk {text:?}: a percentage is a number from 0 to 100, e.g. 1%"
+                )),
+            };
+        }
+        text.parse::<ByteSize>()
+            .map(|size| MinFreeDisk::Bytes(size.as_u64()))
+            .map_err(|e| {
+                format!("min_free_disk {text:?}: {e} (a size such as 256MiB or 1GB, or a share such as 1%)")
+            })
+    }
+}
+
+impl std::fmt::Display for MinFreeDisk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MinFreeDisk::Default => write!(f, "256 MiB or 1%, whichever is smaller"),
+            MinFreeDisk::Bytes(bytes) => write!(f, "{}", ByteSize(*bytes).display().iec()),
+            MinFreeDisk::Percent(percent) => write!(f, "{percent}%"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::MinFreeDisk;
+
+    #[test]
+    fn min_free_disk_parses_sizes_and_shares() {
+        assert_eq!(
+            MinFreeDisk::parse("256MiB"),
+            Ok(MinFreeDisk::Bytes(256 * 1024 * 1024))
+        );
+        assert_eq!(
+            MinFreeDisk::parse("1 GB"),
+            Ok(MinFreeDisk::Bytes(1_000_000_000))
+        );
+        assert_eq!(MinFreeDisk::parse("0"), Ok(MinFreeDisk::Bytes(0)));
+        assert_eq!(MinFreeDisk::parse("5%"), Ok(MinFreeDisk::Percent(5.0)));
+        for bad in ["lots", "150%", "-1%", "12 parsecs"] {
+            let err = MinFreeDisk::parse(bad).unwrap_err();
+            assert!(err.starts_with("min_free_disk"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_default_is_the_smaller_of_256_mib_and_one_percent() {
+        let gib = 1024 * 1024 * 1024_u64;
+        assert_eq!(MinFreeDisk::Default.bytes(100 * gib), 256 * 1024 * 1024);
+        assert_eq!(MinFreeDisk::Default.bytes(10 * gib), gib / 10);
+        assert_eq!(MinFreeDisk::Percent(50.0).bytes(1000), 500);
+        assert_eq!(MinFreeDisk::Bytes(0).bytes(1000), 0);
     }
 }

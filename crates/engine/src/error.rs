@@ -82,7 +82,20 @@ pub enum EngineError {
     /// The daemon is shutting down and starts no new work.
     #[error("forkd is shutting down")]
     Draining,
-    /// The store failed; the detail is for the log.
+    /// Too little disk is left under the database for new work (`min_free_disk`): new sessions,
+    /// messages and batches are refused, running agents go on.
+    #[error(
+        "forkd's database is low on disk space: {free} free on the filesystem holding {path}, \
+         below min_free_disk ({min}); new sessions, messages and batches are refused until \
+         space is freed"
+    )]
+    LowDisk {
+        free: String,
+        min: String,
+        path: String,
+    },
+    /// The store failed; the detail is for the log, except for the database's own faults (a
+    /// full disk, a server out of reach), which the caller is told.
     #[error(transparent)]
     Store(StoreError),
     /// A bug or a broken invariant inside forkd; the message is for the log.

@@ -231,7 +231,7 @@ impl Engine {
     /// Resumes `agents` (live, held by nobody): parent turns continue from their transcripts,
     /// a batch's children start together, behind warm-up gating when its prefix has gone cold,
     /// and any other agent on its own.
-    async fn resume_agents(&self, agents: Vec<Agent>) -> Result<usize> {
+    pub(crate) async fn resume_agents(&self, agents: Vec<Agent>) -> Result<usize> {
         let mut resumed = 0;
         let mut batches: BTreeMap<BatchId, Vec<(u32, AgentId)>> = BTreeMap::new();
         for agent in agents {

@@ -18,6 +18,7 @@ mod diagnose;
 mod divergence;
 mod error;
 mod fair_queue;
+mod faults;
 mod handoff;
 mod leases;
 mod locks;
@@ -28,6 +29,7 @@ mod model;
 mod notify;
 mod parent;
 mod permissions;
+mod recovery;
 mod run;
 mod scoped;
 pub mod sealed;
@@ -55,11 +57,14 @@ pub use agents::TranscriptEntry;
 pub use attach::{AgentEvent, AgentEventStream, auto_background};
 pub use batch::{BatchOptions, SubmittedBatch};
 pub use branch::NewBranch;
-pub use config::{AdmissionConfig, EngineConfig, IsolationConfig, McpConfig, SandboxConfig};
+pub use config::{
+    AdmissionConfig, EngineConfig, IsolationConfig, McpConfig, MinFreeDisk, SandboxConfig,
+};
 pub use copies::Applied;
 pub use diagnose::CacheExplanation;
 pub use divergence::{Divergence, first_differing_part};
 pub use error::EngineError;
+pub use faults::StoreHealth;
 pub use forkd_provider::{FailureKind, ProviderError};
 pub use mcp::McpRequest;
 pub use notify::NotificationStream;
@@ -110,6 +115,8 @@ struct Inner {
     branches: Arc<branch::Branches>,
     /// Isolated batches' snapshots and their children's copies.
     copies: Arc<copies::Copies>,
+    /// The database's health, the agents a fault stopped, the disk-space check.
+    faults: Arc<faults::Faults>,
     /// Cancelled when shutdown begins: runs finish the call in flight and start no other.
     draining: CancellationToken,
     shutdown: CancellationToken,
@@ -142,6 +149,7 @@ impl Engine {
             shutdown.clone(),
         ));
         let divergences = Arc::new(divergence::Divergences::new(store.clone()));
+        let faults = Arc::new(faults::Faults::new(store.clone(), config.min_free_disk));
         let calls = Arc::new(model::ModelCalls::new(model::ModelCallParts {
             store: store.clone(),
             provider,
@@ -165,6 +173,7 @@ impl Engine {
         let attach = Arc::new(attach::Attach::new(
             store.clone(),
             notifications.clone(),
+            faults.clone(),
             config.auto_background,
             shutdown.clone(),
         ));
@@ -203,6 +212,7 @@ impl Engine {
             supervisor: supervisor.clone(),
             divergences: divergences.clone(),
             session_locks: session_locks.clone(),
+            faults: faults.clone(),
         }));
         let turn_starts = Arc::new(batch::TurnStarts::default());
         let batches = Arc::new(batch::Batches::new(batch::BatchParts {
@@ -240,6 +250,7 @@ impl Engine {
             sessions: sessions.clone(),
             session_locks: session_locks.clone(),
             turn_starts,
+            faults: faults.clone(),
             shutdown: shutdown.clone(),
         }));
         Self {
@@ -261,6 +272,7 @@ impl Engine {
                 sessions,
                 branches,
                 copies,
+                faults,
                 draining,
                 shutdown,
             }),
@@ -275,10 +287,16 @@ impl Engine {
         &self.inner.store
     }
 
+    /// Whether the database takes writes, as the daemon last saw it, and its changes.
+    pub fn store_health(&self) -> tokio::sync::watch::Receiver<StoreHealth> {
+        self.inner.faults.health()
+    }
+
     /// Creates a session: validates the request, renders the system prompt and assembles the tool
     /// pool once, and stores them with the session's first message. With an idempotency key, a
     /// retry returns the session the key first created.
     pub async fn create_session(&self, req: NewSession) -> Result<Session, EngineError> {
+        self.inner.faults.check_space()?;
         self.inner.sessions.create(req).await
     }
 
@@ -292,6 +310,7 @@ impl Engine {
         origin: Session,
         req: NewBranch,
     ) -> Result<Session, EngineError> {
+        self.inner.faults.check_space()?;
         self.inner.branches.branch(origin, req).await
     }
 
@@ -342,6 +361,7 @@ impl Engine {
         session_id: SessionId,
         text: String,
     ) -> Result<ParentEventStream, EngineError> {
+        self.inner.faults.check_space()?;
         self.inner.turns.send_message(session_id, text).await
     }
 
@@ -365,6 +385,7 @@ impl Engine {
         directives: Vec<forkd_core::Directive>,
         options: BatchOptions,
     ) -> Result<SubmittedBatch, EngineError> {
+        self.inner.faults.check_space()?;
         self.inner
             .batches
             .fork_batch(session_id, directives, options)
@@ -392,6 +413,7 @@ impl Engine {
         directive: forkd_core::Directive,
         options: &TypedOptions,
     ) -> Result<AgentId, EngineError> {
+        self.inner.faults.check_space()?;
         self.inner
             .runs
             .spawn_typed(session_id, (subagent_type, options), directive)

@@ -29,6 +29,7 @@ pub const LIMITER_WAITING: &str = "forkd_provider_limiter_waiting";
 pub const SNAPSHOT_SECONDS: &str = "forkd_isolation_snapshot_seconds";
 pub const SNAPSHOT_BYTES: &str = "forkd_isolation_snapshot_bytes";
 pub const SCHEMA_MISMATCHES: &str = "forkd_output_schema_mismatches_total";
+pub const STORE_RECOVERY_SECONDS: &str = "forkd_store_recovery_seconds";
 
 /// Describes every metric, and sets the counters that matter when they are zero (a divergence
 /// counter that is absent until the first divergence is hard to alert on).
@@ -126,12 +127,22 @@ pub fn describe() {
         "Final replies that did not match their output schema, by outcome: follow_up (asked \
          once more) or failed (the second mismatch ended the agent)"
     );
+    describe_histogram!(
+        STORE_RECOVERY_SECONDS,
+        Unit::Seconds,
+        "From the database refusing writes (a full disk, a server out of reach) to a write probe succeeding"
+    );
     counter!(PREFIX_DIVERGENCES).absolute(0);
 }
 
 /// A final reply did not match its output schema: `follow_up` or `failed`.
 pub(crate) fn schema_mismatch(outcome: &'static str) {
     counter!(SCHEMA_MISMATCHES, "outcome" => outcome).increment(1);
+}
+
+/// The database took writes again, `after` its fault began.
+pub(crate) fn store_recovered(after: Duration) {
+    histogram!(STORE_RECOVERY_SECONDS).record(after.as_secs_f64());
 }
 
 /// A refusal that the limiter answers by waiting and sending again.

@@ -59,6 +59,8 @@ pub(crate) struct Turns {
     turn_locks: LockMap<SessionId>,
     turn_starts: Arc<TurnStarts>,
     /// Cancelled when the drain is over: a client-asked compaction stops where it stands.
+    /// Turns a database fault stopped.
+    faults: Arc<crate::faults::Faults>,
     shutdown: CancellationToken,
 }
 
@@ -77,6 +79,7 @@ pub(crate) struct TurnParts {
     pub sessions: Arc<Sessions>,
     pub session_locks: Arc<LockMap<SessionId>>,
     pub turn_starts: Arc<TurnStarts>,
+    pub faults: Arc<crate::faults::Faults>,
     pub shutdown: CancellationToken,
 }
 
@@ -97,6 +100,7 @@ impl Turns {
             session_locks: parts.session_locks,
             turn_locks: LockMap::default(),
             turn_starts: parts.turn_starts,
+            faults: parts.faults,
             shutdown: parts.shutdown,
         }
     }
@@ -469,6 +473,19 @@ impl Turns {
                 };
                 if let Err(e) = &last {
                     if matches!(e, EngineError::Draining) {
+                        return;
+                    }
+                    if let EngineError::Store(fault) = e
+                        && fault.is_fault()
+                    {
+                        // Stopped as if the daemon had crashed here: the turn stays `running`
+                        // and resumes from its transcript once the database takes writes
+                        // again (its lock freed first, so that the resumption can take it).
+                        // The client hears why.
+                        let reason = fault.to_string();
+                        drop(guard);
+                        let _ = tx.send(last).await;
+                        turns.faults.interrupted(parent, reason);
                         return;
                     }
                     tracing::warn!(error = %e, "Parent turn ended without a reply");

@@ -65,6 +65,8 @@ pub(crate) struct Runs {
     session_locks: Arc<LockMap<SessionId>>,
     /// Batch prefixes shared by the running children of each batch.
     batches: BatchCache,
+    /// Agents a database fault stopped.
+    faults: Arc<crate::faults::Faults>,
     /// Process groups of tool calls that a kill cut off, by agent, until the kill has waited
     /// for them (see `tools::GroupWatch`).
     cut_off_groups: StdMutex<HashMap<AgentId, Vec<ProcessGroup>>>,
@@ -87,6 +89,7 @@ pub(crate) struct RunParts {
     pub divergences: Arc<Divergences>,
     pub copies: Arc<Copies>,
     pub session_locks: Arc<LockMap<SessionId>>,
+    pub faults: Arc<crate::faults::Faults>,
 }
 
 impl Runs {
@@ -108,6 +111,7 @@ impl Runs {
             copies: parts.copies,
             session_locks: parts.session_locks,
             batches: BatchCache::default(),
+            faults: parts.faults,
             cut_off_groups: StdMutex::default(),
         }
     }
@@ -127,6 +131,11 @@ pub(crate) enum RunFailure {
     /// A newer run claimed the agent: this one stops without a word, the newer one goes on.
     #[error("superseded by a newer run of the agent")]
     Superseded,
+    /// The database refused a write for its own sake (a full disk, a server out of reach): the
+    /// run stops where it stands, the agent stays `running`, and it resumes once writes succeed
+    /// again (see `faults`).
+    #[error("{0}")]
+    Interrupted(String),
     /// Its final reply did not match its output schema, after the one follow-up.
     #[error(
         "the final reply did not match the output schema after one follow-up:\n{}",
@@ -140,6 +149,7 @@ impl From<EngineError> for RunFailure {
         match e {
             EngineError::Draining => RunFailure::Draining,
             EngineError::Store(StoreError::Superseded { .. }) => RunFailure::Superseded,
+            EngineError::Store(e) if e.is_fault() => RunFailure::Interrupted(e.to_string()),
             other => RunFailure::Error(other),
         }
     }
@@ -151,9 +161,15 @@ impl From<StoreError> for RunFailure {
     }
 }
 
-/// How a run ended: its end to record, or nothing to record (paused for shutdown, superseded,
-/// never claimed).
-type RunOutcome = Option<(Lease, Ending)>;
+/// How a run ended.
+pub(crate) enum RunOutcome {
+    /// The agent ended: its end to record.
+    Ended(Lease, Ending),
+    /// Nothing to record: paused for shutdown, superseded, never claimed.
+    Stopped,
+    /// The database refused a write (the reason): the agent waits for it to take writes again.
+    Interrupted(String),
+}
 
 impl Runs {
     async fn run_agent(
@@ -175,38 +191,31 @@ impl Runs {
         }
         // Claimed before the transcript is read: from here on an older run cannot write, so
         // what this run loads is final.
+        // A run that does not go on drops its gate, which releases the siblings.
         let lease = match self.store.claim_agent(id).await {
-            Ok(lease) => Some(lease),
+            Ok(lease) => lease,
             Err(StoreError::Conflict(reason)) => {
                 tracing::debug!(%reason, "Agent not run");
-                None
+                return RunOutcome::Stopped;
             }
+            Err(e) if e.is_fault() => return RunOutcome::Interrupted(e.to_string()),
             Err(e) => {
                 tracing::error!(error = %e, "Cannot claim the agent; it stays live for the next start");
-                None
+                return RunOutcome::Stopped;
             }
         };
-        if let Some(lease) = &lease
-            && self.kill_was_requested(id).await
-        {
+        if self.kill_was_requested(id).await {
             // Killed through a daemon that did not run it while no daemon did: it ends here,
             // without another request.
-            if let Some(g) = gate.as_mut() {
-                g.open();
-            }
             let partial = self.partial_text(id).await;
-            return Some((*lease, Ending::killed(partial)));
+            return RunOutcome::Ended(lease, Ending::killed(partial));
         }
-        let outcome = match &lease {
-            Some(lease) => Some(self.drive(lease, &mut gate, cancel).await),
-            None => None,
-        };
+        let outcome = self.drive(&lease, &mut gate, cancel).await;
         if let Some(g) = gate.as_mut() {
             g.open();
         }
-        let (lease, outcome) = lease.zip(outcome)?;
         match outcome {
-            Ok(Final { text, structured }) => Some((
+            Ok(Final { text, structured }) => RunOutcome::Ended(
                 lease,
                 Ending {
                     status: NotificationStatus::Completed,
@@ -214,18 +223,19 @@ impl Runs {
                     structured,
                     error: None,
                 },
-            )),
+            ),
             Err(RunFailure::Draining) => {
                 tracing::info!("Agent run paused for shutdown; it resumes at the next start");
-                None
+                RunOutcome::Stopped
             }
             Err(RunFailure::Superseded) => {
                 tracing::info!("A newer run of the agent took over; this one stops");
-                None
+                RunOutcome::Stopped
             }
+            Err(RunFailure::Interrupted(reason)) => RunOutcome::Interrupted(reason),
             Err(failure) => {
                 tracing::warn!(error = %failure, "Agent failed");
-                Some((lease, Ending::failed(failure.to_string())))
+                RunOutcome::Ended(lease, Ending::failed(failure.to_string()))
             }
         }
     }

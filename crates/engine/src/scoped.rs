@@ -209,6 +209,7 @@ impl TenantEngine<'_> {
         idempotency_key: Option<String>,
     ) -> Result<ParentEventStream> {
         let session = self.own_session(id).await?;
+        self.engine.inner.faults.check_space()?;
         self.engine
             .inner
             .turns
@@ -233,6 +234,7 @@ impl TenantEngine<'_> {
         options: BatchOptions,
     ) -> Result<SubmittedBatch> {
         let session = self.own_session(id).await?;
+        self.engine.inner.faults.check_space()?;
         self.engine
             .inner
             .batches

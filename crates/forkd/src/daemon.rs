@@ -13,7 +13,7 @@ use forkd_provider::{
     SimProvider,
 };
 use forkd_server::{Listeners, ServerConfig, SignInCodes, TlsConfig, TokenStore, WebView};
-use forkd_store::{Durability, Holder, PgStore, SqliteStore, Store};
+use forkd_store::{Durability, Holder, PageLimit, PgStore, SqliteStore, Store};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -176,6 +176,9 @@ pub struct RunningDaemon {
     /// The web view's address actually bound (port 0 resolved).
     pub ui_addr: Option<SocketAddr>,
     pub engine: Engine,
+    /// On SQLite, the cap on the database's size that fault-injection tests set to fill it
+    /// (see [`PageLimit`]); unset, it costs nothing.
+    pub page_limit: Option<PageLimit>,
     shutdown: CancellationToken,
     server: JoinHandle<Result<(), forkd_server::ServerError>>,
 }
@@ -307,15 +310,19 @@ async fn log_sandbox(sandbox: &forkd_engine::SandboxConfig) {
     }
 }
 
-/// The store: PostgreSQL at `database_url` when it is set, else SQLite in the home; it claims
-/// agents for `holder`.
-async fn open_store(config: &DaemonConfig, holder: Holder) -> anyhow::Result<Arc<dyn Store>> {
+/// The store: PostgreSQL at `database_url` when it is set, else SQLite in the home (with its
+/// fault-injection cap); it claims agents for `holder`.
+async fn open_store(
+    config: &DaemonConfig,
+    holder: Holder,
+) -> anyhow::Result<(Arc<dyn Store>, Option<PageLimit>)> {
     let Some(url) = &config.database_url else {
         let db = config.home.join("forkd.db");
         let store = SqliteStore::open(&db, config.durability)
             .await
             .with_context(|| format!("cannot open the database {}", db.display()))?;
-        return Ok(Arc::new(store.with_holder(holder)));
+        let limit = store.page_limit().clone();
+        return Ok((Arc::new(store.with_holder(holder)), Some(limit)));
     };
     url.check("database_url")?;
     if config.durability == Durability::Full {
@@ -327,7 +334,7 @@ async fn open_store(config: &DaemonConfig, holder: Holder) -> anyhow::Result<Arc
         .await
         .with_context(|| format!("cannot open the PostgreSQL database {url}"))?;
     tracing::info!(database = %url, "Keeping state in PostgreSQL");
-    Ok(Arc::new(store.with_holder(holder)))
+    Ok((Arc::new(store.with_holder(holder)), None))
 }
 
 /// The daemon's secret key: from `secret_key_file`, or from `home/secret.key`, written with a
@@ -457,7 +464,7 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
         None => None,
     };
     prepare_home(&config.home)?;
-    let store = open_store(&config, holder).await?;
+    let (store, page_limit) = open_store(&config, holder).await?;
     let provider = provider(&config)?;
     let mut engine_config = config.engine.clone();
     engine_config.agent_dirs.push(config.home.join("agents"));
@@ -485,6 +492,7 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
         tracing::info!(resumed, "Resumed agents no live daemon holds");
     }
     engine.start_heartbeat();
+    engine.start_recovery();
 
     let (tcp, tcp_addr) = match config.listen {
         Some(addr) => {
@@ -547,6 +555,7 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
         metrics_addr,
         ui_addr,
         engine,
+        page_limit,
         shutdown,
         server,
     })

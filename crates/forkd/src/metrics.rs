@@ -66,6 +66,7 @@ impl Endpoint {
             )
         })?;
         forkd_engine::metrics::describe();
+        forkd_store::describe_metrics();
         Ok(Self { listener, handle })
     }
 

@@ -114,7 +114,7 @@ async fn an_attached_client_is_handed_to_the_background_after_the_delay() {
     let launched = loop {
         match stream.message().await.unwrap().unwrap().event.unwrap() {
             Event::AsyncLaunched(a) => break a,
-            Event::Message(_) => {}
+            Event::Message(_) | Event::Interrupted(_) | Event::Resumed(_) => {}
             Event::Ended(n) => panic!("ended before the delay: {n:?}"),
         }
     };

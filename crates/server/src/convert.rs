@@ -422,6 +422,8 @@ pub(crate) fn agent_event(event: forkd_engine::AgentEvent, agent_id: &str) -> pb
         E::AsyncLaunched => Event::AsyncLaunched(pb::AsyncLaunched {
             agent_id: agent_id.to_owned(),
         }),
+        E::Interrupted { reason } => Event::Interrupted(pb::Interrupted { reason }),
+        E::Resumed => Event::Resumed(pb::Resumed {}),
     };
     pb::AgentEvent { event: Some(event) }
 }

@@ -95,15 +95,16 @@ where
         + 'static,
     IE: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let store_health = engine.store_health();
     let service = ForkdService::new(engine).with_web_view(config.web_view.clone());
     let forkd = ForkdServer::new(service)
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
     let (health_reporter, health) = tonic_health::server::health_reporter();
-    // Nothing else sets it: the service serves as long as the process does.
-    health_reporter
-        .set_serving::<ForkdServer<ForkdService>>()
-        .await;
+    // Serving while the database takes writes (and has room for new work); not serving while
+    // it refuses them, back to serving once it takes them again (docs/operations.md, "Disk and
+    // database faults").
+    tokio::spawn(report_health(store_health, health_reporter, stop.clone()));
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(forkd_proto::v1::FILE_DESCRIPTOR_SET)
@@ -127,6 +128,33 @@ where
         .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
         .await?;
     Ok(())
+}
+
+/// Reports the daemon's store health on `grpc.health.v1`, for the whole server ("") and for
+/// `forkd.v1.Forkd`, until `stop`.
+async fn report_health(
+    mut health: tokio::sync::watch::Receiver<forkd_engine::StoreHealth>,
+    reporter: tonic_health::server::HealthReporter,
+    stop: CancellationToken,
+) {
+    use tonic_health::ServingStatus;
+    loop {
+        let status = match &*health.borrow_and_update() {
+            forkd_engine::StoreHealth::Healthy => ServingStatus::Serving,
+            _ => ServingStatus::NotServing,
+        };
+        reporter.set_service_status("", status).await;
+        reporter
+            .set_service_status(
+                <ForkdServer<ForkdService> as tonic::server::NamedService>::NAME,
+                status,
+            )
+            .await;
+        tokio::select! {
+            () = stop.cancelled() => return,
+            changed = health.changed() => if changed.is_err() { return },
+        }
+    }
 }
 
 /// A request that does not decode (a string field that is not UTF-8, a truncated message) is the

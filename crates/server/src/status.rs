@@ -12,12 +12,15 @@
 //! | the state forbids it (a coordinator forks, a turn is running, a key reused) | `FAILED_PRECONDITION` |
 //! | provider rate limit (429) | `RESOURCE_EXHAUSTED`, with `RetryInfo` when the provider said when |
 //! | a budget or the turn limit is spent | `RESOURCE_EXHAUSTED` without `RetryInfo` |
+//! | the database is out of disk space, or below `min_free_disk` | `RESOURCE_EXHAUSTED` |
+//! | the database cannot be reached (its server restarting) | `UNAVAILABLE` |
 //! | provider overloaded, down or unreachable; the daemon shutting down | `UNAVAILABLE` |
 //! | the provider refused the daemon's credentials | `FAILED_PRECONDITION` |
-//! | the provider rejected a request forkd built; a broken invariant; the store failed | `INTERNAL` |
+//! | the provider rejected a request forkd built; a broken invariant; any other store failure | `INTERNAL` |
 //! | a sign-in link asked for by anyone but the Unix socket's owner | `PERMISSION_DENIED` |
 //! | a sign-in link from a daemon without a web view | `FAILED_PRECONDITION` |
 
+use forkd_core::store::StoreError;
 use forkd_engine::EngineError;
 use forkd_engine::FailureKind;
 use tonic::{Code, Status};
@@ -106,6 +109,8 @@ pub enum Meaning {
     TimedOut,
     /// The call was cancelled (an agent killed).
     Cancelled,
+    /// forkd's database is out of disk space, or below `min_free_disk`.
+    DiskFull,
     /// forkd's own fault: a request the provider rejected, a broken invariant, the store.
     Internal,
 }
@@ -136,6 +141,8 @@ impl Meaning {
             E::TimedOut { .. } => Meaning::TimedOut,
             E::Cancelled(_) => Meaning::Cancelled,
             E::Draining => Meaning::Unavailable,
+            E::LowDisk { .. } | E::Store(StoreError::DiskFull { .. }) => Meaning::DiskFull,
+            E::Store(StoreError::Unreachable { .. }) => Meaning::Unavailable,
             E::Store(_) | E::Invariant(_) => Meaning::Internal,
         }
     }
@@ -150,7 +157,9 @@ impl Meaning {
             | Meaning::KeyReused
             | Meaning::WindowOverflow
             | Meaning::ProviderCredentials => Code::FailedPrecondition,
-            Meaning::BudgetSpent | Meaning::RateLimited => Code::ResourceExhausted,
+            Meaning::BudgetSpent | Meaning::RateLimited | Meaning::DiskFull => {
+                Code::ResourceExhausted
+            }
             Meaning::Unavailable => Code::Unavailable,
             Meaning::TimedOut => Code::DeadlineExceeded,
             Meaning::Cancelled => Code::Cancelled,
@@ -171,6 +180,7 @@ impl Meaning {
             Meaning::ProviderCredentials => 502,
             Meaning::Unavailable => 503,
             Meaning::TimedOut => 504,
+            Meaning::DiskFull => 507,
         }
     }
 }
@@ -195,6 +205,13 @@ fn engine_status(err: EngineError) -> Status {
             provider_message(kind, msg)
         }
         E::Draining => "forkd is shutting down; retry shortly".to_owned(),
+        E::Store(e) if e.is_fault() => {
+            tracing::warn!(error = %e, "The database refused a call");
+            match e {
+                StoreError::Unreachable { .. } => format!("{e}; retry shortly"),
+                _ => format!("{e}; retry once space is freed"),
+            }
+        }
         E::Store(e) => {
             tracing::error!(error = %e, "Store error");
             "forkd could not read or write its database; see the daemon's log".to_owned()

@@ -8,13 +8,15 @@
 //! connections, its transactions and a small `dialect` of what it says differently, since that is
 //! where SQLite (one writer at a time) and PostgreSQL (row locks, see `postgres.rs`) differ.
 
+mod disk;
 mod error;
 mod postgres;
 mod rows;
 mod sqlite;
 
+pub use error::{STORE_ERRORS, describe_metrics};
 pub use forkd_core::store::*;
 pub use postgres::{DEFAULT_CONNECTIONS, PgStore, redacted_url};
-pub use sqlite::{Durability, SqliteStore};
+pub use sqlite::{Durability, PageLimit, SqliteStore};
 
 pub(crate) use error::DbError;

@@ -47,14 +47,16 @@ mod dialect;
 #[path = "shared/mod.rs"]
 mod shared;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use forkd_core::PromptId;
 use forkd_core::store::{Holder, Wakeup, Wakeups};
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
-use sqlx::{Postgres, Transaction};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions};
+use sqlx::{Connection as _, Postgres, Transaction};
 
 use crate::error::Result;
 use shared::prompts;
@@ -115,6 +117,8 @@ pub struct PgStore {
     pool: PgPool,
     /// The daemon this store claims agents for.
     holder: Holder,
+    /// The database's fault that a write last met, until a probe succeeds.
+    faults: Arc<crate::error::FaultLatch>,
 }
 
 impl PgStore {
@@ -136,6 +140,7 @@ impl PgStore {
             Ok(Self {
                 pool,
                 holder: Holder::new(),
+                faults: Arc::default(),
             })
         }
         .await)
@@ -152,14 +157,29 @@ impl PgStore {
         self.pool.close().await;
     }
 
+    /// A connection for one write transaction.
+    async fn write_connection(&self) -> Result<PoolConnection<Postgres>> {
+        Ok(self.pool.acquire().await?)
+    }
+
     /// A write transaction (see the module docs). Dropping it without `commit` rolls it back.
-    async fn begin_write(&self) -> Result<Transaction<'static, Postgres>> {
+    async fn begin_write(conn: &mut PgConnection) -> Result<Transaction<'_, Postgres>> {
         // Stated, not left to the server's default: the locking above relies on each statement
         // seeing the latest commit, which REPEATABLE READ or SERIALIZABLE would not give.
-        Ok(self
-            .pool
+        Ok(conn
             .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
             .await?)
+    }
+
+    /// A failed write's error: the server's disk-full and connection errors are told apart
+    /// (see `error.rs`), with the server's own words.
+    fn explain(&self, err: crate::DbError) -> crate::StoreError {
+        err.into()
+    }
+
+    /// The server's disk is not this daemon's to measure.
+    fn filesystem_space(&self) -> Option<forkd_core::store::DiskSpace> {
+        None
     }
 
     /// The pool reads use.

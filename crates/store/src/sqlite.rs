@@ -16,16 +16,19 @@ mod dialect;
 #[path = "shared/mod.rs"]
 mod shared;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use forkd_core::store::Holder;
+use forkd_core::store::{DiskSpace, Holder};
 use sqlx::migrate::Migrator;
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use sqlx::{Sqlite, Transaction};
+use sqlx::{AssertSqlSafe, Connection as _, Sqlite, Transaction};
 
 use crate::DbError;
 use crate::error::Result;
@@ -89,6 +92,12 @@ pub struct SqliteStore {
     reader: SqlitePool,
     /// The daemon this store claims agents for.
     holder: Holder,
+    /// The database file (`None` in memory).
+    path: Option<PathBuf>,
+    /// A cap on the database's size, injected by tests.
+    page_limit: PageLimit,
+    /// The database's fault that a write last met, until a probe succeeds.
+    faults: Arc<crate::error::FaultLatch>,
 }
 
 impl SqliteStore {
@@ -127,6 +136,9 @@ impl SqliteStore {
                 writer,
                 reader,
                 holder: Holder::new(),
+                faults: Arc::default(),
+                path: Some(path.to_owned()),
+                page_limit: PageLimit::default(),
             })
         }
         .await)
@@ -159,6 +171,9 @@ impl SqliteStore {
                 writer: pool.clone(),
                 reader: pool,
                 holder: Holder::new(),
+                faults: Arc::default(),
+                path: None,
+                page_limit: PageLimit::default(),
             })
         }
         .await)
@@ -196,15 +211,106 @@ impl SqliteStore {
         .await)
     }
 
+    /// The cap on the database's size that [`PageLimit`] injects; unset unless a test sets it.
+    pub fn page_limit(&self) -> &PageLimit {
+        &self.page_limit
+    }
+
+    /// The database's size in pages now.
+    pub async fn page_count(&self) -> StoreResult<u64> {
+        db(async move {
+            let pages: i64 = sqlx::query_scalar("PRAGMA page_count")
+                .fetch_one(&self.reader)
+                .await?;
+            Ok(u64::try_from(pages).unwrap_or(0))
+        }
+        .await)
+    }
+
+    /// The writer connection, for one write transaction (with the injected page limit, if any).
+    async fn write_connection(&self) -> Result<PoolConnection<Sqlite>> {
+        let mut conn = self.writer.acquire().await?;
+        self.page_limit.apply(&mut conn).await?;
+        Ok(conn)
+    }
+
     /// A write transaction that holds the write lock from its first statement (see the module
     /// docs). Dropping it without `commit` rolls it back.
-    async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>> {
-        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+    async fn begin_write(conn: &mut SqliteConnection) -> Result<Transaction<'_, Sqlite>> {
+        Ok(conn.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    /// A failed write's error, a full disk's saying how much space is left and where.
+    fn explain(&self, err: DbError) -> crate::StoreError {
+        match crate::StoreError::from(err) {
+            crate::StoreError::DiskFull { detail } => crate::StoreError::DiskFull {
+                detail: match self.filesystem_space() {
+                    Some(space) => format!(
+                        "{} free on the filesystem holding {}; SQLite said: {detail}",
+                        bytesize::ByteSize(space.available).display().iec(),
+                        space.path.display()
+                    ),
+                    None => detail,
+                },
+            },
+            other => other,
+        }
+    }
+
+    /// The space on the filesystem holding the database file (none for a database in memory).
+    fn filesystem_space(&self) -> Option<DiskSpace> {
+        let path = self.path.as_deref()?;
+        crate::disk::space(path)
+            .inspect_err(|e| tracing::debug!(error = %e, "Cannot read the database's free space"))
+            .ok()
     }
 
     /// The pool reads use.
     fn readers(&self) -> &SqlitePool {
         &self.reader
+    }
+}
+
+/// A cap on the database's size, for fault injection: `PRAGMA max_page_count` on the writer, so
+/// that a write that would grow the file past it fails with `SQLITE_FULL` ("database or disk is
+/// full"), as a write on a full disk does. Tests set it to fill a database at a chosen size
+/// without a small filesystem, and lift it to give the space back. Clones share the cap; a store
+/// has one from its start, unset, and costs nothing until it is set.
+#[derive(Debug, Clone, Default)]
+pub struct PageLimit(Arc<AtomicU64>);
+
+impl PageLimit {
+    /// Never set: no pragma runs.
+    const UNSET: u64 = 0;
+    /// Set once, then lifted: the writer is given SQLite's own maximum back.
+    const LIFTED: u64 = u64::MAX;
+    /// SQLite's largest `max_page_count`.
+    const SQLITE_MAX: u64 = 4_294_967_294;
+
+    /// Caps the database at `pages` pages from the next write on (SQLite keeps its size now
+    /// instead when it is larger).
+    pub fn set(&self, pages: u64) {
+        self.0
+            .store(pages.clamp(1, Self::SQLITE_MAX), Ordering::Release);
+    }
+
+    /// Lifts the cap from the next write on.
+    pub fn lift(&self) {
+        if self.0.load(Ordering::Acquire) != Self::UNSET {
+            self.0.store(Self::LIFTED, Ordering::Release);
+        }
+    }
+
+    async fn apply(&self, conn: &mut SqliteConnection) -> Result<()> {
+        let pages = match self.0.load(Ordering::Acquire) {
+            Self::UNSET => return Ok(()),
+            Self::LIFTED => Self::SQLITE_MAX,
+            pages => pages,
+        };
+        sqlx::query(AssertSqlSafe(format!("PRAGMA max_page_count = {pages}")))
+            .execute(conn)
+            .await?;
+        Ok(())
     }
 }
 

@@ -606,6 +606,9 @@ async function agentView(id) {
     ended: (n) => { drawReport(n); es.close(); indicator.textContent = '● ended'; indicator.className = 'live'; refreshAgent(); },
     agent: (row) => { a = row; drawHead(); },
     requests: drawRequests,
+    // The database refused the agent's write: it waits, and resumes by itself.
+    interrupted: (p) => { indicator.textContent = '● interrupted: ' + p.reason; indicator.className = 'error'; },
+    resumed: () => { indicator.textContent = '● live'; indicator.className = 'live'; },
   }, indicator);
   const refreshAgent = async () => { try { a = (await api('/api/agents/' + id)).agent; drawHead(); } catch (e) { /* shown on next load */ } };
 }

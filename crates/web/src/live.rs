@@ -367,6 +367,12 @@ pub(crate) async fn agent(
                             attached = engine.for_tenant(tenant.clone()).attach(id, next).await.ok();
                             Ok(())
                         }
+                        Some(Ok(AgentEvent::Interrupted { reason })) => {
+                            tx.send(event("interrupted", &serde_json::json!({ "reason": reason }))).await
+                        }
+                        Some(Ok(AgentEvent::Resumed)) => {
+                            tx.send(event("resumed", &serde_json::json!({}))).await
+                        }
                         // The engine is stopping: nothing more will come.
                         None => {
                             attached = None;

@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use super::WarmupGate;
+use super::{RunOutcome, WarmupGate};
 use crate::clock::now_ms;
 use crate::error::EngineError;
 use crate::supervisor::Raced;
@@ -130,22 +130,24 @@ impl Runs {
                     }
                 };
                 let _counted = crate::metrics::RunGauge::start();
+                let mut interrupted = None;
                 match runs
                     .supervisor
                     .race(id, &token, runs.run_agent(id, gate, wait, &token))
                     .await
                 {
-                    Raced::Done(Some((lease, ending))) => {
+                    Raced::Done(RunOutcome::Ended(lease, ending)) => {
                         ended.record("forkd.agent.status", ending.status.as_str());
                         if let Some(error) = &ending.error {
                             ended.record("otel.status_code", "ERROR");
                             ended.record("otel.status_description", error.as_str());
                         }
-                        runs.finish_with_retries(&lease, ending).await;
+                        interrupted = runs.finish_with_retries(&lease, ending).await.err();
                     }
                     // Paused by the shutdown drain (stays `running` for the next start), or
                     // superseded by a newer run, which records the end.
-                    Raced::Done(None) => {}
+                    Raced::Done(RunOutcome::Stopped) => {}
+                    Raced::Done(RunOutcome::Interrupted(reason)) => interrupted = Some(reason),
                     // Recorded only now that the run (and any process group it started) is
                     // gone, so a killed notification means the agent has stopped.
                     Raced::Killed => runs.record_kill(id).await,
@@ -155,6 +157,10 @@ impl Runs {
                 // Unregistered last: a kill that arrives while the end is recorded finds the run
                 // still registered, and does not claim the agent from under its finish.
                 runs.supervisor.unregister(id);
+                // Only once unregistered: its resumption must find no run of it in progress.
+                if let Some(reason) = interrupted {
+                    runs.faults.interrupted(id, reason);
+                }
             }
             .instrument(span),
         );
@@ -236,8 +242,14 @@ impl Runs {
         // Its run is gone; what its Bash calls started is killed, and now waited for.
         self.stop_cut_off_groups(id).await;
         let partial = self.partial_text(id).await;
-        self.finish_with_retries(&lease, Ending::killed(partial))
-            .await;
+        if let Err(reason) = self
+            .finish_with_retries(&lease, Ending::killed(partial))
+            .await
+        {
+            // Not resumed: it would run again. It stays live in the store; the next start
+            // finds the kill asked (when it was stored) or runs it.
+            tracing::error!(error = %reason, "Cannot record the kill: the database refuses writes");
+        }
     }
 
     /// What a killed agent had said so far: the text of its last reply, if any.
@@ -267,18 +279,25 @@ impl Runs {
             .unwrap_or(false)
     }
 
-    /// Records an agent's end, retrying a store that is briefly unavailable (a busy database):
-    /// an agent whose end is never recorded would keep its subscribers waiting forever.
-    pub(crate) async fn finish_with_retries(self: &Arc<Self>, lease: &Lease, ending: Ending) {
+    /// Records an agent's end, retrying a store that is briefly busy: an agent whose end is
+    /// never recorded would keep its subscribers waiting forever. A database fault (a full disk,
+    /// a server out of reach) is not waited out here: the run stops as interrupted (`Err`, the
+    /// reason), and its resumption ends it again from its transcript once writes succeed.
+    pub(crate) async fn finish_with_retries(
+        self: &Arc<Self>,
+        lease: &Lease,
+        ending: Ending,
+    ) -> Result<(), String> {
         let mut delay = Duration::from_millis(100);
         for attempt in 1..=FINISH_ATTEMPTS {
             match self.finish(lease, &ending).await {
-                Ok(()) => return,
+                Ok(()) => return Ok(()),
                 // Already ended (by an earlier attempt that committed, or a kill), or taken over
                 // by a newer run, which records its own end: nothing to do.
                 Err(EngineError::Store(
                     StoreError::Conflict(_) | StoreError::Superseded { .. },
-                )) => return,
+                )) => return Ok(()),
+                Err(EngineError::Store(e)) if e.is_fault() => return Err(e.to_string()),
                 Err(e) if attempt < FINISH_ATTEMPTS => {
                     tracing::warn!(attempt, error = %e, "Could not record the agent's end; retrying");
                     tokio::time::sleep(delay).await;
@@ -289,6 +308,7 @@ impl Runs {
                 }
             }
         }
+        Ok(())
     }
 
     /// Records the agent's end: its state, its notification (stored, appended to the parent's

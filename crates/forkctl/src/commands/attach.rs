@@ -75,6 +75,23 @@ pub async fn run(args: AttachArgs, client: &mut Client, out: &Printer) -> anyhow
                 }
                 return Ok(exit::OK);
             }
+            Some(Event::Interrupted(i)) => {
+                if out.is_json() {
+                    out.value(&json!({"status": "interrupted", "reason": i.reason}))?;
+                } else {
+                    out.line(format!(
+                        "interrupted: {} (it resumes by itself once the database takes writes again)",
+                        i.reason
+                    ))?;
+                }
+            }
+            Some(Event::Resumed(_)) => {
+                if out.is_json() {
+                    out.value(&json!({"status": "resumed"}))?;
+                } else {
+                    out.line("resumed: the database takes writes again")?;
+                }
+            }
             None => {}
         }
     }

@@ -45,6 +45,9 @@ pub struct FileConfig {
     pub lease: Option<String>,
     /// SQLite `synchronous=FULL`.
     pub fsync_every_commit: Option<bool>,
+    /// Below this much free space under the database (`256MiB`, `1%`, `0`: off), new sessions,
+    /// messages and batches are refused.
+    pub min_free_disk: Option<String>,
     /// Keep state in this PostgreSQL database instead of `forkd.db` (shown without its password).
     pub database_url: Option<DatabaseUrl>,
     /// The log filter, as `RUST_LOG` takes it.
@@ -316,6 +319,16 @@ impl FileConfig {
     }
 
     /// `lease`, parsed like `grace`; zero is refused (no daemon could keep a claim).
+    pub(super) fn min_free_disk(&self) -> anyhow::Result<Option<forkd_engine::MinFreeDisk>> {
+        self.min_free_disk
+            .as_deref()
+            .map(|v| {
+                forkd_engine::MinFreeDisk::parse(v)
+                    .map_err(|e| anyhow::anyhow!("{CONFIG_FILE}: {e}"))
+            })
+            .transpose()
+    }
+
     pub(super) fn lease(&self) -> anyhow::Result<Option<Duration>> {
         self.lease
             .as_deref()

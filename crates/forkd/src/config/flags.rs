@@ -50,6 +50,11 @@ pub struct ServeFlags {
     /// (env FORKD_FSYNC_EVERY_COMMIT).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     pub fsync_every_commit: Option<bool>,
+    /// Below this much free space on the filesystem holding the database (256MiB, 1%; 0: no
+    /// check), new sessions, messages and batches are refused; running agents go on
+    /// (env FORKD_MIN_FREE_DISK; default: 256MiB or 1%, whichever is smaller).
+    #[arg(long, value_name = "SIZE", value_parser = forkd_engine::MinFreeDisk::parse)]
+    pub min_free_disk: Option<forkd_engine::MinFreeDisk>,
     /// Keep state in this PostgreSQL database (postgres://user:password@host:5432/database)
     /// instead of FORKD_HOME/forkd.db (env FORKD_DATABASE_URL). A command line is visible to
     /// other users: give a password in the environment or config.toml instead.

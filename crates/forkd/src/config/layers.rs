@@ -88,6 +88,11 @@ pub(super) fn lease(name: &str, value: &str) -> anyhow::Result<std::time::Durati
     super::flags::lease_duration(value).map_err(|e| anyhow::anyhow!("{name}={value:?}: {e}"))
 }
 
+/// A `min_free_disk` (see [`forkd_engine::MinFreeDisk::parse`]).
+pub(super) fn min_free_disk(name: &str, value: &str) -> anyhow::Result<forkd_engine::MinFreeDisk> {
+    forkd_engine::MinFreeDisk::parse(value).map_err(|e| anyhow::anyhow!("{name}: {e}"))
+}
+
 /// Text taken as it is (a log filter, an API key).
 pub(super) fn text(_: &str, value: &str) -> anyhow::Result<String> {
     Ok(value.to_owned())

@@ -14,7 +14,9 @@ use forkd_store::Durability;
 use super::LogFormat;
 use super::file::{CONFIG_FILE, FileConfig, PROVIDER_VARS};
 use super::flags::ServeFlags;
-use super::layers::{Layers, boolean, duration, from_str, lease, path, text, value_enum};
+use super::layers::{
+    Layers, boolean, duration, from_str, lease, min_free_disk, path, text, value_enum,
+};
 use crate::daemon::{DaemonConfig, DatabaseUrl, ProviderKind, TlsFiles};
 
 /// Every setting of `forkd serve`, resolved.
@@ -33,6 +35,8 @@ pub struct Settings {
     /// How long this daemon's claims on running agents last without a heartbeat.
     pub lease: Duration,
     pub fsync_every_commit: bool,
+    /// New work is refused below this much free space under the database.
+    pub min_free_disk: forkd_engine::MinFreeDisk,
     /// PostgreSQL instead of SQLite; `None`: `forkd.db` in the home.
     pub database_url: Option<DatabaseUrl>,
     /// The log filter.
@@ -99,6 +103,7 @@ impl Default for Settings {
             grace: Duration::from_secs(10),
             lease: daemon.lease,
             fsync_every_commit: daemon.durability == Durability::Full,
+            min_free_disk: engine.min_free_disk,
             database_url: daemon.database_url,
             log: "info".to_owned(),
             log_format: LogFormat::default(),
@@ -335,6 +340,13 @@ impl Settings {
             file.fsync_every_commit,
         )?;
         self.fsync_every_commit = fsync.unwrap_or(self.fsync_every_commit);
+        let min_free = layers.pick(
+            flags.min_free_disk,
+            "FORKD_MIN_FREE_DISK",
+            min_free_disk,
+            file.min_free_disk()?,
+        )?;
+        self.min_free_disk = min_free.unwrap_or(self.min_free_disk);
         // Checked here, whichever layer gives it, so that the error names where it came from
         // (and shows the URL without its password).
         let flag = flags.database_url.clone();
@@ -365,6 +377,7 @@ impl Settings {
         config.engine.auto_background = forkd_engine::auto_background(self.auto_background_secs);
         config.engine.fork_always_async = self.fork_always_async;
         config.engine.max_running_agents = self.max_running_agents;
+        config.engine.min_free_disk = self.min_free_disk;
         // No cap: as many as any server would take at once.
         config.engine.admission.max_concurrency = self.max_concurrent_requests.unwrap_or(4096);
         config.engine.admission.initial_concurrency = config

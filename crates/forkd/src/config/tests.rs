@@ -773,3 +773,40 @@ fn traces_come_from_the_flag_the_otel_variables_or_the_file_and_are_off_without_
     let err = resolve(&flags, &bad, "").unwrap_err().to_string();
     assert!(err.contains("http/json"), "{err}");
 }
+
+#[test]
+fn min_free_disk_comes_from_the_flag_the_environment_or_the_file() {
+    use forkd_engine::MinFreeDisk;
+    let defaults = resolve(&ServeFlags::default(), &[], "").unwrap();
+    assert_eq!(defaults.min_free_disk, MinFreeDisk::Default);
+    let file = "min_free_disk = \"2%\"\n";
+    let s = resolve(&ServeFlags::default(), &[], file).unwrap();
+    assert_eq!(s.min_free_disk, MinFreeDisk::Percent(2.0));
+    let s = resolve(
+        &ServeFlags::default(),
+        &[("FORKD_MIN_FREE_DISK", "1GiB")],
+        file,
+    )
+    .unwrap();
+    assert_eq!(s.min_free_disk, MinFreeDisk::Bytes(1 << 30));
+    let flags = ServeFlags {
+        min_free_disk: Some(MinFreeDisk::Bytes(0)),
+        ..ServeFlags::default()
+    };
+    let s = resolve(&flags, &[("FORKD_MIN_FREE_DISK", "1GiB")], file).unwrap();
+    assert_eq!(s.min_free_disk, MinFreeDisk::Bytes(0), "the flag wins");
+    let engine = s.daemon_config("/srv/forkd".into()).unwrap().engine;
+    assert_eq!(engine.min_free_disk, MinFreeDisk::Bytes(0));
+    for bad in ["min_free_disk = \"lots\"\n", "min_free_disk = \"200%\"\n"] {
+        let err = resolve(&ServeFlags::default(), &[], bad).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("min_free_disk"),
+            "{bad}: {err:#}"
+        );
+    }
+    let err = resolve(&ServeFlags::default(), &[("FORKD_MIN_FREE_DISK", "x")], "").unwrap_err();
+    assert!(
+        format!("{err:#}").contains("FORKD_MIN_FREE_DISK"),
+        "{err:#}"
+    );
+}

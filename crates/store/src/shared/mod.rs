@@ -28,6 +28,7 @@ pub(super) mod idempotency;
 pub(super) mod isolation;
 pub(super) mod notifications;
 pub(super) mod pending;
+pub(super) mod probes;
 pub(super) mod prompts;
 pub(super) mod requests;
 pub(super) mod sessions;

@@ -17,7 +17,7 @@ use forkd_core::{
 use super::dialect::{self, DriverStore};
 use super::{
     agent_params, agents, batches, compactions, idempotency, isolation, notifications, pending,
-    prompts, requests, sessions, stats, tool_calls,
+    probes, prompts, requests, sessions, stats, tool_calls,
 };
 use crate::error::Result;
 use crate::rows::agents::NewAgents;
@@ -33,21 +33,69 @@ type StoreResult<T> = std::result::Result<T, StoreError>;
 
 /// A store operation's outcome at the interface: the driver's errors become [`StoreError`].
 fn db<T>(outcome: Result<T>) -> StoreResult<T> {
-    outcome.map_err(Into::into)
+    crate::error::counted(outcome)
 }
 
 /// Runs `$body` (which uses the transaction as `$tx`) in a write transaction of `$store`, and
-/// commits it if `$body` succeeds; dropping it uncommitted rolls it back.
+/// commits it if `$body` succeeds; dropping it uncommitted rolls it back. A write that failed
+/// leaves its connection settled before the error returns (see [`settle`]), and the error
+/// explained by the store (a full disk says how much space is left).
 macro_rules! write_tx {
     ($store:expr, |$tx:ident| $body:expr) => {
-        db(async move {
-            let mut $tx = $store.begin_write().await?;
-            let out = $body;
-            $tx.commit().await?;
-            Ok(out)
+        async move {
+            let mut conn = $store
+                .write_connection()
+                .await
+                .map_err(|e| failed(&$store, e))?;
+            let outcome: Result<_> = async {
+                let mut $tx = DriverStore::begin_write(&mut conn).await?;
+                let out = $body;
+                $tx.commit().await?;
+                Ok(out)
+            }
+            .await;
+            match outcome {
+                Ok(out) => Ok(out),
+                Err(e) => {
+                    settle(conn).await;
+                    Err(failed(&$store, e))
+                }
+            }
         }
-        .await)
+        .await
     };
+}
+
+/// A failed write's error as the store explains it (see `explain`), counted.
+fn failed(store: &DriverStore, err: crate::DbError) -> StoreError {
+    let err = store.explain(err);
+    crate::error::count(&err);
+    store.faults.record(&err);
+    err
+}
+
+/// A connection whose write failed, made safe to use again: the failed transaction's rollback
+/// (queued when it was dropped) runs now, and a connection that it did not leave outside every
+/// transaction is closed instead of going back to the pool.
+///
+/// A fault can end a transaction by itself: SQLite rolls the whole transaction back on some
+/// `SQLITE_FULL`s, and the queued `ROLLBACK` then fails ("no transaction is active"). sqlx's count
+/// of open transactions stays at one, and the next `BEGIN` on that connection would fail ("at
+/// non-zero transaction depth") for as long as the daemon runs. Closed, the pool opens a fresh
+/// connection for the next write instead.
+async fn settle(mut conn: sqlx::pool::PoolConnection<dialect::Db>) {
+    use sqlx::Connection as _;
+    match conn.ping().await {
+        Ok(()) if !conn.is_in_transaction() => {}
+        Ok(()) => {
+            tracing::warn!("A failed write left its connection inside a transaction; closing it");
+            conn.close_on_drop();
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "A failed write left its connection broken; closing it");
+            conn.close_on_drop();
+        }
+    }
 }
 
 #[async_trait]
@@ -588,5 +636,19 @@ impl Store for DriverStore {
 
     async fn stats(&self, batches_since_ms: i64) -> StoreResult<Stats> {
         db(stats::stats(self.readers(), batches_since_ms).await)
+    }
+
+    async fn probe_write(&self) -> StoreResult<()> {
+        write_tx!(self, |tx| probes::probe(&mut tx).await?)?;
+        self.faults.clear();
+        Ok(())
+    }
+
+    fn disk_space(&self) -> Option<forkd_core::store::DiskSpace> {
+        self.filesystem_space()
+    }
+
+    fn fault(&self) -> Option<String> {
+        self.faults.get()
     }
 }

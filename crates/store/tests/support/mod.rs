@@ -40,6 +40,7 @@ const TEST_CONNECTIONS: u32 = 4;
 
 /// One test per backend for each conformance test named: `sqlite::NAME` and `postgres::NAME`,
 /// each calling `NAME(store)` on a fresh store of its backend.
+#[allow(unused_macros)] // Tests of one backend only do not use it.
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -60,6 +61,7 @@ macro_rules! conformance {
         }
     };
 }
+#[allow(unused_imports)]
 pub(crate) use conformance;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
