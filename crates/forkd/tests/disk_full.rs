@@ -223,6 +223,112 @@ async fn a_batch_stops_while_its_database_is_full_and_completes_once_space_retur
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_turn_stops_on_a_full_disk_and_ends_in_the_background_once_space_returns() {
+    let daemon = daemon().await;
+    let mut client = daemon.client().await.unwrap();
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(
+        workspace.path().join("big.txt"),
+        "0123456789abcdef ".repeat(1_500) + "\n",
+    )
+    .unwrap();
+    let session = create_session(&mut client, trusted_session_request(workspace.path()))
+        .await
+        .unwrap();
+    let session_id: forkd_core::SessionId = session.session_id.parse().unwrap();
+    let store = daemon.daemon().unwrap().engine.store().clone();
+    let before = store
+        .session_messages(session_id, None)
+        .await
+        .unwrap()
+        .len();
+    let mut notes = client
+        .subscribe_notifications(pb::SubscribeNotificationsRequest {
+            session_id: session.session_id.clone(),
+            follow: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut turn = client
+        .send_message(pb::SendMessageRequest {
+            session_id: session.session_id.clone(),
+            text: script(0),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+
+    // The message, then the first read's call and result: then the disk fills.
+    eventually(DEADLINE, "the turn's first read to be stored", || {
+        let store = store.clone();
+        async move {
+            store
+                .session_messages(session_id, None)
+                .await
+                .unwrap()
+                .len()
+                >= before + 3
+        }
+    })
+    .await;
+    fill(&daemon);
+    let refused = loop {
+        match tokio::time::timeout(DEADLINE, turn.message())
+            .await
+            .unwrap()
+        {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("the turn's stream ended without saying why"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    let parent = daemon
+        .daemon()
+        .unwrap()
+        .engine
+        .list_agents(&forkd_store::AgentFilter {
+            session_id: Some(session_id),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|a| a.kind == forkd_core::AgentKind::Parent)
+        .unwrap();
+    assert_eq!(
+        parent.state,
+        forkd_core::AgentState::Running,
+        "the turn waits"
+    );
+
+    give_space_back(&daemon);
+    let ended = tokio::time::timeout(DEADLINE, notes.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(ended.kind, "turn", "{ended:?}");
+    assert_eq!(
+        ended.status,
+        pb::NotificationStatus::Completed as i32,
+        "{ended:?}"
+    );
+    let transcript = store.session_messages(session_id, None).await.unwrap();
+    let results = transcript
+        .iter()
+        .flat_map(|m| &m.message.blocks)
+        .filter(|b| matches!(b.kind(), BlockKind::ToolResult { .. }))
+        .count();
+    assert_eq!(results, 3, "each read answered once");
+    let last = transcript.last().unwrap().message.text();
+    assert!(last.contains("part 0 done"), "{last}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn below_min_free_disk_new_work_is_refused_and_running_agents_go_on() {
     let mut daemon = daemon().await;
     let mut client = daemon.client().await.unwrap();
