@@ -10,11 +10,13 @@
 //! batch's end.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use forkd_core::{AgentState, Directive};
-use forkd_engine::{BatchOptions, ContextFile, Engine, StoreHealth};
+use forkd_engine::{AgentEvent, BatchOptions, ContextFile, Engine, StoreHealth};
 use forkd_store::{SqliteStore, Store};
+use futures::StreamExt;
 use serde_json::json;
 
 use crate::common::{self, Ctx};
@@ -96,6 +98,20 @@ async fn once(ctx: &Ctx, n: usize) -> anyhow::Result<Recovery> {
         })
         .await?;
     }
+    // Each child's attach stream says when it stops.
+    let stopped = Arc::new(AtomicUsize::new(0));
+    for id in &batch.agent_ids {
+        let mut events = engine.attach(*id, 0).await?;
+        let stopped = stopped.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(event)) = events.next().await {
+                if matches!(event, AgentEvent::Interrupted { .. }) {
+                    stopped.fetch_add(1, Ordering::SeqCst);
+                    return;
+                }
+            }
+        });
+    }
     limit.set(1);
     let mut health = engine.store_health();
     until("the database to refuse writes", || {
@@ -104,17 +120,11 @@ async fn once(ctx: &Ctx, n: usize) -> anyhow::Result<Recovery> {
     })
     .await?;
     // Every child's next result needs a page: after its slow reply, each stops.
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    let live = store
-        .list_agents(&forkd_core::store::AgentFilter {
-            batch_id: Some(batch.batch_id),
-            ..Default::default()
-        })
-        .await?;
-    let stopped = live
-        .iter()
-        .filter(|a| a.state == AgentState::Running)
-        .count();
+    until("every child to stop", || {
+        let all = stopped.load(Ordering::SeqCst) == n;
+        async move { Ok(all) }
+    })
+    .await?;
 
     let returned = Instant::now();
     limit.lift();
@@ -138,7 +148,7 @@ async fn once(ctx: &Ctx, n: usize) -> anyhow::Result<Recovery> {
     Ok(Recovery {
         to_serving_ms: common::ms(serving - returned),
         to_done_ms: common::ms(done - returned),
-        stopped,
+        stopped: stopped.load(Ordering::SeqCst),
     })
 }
 
@@ -199,7 +209,8 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
         notes: vec![
             "The database is capped at its size with SQLite's `max_page_count` once each child \
              has stored its first read: each child's next result needs new pages and is \
-             refused as on a full disk, so the child stops and stays running. Lifting the cap \
+             refused as on a full disk, so the child stops and stays running. The clock \
+             starts once every child's attach stream has said `interrupted`: lifting the cap \
              is the space returning."
                 .into(),
             "The daemon probes a failing database every 500 ms (a 64 KiB write, removed in the \

@@ -136,6 +136,13 @@ impl Faults {
         let _ = self.pauses.send((id, Pause::Resumed));
     }
 
+    /// Resolves once the store holds no fault: the recovery loop's probe wrote.
+    pub(crate) async fn writable(&self) {
+        while self.store.fault().is_some() {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
     /// Resolves when an agent stops for a fault.
     pub(crate) async fn nudged(&self) {
         self.nudge.notified().await;

@@ -142,7 +142,11 @@ impl Runs {
                             ended.record("otel.status_code", "ERROR");
                             ended.record("otel.status_description", error.as_str());
                         }
-                        interrupted = runs.finish_with_retries(&lease, ending).await.err();
+                        interrupted = runs
+                            .finish_with_retries(&lease, ending)
+                            .await
+                            .err()
+                            .map(|e| e.to_string());
                     }
                     // Paused by the shutdown drain (stays `running` for the next start), or
                     // superseded by a newer run, which records the end.
@@ -150,7 +154,7 @@ impl Runs {
                     Raced::Done(RunOutcome::Interrupted(reason)) => interrupted = Some(reason),
                     // Recorded only now that the run (and any process group it started) is
                     // gone, so a killed notification means the agent has stopped.
-                    Raced::Killed => runs.record_kill(id).await,
+                    Raced::Killed => runs.record_kill_once_writable(id).await,
                     // Stays `running` for the next start.
                     Raced::Shutdown => tracing::debug!("Agent run stopped by shutdown"),
                 }
@@ -214,7 +218,7 @@ impl Runs {
             }
             // Nothing runs it (it never started, or its daemon died): record the kill here.
             _ => {
-                self.record_kill(id).await;
+                self.record_kill(id).await?;
                 tracing::info!(agent.id = %id, "Agent killed");
             }
         }
@@ -224,31 +228,39 @@ impl Runs {
     /// Ends a killed agent with its partial result: the text of its last reply, if any. It
     /// claims the agent first, so a run still alive anywhere (another daemon on the same
     /// database) is fenced off before the agent is marked killed.
-    async fn record_kill(self: &Arc<Self>, id: AgentId) {
+    async fn record_kill(self: &Arc<Self>, id: AgentId) -> Result<(), StoreError> {
         let lease = match self.store.claim_agent(id).await {
             Ok(lease) => lease,
             // Ended meanwhile: its own end stands.
-            Err(StoreError::Conflict(_)) => return,
+            Err(StoreError::Conflict(_)) => return Ok(()),
             // Another daemon took it meanwhile: it finds the stored request and kills it.
             Err(StoreError::Held { daemon, .. }) => {
                 tracing::info!(%daemon, "The killed agent runs on another daemon, which stops it");
-                return;
+                return Ok(());
             }
+            Err(e) if e.is_fault() => return Err(e),
             Err(e) => {
                 tracing::error!(error = %e, "Cannot claim the killed agent; it stays live in the store");
-                return;
+                return Ok(());
             }
         };
         // Its run is gone; what its Bash calls started is killed, and now waited for.
         self.stop_cut_off_groups(id).await;
         let partial = self.partial_text(id).await;
-        if let Err(reason) = self
-            .finish_with_retries(&lease, Ending::killed(partial))
+        self.finish_with_retries(&lease, Ending::killed(partial))
             .await
-        {
-            // Not resumed: it would run again. It stays live in the store; the next start
-            // finds the kill asked (when it was stored) or runs it.
-            tracing::error!(error = %reason, "Cannot record the kill: the database refuses writes");
+    }
+
+    /// [`Runs::record_kill`] for a run a kill stopped: while the database refuses writes, the
+    /// kill is recorded once it takes them again (a stopped run must not be resumed: it would
+    /// run again). At shutdown it gives up, and the agent stays live for the next start.
+    async fn record_kill_once_writable(self: &Arc<Self>, id: AgentId) {
+        while let Err(e) = self.record_kill(id).await {
+            tracing::warn!(error = %e, "Cannot record the kill while the database refuses writes; recording it once it takes them");
+            tokio::select! {
+                () = self.faults.writable() => {}
+                () = self.supervisor.draining_token().cancelled() => return,
+            }
         }
     }
 
@@ -287,7 +299,7 @@ impl Runs {
         self: &Arc<Self>,
         lease: &Lease,
         ending: Ending,
-    ) -> Result<(), String> {
+    ) -> Result<(), StoreError> {
         let mut delay = Duration::from_millis(100);
         for attempt in 1..=FINISH_ATTEMPTS {
             match self.finish(lease, &ending).await {
@@ -297,7 +309,7 @@ impl Runs {
                 Err(EngineError::Store(
                     StoreError::Conflict(_) | StoreError::Superseded { .. },
                 )) => return Ok(()),
-                Err(EngineError::Store(e)) if e.is_fault() => return Err(e.to_string()),
+                Err(EngineError::Store(e)) if e.is_fault() => return Err(e),
                 Err(e) if attempt < FINISH_ATTEMPTS => {
                     tracing::warn!(attempt, error = %e, "Could not record the agent's end; retrying");
                     tokio::time::sleep(delay).await;
