@@ -58,9 +58,9 @@ pub(crate) struct Turns {
     /// One parent turn per session at a time (held for the whole turn, unlike the session lock).
     turn_locks: LockMap<SessionId>,
     turn_starts: Arc<TurnStarts>,
-    /// Cancelled when the drain is over: a client-asked compaction stops where it stands.
     /// Turns a database fault stopped.
     faults: Arc<crate::faults::Faults>,
+    /// Cancelled when the drain is over: a client-asked compaction stops where it stands.
     shutdown: CancellationToken,
 }
 

@@ -428,9 +428,60 @@ mod tests {
             (EngineError::Draining, 503),
             (EngineError::Store(StoreError::Corrupt("row".into())), 500),
             (EngineError::Invariant("oops".into()), 500),
+            (disk_full(), 507),
+            (low_disk(), 507),
+            (unreachable(), 503),
         ];
         for (err, http) in cases {
             assert_eq!(Meaning::of(&err).http(), http, "{err}");
+        }
+    }
+
+    fn disk_full() -> EngineError {
+        EngineError::Store(StoreError::DiskFull {
+            detail: "12.0 KiB free on the filesystem holding /srv/forkd/forkd.db".into(),
+        })
+    }
+
+    fn low_disk() -> EngineError {
+        EngineError::LowDisk {
+            free: "100.0 MiB".into(),
+            min: "256.0 MiB".into(),
+            path: "/srv/forkd/forkd.db".into(),
+        }
+    }
+
+    fn unreachable() -> EngineError {
+        EngineError::Store(StoreError::Unreachable {
+            detail: "connection refused".into(),
+        })
+    }
+
+    /// The database's faults are said as they are, with what a client can do: never `INTERNAL`.
+    #[test]
+    fn database_faults_say_what_happened() {
+        for (err, code, says) in [
+            (
+                disk_full(),
+                Code::ResourceExhausted,
+                "forkd's database is out of disk space (12.0 KiB free on the filesystem \
+                 holding /srv/forkd/forkd.db); retry once space is freed",
+            ),
+            (
+                low_disk(),
+                Code::ResourceExhausted,
+                "forkd's database is low on disk space: 100.0 MiB free on the filesystem \
+                 holding /srv/forkd/forkd.db, below min_free_disk (256.0 MiB)",
+            ),
+            (
+                unreachable(),
+                Code::Unavailable,
+                "forkd's database cannot be reached (connection refused); retry shortly",
+            ),
+        ] {
+            let status = Status::from(ApiError::from(err));
+            assert_eq!(status.code(), code);
+            assert!(status.message().starts_with(says), "{}", status.message());
         }
     }
 
