@@ -121,6 +121,15 @@ what else runs on it.
    generated workspace of 10 000 files (~100 MB): the snapshot's time and disk, each copy's
    disk, a child's view setup (p50/p99), applying the batch, and the cache-read share against
    the same batch without isolation.
+12. **Branches**: a branch of a 100k-token session from an earlier turn: how long it takes, what
+   it stores, and how much of its history its first request reads from the cache.
+13. **Output schemas**: one batch over a ~48.5k-token context with an output schema, beside the
+   same batch without: the cache read by children 2..N and the input cost.
+14. **Traces**: \`ForkBatch\` latency and a 100-child batch's wall time with OTLP export on,
+   against the same daemon with export off.
+15. **A full disk**: a batch whose SQLite database fills mid-run (\`max_page_count\`), and the time
+   from the space returning to the daemon serving again and to the batch's end, without a
+   restart.
 
 EOF
     cat "$report"
