@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 use forkd_proto::v1 as pb;
 use forkd_provider::{SimConfig, SimProvider};
 use forkd_sim_server::{SimServerConfig, StreamCuts};
-use forkd_test_support::{create_session, eventually, fork, trusted_session_request};
+use forkd_test_support::{
+    create_session, eventually, fork, hear_each_once, trusted_session_request,
+};
 
 const CHILDREN: usize = 60;
 const LEASE: Duration = Duration::from_secs(1);
@@ -82,7 +84,12 @@ async fn chaos(seed: u64, url: String, sim: String) {
         .await
         .unwrap();
     // Subscribed on a survivor before anything ends: it must hear all 60, live.
-    let heard = listen(clients[watcher].clone(), session.session_id.clone());
+    let heard = hear_each_once(
+        clients[watcher].clone(),
+        session.session_id.clone(),
+        CHILDREN,
+        DEADLINE,
+    );
     let prompts: Vec<String> = (0..CHILDREN).map(|i| script(i, &mut rng)).collect();
     let prompts: Vec<&str> = prompts.iter().map(String::as_str).collect();
     let batch = fork(&mut on_target, &session.session_id, &prompts, None)
@@ -177,38 +184,6 @@ fn script(i: usize, rng: &mut fastrand::Rng) -> String {
          @sim tool Bash {{\"command\":\"echo part-{i} >> ran.log\"}}\n\
          @sim sleep {after}ms\n@sim say part {i} done"
     )
-}
-
-/// Collects the session's notifications through `client` until all children have ended.
-fn listen(
-    mut client: binary::Client,
-    session_id: String,
-) -> tokio::task::JoinHandle<Vec<pb::Notification>> {
-    tokio::spawn(async move {
-        let mut stream = client
-            .subscribe_notifications(pb::SubscribeNotificationsRequest {
-                session_id,
-                follow: true,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let mut heard = Vec::new();
-        while heard.len() < CHILDREN {
-            match tokio::time::timeout(DEADLINE, stream.message()).await {
-                Ok(Ok(Some(n))) => heard.push(n),
-                other => panic!("the subscriber's stream stopped: {other:?} after {heard:?}"),
-            }
-        }
-        // Nothing more may come: each child ends once.
-        if let Ok(Ok(Some(extra))) =
-            tokio::time::timeout(Duration::from_secs(2), stream.message()).await
-        {
-            panic!("a notification after every child had ended: {extra:?}");
-        }
-        heard
-    })
 }
 
 /// The daemon the batch's children run on, once one has claimed them (none if all ended).

@@ -8,9 +8,10 @@
 
 use std::time::{Duration, Instant};
 
-use binary::{Client, Daemon, client, get_agent, is_terminal};
+use binary::{Client, Daemon, client, is_terminal};
 use forkd_proto::v1 as pb;
 use forkd_store::{Durability, RequestFilter, SqliteStore, Store};
+use forkd_test_support::get_agent;
 use forkd_test_support::{
     create_session, eventually, fork, run_turn, session_request, session_transcript, spawn_daemon,
     turn_text,

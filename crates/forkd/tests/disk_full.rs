@@ -15,11 +15,11 @@ use forkd_engine::MinFreeDisk;
 use forkd_proto::v1 as pb;
 use forkd_proto::v1::forkd_client::ForkdClient;
 use forkd_test_support::{
-    TestDaemon, create_session, eventually, fork, spawn_daemon_with, trusted_session_request,
+    ServingStatus, TestDaemon, create_session, eventually, fork, get_agent, hear_each_once,
+    serving_status, spawn_daemon_with, trusted_session_request,
 };
 use tonic::Code;
 use tonic::transport::Channel;
-use tonic_health::pb::health_check_response::ServingStatus;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 const CHILDREN: usize = 3;
@@ -33,21 +33,7 @@ async fn daemon() -> TestDaemon {
 
 /// The daemon's health, as a load balancer asks it.
 async fn health(daemon: &TestDaemon) -> ServingStatus {
-    let channel = tonic::transport::Endpoint::from_shared(daemon.addr())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-    let status = health
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: "forkd.v1.Forkd".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status;
-    ServingStatus::try_from(status).unwrap()
+    serving_status(&daemon.addr()).await.unwrap()
 }
 
 async fn health_becomes(daemon: &TestDaemon, want: ServingStatus) {
@@ -55,6 +41,20 @@ async fn health_becomes(daemon: &TestDaemon, want: ServingStatus) {
         health(daemon).await == want
     })
     .await;
+}
+
+/// A workspace holding `big.txt`, a file whose content takes pages to store, and a session on it.
+async fn big_workspace(client: &mut ForkdClient<Channel>) -> (tempfile::TempDir, pb::Session) {
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(
+        workspace.path().join("big.txt"),
+        "0123456789abcdef ".repeat(1_500) + "\n",
+    )
+    .unwrap();
+    let session = create_session(client, trusted_session_request(workspace.path()))
+        .await
+        .unwrap();
+    (workspace, session)
 }
 
 /// A session request whose context alone needs new pages.
@@ -130,16 +130,13 @@ fn script(i: usize) -> String {
 async fn a_batch_stops_while_its_database_is_full_and_completes_once_space_returns() {
     let daemon = daemon().await;
     let mut client = daemon.client().await.unwrap();
-    let workspace = tempfile::tempdir().unwrap();
-    std::fs::write(
-        workspace.path().join("big.txt"),
-        "0123456789abcdef ".repeat(1_500) + "\n",
-    )
-    .unwrap();
-    let session = create_session(&mut client, trusted_session_request(workspace.path()))
-        .await
-        .unwrap();
-    let heard = listen(daemon.client().await.unwrap(), session.session_id.clone());
+    let (_workspace, session) = big_workspace(&mut client).await;
+    let heard = hear_each_once(
+        daemon.client().await.unwrap(),
+        session.session_id.clone(),
+        CHILDREN,
+        DEADLINE,
+    );
     let prompts: Vec<String> = (0..CHILDREN).map(script).collect();
     let prompts: Vec<&str> = prompts.iter().map(String::as_str).collect();
     let batch = fork(&mut client, &session.session_id, &prompts, None)
@@ -226,15 +223,7 @@ async fn a_batch_stops_while_its_database_is_full_and_completes_once_space_retur
 async fn a_parent_turn_stops_on_a_full_disk_and_ends_in_the_background_once_space_returns() {
     let daemon = daemon().await;
     let mut client = daemon.client().await.unwrap();
-    let workspace = tempfile::tempdir().unwrap();
-    std::fs::write(
-        workspace.path().join("big.txt"),
-        "0123456789abcdef ".repeat(1_500) + "\n",
-    )
-    .unwrap();
-    let session = create_session(&mut client, trusted_session_request(workspace.path()))
-        .await
-        .unwrap();
+    let (_workspace, session) = big_workspace(&mut client).await;
     let session_id: forkd_core::SessionId = session.session_id.parse().unwrap();
     let store = daemon.daemon().unwrap().engine.store().clone();
     let before = store
@@ -386,37 +375,6 @@ async fn below_min_free_disk_new_work_is_refused_and_running_agents_go_on() {
     );
 }
 
-/// Every notification of the session until all children have ended, and none after.
-fn listen(
-    mut client: ForkdClient<Channel>,
-    session_id: String,
-) -> tokio::task::JoinHandle<Vec<pb::Notification>> {
-    tokio::spawn(async move {
-        let mut stream = client
-            .subscribe_notifications(pb::SubscribeNotificationsRequest {
-                session_id,
-                follow: true,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let mut heard = Vec::new();
-        while heard.len() < CHILDREN {
-            match tokio::time::timeout(DEADLINE, stream.message()).await {
-                Ok(Ok(Some(n))) => heard.push(n),
-                other => panic!("the subscriber's stream stopped: {other:?} after {heard:?}"),
-            }
-        }
-        if let Ok(Ok(Some(extra))) =
-            tokio::time::timeout(Duration::from_secs(1), stream.message()).await
-        {
-            panic!("a notification after every child had ended: {extra:?}");
-        }
-        heard
-    })
-}
-
 /// An attach stream followed until its agent ends: what it heard of interruptions.
 struct Followed {
     interrupted: Arc<AtomicBool>,
@@ -471,16 +429,4 @@ fn follow(mut client: ForkdClient<Channel>, agent_id: String) -> Followed {
         }
     });
     Followed { interrupted, task }
-}
-
-async fn get_agent(client: &mut ForkdClient<Channel>, id: &str) -> pb::Agent {
-    client
-        .get_agent(pb::GetAgentRequest {
-            agent_id: id.to_owned(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .agent
-        .unwrap()
 }

@@ -139,23 +139,11 @@ async fn the_socket_is_private_and_health_and_reflection_answer() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o600);
-    let channel = tonic::transport::Endpoint::from_shared(daemon.addr())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-    let status = health
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: "forkd.v1.Forkd".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status;
     assert_eq!(
-        status,
-        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+        forkd_test_support::serving_status(&daemon.addr())
+            .await
+            .unwrap(),
+        forkd_test_support::ServingStatus::Serving
     );
 }
 

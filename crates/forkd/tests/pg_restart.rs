@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use forkd::daemon::DatabaseUrl;
 use forkd_proto::v1 as pb;
-use forkd_test_support::{create_session, fork, spawn_daemon_with, trusted_session_request};
+use forkd_test_support::{
+    create_session, fork, get_agent, hear_each_once, spawn_daemon_with, trusted_session_request,
+};
 
 const CHILDREN: usize = 6;
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -62,7 +64,12 @@ async fn restarted_mid_batch(url: String, restart: String) {
     let session = create_session(&mut client, trusted_session_request(workspace.path()))
         .await
         .unwrap();
-    let heard = listen(daemon.client().await.unwrap(), session.session_id.clone());
+    let heard = hear_each_once(
+        daemon.client().await.unwrap(),
+        session.session_id.clone(),
+        CHILDREN,
+        DEADLINE,
+    );
     let prompts: Vec<String> = (0..CHILDREN).map(script).collect();
     let prompts: Vec<&str> = prompts.iter().map(String::as_str).collect();
     let batch = fork(&mut client, &session.session_id, &prompts, None)
@@ -96,15 +103,7 @@ async fn restarted_mid_batch(url: String, restart: String) {
         "{heard:?}"
     );
     for id in &batch.agent_ids {
-        let agent = client
-            .get_agent(pb::GetAgentRequest {
-                agent_id: id.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .agent
-            .unwrap();
+        let agent = get_agent(&mut client, id).await;
         assert_eq!(agent.state, pb::AgentState::Completed as i32, "{agent:?}");
     }
     // Every Bash command ran, none twice.
@@ -121,35 +120,4 @@ async fn restarted_mid_batch(url: String, restart: String) {
         .await
         .unwrap();
     drop(daemon);
-}
-
-/// Every notification of the session until all children have ended, and none after.
-fn listen(
-    mut client: forkd_proto::v1::forkd_client::ForkdClient<tonic::transport::Channel>,
-    session_id: String,
-) -> tokio::task::JoinHandle<Vec<pb::Notification>> {
-    tokio::spawn(async move {
-        let mut stream = client
-            .subscribe_notifications(pb::SubscribeNotificationsRequest {
-                session_id,
-                follow: true,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let mut heard = Vec::new();
-        while heard.len() < CHILDREN {
-            match tokio::time::timeout(DEADLINE, stream.message()).await {
-                Ok(Ok(Some(n))) => heard.push(n),
-                other => panic!("the subscriber's stream stopped: {other:?} after {heard:?}"),
-            }
-        }
-        if let Ok(Ok(Some(extra))) =
-            tokio::time::timeout(Duration::from_secs(2), stream.message()).await
-        {
-            panic!("a notification after every child had ended: {extra:?}");
-        }
-        heard
-    })
 }

@@ -231,7 +231,9 @@ async fn share_kill_and_adopt(url: String) {
         "{first:?}"
     );
     assert_eq!(
-        binary::get_agent(&mut on_b, &watched).await.daemon,
+        forkd_test_support::get_agent(&mut on_b, &watched)
+            .await
+            .daemon,
         daemon_a
     );
     on_a.background(pb::BackgroundRequest {
@@ -262,7 +264,7 @@ async fn share_kill_and_adopt(url: String) {
         let mut on_b = on_b.clone();
         let victim = victim.clone();
         async move {
-            let agent = binary::get_agent(&mut on_b, &victim).await;
+            let agent = forkd_test_support::get_agent(&mut on_b, &victim).await;
             (agent.state == pb::AgentState::Killed as i32).then_some(())
         }
     })
@@ -446,7 +448,7 @@ async fn prompts_and_keys_across_daemons(url: String) {
     let mut prompts_b = subscribe(on_b.clone(), session.session_id.clone()).await;
     let replayed = next_prompt(&mut prompts_b).await;
     assert_eq!(replayed.prompt_id, first.prompt_id);
-    let runner = binary::get_agent(&mut on_b, &batch.agent_ids[0])
+    let runner = forkd_test_support::get_agent(&mut on_b, &batch.agent_ids[0])
         .await
         .daemon;
     assert!(!runner.is_empty());
@@ -491,7 +493,7 @@ async fn prompts_and_keys_across_daemons(url: String) {
     assert!(ws.join("one.txt").exists() && ws.join("two.txt").exists());
     assert!(!ws.join("three.txt").exists());
     assert_eq!(
-        binary::get_agent(&mut on_b, &batch.agent_ids[0])
+        forkd_test_support::get_agent(&mut on_b, &batch.agent_ids[0])
             .await
             .daemon,
         runner,
@@ -600,7 +602,7 @@ async fn adopt_with_mcp(url: String, python: String) {
 
     let b = binary::Daemon::start_with(home_b.path(), "0", &env);
     let mut on_b = binary::client(home_b.path()).await;
-    let runner = binary::get_agent(&mut on_b, &batch.agent_ids[0])
+    let runner = forkd_test_support::get_agent(&mut on_b, &batch.agent_ids[0])
         .await
         .daemon;
     drop(on_a);
@@ -609,7 +611,7 @@ async fn adopt_with_mcp(url: String, python: String) {
         .await
         .unwrap();
     assert_eq!(done[0].status, pb::NotificationStatus::Completed as i32);
-    let adopted = binary::get_agent(&mut on_b, &batch.agent_ids[0]).await;
+    let adopted = forkd_test_support::get_agent(&mut on_b, &batch.agent_ids[0]).await;
     assert_ne!(adopted.daemon, runner, "B finished it");
     let log = forkd_test_support::transcript_text(&mut on_b, &batch.agent_ids[0])
         .await
@@ -663,7 +665,7 @@ async fn budget_across_daemons(url: String) {
         .await
         .unwrap();
     assert_eq!(done[0].status, pb::NotificationStatus::Failed as i32);
-    let agent = binary::get_agent(&mut on_b, &second.agent_ids[0]).await;
+    let agent = forkd_test_support::get_agent(&mut on_b, &second.agent_ids[0]).await;
     assert!(
         agent.error.contains("budget") && agent.error.contains("tenant local"),
         "{agent:?}"

@@ -15,6 +15,7 @@ use tempfile::TempDir;
 use tonic::transport::{Channel, Endpoint};
 
 pub use forkd::daemon::{DaemonConfig as Config, TlsFiles};
+pub use tonic_health::pb::health_check_response::ServingStatus;
 
 mod eventually;
 pub mod otlp;
@@ -360,6 +361,70 @@ pub async fn session_transcript(
         .await?
         .into_inner()
         .messages)
+}
+
+/// Listens, from now on, to the session's notifications until `n` have arrived (waiting at most
+/// `deadline` for each), then two seconds more: every one of them is returned, and the task
+/// panics if any arrives after the `n`th (each agent ends once) or if the stream stops first.
+#[allow(clippy::expect_used)] // Its checks are the test's: it fails the test that spawned it.
+pub fn hear_each_once(
+    mut client: ForkdClient<Channel>,
+    session_id: String,
+    n: usize,
+    deadline: Duration,
+) -> tokio::task::JoinHandle<Vec<pb::Notification>> {
+    tokio::spawn(async move {
+        let mut stream = client
+            .subscribe_notifications(pb::SubscribeNotificationsRequest {
+                session_id,
+                follow: true,
+                ..Default::default()
+            })
+            .await
+            .expect("the daemon takes the subscription")
+            .into_inner();
+        let mut heard = Vec::new();
+        while heard.len() < n {
+            match tokio::time::timeout(deadline, stream.message()).await {
+                Ok(Ok(Some(note))) => heard.push(note),
+                other => panic!("the subscriber's stream stopped: {other:?} after {heard:?}"),
+            }
+        }
+        if let Ok(Ok(Some(extra))) =
+            tokio::time::timeout(Duration::from_secs(2), stream.message()).await
+        {
+            panic!("a notification after every agent had ended: {extra:?}");
+        }
+        heard
+    })
+}
+
+/// An agent, read through `GetAgent`; a test that asks for one it did not make fails.
+#[allow(clippy::expect_used)]
+pub async fn get_agent(client: &mut ForkdClient<Channel>, id: &str) -> pb::Agent {
+    client
+        .get_agent(pb::GetAgentRequest {
+            agent_id: id.to_owned(),
+        })
+        .await
+        .expect("the daemon answers GetAgent")
+        .into_inner()
+        .agent
+        .expect("GetAgent returns the agent")
+}
+
+/// What the daemon at `addr` answers `grpc.health.v1` for `forkd.v1.Forkd`.
+pub async fn serving_status(addr: &str) -> anyhow::Result<ServingStatus> {
+    let channel = Endpoint::from_shared(addr.to_owned())?.connect().await?;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let status = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "forkd.v1.Forkd".into(),
+        })
+        .await?
+        .into_inner()
+        .status;
+    Ok(ServingStatus::try_from(status)?)
 }
 
 /// Submits a fork batch of `prompts` (see [`directives`]).

@@ -77,18 +77,6 @@ pub async fn list_batch(client: &mut Client, batch_id: &str) -> Vec<pb::Agent> {
         .agents
 }
 
-pub async fn get_agent(client: &mut Client, id: &str) -> pb::Agent {
-    client
-        .get_agent(pb::GetAgentRequest {
-            agent_id: id.to_owned(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .agent
-        .unwrap()
-}
-
 /// How many replies the agent's own transcript holds.
 pub async fn assistant_replies(client: &mut Client, id: &str) -> usize {
     let transcript = client
