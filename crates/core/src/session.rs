@@ -244,6 +244,30 @@ impl PermissionMode {
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|m| m.as_str() == s)
     }
+
+    /// How much a mode lets happen without a person: `plan` (read-only) least, then `dontAsk`
+    /// (refuses what would ask), `default` and `bubble` (ask), `acceptEdits`,
+    /// `bypassPermissions`.
+    fn latitude(self) -> u8 {
+        match self {
+            PermissionMode::Plan => 0,
+            PermissionMode::DontAsk => 1,
+            PermissionMode::Default | PermissionMode::Bubble => 2,
+            PermissionMode::AcceptEdits => 3,
+            PermissionMode::BypassPermissions => 4,
+        }
+    }
+
+    /// This mode where it lets no more happen than `ceiling`, else `ceiling`: what an agent
+    /// type's own mode comes to in a session (a type narrows its session's mode, never widens
+    /// it).
+    pub fn within(self, ceiling: PermissionMode) -> PermissionMode {
+        if self == ceiling || self.latitude() < ceiling.latitude() {
+            self
+        } else {
+            ceiling
+        }
+    }
 }
 
 /// What a session's `Bash` commands may touch (docs/contracts.md, "Sandbox").
@@ -419,6 +443,21 @@ mod tests {
             name: name.into(),
             raw: RawJson::encode(name),
         })
+    }
+
+    #[test]
+    fn a_type_s_mode_narrows_its_session_s_and_never_widens_it() {
+        use PermissionMode as M;
+        assert_eq!(M::BypassPermissions.within(M::Default), M::Default);
+        assert_eq!(M::AcceptEdits.within(M::DontAsk), M::DontAsk);
+        assert_eq!(M::Plan.within(M::BypassPermissions), M::Plan);
+        assert_eq!(M::DontAsk.within(M::Default), M::DontAsk);
+        // Asking the parent is no narrower than asking the session's clients: kept as it was.
+        assert_eq!(M::Bubble.within(M::Default), M::Default);
+        for mode in M::ALL {
+            assert_eq!(mode.within(mode), mode);
+            assert_eq!(mode.within(M::Plan), M::Plan);
+        }
     }
 
     #[test]

@@ -394,9 +394,10 @@ pub trait Store: Send + Sync + 'static {
         after: Option<SessionId>,
         limit: u32,
     ) -> Result<Vec<Session>>;
-    /// The distinct workspaces of every session (of every tenant): what a sandboxed command of
-    /// one session must not read of the others.
-    async fn workspaces(&self) -> Result<Vec<std::path::PathBuf>>;
+    /// The distinct workspaces of every session (of every tenant), each with its tenant: what a
+    /// sandboxed command of one session must not read of the others, and what a new session of
+    /// another tenant may not share.
+    async fn workspaces(&self) -> Result<Vec<(String, std::path::PathBuf)>>;
     /// What a tenant's idempotency key created, if it was used.
     async fn idempotency_key(&self, tenant: &str, key: &str) -> Result<Option<IdempotencyRecord>>;
     /// The number of messages in a session's transcript.

@@ -389,8 +389,12 @@ fn definition_files(dir: &Path) -> Result<Vec<PathBuf>, AgentTypeError> {
     };
     let mut files = Vec::new();
     for entry in entries {
-        let path = entry.map_err(read_dir_err)?.path();
-        if path.extension().is_some_and(|e| e == "md") && path.is_file() {
+        let entry = entry.map_err(read_dir_err)?;
+        let path = entry.path();
+        // A regular file: a symlink is not followed (in a workspace it could lead anywhere).
+        if path.extension().is_some_and(|e| e == "md")
+            && entry.file_type().is_ok_and(|t| t.is_file())
+        {
             files.push(path);
         }
     }
@@ -399,10 +403,19 @@ fn definition_files(dir: &Path) -> Result<Vec<PathBuf>, AgentTypeError> {
 }
 
 fn load_file(path: &Path, known_tools: &[String]) -> Result<AgentType, AgentTypeError> {
-    let text = std::fs::read_to_string(path).map_err(|source| AgentTypeError::Read {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let read_err = |source| AgentTypeError::Read {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let mut text = String::new();
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .and_then(|mut file| file.read_to_string(&mut text))
+        .map_err(read_err)?;
     parse_type(path, &text, known_tools)
 }
 
@@ -453,11 +466,25 @@ fn upsert(types: &mut Vec<AgentType>, new: AgentType) {
 }
 
 /// The agent types a session can use: built-ins, `$FORKD_HOME/agents`, then
-/// `<workspace>/.forkd/agents` (later definitions of a custom name win).
+/// `<workspace>/.forkd/agents` (later definitions of a custom name win). The workspace's folder
+/// is opened beneath the pinned workspace (no symlink or `..` leads out of it), and read through
+/// that descriptor.
 pub fn for_workspace(agent_dirs: &[PathBuf], workspace: &Path) -> Vec<AgentType> {
-    let local = workspace.join(".forkd").join("agents");
+    let opened = forkd_tools::Workspace::pinned(workspace)
+        .and_then(|ws| ws.open_dir(Path::new(".forkd/agents")));
+    let held = match opened {
+        Ok(held) => held,
+        Err(e) => {
+            tracing::warn!(error = %e, "Skipping the workspace's agent types");
+            None
+        }
+    };
+    let local = held.as_ref().map(|fd| {
+        use std::os::fd::AsRawFd;
+        PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+    });
     let mut dirs: Vec<&Path> = agent_dirs.iter().map(PathBuf::as_path).collect();
-    dirs.push(&local);
+    dirs.extend(local.as_deref());
     // The session's whole pool (built-ins and external tools) is what a type may name.
     let known: Vec<String> = forkd_core::tools::builtin_definitions()
         .into_iter()

@@ -18,8 +18,9 @@ use crate::clock::now_ms;
 use crate::compact::Compactor;
 use crate::error::{EngineError, Result};
 use crate::mcp::McpServers;
-use crate::session::{Sessions, check_workspace};
+use crate::session::Sessions;
 use crate::tenancy::{Idempotent, Tenancy};
+use crate::workspaces;
 
 /// What a client asks for when it branches a session.
 #[derive(Debug, Clone)]
@@ -136,7 +137,17 @@ impl Branches {
         let workspace = match &req.workspace {
             None => origin.workspace.clone(),
             Some(dir) => {
-                let workspace = check_workspace(Some(dir))?;
+                let workspace = workspaces::allow(
+                    self.sessions.workspaces_config(),
+                    self.store.as_ref(),
+                    workspaces::Asked {
+                        tenant: &origin.tenant,
+                        dir: Some(dir),
+                        session: id,
+                    },
+                )
+                .await?
+                .path;
                 if workspace != origin.workspace {
                     let (from, to) = (
                         origin.workspace.display().to_string(),

@@ -55,6 +55,8 @@ pub struct EngineConfig {
     pub max_running_agents: Option<usize>,
     /// The sandbox of sessions' Bash commands.
     pub sandbox: SandboxConfig,
+    /// Where sessions' workspaces may be, per tenant.
+    pub workspaces: WorkspacesConfig,
     /// Where isolated batches keep their snapshots and their children's copies.
     pub isolation: IsolationConfig,
     /// MCP servers: the operator's, and who may define their own.
@@ -89,6 +91,7 @@ impl Default for EngineConfig {
             fork_always_async: true,
             tenant_budgets: std::collections::HashMap::new(),
             sandbox: SandboxConfig::default(),
+            workspaces: WorkspacesConfig::default(),
             isolation: IsolationConfig::default(),
             mcp: McpConfig::default(),
             max_running_agents: Some(256),
@@ -96,6 +99,21 @@ impl Default for EngineConfig {
             min_free_disk: MinFreeDisk::Default,
         }
     }
+}
+
+/// Where sessions' workspaces may be (docs/contracts.md, "Workspaces"). Paths are canonical.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WorkspacesConfig {
+    /// The daemon's home (`FORKD_HOME`): never a workspace, nor inside one; a token tenant's
+    /// workspace may not hold it either.
+    pub home: Option<std::path::PathBuf>,
+    /// Where a token tenant that names no workspace gets a fresh empty one
+    /// (`workspaces_dir/SESSION_ID`); never a workspace itself. `None`: such a tenant must name
+    /// one.
+    pub dir: Option<std::path::PathBuf>,
+    /// Each token tenant's roots (`workspace_roots`): its workspaces lie inside one of them.
+    /// A tenant with none may use only fresh workspaces.
+    pub roots: HashMap<String, Vec<std::path::PathBuf>>,
 }
 
 /// Isolated batches (docs/contracts.md, "Isolation").
@@ -137,6 +155,9 @@ pub struct SandboxConfig {
     pub full_access_tenants: std::collections::HashSet<String>,
     /// Tenants (besides the local one) that may create sessions with the `unix_sockets` grant.
     pub unix_socket_tenants: std::collections::HashSet<String>,
+    /// Tenants (besides the local one) whose sessions' commands may use the network
+    /// (`allow_network`).
+    pub network_tenants: std::collections::HashSet<String>,
     /// The daemon user's home, which commands see covered but for its allow list.
     pub home: Option<forkd_tools::sandbox::HomeView>,
     /// Resource limits of each command (MCP servers: without the CPU limit).
@@ -162,6 +183,7 @@ impl Default for SandboxConfig {
             tmp_root: forkd_tools::sandbox::default_tmp_root(),
             full_access_tenants: std::collections::HashSet::new(),
             unix_socket_tenants: std::collections::HashSet::new(),
+            network_tenants: std::collections::HashSet::new(),
             home: home.as_deref().map(|dir| forkd_tools::sandbox::HomeView {
                 dir: dir.to_path_buf(),
                 allow: forkd_tools::sandbox::default_read_allow(

@@ -39,6 +39,7 @@ mod supervisor;
 mod tenancy;
 pub mod trace;
 mod window;
+mod workspaces;
 
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -59,6 +60,7 @@ pub use batch::{BatchOptions, SubmittedBatch};
 pub use branch::NewBranch;
 pub use config::{
     AdmissionConfig, EngineConfig, IsolationConfig, McpConfig, MinFreeDisk, SandboxConfig,
+    WorkspacesConfig,
 };
 pub use copies::Applied;
 pub use diagnose::CacheExplanation;

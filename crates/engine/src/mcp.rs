@@ -90,7 +90,7 @@ impl McpServers {
         let cfg = &self.sandbox;
         let mut hidden = cfg.hidden.clone();
         hidden.push(cfg.tmp_root.clone());
-        hidden.extend(self.store.workspaces().await?);
+        hidden.extend(self.store.workspaces().await?.into_iter().map(|(_, w)| w));
         hidden.extend(forkd_tools::sandbox::other_homes(
             cfg.home.as_ref().map(|h| h.dir.as_path()),
         ));

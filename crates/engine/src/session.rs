@@ -24,6 +24,7 @@ use crate::error::{EngineError, Result, clip};
 use crate::mcp::McpServers;
 use crate::tenancy::{Idempotent, Tenancy};
 use crate::window::Window;
+use crate::workspaces;
 
 /// A file placed in the session's first message.
 #[derive(Debug, Clone)]
@@ -114,6 +115,18 @@ fn first_message(files: &[ContextFile]) -> Message {
     Message::user(files.iter().map(context_block).collect())
 }
 
+/// What a new session's request came to once checked.
+struct Checked {
+    id: SessionId,
+    tenant: String,
+    workspace: PathBuf,
+    model: String,
+    max_tokens: u32,
+    thinking: Option<ThinkingConfig>,
+    rules: PermissionRules,
+    sandbox: Sandbox,
+}
+
 /// Sessions: their creation (validated, rendered once, idempotent) and reading them.
 pub(crate) struct Sessions {
     store: Arc<dyn Store>,
@@ -141,9 +154,9 @@ impl Sessions {
         }
     }
 
-    /// The session's sandbox: the mode it asks for, or the daemon's default. `full-access` and
-    /// the `unix_sockets` grant are for callers on the Unix socket and for the tenants the
-    /// configuration allows.
+    /// The session's sandbox: the mode it asks for, or the daemon's default. `full-access`, the
+    /// network and the `unix_sockets` grant are for callers on the Unix socket and for the
+    /// tenants the configuration allows.
     fn check_sandbox(&self, req: &NewSession, tenant: &str) -> Result<Sandbox> {
         let cfg = &self.config.sandbox;
         let mode = req.sandbox.unwrap_or(cfg.default_mode);
@@ -164,6 +177,17 @@ impl Sessions {
                 "tenant {tenant:?} may not create sessions whose commands may use Unix sockets \
                  (any listener of the daemon's user would be reachable); the daemon's operator \
                  allows it with allow_unix_sockets = true under [tenants.{tenant}] in config.toml"
+            )));
+        }
+        if req.allow_network
+            && mode != SandboxMode::FullAccess
+            && !local
+            && !cfg.network_tenants.contains(tenant)
+        {
+            return Err(EngineError::Forbidden(format!(
+                "tenant {tenant:?} may not create sessions whose commands use the network; the \
+                 daemon's operator allows it with allow_network = true under [tenants.{tenant}] \
+                 in config.toml"
             )));
         }
         Ok(Sandbox {
@@ -187,22 +211,6 @@ fn check_model(models: &Models, model: &str) -> Result<()> {
             models.names()
         ))),
     }
-}
-
-/// The workspace as a canonical directory, so every later path check compares against the same
-/// root. Required: a daemon's own working directory (often `/` under a service manager) is never
-/// a sensible default.
-pub(crate) fn check_workspace(dir: Option<&Path>) -> Result<PathBuf> {
-    let dir = dir.ok_or_else(|| {
-        invalid("a workspace directory is required (forkctl sends its current directory)".into())
-    })?;
-    let shown = clip(&dir.display().to_string(), 200);
-    let canonical = std::fs::canonicalize(dir)
-        .map_err(|e| invalid(format!("workspace {shown} is not usable: {e}")))?;
-    if !canonical.is_dir() {
-        return Err(invalid(format!("workspace {shown} is not a directory")));
-    }
-    Ok(canonical)
 }
 
 fn check_thinking(budget: Option<u32>, max_tokens: u32) -> Result<Option<ThinkingConfig>> {
@@ -313,7 +321,6 @@ impl Sessions {
             .filter(|m| !m.is_empty())
             .unwrap_or_else(|| cfg.default_model.clone());
         check_model(&cfg.models, &model)?;
-        let workspace = check_workspace(req.workspace.as_deref())?;
         if req.permission_mode == PermissionMode::Bubble && !req.interactive {
             return Err(invalid(
                 "permission mode bubble needs an interactive session: no client could answer its \
@@ -328,9 +335,55 @@ impl Sessions {
         let thinking = check_thinking(req.thinking_budget, max_tokens)?;
         let rules = check_rules(req.allow_rules.clone(), req.deny_rules.clone())?;
         let sandbox = self.check_sandbox(&req, &tenant)?;
+        let id = keyed.as_ref().map_or_else(SessionId::new, |(id, _)| *id);
+        let allowed = workspaces::allow(
+            &cfg.workspaces,
+            self.store.as_ref(),
+            workspaces::Asked {
+                tenant: &tenant,
+                dir: req.workspace.as_deref(),
+                session: id,
+            },
+        )
+        .await?;
+        let checked = Checked {
+            id,
+            tenant,
+            workspace: allowed.path.clone(),
+            model,
+            max_tokens,
+            thinking,
+            rules,
+            sandbox,
+        };
+        let created = self.store_new(req, checked, keyed).await;
+        if created.is_err() {
+            allowed.discard();
+        }
+        created
+    }
+
+    /// The rest of [`Sessions::new_session`], once the request is checked and its workspace
+    /// allowed (and perhaps made).
+    async fn store_new(
+        &self,
+        req: NewSession,
+        checked: Checked,
+        keyed: Option<(SessionId, IdempotencyRecord)>,
+    ) -> Result<Session> {
+        let cfg = &self.config;
+        let Checked {
+            id,
+            tenant,
+            workspace,
+            model,
+            max_tokens,
+            thinking,
+            rules,
+            sandbox,
+        } = checked;
         // Last of the checks, as it starts processes: every server's tools, listed once now.
         let mut mcp = self.mcp.session_tools(&req.mcp, &tenant).await?;
-        let id = keyed.as_ref().map_or_else(SessionId::new, |(id, _)| *id);
         self.mcp.seal_own_servers(id, &mut mcp)?;
         // The types the Agent tool lists, as they are now: fixed with the session's tools.
         let types = agent_types::for_workspace(&cfg.agent_dirs, &workspace);
@@ -376,6 +429,11 @@ impl Sessions {
             tracing::debug!(error = %e, "Cannot count the session's first message");
         }
         Ok(session)
+    }
+
+    /// Where workspaces may be: what a branch given another workspace is checked against too.
+    pub(crate) fn workspaces_config(&self) -> &crate::config::WorkspacesConfig {
+        &self.config.workspaces
     }
 
     pub(crate) async fn get(&self, id: SessionId) -> Result<Session> {

@@ -379,13 +379,22 @@ async fn under_a_cap_agents_wait_as_pending_and_start_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_a_cap_tenants_take_turns_at_the_slots() {
     let dir = tempfile::tempdir().unwrap();
-    let config = EngineConfig {
+    let base = std::fs::canonicalize(dir.path()).unwrap();
+    let mut config = EngineConfig {
         max_running_agents: Some(2),
         ..EngineConfig::default()
     };
+    // Each tenant works in a root of its own: tenants never share a workspace.
+    for tenant in ["a", "b"] {
+        std::fs::create_dir(base.join(tenant)).unwrap();
+        config
+            .workspaces
+            .roots
+            .insert(tenant.into(), vec![base.join(tenant)]);
+    }
     let engine = engine_with(dir.path(), config).await;
     let session_of = |tenant: &str| {
-        let mut new = new_session(dir.path(), "Sys.");
+        let mut new = new_session(&base.join(tenant), "Sys.");
         new.tenant = tenant.into();
         engine.create_session(new)
     };

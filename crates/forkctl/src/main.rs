@@ -52,7 +52,8 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
     let out = Printer::new(cli.json);
     let outcome = async {
         let mut client = client::connect(&addr, auth, ca_cert.as_deref()).await?;
-        dispatch(cli.command, run_file, &mut client, &out).await
+        let over_socket = matches!(addr, Addr::Unix(_));
+        dispatch(cli.command, run_file, over_socket, &mut client, &out).await
     }
     .await;
     match outcome {
@@ -66,11 +67,12 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
 async fn dispatch(
     command: Command,
     run_file: Option<commands::run::BatchFile>,
+    over_socket: bool,
     client: &mut client::Client,
     out: &Printer,
 ) -> anyhow::Result<u8> {
     match command {
-        Command::Session(args) => commands::session::run(args, client, out).await,
+        Command::Session(args) => commands::session::run(args, over_socket, client, out).await,
         Command::Fork(args) => commands::fork::run(args, client, out).await,
         Command::Run(args) => commands::run::run(args, run_file, client, out).await,
         Command::Watch(args) => commands::watch::run(args, client, out).await,

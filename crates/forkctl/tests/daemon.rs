@@ -35,12 +35,12 @@ fn assert_ok(out: &Output) {
     );
 }
 
-/// `session create` in the daemon's home, with a ~1,500-token context file when `context` is
+/// `session create` in the daemon's test workspace, with a ~1,500-token context file when `context` is
 /// set (enough for the children to share a cached prefix); returns the session's id.
 async fn create_session(daemon: &TestDaemon, context: bool) -> String {
     let system = daemon.home_path().join("system.md");
     std::fs::write(&system, "You are a reviewer.").unwrap();
-    let workspace = daemon.home_path().display().to_string();
+    let workspace = daemon.workspace_path().display().to_string();
     let mut args = vec![
         "--json".to_owned(),
         "session".into(),

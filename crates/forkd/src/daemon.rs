@@ -118,6 +118,9 @@ pub struct DaemonConfig {
     /// hex). `None`: `home/secret.key`, created on first start. Daemons sharing a database
     /// need the same key to use each other's sessions' own servers.
     pub secret_key_file: Option<PathBuf>,
+    /// Where a token tenant that names no workspace gets a fresh empty one; hidden from every
+    /// other session. `None`: [`default_workspaces_dir`], beside the home. Never inside the home.
+    pub workspaces_dir: Option<PathBuf>,
     pub provider: ProviderKind,
     /// The `anthropic` provider's settings; read from `ANTHROPIC_*` when unset.
     pub anthropic: Option<AnthropicConfig>,
@@ -142,6 +145,7 @@ impl DaemonConfig {
             trace_url_template: None,
             tls: None,
             secret_key_file: None,
+            workspaces_dir: None,
             provider: ProviderKind::Sim,
             anthropic: None,
             openai: None,
@@ -205,6 +209,46 @@ impl RunningDaemon {
             }
         }
     }
+}
+
+/// Where tenants' fresh workspaces go when the configuration names no place: beside the home,
+/// named after it (`~/.forkd` → `~/.forkd-workspaces`), so that two homes never share one and
+/// it is never inside a home.
+pub fn default_workspaces_dir(home: &Path) -> PathBuf {
+    let mut name = home
+        .file_name()
+        .map(std::ffi::OsStr::to_os_string)
+        .unwrap_or_else(|| "forkd".into());
+    name.push("-workspaces");
+    home.with_file_name(name)
+}
+
+/// The directory of tenants' fresh workspaces, resolved as far as it exists (the engine makes
+/// it, mode 0700, with the first fresh workspace), refusing one inside the home or holding it.
+fn prepare_workspaces_dir(config: &DaemonConfig, home: &Path) -> anyhow::Result<PathBuf> {
+    let dir = config
+        .workspaces_dir
+        .clone()
+        .unwrap_or_else(|| default_workspaces_dir(home));
+    let dir = std::path::absolute(&dir)
+        .with_context(|| format!("cannot resolve workspaces_dir {}", dir.display()))?;
+    // Its deepest existing ancestor resolved, the rest as written.
+    let dir = dir
+        .ancestors()
+        .find_map(|a| {
+            let canonical = std::fs::canonicalize(a).ok()?;
+            Some(canonical.join(dir.strip_prefix(a).ok()?))
+        })
+        .unwrap_or(dir);
+    if dir.starts_with(home) || home.starts_with(&dir) {
+        anyhow::bail!(
+            "workspaces_dir {} must lie outside FORKD_HOME {} (and not hold it): a tenant's \
+             workspace is never inside the daemon's home",
+            dir.display(),
+            home.display()
+        );
+    }
+    Ok(dir)
 }
 
 /// Creates the home (mode 0700) if it is missing; warns when an existing one is open to others.
@@ -472,7 +516,12 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     let home = std::fs::canonicalize(&config.home).unwrap_or_else(|_| config.home.clone());
     // Isolated batches' snapshots and copies live in the home, hidden with it.
     engine_config.isolation.root = home.join("isolation");
-    engine_config.sandbox.hidden.push(home);
+    engine_config.sandbox.hidden.push(home.clone());
+    let workspaces_dir = prepare_workspaces_dir(&config, &home)?;
+    // Tenants' fresh workspaces: each session sees its own, no other.
+    engine_config.sandbox.hidden.push(workspaces_dir.clone());
+    engine_config.workspaces.home = Some(home);
+    engine_config.workspaces.dir = Some(workspaces_dir);
     engine_config.mcp.servers = operator_mcp_servers(&config.home)?;
     engine_config.mcp.secret_key = Some(Arc::new(secret_key(&config)?));
     log_sandbox(&engine_config.sandbox).await;

@@ -176,13 +176,21 @@ fn demo_home() -> anyhow::Result<tempfile::TempDir> {
         .context("cannot create a temporary FORKD_HOME")
 }
 
-/// Runs the demo on a temporary home and prints its report.
+/// Runs the demo on a temporary home and prints its report. The temporary directory holds the
+/// home, the session's workspace and `workspaces_dir` side by side: the home is never a
+/// workspace.
 pub async fn run(opts: DemoOptions) -> anyhow::Result<()> {
-    let home = demo_home()?;
-    let mut config = DaemonConfig::new(home.path().to_path_buf());
+    let scratch = demo_home()?;
+    let (home, workspace) = (
+        scratch.path().join("home"),
+        scratch.path().join("workspace"),
+    );
+    std::fs::create_dir(&workspace).context("cannot create the demo's workspace")?;
+    let mut config = DaemonConfig::new(home);
+    config.workspaces_dir = Some(scratch.path().join("workspaces"));
     config.sim_speed = opts.sim_speed;
     let daemon = daemon::start(config).await?;
-    let outcome = drive(&daemon.addr(), home.path(), &opts).await;
+    let outcome = drive(&daemon.addr(), &workspace, &opts).await;
     daemon.shutdown(Duration::from_secs(5)).await?;
     let report = outcome?;
     if opts.json {

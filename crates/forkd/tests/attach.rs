@@ -24,9 +24,9 @@ async fn slow_child(
     let daemon = spawn_daemon_with(|c| c.engine.auto_background = auto_background)
         .await
         .unwrap();
-    std::fs::write(daemon.home_path().join("notes.md"), "notes\n").unwrap();
+    std::fs::write(daemon.workspace_path().join("notes.md"), "notes\n").unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     let batch = fork(&mut client, &session.session_id, &[SLOW], None)
@@ -133,7 +133,7 @@ async fn a_parent_turn_is_handed_to_the_background_and_goes_on() {
         .await
         .unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     let started = Instant::now();

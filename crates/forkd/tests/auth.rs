@@ -144,14 +144,16 @@ async fn tokenless_tcp_on_loopback_is_never_the_local_user() {
     assert!(missing.message().contains("bearer token"), "{missing:?}");
     let full_access = pb::CreateSessionRequest {
         sandbox: "full-access".into(),
-        ..forkd_test_support::trusted_session_request(daemon.home_path())
+        ..forkd_test_support::trusted_session_request(&daemon.workspace_path())
     };
     let refused = tcp.create_session(full_access).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
 
     // With a token, a TCP caller is the token's tenant: its sessions are not the local user's.
     let secret = daemon.tokens().create("ci").unwrap();
-    let mut request = tonic::Request::new(forkd_test_support::session_request(daemon.home_path()));
+    let mut request = tonic::Request::new(forkd_test_support::session_request(
+        &daemon.tenant_workspace("ci"),
+    ));
     request
         .metadata_mut()
         .insert("authorization", bearer(secret.expose()).parse().unwrap());

@@ -85,7 +85,9 @@ async fn a_sigkilled_daemon_takes_its_bash_process_groups_with_it() {
         .prefix("forkd-bash-")
         .tempdir()
         .unwrap();
-    let ws = home.path().join("ws");
+    // Beside the home, never in it: the home is never a workspace.
+    let files = tempfile::tempdir().unwrap();
+    let ws = files.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     let daemon = Daemon::start(home.path(), "0.05");
     let mut c = client(home.path()).await;
@@ -122,7 +124,9 @@ async fn the_next_daemon_stops_a_recorded_group_that_outlived_its_daemon() {
         .prefix("forkd-bash-")
         .tempdir()
         .unwrap();
-    let ws = home.path().join("ws");
+    // Beside the home, never in it: the home is never a workspace.
+    let files = tempfile::tempdir().unwrap();
+    let ws = files.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     let daemon = Daemon::start(home.path(), "0.05");
     let mut c = client(home.path()).await;

@@ -106,7 +106,7 @@ async fn a_branch_through_the_anthropic_provider_reads_what_its_origin_cached() 
         .await
         .unwrap();
     let mut client = daemon.client().await.unwrap();
-    let origin = create_session(&mut client, session_request(daemon.home_path()))
+    let origin = create_session(&mut client, session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     let sid = origin.session_id.clone();
@@ -165,7 +165,7 @@ async fn another_tenants_session_cannot_be_branched_or_merged() {
     let mut alpha = Caller::new(&daemon, secrets[0].expose()).await.unwrap();
     let mut beta = Caller::new(&daemon, secrets[1].expose()).await.unwrap();
     let session = alpha
-        .create_session(session_request(daemon.home_path()))
+        .create_session(session_request(&daemon.tenant_workspace("alpha")))
         .await
         .unwrap();
     let sid = session.session_id;
@@ -249,7 +249,7 @@ async fn database_bytes(home: &std::path::Path) -> u64 {
 async fn a_hundred_branches_of_a_100k_token_session_add_at_most_16_kib_each() {
     let mut daemon = spawn_daemon().await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let origin = create_session(&mut client, session_request(daemon.home_path()))
+    let origin = create_session(&mut client, session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     let sid = origin.session_id;
@@ -352,7 +352,7 @@ async fn branches_on_postgres(url: String) {
     };
     let mut daemon = spawn_daemon_with(database).await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let origin = create_session(&mut client, session_request(daemon.home_path()))
+    let origin = create_session(&mut client, session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     let sid = origin.session_id;

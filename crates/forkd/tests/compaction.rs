@@ -148,7 +148,9 @@ async fn sigkill_during_a_childs_compaction_leaves_no_half_boundary() {
         format!("[models.claude-sonnet-4-5]\ncontext_window = {WINDOW}\n"),
     )
     .unwrap();
-    let ws = home.path().join("ws");
+    // Beside the home, never in it: the home is never a workspace.
+    let files = tempfile::tempdir().unwrap();
+    let ws = files.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     let line = "forkd keeps long sessions alive by compacting them at the threshold\n";
     std::fs::write(ws.join("big.txt"), line.repeat(300)).unwrap();

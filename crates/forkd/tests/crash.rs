@@ -78,7 +78,9 @@ async fn crash_run(seed: u64) -> String {
         .prefix("forkd-crash-")
         .tempdir()
         .unwrap();
-    let ws = home.path().join("ws");
+    // Beside the home, never in it: the home is never a workspace.
+    let files = tempfile::tempdir().unwrap();
+    let ws = files.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     let mut daemon = Daemon::start(home.path(), "0.05");
     let mut c = client(home.path()).await;
@@ -208,7 +210,9 @@ async fn an_isolated_child_resumed_after_sigkill_finds_its_own_edits() {
         .prefix("forkd-crash-")
         .tempdir()
         .unwrap();
-    let ws = home.path().join("ws");
+    // Beside the home, never in it: the home is never a workspace.
+    let files = tempfile::tempdir().unwrap();
+    let ws = files.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     std::fs::write(ws.join("a.txt"), "snapshot\n").unwrap();
     let daemon = Daemon::start(home.path(), "1");

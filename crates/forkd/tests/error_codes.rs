@@ -57,7 +57,7 @@ async fn provider_failures_reach_clients_by_what_they_mean() {
     .await
     .unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     let sid = session.session_id;
@@ -109,7 +109,7 @@ async fn state_and_budget_refusals_say_so() {
     .await
     .unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     let sid = session.session_id;
@@ -148,7 +148,7 @@ async fn state_and_budget_refusals_say_so() {
 async fn a_message_sent_again_with_its_key_is_stored_once() {
     let daemon = spawn_daemon().await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     let sid = session.session_id;

@@ -14,7 +14,7 @@ const UNKNOWN: &str = "01a22937-0000-7000-8000-000000000000";
 async fn bad_requests_get_precise_codes_and_the_daemon_keeps_serving() {
     let daemon = spawn_daemon().await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     let sid = session.session_id.clone();
@@ -112,7 +112,7 @@ async fn bad_requests_get_precise_codes_and_the_daemon_keeps_serving() {
             client
                 .create_session(pb::CreateSessionRequest {
                     model: "gpt-2".into(),
-                    ..session_request(daemon.home_path())
+                    ..session_request(&daemon.workspace_path())
                 })
                 .await
                 .map(drop),
@@ -123,7 +123,7 @@ async fn bad_requests_get_precise_codes_and_the_daemon_keeps_serving() {
             client
                 .create_session(pb::CreateSessionRequest {
                     workspace: "/no/such/dir".into(),
-                    ..session_request(daemon.home_path())
+                    ..session_request(&daemon.workspace_path())
                 })
                 .await
                 .map(drop),
@@ -164,7 +164,7 @@ async fn bad_requests_get_precise_codes_and_the_daemon_keeps_serving() {
         &mut client,
         pb::CreateSessionRequest {
             coordinator: true,
-            ..session_request(daemon.home_path())
+            ..session_request(&daemon.workspace_path())
         },
     )
     .await

@@ -19,7 +19,7 @@ fn usage(n: &pb::Notification) -> pb::Usage {
 async fn five_children_complete_share_the_prefix_and_replay() {
     let daemon = spawn_daemon().await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     let prompts = ["audit a", "audit b", "audit c", "audit d", "audit e"];
@@ -151,7 +151,7 @@ async fn the_socket_is_private_and_health_and_reflection_answer() {
 async fn a_child_that_tries_to_fork_is_refused_and_carries_on() {
     let daemon = spawn_daemon().await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     let script = "Split this further.\n@sim agent {\"description\":\"x\",\"prompt\":\"grandchild\"}\n@sim say did it myself";
@@ -194,7 +194,7 @@ async fn a_child_that_tries_to_fork_is_refused_and_carries_on() {
 async fn provider_failures_retry_or_fail_the_child_clearly() {
     let daemon = spawn_daemon().await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     let batch = fork(
@@ -235,7 +235,7 @@ async fn cache_reads(gating: bool) -> Vec<u64> {
         .await
         .unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     let batch = fork(
@@ -274,7 +274,7 @@ async fn warmup_gating_lets_siblings_read_what_the_first_child_wrote() {
 async fn a_later_batch_still_reads_the_history_cached_by_an_earlier_one() {
     let daemon = spawn_daemon().await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     let prompts: Vec<String> = (0..20).map(|i| format!("first batch {i}")).collect();

@@ -48,7 +48,9 @@ async fn a_sigkill_while_the_parent_waits_on_a_typed_agent_hands_the_wait_to_the
         .prefix("forkd-handoff-")
         .tempdir()
         .unwrap();
-    let ws = home.path().join("ws");
+    // Beside the home, never in it: the home is never a workspace.
+    let files = tempfile::tempdir().unwrap();
+    let ws = files.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     let daemon = Daemon::start(home.path(), "1");
     let mut c = client(home.path()).await;

@@ -49,7 +49,7 @@ async fn daemon(url: &str, tweak: impl FnOnce(&mut DaemonConfig)) -> TestDaemon 
 /// A client of `daemon` and a new session of it.
 async fn client_and_session(daemon: &TestDaemon) -> (ForkdClient<Channel>, pb::Session) {
     let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     (client, session)
@@ -153,7 +153,7 @@ async fn a_retry_after_holds_every_request_of_the_key_and_child_one_still_goes_f
     let refusal = answered_when(&sim, |a| a.status == 429).await;
     // Another session's turn, sent while the key is paused, waits for it too.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let other = create_session(&mut client, session_request(daemon.home_path()))
+    let other = create_session(&mut client, session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     let turn = run_turn(
@@ -261,7 +261,7 @@ async fn a_budget_spent_during_a_wait_ends_it() {
     let other = client
         .create_session(pb::CreateSessionRequest {
             model: "claude-haiku-4-5".into(),
-            ..session_request(daemon.home_path())
+            ..session_request(&daemon.workspace_path())
         })
         .await
         .unwrap()
@@ -359,9 +359,14 @@ async fn a_tenants_turn_is_not_queued_behind_another_tenants_batch() {
     .await;
     let mut alpha = Caller::new(&daemon, secrets[0].expose()).await.unwrap();
     let mut beta = Caller::new(&daemon, secrets[1].expose()).await.unwrap();
-    let request = || session_request(daemon.home_path());
-    let a_session = alpha.create_session(request()).await.unwrap();
-    let b_session = beta.create_session(request()).await.unwrap();
+    let a_session = alpha
+        .create_session(session_request(&daemon.tenant_workspace("alpha")))
+        .await
+        .unwrap();
+    let b_session = beta
+        .create_session(session_request(&daemon.tenant_workspace("beta")))
+        .await
+        .unwrap();
     let prompts: Vec<String> = (0..24).map(|i| format!("Alpha part {i}.")).collect();
     let batch = alpha
         .client

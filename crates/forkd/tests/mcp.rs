@@ -330,7 +330,6 @@ async fn a_session_s_own_servers_are_for_the_local_user_and_allowed_tenants() {
     })
     .await
     .unwrap();
-    let ws = tempfile::tempdir().unwrap();
     let own = json!({"mcpServers": {"mine": {
         "command": python, "args": [mcp_fixture().display().to_string(), "stdio"]
     }}})
@@ -338,7 +337,8 @@ async fn a_session_s_own_servers_are_for_the_local_user_and_allowed_tenants() {
     let request = || pb::CreateSessionRequest {
         mcp_config_json: own.clone(),
         permission_mode: "bypassPermissions".into(),
-        ..session_request(ws.path())
+        // No workspace named: each tenant gets a fresh one of its own.
+        ..session_request(std::path::Path::new(""))
     };
     let addr = format!("http://127.0.0.1:{}", daemon.tcp_addr().unwrap().port());
     let mut tcp = connect(&addr).await.unwrap();

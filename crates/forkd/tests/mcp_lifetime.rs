@@ -69,7 +69,9 @@ async fn a_sigkilled_daemon_takes_its_mcp_servers_with_it() {
         .prefix("forkd-mcp-")
         .tempdir()
         .unwrap();
-    let ws = home.path().join("ws");
+    // Beside the home, never in it: the home is never a workspace.
+    let files = tempfile::tempdir().unwrap();
+    let ws = files.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     write_mcp_json(home.path(), &python);
     let daemon = Daemon::start(home.path(), "0.05");
@@ -144,7 +146,9 @@ async fn a_cut_off_read_only_call_runs_again_after_a_restart() {
         .prefix("forkd-mcp-")
         .tempdir()
         .unwrap();
-    let ws = home.path().join("ws");
+    // Beside the home, never in it: the home is never a workspace.
+    let files = tempfile::tempdir().unwrap();
+    let ws = files.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     let def = json!({"mcpServers": {"calc": {
         "command": python,
@@ -198,7 +202,9 @@ async fn a_sessions_own_servers_come_back_after_a_restart_sealed() {
         .prefix("forkd-mcp-")
         .tempdir()
         .unwrap();
-    let ws = home.path().join("ws");
+    // Beside the home, never in it: the home is never a workspace.
+    let files = tempfile::tempdir().unwrap();
+    let ws = files.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     let secret = format!(
         "tok-{}",

@@ -119,7 +119,7 @@ async fn a_batch_shows_up_in_the_metrics_and_its_requests_can_be_explained() {
         .await
         .unwrap();
     let mut client = daemon.client().await.unwrap();
-    let mut request = session_request(daemon.home_path());
+    let mut request = session_request(&daemon.workspace_path());
     request.permission_mode = "bypassPermissions".into();
     let session = create_session(&mut client, request).await.unwrap();
     let odd = fork(
@@ -183,7 +183,7 @@ async fn a_batch_shows_up_in_the_metrics_and_its_requests_can_be_explained() {
     assert_eq!(why.part, "system", "{why:?}");
 
     // A second session, untouched: its batch shows up, and nothing more diverges.
-    let session = create_session(&mut client, session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     let batch = fork(

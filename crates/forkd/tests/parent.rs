@@ -41,7 +41,7 @@ async fn send(
 async fn a_parent_reply_that_calls_agent_forks_and_hears_back() {
     let daemon = spawn_daemon().await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     let sid = session.session_id.clone();
@@ -134,7 +134,7 @@ async fn a_coordinator_parent_is_refused_a_fork_and_told_to_delegate() {
         &mut client,
         pb::CreateSessionRequest {
             coordinator: true,
-            ..session_request(daemon.home_path())
+            ..session_request(&daemon.workspace_path())
         },
     )
     .await
@@ -165,7 +165,7 @@ async fn notifications_never_split_a_parent_tool_call_from_its_result() {
     let mut client = daemon.client().await.unwrap();
     let session = forkd_test_support::create_session(
         &mut client,
-        trusted_session_request(daemon.home_path()),
+        trusted_session_request(&daemon.workspace_path()),
     )
     .await
     .unwrap();
@@ -216,7 +216,7 @@ async fn a_model_written_batch_obeys_the_child_cap() {
         .unwrap();
     let mut client = daemon.client().await.unwrap();
     let session =
-        forkd_test_support::create_session(&mut client, session_request(daemon.home_path()))
+        forkd_test_support::create_session(&mut client, session_request(&daemon.workspace_path()))
             .await
             .unwrap();
     let script = concat!(

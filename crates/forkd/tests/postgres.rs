@@ -35,7 +35,7 @@ async fn forks_restarts_and_keeps_everything(url: String) {
         .await
         .unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     let sid = session.session_id.clone();

@@ -105,10 +105,11 @@ async fn full_access_is_refused_to_a_remote_tenant_the_config_does_not_allow() {
     .unwrap();
     let addr = format!("http://127.0.0.1:{}", daemon.tcp_addr().unwrap().port());
     let ws = tempfile::tempdir().unwrap();
+    let ci_ws = daemon.tenant_workspace("ci");
     let ask = |secret: &str| {
         let mut request = Request::new(pb::CreateSessionRequest {
             sandbox: "full-access".into(),
-            ..trusted_session_request(ws.path())
+            ..trusted_session_request(&ci_ws)
         });
         request
             .metadata_mut()

@@ -15,7 +15,7 @@ const CHILDREN: usize = 200;
 async fn a_stalled_subscriber_never_delays_the_other_ninety_nine() {
     let daemon = spawn_daemon().await.unwrap();
     let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, session_request(daemon.home_path()))
+    let session = create_session(&mut client, session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     let subscribe = pb::SubscribeNotificationsRequest {

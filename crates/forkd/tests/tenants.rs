@@ -47,7 +47,7 @@ async fn a_tenant_sees_only_its_own_sessions_agents_and_notifications() {
 
     let session = alpha
         .client
-        .create_session(alpha.req(session_request(daemon.home_path())))
+        .create_session(alpha.req(session_request(&daemon.tenant_workspace("alpha"))))
         .await
         .unwrap()
         .into_inner()
@@ -256,7 +256,7 @@ async fn idempotency_keys_return_the_first_result_and_refuse_other_parameters() 
     let mut client = daemon.client().await.unwrap();
     let keyed = |key: &str| pb::CreateSessionRequest {
         idempotency_key: key.into(),
-        ..session_request(daemon.home_path())
+        ..session_request(&daemon.workspace_path())
     };
     let first = client
         .create_session(keyed("s-1"))
@@ -332,7 +332,7 @@ async fn a_child_over_its_batch_budget_fails_saying_so() {
     let daemon = spawn_daemon().await.unwrap();
     let mut client = daemon.client().await.unwrap();
     let session = client
-        .create_session(session_request(daemon.home_path()))
+        .create_session(session_request(&daemon.workspace_path()))
         .await
         .unwrap()
         .into_inner()

@@ -118,7 +118,7 @@ async fn a_coordinator_delegates_to_typed_agents_instead_of_forking() {
         &mut client,
         pb::CreateSessionRequest {
             coordinator: true,
-            ..session_request(daemon.home_path())
+            ..session_request(&daemon.workspace_path())
         },
     )
     .await

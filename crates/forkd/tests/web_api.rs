@@ -94,7 +94,8 @@ async fn daemon_with_ui() -> (TestDaemon, String) {
 async fn batch_of(daemon: &TestDaemon, token: &str, n: usize) -> (String, String, Vec<String>) {
     let mut client = daemon.client().await.unwrap();
     let auth: tonic::metadata::MetadataValue<_> = format!("Bearer {token}").parse().unwrap();
-    let mut req = tonic::Request::new(session_request(daemon.home_path()));
+    // No workspace named: the token's tenant gets a fresh one of its own.
+    let mut req = tonic::Request::new(session_request(std::path::Path::new("")));
     req.metadata_mut().insert("authorization", auth.clone());
     let session = client
         .create_session(req)
@@ -349,7 +350,7 @@ async fn off_loopback_the_view_needs_tokens_and_on_loopback_it_still_needs_a_sig
     let (daemon, base) = daemon_with_ui().await;
     let mut local = daemon.client().await.unwrap();
     local
-        .create_session(session_request(daemon.home_path()))
+        .create_session(session_request(&daemon.workspace_path()))
         .await
         .unwrap();
     for path in ["/api/me", "/api/sessions", "/api/live/sessions"] {
@@ -388,7 +389,7 @@ async fn a_sign_in_link_from_the_socket_signs_in_as_local_once() {
     let (daemon, base) = daemon_with_ui().await;
     let mut local = daemon.client().await.unwrap();
     let sid = local
-        .create_session(session_request(daemon.home_path()))
+        .create_session(session_request(&daemon.workspace_path()))
         .await
         .unwrap()
         .into_inner()
@@ -552,11 +553,11 @@ async fn an_isolated_childs_page_carries_its_diff() {
     let (daemon, base) = daemon_with_ui().await;
     let alice = daemon.tokens().create("alice").unwrap();
     let secret = alice.expose().to_owned();
-    let ws = tempfile::tempdir().unwrap();
-    std::fs::write(ws.path().join("a.txt"), "before\n").unwrap();
+    let ws = daemon.tenant_workspace("alice");
+    std::fs::write(ws.join("a.txt"), "before\n").unwrap();
     let mut client = daemon.client().await.unwrap();
     let auth: tonic::metadata::MetadataValue<_> = format!("Bearer {secret}").parse().unwrap();
-    let mut req = tonic::Request::new(forkd_test_support::trusted_session_request(ws.path()));
+    let mut req = tonic::Request::new(forkd_test_support::trusted_session_request(&ws));
     req.metadata_mut().insert("authorization", auth.clone());
     let session = client.create_session(req).await.unwrap().into_inner();
     let mut req = tonic::Request::new(pb::ForkBatchRequest {
@@ -637,7 +638,7 @@ async fn a_schema_childs_page_gets_its_structured_report() {
     let alice = daemon.tokens().create("alice").unwrap().expose().to_owned();
     let mut client = daemon.client().await.unwrap();
     let auth: tonic::metadata::MetadataValue<_> = format!("Bearer {alice}").parse().unwrap();
-    let mut req = tonic::Request::new(session_request(daemon.home_path()));
+    let mut req = tonic::Request::new(session_request(&daemon.tenant_workspace("alice")));
     req.metadata_mut().insert("authorization", auth.clone());
     let session = client.create_session(req).await.unwrap().into_inner();
     let mut req = tonic::Request::new(pb::ForkBatchRequest {

@@ -74,17 +74,25 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// The server for `tenant` and `spec`, created (not started) if it is new.
+    /// The server for `tenant` and `spec`, created (not started) if it is new. `paths` are
+    /// what hides and lends things now: an existing server's next start (a restart after a
+    /// crash or an idle stop) makes its view from them, so a workspace created since it first
+    /// started is hidden from it too.
     pub fn server(&self, tenant: &str, spec: &ServerSpec, paths: &PoolPaths) -> Arc<Server> {
         let key = (tenant.to_owned(), spec.digest());
         let mut servers = self
             .servers
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        servers
+        let server = servers
             .entry(key)
             .or_insert_with(|| Arc::new(Server::new(tenant, spec.clone(), paths)))
-            .clone()
+            .clone();
+        *server
+            .paths
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = paths.clone();
+        server
     }
 
     /// Stops every server: connections closed, processes (and their groups) killed.
@@ -186,7 +194,8 @@ struct State {
 pub struct Server {
     spec: ServerSpec,
     dir: PathBuf,
-    paths: PoolPaths,
+    /// The latest paths the pool was given for it; each start reads them.
+    paths: StdMutex<PoolPaths>,
     state: Mutex<State>,
     /// Calls in flight, and when the server last listed its tools or finished a call: it is
     /// idle when none is in flight and the last use is long enough ago.
@@ -203,7 +212,7 @@ impl Server {
         Server {
             spec,
             dir,
-            paths: paths.clone(),
+            paths: StdMutex::new(paths.clone()),
             state: Mutex::new(State::default()),
             in_flight: AtomicU32::new(0),
             last_used: StdMutex::new(None),
@@ -305,6 +314,11 @@ impl Server {
 
     /// Starts the server and lists its tools; the error is the message for the model or client.
     async fn start(&self) -> Result<(Arc<Conn>, Vec<ServerTool>), String> {
+        let paths = self
+            .paths
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
         let (service, process) = match &self.spec.transport {
             Transport::Stdio {
                 command,
@@ -322,10 +336,10 @@ impl Server {
                             (
                                 *sandbox,
                                 SandboxPaths {
-                                    hidden: self.paths.hidden.clone(),
+                                    hidden: paths.hidden.clone(),
                                     tmp: self.dir.join("tmp"),
-                                    home: self.paths.home.clone(),
-                                    limits: self.paths.limits,
+                                    home: paths.home.clone(),
+                                    limits: paths.limits,
                                     // One group per server: it serves many sessions.
                                     group: self
                                         .dir
@@ -533,5 +547,47 @@ impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.touch();
         self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::config::Origin;
+    use std::collections::BTreeMap;
+
+    fn paths(hidden: &str) -> PoolPaths {
+        PoolPaths {
+            root: PathBuf::from("/nonexistent-forkd-mcp"),
+            hidden: vec![PathBuf::from(hidden)],
+            ..PoolPaths::default()
+        }
+    }
+
+    #[test]
+    fn a_server_starts_with_the_paths_it_was_last_given() {
+        let spec = ServerSpec {
+            name: "s".into(),
+            origin: Origin::Operator,
+            transport: Transport::Stdio {
+                command: "true".into(),
+                args: Vec::new(),
+                env: BTreeMap::new(),
+                sandbox: forkd_core::session::Sandbox::default(),
+            },
+            read_only_tools: Default::default(),
+            call_timeout: Duration::from_secs(1),
+        };
+        let pool = Pool::default();
+        let first = pool.server("t", &spec, &paths("/ws/a"));
+        // A session made since hides its workspace from the server's next start.
+        let again = pool.server("t", &spec, &paths("/ws/b"));
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "one server per tenant and definition"
+        );
+        let now = first.paths.lock().unwrap().hidden.clone();
+        assert_eq!(now, [PathBuf::from("/ws/b")]);
     }
 }

@@ -464,14 +464,21 @@ async fn spending_adds_up_by_batch_and_by_tenant(store: TestStore) -> TestResult
 
 async fn workspaces_are_listed_once_each(store: TestStore) -> TestResult {
     assert!(store.workspaces().await?.is_empty());
-    for dir in ["/srv/b", "/srv/a", "/srv/b", "/srv/a-z"] {
+    for (tenant, dir) in [
+        ("local", "/srv/b"),
+        ("local", "/srv/a"),
+        ("local", "/srv/b"),
+        ("ci", "/srv/a-z"),
+    ] {
         let mut s = session()?;
         s.workspace = dir.into();
+        s.tenant = tenant.into();
         store.create_session(&s, &[], None).await?;
     }
     assert_eq!(
         store.workspaces().await?,
-        ["/srv/a", "/srv/a-z", "/srv/b"].map(std::path::PathBuf::from)
+        [("local", "/srv/a"), ("ci", "/srv/a-z"), ("local", "/srv/b")]
+            .map(|(t, w)| (t.to_owned(), std::path::PathBuf::from(w)))
     );
     Ok(())
 }

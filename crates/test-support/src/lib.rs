@@ -25,12 +25,40 @@ pub use eventually::{Condition, POLL_INTERVAL, eventually};
 /// tear it down, which tests that only read results may do.
 pub struct TestDaemon {
     pub home: TempDir,
+    /// Outside the home (which is never a workspace): `workspace/` for the tests' local
+    /// sessions, `tenants/NAME/` the roots of the token tenants, `workspaces/` the daemon's
+    /// `workspaces_dir`.
+    files: TempDir,
     daemon: Option<RunningDaemon>,
 }
 
 impl TestDaemon {
     pub fn home_path(&self) -> &Path {
         self.home.path()
+    }
+
+    /// A directory for the tests' sessions to work in, outside the home (which is never a
+    /// workspace), made with the daemon and removed with it.
+    pub fn workspace_path(&self) -> PathBuf {
+        self.files.path().join("workspace")
+    }
+
+    /// Where the daemon makes tenants' fresh workspaces.
+    pub fn workspaces_dir(&self) -> PathBuf {
+        self.files.path().join("workspaces")
+    }
+
+    /// A workspace of the token tenant `name` (one of [`TEST_TENANTS`]), inside the root the
+    /// test daemon gives it (`tenants/NAME`): made on first use.
+    #[allow(clippy::expect_used, reason = "a test helper: its failure is the test's")]
+    pub fn tenant_workspace(&self, name: &str) -> PathBuf {
+        assert!(
+            TEST_TENANTS.contains(&name),
+            "tenant {name:?} has no root in the test daemon; add it to TEST_TENANTS"
+        );
+        let dir = tenant_root(self.files.path(), name).join("ws");
+        std::fs::create_dir_all(&dir).expect("a tenant's test workspace");
+        dir
     }
 
     pub fn socket_path(&self) -> PathBuf {
@@ -80,10 +108,40 @@ impl TestDaemon {
     pub async fn restart(&mut self, tweak: impl FnOnce(&mut DaemonConfig)) -> anyhow::Result<()> {
         self.stop().await?;
         let mut config = DaemonConfig::new(self.home.path().to_path_buf());
+        use_files(&mut config, self.files.path())?;
         tweak(&mut config);
         self.daemon = Some(daemon::start(config).await?);
         Ok(())
     }
+}
+
+/// The token tenants of the tests, each given a root of its own by every test daemon
+/// ([`TestDaemon::tenant_workspace`]).
+pub const TEST_TENANTS: [&str; 8] = [
+    "alpha", "beta", "alice", "bob", "mallory", "ci", "web", "team-a",
+];
+
+/// The root of tenant `name`'s workspaces: beside the tests' local workspace, never inside it
+/// (tenants never share files, the local user included).
+fn tenant_root(files: &Path, name: &str) -> PathBuf {
+    files.join("tenants").join(name)
+}
+
+/// Points `config` at the test files' directories: `workspaces_dir`, and each of
+/// [`TEST_TENANTS`]'s root.
+fn use_files(config: &mut DaemonConfig, files: &Path) -> anyhow::Result<()> {
+    config.workspaces_dir = Some(files.join("workspaces"));
+    std::fs::create_dir_all(files.join("workspace"))?;
+    for name in TEST_TENANTS {
+        let root = tenant_root(files, name);
+        std::fs::create_dir_all(&root)?;
+        config
+            .engine
+            .workspaces
+            .roots
+            .insert(name.to_owned(), vec![std::fs::canonicalize(&root)?]);
+    }
+    Ok(())
 }
 
 /// Connects a client to `addr` (`unix:///path` or `http://host:port`).
@@ -171,13 +229,18 @@ pub async fn spawn_daemon_with(
     tweak: impl FnOnce(&mut DaemonConfig),
 ) -> anyhow::Result<TestDaemon> {
     let home = tempfile::Builder::new().prefix("forkd-test-").tempdir()?;
+    let files = tempfile::Builder::new()
+        .prefix("forkd-test-files-")
+        .tempdir()?;
     let mut config = DaemonConfig::new(home.path().to_path_buf());
+    use_files(&mut config, files.path())?;
     config.engine.admission.backoff_base = Duration::from_millis(5);
     config.engine.admission.backoff_cap = Duration::from_millis(50);
     tweak(&mut config);
     let daemon = daemon::start(config).await?;
     Ok(TestDaemon {
         home,
+        files,
         daemon: Some(daemon),
     })
 }

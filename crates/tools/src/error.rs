@@ -31,6 +31,16 @@ pub enum ToolError {
     #[error("path {path} cannot be resolved (a dangling or looping symlink?): {source}")]
     Unresolvable { path: String, source: io::Error },
 
+    #[error(
+        "path {path} is hidden from this session, from its tools as from its commands (forkd's \
+         home, another session's workspace, or a secret); work without it"
+    )]
+    Hidden { path: String },
+
+    #[error("the workspace {} was replaced since its session was created ({reason}); \
+             forkd works only in the directory it was given", root.display())]
+    Replaced { root: PathBuf, reason: String },
+
     #[error("file {path} does not exist")]
     NotFound { path: String },
 

@@ -35,9 +35,10 @@ async fn glob(input: &Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError>
     let base = base_dir(ctx, dir).await?;
     let cancel = ctx.cancel.clone();
     let search_base = base.clone();
+    let workspace = ctx.workspace.clone();
     let (mut found, complete) = blocking(move || {
         let mut found: Vec<(Option<SystemTime>, PathBuf)> = Vec::new();
-        let complete = walk(&search_base, &cancel, |entry| {
+        let complete = walk(&search_base, &workspace, &cancel, |entry| {
             let rel = entry
                 .path()
                 .strip_prefix(&search_base)

@@ -83,7 +83,7 @@ async fn grep(input: &Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError>
     let cancel = ctx.cancel.clone();
     let (mut lines, complete) = blocking(move || {
         let mut lines = Vec::new();
-        let complete = walk(&search.base, &cancel, |entry| {
+        let complete = walk(&search.base, &search.workspace, &cancel, |entry| {
             // Regular files only: a symlink could lead out, a FIFO would block the read.
             if entry.file_type().is_some_and(|t| t.is_file()) {
                 search.file(entry.path(), &mut lines);

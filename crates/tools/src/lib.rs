@@ -25,6 +25,7 @@ mod rule;
 pub mod sandbox;
 pub mod server;
 mod walk;
+pub mod wall;
 pub mod workspace;
 pub mod write;
 
@@ -33,12 +34,22 @@ pub use error::ToolError;
 pub use permission::{Decision, Policy};
 pub use process::{Leftover, ProcessGroup};
 pub use rule::{Rule, RuleError};
+pub use wall::Wall;
 pub use workspace::{Access, Workspace};
 
 use serde_json::Value;
 
 /// The tools that only look: safe to run again after an interruption, allowed in every mode.
 const READ_ONLY: [&str; 3] = ["Read", "Glob", "Grep"];
+
+/// The built-in tools that reach the file system: the ones a session's sandbox and its wall
+/// ([`Wall`]) confine.
+const FILE_TOOLS: [&str; 6] = ["Read", "Write", "Edit", "Glob", "Grep", "Bash"];
+
+/// Whether `name` is a built-in tool that reaches the file system.
+pub fn touches_files(name: &str) -> bool {
+    FILE_TOOLS.contains(&name)
+}
 
 /// Whether `name` is a read-only tool. The engine re-runs a read-only tool whose result was
 /// lost to an interruption, but never a mutating one.

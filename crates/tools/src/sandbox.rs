@@ -404,7 +404,7 @@ impl Setup {
 }
 
 /// The hidden paths that exist, canonical.
-fn hidden(paths: &SandboxPaths) -> Vec<PathBuf> {
+pub(crate) fn hidden(paths: &SandboxPaths) -> Vec<PathBuf> {
     paths
         .hidden
         .iter()

@@ -21,6 +21,7 @@ use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 
 use crate::error::ToolError;
 use crate::sandbox::layer::LayerView;
+use crate::wall::Wall;
 
 /// What the caller means to do with a path, which decides whether it must already exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,11 +38,15 @@ pub enum Access {
 pub struct Workspace {
     root: PathBuf,
     layer: Option<Arc<LayerView>>,
+    /// What the session's sandbox hides, hidden from the tools too; `None`: nothing beyond the
+    /// root's bounds (`full-access`).
+    wall: Option<Arc<Wall>>,
 }
 
 impl PartialEq for Workspace {
     fn eq(&self, other: &Workspace) -> bool {
         self.root == other.root
+            && self.wall == other.wall
             && match (&self.layer, &other.layer) {
                 (None, None) => true,
                 (Some(a), Some(b)) => Arc::ptr_eq(a, b),
@@ -66,7 +71,124 @@ impl Workspace {
                 source: std::io::Error::other("not a directory"),
             });
         }
-        Ok(Workspace { root, layer: None })
+        Ok(Workspace {
+            root,
+            layer: None,
+            wall: None,
+        })
+    }
+
+    /// A session's workspace at the canonical path stored when the session was created,
+    /// **pinned**: no component of it may have become a symbolic link since (the kernel opens
+    /// it with `RESOLVE_NO_SYMLINKS`), so a link planted later cannot point the session at
+    /// another directory. A workspace replaced that way, removed, or no longer a directory fails
+    /// with [`ToolError::Replaced`].
+    pub fn pinned(root: impl AsRef<Path>) -> Result<Workspace, ToolError> {
+        let root = root.as_ref();
+        let replaced = |reason: String| ToolError::Replaced {
+            root: root.to_path_buf(),
+            reason,
+        };
+        if !root.is_absolute() {
+            return Err(replaced("its stored path is not absolute".into()));
+        }
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        match openat2(nix::fcntl::AT_FDCWD, root, how) {
+            Ok(_) => {}
+            Err(Errno::ELOOP) => {
+                return Err(replaced(
+                    "a component of its path is now a symbolic link, which forkd does not follow"
+                        .into(),
+                ));
+            }
+            Err(Errno::ENOENT) => return Err(replaced("it no longer exists".into())),
+            Err(Errno::ENOTDIR) => return Err(replaced("it is no longer a directory".into())),
+            Err(errno) => return Err(replaced(std::io::Error::from(errno).to_string())),
+        }
+        Ok(Workspace {
+            root: root.to_path_buf(),
+            layer: None,
+            wall: None,
+        })
+    }
+
+    /// Opens the directory `rel` beneath the root, the kernel resolving it there
+    /// (`RESOLVE_BENEATH`: neither `..` nor a symlink leads out): for what forkd itself reads
+    /// from a workspace, such as its agent type files. `Ok(None)` when it does not exist.
+    pub fn open_dir(&self, rel: &Path) -> Result<Option<std::os::fd::OwnedFd>, ToolError> {
+        let how = OpenHow::new()
+            .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        let root = fs::File::open(&self.root).map_err(|source| ToolError::BadRoot {
+            root: self.root.clone(),
+            source,
+        })?;
+        match openat2(&root, rel, how) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(Errno::EXDEV) => Err(ToolError::OutsideWorkspace {
+                path: rel.display().to_string(),
+                resolved: self.root.join(rel),
+                root: self.root.clone(),
+            }),
+            Err(errno) => Err(ToolError::Unresolvable {
+                path: rel.display().to_string(),
+                source: std::io::Error::from(errno),
+            }),
+        }
+    }
+
+    /// The same workspace behind `wall`: what the session's sandbox hides is hidden from every
+    /// path resolved and every directory walked here.
+    #[must_use]
+    pub fn walled(self, wall: Wall) -> Workspace {
+        Workspace {
+            wall: Some(Arc::new(wall)),
+            ..self
+        }
+    }
+
+    /// The wall, if the session has one.
+    pub fn wall(&self) -> Option<&Wall> {
+        self.wall.as_deref()
+    }
+
+    /// Where `path` (as the tools reach it: through an isolated child's layer, or directly) is
+    /// at the workspace's own path, as the session's commands see it.
+    fn seen_at(&self, path: &Path) -> PathBuf {
+        match &self.layer {
+            Some(layer) => match path.strip_prefix(layer.through()) {
+                Ok(rel) => self.root.join(rel),
+                Err(_) => path.to_path_buf(),
+            },
+            None => path.to_path_buf(),
+        }
+    }
+
+    /// Whether the wall hides `path` (as [`Workspace::resolve`] returns it).
+    pub fn hides(&self, path: &Path) -> bool {
+        self.wall
+            .as_ref()
+            .is_some_and(|wall| wall.hides(&self.seen_at(path)))
+    }
+
+    /// Whether a walk may go into the directory `dir` (as [`Workspace::resolve`] returns it).
+    pub fn enters(&self, dir: &Path) -> bool {
+        self.wall
+            .as_ref()
+            .is_none_or(|wall| wall.enters(&self.seen_at(dir)))
+    }
+
+    /// `resolved` if the wall does not hide it.
+    fn behind_wall(&self, path: &str, resolved: PathBuf) -> Result<PathBuf, ToolError> {
+        if self.hides(&resolved) {
+            return Err(ToolError::Hidden {
+                path: path.to_owned(),
+            });
+        }
+        Ok(resolved)
     }
 
     /// An isolated child's workspace: its layer, seen at the workspace's path. Paths resolve to
@@ -75,6 +197,7 @@ impl Workspace {
         Workspace {
             root: layer.workspace().to_path_buf(),
             layer: Some(layer),
+            wall: None,
         }
     }
 
@@ -101,7 +224,8 @@ impl Workspace {
             });
         }
         if let Some(layer) = &self.layer {
-            return self.resolve_in(layer, path, intent);
+            let resolved = self.resolve_in(layer, path, intent)?;
+            return self.behind_wall(path, resolved);
         }
         // `join` replaces the root when `path` is absolute, which is what we want.
         let joined = self.root.join(path);
@@ -129,14 +253,16 @@ impl Workspace {
         if missing.as_os_str().is_empty() {
             // Not `join("")`, which would append a trailing `/` and make a file look like a
             // directory to `open`.
-            return Ok(canonical);
+            return self.behind_wall(path, canonical);
         }
+        // Hidden or missing tell nothing apart: a hidden place is refused either way.
+        let resolved = self.behind_wall(path, canonical.join(missing))?;
         if intent == Access::Read {
             return Err(ToolError::NotFound {
                 path: path.to_owned(),
             });
         }
-        Ok(canonical.join(missing))
+        Ok(resolved)
     }
 
     /// [`Workspace::resolve`] in a layer: the kernel resolves the path beneath the layer's root

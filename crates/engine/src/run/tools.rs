@@ -17,6 +17,7 @@ use forkd_core::session::{PermissionMode, PermissionRules, Session};
 use forkd_core::store::{ProcessGroup, ToolCall};
 use forkd_core::tools::AGENT_TOOL;
 use forkd_core::{Agent, AgentId, AgentKind, Block, Message, RawJson};
+use forkd_tools::Wall;
 use forkd_tools::sandbox::SandboxPaths;
 use forkd_tools::{Decision, Policy, Rule, SandboxSpec, ToolContext, ToolOutput, Workspace};
 use serde_json::Value;
@@ -168,12 +169,17 @@ impl Runs {
             .into_iter()
             .map(|c| (c.tool_use_id.clone(), c))
             .collect();
-        // Only Bash runs in the sandbox: the spec (every session's workspace, read from the
-        // store) is built for the turns that call it, and for an isolated child's every turn,
-        // whose file tools work in the layer its view mounts.
+        // Bash runs in the sandbox, and the file tools behind its wall (what the view hides
+        // they do not reach): the spec (every session's workspace, read from the store) is
+        // built for the turns that call a built-in tool, and for an isolated child's every
+        // turn, whose file tools work in the layer its view mounts.
         let snapshot = self.copies.snapshot_of(turn.agent).await?;
         let isolated = snapshot.is_some();
-        let spec = if isolated || assistant.tool_uses().any(|(_, name, _)| name == "Bash") {
+        let spec = if isolated
+            || assistant
+                .tool_uses()
+                .any(|(_, name, _)| forkd_tools::touches_files(name))
+        {
             self.sandbox_spec(turn.session, isolated.then_some(turn.agent.id))
                 .await?
         } else {
@@ -185,7 +191,11 @@ impl Runs {
                     .workspace(turn.agent, snapshot, turn.session, spec.as_ref())
                     .await?
             }
-            None => Workspace::new(&turn.session.workspace).map_err(EngineError::Workspace)?,
+            None => Workspace::pinned(&turn.session.workspace).map_err(EngineError::Workspace)?,
+        };
+        let workspace = match &spec {
+            Some(spec) => workspace.walled(Wall::new(&spec.paths, &turn.session.workspace)),
+            None => workspace,
         };
         let mut ctx = ToolContext::new(workspace, turn.cancel.clone());
         if let Some(spec) = spec {
@@ -492,7 +502,7 @@ impl Runs {
             cfg.home.as_ref().map(|h| h.dir.as_path()),
         ));
         let own = std::fs::canonicalize(&session.workspace).unwrap_or(session.workspace.clone());
-        for workspace in self.store.workspaces().await? {
+        for (_, workspace) in self.store.workspaces().await? {
             let theirs = std::fs::canonicalize(&workspace).unwrap_or(workspace);
             // A workspace that holds this one (or is it) stays readable where it is kept.
             if theirs != own {

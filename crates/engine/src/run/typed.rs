@@ -122,7 +122,11 @@ impl Runs {
                 thinking: session.params.thinking,
                 max_tokens: session.params.max_tokens,
             },
-            permission_mode: ty.permission_mode.unwrap_or(session.permission_mode),
+            // A type file may narrow the session's mode, never widen it: anyone who can write
+            // in the workspace can write one.
+            permission_mode: ty.permission_mode.map_or(session.permission_mode, |m| {
+                m.within(session.permission_mode)
+            }),
             output_schema: options.output_schema.clone(),
         };
         let agent = Agent {

@@ -123,7 +123,9 @@ pub struct CreateArgs {
     #[arg(long)]
     pub model: Option<String>,
 
-    /// The directory the session's tools work in; the current directory when omitted.
+    /// The directory the session's tools work in, on the daemon's machine. When omitted: the
+    /// current directory over the Unix socket; over TCP none, and the daemon gives a token
+    /// tenant a fresh empty workspace of its own.
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
 
@@ -183,9 +185,16 @@ pub struct CreateArgs {
     pub deny_rules: Vec<String>,
 }
 
-pub async fn run(args: SessionArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
+/// Runs a `session` command; `over_socket`: the daemon is reached over its Unix socket (the
+/// same machine), so `create` may send the working directory as the workspace.
+pub async fn run(
+    args: SessionArgs,
+    over_socket: bool,
+    client: &mut Client,
+    out: &Printer,
+) -> anyhow::Result<u8> {
     match args.command {
-        SessionCommand::Create(create) => run_create(create, client, out).await,
+        SessionCommand::Create(create) => run_create(create, over_socket, client, out).await,
         SessionCommand::Get { session_id } => {
             let reply = client
                 .get_session(GetSessionRequest { session_id })
@@ -370,8 +379,13 @@ fn session_event_json(event: &Event) -> serde_json::Value {
     }
 }
 
-async fn run_create(args: CreateArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
-    let request = create_request(args)?;
+async fn run_create(
+    args: CreateArgs,
+    over_socket: bool,
+    client: &mut Client,
+    out: &Printer,
+) -> anyhow::Result<u8> {
+    let request = create_request(args, over_socket)?;
     let reply = client.create_session(request).await?.into_inner();
     let session_id = reply.session.map(|s| s.session_id).unwrap_or_default();
     if out.is_json() {
@@ -418,7 +432,7 @@ async fn run_branch(args: BranchArgs, client: &mut Client, out: &Printer) -> any
 }
 
 /// Reads the files on this side: the daemon may run elsewhere, and the paths are the user's.
-fn create_request(args: CreateArgs) -> Result<CreateSessionRequest, CliError> {
+fn create_request(args: CreateArgs, over_socket: bool) -> Result<CreateSessionRequest, CliError> {
     let system_prompt = read_text(&args.system_file, "system file")?;
     let context_files = args
         .context_files
@@ -430,9 +444,15 @@ fn create_request(args: CreateArgs) -> Result<CreateSessionRequest, CliError> {
             })
         })
         .collect::<Result<_, CliError>>()?;
-    // Relative to the user's shell, not to the daemon's working directory.
-    let dir = args.workspace.unwrap_or_else(|| PathBuf::from("."));
-    let workspace = absolute_workspace(&dir)?;
+    // Relative to the user's shell, not to the daemon's working directory. The working
+    // directory is sent only to a daemon on this machine (its Unix socket): over TCP, where
+    // this directory means nothing to the daemon, none is sent unless given, and a token
+    // tenant gets a fresh empty workspace of its own.
+    let workspace = match args.workspace {
+        Some(dir) => absolute_workspace(&dir)?,
+        None if over_socket => absolute_workspace(Path::new("."))?,
+        None => String::new(),
+    };
     Ok(CreateSessionRequest {
         system_prompt,
         context_files,
@@ -556,7 +576,7 @@ mod tests {
         create.model = Some("sim-large".into());
         create.max_tokens = Some(48);
 
-        let request = create_request(create)?;
+        let request = create_request(create, true)?;
         assert_eq!(request.max_tokens, 48);
         assert_eq!(request.system_prompt, "You are terse.");
         assert_eq!(request.context_files.len(), 1);
@@ -570,7 +590,7 @@ mod tests {
 
     #[test]
     fn a_missing_file_is_an_invalid_input() {
-        let result = create_request(args(PathBuf::from("/nonexistent/system.md")));
+        let result = create_request(args(PathBuf::from("/nonexistent/system.md")), true);
         let Err(CliError::InvalidInput(msg)) = result else {
             panic!("expected InvalidInput, got {result:?}");
         };

@@ -60,6 +60,8 @@ pub struct FileConfig {
     pub tls_key: Option<PathBuf>,
     /// The key that seals sessions' own MCP server definitions (64 hex digits).
     pub secret_key_file: Option<PathBuf>,
+    /// Where tenants' fresh workspaces are made (`FORKD_WORKSPACES_DIR`).
+    pub workspaces_dir: Option<PathBuf>,
     /// The most agents running at once (0: no cap); the others wait as `pending`, in order.
     pub max_running_agents: Option<usize>,
     /// The most model requests in flight at once per provider key and model (0: no cap);
@@ -175,6 +177,11 @@ pub struct TenantSection {
     /// The tenant may define its own MCP servers (`--mcp-config`), stdio ones included: commands
     /// run on the daemon's host.
     pub allow_mcp_config: Option<bool>,
+    /// The directories the tenant's workspaces may lie in (absolute); without any, it may use
+    /// only fresh empty workspaces under `workspaces_dir`.
+    pub workspace_roots: Option<Vec<PathBuf>>,
+    /// The tenant's sessions' commands may use the network (`allow_network`).
+    pub allow_network: Option<bool>,
 }
 
 /// `[models.NAME]` in `config.toml`: a model's context window and prices (USD per million
@@ -388,6 +395,38 @@ impl FileConfig {
     /// The tenants allowed `full-access` sessions.
     pub(super) fn full_access_tenants(&self) -> std::collections::BTreeSet<String> {
         self.tenants_where(|t| t.allow_full_access)
+    }
+
+    /// The tenants whose sessions' commands may use the network.
+    pub(super) fn network_tenants(&self) -> std::collections::BTreeSet<String> {
+        self.tenants_where(|t| t.allow_network)
+    }
+
+    /// Each tenant's `workspace_roots`: absolute, without `..`, resolved where they exist (a
+    /// root made later is taken as written).
+    pub(super) fn workspace_roots(&self) -> anyhow::Result<BTreeMap<String, Vec<PathBuf>>> {
+        let mut roots = BTreeMap::new();
+        for (name, t) in self.tenants.iter().flatten() {
+            let Some(given) = &t.workspace_roots else {
+                continue;
+            };
+            let mut resolved = Vec::with_capacity(given.len());
+            for root in given {
+                let plain = root
+                    .components()
+                    .all(|c| !matches!(c, std::path::Component::ParentDir));
+                if !root.is_absolute() || !plain || root.parent().is_none() {
+                    bail!(
+                        "{CONFIG_FILE}: [tenants.{name}] workspace_roots: {} must be an \
+                         absolute directory other than /, without `..`",
+                        root.display()
+                    );
+                }
+                resolved.push(std::fs::canonicalize(root).unwrap_or_else(|_| root.clone()));
+            }
+            roots.insert(name.clone(), resolved);
+        }
+        Ok(roots)
     }
 
     /// The tenants allowed the `unix_sockets` grant.

@@ -111,6 +111,10 @@ pub struct ServeFlags {
     /// Daemons sharing one database need the same key.
     #[arg(long, value_name = "FILE")]
     pub secret_key_file: Option<PathBuf>,
+    /// Where a token tenant that names no workspace gets a fresh empty one (env
+    /// FORKD_WORKSPACES_DIR) [default: `$FORKD_HOME-workspaces`, beside the home, never in it].
+    #[arg(long, value_name = "DIR")]
+    pub workspaces_dir: Option<PathBuf>,
     #[arg(long, value_name = "FILTER", help = with_default(
         "Log filter, e.g. `info` or `info,forkd_engine=debug` (env RUST_LOG)",
         |d| d.log.clone(),

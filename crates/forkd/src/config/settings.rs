@@ -45,6 +45,10 @@ pub struct Settings {
     pub tls: Option<TlsFiles>,
     /// `None`: `secret.key` in the home, created on first start.
     pub secret_key_file: Option<PathBuf>,
+    /// Where tenants' fresh workspaces go; `None`: beside the home (`HOME-workspaces`).
+    pub workspaces_dir: Option<PathBuf>,
+    /// Each token tenant's `workspace_roots`.
+    pub workspace_roots: BTreeMap<String, Vec<PathBuf>>,
     /// `None`: no cap.
     pub max_running_agents: Option<usize>,
     pub max_concurrent_requests: Option<usize>,
@@ -109,6 +113,8 @@ impl Default for Settings {
             log_format: LogFormat::default(),
             tls: daemon.tls,
             secret_key_file: daemon.secret_key_file,
+            workspaces_dir: daemon.workspaces_dir,
+            workspace_roots: BTreeMap::new(),
             max_running_agents: engine.max_running_agents,
             max_concurrent_requests: Some(engine.admission.max_concurrency),
             provider_patience: engine.admission.patience,
@@ -267,6 +273,8 @@ impl Settings {
         self.isolation = file.isolation(self.isolation.clone())?;
         self.sandbox.full_access_tenants = file.full_access_tenants().into_iter().collect();
         self.sandbox.unix_socket_tenants = file.unix_socket_tenants().into_iter().collect();
+        self.sandbox.network_tenants = file.network_tenants().into_iter().collect();
+        self.workspace_roots = file.workspace_roots()?;
         self.mcp_config_tenants = file.mcp_config_tenants();
         self.models = file.models()?;
         Ok(())
@@ -306,6 +314,14 @@ impl Settings {
             secret,
         )?;
         self.secret_key_file = secret.or(self.secret_key_file.take());
+        let workspaces = file.workspaces_dir.as_ref().map(in_home);
+        let workspaces = layers.pick(
+            flags.workspaces_dir.clone(),
+            "FORKD_WORKSPACES_DIR",
+            path,
+            workspaces,
+        )?;
+        self.workspaces_dir = workspaces.or(self.workspaces_dir.take());
         self.tls = match (cert, key) {
             (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
             (None, None) => self.tls.take(),
@@ -400,6 +416,12 @@ impl Settings {
         config.engine.mcp.config_tenants = self.mcp_config_tenants.iter().cloned().collect();
         config.tls = self.tls.clone();
         config.secret_key_file = self.secret_key_file.clone();
+        config.workspaces_dir = self.workspaces_dir.clone();
+        config.engine.workspaces.roots = self
+            .workspace_roots
+            .iter()
+            .map(|(name, roots)| (name.clone(), roots.clone()))
+            .collect();
         config.database_url = self.database_url.clone();
         config.lease = self.lease;
         if self.fsync_every_commit {

@@ -59,12 +59,16 @@ pub(crate) async fn list(
     rows.into_iter().map(Session::try_from).collect()
 }
 
-pub(crate) async fn workspaces(pool: &Pool) -> Result<Vec<std::path::PathBuf>> {
-    let rows: Vec<String> =
-        sqlx::query_scalar("SELECT DISTINCT workspace FROM sessions ORDER BY workspace")
-            .fetch_all(pool)
-            .await?;
-    Ok(rows.into_iter().map(std::path::PathBuf::from).collect())
+pub(crate) async fn workspaces(pool: &Pool) -> Result<Vec<(String, std::path::PathBuf)>> {
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SELECT DISTINCT tenant, workspace FROM sessions ORDER BY workspace, tenant",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(tenant, workspace)| (tenant, std::path::PathBuf::from(workspace)))
+        .collect())
 }
 
 pub(crate) async fn exists(conn: &mut Conn, id: &str) -> Result<bool> {

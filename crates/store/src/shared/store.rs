@@ -163,7 +163,7 @@ impl Store for DriverStore {
         db(sessions::list(self.readers(), tenant, after, limit).await)
     }
 
-    async fn workspaces(&self) -> StoreResult<Vec<std::path::PathBuf>> {
+    async fn workspaces(&self) -> StoreResult<Vec<(String, std::path::PathBuf)>> {
         db(sessions::workspaces(self.readers()).await)
     }
 
