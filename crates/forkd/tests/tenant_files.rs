@@ -266,3 +266,65 @@ async fn transcript_of(caller: &mut Caller, agent: &str) -> String {
         .into_inner();
     format!("{reply:?}")
 }
+
+#[tokio::test]
+async fn revoking_a_token_ends_its_open_streams() {
+    let mut t = two_tenants().await;
+    let session = t.mallory.create_session(in_workspace("")).await.unwrap();
+    let mut notes = t
+        .mallory
+        .client
+        .subscribe_notifications(t.mallory.req(pb::SubscribeNotificationsRequest {
+            follow: true,
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut turn = t
+        .mallory
+        .client
+        .send_message(t.mallory.req(pb::SendMessageRequest {
+            session_id: session.session_id,
+            text: "Wait a while.\n@sim sleep 30s\n@sim say done".into(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    t.daemon.tokens().revoke("mallory").unwrap();
+    for (what, ended) in [
+        (
+            "notifications",
+            tokio::time::timeout(Duration::from_secs(20), async {
+                loop {
+                    match notes.message().await {
+                        Ok(Some(_)) => continue,
+                        other => return other.map(|_| ()),
+                    }
+                }
+            })
+            .await,
+        ),
+        (
+            "the turn",
+            tokio::time::timeout(Duration::from_secs(20), async {
+                loop {
+                    match turn.message().await {
+                        Ok(Some(_)) => continue,
+                        other => return other.map(|_| ()),
+                    }
+                }
+            })
+            .await,
+        ),
+    ] {
+        let status = ended
+            .unwrap_or_else(|_| panic!("{what}: the stream ends once its token is revoked"))
+            .expect_err("it ends with a status");
+        assert_eq!(status.code(), Code::Unauthenticated, "{what}: {status:?}");
+        assert!(status.message().contains("revoked"), "{}", status.message());
+    }
+    // Alice's token still works.
+    t.alice.create_session(in_workspace("")).await.unwrap();
+}

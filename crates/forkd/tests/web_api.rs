@@ -676,3 +676,35 @@ async fn a_schema_childs_page_gets_its_structured_report() {
         serde_json::json!({"verdict": "pass"})
     );
 }
+
+#[tokio::test]
+async fn revoking_a_token_ends_the_live_streams_it_signed_in() {
+    let (daemon, base) = daemon_with_ui().await;
+    let alice = daemon.tokens().create("alice").unwrap().expose().to_owned();
+    let a = signed_in(&base, &alice).await;
+    let res = http()
+        .get(format!("{base}/api/live/sessions"))
+        .header(COOKIE, &a.cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let mut events = res.bytes_stream().eventsource();
+    daemon.tokens().revoke("alice").unwrap();
+    let ended = async {
+        let mut last = None;
+        while let Some(event) = events.next().await {
+            last = Some(event.unwrap());
+        }
+        last
+    };
+    let last = tokio::time::timeout(Duration::from_secs(20), ended)
+        .await
+        .expect("the stream ends once its token is revoked")
+        .expect("an event before the end");
+    assert_eq!(last.event, "unauthorized", "{last:?}");
+    let body: Value = serde_json::from_str(&last.data).unwrap();
+    assert_eq!(body["status"], 401);
+    // And the sign-in is gone with it.
+    assert_eq!(a.get("/api/me").await.0, StatusCode::UNAUTHORIZED);
+}

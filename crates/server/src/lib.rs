@@ -21,9 +21,9 @@ use tokio_util::sync::CancellationToken;
 use tonic::codegen::http;
 use tower::util::MapResponseLayer;
 
-use crate::auth::{AuthLayer, Transport};
+use crate::auth::{AuthLayer, RevocationLayer, Transport};
 
-pub use auth::{SignInCodes, Tenant, TokenStore, WebView, tenant};
+pub use auth::{SignInCodes, TOKEN_CHECK_EVERY, Tenant, TokenStore, WebView, tenant};
 pub use service::ForkdService;
 pub use status::Meaning;
 pub use tls::{TlsConfig, TlsError};
@@ -121,6 +121,7 @@ where
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .layer(MapResponseLayer::new(decode_errors_are_invalid_argument))
         .layer(auth)
+        .layer(RevocationLayer)
         .add_service(forkd)
         .add_service(health)
         .add_service(reflection_v1)

@@ -50,7 +50,10 @@ impl TestDaemon {
 
     /// A workspace of the token tenant `name` (one of [`TEST_TENANTS`]), inside the root the
     /// test daemon gives it (`tenants/NAME`): made on first use.
-    #[allow(clippy::expect_used, reason = "a test helper: its failure is the test's")]
+    #[allow(
+        clippy::expect_used,
+        reason = "a test helper: its failure is the test's"
+    )]
     pub fn tenant_workspace(&self, name: &str) -> PathBuf {
         assert!(
             TEST_TENANTS.contains(&name),

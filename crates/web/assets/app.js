@@ -76,6 +76,12 @@ function live(url, handlers, indicator) {
   for (const [name, fn] of Object.entries(handlers)) {
     es.addEventListener(name, (ev) => fn(JSON.parse(ev.data), ev));
   }
+  // The token of the sign-in was revoked: the server ends the stream with this event.
+  es.addEventListener('unauthorized', (ev) => {
+    for (const s of streams) s.close();
+    streams = [];
+    signInView(JSON.parse(ev.data).error);
+  });
   if (indicator) {
     es.onopen = () => { indicator.textContent = '● live'; indicator.className = 'live'; };
     es.onerror = () => { indicator.textContent = '● reconnecting'; indicator.className = 'live off'; };

@@ -72,6 +72,33 @@ enum SignedInWith {
 pub(crate) struct Caller {
     pub tenant: Tenant,
     csrf: String,
+    /// The token the sign-in rests on, checked again while a live stream runs; `None` for a
+    /// sign-in link's (tenant `local`: nothing to revoke).
+    pub lease: Option<Lease>,
+}
+
+/// A sign-in's token, to check again for as long as a live stream it opened runs.
+#[derive(Clone)]
+pub(crate) struct Lease {
+    tokens: TokenStore,
+    secret: String,
+    tenant: Tenant,
+}
+
+impl Lease {
+    /// Resolves once the token is revoked or deleted (checked every half second; a token file
+    /// that cannot be read is not a revocation).
+    pub(crate) async fn revoked(self) {
+        let mut every = tokio::time::interval(forkd_server::TOKEN_CHECK_EVERY);
+        loop {
+            every.tick().await;
+            if let Ok(found) = self.tokens.authenticate(&self.secret)
+                && found.as_ref() != Some(&self.tenant)
+            {
+                return;
+            }
+        }
+    }
 }
 
 /// A caller allowed to act: signed in, with the page's CSRF token, from this site.
@@ -119,9 +146,18 @@ impl Auth {
             SignedInWith::Link => Ok(Caller {
                 tenant: Tenant::LOCAL,
                 csrf,
+                lease: None,
             }),
             SignedInWith::Token(secret) => match self.tokens.authenticate(&secret)? {
-                Some(tenant) => Ok(Caller { tenant, csrf }),
+                Some(tenant) => Ok(Caller {
+                    lease: Some(Lease {
+                        tokens: self.tokens.clone(),
+                        secret,
+                        tenant: tenant.clone(),
+                    }),
+                    tenant,
+                    csrf,
+                }),
                 None => {
                     // Revoked since: the sign-in ends with it.
                     self.sign_ins().remove(&id);

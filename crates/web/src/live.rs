@@ -26,7 +26,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::AppState;
 use crate::api::{agent_id, batch_id, session_id};
-use crate::auth::Caller;
+use crate::auth::{Caller, Lease};
 use crate::error::WebError;
 use crate::summaries;
 use crate::views::{self, AgentRow, NotificationView, RequestView};
@@ -40,8 +40,10 @@ type Tx = mpsc::Sender<Event>;
 type EventStream =
     Sse<KeepAliveStream<futures::stream::BoxStream<'static, Result<Event, Infallible>>>>;
 
-/// Runs `feed` until it returns, the browser goes away, or the daemon stops.
-fn sse<F, Fut>(state: &AppState, feed: F) -> EventStream
+/// Runs `feed` until it returns, the browser goes away, the daemon stops, or the token the
+/// sign-in rests on (`lease`) is revoked: then an `unauthorized` event (status 401) ends it,
+/// within a second of the revocation.
+fn sse<F, Fut>(state: &AppState, lease: Option<Lease>, feed: F) -> EventStream
 where
     F: FnOnce(Tx) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
@@ -51,10 +53,23 @@ where
     let closed = tx.clone();
     let fed = feed(tx);
     tokio::spawn(async move {
+        let revoked = async {
+            match lease {
+                Some(lease) => lease.revoked().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = fed => {}
             () = shutdown.cancelled() => {}
             () = closed.closed() => {}
+            () = revoked => {
+                let body = serde_json::json!({
+                    "status": 401,
+                    "error": "the token of this sign-in was revoked; sign in again",
+                });
+                let _ = closed.send(event("unauthorized", &body)).await;
+            }
         }
     });
     Sse::new(ReceiverStream::new(rx).map(Ok).boxed()).keep_alive(KeepAlive::default())
@@ -102,7 +117,7 @@ impl Changes {
 /// `GET /api/live/sessions`: the sessions list, whenever it changes.
 pub(crate) async fn sessions(caller: Caller, State(state): State<AppState>) -> EventStream {
     let (engine, tenant) = (state.engine.clone(), caller.tenant);
-    sse(&state, move |tx| async move {
+    sse(&state, caller.lease.clone(), move |tx| async move {
         let mut last = None;
         let mut every = tokio::time::interval(TICK);
         loop {
@@ -166,7 +181,7 @@ pub(crate) async fn session(
     let mut notes = scoped.subscribe(since, filter, true).await?;
     let mut prompts = scoped.subscribe_prompts(id).await?;
     let engine = state.engine.clone();
-    Ok(sse(&state, move |tx| async move {
+    Ok(sse(&state, caller.lease.clone(), move |tx| async move {
         let mut changes = Changes::default();
         let mut last_summary = None;
         let mut last_batches = None;
@@ -267,7 +282,7 @@ pub(crate) async fn batch(
     };
     let mut notes = scoped.subscribe(since, filter, true).await?;
     let engine = state.engine.clone();
-    Ok(sse(&state, move |tx| async move {
+    Ok(sse(&state, caller.lease.clone(), move |tx| async move {
         let mut changes = Changes::default();
         let mut every = tokio::time::interval(TICK);
         let mut figures_due = true;
@@ -339,7 +354,7 @@ pub(crate) async fn agent(
         None
     };
     let engine = state.engine.clone();
-    Ok(sse(&state, move |tx| async move {
+    Ok(sse(&state, caller.lease.clone(), move |tx| async move {
         let mut last_row = None;
         let mut last_requests = None;
         let mut every = tokio::time::interval(TICK);

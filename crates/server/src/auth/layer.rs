@@ -12,7 +12,7 @@ use tracing::Instrument as _;
 use tracing::field::Empty;
 use tracing::instrument::Instrumented;
 
-use super::{Tenant, TokenStore};
+use super::{Credential, Tenant, TokenStore};
 
 /// The services that stay open: health probes and reflection. Every other path, `forkd.v1` and
 /// anything unknown alike, is authenticated (deny by default, so no spelling of a path can slip
@@ -131,6 +131,12 @@ where
             Ok(tenant) => {
                 span.record("tenant", tenant.name());
                 span.in_scope(|| tracing::debug!("Call"));
+                // What a token opened is checked again while it streams.
+                let secret = header.and_then(bearer).map(str::to_owned);
+                if let (Some(tokens), Some(secret)) = (&self.tokens, secret) {
+                    let credential = Credential::new(tokens.clone(), &secret, tenant.clone());
+                    request.extensions_mut().insert(credential);
+                }
                 request.extensions_mut().insert(tenant);
                 request.extensions_mut().insert(self.transport);
                 Either::Right(self.inner.call(request).instrument(span))

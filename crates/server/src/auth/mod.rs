@@ -7,6 +7,8 @@
 //!   `authorization: Bearer <secret>`, finds its tenant, and puts a [`Tenant`] into the request's
 //!   extensions; handlers read it with [`tenant`]. Only `grpc.health.v1` and reflection stay
 //!   open: every other path (all of `forkd.v1`, and anything unknown) is authenticated.
+//! - A call made with a token is checked again while its response streams: revoking the token
+//!   ends its streams within a second (`UNAUTHENTICATED`; [`revocation`]).
 //! - [`SignInCodes`] are the one-time codes of sign-in links (`CreateSignInLink`, minted for
 //!   the Unix socket's owner), which the web view exchanges for a sign-in as [`Tenant::LOCAL`].
 //!
@@ -25,10 +27,13 @@
 
 mod layer;
 mod links;
+mod revocation;
 mod tokens;
 
 pub(crate) use layer::{AuthLayer, Transport};
 pub use links::{SignInCodes, WebView};
+pub use revocation::CHECK_EVERY as TOKEN_CHECK_EVERY;
+pub(crate) use revocation::{Credential, RevocationLayer};
 pub use tokens::{Secret, TOKENS_FILE, TokenError, TokenInfo, TokenStore};
 
 pub use forkd_core::tenant::Tenant;
