@@ -274,10 +274,14 @@ impl NotificationStatus {
     }
 }
 
-/// The event an agent emits when it ends. `seq` is assigned by the store, strictly increasing.
+/// The event an agent emits when it ends. `seq` is assigned by the store, strictly increasing
+/// across the daemon (the order daemons deliver in); `tenant_seq` counts its tenant's
+/// notifications alone (1, 2, 3… for a new tenant): the cursor clients see and resume from, so a
+/// tenant's numbers say nothing of the others'.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Notification {
     pub seq: u64,
+    pub tenant_seq: u64,
     pub session_id: SessionId,
     pub batch_id: Option<BatchId>,
     pub agent_id: AgentId,

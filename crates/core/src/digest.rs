@@ -178,6 +178,7 @@ mod tests {
     fn note(seq: u64, status: NotificationStatus, result: &str) -> Notification {
         Notification {
             seq,
+            tenant_seq: seq,
             session_id: SessionId::new(),
             batch_id: None,
             agent_id: AgentId::new(),

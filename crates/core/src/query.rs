@@ -38,6 +38,15 @@ impl NotificationFilter {
             && self.batch_id.is_none_or(|b| Some(b) == n.batch_id)
             && self.agent_id.is_none_or(|a| a == n.agent_id)
     }
+
+    /// Where `n` stands for this filter's cursor (`since_seq`): its tenant's own count when the
+    /// filter names a tenant, the daemon's otherwise.
+    pub fn cursor(&self, n: &Notification) -> u64 {
+        match self.tenant {
+            Some(_) => n.tenant_seq,
+            None => n.seq,
+        }
+    }
 }
 
 /// Which requests to list; at least one field should be set.

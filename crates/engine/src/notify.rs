@@ -188,7 +188,7 @@ impl Notifications {
         loop {
             match live.recv().await {
                 Ok(n) => {
-                    if n.seq <= last
+                    if filter.cursor(&n) <= last
                         || !filter.matches(&n)
                         || !self
                             .tenancy
@@ -200,7 +200,7 @@ impl Notifications {
                     {
                         continue;
                     }
-                    last = n.seq;
+                    last = filter.cursor(&n);
                     if tx.send(Ok(n)).await.is_err() {
                         return;
                     }
@@ -234,7 +234,7 @@ impl Notifications {
             };
             let full = page.len() as u32 == REPLAY_PAGE;
             for n in page {
-                *last = n.seq;
+                *last = filter.cursor(&n);
                 if tx.send(Ok(n)).await.is_err() {
                     return false;
                 }

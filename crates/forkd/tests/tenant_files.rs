@@ -328,3 +328,32 @@ async fn revoking_a_token_ends_its_open_streams() {
     // Alice's token still works.
     t.alice.create_session(in_workspace("")).await.unwrap();
 }
+
+#[tokio::test]
+async fn each_tenant_s_cursor_counts_its_own_notifications() {
+    let mut t = two_tenants().await;
+    let a = t.alice.create_session(in_workspace("")).await.unwrap();
+    let m = t.mallory.create_session(in_workspace("")).await.unwrap();
+    // Interleaved: alice, mallory, alice, mallory.
+    for _ in 0..2 {
+        run_one(&mut t.alice, &a.session_id, "one").await;
+        run_one(&mut t.mallory, &m.session_id, "one").await;
+    }
+    for caller in [&mut t.alice, &mut t.mallory] {
+        let mut replay = caller
+            .client
+            .subscribe_notifications(caller.req(pb::SubscribeNotificationsRequest::default()))
+            .await
+            .unwrap()
+            .into_inner();
+        let mut seqs = Vec::new();
+        while let Some(n) = replay.message().await.unwrap() {
+            seqs.push(n.seq);
+        }
+        assert_eq!(
+            seqs,
+            [1, 2],
+            "a tenant's numbers say nothing of the other's"
+        );
+    }
+}

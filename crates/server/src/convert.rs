@@ -132,7 +132,8 @@ pub(crate) fn notification(n: &Notification) -> pb::Notification {
         NotificationStatus::Killed => pb::NotificationStatus::Killed,
     };
     pb::Notification {
-        seq: n.seq,
+        // The tenant's own count: every caller is a tenant, and sees its numbers alone.
+        seq: n.tenant_seq,
         session_id: n.session_id.to_string(),
         batch_id: n.batch_id.map(|b| b.to_string()).unwrap_or_default(),
         agent_id: n.agent_id.to_string(),

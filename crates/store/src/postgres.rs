@@ -26,13 +26,15 @@
 //!   digest (and the others append nothing, so they need not lock the session).
 //! - **The notification counter** (`notification_seq`, one row) gives each notification its seq
 //!   inside the inserting transaction and stays locked until commit, so seqs commit in order: a
-//!   reader that has seen seq n has seen every seq below it.
+//!   reader that has seen seq n has seen every seq below it. The tenant's own counter
+//!   (`tenant_notification_seqs`, a row per tenant: the `tenant_seq` its clients see) is taken
+//!   right after it, in the same transaction.
 //! - **Unique keys** decide the rest: a session, batch, agent or request id taken, an idempotency
 //!   key taken (a second transaction inserting the same key waits for the first and then fails
 //!   with `Conflict`), an agent notified twice.
 //!
 //! Locks are always taken in one order — agents (several at once in id order), then the batch,
-//! then the session, then the counter — and the `NO KEY UPDATE` strength does not block the
+//! then the session, then the counter, then the tenant's counter — and the `NO KEY UPDATE` strength does not block the
 //! foreign-key checks of rows inserted elsewhere, so writers queue but never deadlock.
 //!
 //! This serializes writes between the tasks of one daemon and equally between daemons sharing the

@@ -7,17 +7,61 @@ use forkd_core::{
     AgentId, AgentState, Block, Message, NotificationStatus, RequestId, SessionId, Usage,
 };
 use forkd_store::{AgentFilter, NotificationFilter, RequestFilter, RequestRecord, StoreError};
-use support::{TestResult, TestStore, conformance, ended, finish, fork, history, seeded};
+use support::{
+    TestResult, TestStore, conformance, ended, finish, fork, history, seeded, seeded_for,
+};
 
 conformance!(
     an_agent_ends_once_and_tells_its_parent,
     notifications_are_sequenced_and_filtered,
+    each_tenant_counts_its_own_notifications,
     agents_list_by_filter_and_page_by_id,
     agent_transcripts_append_in_order,
     requests_are_recorded_and_add_up_on_their_agent,
     caller_reports_reach_the_transcript_only_when_handed_back,
     stats_count_agents_by_state_and_sum_recent_batches,
 );
+
+/// Two tenants' children ending in turn: each tenant's numbers go 1, 2, 3 whatever the other's
+/// do, and its cursor reads its own alone; the daemon's order stays one sequence.
+async fn each_tenant_counts_its_own_notifications(store: TestStore) -> TestResult {
+    let (_, a) = seeded_for(&*store, "alpha", 3).await?;
+    let (_, b) = seeded_for(&*store, "beta", 3).await?;
+    let mut ends = Vec::new();
+    for i in 0..3 {
+        for fx in [&a, &b] {
+            let child = &fx.children[i].agent;
+            ends.push(
+                finish(
+                    &*store,
+                    &ended(child, NotificationStatus::Completed, 1),
+                    None,
+                )
+                .await?,
+            );
+        }
+    }
+    let seqs: Vec<u64> = ends.iter().map(|n| n.seq).collect();
+    assert_eq!(seqs, [1, 2, 3, 4, 5, 6]);
+    let own: Vec<u64> = ends.iter().map(|n| n.tenant_seq).collect();
+    assert_eq!(own, [1, 1, 2, 2, 3, 3]);
+    for (tenant, fx) in [("alpha", &a), ("beta", &b)] {
+        let filter = NotificationFilter {
+            tenant: Some(forkd_core::Tenant::new(tenant)?),
+            ..NotificationFilter::default()
+        };
+        let all = store.notifications(0, &filter, 0).await?;
+        assert_eq!(
+            all.iter().map(|n| n.tenant_seq).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
+        assert!(all.iter().all(|n| n.batch_id == Some(fx.batch.id)));
+        let after = store.notifications(2, &filter, 0).await?;
+        assert_eq!(after.len(), 1, "{tenant}: after its own 2");
+        assert_eq!(after[0].tenant_seq, 3);
+    }
+    Ok(())
+}
 
 async fn an_agent_ends_once_and_tells_its_parent(store: TestStore) -> TestResult {
     let (session, fx) = seeded(&*store, 2).await?;

@@ -1,7 +1,8 @@
 //! Schema upgrades keep what was stored: a database written by the schema before migration 0014
 //! (which rebuilds `agents` and `notifications`) opens with every row intact, its main loops
 //! `idle`, its notifications of the right kind, and its notification sequence going on where it
-//! stood (a seq is never reused, even one whose row is gone).
+//! stood (a seq is never reused, even one whose row is gone); after migration 0030, each tenant's
+//! own numbers start where a client's cursor from before could stand.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -97,6 +98,8 @@ async fn the_turn_lifecycle_migration_keeps_agents_and_notifications() {
         .unwrap();
     assert_eq!(notes.len(), 1);
     assert_eq!((notes[0].seq, notes[0].kind), (1, NotificationKind::Typed));
+    // Its tenant's own number is the one its clients saw (migration 0030).
+    assert_eq!(notes[0].tenant_seq, 1);
     assert_eq!(notes[0].usage.cache_read_input_tokens, 3);
 
     // The main loop's turns: a turn notification goes on from the sequence, past the deleted 2.
@@ -114,6 +117,9 @@ async fn the_turn_lifecycle_migration_keeps_agents_and_notifications() {
     };
     let stored = store.end_turn(&lease, Some(&turn)).await.unwrap().unwrap();
     assert_eq!((stored.seq, stored.kind), (3, NotificationKind::Turn));
+    // The tenant's numbers go on above every number given out before the upgrade (the deleted 2
+    // included), so a cursor a client kept from before skips nothing.
+    assert_eq!(stored.tenant_seq, 3);
     let lease = store.claim_agent(parent).await.unwrap();
     let again = store.end_turn(&lease, Some(&turn)).await.unwrap().unwrap();
     assert_eq!(

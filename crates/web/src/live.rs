@@ -154,7 +154,7 @@ async fn forward_notification(
     n: Result<forkd_core::Notification, forkd_engine::EngineError>,
 ) -> bool {
     let ev = match n {
-        Ok(n) => event("notification", &NotificationView::from(&n)).id(n.seq.to_string()),
+        Ok(n) => event("notification", &NotificationView::from(&n)).id(n.tenant_seq.to_string()),
         Err(e) => error_event(&WebError::Engine(e)),
     };
     tx.send(ev).await.is_ok()

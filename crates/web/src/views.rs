@@ -126,7 +126,7 @@ pub(crate) struct NotificationView {
 impl From<&Notification> for NotificationView {
     fn from(n: &Notification) -> Self {
         Self {
-            seq: n.seq,
+            seq: n.tenant_seq,
             session_id: n.session_id.to_string(),
             batch_id: n.batch_id.map(|b| b.to_string()),
             agent_id: n.agent_id.to_string(),

@@ -12,6 +12,7 @@ use crate::{DbError, Lease, NewNotification};
 #[derive(sqlx::FromRow)]
 pub(crate) struct NotificationRow {
     seq: i64,
+    tenant_seq: i64,
     session_id: String,
     batch_id: Option<String>,
     agent_id: String,
@@ -31,6 +32,7 @@ impl TryFrom<NotificationRow> for Notification {
     fn try_from(row: NotificationRow) -> Result<Self> {
         Ok(Notification {
             seq: from_i64(row.seq, "notification seq")?,
+            tenant_seq: from_i64(row.tenant_seq, "notification tenant seq")?,
             session_id: parse_id(&row.session_id, "notification session id")?,
             batch_id: row
                 .batch_id
@@ -65,7 +67,7 @@ pub(crate) struct Owner {
 /// The columns [`NotificationRow`] reads.
 macro_rules! notification_columns {
     () => {
-        "seq, session_id, batch_id, agent_id, kind, status, summary, report_json, input_tokens, \
+        "seq, tenant_seq, session_id, batch_id, agent_id, kind, status, summary, report_json, input_tokens, \
          cache_creation_input_tokens, cache_read_input_tokens, output_tokens, cost_usd, \
          created_at_ms"
     };
@@ -146,14 +148,15 @@ macro_rules! bind_notification {
 }
 pub(crate) use bind_notification;
 
-/// The notification as stored with `seq`.
+/// The notification as stored with `seq` and `tenant_seq`.
 pub(crate) fn stored(
     n: &NewNotification,
     kind: NotificationKind,
-    seq: i64,
+    (seq, tenant_seq): (i64, i64),
 ) -> Result<Notification> {
     Ok(Notification {
         seq: from_i64(seq, "notification seq")?,
+        tenant_seq: from_i64(tenant_seq, "notification tenant seq")?,
         session_id: n.session_id,
         batch_id: n.batch_id,
         agent_id: n.agent_id,

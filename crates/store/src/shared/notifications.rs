@@ -117,22 +117,37 @@ async fn insert(
 ) -> Result<Notification> {
     let values = NotificationValues::new(n, kind)?;
     let seq = dialect::next_notification_seq(conn).await?;
+    // The tenant's own counter, taken after the daemon's (one lock order: see `postgres.rs`).
+    let tenant: String = sqlx::query_scalar("SELECT tenant FROM sessions WHERE id = $1")
+        .bind(&values.session_id)
+        .fetch_one(&mut *conn)
+        .await?;
+    let tenant_seq: i64 = sqlx::query_scalar(
+        "INSERT INTO tenant_notification_seqs (tenant, last) VALUES ($1, 1) \
+         ON CONFLICT (tenant) DO UPDATE SET last = tenant_notification_seqs.last + 1 \
+         RETURNING last",
+    )
+    .bind(&tenant)
+    .fetch_one(&mut *conn)
+    .await?;
     let seq: i64 = bind_notification!(
         sqlx::query_scalar(concat!(
             "INSERT INTO notifications (",
             new_notification_columns!(),
-            ", seq) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
-             RETURNING seq"
+            ", seq, tenant, tenant_seq) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, \
+             $12, $13, $14, $15, $16) RETURNING seq"
         )),
         &values
     )
     .bind(seq)
+    .bind(&tenant)
+    .bind(tenant_seq)
     .fetch_one(&mut *conn)
     .await
     .map_err(|e| conflict_if_duplicate(e, || values.duplicate()))?;
     // A wake-up, not the row.
     dialect::notify(conn, CHANNEL, "").await?;
-    stored(n, kind, seq)
+    stored(n, kind, (seq, tenant_seq))
 }
 
 /// Locks a batch's row until the transaction ends and reads its shape.
@@ -240,8 +255,16 @@ pub(crate) async fn list<'c>(
     let mut q = QueryBuilder::<Db>::new(concat!(
         "SELECT ",
         notification_columns!(),
-        " FROM notifications WHERE seq > "
+        " FROM notifications WHERE "
     ));
+    // A tenant's cursor is its own count; the daemon's feed reads by the daemon's.
+    match &filter.tenant {
+        Some(tenant) => q
+            .push("tenant = ")
+            .push_bind(tenant.name().to_owned())
+            .push(" AND tenant_seq > "),
+        None => q.push("seq > "),
+    };
     q.push_bind(bound(since_seq));
     super::push_scope(
         &mut q,
@@ -252,8 +275,11 @@ pub(crate) async fn list<'c>(
     if let Some(agent_id) = filter.agent_id {
         q.push(" AND agent_id = ").push_bind(agent_id.to_string());
     }
-    q.push(" ORDER BY seq LIMIT ")
-        .push_bind(super::limit_param(limit));
+    q.push(match filter.tenant {
+        Some(_) => " ORDER BY tenant_seq LIMIT ",
+        None => " ORDER BY seq LIMIT ",
+    })
+    .push_bind(super::limit_param(limit));
     let rows: Vec<NotificationRow> = q.build_query_as().fetch_all(conn).await?;
     rows.into_iter().map(Notification::try_from).collect()
 }

@@ -424,7 +424,17 @@ fn fork_child(batch: &ForkBatch, index: usize, directive: &Directive) -> TestRes
 
 /// Creates `session` with [`history`] and one batch of `n` children at its end.
 pub async fn seeded(store: &dyn Store, n: usize) -> TestResult<(Session, Fixture)> {
-    let session = session()?;
+    seeded_for(store, "local", n).await
+}
+
+/// [`seeded`], the session belonging to `tenant`.
+pub async fn seeded_for(
+    store: &dyn Store,
+    tenant: &str,
+    n: usize,
+) -> TestResult<(Session, Fixture)> {
+    let mut session = session()?;
+    session.tenant = tenant.into();
     let history = history()?;
     store.create_session(&session, &history, None).await?;
     let fx = fork(&session, u64::try_from(history.len())?, n)?;
