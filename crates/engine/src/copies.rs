@@ -108,7 +108,19 @@ impl Copies {
         let workspace = session.workspace.clone();
         let dir = self.batch_dir(batch).join("snapshot");
         let name = batch.to_string();
-        let taken = blocking(move || isolation::snapshot::take(&workspace, &dir, &name))
+        // What the children's view covers inside the workspace stays out of their copy: their
+        // layer is mounted over those covers.
+        let hidden: Vec<PathBuf> =
+            crate::workspaces::hidden_from(&self.config, self.store.as_ref(), session)
+                .await?
+                .into_iter()
+                .filter_map(|h| {
+                    let h = std::fs::canonicalize(&h).ok()?;
+                    let rel = h.strip_prefix(&workspace).ok()?;
+                    (!rel.as_os_str().is_empty()).then(|| rel.to_path_buf())
+                })
+                .collect();
+        let taken = blocking(move || isolation::snapshot::take(&workspace, &dir, &name, &hidden))
             .await?
             .map_err(isolation_error)?;
         let (git_ref, git_commit) = taken.git.map(|g| (g.reference, g.commit)).unzip();

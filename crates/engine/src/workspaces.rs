@@ -208,6 +208,34 @@ fn fresh(config: &WorkspacesConfig, session: SessionId) -> Result<Allowed> {
     Ok(Allowed { path, fresh: true })
 }
 
+/// What `session`'s sandbox view hides (its commands', its file tools', its snapshots'): the
+/// daemon's home and `workspaces_dir` (in `config.sandbox.hidden`, with the deny list), the
+/// sessions' temporary directories, the isolated batches' copies, other users' homes, and every
+/// other session's workspace. A hidden directory that holds the session's own workspace is
+/// covered around it by the view.
+pub(crate) async fn hidden_from(
+    config: &crate::config::EngineConfig,
+    store: &dyn Store,
+    session: &forkd_core::session::Session,
+) -> Result<Vec<PathBuf>> {
+    let cfg = &config.sandbox;
+    let mut hidden = cfg.hidden.clone();
+    hidden.push(cfg.tmp_root.clone());
+    hidden.push(config.isolation.root.clone());
+    hidden.extend(forkd_tools::sandbox::other_homes(
+        cfg.home.as_ref().map(|h| h.dir.as_path()),
+    ));
+    let own = std::fs::canonicalize(&session.workspace).unwrap_or(session.workspace.clone());
+    for (_, workspace) in store.workspaces().await? {
+        let theirs = std::fs::canonicalize(&workspace).unwrap_or(workspace);
+        // A workspace that holds this one (or is it) stays readable where it is kept.
+        if theirs != own {
+            hidden.push(theirs);
+        }
+    }
+    Ok(hidden)
+}
+
 /// Refuses a workspace that is, holds, or lies inside another tenant's.
 async fn apart_from_others(store: &dyn Store, tenant: &str, path: &Path) -> Result<()> {
     let tenant = if tenant.is_empty() {

@@ -52,7 +52,7 @@ impl Batch {
             assert!(out.status.success(), "{out:?}");
         }
         let snapshot = home.join("isolation/b1/snapshot");
-        isolation::snapshot::take(&ws, &snapshot, "b1").unwrap();
+        isolation::snapshot::take(&ws, &snapshot, "b1", &[]).unwrap();
         Batch {
             _dir: dir,
             base,
@@ -435,7 +435,7 @@ async fn a_tracked_file_a_gitignore_matches_is_still_a_change() {
     run(&["add", "-f", "dist/bundle.js", ".gitignore"]);
     run(&["commit", "-qm", "release"]);
     std::fs::remove_dir_all(&batch.snapshot).unwrap();
-    let snap = isolation::snapshot::take(&batch.ws, &batch.snapshot, "b2").unwrap();
+    let snap = isolation::snapshot::take(&batch.ws, &batch.snapshot, "b2", &[]).unwrap();
     let commit = snap.git.unwrap().commit;
     let ctx = batch.child("c1");
     bash(

@@ -495,20 +495,8 @@ impl Runs {
             return Ok(None);
         }
         let cfg = &self.config.sandbox;
-        let mut hidden = cfg.hidden.clone();
-        hidden.push(cfg.tmp_root.clone());
-        hidden.push(self.config.isolation.root.clone());
-        hidden.extend(forkd_tools::sandbox::other_homes(
-            cfg.home.as_ref().map(|h| h.dir.as_path()),
-        ));
-        let own = std::fs::canonicalize(&session.workspace).unwrap_or(session.workspace.clone());
-        for (_, workspace) in self.store.workspaces().await? {
-            let theirs = std::fs::canonicalize(&workspace).unwrap_or(workspace);
-            // A workspace that holds this one (or is it) stays readable where it is kept.
-            if theirs != own {
-                hidden.push(theirs);
-            }
-        }
+        let hidden =
+            crate::workspaces::hidden_from(&self.config, self.store.as_ref(), session).await?;
         Ok(Some(SandboxSpec {
             sandbox: session.sandbox,
             paths: SandboxPaths {

@@ -6,6 +6,11 @@
 //! builds work. A git workspace also gets a commit of its working tree, made through a temporary
 //! index and kept by `refs/forkd/snapshots/<batch>`: `HEAD`, the index and the stash are never
 //! touched, and `git diff refs/forkd/snapshots/<batch>` shows what changed since.
+//!
+//! What the session's sandbox hides inside its workspace (a local user's workspace may hold
+//! `FORKD_HOME`, `~/.ssh` or another session's workspace) is left out of the copy, before the
+//! commit: the children's view of the copy is mounted over those covers, so the copy must not
+//! hold what they covered.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -42,8 +47,14 @@ pub fn is_git(workspace: &Path) -> bool {
         && std::fs::symlink_metadata(git.join("HEAD")).is_ok_and(|m| m.is_file())
 }
 
-/// Snapshots `workspace` into `dir` (which must not exist yet), naming the git ref after `name`.
-pub fn take(workspace: &Path, dir: &Path, name: &str) -> Result<Snapshot, IsolationError> {
+/// Snapshots `workspace` into `dir` (which must not exist yet), naming the git ref after `name`,
+/// leaving out `hidden` (paths relative to the workspace: what the session's view hides in it).
+pub fn take(
+    workspace: &Path,
+    dir: &Path,
+    name: &str,
+    hidden: &[PathBuf],
+) -> Result<Snapshot, IsolationError> {
     let started = Instant::now();
     if let Some(parent) = dir.parent() {
         std::fs::create_dir_all(parent)
@@ -63,6 +74,12 @@ pub fn take(workspace: &Path, dir: &Path, name: &str) -> Result<Snapshot, Isolat
             format!("cannot copy {} to {}", workspace.display(), dir.display()),
             std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_owned()),
         ));
+    }
+    for rel in hidden {
+        if let Err(e) = leave_out(dir, rel) {
+            let _ = std::fs::remove_dir_all(dir);
+            return Err(e);
+        }
     }
     // The commit records the copy, so that it and the merge base are one state.
     let git = if is_git(workspace) {
@@ -86,6 +103,53 @@ pub fn take(workspace: &Path, dir: &Path, name: &str) -> Result<Snapshot, Isolat
     })
 }
 
+/// Removes `rel` from the copy at `dir`. Its parent is opened beneath `dir` without following a
+/// symlink (the copy keeps the workspace's symlinks, which may lead anywhere), and what is there
+/// is removed through that descriptor, so nothing outside the copy can be reached. A parent that
+/// is a symlink or not there means the path was not copied as a path beneath the workspace:
+/// nothing to remove.
+fn leave_out(dir: &Path, rel: &Path) -> Result<(), IsolationError> {
+    use nix::errno::Errno;
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+    use std::os::fd::AsRawFd;
+    let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
+        return Ok(());
+    };
+    let root = std::fs::File::open(dir)
+        .map_err(|e| IsolationError::io(format!("cannot open {}", dir.display()), e))?;
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+    let held = match openat2(&root, parent, how) {
+        Ok(fd) => fd,
+        Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP | Errno::EXDEV) => return Ok(()),
+        Err(errno) => {
+            return Err(IsolationError::io(
+                format!("cannot open {} in the snapshot", parent.display()),
+                std::io::Error::from(errno),
+            ));
+        }
+    };
+    let path = PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd())).join(name);
+    let removed = match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(&path),
+        Ok(_) => std::fs::remove_file(&path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    };
+    removed.map_err(|e| {
+        IsolationError::io(
+            format!("cannot leave {} out of the snapshot", rel.display()),
+            e,
+        )
+    })
+}
+
 /// The number of files and their bytes beneath `dir` (symlinks not followed).
 pub fn size(dir: &Path) -> (u64, u64) {
     let mut files = 0;
@@ -106,6 +170,7 @@ pub fn size(dir: &Path) -> (u64, u64) {
 /// Commits the copy at `dir` (as the workspace's working tree) through a temporary index beside
 /// it, and keeps the commit by a ref in the workspace's repository.
 fn commit(workspace: &Path, dir: &Path, name: &str) -> Result<GitSnapshot, IsolationError> {
+    own_repository(workspace)?;
     let index = dir.with_extension("index");
     let result = (|| {
         let git = Git::new(workspace, &index);
@@ -132,11 +197,41 @@ fn commit(workspace: &Path, dir: &Path, name: &str) -> Result<GitSnapshot, Isola
     result
 }
 
+/// Refuses a repository whose objects or refs live elsewhere: the daemon's git runs outside the
+/// sandbox, and an agent can write `.git/`, so a symlinked `objects/` or `refs/`, an
+/// `objects/info/alternates` or a `commondir` could make it read or write another repository
+/// (another session's, another tenant's).
+fn own_repository(workspace: &Path) -> Result<(), IsolationError> {
+    let git = workspace.join(".git");
+    let borrowed = |what: &str| {
+        Err(IsolationError::Git(format!(
+            "the repository in {} has {what}, which could make forkd's git read or write another \
+             repository; isolation does not snapshot it (remove it, or fork without isolation)",
+            workspace.display()
+        )))
+    };
+    for dir in ["objects", "refs", "refs/forkd", "refs/forkd/snapshots"] {
+        match std::fs::symlink_metadata(git.join(dir)) {
+            Ok(m) if !m.is_dir() => {
+                return borrowed(&format!(".git/{dir} that is not a directory"));
+            }
+            _ => {}
+        }
+    }
+    for file in ["objects/info/alternates", "commondir"] {
+        if std::fs::symlink_metadata(git.join(file)).is_ok() {
+            return borrowed(&format!(".git/{file}"));
+        }
+    }
+    Ok(())
+}
+
 /// Deletes a snapshot's ref (once its batch's copies are gone); a ref already gone is fine.
 pub fn drop_ref(workspace: &Path, reference: &str) -> Result<(), IsolationError> {
     if !is_git(workspace) {
         return Ok(());
     }
+    own_repository(workspace)?;
     let index = workspace.join(".git/index");
     Git::new(workspace, &index)
         .run(&["update-ref", "-d", reference])
@@ -216,6 +311,13 @@ impl<'a> Git<'a> {
             .args(args)
             .current_dir(tree)
             .env("GIT_INDEX_FILE", self.index)
+            // Nothing of the daemon's environment points git elsewhere.
+            .env_remove("GIT_DIR")
+            .env_remove("GIT_WORK_TREE")
+            .env_remove("GIT_OBJECT_DIRECTORY")
+            .env_remove("GIT_ALTERNATE_OBJECT_DIRECTORIES")
+            .env_remove("GIT_COMMON_DIR")
+            .env_remove("GIT_CONFIG_PARAMETERS")
             .env("GIT_CONFIG_NOSYSTEM", "1")
             .env("GIT_CONFIG_GLOBAL", "/dev/null")
             .env("GIT_TERMINAL_PROMPT", "0")
@@ -243,6 +345,76 @@ mod tests {
     use super::*;
 
     #[test]
+    fn what_the_view_hides_is_left_out_and_no_symlink_leads_the_removal_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(ws.join(".forkd")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(ws.join(".forkd/secret.key"), "key").unwrap();
+        std::fs::write(ws.join("netrc"), "password").unwrap();
+        std::fs::write(ws.join("a.txt"), "a\n").unwrap();
+        std::fs::write(outside.join("victim"), "keep me").unwrap();
+        std::os::unix::fs::symlink(&outside, ws.join("link")).unwrap();
+        let hidden = [".forkd", "netrc", "link/victim"].map(PathBuf::from);
+        let snap = take(&ws, &dir.path().join("snaps/b0"), "b0", &hidden).unwrap();
+        assert!(!snap.dir.join(".forkd").exists());
+        assert!(!snap.dir.join("netrc").exists());
+        assert!(snap.dir.join("a.txt").exists());
+        // The copy's `link` leads outside: nothing is removed through it.
+        assert_eq!(
+            std::fs::read_to_string(outside.join("victim")).unwrap(),
+            "keep me"
+        );
+        // The workspace itself is untouched.
+        assert!(ws.join(".forkd/secret.key").exists());
+    }
+
+    #[test]
+    fn a_repository_that_borrows_objects_or_refs_from_elsewhere_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = dir.path().join("other");
+        std::fs::create_dir_all(other.join("objects")).unwrap();
+        for (i, plant) in ["alternates", "commondir", "objects-link", "refs-link"]
+            .into_iter()
+            .enumerate()
+        {
+            let ws = dir.path().join(format!("ws{i}"));
+            std::fs::create_dir_all(&ws).unwrap();
+            let init = Command::new("git")
+                .args(["init", "-q"])
+                .current_dir(&ws)
+                .status();
+            assert!(init.unwrap().success());
+            let git = ws.join(".git");
+            match plant {
+                "alternates" => {
+                    std::fs::write(
+                        git.join("objects/info/alternates"),
+                        other.join("objects").display().to_string(),
+                    )
+                    .unwrap();
+                }
+                "commondir" => {
+                    std::fs::write(git.join("commondir"), other.display().to_string()).unwrap()
+                }
+                "objects-link" => {
+                    std::fs::remove_dir_all(git.join("objects")).unwrap();
+                    std::os::unix::fs::symlink(other.join("objects"), git.join("objects")).unwrap();
+                }
+                _ => {
+                    std::fs::create_dir_all(git.join("refs")).unwrap();
+                    std::os::unix::fs::symlink(&other, git.join("refs/forkd")).unwrap();
+                }
+            }
+            let snaps = dir.path().join(format!("snaps/b{i}"));
+            let err = take(&ws, &snaps, "b", &[]).unwrap_err().to_string();
+            assert!(err.contains("another"), "{plant}: {err}");
+            assert!(!snaps.exists(), "{plant}: no snapshot is left");
+        }
+    }
+
+    #[test]
     fn a_plain_workspace_is_copied_whole_with_its_ignored_files() {
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path().join("ws");
@@ -250,7 +422,7 @@ mod tests {
         std::fs::write(ws.join(".gitignore"), "target/\n").unwrap();
         std::fs::write(ws.join("target/debug/app"), "binary").unwrap();
         std::fs::write(ws.join("a.txt"), "a\n").unwrap();
-        let snap = take(&ws, &dir.path().join("snaps/b1"), "b1").unwrap();
+        let snap = take(&ws, &dir.path().join("snaps/b1"), "b1", &[]).unwrap();
         assert_eq!(snap.git, None);
         assert_eq!(snap.files, 3);
         assert_eq!(
@@ -286,7 +458,7 @@ mod tests {
         std::fs::write(ws.join("new.txt"), "new\n").unwrap();
         let head = run(&["rev-parse", "HEAD"]);
         let status = run(&["status", "--porcelain"]);
-        let snap = take(&ws, &dir.path().join("snaps/b2"), "b2").unwrap();
+        let snap = take(&ws, &dir.path().join("snaps/b2"), "b2", &[]).unwrap();
         let git = snap.git.unwrap();
         assert_eq!(git.reference, "refs/forkd/snapshots/b2");
         assert_eq!(run(&["rev-parse", "HEAD"]), head);
@@ -330,7 +502,7 @@ mod tests {
             .unwrap();
         std::fs::write(ws.join(".gitattributes"), "* filter=evil\n").unwrap();
         std::fs::write(ws.join("a.txt"), "a\n").unwrap();
-        let snap = take(&ws, &dir.path().join("snaps/b3"), "b3").unwrap();
+        let snap = take(&ws, &dir.path().join("snaps/b3"), "b3", &[]).unwrap();
         assert!(snap.git.is_some());
         drop_ref(&ws, "refs/forkd/snapshots/b3").unwrap();
         assert!(
@@ -346,7 +518,7 @@ mod tests {
         std::fs::create_dir_all(&ws).unwrap();
         std::fs::write(ws.join(".git"), "gitdir: /somewhere/else\n").unwrap();
         assert!(!is_git(&ws));
-        let snap = take(&ws, &dir.path().join("snaps/b4"), "b4").unwrap();
+        let snap = take(&ws, &dir.path().join("snaps/b4"), "b4", &[]).unwrap();
         assert_eq!(snap.git, None);
     }
 }
