@@ -604,3 +604,56 @@ async fn an_isolated_childs_writing_mcp_call_is_noted_as_outside_its_copy() {
         assert_eq!(changes.outside_possible, outside);
     }
 }
+
+/// A stdio server makes its view again at each start: one started before a session was made,
+/// and restarted after it crashed, cannot read that session's workspace (its first view could).
+#[tokio::test]
+async fn a_restarted_server_hides_the_workspaces_made_since_it_first_started() {
+    let Some(python) = mcp_python() else { return };
+    const SECRET: &str = "the-later-session-s-secret";
+    let (_tmp_root, daemon) = calc_daemon(&python).await;
+    let mut client = daemon.client().await.unwrap();
+    let first = tempfile::tempdir().unwrap();
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
+            mcp_servers: vec!["calc".into()],
+            permission_mode: "bypassPermissions".into(),
+            ..session_request(first.path())
+        },
+    )
+    .await
+    .unwrap();
+    // The server started (and listed its tools) with the first session; a second comes after.
+    let later = tempfile::tempdir().unwrap();
+    let secret = std::fs::canonicalize(later.path())
+        .unwrap()
+        .join("secret.txt");
+    std::fs::write(&secret, SECRET).unwrap();
+    create_session(&mut client, session_request(later.path()))
+        .await
+        .unwrap();
+    let crashed = forkd_test_support::run_child(
+        &mut client,
+        &session.session_id,
+        "Crash.\n@sim tool mcp__calc__crash {}\n@sim say crashed",
+        DEADLINE,
+    )
+    .await
+    .unwrap();
+    assert!(crashed.contains("stopped during the call"), "{crashed}");
+    let input = json!({ "path": secret.display().to_string() });
+    let read = forkd_test_support::run_child(
+        &mut client,
+        &session.session_id,
+        &format!("Read.\n@sim tool mcp__calc__read_file {input}\n@sim say read"),
+        DEADLINE,
+    )
+    .await
+    .unwrap();
+    assert!(
+        read.contains("cannot read"),
+        "the restarted server ran the call: {read}"
+    );
+    assert!(!read.contains(SECRET), "{read}");
+}
