@@ -224,6 +224,22 @@ async fn the_network_is_a_grant() {
     assert!(granted.allow_network);
 }
 
+/// The status a stream ends with, once it ends (within 20 seconds).
+async fn end_of<T>(stream: &mut tonic::Streaming<T>) -> tonic::Status {
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the stream ended without a status"),
+                Err(status) => return status,
+            }
+        }
+    });
+    ended
+        .await
+        .expect("the stream ends once its token is revoked")
+}
+
 /// Forks one child of `session` running `script` as `caller` and waits for its notification.
 async fn run_one(caller: &mut Caller, session: &str, script: &str) -> pb::Notification {
     let batch = caller
@@ -293,35 +309,10 @@ async fn revoking_a_token_ends_its_open_streams() {
         .unwrap()
         .into_inner();
     t.daemon.tokens().revoke("mallory").unwrap();
-    for (what, ended) in [
-        (
-            "notifications",
-            tokio::time::timeout(Duration::from_secs(20), async {
-                loop {
-                    match notes.message().await {
-                        Ok(Some(_)) => continue,
-                        other => return other.map(|_| ()),
-                    }
-                }
-            })
-            .await,
-        ),
-        (
-            "the turn",
-            tokio::time::timeout(Duration::from_secs(20), async {
-                loop {
-                    match turn.message().await {
-                        Ok(Some(_)) => continue,
-                        other => return other.map(|_| ()),
-                    }
-                }
-            })
-            .await,
-        ),
+    for (what, status) in [
+        ("notifications", end_of(&mut notes).await),
+        ("the turn", end_of(&mut turn).await),
     ] {
-        let status = ended
-            .unwrap_or_else(|_| panic!("{what}: the stream ends once its token is revoked"))
-            .expect_err("it ends with a status");
         assert_eq!(status.code(), Code::Unauthenticated, "{what}: {status:?}");
         assert!(status.message().contains("revoked"), "{}", status.message());
     }
