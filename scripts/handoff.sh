@@ -35,13 +35,16 @@ wait_for() {
 
 run() {
   local how="$1" auto="$2"
-  local home
-  home="$(mktemp -d /tmp/forkd-handoff.XXXXXX)"
+  local dir home ws
+  # The home and the session's workspace side by side: the home is never a workspace.
+  dir="$(mktemp -d /tmp/forkd-handoff.XXXXXX)"
+  home="$dir/home" ws="$dir/ws"
+  mkdir -p "$home" "$ws"
   FORKD_AUTO_BACKGROUND_SECS="$auto" start_forkd "$home" --sim-speed 1
-  trap 'stop_forkd; rm -rf "$home"' RETURN
+  trap 'stop_forkd; rm -rf "$dir"' RETURN
   echo "You plan work." >"$home/system.md"
   local sid
-  sid="$("$forkctl" --json session create --system-file "$home/system.md" --workspace "$home" |
+  sid="$("$forkctl" --json session create --system-file "$home/system.md" --workspace "$ws" |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["session_id"])')"
   local script='Plan it.
 @sim agent {"description":"plan","prompt":"Plan slowly.\n@sim sleep 30s\n@sim say the plan","subagent_type":"Plan"}

@@ -13,10 +13,13 @@ forkd_binaries
 forkd="$FORKD"
 forkctl="$FORKCTL"
 
-home="$(mktemp -d /tmp/forkd-smoke.XXXXXX)"
+# The home and the session's workspace side by side: the home is never a workspace.
+dir="$(mktemp -d /tmp/forkd-smoke.XXXXXX)"
+home="$dir/home" ws="$dir/ws"
+mkdir -p "$home" "$ws"
 cleanup() {
   stop_forkd
-  rm -rf "$home"
+  rm -rf "$dir"
 }
 trap cleanup EXIT
 start_forkd "$home" --sim-speed 0
@@ -24,7 +27,7 @@ daemon_pid=$DAEMON_PID
 
 echo "You are a careful reviewer." >"$home/system.md"
 sid="$("$forkctl" --json session create --system-file "$home/system.md" \
-  --context-file README.md --context-file ARCHITECTURE.md --workspace "$home" |
+  --context-file README.md --context-file ARCHITECTURE.md --workspace "$ws" |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["session_id"])')"
 echo "session $sid"
 

@@ -240,16 +240,25 @@ async fn batch(ctx: &Ctx, corpus: &Corpus, plan: &Plan, fairness: bool) -> anyho
     let ws = dir.path();
     let store: Arc<dyn Store> =
         Arc::new(common::open_store(&ws.join("forkd.db"), Durability::Normal).await?);
-    let engine = Engine::new(store, provider, EngineConfig::default());
+    // The other tenant works in a root of its own: tenants never share a workspace.
+    let (local_ws, beta_ws) = (ws.join("local"), ws.join("beta"));
+    std::fs::create_dir_all(&local_ws)?;
+    std::fs::create_dir_all(&beta_ws)?;
+    let mut config = EngineConfig::default();
+    config
+        .workspaces
+        .roots
+        .insert("beta".into(), vec![std::fs::canonicalize(&beta_ws)?]);
+    let engine = Engine::new(store, provider, config);
     let context = corpus.context(HISTORY);
     let session = engine
-        .create_session(common::new_session(ws, &context))
+        .create_session(common::new_session(&local_ws, &context))
         .await?;
 
     let other = if fairness {
         let beta = engine.for_tenant(Tenant::new("beta")?);
         let view = beta
-            .create_session(common::new_session(ws, &context))
+            .create_session(common::new_session(&beta_ws, &context))
             .await?;
         let idle = first_text_ms(&engine, view.session.id, "An idle turn.").await?;
         Some((view.session.id, idle))
