@@ -363,9 +363,13 @@ async fn a_session_s_own_servers_are_for_the_local_user_and_allowed_tenants() {
         .unwrap();
     assert_eq!(allowed.into_inner().session.unwrap().mcp_servers, ["mine"]);
 
-    // The local user's own server runs its calls.
+    // The local user's own server runs its calls (the local user names its workspace).
     let mut client = daemon.client().await.unwrap();
-    let session = create_session(&mut client, request()).await.unwrap();
+    let local = pb::CreateSessionRequest {
+        workspace: daemon.workspace_path().display().to_string(),
+        ..request()
+    };
+    let session = create_session(&mut client, local).await.unwrap();
     let log = add_in_a_child(&mut client, &session.session_id, 3, 4).await;
     assert!(log.contains(r#""content":"7""#), "{log}");
 

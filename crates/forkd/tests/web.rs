@@ -135,6 +135,16 @@ fn the_web_view_in_a_real_browser() {
     let home = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
     let (alice, bob) = (token(home.path(), "alice"), token(home.path(), "bob"));
+    // Alice's sessions work in WORK: her root.
+    let root = std::fs::canonicalize(work.path()).unwrap();
+    std::fs::write(
+        home.path().join("config.toml"),
+        format!(
+            "[tenants.alice]\nworkspace_roots = [{:?}]\n",
+            root.display().to_string()
+        ),
+    )
+    .unwrap();
     let daemon = start(home.path());
 
     let mut command = Command::new("node");
