@@ -8,8 +8,10 @@ forkd_binaries() {
   if [[ -z "${FORKD_BIN_DIR:-}" ]]; then
     cargo build --release --locked --bin forkd --bin forkctl >&2
   fi
-  FORKD="$(pwd)/$bin_dir/forkd"
-  FORKCTL="$(pwd)/$bin_dir/forkctl"
+  # Relative to the repository's root, or absolute.
+  [[ "$bin_dir" == /* ]] || bin_dir="$(pwd)/$bin_dir"
+  FORKD="$bin_dir/forkd"
+  FORKCTL="$bin_dir/forkctl"
 }
 
 # start_forkd HOME [SERVE_ARGS...]: starts `forkd serve` on HOME (exported as FORKD_HOME, with
