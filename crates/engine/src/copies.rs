@@ -105,6 +105,8 @@ impl Copies {
         batch: BatchId,
     ) -> Result<BatchSnapshot> {
         Self::check(session)?;
+        // Pinned: a workspace replaced by a symlink since is not copied from elsewhere.
+        Workspace::pinned(&session.workspace).map_err(EngineError::Workspace)?;
         let workspace = session.workspace.clone();
         let dir = self.batch_dir(batch).join("snapshot");
         let name = batch.to_string();
@@ -238,6 +240,7 @@ impl Copies {
             )));
         }
         let dirs = self.dirs(snapshot, agent.id);
+        Workspace::pinned(&session.workspace).map_err(EngineError::Workspace)?;
         let workspace = session.workspace.clone();
         let view = blocking(move || LayerView::open(spec.sandbox, &spec.paths, &workspace, &dirs))
             .await?
@@ -329,6 +332,8 @@ impl Copies {
                 CopyState::Kept | CopyState::Conflicted => ready.push((agent, changes)),
             }
         }
+        // Pinned: changes are never written through a symlink that replaced the workspace.
+        Workspace::pinned(&session.workspace).map_err(EngineError::Workspace)?;
         let mut applied = Vec::new();
         let mut touched = std::collections::BTreeMap::new();
         for (agent, mut changes) in ready {

@@ -194,6 +194,20 @@ async fn a_symlink_in_a_tenant_s_root_does_not_lead_to_another_tenant_s_files() 
         seen.contains("replaced") || transcript.contains("replaced"),
         "the child is told its workspace was replaced: {seen} {transcript}"
     );
+    // Nor is it copied from where the link leads, for an isolated batch.
+    let isolated = t
+        .mallory
+        .client
+        .fork_batch(t.mallory.req(pb::ForkBatchRequest {
+            session_id: session.session_id.clone(),
+            directives: directives(&["@sim tool Read {\"file_path\":\"secret.txt\"}"]),
+            isolation: "copy".into(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(isolated.code(), Code::FailedPrecondition, "{isolated:?}");
+    assert!(isolated.message().contains("replaced"), "{isolated:?}");
 }
 
 #[tokio::test]
