@@ -161,34 +161,37 @@ impl Sessions {
         let cfg = &self.config.sandbox;
         let mode = req.sandbox.unwrap_or(cfg.default_mode);
         let local = tenant == forkd_core::session::LOCAL_TENANT;
-        if mode == SandboxMode::FullAccess && !local && !cfg.full_access_tenants.contains(tenant) {
-            return Err(EngineError::Forbidden(format!(
-                "tenant {tenant:?} may not create full-access sessions (unsandboxed commands); \
-                 the daemon's operator allows it with allow_full_access = true under \
-                 [tenants.{tenant}] in config.toml"
-            )));
-        }
-        if req.unix_sockets
-            && mode != SandboxMode::FullAccess
-            && !local
-            && !cfg.unix_socket_tenants.contains(tenant)
-        {
-            return Err(EngineError::Forbidden(format!(
-                "tenant {tenant:?} may not create sessions whose commands may use Unix sockets \
-                 (any listener of the daemon's user would be reachable); the daemon's operator \
-                 allows it with allow_unix_sockets = true under [tenants.{tenant}] in config.toml"
-            )));
-        }
-        if req.allow_network
-            && mode != SandboxMode::FullAccess
-            && !local
-            && !cfg.network_tenants.contains(tenant)
-        {
-            return Err(EngineError::Forbidden(format!(
-                "tenant {tenant:?} may not create sessions whose commands use the network; the \
-                 daemon's operator allows it with allow_network = true under [tenants.{tenant}] \
-                 in config.toml"
-            )));
+        // Each grant: asked for, the tenants allowed it, what it gives, its setting. A
+        // full-access session has the network and Unix sockets anyway.
+        let sandboxed = mode != SandboxMode::FullAccess;
+        let grants = [
+            (
+                !sandboxed,
+                &cfg.full_access_tenants,
+                "create full-access sessions (unsandboxed commands)",
+                "allow_full_access",
+            ),
+            (
+                req.unix_sockets && sandboxed,
+                &cfg.unix_socket_tenants,
+                "create sessions whose commands may use Unix sockets (any listener of the \
+                 daemon's user would be reachable)",
+                "allow_unix_sockets",
+            ),
+            (
+                req.allow_network && sandboxed,
+                &cfg.network_tenants,
+                "create sessions whose commands use the network",
+                "allow_network",
+            ),
+        ];
+        for (asked, allowed, what, setting) in grants {
+            if asked && !local && !allowed.contains(tenant) {
+                return Err(EngineError::Forbidden(format!(
+                    "tenant {tenant:?} may not {what}; the daemon's operator allows it with \
+                     {setting} = true under [tenants.{tenant}] in config.toml"
+                )));
+            }
         }
         Ok(Sandbox {
             mode,

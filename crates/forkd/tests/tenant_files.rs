@@ -24,10 +24,12 @@ struct Two {
     daemon: TestDaemon,
     alice: Caller,
     mallory: Caller,
+    /// Alice's workspace: it holds her secret, and a session of hers works in it.
+    alice_ws: std::path::PathBuf,
 }
 
 /// A daemon on TCP with tokens for alice and mallory (each given its test root), alice allowed
-/// the network; alice's workspace holds her secret.
+/// the network; alice's workspace holds her secret and one of her sessions.
 async fn two_tenants() -> Two {
     let mut secrets = Vec::new();
     let daemon = spawn_daemon_with(|c| {
@@ -39,13 +41,19 @@ async fn two_tenants() -> Two {
     })
     .await
     .unwrap();
-    std::fs::write(daemon.tenant_workspace("alice").join("secret.txt"), SECRET).unwrap();
-    let alice = Caller::new(&daemon, secrets[0].expose()).await.unwrap();
+    let alice_ws = daemon.tenant_workspace("alice");
+    std::fs::write(alice_ws.join("secret.txt"), SECRET).unwrap();
+    let mut alice = Caller::new(&daemon, secrets[0].expose()).await.unwrap();
     let mallory = Caller::new(&daemon, secrets[1].expose()).await.unwrap();
+    alice
+        .create_session(in_workspace(&alice_ws.display().to_string()))
+        .await
+        .unwrap();
     Two {
         daemon,
         alice,
         mallory,
+        alice_ws,
     }
 }
 
@@ -69,11 +77,7 @@ async fn refused(caller: &mut Caller, workspace: &str) -> tonic::Status {
 #[tokio::test]
 async fn a_tenant_names_only_workspaces_inside_its_roots() {
     let mut t = two_tenants().await;
-    let alice_ws = t.daemon.tenant_workspace("alice");
-    t.alice
-        .create_session(in_workspace(&alice_ws.display().to_string()))
-        .await
-        .unwrap();
+    let alice_ws = t.alice_ws.clone();
     let home = t.daemon.home_path().to_path_buf();
     let doors = [
         alice_ws.clone(),
@@ -116,12 +120,8 @@ async fn a_tenant_names_only_workspaces_inside_its_roots() {
 
 #[tokio::test]
 async fn the_daemon_s_own_user_may_not_share_a_tenant_s_workspace_nor_use_the_home() {
-    let mut t = two_tenants().await;
-    let alice_ws = t.daemon.tenant_workspace("alice");
-    t.alice
-        .create_session(in_workspace(&alice_ws.display().to_string()))
-        .await
-        .unwrap();
+    let t = two_tenants().await;
+    let alice_ws = t.alice_ws.clone();
     let mut local = t.daemon.client().await.unwrap();
     std::fs::create_dir_all(t.daemon.home_path().join("isolation")).unwrap();
     for (dir, what) in [
@@ -163,7 +163,7 @@ async fn a_tenant_naming_no_workspace_gets_a_fresh_empty_one_of_its_own() {
 #[tokio::test]
 async fn a_symlink_in_a_tenant_s_root_does_not_lead_to_another_tenant_s_files() {
     let mut t = two_tenants().await;
-    let alice_ws = t.daemon.tenant_workspace("alice");
+    let alice_ws = t.alice_ws.clone();
     let root = t.daemon.tenant_workspace("mallory");
     std::os::unix::fs::symlink(&alice_ws, root.join("to-alice")).unwrap();
     let status = refused(&mut t.mallory, &root.join("to-alice").display().to_string()).await;
@@ -230,11 +230,7 @@ async fn the_network_is_a_grant() {
         "{}",
         denied.message()
     );
-    let granted = t
-        .alice
-        .create_session(request(&t.daemon.tenant_workspace("alice")))
-        .await
-        .unwrap();
+    let granted = t.alice.create_session(request(&t.alice_ws)).await.unwrap();
     assert!(granted.allow_network);
 }
 
