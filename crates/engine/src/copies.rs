@@ -12,10 +12,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use forkd_core::isolation::{AgentChanges, BatchSnapshot, CopyState};
-use forkd_core::session::{SandboxMode, Session};
+use forkd_core::session::{Sandbox, SandboxMode, Session};
 use forkd_core::store::Store;
 use forkd_core::{Agent, AgentId, BatchId, SessionId};
-use forkd_tools::isolation::{self, ApplyOutcome, IsolationError};
+use forkd_tools::isolation::{self, ApplyOutcome, IsolationError, Repo};
 use forkd_tools::sandbox::layer::{LayerDirs, LayerView};
 use forkd_tools::{SandboxSpec, Workspace};
 
@@ -75,6 +75,29 @@ impl Copies {
         self.config.isolation.root.join(batch.to_string())
     }
 
+    /// The view forkd's git runs in on `session`'s repository (docs/contracts.md, "Isolation"):
+    /// the session's own, so that git reads only what the session's commands can, lent `tmp`,
+    /// writing only there and in the workspace (a read-only session's too: the snapshot's
+    /// objects and ref go in its repository), without the network. `None` for a `full-access`
+    /// session, whose commands already run as the daemon's user.
+    async fn git_view(&self, session: &Session, tmp: PathBuf) -> Result<Option<SandboxSpec>> {
+        let spec = crate::workspaces::sandbox_spec(&self.config, self.store.as_ref(), session, tmp)
+            .await?;
+        Ok(spec.map(|spec| SandboxSpec {
+            sandbox: Sandbox {
+                mode: SandboxMode::WorkspaceWrite,
+                allow_network: false,
+                unix_sockets: false,
+            },
+            ..spec
+        }))
+    }
+
+    /// `session`'s private temporary directory (its commands').
+    fn session_tmp(&self, session: &Session) -> PathBuf {
+        self.config.sandbox.tmp_root.join(session.id.to_string())
+    }
+
     /// The directories of `agent`'s layer over `snapshot`.
     pub(crate) fn dirs(&self, snapshot: &BatchSnapshot, agent: AgentId) -> LayerDirs {
         let at = self.batch_dir(snapshot.batch_id).join(agent.to_string());
@@ -110,21 +133,27 @@ impl Copies {
         let workspace = session.workspace.clone();
         let dir = self.batch_dir(batch).join("snapshot");
         let name = batch.to_string();
+        let view = self.git_view(session, self.batch_dir(batch)).await?;
         // What the children's view covers inside the workspace stays out of their copy: their
         // layer is mounted over those covers.
-        let hidden: Vec<PathBuf> =
-            crate::workspaces::hidden_from(&self.config, self.store.as_ref(), session)
-                .await?
-                .into_iter()
-                .filter_map(|h| {
-                    let h = std::fs::canonicalize(&h).ok()?;
-                    let rel = h.strip_prefix(&workspace).ok()?;
-                    (!rel.as_os_str().is_empty()).then(|| rel.to_path_buf())
-                })
-                .collect();
-        let taken = blocking(move || isolation::snapshot::take(&workspace, &dir, &name, &hidden))
-            .await?
-            .map_err(isolation_error)?;
+        let hidden: Vec<PathBuf> = view
+            .iter()
+            .flat_map(|view| &view.paths.hidden)
+            .filter_map(|h| {
+                let h = std::fs::canonicalize(h).ok()?;
+                let rel = h.strip_prefix(&workspace).ok()?;
+                (!rel.as_os_str().is_empty()).then(|| rel.to_path_buf())
+            })
+            .collect();
+        let taken = blocking(move || {
+            let repo = Repo {
+                workspace: &workspace,
+                view: view.as_ref(),
+            };
+            isolation::snapshot::take(repo, &dir, &name, &hidden)
+        })
+        .await?
+        .map_err(isolation_error)?;
         let (git_ref, git_commit) = taken.git.map(|g| (g.reference, g.commit)).unzip();
         crate::metrics::snapshot(taken.took, taken.bytes);
         tracing::info!(
@@ -258,22 +287,28 @@ impl Copies {
     ) -> Result<AgentChanges> {
         let dirs = self.dirs(snapshot, agent.id);
         // In a git workspace, a tracked file is reported even where a .gitignore matches it.
-        let git = match &snapshot.git_commit {
-            Some(commit) => self
-                .store
-                .get_session(agent.session_id)
-                .await?
-                .map(|s| (s.workspace, commit.clone())),
-            None => None,
+        let git = match (
+            &snapshot.git_commit,
+            self.store.get_session(agent.session_id).await?,
+        ) {
+            (Some(commit), Some(session)) => {
+                let view = self.git_view(&session, self.session_tmp(&session)).await?;
+                Some((session.workspace, view, commit.clone()))
+            }
+            _ => None,
         };
         let changes = blocking(move || {
             // A child that never ran a tool has no layer yet: it changed nothing.
             if !dirs.upper.is_dir() {
                 return Ok(isolation::Changes::default());
             }
-            let git = git
-                .as_ref()
-                .map(|(ws, commit)| (ws.as_path(), commit.as_str()));
+            let git = git.as_ref().map(|(workspace, view, commit)| {
+                let repo = Repo {
+                    workspace,
+                    view: view.as_ref(),
+                };
+                (repo, commit.as_str())
+            });
             isolation::changes::collect_in(&dirs, git)
         })
         .await?
@@ -476,12 +511,18 @@ impl Copies {
                 .map_err(isolation_error)?;
             if let (Some(reference), Some(child)) = (&snapshot.git_ref, children.first()) {
                 // The commit's ref goes with the snapshot; git collects the commit in time.
-                let session = self.store.get_session(child.session_id).await?;
-                let (workspace, reference) = (session.map(|s| s.workspace), reference.clone());
-                if let Some(workspace) = workspace {
-                    blocking(move || isolation::snapshot::drop_ref(&workspace, &reference))
-                        .await?
-                        .map_err(isolation_error)?;
+                if let Some(session) = self.store.get_session(child.session_id).await? {
+                    let view = self.git_view(&session, self.session_tmp(&session)).await?;
+                    let reference = reference.clone();
+                    blocking(move || {
+                        let repo = Repo {
+                            workspace: &session.workspace,
+                            view: view.as_ref(),
+                        };
+                        isolation::snapshot::drop_ref(repo, &reference)
+                    })
+                    .await?
+                    .map_err(isolation_error)?;
                 }
             }
         }

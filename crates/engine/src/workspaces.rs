@@ -13,8 +13,10 @@
 use std::path::{Component, Path, PathBuf};
 
 use forkd_core::SessionId;
-use forkd_core::session::LOCAL_TENANT;
+use forkd_core::session::{LOCAL_TENANT, SandboxMode};
 use forkd_core::store::Store;
+use forkd_tools::SandboxSpec;
+use forkd_tools::sandbox::SandboxPaths;
 
 use crate::config::WorkspacesConfig;
 use crate::error::{EngineError, Result, clip};
@@ -206,6 +208,30 @@ fn fresh(config: &WorkspacesConfig, session: SessionId) -> Result<Allowed> {
     let path = std::fs::canonicalize(&path)
         .map_err(|e| EngineError::Invariant(format!("cannot resolve the fresh workspace: {e}")))?;
     Ok(Allowed { path, fresh: true })
+}
+
+/// The sandbox of `session`'s commands (`None` for `full-access`), with `tmp` as their private
+/// temporary directory: hidden is what [`hidden_from`] lists.
+pub(crate) async fn sandbox_spec(
+    config: &crate::config::EngineConfig,
+    store: &dyn Store,
+    session: &forkd_core::session::Session,
+    tmp: PathBuf,
+) -> Result<Option<SandboxSpec>> {
+    if session.sandbox.mode == SandboxMode::FullAccess {
+        return Ok(None);
+    }
+    let cfg = &config.sandbox;
+    Ok(Some(SandboxSpec {
+        sandbox: session.sandbox,
+        paths: SandboxPaths {
+            hidden: hidden_from(config, store, session).await?,
+            tmp,
+            home: cfg.home.clone(),
+            limits: cfg.limits,
+            group: Some(session.id.to_string()),
+        },
+    }))
 }
 
 /// What `session`'s sandbox view hides (its commands', its file tools', its snapshots'): the

@@ -2,8 +2,9 @@
 //! daemon over TCP, and mallory tries each door the tenant-workspaces issue found open — alice's
 //! directory, its parent, `/`, `FORKD_HOME` (its `secret.key` and `tokens.json`), a relative
 //! path, a symlink in mallory's own root, a workspace replaced by a symlink after its session was
-//! made, and the network without the grant. Each test failed before workspaces belonged to their
-//! tenant.
+//! made, an isolated snapshot's git led out through the repository, and the network without the
+//! grant. Each test failed before workspaces belonged to their tenant (the snapshot's, before its
+//! git ran in the session's view).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -208,6 +209,57 @@ async fn a_symlink_in_a_tenant_s_root_does_not_lead_to_another_tenant_s_files() 
         .unwrap_err();
     assert_eq!(isolated.code(), Code::FailedPrecondition, "{isolated:?}");
     assert!(isolated.message().contains("replaced"), "{isolated:?}");
+}
+
+#[tokio::test]
+async fn an_isolated_snapshot_s_git_writes_nothing_in_another_tenant_s_files() {
+    let mut t = two_tenants().await;
+    let root = t.daemon.tenant_workspace("mallory");
+    let repo = root.join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    let init = std::process::Command::new("git")
+        .args(["init", "-q"])
+        .current_dir(&repo)
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "{init:?}");
+    std::fs::write(repo.join("a.txt"), "a\n").unwrap();
+    let session = t
+        .mallory
+        .create_session(in_workspace(&repo.display().to_string()))
+        .await
+        .unwrap();
+    // What mallory's Bash can write in her own repository: every ref update logged, into a
+    // `logs/` that leads to alice's workspace.
+    let config = repo.join(".git/config");
+    let planted =
+        std::fs::read_to_string(&config).unwrap() + "[core]\n\tlogAllRefUpdates = always\n";
+    std::fs::write(&config, planted).unwrap();
+    std::os::unix::fs::symlink(&t.alice_ws, repo.join(".git/logs")).unwrap();
+    let before: Vec<_> = std::fs::read_dir(&t.alice_ws)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+
+    let refused = t
+        .mallory
+        .client
+        .fork_batch(t.mallory.req(pb::ForkBatchRequest {
+            session_id: session.session_id.clone(),
+            directives: directives(&["@sim text done"]),
+            isolation: "copy".into(),
+            ..Default::default()
+        }))
+        .await
+        .expect_err("the snapshot's git cannot write its reflog through the link");
+    assert!(refused.message().contains("update-ref"), "{refused:?}");
+    let after: Vec<_> = std::fs::read_dir(&t.alice_ws)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(before, after, "nothing was written in alice's workspace");
 }
 
 #[tokio::test]

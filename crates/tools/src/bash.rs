@@ -180,7 +180,7 @@ fn spawn(command: &str, root: &Path, sandbox: Option<Prepared>) -> std::io::Resu
         .stderr(writer_err)
         .process_group(0)
         .kill_on_drop(true);
-    let cgroup = sandbox.and_then(|sandbox| sandbox.apply(&mut cmd));
+    let cgroup = sandbox.and_then(|sandbox| sandbox.apply(cmd.as_std_mut()));
     let child = cmd.spawn()?;
     // `cmd` holds our copies of the output pipe's write end (until they close, EOF never comes)
     // and of the lifeline's read end.

@@ -12,11 +12,13 @@
 
 pub mod apply;
 pub mod changes;
+mod git;
 pub mod snapshot;
 
 pub use apply::ApplyOutcome;
 pub use changes::Changes;
 pub use forkd_core::isolation::{ChangeKind, Conflict, FileChange, Special};
+pub use git::Repo;
 pub use snapshot::{GitSnapshot, Snapshot};
 
 /// Where snapshots and copies go when the daemon names no place: one folder per user under the

@@ -511,9 +511,11 @@ impl Prepared {
 
     /// Makes `cmd`'s process enter this sandbox before it execs, with its `TMPDIR` set to the
     /// private temporary directory. The caller holds what it returns (the command's place in
-    /// its session's cgroup) until the command has ended.
+    /// its session's cgroup) until the command has ended. (A `tokio::process::Command` is
+    /// passed as its `as_std_mut()`.)
     #[must_use = "the session's cgroup goes when the last command in it lets go"]
-    pub(crate) fn apply(mut self, cmd: &mut tokio::process::Command) -> Option<cgroup::Membership> {
+    pub(crate) fn apply(mut self, cmd: &mut std::process::Command) -> Option<cgroup::Membership> {
+        use std::os::unix::process::CommandExt;
         cmd.env("TMPDIR", &self.tmp);
         // The process keeps the path; the place stays with the caller.
         let (procs, membership) = self.group.take().unzip();
@@ -750,7 +752,7 @@ pub async fn probe(scratch: &Path) -> Probe {
         Ok(Some(prepared)) => {
             let mut cmd = tokio::process::Command::new("true");
             cmd.stdin(std::process::Stdio::null());
-            let _group = prepared.apply(&mut cmd);
+            let _group = prepared.apply(cmd.as_std_mut());
             match cmd.status().await {
                 Ok(status) if status.success() => None,
                 Ok(status) => Some(format!("a sandboxed `true` ended with {status}")),

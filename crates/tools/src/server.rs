@@ -144,7 +144,7 @@ pub fn spawn_server(cmd: &ServerCommand) -> Result<ServerProcess, ServerSpawnErr
         .stderr(lifeline_reader)
         .process_group(0)
         .kill_on_drop(true);
-    let cgroup = prepared.and_then(|prepared| prepared.apply(&mut command));
+    let cgroup = prepared.and_then(|prepared| prepared.apply(command.as_std_mut()));
     let mut child = command.spawn().map_err(spawn_err)?;
     drop(command);
     let missing = || spawn_err(std::io::Error::other("the server's pipes were not set up"));

@@ -12,7 +12,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use forkd_tools::isolation::{self, ChangeKind, Changes};
+use forkd_tools::isolation::{self, ChangeKind, Changes, Repo};
 use forkd_tools::sandbox::layer::{LayerDirs, LayerView};
 use forkd_tools::sandbox::{ResourceLimits, Sandbox, SandboxMode, SandboxPaths};
 use forkd_tools::{SandboxSpec, ToolContext, ToolOutput, Workspace, run_tool};
@@ -52,7 +52,8 @@ impl Batch {
             assert!(out.status.success(), "{out:?}");
         }
         let snapshot = home.join("isolation/b1/snapshot");
-        isolation::snapshot::take(&ws, &snapshot, "b1", &[]).unwrap();
+        let view = git_view(&base, &home, &home.join("isolation/b1"));
+        isolation::snapshot::take(Repo::in_view(&ws, &view), &snapshot, "b1", &[]).unwrap();
         Batch {
             _dir: dir,
             base,
@@ -60,6 +61,11 @@ impl Batch {
             home,
             snapshot,
         }
+    }
+
+    /// The view forkd's git runs in, lent `tmp`.
+    fn git_view(&self, tmp: &str) -> SandboxSpec {
+        git_view(&self.base, &self.home, &self.base.join(tmp))
     }
 
     fn dirs(&self, child: &str) -> LayerDirs {
@@ -99,6 +105,25 @@ impl Batch {
 
     fn live(&self, rel: &str) -> String {
         std::fs::read_to_string(self.ws.join(rel)).unwrap()
+    }
+}
+
+/// The view forkd's git runs in for a session of workspace `base/ws`: the home hidden, `tmp`
+/// lent (a batch's directory for its snapshot), writes to the workspace allowed.
+fn git_view(base: &Path, home: &Path, tmp: &Path) -> SandboxSpec {
+    SandboxSpec {
+        sandbox: Sandbox {
+            mode: SandboxMode::WorkspaceWrite,
+            allow_network: false,
+            unix_sockets: false,
+        },
+        paths: SandboxPaths {
+            hidden: vec![home.to_path_buf(), base.join("tmp"), base.join("others")],
+            tmp: tmp.to_path_buf(),
+            home: None,
+            limits: ResourceLimits::default(),
+            group: None,
+        },
     }
 }
 
@@ -347,7 +372,9 @@ async fn a_git_workspace_merges_with_git_and_its_snapshot_ref_goes_when_dropped(
         String::from_utf8(out.stdout).unwrap()
     };
     assert!(refs(&batch.ws).contains("refs/forkd/snapshots/b1"));
-    isolation::snapshot::drop_ref(&batch.ws, "refs/forkd/snapshots/b1").unwrap();
+    let view = batch.git_view("tmp/session");
+    isolation::snapshot::drop_ref(Repo::in_view(&batch.ws, &view), "refs/forkd/snapshots/b1")
+        .unwrap();
     assert_eq!(refs(&batch.ws), "");
 }
 
@@ -435,7 +462,10 @@ async fn a_tracked_file_a_gitignore_matches_is_still_a_change() {
     run(&["add", "-f", "dist/bundle.js", ".gitignore"]);
     run(&["commit", "-qm", "release"]);
     std::fs::remove_dir_all(&batch.snapshot).unwrap();
-    let snap = isolation::snapshot::take(&batch.ws, &batch.snapshot, "b2", &[]).unwrap();
+    let view = batch.git_view("home/isolation/b1");
+    let snap =
+        isolation::snapshot::take(Repo::in_view(&batch.ws, &view), &batch.snapshot, "b2", &[])
+            .unwrap();
     let commit = snap.git.unwrap().commit;
     let ctx = batch.child("c1");
     bash(
@@ -448,7 +478,84 @@ async fn a_tracked_file_a_gitignore_matches_is_still_a_change() {
         plain.files.is_empty(),
         "without the commit both are ignored"
     );
-    let changes =
-        isolation::changes::collect_in(&batch.dirs("c1"), Some((&batch.ws, &commit))).unwrap();
+    let view = batch.git_view("tmp/session");
+    let repo = Repo::in_view(&batch.ws, &view);
+    let changes = isolation::changes::collect_in(&batch.dirs("c1"), Some((repo, &commit))).unwrap();
     assert_eq!(changes.paths(), vec!["dist/bundle.js"]);
+}
+
+/// An agent can write `.git/` of its own workspace. What it plants there must not lead the
+/// daemon's git to another tenant's files: in the session's view they are covered, so git
+/// writes nothing there (a reflog through a symlinked `logs/`).
+#[tokio::test]
+async fn the_snapshots_git_writes_nothing_outside_what_the_session_can() {
+    let batch = Batch::new(&[("a.txt", "a\n"), (".git/placeholder", "")]);
+    let others = batch.base.join("others");
+    std::fs::create_dir_all(others.join("logs")).unwrap();
+    let git = batch.ws.join(".git");
+    let config = std::fs::read_to_string(git.join("config")).unwrap();
+    let planted = format!("{config}[core]\n\tlogAllRefUpdates = always\n");
+    std::fs::write(git.join("config"), planted).unwrap();
+    std::os::unix::fs::symlink(others.join("logs"), git.join("logs")).unwrap();
+
+    let view = batch.git_view("home/isolation/b2");
+    let snapshot = batch.home.join("isolation/b2/snapshot");
+    let taken = isolation::snapshot::take(Repo::in_view(&batch.ws, &view), &snapshot, "b2", &[]);
+    // git cannot write its reflog into the cover: the snapshot fails, saying so.
+    let err = taken
+        .expect_err("a reflog written into a cover")
+        .to_string();
+    assert!(err.contains("update-ref"), "{err}");
+    assert_eq!(
+        std::fs::read_dir(others.join("logs")).unwrap().count(),
+        0,
+        "nothing was written in another tenant's directory"
+    );
+
+    // The same repository with git in the daemon's own view: the write lands there.
+    let snapshot = batch.home.join("isolation/b3/snapshot");
+    isolation::snapshot::take(Repo::unconfined(&batch.ws), &snapshot, "b3", &[]).unwrap();
+    assert!(others.join("logs/refs/forkd/snapshots/b3").exists());
+}
+
+/// Nor does it read there: a configuration that includes another tenant's file (which names an
+/// excludes file, whose patterns would show in what the commit leaves out) finds a cover.
+#[tokio::test]
+async fn the_snapshots_git_reads_nothing_outside_what_the_session_can() {
+    let batch = Batch::new(&[("a.txt", "a\n"), ("b.txt", "b\n"), (".git/placeholder", "")]);
+    let others = batch.base.join("others");
+    std::fs::create_dir_all(&others).unwrap();
+    std::fs::write(others.join("excludes"), "a.txt\n").unwrap();
+    let included = format!(
+        "[core]\n\texcludesFile = {}\n",
+        others.join("excludes").display()
+    );
+    std::fs::write(others.join("config"), included).unwrap();
+    let git = batch.ws.join(".git");
+    let config = std::fs::read_to_string(git.join("config")).unwrap();
+    let planted = format!(
+        "{config}[include]\n\tpath = {}\n",
+        others.join("config").display()
+    );
+    std::fs::write(git.join("config"), planted).unwrap();
+    let files = |commit: &str| {
+        let out = std::process::Command::new("git")
+            .args(["ls-tree", "--name-only", commit])
+            .current_dir(&batch.ws)
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+
+    let view = batch.git_view("home/isolation/b2");
+    let snapshot = batch.home.join("isolation/b2/snapshot");
+    let repo = Repo::in_view(&batch.ws, &view);
+    let snap = isolation::snapshot::take(repo, &snapshot, "b2", &[]).unwrap();
+    assert_eq!(files(&snap.git.unwrap().commit), "a.txt\nb.txt\n");
+
+    // In the daemon's own view, the included file's pattern shows in the commit.
+    let snapshot = batch.home.join("isolation/b3/snapshot");
+    let snap =
+        isolation::snapshot::take(Repo::unconfined(&batch.ws), &snapshot, "b3", &[]).unwrap();
+    assert_eq!(files(&snap.git.unwrap().commit), "b.txt\n");
 }

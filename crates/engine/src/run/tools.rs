@@ -18,7 +18,6 @@ use forkd_core::store::{ProcessGroup, ToolCall};
 use forkd_core::tools::AGENT_TOOL;
 use forkd_core::{Agent, AgentId, AgentKind, Block, Message, RawJson};
 use forkd_tools::Wall;
-use forkd_tools::sandbox::SandboxPaths;
 use forkd_tools::{Decision, Policy, Rule, SandboxSpec, ToolContext, ToolOutput, Workspace};
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -482,37 +481,20 @@ async fn stop_leftover(tool_use_id: &str, group: &ProcessGroup) {
 }
 
 impl Runs {
-    /// The sandbox of a session's Bash commands (`None` for `full-access`): hidden are the
-    /// daemon's home, the deny list, every other session's workspace, the other sessions'
-    /// private temporary directories and the isolated batches' copies. An isolated child
-    /// (`child`) gets a temporary directory of its own.
+    /// The sandbox of a session's Bash commands (`None` for `full-access`): see
+    /// [`crate::workspaces::sandbox_spec`]. An isolated child (`child`) gets a temporary
+    /// directory of its own.
     async fn sandbox_spec(
         self: &Arc<Self>,
         session: &Session,
         child: Option<AgentId>,
     ) -> Result<Option<SandboxSpec>> {
-        if session.sandbox.mode == SandboxMode::FullAccess {
-            return Ok(None);
-        }
-        let cfg = &self.config.sandbox;
-        let hidden =
-            crate::workspaces::hidden_from(&self.config, self.store.as_ref(), session).await?;
-        Ok(Some(SandboxSpec {
-            sandbox: session.sandbox,
-            paths: SandboxPaths {
-                hidden,
-                tmp: match child {
-                    Some(child) => cfg
-                        .tmp_root
-                        .join(session.id.to_string())
-                        .join(child.to_string()),
-                    None => cfg.tmp_root.join(session.id.to_string()),
-                },
-                home: cfg.home.clone(),
-                limits: cfg.limits,
-                group: Some(session.id.to_string()),
-            },
-        }))
+        let tmp = self.config.sandbox.tmp_root.join(session.id.to_string());
+        let tmp = match child {
+            Some(child) => tmp.join(child.to_string()),
+            None => tmp,
+        };
+        crate::workspaces::sandbox_spec(&self.config, self.store.as_ref(), session, tmp).await
     }
 
     /// A call that needs a person's approval: in an interactive session it is put to the

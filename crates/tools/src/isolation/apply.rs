@@ -185,7 +185,7 @@ fn plan(
                 return Ok(Planned::Write(new, mode_of(&theirs)));
             }
             let merged = if git {
-                merge_with_git(workspace, &live, &base, &theirs)?
+                merge_with_git(&live, &base, &theirs)?
             } else {
                 merge_text(&read(&base)?, &read(&live)?, &new)?
             };
@@ -282,20 +282,18 @@ fn merge_text(base: &[u8], ours: &[u8], theirs: &[u8]) -> Result<Vec<u8>, String
     })
 }
 
-/// Three-way merge with `git merge-file`, which writes nothing but its output.
-fn merge_with_git(
-    workspace: &Path,
-    ours: &Path,
-    base: &Path,
-    theirs: &Path,
-) -> Result<Vec<u8>, String> {
+/// Three-way merge with `git merge-file`, which writes nothing but its output. It runs outside
+/// any repository (`/`), so no repository's configuration is read, with git's own environment.
+fn merge_with_git(ours: &Path, base: &Path, theirs: &Path) -> Result<Vec<u8>, String> {
     let out = Command::new("git")
-        .arg("-C")
-        .arg(workspace)
         .args(["merge-file", "-p", "--quiet"])
         .arg(ours)
         .arg(base)
         .arg(theirs)
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .env_clear()
+        .envs(super::git::environment(std::env::var_os("PATH")))
         .output()
         .map_err(|e| format!("cannot run git merge-file: {e}"))?;
     match out.status.code() {

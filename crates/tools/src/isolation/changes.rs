@@ -18,6 +18,7 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use serde::{Deserialize, Serialize};
 
 use super::IsolationError;
+use super::git::Repo;
 use crate::sandbox::layer::LayerDirs;
 
 /// A child's changes: each path, and the unified diff of them all.
@@ -51,10 +52,13 @@ pub fn collect(dirs: &LayerDirs) -> Result<Changes, IsolationError> {
     collect_in(dirs, None)
 }
 
-/// [`collect`] for a git workspace whose snapshot is commit `git.1` of the repository at
-/// `git.0`: a file the snapshot tracks is reported even where a `.gitignore` matches it (a
-/// force-added file), as `git status` would.
-pub fn collect_in(dirs: &LayerDirs, git: Option<(&Path, &str)>) -> Result<Changes, IsolationError> {
+/// [`collect`] for a git workspace whose snapshot is commit `git.1` of repository `git.0`: a file
+/// the snapshot tracks is reported even where a `.gitignore` matches it (a force-added file), as
+/// `git status` would.
+pub fn collect_in(
+    dirs: &LayerDirs,
+    git: Option<(Repo<'_>, &str)>,
+) -> Result<Changes, IsolationError> {
     let mut found: BTreeMap<String, Upper> = BTreeMap::new();
     walk_upper(dirs, Path::new(""), &mut found)?;
     let ignored = Ignored::new(dirs);
@@ -65,11 +69,11 @@ pub fn collect_in(dirs: &LayerDirs, git: Option<(&Path, &str)>) -> Result<Change
             continue;
         }
         if ignored.is(&path) {
-            let Some((workspace, commit)) = git else {
+            let Some((repo, commit)) = git else {
                 continue;
             };
             if tracked.is_none() {
-                tracked = Some(tracked_files(workspace, commit)?);
+                tracked = Some(tracked_files(repo, commit)?);
             }
             if !tracked.as_ref().is_some_and(|t| t.contains(&path)) {
                 continue;
@@ -136,19 +140,14 @@ pub fn collect_in(dirs: &LayerDirs, git: Option<(&Path, &str)>) -> Result<Change
     Ok(changes)
 }
 
-/// The files commit `commit` of the repository at `workspace` tracks.
+/// The files commit `commit` of `repo` tracks.
 fn tracked_files(
-    workspace: &Path,
+    repo: Repo<'_>,
     commit: &str,
 ) -> Result<std::collections::HashSet<String>, IsolationError> {
-    let index = workspace.join(".git/index");
-    let listed = super::snapshot::Git::new(workspace, &index).run(&[
-        "ls-tree",
-        "-r",
-        "-z",
-        "--name-only",
-        commit,
-    ])?;
+    let index = repo.workspace.join(".git/index");
+    let listed =
+        super::git::Git::new(repo, &index).run(&["ls-tree", "-r", "-z", "--name-only", commit])?;
     Ok(listed
         .split('\0')
         .filter(|p| !p.is_empty())

@@ -17,6 +17,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::IsolationError;
+use super::git::Repo;
+use super::git::{Git, own_repository};
 
 /// A snapshot as taken.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,15 +49,24 @@ pub fn is_git(workspace: &Path) -> bool {
         && std::fs::symlink_metadata(git.join("HEAD")).is_ok_and(|m| m.is_file())
 }
 
-/// Snapshots `workspace` into `dir` (which must not exist yet), naming the git ref after `name`,
-/// leaving out `hidden` (paths relative to the workspace: what the session's view hides in it).
+/// Snapshots `repo`'s workspace into `dir` (which must not exist yet), naming the git ref after
+/// `name`, leaving out `hidden` (paths relative to the workspace: what the session's view hides
+/// in it).
+///
+/// The copy is made by the daemon's `cp`, which never follows a symlink beneath its source (it
+/// copies the link), so it reads only the workspace's own files; it lands in the batch's
+/// directory, which every view hides, and what the session's view hides in the workspace is
+/// removed from it before anything else reads it. (In the view, `cp` would meet those covers
+/// themselves: a `/dev/null` it cannot recreate, a directory it cannot read.) git runs in the
+/// repository's view ([`Repo::view`]), whose temporary directory must hold `dir`.
 pub fn take(
-    workspace: &Path,
+    repo: Repo<'_>,
     dir: &Path,
     name: &str,
     hidden: &[PathBuf],
 ) -> Result<Snapshot, IsolationError> {
     let started = Instant::now();
+    let workspace = repo.workspace;
     if let Some(parent) = dir.parent() {
         std::fs::create_dir_all(parent)
             .map_err(|e| IsolationError::io(format!("cannot create {}", parent.display()), e))?;
@@ -83,7 +94,7 @@ pub fn take(
     }
     // The commit records the copy, so that it and the merge base are one state.
     let git = if is_git(workspace) {
-        match commit(workspace, dir, name) {
+        match commit(repo, dir, name) {
             Ok(git) => Some(git),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(dir);
@@ -169,18 +180,18 @@ pub fn size(dir: &Path) -> (u64, u64) {
 
 /// Commits the copy at `dir` (as the workspace's working tree) through a temporary index beside
 /// it, and keeps the commit by a ref in the workspace's repository.
-fn commit(workspace: &Path, dir: &Path, name: &str) -> Result<GitSnapshot, IsolationError> {
-    own_repository(workspace)?;
+fn commit(repo: Repo<'_>, dir: &Path, name: &str) -> Result<GitSnapshot, IsolationError> {
+    own_repository(repo.workspace)?;
     let index = dir.with_extension("index");
     let result = (|| {
-        let git = Git::new(workspace, &index);
+        let git = Git::new(repo, &index);
         let head = git.run(&["rev-parse", "--verify", "--quiet", "HEAD"]).ok();
         // Starting from HEAD's tree: a tracked file stays in the commit even where a .gitignore
         // matches it (a force-added one), as in the user's own index.
         if let Some(head) = &head {
             git.run(&["read-tree", head])?;
         }
-        let add = Git::new(workspace, &index).work_tree(dir).without_filters();
+        let add = Git::new(repo, &index).work_tree(dir).without_filters();
         add.run(&["add", "--all", "--", "."])?;
         let tree = git.run(&["write-tree"])?;
         let message = format!("forkd: snapshot of the working tree for batch {name}");
@@ -197,146 +208,16 @@ fn commit(workspace: &Path, dir: &Path, name: &str) -> Result<GitSnapshot, Isola
     result
 }
 
-/// Refuses a repository whose objects or refs live elsewhere: the daemon's git runs outside the
-/// sandbox, and an agent can write `.git/`, so a symlinked `objects/` or `refs/`, an
-/// `objects/info/alternates` or a `commondir` could make it read or write another repository
-/// (another session's, another tenant's).
-fn own_repository(workspace: &Path) -> Result<(), IsolationError> {
-    let git = workspace.join(".git");
-    let borrowed = |what: &str| {
-        Err(IsolationError::Git(format!(
-            "the repository in {} has {what}, which could make forkd's git read or write another \
-             repository; isolation does not snapshot it (remove it, or fork without isolation)",
-            workspace.display()
-        )))
-    };
-    for dir in ["objects", "refs", "refs/forkd", "refs/forkd/snapshots"] {
-        match std::fs::symlink_metadata(git.join(dir)) {
-            Ok(m) if !m.is_dir() => {
-                return borrowed(&format!(".git/{dir} that is not a directory"));
-            }
-            _ => {}
-        }
-    }
-    for file in ["objects/info/alternates", "commondir"] {
-        if std::fs::symlink_metadata(git.join(file)).is_ok() {
-            return borrowed(&format!(".git/{file}"));
-        }
-    }
-    Ok(())
-}
-
 /// Deletes a snapshot's ref (once its batch's copies are gone); a ref already gone is fine.
-pub fn drop_ref(workspace: &Path, reference: &str) -> Result<(), IsolationError> {
-    if !is_git(workspace) {
+pub fn drop_ref(repo: Repo<'_>, reference: &str) -> Result<(), IsolationError> {
+    if !is_git(repo.workspace) {
         return Ok(());
     }
-    own_repository(workspace)?;
-    let index = workspace.join(".git/index");
-    Git::new(workspace, &index)
+    own_repository(repo.workspace)?;
+    let index = repo.workspace.join(".git/index");
+    Git::new(repo, &index)
         .run(&["update-ref", "-d", reference])
         .map(drop)
-}
-
-/// git, run by the daemon in a repository its agents can write: nothing in the repository's own
-/// configuration may make it run a program. Hooks, the fsmonitor, signing and automatic gc are
-/// off; with [`Git::without_filters`], every filter driver the configuration names is replaced
-/// by `cat`. Neither the system's nor the user's configuration is read.
-pub(crate) struct Git<'a> {
-    workspace: &'a Path,
-    index: &'a Path,
-    work_tree: Option<&'a Path>,
-    overrides: Vec<String>,
-}
-
-impl<'a> Git<'a> {
-    pub(crate) fn new(workspace: &'a Path, index: &'a Path) -> Git<'a> {
-        Git {
-            workspace,
-            index,
-            work_tree: None,
-            overrides: [
-                "core.hooksPath=/dev/null",
-                "core.fsmonitor=false",
-                "commit.gpgSign=false",
-                "gc.auto=0",
-                "maintenance.auto=false",
-            ]
-            .map(String::from)
-            .to_vec(),
-        }
-    }
-
-    /// With `dir` as the working tree (the repository stays the workspace's).
-    fn work_tree(mut self, dir: &'a Path) -> Git<'a> {
-        self.work_tree = Some(dir);
-        self
-    }
-
-    /// With every filter driver of the repository's configuration replaced by `cat`.
-    fn without_filters(mut self) -> Git<'a> {
-        // `--get-regexp` exits 1 when nothing matches: no filters.
-        let names = self
-            .run(&["config", "--name-only", "--get-regexp", r"^filter\."])
-            .unwrap_or_default();
-        let mut drivers: Vec<String> = names
-            .lines()
-            .filter_map(|key| key.strip_prefix("filter."))
-            .filter_map(|rest| rest.rsplit_once('.').map(|(driver, _)| driver.to_owned()))
-            .collect();
-        drivers.sort();
-        drivers.dedup();
-        for driver in drivers {
-            self.overrides.extend([
-                format!("filter.{driver}.clean=cat"),
-                format!("filter.{driver}.smudge=cat"),
-                format!("filter.{driver}.process="),
-            ]);
-        }
-        self
-    }
-
-    /// Runs git with `args`; its output, trimmed.
-    pub(crate) fn run(&self, args: &[&str]) -> Result<String, IsolationError> {
-        let tree = self.work_tree.unwrap_or(self.workspace);
-        let mut cmd = Command::new("git");
-        for o in &self.overrides {
-            cmd.arg("-c").arg(o);
-        }
-        let out = cmd
-            .arg("--git-dir")
-            .arg(self.workspace.join(".git"))
-            .arg("--work-tree")
-            .arg(tree)
-            .args(args)
-            .current_dir(tree)
-            .env("GIT_INDEX_FILE", self.index)
-            // Nothing of the daemon's environment points git elsewhere.
-            .env_remove("GIT_DIR")
-            .env_remove("GIT_WORK_TREE")
-            .env_remove("GIT_OBJECT_DIRECTORY")
-            .env_remove("GIT_ALTERNATE_OBJECT_DIRECTORIES")
-            .env_remove("GIT_COMMON_DIR")
-            .env_remove("GIT_CONFIG_PARAMETERS")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_TERMINAL_PROMPT", "0")
-            .env("GIT_AUTHOR_NAME", "forkd")
-            .env("GIT_AUTHOR_EMAIL", "forkd@localhost")
-            .env("GIT_COMMITTER_NAME", "forkd")
-            .env("GIT_COMMITTER_EMAIL", "forkd@localhost")
-            .output()
-            .map_err(|e| IsolationError::io("cannot run git", e))?;
-        if !out.status.success() {
-            return Err(IsolationError::Git(format!(
-                "git {} failed in {}: {}",
-                args.join(" "),
-                self.workspace.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    }
 }
 
 #[cfg(test)]
@@ -357,7 +238,13 @@ mod tests {
         std::fs::write(outside.join("victim"), "keep me").unwrap();
         std::os::unix::fs::symlink(&outside, ws.join("link")).unwrap();
         let hidden = [".forkd", "netrc", "link/victim"].map(PathBuf::from);
-        let snap = take(&ws, &dir.path().join("snaps/b0"), "b0", &hidden).unwrap();
+        let snap = take(
+            super::Repo::unconfined(&ws),
+            &dir.path().join("snaps/b0"),
+            "b0",
+            &hidden,
+        )
+        .unwrap();
         assert!(!snap.dir.join(".forkd").exists());
         assert!(!snap.dir.join("netrc").exists());
         assert!(snap.dir.join("a.txt").exists());
@@ -408,7 +295,9 @@ mod tests {
                 }
             }
             let snaps = dir.path().join(format!("snaps/b{i}"));
-            let err = take(&ws, &snaps, "b", &[]).unwrap_err().to_string();
+            let err = take(super::Repo::unconfined(&ws), &snaps, "b", &[])
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("another"), "{plant}: {err}");
             assert!(!snaps.exists(), "{plant}: no snapshot is left");
         }
@@ -422,7 +311,13 @@ mod tests {
         std::fs::write(ws.join(".gitignore"), "target/\n").unwrap();
         std::fs::write(ws.join("target/debug/app"), "binary").unwrap();
         std::fs::write(ws.join("a.txt"), "a\n").unwrap();
-        let snap = take(&ws, &dir.path().join("snaps/b1"), "b1", &[]).unwrap();
+        let snap = take(
+            super::Repo::unconfined(&ws),
+            &dir.path().join("snaps/b1"),
+            "b1",
+            &[],
+        )
+        .unwrap();
         assert_eq!(snap.git, None);
         assert_eq!(snap.files, 3);
         assert_eq!(
@@ -458,7 +353,13 @@ mod tests {
         std::fs::write(ws.join("new.txt"), "new\n").unwrap();
         let head = run(&["rev-parse", "HEAD"]);
         let status = run(&["status", "--porcelain"]);
-        let snap = take(&ws, &dir.path().join("snaps/b2"), "b2", &[]).unwrap();
+        let snap = take(
+            super::Repo::unconfined(&ws),
+            &dir.path().join("snaps/b2"),
+            "b2",
+            &[],
+        )
+        .unwrap();
         let git = snap.git.unwrap();
         assert_eq!(git.reference, "refs/forkd/snapshots/b2");
         assert_eq!(run(&["rev-parse", "HEAD"]), head);
@@ -502,9 +403,15 @@ mod tests {
             .unwrap();
         std::fs::write(ws.join(".gitattributes"), "* filter=evil\n").unwrap();
         std::fs::write(ws.join("a.txt"), "a\n").unwrap();
-        let snap = take(&ws, &dir.path().join("snaps/b3"), "b3", &[]).unwrap();
+        let snap = take(
+            super::Repo::unconfined(&ws),
+            &dir.path().join("snaps/b3"),
+            "b3",
+            &[],
+        )
+        .unwrap();
         assert!(snap.git.is_some());
-        drop_ref(&ws, "refs/forkd/snapshots/b3").unwrap();
+        drop_ref(super::Repo::unconfined(&ws), "refs/forkd/snapshots/b3").unwrap();
         assert!(
             !marker.exists(),
             "the repository's configuration ran a program"
@@ -518,7 +425,13 @@ mod tests {
         std::fs::create_dir_all(&ws).unwrap();
         std::fs::write(ws.join(".git"), "gitdir: /somewhere/else\n").unwrap();
         assert!(!is_git(&ws));
-        let snap = take(&ws, &dir.path().join("snaps/b4"), "b4", &[]).unwrap();
+        let snap = take(
+            super::Repo::unconfined(&ws),
+            &dir.path().join("snaps/b4"),
+            "b4",
+            &[],
+        )
+        .unwrap();
         assert_eq!(snap.git, None);
     }
 }
