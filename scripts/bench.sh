@@ -7,7 +7,8 @@
 #   --quick          a smaller run (under 2 minutes on 2 cores; the full run is under 10)
 #   --json FILE      also write every figure and raw measurement as one JSON object
 #   --only FIGURES   comma-separated: cache,overhead,memory,durability,notifications,scale,sandbox,
-#                    compaction,scaleout,limits,isolation,branches,schemas,traces,faults
+#                    compaction,scaleout,limits,isolation,branches,schemas,traces,faults,
+#                    sandboxload
 #
 # The scale-out figure runs its PostgreSQL rows when FORKD_BENCH_DATABASE_URL names a server
 # (postgres://user:password@host:5432/postgres, a role that may create databases).
@@ -130,6 +131,9 @@ what else runs on it.
 15. **A full disk**: a batch whose SQLite database fills mid-run (\`max_page_count\`), and the time
    from the space returning to the daemon serving again and to the batch's end, without a
    restart.
+17. **The sandbox under load**: 1000 children of one batch, each running two Bash commands and a
+   Read, sandboxed against full-access and again after 200 more sessions: wall time, slow
+   database acquires, a tool call's p50/p99 and the runtime's lag.
 
 EOF
     cat "$report"

@@ -19,6 +19,7 @@ mod notify;
 mod overhead;
 mod report;
 mod sandbox;
+mod sandbox_load;
 mod scale;
 mod scaleout;
 mod schemas;
@@ -50,6 +51,7 @@ enum Figure {
     Schemas,
     Traces,
     Faults,
+    Sandboxload,
 }
 
 /// forkd's benchmark suite.
@@ -119,6 +121,7 @@ async fn run_figure(figure: Figure, ctx: &common::Ctx) -> anyhow::Result<Section
         Figure::Schemas => schemas::run(ctx).await,
         Figure::Traces => traces::run(ctx).await,
         Figure::Faults => faults::run(ctx).await,
+        Figure::Sandboxload => sandbox_load::run(ctx).await,
     }
 }
 

@@ -252,10 +252,11 @@ pub(crate) async fn hidden_from(
         cfg.home.as_ref().map(|h| h.dir.as_path()),
     ));
     let own = std::fs::canonicalize(&session.workspace).unwrap_or(session.workspace.clone());
-    for (_, workspace) in store.workspaces().await? {
-        let theirs = std::fs::canonicalize(&workspace).unwrap_or(workspace);
+    // Stored canonical (pinned when their sessions were made): not resolved again here, once
+    // per session on every tool turn. The view resolves what it covers.
+    for (_, theirs) in store.workspaces().await? {
         // A workspace that holds this one (or is it) stays readable where it is kept.
-        if theirs != own {
+        if theirs != own && theirs != session.workspace {
             hidden.push(theirs);
         }
     }

@@ -351,7 +351,14 @@ impl Server {
                     ),
                 };
                 let _ = std::fs::remove_file(cmd.log_path());
-                let mut process = spawn_server(&cmd).map_err(|e| e.to_string())?;
+                // Preparing its sandbox and forking block: off the runtime's workers.
+                let mut process = {
+                    let cmd = cmd.clone();
+                    tokio::task::spawn_blocking(move || spawn_server(&cmd))
+                        .await
+                        .map_err(|e| format!("internal: starting the server failed: {e}"))?
+                        .map_err(|e| e.to_string())?
+                };
                 let (stdin, stdout) = process
                     .take_pipes()
                     .ok_or("internal: the server's pipes are gone")?;

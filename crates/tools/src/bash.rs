@@ -43,12 +43,13 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
 
 use crate::cap::HeadTail;
-use crate::context::{ToolContext, ToolLimits, ToolOutput};
+use crate::context::{SandboxSpec, ToolContext, ToolLimits, ToolOutput};
 use crate::env::child_env;
 use crate::error::ToolError;
 use crate::input::{optional_positive, required_str};
 use crate::process;
 use crate::sandbox::Prepared;
+use crate::sandbox::layer::LayerView;
 
 /// How long to keep reading output after the process group is gone. Only a process that left
 /// the group (`setsid`) can hold the pipe open past that; its output is not worth a hang.
@@ -93,38 +94,26 @@ enum Ending {
 }
 
 async fn execute(command: &str, limit: Duration, ctx: &ToolContext) -> std::io::Result<ToolOutput> {
-    let layer = ctx.workspace.layer().map(|l| &**l);
-    let prepared = match &ctx.sandbox {
-        Some(spec) => match Prepared::new(spec.sandbox, &spec.paths, ctx.workspace.root(), layer) {
-            Ok(prepared) => prepared,
-            Err(e) => return Ok(ToolOutput::error(e.to_string())),
-        },
-        None => None,
+    // Preparing the sandbox and starting the command block (a holder process making the view,
+    // the cgroup's files, a fork that returns once the command has exec'd): off the runtime's
+    // worker threads, so that one slow start never holds up the daemon's other tasks. A call
+    // dropped meanwhile drops what was started (its group killed, see the module doc).
+    let started = {
+        let command = command.to_owned();
+        let root = ctx.workspace.root().to_path_buf();
+        let (spec, layer) = (ctx.sandbox.clone(), ctx.workspace.layer().cloned());
+        tokio::task::spawn_blocking(move || start(&command, &root, spec.as_ref(), layer.as_deref()))
+            .await
+            .map_err(std::io::Error::other)??
     };
-    if layer.is_some() && prepared.is_none() {
-        // Unconfined, the command would see the live workspace instead of the child's copy.
-        return Ok(ToolOutput::error(
-            "an isolated child's commands need the sandbox that mounts its copy; the command \
-             did not run",
-        ));
-    }
-    let spawned = spawn(command, ctx.workspace.root(), prepared);
     let Spawned {
         mut child,
         output: mut pipe,
         lifeline,
         cgroup,
-    } = match spawned {
-        Ok(spawned) => spawned,
-        Err(e) if ctx.sandbox.is_some() => {
-            return Ok(ToolOutput::error(format!(
-                "the command could not enter its sandbox: {}; the command did not run. A \
-                 session whose commands may run unconfined is created with --sandbox \
-                 full-access",
-                crate::sandbox::explain(&e)
-            )));
-        }
-        Err(e) => return Err(e),
+    } = match started {
+        Started::Spawned(spawned) => *spawned,
+        Started::Refused(why) => return Ok(ToolOutput::error(why)),
     };
     let group = GroupGuard::new(&child, lifeline)?;
     if let Some(groups) = &ctx.process_groups
@@ -145,6 +134,47 @@ async fn execute(command: &str, limit: Duration, ctx: &ToolContext) -> std::io::
     drain(&mut pipe, &mut output).await;
     drop(cgroup);
     Ok(render(ending, output, limit))
+}
+
+/// What starting a command came to.
+enum Started {
+    Spawned(Box<Spawned>),
+    /// It did not run, and why (for the model).
+    Refused(String),
+}
+
+/// Prepares `spec`'s sandbox (over an isolated child's `layer`) and starts `command` in it.
+/// Blocking: called off the runtime's workers.
+fn start(
+    command: &str,
+    root: &Path,
+    spec: Option<&SandboxSpec>,
+    layer: Option<&LayerView>,
+) -> std::io::Result<Started> {
+    let prepared = match spec {
+        Some(spec) => match Prepared::new(spec.sandbox, &spec.paths, root, layer) {
+            Ok(prepared) => prepared,
+            Err(e) => return Ok(Started::Refused(e.to_string())),
+        },
+        None => None,
+    };
+    if layer.is_some() && prepared.is_none() {
+        // Unconfined, the command would see the live workspace instead of the child's copy.
+        return Ok(Started::Refused(
+            "an isolated child's commands need the sandbox that mounts its copy; the command \
+             did not run"
+                .into(),
+        ));
+    }
+    match spawn(command, root, prepared) {
+        Ok(spawned) => Ok(Started::Spawned(Box::new(spawned))),
+        Err(e) if spec.is_some() => Ok(Started::Refused(format!(
+            "the command could not enter its sandbox: {}; the command did not run. A session \
+             whose commands may run unconfined is created with --sandbox full-access",
+            crate::sandbox::explain(&e)
+        ))),
+        Err(e) => Err(e),
+    }
 }
 
 /// A command just started.

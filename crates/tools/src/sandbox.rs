@@ -49,6 +49,8 @@
 
 pub mod cgroup;
 mod held;
+#[doc(hidden)]
+pub use held::testing;
 pub mod home;
 mod init;
 pub mod layer;
@@ -264,10 +266,14 @@ pub(crate) struct Setup {
     tmpfs_options: CString,
     dev_null: CString,
     home: Option<home::Cover>,
+    /// Hidden directories that hold a kept path, each covered whole with it bound back in.
+    splits: Vec<home::Cover>,
     /// What to cover, and whether it is a directory.
     covers: Vec<(CString, bool)>,
     /// An isolated child's layer, mounted over the workspace before anything is covered.
     overlay: Option<layer::Mount>,
+    /// A test's holder that never answers ([`held::testing`]).
+    hang: bool,
 }
 
 impl Setup {
@@ -284,13 +290,25 @@ impl Setup {
             Some(view) => home::Cover::new(view, &kept)?,
             None => None,
         };
-        let covers = covers(&hidden(paths), &kept)
+        let (split, covers) = covers(&hidden(paths), &kept);
+        // Inside a covered directory (the home, a split one) only what is bound back in is
+        // there to cover.
+        let shown = |path: &Path, covered: &[&home::Cover]| {
+            covered.iter().all(|c| !c.covers(path) || c.shows(path))
+        };
+        let mut splits: Vec<home::Cover> = Vec::new();
+        for dir in split {
+            let covered: Vec<&home::Cover> = home.iter().chain(&splits).collect();
+            if shown(&dir, &covered)
+                && let Some(cover) = home::Cover::around(&dir, &kept)?
+            {
+                splits.push(cover);
+            }
+        }
+        let covered: Vec<&home::Cover> = home.iter().chain(&splits).collect();
+        let covers = covers
             .into_iter()
-            // Inside the covered home only what is bound back in is there to cover.
-            .filter(|(path, _)| {
-                home.as_ref()
-                    .is_none_or(|h| !h.covers(path) || h.shows(path))
-            })
+            .filter(|(path, _)| shown(path, &covered))
             .map(|(path, dir)| Ok((c_path(&path)?, dir)))
             .collect::<Result<Vec<_>, SandboxError>>()?;
         // SAFETY: getuid and getgid cannot fail.
@@ -311,8 +329,10 @@ impl Setup {
             tmpfs_options: c_str("mode=000,size=4k,nr_inodes=1")?,
             dev_null: c_str("/dev/null")?,
             home,
+            splits,
             covers,
             overlay: None,
+            hang: held::testing::hangs(tmp),
         })
     }
 
@@ -321,7 +341,11 @@ impl Setup {
         let mut key = held::Key::new(!sandbox.allow_network);
         key.push_path(workspace);
         key.push_path(tmp);
-        held::push_hidden(&mut key, &hidden(paths), &[workspace, tmp]);
+        // As given, each with the identity of what it leads to now: a symlink pointed elsewhere
+        // changes the key, and no path is resolved component by component on every command.
+        for path in &paths.hidden {
+            key.push_path(path);
+        }
         if let Some(view) = &paths.home {
             key.push_path(&view.dir);
             for entry in &view.allow {
@@ -366,6 +390,10 @@ impl Setup {
             if let Some(home) = &mut self.home {
                 Layer::HomeCover.tag(home.take())?;
                 Layer::HomeCover.tag(home.mount())?;
+            }
+            for split in &mut self.splits {
+                Layer::Mounts.tag(split.take())?;
+                Layer::Mounts.tag(split.mount())?;
             }
             Layer::Mounts.tag(self.mount_covers())
         }
@@ -556,7 +584,17 @@ impl Prepared {
             // forks and waits for (see [`init`]).
             libc::sigprocmask(libc::SIG_BLOCK, &self.waited, std::ptr::null_mut());
             let init = Layer::Proc.tag(self.init.start())?;
-            let command = Layer::PidNamespace.tag(init::fork())?;
+            let command = match init::fork() {
+                Ok(command) => command,
+                Err(e) => {
+                    // No command to wait for (the session at its process cap: EAGAIN): the init
+                    // goes now, and with it the namespace and its place in the session's group.
+                    libc::kill(init, libc::SIGKILL);
+                    let mut st = 0;
+                    libc::waitpid(init, &mut st, 0);
+                    return Layer::PidNamespace.tag(Err(e));
+                }
+            };
             if command > 0 {
                 init::outer(init, command, &self.waited);
             }
@@ -621,45 +659,39 @@ fn ruleset(writable: &[&Path]) -> Result<OwnedFd, SandboxError> {
     })
 }
 
-/// What to cover so that `hidden` cannot be read while `keep` stays reachable: a hidden path
-/// that holds a kept one is not covered itself, its other entries are (recursively, along the
-/// path to what is kept). Each with whether it is a directory. A path inside one covered whole
-/// is left out: once its parent is covered it no longer exists to be covered (and a mount on it
-/// would fail).
-pub(crate) fn covers(hidden: &[PathBuf], keep: &[&Path]) -> Vec<(PathBuf, bool)> {
-    let mut out = BTreeSet::new();
+/// How the view hides `hidden` while `keep` stays reachable. A hidden directory that holds a
+/// kept path is *split*: covered whole by a tmpfs into which the kept paths are bound back (see
+/// [`home::Cover`]), one mount and one per kept path however many entries it has, so the view
+/// depends on its identity alone — a session's temporary directory or a fresh workspace appearing
+/// beside the kept one changes nothing (its name is not even shown). Every other hidden path is
+/// covered itself, with whether it is a directory. A path inside one covered whole is left out:
+/// once its parent is covered it no longer exists to be covered (and a mount on it would fail).
+/// Returns the split directories (outer first) and the covers, in order.
+pub(crate) fn covers(hidden: &[PathBuf], keep: &[&Path]) -> (Vec<PathBuf>, Vec<(PathBuf, bool)>) {
+    let mut split = BTreeSet::new();
+    let mut whole = BTreeSet::new();
     for path in hidden {
-        cover(path, keep, &mut out);
-    }
-    // In order, a covered directory comes right before what it holds.
-    let mut kept: Vec<(PathBuf, bool)> = Vec::with_capacity(out.len());
-    for (path, dir) in out {
-        if !kept.iter().any(|(p, d)| *d && path.starts_with(p)) {
-            kept.push((path, dir));
+        if keep.contains(&path.as_path()) {
+            continue;
+        }
+        let Ok(meta) = std::fs::symlink_metadata(path) else {
+            continue;
+        };
+        if keep.iter().any(|k| k.starts_with(path)) {
+            split.insert(path.clone());
+        } else {
+            // Symlinks were resolved when the paths were made canonical.
+            whole.insert((path.clone(), meta.is_dir()));
         }
     }
-    kept
-}
-
-fn cover(path: &Path, keep: &[&Path], out: &mut BTreeSet<(PathBuf, bool)>) {
-    if keep.contains(&path) {
-        return;
+    // In order, a covered directory comes right before what it holds.
+    let mut covers: Vec<(PathBuf, bool)> = Vec::with_capacity(whole.len());
+    for (path, dir) in whole {
+        if !covers.iter().any(|(p, d)| *d && path.starts_with(p)) {
+            covers.push((path, dir));
+        }
     }
-    let Ok(meta) = std::fs::symlink_metadata(path) else {
-        return;
-    };
-    if !keep.iter().any(|k| k.starts_with(path)) {
-        // Symlinks were resolved when the paths were made canonical; one found inside a
-        // directory being split is covered as what it is (a file), which hides its name.
-        out.insert((path.to_path_buf(), meta.is_dir()));
-        return;
-    }
-    let Ok(entries) = std::fs::read_dir(path) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        cover(&entry.path(), keep, out);
-    }
+    (split.into_iter().collect(), covers)
 }
 
 fn canonical(path: &Path) -> Result<PathBuf, SandboxError> {
@@ -789,7 +821,7 @@ mod tests {
     }
 
     #[test]
-    fn a_hidden_directory_holding_a_kept_one_is_covered_around_it() {
+    fn a_hidden_directory_holding_a_kept_one_is_split_not_covered_entry_by_entry() {
         let dir = tempfile::tempdir().unwrap();
         let root = std::fs::canonicalize(dir.path()).unwrap();
         let home = root.join("home");
@@ -800,34 +832,22 @@ mod tests {
         let (ws, tmp) = (home.join("ws"), home.join("tmp/s1"));
         let other = root.join("other-ws");
         std::fs::create_dir_all(&other).unwrap();
-        let got = covers(&[home.clone(), other.clone()], &[&ws, &tmp]);
-        let want = vec![
-            (home.join("agents"), true),
-            (home.join("forkd.db"), false),
-            (home.join("tmp/s2"), true),
-            (other.clone(), true),
-        ];
-        let mut want = want;
-        want.sort();
-        assert_eq!(got, want);
-        // A hidden path inside another one covered whole (a workspace in the daemon's home, or in
-        // another workspace) is covered with it, not on its own.
-        std::fs::create_dir_all(other.join("sub")).unwrap();
-        let nested = covers(
-            &[other.join("sub"), ws.clone(), other.clone(), home.clone()],
-            &[&tmp],
+        let (split, whole) = covers(&[home.clone(), other.clone()], &[&ws, &tmp]);
+        assert_eq!(split, vec![home.clone()]);
+        assert_eq!(whole, vec![(other.clone(), true)]);
+        // Nothing new beside the kept paths changes the plan.
+        std::fs::create_dir_all(home.join("tmp/s3")).unwrap();
+        assert_eq!(
+            covers(&[home.clone(), other.clone()], &[&ws, &tmp]),
+            (split, whole)
         );
-        let mut want = vec![
-            (home.join("agents"), true),
-            (home.join("forkd.db"), false),
-            (home.join("tmp/s2"), true),
-            (ws.clone(), true),
-            (other.clone(), true),
-        ];
-        want.sort();
-        assert_eq!(nested, want);
-        // Nothing hidden that holds nothing kept is split; a kept path itself is never covered.
-        assert_eq!(covers(std::slice::from_ref(&ws), &[&ws]), Vec::new());
-        assert_eq!(covers(&[root.join("missing")], &[&ws]), Vec::new());
+        // A hidden path inside another one covered whole (a workspace in another workspace) is
+        // covered with it, not on its own.
+        std::fs::create_dir_all(other.join("sub")).unwrap();
+        let (_, nested) = covers(&[other.join("sub"), other.clone()], &[&tmp]);
+        assert_eq!(nested, vec![(other.clone(), true)]);
+        // A kept path itself is never covered; a missing one is skipped.
+        assert_eq!(covers(std::slice::from_ref(&ws), &[&ws]), (vec![], vec![]));
+        assert_eq!(covers(&[root.join("missing")], &[&ws]), (vec![], vec![]));
     }
 }

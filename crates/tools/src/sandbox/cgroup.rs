@@ -313,7 +313,12 @@ impl Hierarchy {
             }
             for (file, value) in self.settings(limits) {
                 let path = dir.join(file);
-                std::fs::write(&path, value).map_err(|e| fail("write", &path, e))?;
+                if let Err(e) = std::fs::write(&path, value) {
+                    // Not left half set up: the next command makes it again.
+                    let _ = std::fs::remove_dir(&dir);
+                    live.remove(&name);
+                    return Err(fail("write", &path, e));
+                }
             }
         }
         *count += 1;
@@ -324,6 +329,12 @@ impl Hierarchy {
             hierarchy: Arc::clone(self),
             name,
         })
+    }
+
+    /// Where this daemon's group of `session` is (while a command of it runs).
+    pub fn group_dir(&self, session: &str) -> PathBuf {
+        self.base
+            .join(format!("forkd-{}-{session}", std::process::id()))
     }
 
     /// The files a session's group is set up with, and their contents.

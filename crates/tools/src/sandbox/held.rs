@@ -10,14 +10,17 @@
 //! mount and PID namespaces (its own `/proc`), forks its init, and confines itself (Landlock,
 //! seccomp, limits) as before.
 //!
-//! A view is keyed by what decides its mounts, read from the file system on each command: every
-//! hidden path's identity (device and inode, or its absence), the modification time of each
-//! hidden directory that is split around a kept path (its entries were covered one by one, so a
-//! new one changes the view), and the identity of each allowed home entry. A file or a session
-//! directory that appears after a view was made therefore gets a new view, never a stale one.
-//! A directory modified within the last second is not trusted to key a view (its time stamp may
-//! not yet show a change made in the same clock tick): such a view is made for the one command
-//! and not kept. Views idle for a minute are let go, and at most [`KEPT`] are kept.
+//! A view is keyed by what decides its mounts, read from the file system on each command: the
+//! identity (device and inode, or absence) of every hidden path, of the workspace and temporary
+//! directory, and of each allowed home entry. A hidden directory that holds a kept path is
+//! covered whole with the kept path bound back in, so what else appears in it (another
+//! session's temporary directory, a fresh workspace) changes neither the view nor its key: a new
+//! session leaves the other sessions' views as they are. Views idle for a minute are let go,
+//! and at most [`KEPT`] are kept.
+//!
+//! A holder that does not answer within [`HOLDER_TIMEOUT`] (a mount hanging on a network file
+//! system, say) is killed and the command fails, saying so; the thread that waited is the
+//! caller's blocking one, never a runtime worker.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -27,8 +30,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use super::{SandboxError, Setup, explain, init};
 
@@ -36,8 +40,46 @@ use super::{SandboxError, Setup, explain, init};
 const IDLE: Duration = Duration::from_secs(60);
 /// The most views held at once (the least recently used goes first).
 const KEPT: usize = 256;
-/// A directory changed more recently than this does not key a view.
-const RACY: Duration = Duration::from_secs(1);
+/// How long a holder may take to make a view.
+pub(crate) const HOLDER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// [`HOLDER_TIMEOUT`], or what a test set (milliseconds).
+static TIMEOUT_MS: AtomicU64 = AtomicU64::new(HOLDER_TIMEOUT.as_millis() as u64);
+
+/// Test hooks: holders that never answer, and a shorter wait for them.
+#[doc(hidden)]
+pub mod testing {
+    use std::path::{Path, PathBuf};
+    use std::sync::{Mutex, PoisonError};
+    use std::time::Duration;
+
+    pub(super) static HANGING: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+    /// Every holder making a view with the temporary directory `tmp` hangs, never answering.
+    pub fn hang_holders_for(tmp: &Path) {
+        HANGING
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(tmp.to_path_buf());
+    }
+
+    /// Holders are waited for `timeout`, not [`super::HOLDER_TIMEOUT`].
+    pub fn set_holder_timeout(timeout: Duration) {
+        super::TIMEOUT_MS.store(
+            timeout.as_millis() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// Whether holders of views with `tmp` hang.
+    pub(crate) fn hangs(tmp: &Path) -> bool {
+        HANGING
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .any(|t| tmp.starts_with(t))
+    }
+}
 
 /// A view's namespaces, open in the daemon.
 #[derive(Debug)]
@@ -74,19 +116,16 @@ impl Held {
     }
 }
 
-/// What decides a view, as bytes; built by [`Key::push_path`] and friends.
+/// What decides a view, as bytes; built by [`Key::push_path`].
 #[derive(Debug, Default, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Key {
     bytes: Vec<u8>,
-    /// False when a directory in the key changed too recently to be trusted.
-    keepable: bool,
 }
 
 impl Key {
     pub(crate) fn new(net: bool) -> Key {
         Key {
             bytes: vec![u8::from(net)],
-            keepable: true,
         }
     }
 
@@ -99,51 +138,8 @@ impl Key {
         self.push_u64(ino);
     }
 
-    /// Adds `dir`'s modification time: its entries are part of the view.
-    pub(crate) fn push_entries(&mut self, dir: &Path) {
-        self.bytes.extend_from_slice(dir.as_os_str().as_bytes());
-        self.bytes.push(1);
-        let Ok(meta) = std::fs::symlink_metadata(dir) else {
-            return;
-        };
-        let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-        if SystemTime::now()
-            .duration_since(modified)
-            .is_ok_and(|age| age < RACY)
-            || SystemTime::now() < modified
-        {
-            self.keepable = false;
-        }
-        self.push_u64(meta.mtime() as u64);
-        self.push_u64(meta.mtime_nsec() as u64);
-        self.push_u64(meta.ctime() as u64);
-        self.push_u64(meta.ctime_nsec() as u64);
-    }
-
     fn push_u64(&mut self, n: u64) {
         self.bytes.extend_from_slice(&n.to_le_bytes());
-    }
-}
-
-/// Adds to `key` what [`super::covers`] reads of `hidden` around `keep`: each hidden path's
-/// identity and, for a directory split around a kept path, the entries of each directory on the
-/// way down.
-pub(crate) fn push_hidden(key: &mut Key, hidden: &[PathBuf], keep: &[&Path]) {
-    for path in hidden {
-        key.push_path(path);
-        for kept in keep {
-            if kept.starts_with(path) && kept != &path.as_path() {
-                let mut dir = path.clone();
-                key.push_entries(&dir);
-                let rest = kept.strip_prefix(path).unwrap_or(kept);
-                let mut parts: Vec<_> = rest.components().collect();
-                parts.pop();
-                for part in parts {
-                    dir.push(part);
-                    key.push_entries(&dir);
-                }
-            }
-        }
     }
 }
 
@@ -161,7 +157,7 @@ pub(crate) fn get_or_make(
     make: impl FnOnce() -> Result<Setup, SandboxError>,
 ) -> Result<Arc<Held>, SandboxError> {
     let now = Instant::now();
-    if key.keepable {
+    {
         let mut views = VIEWS.lock().unwrap_or_else(PoisonError::into_inner);
         let views = views.get_or_insert_with(HashMap::new);
         views.retain(|_, e| now.duration_since(e.used) < IDLE);
@@ -171,25 +167,23 @@ pub(crate) fn get_or_make(
         }
     }
     let held = Arc::new(hold(make()?, None)?.0);
-    if key.keepable {
-        let mut views = VIEWS.lock().unwrap_or_else(PoisonError::into_inner);
-        let views = views.get_or_insert_with(HashMap::new);
-        if views.len() >= KEPT
-            && let Some(oldest) = views
-                .iter()
-                .min_by_key(|(_, e)| e.used)
-                .map(|(k, _)| k.clone())
-        {
-            views.remove(&oldest);
-        }
-        views.insert(
-            key.bytes,
-            Entry {
-                held: Arc::clone(&held),
-                used: now,
-            },
-        );
+    let mut views = VIEWS.lock().unwrap_or_else(PoisonError::into_inner);
+    let views = views.get_or_insert_with(HashMap::new);
+    if views.len() >= KEPT
+        && let Some(oldest) = views
+            .iter()
+            .min_by_key(|(_, e)| e.used)
+            .map(|(k, _)| k.clone())
+    {
+        views.remove(&oldest);
     }
+    views.insert(
+        key.bytes,
+        Entry {
+            held: Arc::clone(&held),
+            used: now,
+        },
+    );
     Ok(held)
 }
 
@@ -229,17 +223,57 @@ pub(crate) fn hold(
     });
     // Closing our end lets the holder exit; the namespaces live on in the descriptors.
     drop(ours);
+    if opened.is_err() {
+        // One that has not answered is killed; one stuck in the kernel (a hung mount) may
+        // not die at once, so it is reaped by a thread of its own, never waited for here.
+        // SAFETY: kill and waitpid on the holder, our own child, which nothing else waits for.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        std::thread::spawn(move || {
+            let mut status = 0;
+            // SAFETY: as above.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+        });
+        return opened;
+    }
     let mut status = 0;
-    // SAFETY: waitpid on the holder, our own child, which nothing else waits for.
+    // SAFETY: waitpid on the holder, our own child, which nothing else waits for. It answered
+    // and reads its end, which is closed: it is exiting.
     unsafe { libc::waitpid(pid, &mut status, 0) };
     opened
 }
 
-/// In the daemon: waits for the holder's word, then opens its namespaces.
+/// In the daemon: waits for the holder's word (for the holder timeout at most), then opens its
+/// namespaces.
 fn opened(pid: libc::pid_t, ours: &OwnedFd, net: bool) -> Result<Held, SandboxError> {
+    let timeout = Duration::from_millis(TIMEOUT_MS.load(Ordering::Relaxed));
+    let deadline = Instant::now() + timeout;
     let mut word = [0u8; 4];
     let mut got = 0;
     while got < word.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut poll = libc::pollfd {
+            fd: ours.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on one pollfd this function owns.
+        let ready =
+            unsafe { libc::poll(&mut poll, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if ready == 0 {
+            return Err(SandboxError::Enter(format!(
+                "the process making the command's view did not finish within {} s and was \
+                 killed (a mount in the view may hang: a network file system that stopped \
+                 answering?)",
+                timeout.as_secs_f64()
+            )));
+        }
+        if ready < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(prepare("waiting for the holder", err));
+        }
         // SAFETY: read into the unread rest of a buffer this function owns.
         let n = unsafe {
             libc::read(
@@ -305,14 +339,23 @@ unsafe fn holder(setup: &mut Setup, fd: RawFd) -> ! {
     // SAFETY: system calls on memory this process owns.
     unsafe {
         init::close_all_but(fd);
+        if setup.hang {
+            // A test's hung holder: it never answers.
+            loop {
+                libc::pause();
+            }
+        }
         let code = match setup.enter() {
             Ok(()) => 0,
             Err(e) => e.raw_os_error().unwrap_or(libc::EINVAL),
         };
         let word = code.to_ne_bytes();
         libc::write(fd, word.as_ptr().cast(), word.len());
+        // Held until the daemon closes its end (EOF), or the read fails otherwise.
         let mut byte = 0u8;
-        while libc::read(fd, (&raw mut byte).cast(), 1) < 0 {}
+        while libc::read(fd, (&raw mut byte).cast(), 1) < 0
+            && *libc::__errno_location() == libc::EINTR
+        {}
         libc::_exit(0)
     }
 }
@@ -341,27 +384,5 @@ mod tests {
         std::fs::write(&secret, "x").unwrap();
         assert_ne!(before, key(&secret));
         assert_ne!(Key::new(false), Key::new(true));
-    }
-
-    #[test]
-    fn a_split_directory_keys_its_entries_and_a_fresh_change_is_not_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let home = dir.path().join("home");
-        let ws = home.join("workspaces/s1");
-        std::fs::create_dir_all(&ws).unwrap();
-        let key = || {
-            let mut k = Key::new(false);
-            push_hidden(&mut k, std::slice::from_ref(&home), &[&ws]);
-            k
-        };
-        // Just made: too fresh to be trusted.
-        assert!(!key().keepable);
-        let before = key();
-        std::fs::create_dir(home.join("workspaces/s2")).unwrap();
-        assert_ne!(before.bytes, key().bytes);
-        // A hidden directory that holds nothing kept is keyed by its identity alone.
-        let mut whole = Key::new(false);
-        push_hidden(&mut whole, std::slice::from_ref(&home), &[]);
-        assert!(whole.keepable);
     }
 }

@@ -82,6 +82,17 @@ pub(crate) struct Cover {
 }
 
 impl Cover {
+    /// Plans the cover of a hidden directory `dir` that holds some of `kept`: everything in it
+    /// hidden but those, bound back in where they lie. `None` when it does not exist or is kept
+    /// whole.
+    pub(crate) fn around(dir: &Path, kept: &[&Path]) -> Result<Option<Cover>, SandboxError> {
+        let view = HomeView {
+            dir: dir.to_path_buf(),
+            allow: Vec::new(),
+        };
+        Cover::new(&view, kept)
+    }
+
     /// Plans the cover of `view`, keeping `writable` (the workspace, the temporary directory)
     /// where they lie inside it. `None` when the home does not exist or is itself kept whole.
     pub(crate) fn new(view: &HomeView, writable: &[&Path]) -> Result<Option<Cover>, SandboxError> {

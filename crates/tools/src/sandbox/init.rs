@@ -89,11 +89,13 @@ unsafe fn next_signal(set: &libc::sigset_t) -> libc::c_int {
 /// the outer process.
 pub(crate) struct Init {
     /// The init's own stack (it shares the outer process's memory, not its stack).
-    stack: Vec<u8>,
+    stack: Stack,
     proc_fs: std::ffi::CString,
     proc_dir: std::ffi::CString,
     /// Where the init says whether `/proc` is mounted: the write end of a pipe.
     ready: libc::c_int,
+    /// The pipe's read end, which the init closes (its copy) before it writes.
+    ready_read: libc::c_int,
     /// `SIGCHLD` alone: what the init waits for.
     reaped: libc::sigset_t,
 }
@@ -102,7 +104,7 @@ pub(crate) struct Init {
 const INIT_STACK: usize = 64 * 1024;
 
 impl Init {
-    pub(crate) fn new() -> Result<Init, std::ffi::NulError> {
+    pub(crate) fn new() -> io::Result<Init> {
         // SAFETY: sigemptyset and sigaddset only write the set, which is a plain value.
         let reaped = unsafe {
             let mut set: libc::sigset_t = std::mem::zeroed();
@@ -111,10 +113,11 @@ impl Init {
             set
         };
         Ok(Init {
-            stack: vec![0; INIT_STACK],
-            proc_fs: std::ffi::CString::new("proc")?,
-            proc_dir: std::ffi::CString::new("/proc")?,
+            stack: Stack::new(INIT_STACK)?,
+            proc_fs: c"proc".to_owned(),
+            proc_dir: c"/proc".to_owned(),
             ready: -1,
+            ready_read: -1,
             reaped,
         })
     }
@@ -136,9 +139,8 @@ impl Init {
                 return Err(io::Error::last_os_error());
             }
             self.ready = ready[1];
-            let top = self.stack.as_mut_ptr().add(self.stack.len());
-            // The stack grows down from a 16-byte aligned top.
-            let top = top.sub(top as usize % 16);
+            self.ready_read = ready[0];
+            let top = self.stack.top();
             let init = libc::clone(
                 run_init,
                 top.cast(),
@@ -168,12 +170,77 @@ impl Init {
     }
 }
 
+/// A stack mapped for the init, with a guard page below it: an overflow faults instead of
+/// writing over the outer process's memory.
+struct Stack {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by this value alone; nothing else points into it, and only
+// `top` (through `&mut self`) hands out a pointer.
+unsafe impl Send for Stack {}
+// SAFETY: as above; a shared `&Stack` gives no access to the memory.
+unsafe impl Sync for Stack {}
+
+impl Stack {
+    fn new(size: usize) -> io::Result<Stack> {
+        // SAFETY: sysconf takes a plain integer.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let len = size.div_ceil(page) * page + page;
+        // SAFETY: a fresh anonymous private mapping, owned by the value returned; the guard page
+        // is its lowest page.
+        unsafe {
+            let base = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            );
+            if base == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            let stack = Stack { base, len };
+            if libc::mprotect(base, page, libc::PROT_NONE) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(stack)
+        }
+    }
+
+    /// The top of the stack (it grows down), 16-byte aligned.
+    fn top(&mut self) -> *mut u8 {
+        // SAFETY: one past the end of the mapping, which is page-aligned (so 16-byte aligned).
+        unsafe { self.base.cast::<u8>().add(self.len) }
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.base, self.len) };
+    }
+}
+
 /// The init's body (pid 1 of the namespace).
 extern "C" fn run_init(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the `Init` that `Init::start` passed, alive in the shared memory; only
     // system calls follow.
     unsafe {
         let init = &*arg.cast::<Init>();
+        // Should the outer process die (killed alone), the init dies with it rather than wait
+        // forever holding the namespace and a place in the session's group. Set before the
+        // word below: an outer already gone by then cannot read it, and the write fails.
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+        libc::close(init.ready_read);
         let mounted = libc::mount(
             init.proc_fs.as_ptr(),
             init.proc_dir.as_ptr(),
@@ -187,8 +254,8 @@ extern "C" fn run_init(arg: *mut libc::c_void) -> libc::c_int {
             *libc::__errno_location()
         };
         let word = code.to_ne_bytes();
-        libc::write(init.ready, word.as_ptr().cast(), word.len());
-        if code != 0 {
+        let told = libc::write(init.ready, word.as_ptr().cast(), word.len());
+        if code != 0 || told != word.len() as isize {
             libc::_exit(1);
         }
         // The init holds nothing open: the command's pipes close when the command does.
