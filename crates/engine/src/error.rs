@@ -72,6 +72,10 @@ pub enum EngineError {
     /// The session's workspace cannot be used for tools (missing, not a directory, unreadable).
     #[error("the session's workspace is unusable: {0}")]
     Workspace(#[source] forkd_tools::ToolError),
+    /// The sandbox cannot be used as configured (its temporary root is not the daemon user's
+    /// alone): nothing runs unconfined instead.
+    #[error("{0}")]
+    Sandbox(String),
     /// An isolated batch's snapshot or a child's copy could not be made, read or applied (the
     /// file system refused: no space, no overlayfs, a path it cannot take).
     #[error("isolation: {0}")]

@@ -88,6 +88,8 @@ impl McpServers {
     /// the deny list, the sandboxes' temporary directories and every session's workspace.
     async fn mcp_paths(&self) -> Result<PoolPaths> {
         let cfg = &self.sandbox;
+        forkd_tools::sandbox::private_root(&cfg.tmp_root)
+            .map_err(|e| EngineError::Sandbox(e.to_string()))?;
         let mut hidden = cfg.hidden.clone();
         hidden.push(cfg.tmp_root.clone());
         hidden.extend(self.store.workspaces().await?.into_iter().map(|(_, w)| w));

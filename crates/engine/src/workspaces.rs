@@ -222,6 +222,8 @@ pub(crate) async fn sandbox_spec(
         return Ok(None);
     }
     let cfg = &config.sandbox;
+    forkd_tools::sandbox::private_root(&cfg.tmp_root)
+        .map_err(|e| EngineError::Sandbox(e.to_string()))?;
     Ok(Some(SandboxSpec {
         sandbox: session.sandbox,
         paths: SandboxPaths {

@@ -318,9 +318,30 @@ fn provider(config: &DaemonConfig) -> anyhow::Result<Arc<dyn Provider>> {
     })
 }
 
+/// Raises the soft limit on open files to the hard one (often 1024 against 524288): each client,
+/// stream, database connection, sandbox view and tool command holds descriptors. The sandbox's
+/// cache of views is sized from what it gets.
+fn raise_open_files() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap_or((1024, 1024));
+    let soft = match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+        Ok(()) => hard,
+        Err(e) => {
+            tracing::warn!(soft, hard, error = %e, "Cannot raise the limit on open files");
+            soft
+        }
+    };
+    let views = forkd_tools::sandbox::size_view_cache(soft);
+    tracing::debug!(open_files = soft, views, "Open files limit");
+}
+
 /// Says at start what the sandbox found: whether sandboxed Bash commands can run here, and if
 /// not, why (they then fail with that reason; nothing runs unconfined).
 async fn log_sandbox(sandbox: &forkd_engine::SandboxConfig) {
+    if let Err(e) = forkd_tools::sandbox::private_root(&sandbox.tmp_root) {
+        tracing::error!(error = %e, "Sandboxed commands cannot run: they fail with this reason");
+        return;
+    }
     let scratch = sandbox.tmp_root.join("probe");
     if let Err(e) = std::fs::create_dir_all(&scratch) {
         tracing::warn!(dir = %scratch.display(), error = %e, "Cannot create the sandbox's temporary directory");
@@ -525,6 +546,15 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     engine_config.mcp.servers = operator_mcp_servers(&config.home)?;
     engine_config.mcp.secret_key = Some(Arc::new(secret_key(&config)?));
     log_sandbox(&engine_config.sandbox).await;
+    raise_open_files();
+    tokio::spawn(async {
+        // Idle views go on time, their descriptors with them, whether or not commands come.
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(30));
+        loop {
+            every.tick().await;
+            forkd_tools::sandbox::evict_idle_views();
+        }
+    });
     let engine = Engine::new(store, provider, engine_config);
 
     let socket_path = config.socket_path();

@@ -326,3 +326,48 @@ async fn a_command_with_the_network_is_not_the_local_user_on_the_loopback_listen
     // 16: UNAUTHENTICATED.
     assert!(seen.contains("grpc-status: 16"), "{seen}");
 }
+
+/// The sandbox's temporary root is trusted only when it is the daemon user's alone: one made
+/// first as a symlink (by another user, on a shared machine) refuses sandboxed sessions with the
+/// reason, and nothing is written where it leads.
+#[tokio::test]
+async fn a_temporary_root_that_is_not_the_daemons_alone_is_refused() {
+    let base = tempfile::tempdir().unwrap();
+    let elsewhere = base.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let link = base.path().join("sandbox-tmp");
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    let daemon = spawn_daemon_with(|c| c.engine.sandbox.tmp_root = link.clone())
+        .await
+        .unwrap();
+    let mut c = daemon.client().await.unwrap();
+    let ws = daemon.workspace_path();
+    let refused = create_session(&mut c, trusted_session_request(&ws))
+        .await
+        .expect_err("a sandboxed session is refused")
+        .downcast::<tonic::Status>()
+        .expect("a gRPC status");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(
+        refused.message().contains("is a symbolic link"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&elsewhere).unwrap().count(),
+        0,
+        "nothing was written through the link"
+    );
+}
+
+/// A daemon raises its soft limit on open files to the hard one at start: sandbox views, clients
+/// and commands each hold descriptors, and 1024 is a common soft default.
+#[tokio::test]
+async fn the_daemon_raises_its_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    // As a shell or a service manager often starts it.
+    setrlimit(Resource::RLIMIT_NOFILE, hard.min(1024), hard).unwrap();
+    let _daemon = spawn_daemon().await.unwrap();
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    assert_eq!(soft, hard);
+}

@@ -128,6 +128,7 @@ impl Meaning {
             | E::ForkRefused(_)
             | E::Workspace(_)
             | E::Isolation(_)
+            | E::Sandbox(_)
             | E::McpServer(_) => Meaning::WrongState,
             E::KeyReused { .. } => Meaning::KeyReused,
             E::ContextWindow { .. } => Meaning::WindowOverflow,

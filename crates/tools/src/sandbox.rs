@@ -51,6 +51,7 @@ pub mod cgroup;
 mod held;
 #[doc(hidden)]
 pub use held::testing;
+pub use held::{evict_idle as evict_idle_views, size_cache as size_view_cache};
 pub mod home;
 mod init;
 pub mod layer;
@@ -94,6 +95,53 @@ pub const DEFAULT_DENY: [&str; 9] = [
 /// system's temporary directory, so two users' daemons never share it.
 pub fn default_tmp_root() -> PathBuf {
     std::env::temp_dir().join(format!("forkd-sandbox-{}", nix::unistd::getuid()))
+}
+
+/// Makes sure `root` (where sessions' private temporary directories and MCP servers' directories
+/// go) is this user's alone, before anything is put there: made with mode 0700 when missing;
+/// refused when it is a symbolic link, not a directory, or another user's (on a machine with
+/// other users, one who made `/tmp/forkd-sandbox-UID` first would read commands' temporary
+/// files, or point their write grant elsewhere). A directory of this user's that others may
+/// enter is closed to them (0700). Checked at each use: one `lstat`.
+pub fn private_root(root: &Path) -> Result<(), SandboxError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let refuse = |why: String| {
+        SandboxError::Prepare(format!(
+            "the sandbox's temporary root {} {why}, so no sandboxed command runs; once it is \
+             removed, forkd makes it again, this user's alone",
+            root.display()
+        ))
+    };
+    let meta = match std::fs::symlink_metadata(root) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(root)
+                .map_err(|e| refuse(format!("cannot be made: {e}")))?;
+            std::fs::symlink_metadata(root).map_err(|e| refuse(e.to_string()))?
+        }
+        Err(e) => return Err(refuse(e.to_string())),
+    };
+    if meta.file_type().is_symlink() {
+        return Err(refuse("is a symbolic link".into()));
+    }
+    if !meta.is_dir() {
+        return Err(refuse("is not a directory".into()));
+    }
+    let uid = nix::unistd::geteuid().as_raw();
+    if meta.uid() != uid {
+        return Err(refuse(format!(
+            "belongs to uid {}, not to this daemon's user (uid {uid})",
+            meta.uid()
+        )));
+    }
+    if meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| refuse(format!("cannot be closed to other users: {e}")))?;
+    }
+    Ok(())
 }
 
 /// What a sandboxed command must not see, and where it may keep temporary files: set by the
@@ -496,9 +544,7 @@ impl Prepared {
                 detail: String::new(),
             });
         }
-        std::fs::create_dir_all(&paths.tmp).map_err(|e| {
-            SandboxError::Prepare(format!("cannot create {}: {e}", paths.tmp.display()))
-        })?;
+        make_private(&paths.tmp)?;
         let tmp = canonical(&paths.tmp)?;
         let workspace = canonical(workspace)?;
         // Landlock judges a write by the inode it reaches: in a layer, the layer's root, which
@@ -694,6 +740,16 @@ pub(crate) fn covers(hidden: &[PathBuf], keep: &[&Path]) -> (Vec<PathBuf>, Vec<(
     (split.into_iter().collect(), covers)
 }
 
+/// Makes a command's private temporary directory (and what is missing above it) with mode 0700.
+pub(crate) fn make_private(dir: &Path) -> Result<(), SandboxError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| SandboxError::Prepare(format!("cannot create {}: {e}", dir.display())))
+}
+
 fn canonical(path: &Path) -> Result<PathBuf, SandboxError> {
     std::fs::canonicalize(path)
         .map_err(|e| SandboxError::Prepare(format!("{}: {e}", path.display())))
@@ -849,5 +905,50 @@ mod tests {
         // A kept path itself is never covered; a missing one is skipped.
         assert_eq!(covers(std::slice::from_ref(&ws), &[&ws]), (vec![], vec![]));
         assert_eq!(covers(&[root.join("missing")], &[&ws]), (vec![], vec![]));
+    }
+
+    #[test]
+    fn the_temporary_root_is_this_users_alone() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o777;
+        // Missing: made, 0700.
+        let root = dir.path().join("made/root");
+        private_root(&root).unwrap();
+        assert_eq!(mode(&root), 0o700);
+        // Ours but open to others (made by an earlier forkd): closed.
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        private_root(&open).unwrap();
+        assert_eq!(mode(&open), 0o700);
+        // A symlink (to a directory someone else chose): refused, nothing made through it.
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+        let err = private_root(&link).unwrap_err().to_string();
+        assert!(err.contains("is a symbolic link"), "{err}");
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+        // Not a directory.
+        let file = dir.path().join("file");
+        std::fs::write(&file, "x").unwrap();
+        assert!(
+            private_root(&file)
+                .unwrap_err()
+                .to_string()
+                .contains("not a directory")
+        );
+        // Another user's (only root can make one here).
+        if nix::unistd::geteuid().is_root() {
+            let theirs = dir.path().join("theirs");
+            std::fs::create_dir(&theirs).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            let err = private_root(&theirs).unwrap_err().to_string();
+            assert!(err.contains("belongs to uid 65534"), "{err}");
+            assert_eq!(std::fs::metadata(&theirs).unwrap().uid(), 65534);
+        } else {
+            eprintln!("not root: no directory of another user's to try");
+        }
     }
 }

@@ -16,7 +16,7 @@
 //! covered whole with the kept path bound back in, so what else appears in it (another
 //! session's temporary directory, a fresh workspace) changes neither the view nor its key: a new
 //! session leaves the other sessions' views as they are. Views idle for a minute are let go,
-//! and at most [`KEPT`] are kept.
+//! and at most a number sized from the descriptor limit are kept.
 //!
 //! A holder that does not answer within [`HOLDER_TIMEOUT`] (a mount hanging on a network file
 //! system, say) is killed and the command fails, saying so; the thread that waited is the
@@ -38,8 +38,33 @@ use super::{SandboxError, Setup, explain, init};
 
 /// How long a view nobody used stays held.
 const IDLE: Duration = Duration::from_secs(60);
-/// The most views held at once (the least recently used goes first).
+/// The most views held at once by default (the least recently used goes first); the daemon
+/// sizes it from its descriptor limit ([`size_cache`]).
 const KEPT: usize = 256;
+
+/// The most views held at once now.
+static CAPACITY: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(KEPT);
+
+/// Sizes the cache of views for `open_files` descriptors (the process's soft limit): each view
+/// holds three, and at most a sixteenth of the limit goes to views (16 to [`KEPT`] views).
+/// Returns the capacity set.
+pub fn size_cache(open_files: u64) -> usize {
+    let capacity = usize::try_from(open_files / 16 / 3)
+        .unwrap_or(KEPT)
+        .clamp(16, KEPT);
+    CAPACITY.store(capacity, Ordering::Relaxed);
+    capacity
+}
+
+/// Lets go the views idle for a minute, their descriptors closed with them; the daemon calls it
+/// on a timer, so idle views do not wait for the next command to be let go.
+pub fn evict_idle() {
+    let now = Instant::now();
+    let mut views = VIEWS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(views) = views.as_mut() {
+        views.retain(|_, e| now.duration_since(e.used) < IDLE);
+    }
+}
 /// How long a holder may take to make a view.
 pub(crate) const HOLDER_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -169,7 +194,7 @@ pub(crate) fn get_or_make(
     let held = Arc::new(hold(make()?, None)?.0);
     let mut views = VIEWS.lock().unwrap_or_else(PoisonError::into_inner);
     let views = views.get_or_insert_with(HashMap::new);
-    if views.len() >= KEPT
+    if views.len() >= CAPACITY.load(Ordering::Relaxed)
         && let Some(oldest) = views
             .iter()
             .min_by_key(|(_, e)| e.used)
@@ -384,5 +409,13 @@ mod tests {
         std::fs::write(&secret, "x").unwrap();
         assert_ne!(before, key(&secret));
         assert_ne!(Key::new(false), Key::new(true));
+    }
+
+    #[test]
+    fn the_view_cache_is_sized_from_the_descriptor_limit() {
+        assert_eq!(size_cache(1024), 21);
+        assert_eq!(size_cache(64), 16);
+        assert_eq!(size_cache(1 << 20), KEPT);
+        size_cache(1 << 20);
     }
 }

@@ -150,9 +150,7 @@ impl LayerView {
         dirs.create().map_err(|e| {
             SandboxError::Prepare(format!("cannot create {}: {e}", dirs.upper.display()))
         })?;
-        std::fs::create_dir_all(&paths.tmp).map_err(|e| {
-            SandboxError::Prepare(format!("cannot create {}: {e}", paths.tmp.display()))
-        })?;
+        super::make_private(&paths.tmp)?;
         let workspace = super::canonical(workspace)?;
         let tmp = super::canonical(&paths.tmp)?;
         // The child's temporary directory is one of its own inside its session's, which the
