@@ -17,11 +17,12 @@ pub struct OtlpReceiver {
     /// Its address, as an OTLP endpoint (`http://127.0.0.1:PORT`).
     pub endpoint: String,
     spans: Arc<Mutex<Vec<Span>>>,
+    down: Arc<std::sync::atomic::AtomicBool>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 #[derive(Clone)]
-struct Keep(Arc<Mutex<Vec<Span>>>);
+struct Keep(Arc<Mutex<Vec<Span>>>, Arc<std::sync::atomic::AtomicBool>);
 
 #[tonic::async_trait]
 impl TraceService for Keep {
@@ -29,6 +30,11 @@ impl TraceService for Keep {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        // Stopped: a connection the exporter already holds (which a graceful shutdown keeps
+        // serving) fails too, as a collector that is down would.
+        if self.1.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(tonic::Status::unavailable("the collector is down"));
+        }
         let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
         for resource in request.into_inner().resource_spans {
             for scope in resource.scope_spans {
@@ -45,10 +51,14 @@ impl OtlpReceiver {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let spans = Arc::new(Mutex::new(Vec::new()));
+        let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(TraceServiceServer::new(Keep(Arc::clone(&spans))))
+                .add_service(TraceServiceServer::new(Keep(
+                    Arc::clone(&spans),
+                    Arc::clone(&down),
+                )))
                 .serve_with_incoming_shutdown(
                     tokio_stream::wrappers::TcpListenerStream::new(listener),
                     async {
@@ -59,6 +69,7 @@ impl OtlpReceiver {
         Ok(Self {
             endpoint: format!("http://{addr}"),
             spans,
+            down,
             stop: Some(stop),
         })
     }
@@ -75,6 +86,7 @@ impl OtlpReceiver {
 
     /// Stops serving: the collector is down from now on.
     pub fn stop(&mut self) {
+        self.down.store(true, std::sync::atomic::Ordering::Relaxed);
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
