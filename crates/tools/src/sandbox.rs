@@ -291,6 +291,11 @@ pub fn explain(err: &io::Error) -> String {
         return err.to_string();
     };
     match Layer::from_code(code / LAYER_SHIFT) {
+        Some(layer) if code % LAYER_SHIFT == libc::ESTALE => format!(
+            "{} could not be set up: a hidden path was replaced or moved while the view was \
+             being made (nothing was mounted on what took its place); run it again",
+            layer.name()
+        ),
         Some(layer) => format!(
             "{} could not be set up: {}",
             layer.name(),
@@ -316,8 +321,8 @@ pub(crate) struct Setup {
     home: Option<home::Cover>,
     /// Hidden directories that hold a kept path, each covered whole with it bound back in.
     splits: Vec<home::Cover>,
-    /// What to cover, and whether it is a directory.
-    covers: Vec<(CString, bool)>,
+    /// What to cover, as planned.
+    covers: Vec<Cover>,
     /// An isolated child's layer, mounted over the workspace before anything is covered.
     overlay: Option<layer::Mount>,
     /// A test's holder that never answers ([`held::testing`]).
@@ -357,7 +362,7 @@ impl Setup {
         let covers = covers
             .into_iter()
             .filter(|(path, _)| shown(path, &covered))
-            .map(|(path, dir)| Ok((c_path(&path)?, dir)))
+            .filter_map(|(path, dir)| Cover::plan(&path, dir).transpose())
             .collect::<Result<Vec<_>, SandboxError>>()?;
         // SAFETY: getuid and getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
@@ -448,35 +453,134 @@ impl Setup {
     }
 
     /// Covers each hidden path: an empty read-only tmpfs over a directory, `/dev/null` over a
-    /// file.
+    /// file. Each is mounted on a descriptor, never by path: the path is opened without
+    /// following a symlink anywhere along it, and what it opens must be what was planned (the
+    /// same device and inode). An entry swapped since the plan (a symlink put in its place, the
+    /// directory moved and another made) fails the view with `ESTALE`: the command does not
+    /// run, rather than run with a cover landed elsewhere or missing.
     ///
     /// # Safety
     /// In the view's mount namespace, in a forked child: system calls only.
     unsafe fn mount_covers(&self) -> io::Result<()> {
-        // SAFETY: plain system calls on NUL-terminated strings this value owns.
+        // SAFETY: plain system calls on NUL-terminated strings and buffers this function or
+        // this value owns.
         unsafe {
-            for (path, dir) in &self.covers {
-                if *dir {
+            for cover in &self.covers {
+                let fd = cover.open()?;
+                // `/proc/self/fd/N`: mount(2) reaches the object the descriptor holds.
+                let mut target = [0u8; 32];
+                fd_path(fd, &mut target);
+                let mounted = if cover.dir {
                     check(libc::mount(
                         self.tmpfs.as_ptr(),
-                        path.as_ptr(),
+                        target.as_ptr().cast(),
                         self.tmpfs.as_ptr(),
                         libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
                         self.tmpfs_options.as_ptr().cast(),
-                    ))?;
+                    ))
                 } else {
                     check(libc::mount(
                         self.dev_null.as_ptr(),
-                        path.as_ptr(),
+                        target.as_ptr().cast(),
                         std::ptr::null(),
                         libc::MS_BIND,
                         std::ptr::null(),
-                    ))?;
-                }
+                    ))
+                };
+                libc::close(fd);
+                mounted?;
             }
         }
         Ok(())
     }
+}
+
+/// One hidden path to cover, as planned in the daemon: what it is, and its identity then.
+pub(crate) struct Cover {
+    path: CString,
+    dir: bool,
+    dev: u64,
+    ino: u64,
+}
+
+impl Cover {
+    /// Plans the cover of the canonical `path`; `None` when it is gone already.
+    fn plan(path: &Path, dir: bool) -> Result<Option<Cover>, SandboxError> {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(meta) = std::fs::symlink_metadata(path) else {
+            return Ok(None);
+        };
+        Ok(Some(Cover {
+            path: c_path(path)?,
+            dir,
+            dev: meta.dev(),
+            ino: meta.ino(),
+        }))
+    }
+
+    /// Opens the path to cover, no symlink followed along it, and checks it is what was
+    /// planned.
+    ///
+    /// # Safety
+    /// Between fork and exec: system calls only.
+    unsafe fn open(&self) -> io::Result<libc::c_int> {
+        // SAFETY: openat2 reads a NUL-terminated string and a struct that live for the call;
+        // fstat writes a struct this function owns.
+        unsafe {
+            let mut how: libc::open_how = std::mem::zeroed();
+            how.flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;
+            how.resolve = libc::RESOLVE_NO_SYMLINKS;
+            let fd = libc::syscall(
+                libc::SYS_openat2,
+                libc::AT_FDCWD,
+                self.path.as_ptr(),
+                &raw const how,
+                std::mem::size_of::<libc::open_how>(),
+            );
+            if fd < 0 {
+                let err = io::Error::last_os_error();
+                // A symlink now along the path: it changed since the plan.
+                return Err(if err.raw_os_error() == Some(libc::ELOOP) {
+                    io::Error::from_raw_os_error(libc::ESTALE)
+                } else {
+                    err
+                });
+            }
+            let fd = fd as libc::c_int;
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(fd, &mut st) != 0 {
+                let err = io::Error::last_os_error();
+                libc::close(fd);
+                return Err(err);
+            }
+            if st.st_dev != self.dev || st.st_ino != self.ino {
+                libc::close(fd);
+                return Err(io::Error::from_raw_os_error(libc::ESTALE));
+            }
+            Ok(fd)
+        }
+    }
+}
+
+/// Writes `/proc/self/fd/FD` and a NUL into `buf`, with no allocation.
+fn fd_path(fd: libc::c_int, buf: &mut [u8; 32]) {
+    const PREFIX: &[u8] = b"/proc/self/fd/";
+    buf[..PREFIX.len()].copy_from_slice(PREFIX);
+    let mut digits = [0u8; 10];
+    let mut n = fd.unsigned_abs();
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for i in 0..len {
+        buf[PREFIX.len() + i] = digits[len - 1 - i];
+    }
+    buf[PREFIX.len() + len] = 0;
 }
 
 /// The hidden paths that exist, canonical.
@@ -950,5 +1054,42 @@ mod tests {
         } else {
             eprintln!("not root: no directory of another user's to try");
         }
+    }
+
+    #[test]
+    fn a_cover_swapped_after_its_plan_fails_the_view_instead_of_landing_elsewhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        let (ws, tmp) = (root.join("ws"), root.join("tmp"));
+        let other = root.join("other");
+        for d in [&ws, &tmp, &other] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(other.join("notes.md"), "theirs").unwrap();
+        let sandbox = Sandbox {
+            mode: SandboxMode::WorkspaceWrite,
+            allow_network: false,
+            unix_sockets: false,
+        };
+        let paths = SandboxPaths {
+            hidden: vec![other.clone()],
+            tmp: tmp.clone(),
+            ..SandboxPaths::default()
+        };
+        let plan = || Setup::new(sandbox, &paths, &ws, &tmp).unwrap();
+        // As planned: the view is made.
+        held::hold(plan(), None).unwrap();
+        // Moved away and a directory made in its place (another inode).
+        let setup = plan();
+        std::fs::rename(&other, root.join("moved")).unwrap();
+        std::fs::create_dir(&other).unwrap();
+        let err = held::hold(setup, None).unwrap_err().to_string();
+        assert!(err.contains("was replaced or moved"), "{err}");
+        // A symlink put in its place: not followed.
+        let setup = plan();
+        std::fs::remove_dir(&other).unwrap();
+        std::os::unix::fs::symlink(root.join("moved"), &other).unwrap();
+        let err = held::hold(setup, None).unwrap_err().to_string();
+        assert!(err.contains("was replaced or moved"), "{err}");
     }
 }
