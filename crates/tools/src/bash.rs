@@ -93,6 +93,13 @@ enum Ending {
     Cancelled,
 }
 
+/// Why [`drive`] stopped: the leader is not reaped yet in any case.
+enum Stop {
+    Exited,
+    TimedOut,
+    Cancelled,
+}
+
 async fn execute(command: &str, limit: Duration, ctx: &ToolContext) -> std::io::Result<ToolOutput> {
     // Preparing the sandbox and starting the command block (a holder process making the view,
     // the cgroup's files, a fork that returns once the command has exec'd): off the runtime's
@@ -107,7 +114,7 @@ async fn execute(command: &str, limit: Duration, ctx: &ToolContext) -> std::io::
             .map_err(std::io::Error::other)??
     };
     let Spawned {
-        mut child,
+        child,
         output: mut pipe,
         lifeline,
         cgroup,
@@ -115,7 +122,10 @@ async fn execute(command: &str, limit: Duration, ctx: &ToolContext) -> std::io::
         Started::Spawned(spawned) => *spawned,
         Started::Refused(why) => return Ok(ToolOutput::error(why)),
     };
-    let group = GroupGuard::new(&child, lifeline)?;
+    let mut leader = process::Leader::new(child);
+    // Declared after the leader, so dropped before it: an abandoned call kills the group while
+    // its leader still holds the group's id.
+    let group = GroupGuard::new(leader.id(), lifeline)?;
     if let Some(groups) = &ctx.process_groups
         && let Ok(recorded) = process::group_of(group.leader())
     {
@@ -124,13 +134,16 @@ async fn execute(command: &str, limit: Duration, ctx: &ToolContext) -> std::io::
         let _ = groups.send(recorded);
     }
     let mut output = HeadTail::new(ctx.limits.output_cap);
-    let ending = drive(&mut child, &mut pipe, &mut output, limit, &ctx.cancel).await?;
-    // Kill the group before reaping, so a timed-out shell's children die with it; on a normal
-    // exit this kills whatever the command left running in the background.
+    let stop = drive(&mut leader, &mut pipe, &mut output, limit, &ctx.cancel).await?;
+    // Kill the group before reaping its leader: a timed-out shell's children die with it, a
+    // normal exit's background processes too, and the group's id cannot have been reused yet.
     group.kill();
-    if !matches!(ending, Ending::Exited(_)) {
-        child.wait().await?;
-    }
+    let status = leader.reap().await?;
+    let ending = match stop {
+        Stop::Exited => Ending::Exited(status),
+        Stop::TimedOut => Ending::TimedOut,
+        Stop::Cancelled => Ending::Cancelled,
+    };
     drain(&mut pipe, &mut output).await;
     drop(cgroup);
     Ok(render(ending, output, limit))
@@ -224,26 +237,27 @@ fn spawn(command: &str, root: &Path, sandbox: Option<Prepared>) -> std::io::Resu
     })
 }
 
-/// Reads output until the shell exits, the deadline passes or the call is cancelled.
+/// Reads output until the shell exits (left unreaped), the deadline passes or the call is
+/// cancelled.
 async fn drive(
-    child: &mut Child,
+    leader: &mut process::Leader,
     pipe: &mut pipe::Receiver,
     output: &mut HeadTail,
     limit: Duration,
     cancel: &CancellationToken,
-) -> std::io::Result<Ending> {
+) -> std::io::Result<Stop> {
     let deadline = Instant::now() + limit;
     let mut buf = vec![0u8; 16 * 1024];
     let mut open = true;
     loop {
         tokio::select! {
-            status = child.wait() => return Ok(Ending::Exited(status?)),
+            exited = leader.exited() => return exited.map(|()| Stop::Exited),
             read = pipe.read(&mut buf), if open => match read {
                 Ok(n) if n > 0 => output.push(&buf[..n]),
                 _ => open = false,
             },
-            () = sleep_until(deadline) => return Ok(Ending::TimedOut),
-            () = cancel.cancelled() => return Ok(Ending::Cancelled),
+            () = sleep_until(deadline) => return Ok(Stop::TimedOut),
+            () = cancel.cancelled() => return Ok(Stop::Cancelled),
         }
     }
 }
@@ -294,10 +308,9 @@ struct GroupGuard {
 }
 
 impl GroupGuard {
-    fn new(child: &Child, lifeline: PipeWriter) -> std::io::Result<GroupGuard> {
-        let pid = child
-            .id()
-            .ok_or_else(|| std::io::Error::other("bash exited before its pid was read"))?;
+    fn new(leader: Option<u32>, lifeline: PipeWriter) -> std::io::Result<GroupGuard> {
+        let pid =
+            leader.ok_or_else(|| std::io::Error::other("bash exited before its pid was read"))?;
         let pid = i32::try_from(pid).map_err(std::io::Error::other)?;
         // `process_group(0)` made the shell the leader of a group with its own pid as id.
         Ok(GroupGuard {
@@ -318,6 +331,7 @@ impl GroupGuard {
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
+        // The leader is unreaped here (a zombie at worst), so the id is still this group's.
         // ESRCH (the group is already empty) is the normal case after a clean exit.
         let _ = killpg(self.group, Signal::SIGKILL);
     }
@@ -437,7 +451,7 @@ mod tests {
         assert_ne!(holders[0], leader, "the command's shell holds the lifeline");
         let stdin = std::fs::read_link(format!("/proc/{leader}/fd/0")).unwrap();
         assert_eq!(stdin, Path::new("/dev/null"));
-        GroupGuard::new(&spawned.child, spawned.lifeline)
+        GroupGuard::new(spawned.child.id(), spawned.lifeline)
             .unwrap()
             .kill();
     }

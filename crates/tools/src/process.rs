@@ -12,11 +12,15 @@
 //! the two apart. The Bash tool's sentinel (see [`crate::bash`]) is what stops a group when its
 //! daemon dies; stopping a leftover group here is the second line, for a sentinel that was killed.
 
+use std::os::fd::OwnedFd;
 use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
+use rustix::process::{Pid as RustixPid, PidfdFlags, WaitId, WaitIdOptions, pidfd_open, waitid};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
 use tokio::time::{Instant, sleep};
 
 pub use forkd_core::store::ProcessGroup;
@@ -155,6 +159,80 @@ pub async fn stop_leftover(group: &ProcessGroup, within: Duration) -> std::io::R
     }
 }
 
+/// A process group's leader (a child of this process), whose exit is awaited without reaping
+/// it. Until it is reaped, its pid, and so the group's id, names nothing else: a group killed by
+/// id after [`Leader::exited`] and before [`Leader::reap`] is this group, never a later one that
+/// reused the id (which a group killed after its leader was reaped could be).
+pub struct Leader {
+    child: tokio::process::Child,
+    /// Readable once the leader has exited (Linux 5.3 and later), opened when first awaited;
+    /// without one, exits are polled.
+    pidfd: Option<AsyncFd<OwnedFd>>,
+    /// Whether the pidfd was tried (so a kernel without pidfds is asked once).
+    tried: bool,
+}
+
+impl Leader {
+    pub fn new(child: tokio::process::Child) -> Leader {
+        Leader {
+            child,
+            pidfd: None,
+            tried: false,
+        }
+    }
+
+    /// The leader's pid (the group's id), while it is unreaped.
+    pub fn id(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    fn pid(&self) -> std::io::Result<RustixPid> {
+        self.child
+            .id()
+            .and_then(|pid| RustixPid::from_raw(i32::try_from(pid).ok()?))
+            .ok_or_else(|| std::io::Error::other("the leader was already reaped"))
+    }
+
+    /// Returns once the leader has exited, leaving it a zombie: its group can still be killed
+    /// by id. Within a tokio runtime.
+    pub async fn exited(&mut self) -> std::io::Result<()> {
+        let pid = self.pid()?;
+        if !self.tried {
+            self.tried = true;
+            self.pidfd = watch(pid);
+        }
+        if let Some(pidfd) = &self.pidfd {
+            // A pidfd is readable once its process has exited, and stays so.
+            let _ready = pidfd.readable().await?;
+            return Ok(());
+        }
+        loop {
+            let options = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+            if waitid(WaitId::Pid(pid), options)?.is_some() {
+                return Ok(());
+            }
+            sleep(POLL).await;
+        }
+    }
+
+    /// Reaps the leader (once its group has been killed) and returns how it ended.
+    pub async fn reap(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        self.child.wait().await
+    }
+}
+
+/// A pidfd for `pid`, registered with the runtime; `None` where the kernel has none.
+#[allow(
+    unsafe_code,
+    reason = "tokio's only undeprecated way to watch a descriptor"
+)]
+fn watch(pid: RustixPid) -> Option<AsyncFd<OwnedFd>> {
+    let fd = pidfd_open(pid, PidfdFlags::empty()).ok()?;
+    // SAFETY: an `OwnedFd` stays open until dropped, which only the `AsyncFd` does, and
+    // always names the same descriptor.
+    unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.ok()
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -253,5 +331,64 @@ mod tests {
         let stopped = stop_leftover(&actual, Duration::from_secs(10)).await;
         assert_eq!(stopped.unwrap(), Leftover::Stopped);
         leader.wait().unwrap();
+    }
+
+    /// A group whose leader exits and leaves a sleeper behind: `(leader, sleeper)`.
+    async fn exiting_group() -> (tokio::process::Child, i32) {
+        use tokio::io::AsyncBufReadExt;
+        let mut leader = tokio::process::Command::new("sh")
+            .args(["-c", "sleep 100 & echo $!; read -r _; exit 3"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        tokio::io::BufReader::new(leader.stdout.take().unwrap())
+            .read_line(&mut line)
+            .await
+            .unwrap();
+        (leader, line.trim().parse().unwrap())
+    }
+
+    /// `exited` returns with the leader still holding the group's id (a zombie), so killing the
+    /// group by id then reaches what it left behind and nothing else; `reap` gives its status.
+    async fn the_exit_is_seen_before_the_leader_is_reaped(pidfd: bool) {
+        let (mut child, sleeper) = exiting_group().await;
+        let pgid = i32::try_from(child.id().unwrap()).unwrap();
+        drop(child.stdin.take());
+        let mut leader = Leader::new(child);
+        // Without a pidfd, as on a kernel before 5.3.
+        leader.tried = !pidfd;
+        tokio::time::timeout(Duration::from_secs(10), leader.exited())
+            .await
+            .expect("the exit was never seen")
+            .unwrap();
+        assert_eq!(
+            leader.pidfd.is_some(),
+            pidfd,
+            "a pidfd on Linux 5.3 or later"
+        );
+        assert_eq!(Stat::read(pgid).unwrap().state, 'Z', "reaped too early");
+        assert_eq!(live_members(pgid).unwrap(), vec![sleeper]);
+
+        killpg(Pid::from_raw(pgid), Signal::SIGKILL).unwrap();
+        assert_eq!(leader.reap().await.unwrap().code(), Some(3));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !live_members(pgid).unwrap().is_empty() {
+            assert!(Instant::now() < deadline, "the sleeper survived");
+            sleep(POLL).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_leader_s_exit_is_seen_on_its_pidfd_without_reaping_it() {
+        the_exit_is_seen_before_the_leader_is_reaped(true).await;
+    }
+
+    #[tokio::test]
+    async fn a_leader_s_exit_is_polled_without_reaping_it_where_pidfds_are_missing() {
+        the_exit_is_seen_before_the_leader_is_reaped(false).await;
     }
 }

@@ -17,10 +17,12 @@
 //!    over each hidden file. Hidden are the daemon's home (`FORKD_HOME`: its database, socket,
 //!    tokens), the other sessions' workspaces, other users' homes and the deny list (`~/.ssh`,
 //!    `~/.aws`, …). A hidden directory that holds the command's own workspace or temporary
-//!    directory is not covered whole: its other entries are, recursively, along the path to
-//!    what is kept. Everything else reads as before (toolchains, system directories), so `cargo`
-//!    and `python3` work where they are installed. Paths hidden through `/proc/self/root` stay
-//!    hidden: it is the same mount namespace.
+//!    directory is covered by one tmpfs into which what is kept is bound back ([`covers`]).
+//!    Each cover is mounted on a descriptor opened without following symlinks and checked
+//!    against the path's identity when the view was planned, never by path. Everything else
+//!    reads as before (toolchains, system directories), so `cargo` and `python3` work where
+//!    they are installed. Paths hidden through `/proc/self/root` stay hidden: it is the same
+//!    mount namespace.
 //! 3. **Processes.** The command runs under a small init of forkd's, pid 1 of its namespace, with
 //!    a fresh `/proc` ([`init`]): it sees and signals only its own processes, and none outlives
 //!    it.
@@ -43,11 +45,14 @@
 //! start what it found.
 //!
 //! This is the one module of forkd with `unsafe` code: the system calls made between fork and
-//! exec, and the few made to prepare them.
+//! exec, and the few made to prepare them. (The one other `unsafe` block registers a pidfd with
+//! tokio: [`crate::process::Leader`].)
 
 #![allow(unsafe_code)]
 
 pub mod cgroup;
+mod covers;
+mod error;
 mod held;
 #[doc(hidden)]
 pub use held::testing;
@@ -58,7 +63,6 @@ pub mod layer;
 pub mod limits;
 mod seccomp;
 
-use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -74,6 +78,10 @@ use landlock::{
 pub use forkd_core::session::{Sandbox, SandboxMode};
 pub use home::{HomeView, default_read_allow};
 pub use limits::ResourceLimits;
+
+use covers::{Cover, covers, fd_path};
+use error::Layer;
+pub use error::{SandboxError, explain};
 
 /// The deny list used when the daemon's configuration names none, relative to the home
 /// directory: credentials a command has no business reading.
@@ -202,107 +210,6 @@ pub fn layers(sandbox: Sandbox, limits: &ResourceLimits) -> String {
          seccomp{unix}, rlimits ({}), {cgroup}oom_score_adj 1000",
         limits.describe()
     )
-}
-
-/// Why a sandboxed command could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum SandboxError {
-    #[error(
-        "the {mode} sandbox needs Landlock, which this kernel does not offer{detail}; the command \
-         did not run. A session whose commands may run unconfined is created with --sandbox \
-         full-access"
-    )]
-    NoLandlock { mode: &'static str, detail: String },
-    #[error("the sandbox could not be prepared: {0}")]
-    Prepare(String),
-    #[error(
-        "the command could not enter its sandbox: {0}; the command did not run. A session whose \
-         commands may run unconfined is created with --sandbox full-access"
-    )]
-    Enter(String),
-}
-
-/// The layers a command's process enters, in order: a failure to enter one is reported naming
-/// it (see [`explain`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(i32)]
-enum Layer {
-    Namespaces = 1,
-    Mounts = 2,
-    HomeCover = 3,
-    PidNamespace = 4,
-    Proc = 5,
-    Limits = 6,
-    Landlock = 7,
-    Seccomp = 8,
-    Cgroup = 9,
-    Overlay = 10,
-}
-
-/// The step a failed `errno` came from travels in the error itself: the only thing a process
-/// between fork and exec hands back to its spawner is one `i32`.
-const LAYER_SHIFT: i32 = 1 << 16;
-
-impl Layer {
-    fn name(self) -> &'static str {
-        match self {
-            Layer::Namespaces => "user/mount/pid/network namespaces",
-            Layer::Mounts => "the private mount table",
-            Layer::HomeCover => "the cover of the home directory",
-            Layer::PidNamespace => "the PID namespace's init",
-            Layer::Proc => "the PID namespace's /proc",
-            Layer::Limits => "the resource limits",
-            Layer::Landlock => "Landlock",
-            Layer::Seccomp => "the seccomp filter",
-            Layer::Cgroup => "the session's cgroup",
-            Layer::Overlay => "the child's copy-on-write layer (overlayfs)",
-        }
-    }
-
-    fn from_code(code: i32) -> Option<Layer> {
-        [
-            Layer::Namespaces,
-            Layer::Mounts,
-            Layer::HomeCover,
-            Layer::PidNamespace,
-            Layer::Proc,
-            Layer::Limits,
-            Layer::Landlock,
-            Layer::Seccomp,
-            Layer::Cgroup,
-            Layer::Overlay,
-        ]
-        .into_iter()
-        .find(|l| *l as i32 == code)
-    }
-
-    /// Tags `result`'s error with this layer.
-    fn tag<T>(self, result: io::Result<T>) -> io::Result<T> {
-        result.map_err(|e| {
-            io::Error::from_raw_os_error(self as i32 * LAYER_SHIFT + e.raw_os_error().unwrap_or(0))
-        })
-    }
-}
-
-/// What a spawn error of a sandboxed command means: the layer that could not be entered and
-/// why, where the error came from entering one.
-pub fn explain(err: &io::Error) -> String {
-    let Some(code) = err.raw_os_error() else {
-        return err.to_string();
-    };
-    match Layer::from_code(code / LAYER_SHIFT) {
-        Some(layer) if code % LAYER_SHIFT == libc::ESTALE => format!(
-            "{} could not be set up: a hidden path was replaced or moved while the view was \
-             being made (nothing was mounted on what took its place); run it again",
-            layer.name()
-        ),
-        Some(layer) => format!(
-            "{} could not be set up: {}",
-            layer.name(),
-            io::Error::from_raw_os_error(code % LAYER_SHIFT)
-        ),
-        None => err.to_string(),
-    }
 }
 
 /// A view's namespaces as a holder process makes them ([`held`]): what every command that sees
@@ -493,94 +400,6 @@ impl Setup {
         }
         Ok(())
     }
-}
-
-/// One hidden path to cover, as planned in the daemon: what it is, and its identity then.
-pub(crate) struct Cover {
-    path: CString,
-    dir: bool,
-    dev: u64,
-    ino: u64,
-}
-
-impl Cover {
-    /// Plans the cover of the canonical `path`; `None` when it is gone already.
-    fn plan(path: &Path, dir: bool) -> Result<Option<Cover>, SandboxError> {
-        use std::os::unix::fs::MetadataExt;
-        let Ok(meta) = std::fs::symlink_metadata(path) else {
-            return Ok(None);
-        };
-        Ok(Some(Cover {
-            path: c_path(path)?,
-            dir,
-            dev: meta.dev(),
-            ino: meta.ino(),
-        }))
-    }
-
-    /// Opens the path to cover, no symlink followed along it, and checks it is what was
-    /// planned.
-    ///
-    /// # Safety
-    /// Between fork and exec: system calls only.
-    unsafe fn open(&self) -> io::Result<libc::c_int> {
-        // SAFETY: openat2 reads a NUL-terminated string and a struct that live for the call;
-        // fstat writes a struct this function owns.
-        unsafe {
-            let mut how: libc::open_how = std::mem::zeroed();
-            how.flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;
-            how.resolve = libc::RESOLVE_NO_SYMLINKS;
-            let fd = libc::syscall(
-                libc::SYS_openat2,
-                libc::AT_FDCWD,
-                self.path.as_ptr(),
-                &raw const how,
-                std::mem::size_of::<libc::open_how>(),
-            );
-            if fd < 0 {
-                let err = io::Error::last_os_error();
-                // A symlink now along the path: it changed since the plan.
-                return Err(if err.raw_os_error() == Some(libc::ELOOP) {
-                    io::Error::from_raw_os_error(libc::ESTALE)
-                } else {
-                    err
-                });
-            }
-            let fd = fd as libc::c_int;
-            let mut st: libc::stat = std::mem::zeroed();
-            if libc::fstat(fd, &mut st) != 0 {
-                let err = io::Error::last_os_error();
-                libc::close(fd);
-                return Err(err);
-            }
-            if st.st_dev != self.dev || st.st_ino != self.ino {
-                libc::close(fd);
-                return Err(io::Error::from_raw_os_error(libc::ESTALE));
-            }
-            Ok(fd)
-        }
-    }
-}
-
-/// Writes `/proc/self/fd/FD` and a NUL into `buf`, with no allocation.
-fn fd_path(fd: libc::c_int, buf: &mut [u8; 32]) {
-    const PREFIX: &[u8] = b"/proc/self/fd/";
-    buf[..PREFIX.len()].copy_from_slice(PREFIX);
-    let mut digits = [0u8; 10];
-    let mut n = fd.unsigned_abs();
-    let mut len = 0;
-    loop {
-        digits[len] = b'0' + (n % 10) as u8;
-        len += 1;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for i in 0..len {
-        buf[PREFIX.len() + i] = digits[len - 1 - i];
-    }
-    buf[PREFIX.len() + len] = 0;
 }
 
 /// The hidden paths that exist, canonical.
@@ -809,41 +628,6 @@ fn ruleset(writable: &[&Path]) -> Result<OwnedFd, SandboxError> {
     })
 }
 
-/// How the view hides `hidden` while `keep` stays reachable. A hidden directory that holds a
-/// kept path is *split*: covered whole by a tmpfs into which the kept paths are bound back (see
-/// [`home::Cover`]), one mount and one per kept path however many entries it has, so the view
-/// depends on its identity alone — a session's temporary directory or a fresh workspace appearing
-/// beside the kept one changes nothing (its name is not even shown). Every other hidden path is
-/// covered itself, with whether it is a directory. A path inside one covered whole is left out:
-/// once its parent is covered it no longer exists to be covered (and a mount on it would fail).
-/// Returns the split directories (outer first) and the covers, in order.
-pub(crate) fn covers(hidden: &[PathBuf], keep: &[&Path]) -> (Vec<PathBuf>, Vec<(PathBuf, bool)>) {
-    let mut split = BTreeSet::new();
-    let mut whole = BTreeSet::new();
-    for path in hidden {
-        if keep.contains(&path.as_path()) {
-            continue;
-        }
-        let Ok(meta) = std::fs::symlink_metadata(path) else {
-            continue;
-        };
-        if keep.iter().any(|k| k.starts_with(path)) {
-            split.insert(path.clone());
-        } else {
-            // Symlinks were resolved when the paths were made canonical.
-            whole.insert((path.clone(), meta.is_dir()));
-        }
-    }
-    // In order, a covered directory comes right before what it holds.
-    let mut covers: Vec<(PathBuf, bool)> = Vec::with_capacity(whole.len());
-    for (path, dir) in whole {
-        if !covers.iter().any(|(p, d)| *d && path.starts_with(p)) {
-            covers.push((path, dir));
-        }
-    }
-    (split.into_iter().collect(), covers)
-}
-
 /// Makes a command's private temporary directory (and what is missing above it) with mode 0700.
 pub(crate) fn make_private(dir: &Path) -> Result<(), SandboxError> {
     use std::os::unix::fs::DirBuilderExt;
@@ -959,137 +743,4 @@ pub async fn probe(scratch: &Path) -> Probe {
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use super::*;
-
-    #[test]
-    fn a_failed_layer_is_named_with_its_errno() {
-        let err = Layer::Proc
-            .tag::<()>(Err(io::Error::from_raw_os_error(libc::EPERM)))
-            .unwrap_err();
-        let text = explain(&err);
-        assert!(
-            text.starts_with("the PID namespace's /proc could not be set up: "),
-            "{text}"
-        );
-        assert!(text.contains("os error 1"), "{text}");
-        // An error from elsewhere reads as itself.
-        let plain = io::Error::from_raw_os_error(libc::ENOENT);
-        assert_eq!(explain(&plain), plain.to_string());
-    }
-
-    #[test]
-    fn a_hidden_directory_holding_a_kept_one_is_split_not_covered_entry_by_entry() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = std::fs::canonicalize(dir.path()).unwrap();
-        let home = root.join("home");
-        for d in ["home/ws/src", "home/tmp/s1", "home/tmp/s2", "home/agents"] {
-            std::fs::create_dir_all(root.join(d)).unwrap();
-        }
-        std::fs::write(home.join("forkd.db"), "x").unwrap();
-        let (ws, tmp) = (home.join("ws"), home.join("tmp/s1"));
-        let other = root.join("other-ws");
-        std::fs::create_dir_all(&other).unwrap();
-        let (split, whole) = covers(&[home.clone(), other.clone()], &[&ws, &tmp]);
-        assert_eq!(split, vec![home.clone()]);
-        assert_eq!(whole, vec![(other.clone(), true)]);
-        // Nothing new beside the kept paths changes the plan.
-        std::fs::create_dir_all(home.join("tmp/s3")).unwrap();
-        assert_eq!(
-            covers(&[home.clone(), other.clone()], &[&ws, &tmp]),
-            (split, whole)
-        );
-        // A hidden path inside another one covered whole (a workspace in another workspace) is
-        // covered with it, not on its own.
-        std::fs::create_dir_all(other.join("sub")).unwrap();
-        let (_, nested) = covers(&[other.join("sub"), other.clone()], &[&tmp]);
-        assert_eq!(nested, vec![(other.clone(), true)]);
-        // A kept path itself is never covered; a missing one is skipped.
-        assert_eq!(covers(std::slice::from_ref(&ws), &[&ws]), (vec![], vec![]));
-        assert_eq!(covers(&[root.join("missing")], &[&ws]), (vec![], vec![]));
-    }
-
-    #[test]
-    fn the_temporary_root_is_this_users_alone() {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        let dir = tempfile::tempdir().unwrap();
-        let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode() & 0o777;
-        // Missing: made, 0700.
-        let root = dir.path().join("made/root");
-        private_root(&root).unwrap();
-        assert_eq!(mode(&root), 0o700);
-        // Ours but open to others (made by an earlier forkd): closed.
-        let open = dir.path().join("open");
-        std::fs::create_dir(&open).unwrap();
-        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
-        private_root(&open).unwrap();
-        assert_eq!(mode(&open), 0o700);
-        // A symlink (to a directory someone else chose): refused, nothing made through it.
-        let elsewhere = dir.path().join("elsewhere");
-        std::fs::create_dir(&elsewhere).unwrap();
-        let link = dir.path().join("link");
-        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
-        let err = private_root(&link).unwrap_err().to_string();
-        assert!(err.contains("is a symbolic link"), "{err}");
-        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
-        // Not a directory.
-        let file = dir.path().join("file");
-        std::fs::write(&file, "x").unwrap();
-        assert!(
-            private_root(&file)
-                .unwrap_err()
-                .to_string()
-                .contains("not a directory")
-        );
-        // Another user's (only root can make one here).
-        if nix::unistd::geteuid().is_root() {
-            let theirs = dir.path().join("theirs");
-            std::fs::create_dir(&theirs).unwrap();
-            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
-            let err = private_root(&theirs).unwrap_err().to_string();
-            assert!(err.contains("belongs to uid 65534"), "{err}");
-            assert_eq!(std::fs::metadata(&theirs).unwrap().uid(), 65534);
-        } else {
-            eprintln!("not root: no directory of another user's to try");
-        }
-    }
-
-    #[test]
-    fn a_cover_swapped_after_its_plan_fails_the_view_instead_of_landing_elsewhere() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = std::fs::canonicalize(dir.path()).unwrap();
-        let (ws, tmp) = (root.join("ws"), root.join("tmp"));
-        let other = root.join("other");
-        for d in [&ws, &tmp, &other] {
-            std::fs::create_dir_all(d).unwrap();
-        }
-        std::fs::write(other.join("notes.md"), "theirs").unwrap();
-        let sandbox = Sandbox {
-            mode: SandboxMode::WorkspaceWrite,
-            allow_network: false,
-            unix_sockets: false,
-        };
-        let paths = SandboxPaths {
-            hidden: vec![other.clone()],
-            tmp: tmp.clone(),
-            ..SandboxPaths::default()
-        };
-        let plan = || Setup::new(sandbox, &paths, &ws, &tmp).unwrap();
-        // As planned: the view is made.
-        held::hold(plan(), None).unwrap();
-        // Moved away and a directory made in its place (another inode).
-        let setup = plan();
-        std::fs::rename(&other, root.join("moved")).unwrap();
-        std::fs::create_dir(&other).unwrap();
-        let err = held::hold(setup, None).unwrap_err().to_string();
-        assert!(err.contains("was replaced or moved"), "{err}");
-        // A symlink put in its place: not followed.
-        let setup = plan();
-        std::fs::remove_dir(&other).unwrap();
-        std::os::unix::fs::symlink(root.join("moved"), &other).unwrap();
-        let err = held::hold(setup, None).unwrap_err().to_string();
-        assert!(err.contains("was replaced or moved"), "{err}");
-    }
-}
+mod tests;

@@ -23,9 +23,10 @@ use std::process::Stdio;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::process::{ChildStdin, ChildStdout, Command};
 
 use crate::env::child_env;
+use crate::process::Leader;
 use crate::sandbox::{Prepared, Sandbox, SandboxPaths};
 
 /// The launcher `bash -c` runs: `$1` is the log file, the rest the server's command line.
@@ -56,7 +57,7 @@ impl ServerCommand {
 /// A started server. Dropping it kills the server's whole process group.
 pub struct ServerProcess {
     pipes: Option<(ChildStdin, ChildStdout)>,
-    child: Child,
+    leader: Leader,
     group: Pid,
     /// Closed after the group is killed (fields drop after [`Drop::drop`]), or when the daemon
     /// dies: either way the sentinel then kills the group. An `Option` only for a test.
@@ -78,9 +79,12 @@ impl ServerProcess {
         self.group.as_raw()
     }
 
-    /// Waits until the server's leader exits.
+    /// Waits until the server's leader exits, kills what is left of its group (before the
+    /// leader is reaped, while the group's id is still its own) and returns how it ended.
     pub async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
-        self.child.wait().await
+        self.leader.exited().await?;
+        let _ = killpg(self.group, Signal::SIGKILL);
+        self.leader.reap().await
     }
 }
 
@@ -156,7 +160,7 @@ pub fn spawn_server(cmd: &ServerCommand) -> Result<ServerProcess, ServerSpawnErr
         .ok_or_else(|| spawn_err(std::io::Error::other("the server exited at once")))?;
     Ok(ServerProcess {
         pipes: Some((stdin, stdout)),
-        child,
+        leader: Leader::new(child),
         group: Pid::from_raw(pid),
         lifeline: Some(lifeline),
         cgroup,

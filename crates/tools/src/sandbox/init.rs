@@ -19,6 +19,15 @@
 //! Everything here runs between fork and exec: system calls on data prepared beforehand, no
 //! allocation, no lock; the forks are raw `clone` calls, which run no `atfork` handler. The init
 //! touches nothing of the memory it shares but its own stack and what [`Init`] holds.
+//!
+//! One more thing is shared: `errno`. The init has no thread pointer of its own (`CLONE_SETTLS`
+//! would need a thread-local block laid out as libc lays it out), so a failed call in either
+//! process writes the one `errno` both read. That is harmless because of when each writes and
+//! reads it, and must stay so: the init can fail a call only while the outer is blocked reading
+//! its ready word (mounting `/proc`), or after a `SIGCHLD`, which needs a child of the init — an
+//! orphan of the command, so after the command was forked. The outer reads `errno` only in
+//! between: when forking the command fails. Once the command runs, the outer reads no `errno`
+//! ([`outer`] and [`end_like`] use no call's error), and the command, a plain fork, has its own.
 
 use std::io;
 
