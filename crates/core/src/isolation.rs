@@ -215,6 +215,37 @@ pub fn summary(files: &[FileChange]) -> String {
     )
 }
 
+/// `path` as git writes a file name with `core.quotePath` on (its default): unchanged when it
+/// holds only printable ASCII other than `"` and `\`; otherwise in double quotes, with `\n`,
+/// `\t`, `\"`, `\\` and the like, and every other control or non-ASCII byte as three octal
+/// digits. So no file name can draw a line of a diff, a list or a notification, or hide itself
+/// behind invisible or right-to-left characters; `git apply` and `patch` read the quoted form.
+pub fn quote_path(path: &str) -> std::borrow::Cow<'_, str> {
+    let plain = |b: u8| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\';
+    if path.bytes().all(plain) {
+        return std::borrow::Cow::Borrowed(path);
+    }
+    let mut out = String::with_capacity(path.len() + 8);
+    out.push('"');
+    for b in path.bytes() {
+        match b {
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            0x07 => out.push_str("\\a"),
+            0x08 => out.push_str("\\b"),
+            b'\t' => out.push_str("\\t"),
+            b'\n' => out.push_str("\\n"),
+            0x0b => out.push_str("\\v"),
+            0x0c => out.push_str("\\f"),
+            b'\r' => out.push_str("\\r"),
+            b if plain(b) => out.push(char::from(b)),
+            b => out.push_str(&format!("\\{b:03o}")),
+        }
+    }
+    out.push('"');
+    std::borrow::Cow::Owned(out)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -242,5 +273,20 @@ mod tests {
         assert_eq!(summary(&[]), "no changes");
         assert_eq!(summary(&[f(2, 1)]), "1 file (+2 -1)");
         assert_eq!(summary(&[f(2, 1), f(0, 3)]), "2 files (+2 -4)");
+    }
+
+    #[test]
+    fn file_names_are_quoted_as_git_quotes_them() {
+        assert_eq!(quote_path("src/main.rs"), "src/main.rs");
+        assert_eq!(quote_path("with space.txt"), "with space.txt");
+        assert_eq!(
+            quote_path("spoof\n-SPOOFDEL removed line\n+SPOOFADD added line.txt"),
+            "\"spoof\\n-SPOOFDEL removed line\\n+SPOOFADD added line.txt\""
+        );
+        assert_eq!(quote_path("a\tb\"c\\d"), "\"a\\tb\\\"c\\\\d\"");
+        assert_eq!(quote_path("bell\u{7}\u{1b}[31m"), "\"bell\\a\\033[31m\"");
+        // Non-ASCII (a right-to-left override included) as octal bytes, as git does.
+        assert_eq!(quote_path("é"), "\"\\303\\251\"");
+        assert_eq!(quote_path("a\u{202e}b"), "\"a\\342\\200\\256b\"");
     }
 }

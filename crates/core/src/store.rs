@@ -256,6 +256,10 @@ pub struct StoredMessage {
     /// A session's message that began a turn (the user's, stored by
     /// [`Store::append_user_message`]); `false` for every other message and for agents'.
     pub starts_turn: bool,
+    /// A note forkd appended for the session's model (a task notification, a client batch's
+    /// launch note or digest, a branch's report): views draw it as forkd's by this mark, never
+    /// by its text. `false` for every other message and for agents'.
+    pub note: bool,
 }
 
 /// A fork child to insert with its batch.

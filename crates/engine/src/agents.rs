@@ -18,6 +18,10 @@ pub struct TranscriptEntry {
     /// A compaction's summary, shown where its boundary is: the requests after it start with
     /// this message instead of everything before it. Not a message of the transcript itself.
     pub compaction: bool,
+    /// One of forkd's notes in a session's transcript (a task notification, a batch's launch
+    /// note or digest, a branch's report): to be drawn as forkd's by this mark, never by its
+    /// text.
+    pub note: bool,
     /// A session's main loop's message: its seq in the session's transcript, and the turn it
     /// begins, if it does.
     pub seq: Option<u64>,
@@ -122,6 +126,7 @@ impl Engine {
                         message: c.summary,
                         shared: m.seq < point,
                         compaction: true,
+                        note: false,
                         seq: None,
                         turn: None,
                     });
@@ -133,6 +138,7 @@ impl Engine {
                     message: m.message,
                     shared: m.seq < point,
                     compaction: false,
+                    note: m.note,
                     seq: Some(m.seq),
                     turn: m.starts_turn.then_some(turn),
                 });
@@ -144,11 +150,12 @@ impl Engine {
         {
             let batch = self.get_batch(batch_id).await?;
             if include_shared {
-                for message in self.inner.compaction.inherited_history(&batch).await? {
+                for (message, note) in self.inner.compaction.inherited_notes(&batch).await? {
                     out.push(TranscriptEntry {
                         message,
                         shared: true,
                         compaction: false,
+                        note,
                         seq: None,
                         turn: None,
                     });
@@ -158,6 +165,7 @@ impl Engine {
                         message: assistant.clone(),
                         shared: true,
                         compaction: false,
+                        note: false,
                         seq: None,
                         turn: None,
                     });
@@ -171,6 +179,7 @@ impl Engine {
                 message: Message::user(first),
                 shared: false,
                 compaction: false,
+                note: false,
                 seq: None,
                 turn: None,
             });
@@ -184,6 +193,7 @@ impl Engine {
                     message: c.summary,
                     shared: false,
                     compaction: true,
+                    note: false,
                     seq: None,
                     turn: None,
                 });
@@ -192,6 +202,7 @@ impl Engine {
                 message: m.message,
                 shared: false,
                 compaction: false,
+                note: false,
                 seq: None,
                 turn: None,
             });

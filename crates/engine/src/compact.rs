@@ -145,6 +145,20 @@ impl Compactor {
         &self,
         batch: &forkd_core::fork::ForkBatch,
     ) -> Result<Vec<Message>> {
+        Ok(self
+            .inherited_notes(batch)
+            .await?
+            .into_iter()
+            .map(|(message, _)| message)
+            .collect())
+    }
+
+    /// [`Self::inherited_history`], each message with whether it is one of forkd's notes
+    /// ([`forkd_core::store::StoredMessage::note`]).
+    pub(crate) async fn inherited_notes(
+        &self,
+        batch: &forkd_core::fork::ForkBatch,
+    ) -> Result<Vec<(Message, bool)>> {
         let store = &self.store;
         let summary = match batch.compacted_to {
             Some(to) => Some(
@@ -169,8 +183,12 @@ impl Compactor {
             .session_messages_from(batch.session_id, from, Some(batch.fork_point))
             .await?
             .into_iter()
-            .map(|m| m.message);
-        Ok(summary.into_iter().chain(messages).collect())
+            .map(|m| (m.message, m.note));
+        Ok(summary
+            .map(|s| (s, false))
+            .into_iter()
+            .chain(messages)
+            .collect())
     }
 
     /// The parent's conversation as its next request sees it.

@@ -247,6 +247,7 @@ pub fn message_json(m: &TranscriptMessage) -> Value {
         "content": content,
         "shared": m.shared,
         "compaction": m.compaction,
+        "note": m.note,
         "seq": m.seq,
         "turn": (m.turn > 0).then_some(m.turn),
     })

@@ -117,7 +117,9 @@ fn init_tracing_exported(
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
-    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let logs = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(log_colour());
     let logs = match format {
         LogFormat::Text => logs.boxed(),
         LogFormat::Json => logs.json().boxed(),
@@ -284,7 +286,23 @@ fn init_tracing_filter(filter: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
+        .with_ansi(log_colour())
         .init();
+}
+
+/// Whether the log gets colour: only on a terminal, and never when `NO_COLOR` is set to
+/// anything but the empty string (no-color.org). A log read from a file or a journal holds no
+/// escape codes.
+fn log_colour() -> bool {
+    use std::io::IsTerminal as _;
+    colour_allowed(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    )
+}
+
+fn colour_allowed(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(std::ffi::OsStr::is_empty)
 }
 
 async fn wait_for_signal() -> anyhow::Result<()> {

@@ -32,3 +32,22 @@ async fn the_demo_reads_the_prefix_from_cache_and_matches_the_calculator() {
     let independent = report["independent_cost_usd"].as_f64().unwrap();
     assert!(measured < independent / 2.0, "{measured} vs {independent}");
 }
+
+/// A log written to a pipe or a file (a journal, a CI log) holds no colour codes.
+#[tokio::test]
+async fn a_log_that_is_not_a_terminal_has_no_colour() {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_forkd"))
+        .args(["demo", "--json"])
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success());
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("INFO"), "nothing was logged: {log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes in a piped log: {log:?}"
+    );
+}

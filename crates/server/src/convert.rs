@@ -338,6 +338,7 @@ pub(crate) fn transcript_message(e: TranscriptEntry) -> pb::TranscriptMessage {
         content_json: e.message.content_json(),
         shared: e.shared,
         compaction: e.compaction,
+        note: e.note,
         seq: e.seq,
         turn: e.turn.unwrap_or(0),
     }

@@ -2,7 +2,8 @@
 //! (which rebuilds `agents` and `notifications`) opens with every row intact, its main loops
 //! `idle`, its notifications of the right kind, and its notification sequence going on where it
 //! stood (a seq is never reused, even one whose row is gone); after migration 0030, each tenant's
-//! own numbers start where a client's cursor from before could stand.
+//! own numbers start where a client's cursor from before could stand; migration 0031 marks the
+//! notes forkd appended before it, and nothing else.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -140,4 +141,90 @@ async fn the_turn_lifecycle_migration_keeps_agents_and_notifications() {
         .await
         .unwrap();
     assert!(problems.is_empty(), "{problems:?}");
+}
+
+/// Migration 0031 marks the notes forkd appended before it as forkd's: user messages that begin
+/// no turn and begin with one of its tags. A turn's own message is never one, whatever its text.
+#[tokio::test]
+async fn the_notes_migration_marks_forkd_s_notes_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("forkd.db");
+    let options = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .foreign_keys(true);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    sqlx::migrate!("../../migrations")
+        .run_to(30, &pool)
+        .await
+        .unwrap();
+    let session = SessionId::new();
+    sqlx::query(
+        "INSERT INTO sessions (id, model, system_prompt, tools_json, max_tokens, workspace, \
+         coordinator, interactive, permission_mode, created_at_ms) \
+         VALUES (?, 'claude-sonnet-4-5', 'Sys.', '[]', 8192, '/tmp', 0, 0, 'default', 1)",
+    )
+    .bind(session.to_string())
+    .execute(&pool)
+    .await
+    .unwrap();
+    let text = |t: &str| serde_json::json!([{"type": "text", "text": t}]).to_string();
+    let rows = [
+        (
+            "user",
+            text("<task-notification>\nthe first message"),
+            false,
+        ),
+        ("user", text("<task-notification>\na user's turn"), true),
+        ("assistant", text("ok"), false),
+        (
+            "user",
+            text("<task-notification>\n<agent-id>a</agent-id>"),
+            false,
+        ),
+        ("user", text("<batch-launched>\nA client forked"), false),
+        (
+            "user",
+            text("<batch-notification>\n<batch-id>b</batch-id>"),
+            false,
+        ),
+        (
+            "user",
+            text("<branch-report>\n<branch-id>c</branch-id>"),
+            false,
+        ),
+        ("user", text("a note of no tag"), false),
+    ];
+    for (seq, (role, content, starts_turn)) in rows.iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO session_messages (session_id, seq, role, content_json, created_at_ms, \
+             starts_turn) VALUES (?, ?, ?, ?, 1, ?)",
+        )
+        .bind(session.to_string())
+        .bind(i64::try_from(seq).unwrap())
+        .bind(role)
+        .bind(content)
+        .bind(starts_turn)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    pool.close().await;
+
+    let store = SqliteStore::open(&path, Durability::Normal).await.unwrap();
+    let notes: Vec<bool> = store
+        .session_messages(session, None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.note)
+        .collect();
+    assert_eq!(
+        notes,
+        vec![false, false, false, true, true, true, true, false]
+    );
 }

@@ -559,3 +559,44 @@ async fn the_snapshots_git_reads_nothing_outside_what_the_session_can() {
         isolation::snapshot::take(Repo::unconfined(&batch.ws), &snapshot, "b3", &[]).unwrap();
     assert_eq!(files(&snap.git.unwrap().commit), "b.txt\n");
 }
+
+/// A file name cannot draw a line of the diff: names with newlines, tabs, quotes or control
+/// characters are quoted as git quotes them, and apply still writes the file by its real name.
+#[tokio::test]
+async fn hostile_file_names_are_quoted_in_the_diff_and_applied_by_their_real_name() {
+    let batch = Batch::new(&[("a.txt", "one\n")]);
+    let ctx = batch.child("c1");
+    let hostile = "spoof\n-SPOOFDEL removed line\n+SPOOFADD added line.txt";
+    bash(
+        &ctx,
+        "printf 'x\\n' > \"$(printf 'spoof\\n-SPOOFDEL removed line\\n+SPOOFADD added line.txt')\" \
+         && ln -s \"$(printf 'x\\n+LINK')\" link && printf 'two\\n' > a.txt",
+    )
+    .await;
+    let changes = batch.changes("c1");
+    let mut paths = changes.paths();
+    paths.sort();
+    assert_eq!(paths, vec!["a.txt", "link", hostile]);
+    for line in changes.diff.lines() {
+        assert!(
+            !line.starts_with("-SPOOF")
+                && !line.starts_with("+SPOOF")
+                && !line.starts_with("+LINK"),
+            "a file name drew a diff line: {line:?}\n{}",
+            changes.diff
+        );
+    }
+    let quoted = r#""b/spoof\n-SPOOFDEL removed line\n+SPOOFADD added line.txt""#;
+    assert!(
+        changes.diff.contains(&format!(
+            "diff --git {} {quoted}\nnew file\n--- /dev/null\n+++ {quoted}\n@@ -0,0 +1 @@\n+x\n",
+            quoted.replacen("b/", "a/", 1)
+        )),
+        "{}",
+        changes.diff
+    );
+    let outcome = isolation::apply::apply(&batch.ws, &batch.dirs("c1"), &changes).unwrap();
+    assert!(outcome.conflicts.is_empty(), "{outcome:?}");
+    assert_eq!(batch.live(hostile), "x\n");
+    assert_eq!(batch.live("a.txt"), "two\n");
+}

@@ -193,12 +193,14 @@ function sessionsView() {
 
 // ---------- transcript rendering ----------
 
-function blockView(b) {
+// A block of message `m`: a task notification is drawn as one only when forkd wrote it (the
+// message's `note` mark), never because a text begins with the tag.
+function blockView(b, m) {
   if (!b || typeof b !== 'object') return h('pre', {}, JSON.stringify(b));
   switch (b.type) {
     case 'text': {
       const text = b.text || '';
-      if (text.trimStart().startsWith('<task-notification>')) {
+      if (m && m.note && text.startsWith('<task-notification>')) {
         const status = (text.match(/<status>([^<]*)<\/status>/) || [])[1] || '';
         const agent = (text.match(/<agent-id>([^<]*)<\/agent-id>/) || [])[1] || '';
         return h('details', { class: 'notification' },
@@ -230,12 +232,12 @@ function blockView(b) {
 function messageView(m) {
   if (m.compaction) {
     return h('div', { class: 'compaction' }, 'compaction boundary — the requests after it start with this summary',
-      h('details', {}, h('summary', {}, 'summary'), ...(m.content || []).map(blockView)));
+      h('details', {}, h('summary', {}, 'summary'), ...(m.content || []).map((b) => blockView(b))));
   }
   const blocks = Array.isArray(m.content) ? m.content : [];
   return h('div', { class: 'msg ' + m.role + (m.shared ? ' shared' : ''), 'data-seq': m.seq ?? '' },
     h('div', { class: 'role' }, m.role, m.seq !== null && m.seq !== undefined ? ' · #' + m.seq : ''),
-    ...blocks.map(blockView));
+    ...blocks.map((b) => blockView(b, m)));
 }
 
 function transcriptView(messages, container) {
@@ -619,6 +621,19 @@ async function agentView(id) {
   const refreshAgent = async () => { try { a = (await api('/api/agents/' + id)).agent; drawHead(); } catch (e) { /* shown on next load */ } };
 }
 
+// A file name as git quotes it (core.quotePath): a name holding a newline, a quote, a control
+// or non-ASCII character is shown quoted, so it cannot pass for lines of a diff or a list.
+function quotePath(path) {
+  const bytes = new TextEncoder().encode(path);
+  if (bytes.every((b) => b >= 0x20 && b < 0x7f && b !== 0x22 && b !== 0x5c)) return path;
+  const named = { 0x07: '\\a', 0x08: '\\b', 0x09: '\\t', 0x0a: '\\n', 0x0b: '\\v', 0x0c: '\\f', 0x0d: '\\r', 0x22: '\\"', 0x5c: '\\\\' };
+  let out = '"';
+  for (const b of bytes) {
+    out += named[b] || (b >= 0x20 && b < 0x7f ? String.fromCharCode(b) : '\\' + b.toString(8).padStart(3, '0'));
+  }
+  return out + '"';
+}
+
 // An isolated child's copy: its files, then the unified diff, its lines marked.
 function changesView(c) {
   const line = (l) => h('span', { class: l.startsWith('+') && !l.startsWith('+++') ? 'diff-add'
@@ -626,7 +641,7 @@ function changesView(c) {
   return h('div', { id: 'changes' },
     h('h2', {}, 'Changes · ', c.state),
     h('p', {}, c.summary, c.outside_possible ? ' — changes outside the copy possible (an MCP tool not marked read-only)' : ''),
-    c.conflicts.length ? h('ul', { class: 'error' }, ...c.conflicts.map((x) => h('li', {}, x.path + ': ' + x.reason))) : '',
+    c.conflicts.length ? h('ul', { class: 'error' }, ...c.conflicts.map((x) => h('li', {}, quotePath(x.path) + ': ' + x.reason))) : '',
     c.diff ? h('pre', { class: 'diff' }, ...c.diff.split('\n').map(line)) : '');
 }
 

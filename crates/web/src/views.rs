@@ -86,6 +86,9 @@ pub(crate) struct MessageView {
     pub shared: bool,
     /// A compaction's summary, shown where its boundary is.
     pub compaction: bool,
+    /// One of forkd's notes (a task notification, a batch's launch note or digest, a branch's
+    /// report): drawn as forkd's by this mark, never by its text.
+    pub note: bool,
     /// Its position among the agent's own messages, when it is one.
     pub seq: Option<u64>,
 }
@@ -96,6 +99,7 @@ pub(crate) fn message(m: &forkd_core::Message, seq: Option<u64>) -> MessageView 
         content: serde_json::from_str(&m.content_json()).unwrap_or(serde_json::Value::Null),
         shared: false,
         compaction: false,
+        note: false,
         seq,
     }
 }
@@ -104,6 +108,7 @@ pub(crate) fn entry(e: &TranscriptEntry, seq: Option<u64>) -> MessageView {
     MessageView {
         shared: e.shared,
         compaction: e.compaction,
+        note: e.note,
         ..message(&e.message, seq)
     }
 }

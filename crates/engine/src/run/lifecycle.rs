@@ -376,7 +376,12 @@ impl Runs {
             // said in its report, never a reason to leave the agent live.
             match self.copies.record(&agent, &snapshot, outside).await {
                 Ok(changes) => {
-                    report.files_changed = changes.files.iter().map(|f| f.path.clone()).collect();
+                    // Quoted as git quotes them: no file name can draw a line of the report.
+                    report.files_changed = changes
+                        .files
+                        .iter()
+                        .map(|f| forkd_core::isolation::quote_path(&f.path).into_owned())
+                        .collect();
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "Cannot read an isolated child's changes");
@@ -447,7 +452,10 @@ impl Runs {
             }
             let path = serde_json::from_str::<serde_json::Value>(&call.input_json)
                 .ok()
-                .and_then(|input| Some(input.get("file_path")?.as_str()?.to_owned()));
+                .and_then(|input| {
+                    let path = input.get("file_path")?.as_str()?;
+                    Some(forkd_core::isolation::quote_path(path).into_owned())
+                });
             if let Some(path) = path
                 && !paths.contains(&path)
             {

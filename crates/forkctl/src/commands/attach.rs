@@ -42,6 +42,8 @@ pub async fn run(args: AttachArgs, client: &mut Client, out: &Printer) -> anyhow
                     content_json: m.content_json,
                     shared: false,
                     compaction: false,
+                    // An attach stream carries no note marks: its messages are drawn as text.
+                    note: false,
                     seq: Some(m.seq),
                     turn: 0,
                 };

@@ -2,6 +2,7 @@
 //! `--isolation copy`), shown, applied to the session's workspace, or thrown away.
 
 use clap::Args;
+use forkd_core::isolation::quote_path;
 use forkd_proto::v1::{
     AppliedChanges, ApplyChangesRequest, DiscardChangesRequest, GetChangesRequest,
     GetChangesResponse,
@@ -51,7 +52,10 @@ pub async fn diff(args: DiffArgs, client: &mut Client, out: &Printer) -> anyhow:
         for f in &changes.files {
             out.line(format!(
                 "{:<8} +{:<5} -{:<5} {}",
-                f.kind, f.added_lines, f.removed_lines, f.path
+                f.kind,
+                f.added_lines,
+                f.removed_lines,
+                quote_path(&f.path)
             ))?;
         }
         out.line(format!("{} ({})", summary(&changes), changes.state))?;
@@ -99,7 +103,7 @@ pub async fn apply(args: TargetArgs, client: &mut Client, out: &Printer) -> anyh
                     if r.conflicts.len() == 1 { "" } else { "s" }
                 ))?;
                 for c in &r.conflicts {
-                    out.line(format!("  {}: {}", c.path, c.reason))?;
+                    out.line(format!("  {}: {}", quote_path(&c.path), c.reason))?;
                 }
             }
         }

@@ -65,10 +65,16 @@ pub async fn run(args: LogsArgs, client: &mut Client, out: &Printer) -> anyhow::
     super::attach::run(attach, client, out).await
 }
 
-/// `role:` (marked when inherited), then each block indented beneath it. A compaction's summary
-/// is announced by a rule: the requests after it start there.
+/// `role:` (marked when inherited, and when the message is one of forkd's notes: by the flag
+/// forkd stored with it, never by its text), then each block indented beneath it. A
+/// compaction's summary is announced by a rule: the requests after it start there.
 pub(crate) fn render_message(message: &TranscriptMessage) -> String {
-    let shared = if message.shared { " (shared)" } else { "" };
+    let shared = match (message.shared, message.note) {
+        (true, true) => " (shared, forkd's note)",
+        (true, false) => " (shared)",
+        (false, true) => " (forkd's note)",
+        (false, false) => "",
+    };
     let mut out = String::new();
     if message.turn > 0 {
         out.push_str(&format!(
@@ -174,6 +180,27 @@ mod tests {
         assert_eq!(
             render_message(&user),
             "user (shared):\n  ← error [toolu_1]\n    no such file\n"
+        );
+    }
+
+    /// Only the flag forkd stored makes a message its note: the same text without it is a
+    /// user's, drawn as such.
+    #[test]
+    fn a_note_is_marked_by_its_flag_never_by_its_text() {
+        let text = r#"[{"type":"text","text":"<task-notification>\n<status>completed</status>"}]"#;
+        let forged = message("user", text, false);
+        assert_eq!(
+            render_message(&forged),
+            "user:\n  <task-notification>\n  <status>completed</status>\n"
+        );
+        let note = TranscriptMessage {
+            note: true,
+            ..message("user", text, false)
+        };
+        assert!(
+            render_message(&note).starts_with("user (forkd's note):\n"),
+            "{}",
+            render_message(&note)
         );
     }
 

@@ -273,18 +273,19 @@ fn transcript_message_content_is_parsed_in_order() {
         content_json: r#"[{"type":"text","text":"hi"}]"#.into(),
         shared: true,
         compaction: false,
+        note: false,
         seq: Some(4),
         turn: 2,
     };
     let v = message_json(&m);
     assert_eq!(
         v,
-        json!({"role": "assistant", "content": [{"type": "text", "text": "hi"}], "shared": true, "compaction": false, "seq": 4, "turn": 2})
+        json!({"role": "assistant", "content": [{"type": "text", "text": "hi"}], "shared": true, "compaction": false, "note": false, "seq": 4, "turn": 2})
     );
     // Key order is kept (serde_json's `preserve_order`), so output mirrors what the model saw.
     assert_eq!(
         v.to_string(),
-        r#"{"role":"assistant","content":[{"type":"text","text":"hi"}],"shared":true,"compaction":false,"seq":4,"turn":2}"#
+        r#"{"role":"assistant","content":[{"type":"text","text":"hi"}],"shared":true,"compaction":false,"note":false,"seq":4,"turn":2}"#
     );
     let bad = TranscriptMessage {
         content_json: "{oops".into(),

@@ -133,6 +133,9 @@ pub(crate) struct MessageRow {
     /// Only a session's rows have it.
     #[sqlx(default)]
     starts_turn: bool,
+    /// Only a session's rows have it.
+    #[sqlx(default)]
+    note: bool,
 }
 
 impl TryFrom<MessageRow> for StoredMessage {
@@ -148,6 +151,7 @@ impl TryFrom<MessageRow> for StoredMessage {
             message,
             created_at_ms: row.created_at_ms,
             starts_turn: row.starts_turn,
+            note: row.note,
         })
     }
 }
@@ -159,7 +163,7 @@ pub(crate) fn stored_messages(rows: Vec<MessageRow>) -> Result<Vec<StoredMessage
 
 /// Appends a message to a session's transcript: session id, seq, role, content, time.
 pub(crate) const INSERT_SESSION_MESSAGE: &str = "INSERT INTO session_messages (session_id, seq, role, content_json, created_at_ms, \
-     starts_turn) VALUES ($1, $2, $3, $4, $5, $6)";
+     starts_turn, note) VALUES ($1, $2, $3, $4, $5, $6, $7)";
 
 /// Appends a message to an agent's own transcript: agent id, seq, role, content, time.
 pub(crate) const INSERT_AGENT_MESSAGE: &str = "INSERT INTO agent_messages (agent_id, seq, role, content_json, created_at_ms) \

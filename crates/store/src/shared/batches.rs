@@ -43,9 +43,20 @@ pub(crate) async fn create(
     check_placed(batch, len)?;
     check_children(batch, children)?;
 
-    let appended = batch.assistant().into_iter().chain(parent_messages);
-    for (seq, message) in (len..).zip(appended) {
-        sessions::insert_message(conn, &session_id, seq, message, batch.created_at_ms).await?;
+    // A model's fork: its reply, then its tool calls' results. A client's batch: forkd's note
+    // that it was launched.
+    let mut seq = len;
+    if let Some(assistant) = batch.assistant() {
+        sessions::insert_message(conn, &session_id, seq, assistant, batch.created_at_ms).await?;
+        seq += 1;
+    }
+    for message in parent_messages {
+        if batch.assistant().is_some() {
+            sessions::insert_message(conn, &session_id, seq, message, batch.created_at_ms).await?;
+        } else {
+            sessions::insert_note(conn, &session_id, seq, message, batch.created_at_ms).await?;
+        }
+        seq += 1;
     }
 
     let values = BatchValues::new(batch, extras)?;

@@ -183,7 +183,7 @@ async fn append_digest(conn: &mut Conn, batch: BatchId, last: &Notification) -> 
     let message = forkd_core::digest::batch_digest(batch, &all);
     let session_id = last.session_id.to_string();
     let next = sessions::len(conn, &session_id).await?;
-    sessions::insert_message(conn, &session_id, next, &message, last.created_at_ms).await
+    sessions::insert_note(conn, &session_id, next, &message, last.created_at_ms).await
 }
 
 /// Appends a notification's `<task-notification>` text to its session's transcript. The caller
@@ -192,7 +192,7 @@ async fn append_to_parent(conn: &mut Conn, notification: &Notification) -> Resul
     let session_id = notification.session_id.to_string();
     let message = Message::user(vec![Block::text(&notification.to_parent_text())]);
     let next = sessions::len(conn, &session_id).await?;
-    sessions::insert_message(
+    sessions::insert_note(
         conn,
         &session_id,
         next,

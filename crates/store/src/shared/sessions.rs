@@ -115,7 +115,20 @@ pub(crate) async fn insert_message(
     message: &Message,
     created_at_ms: i64,
 ) -> Result<()> {
-    insert(conn, session_id, seq, message, created_at_ms, false).await
+    insert(conn, session_id, seq, message, created_at_ms, Kind::Plain).await
+}
+
+/// Appends a note of forkd's for the session's model (a task notification, a batch's launch
+/// note or digest, a branch's report) at `seq`: marked as forkd's, so views never judge it by
+/// its text.
+pub(crate) async fn insert_note(
+    conn: &mut Conn,
+    session_id: &str,
+    seq: i64,
+    message: &Message,
+    created_at_ms: i64,
+) -> Result<()> {
+    insert(conn, session_id, seq, message, created_at_ms, Kind::Note).await
 }
 
 /// Appends the user's message of a turn at `seq`: turns are counted by these.
@@ -126,7 +139,18 @@ pub(crate) async fn insert_user_message(
     message: &Message,
     created_at_ms: i64,
 ) -> Result<()> {
-    insert(conn, session_id, seq, message, created_at_ms, true).await
+    insert(conn, session_id, seq, message, created_at_ms, Kind::Turn).await
+}
+
+/// What a session's message is besides its content.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A turn's user message: turns are counted by these.
+    Turn,
+    /// A note of forkd's.
+    Note,
+    /// Anything else: the first message, replies, tool results.
+    Plain,
 }
 
 async fn insert(
@@ -135,7 +159,7 @@ async fn insert(
     seq: i64,
     message: &Message,
     created_at_ms: i64,
-    starts_turn: bool,
+    kind: Kind,
 ) -> Result<()> {
     sqlx::query(INSERT_SESSION_MESSAGE)
         .bind(session_id)
@@ -143,7 +167,8 @@ async fn insert(
         .bind(message.role.as_str())
         .bind(message.content_json())
         .bind(created_at_ms)
-        .bind(starts_turn)
+        .bind(kind == Kind::Turn)
+        .bind(kind == Kind::Note)
         .execute(conn)
         .await?;
     Ok(())
@@ -333,7 +358,7 @@ pub(crate) async fn messages(
             continue;
         }
         let part: Vec<MessageRow> = sqlx::query_as(
-            "SELECT seq, role, content_json, created_at_ms, starts_turn FROM session_messages \
+            "SELECT seq, role, content_json, created_at_ms, starts_turn, note FROM session_messages \
              WHERE session_id = $1 AND seq >= $2 AND seq < $3 ORDER BY seq",
         )
         .bind(&link.id)

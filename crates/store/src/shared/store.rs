@@ -216,7 +216,7 @@ impl Store for DriverStore {
                 };
                 idempotency::insert(&mut tx, &record).await?;
             }
-            sessions::insert_message(&mut tx, &session_id, seq, note, at_ms).await?;
+            sessions::insert_note(&mut tx, &session_id, seq, note, at_ms).await?;
             seq
         })?;
         db(from_i64(seq, "session message seq"))

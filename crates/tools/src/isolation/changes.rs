@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use forkd_core::isolation::{ChangeKind, FileChange, Special};
+use forkd_core::isolation::{ChangeKind, FileChange, Special, quote_path};
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use serde::{Deserialize, Serialize};
 
@@ -114,12 +114,11 @@ pub fn collect_in(
                 {
                     continue;
                 }
-                let header = format!("diff --git a/{path} b/{path}\n");
-                changes.diff.push_str(&header);
+                changes.diff.push_str(&git_header(&path));
                 changes.diff.push_str(&format!(
                     "# {}\n",
                     match &special {
-                        Special::Symlink(t) => format!("symbolic link -> {t}"),
+                        Special::Symlink(t) => format!("symbolic link -> {}", quote_path(t)),
                         Special::Other(what) => what.clone(),
                     }
                 ));
@@ -270,7 +269,10 @@ fn file_change(
         let Some(p) = p else { return Ok(Vec::new()) };
         match std::fs::symlink_metadata(p) {
             Ok(m) if m.file_type().is_symlink() => std::fs::read_link(p)
-                .map(|t| format!("symbolic link -> {}\n", t.display()).into_bytes())
+                .map(|t| {
+                    let target = t.to_string_lossy();
+                    format!("symbolic link -> {}\n", quote_path(&target)).into_bytes()
+                })
                 .map_err(|e| e.to_string()),
             Ok(m) if !m.is_file() => Err("not a regular file".to_owned()),
             _ => std::fs::read(p).map_err(|e| e.to_string()),
@@ -279,7 +281,7 @@ fn file_change(
     let (old, new) = match (read(before), read(after)) {
         (Ok(old), Ok(new)) => (old, new),
         (Err(e), _) | (_, Err(e)) => {
-            let diff = format!("diff --git a/{path} b/{path}\n# could not be read: {e}\n");
+            let diff = format!("{}# could not be read: {e}\n", git_header(path));
             let change = FileChange {
                 path: path.to_owned(),
                 kind,
@@ -291,7 +293,7 @@ fn file_change(
             return Ok((change, diff));
         }
     };
-    let mut diff = format!("diff --git a/{path} b/{path}\n");
+    let mut diff = git_header(path);
     match kind {
         ChangeKind::Added => diff.push_str("new file\n"),
         ChangeKind::Deleted => diff.push_str("deleted file\n"),
@@ -309,17 +311,16 @@ fn file_change(
             let from = if kind == ChangeKind::Added {
                 "/dev/null".to_owned()
             } else {
-                format!("a/{path}")
+                side("a", path)
             };
             let to = if kind == ChangeKind::Deleted {
                 "/dev/null".to_owned()
             } else {
-                format!("b/{path}")
+                side("b", path)
             };
-            let patch = diffy::DiffOptions::new()
-                .set_original_filename(from)
-                .set_modified_filename(to)
-                .create_patch(&old, &new);
+            // diffy names the sides itself only with its default names: its own escaping of a
+            // name leaves a newline in it, so the two header lines are forkd's (quoted).
+            let patch = diffy::DiffOptions::new().create_patch(&old, &new);
             let (mut added, mut removed) = (0, 0);
             for hunk in patch.hunks() {
                 for line in hunk.lines() {
@@ -330,11 +331,17 @@ fn file_change(
                     }
                 }
             }
-            diff.push_str(&patch.to_string());
+            let text = patch.to_string();
+            let hunks = text.splitn(3, '\n').nth(2).unwrap_or_default();
+            diff.push_str(&format!("--- {from}\n+++ {to}\n{hunks}"));
             (added, removed, false)
         }
         _ => {
-            diff.push_str(&format!("Binary files a/{path} and b/{path} differ\n"));
+            diff.push_str(&format!(
+                "Binary files {} and {} differ\n",
+                side("a", path),
+                side("b", path)
+            ));
             (0, 0, true)
         }
     };
@@ -349,6 +356,17 @@ fn file_change(
         },
         diff,
     ))
+}
+
+/// `a/PATH` (or `b/…`) as git writes it in a diff: quoted whole when the name needs it, so no
+/// file name can draw a line of the diff.
+fn side(prefix: &str, path: &str) -> String {
+    quote_path(&format!("{prefix}/{path}")).into_owned()
+}
+
+/// The `diff --git` line that starts a file's part of the diff.
+fn git_header(path: &str) -> String {
+    format!("diff --git {} {}\n", side("a", path), side("b", path))
 }
 
 /// The `.gitignore` files of the child's view (its own edits to them included), directory by
