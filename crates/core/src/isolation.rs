@@ -246,6 +246,32 @@ pub fn quote_path(path: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// `diff` with each `GIT binary patch` body (zlib and base85: no use to a reader) replaced by a
+/// line saying it is there: what `forkctl diff` and the web view show. The patch itself keeps
+/// them (`forkctl diff --format patch`).
+pub fn without_binary_patches(diff: &str) -> std::borrow::Cow<'_, str> {
+    if !diff.contains("\nGIT binary patch\n") {
+        return std::borrow::Cow::Borrowed(diff);
+    }
+    let mut out = String::with_capacity(diff.len());
+    let mut skipping = false;
+    for line in diff.split_inclusive('\n') {
+        if line == "GIT binary patch\n" {
+            out.push_str("GIT binary patch (not shown: forkctl diff --format patch prints it)\n");
+            skipping = true;
+            continue;
+        }
+        // A binary patch's lines begin with a length letter, or are empty; a file's part or a
+        // comment of forkd's ends it.
+        if skipping && !(line.starts_with("diff --git ") || line.starts_with("# ")) {
+            continue;
+        }
+        skipping = false;
+        out.push_str(line);
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -273,6 +299,18 @@ mod tests {
         assert_eq!(summary(&[]), "no changes");
         assert_eq!(summary(&[f(2, 1)]), "1 file (+2 -1)");
         assert_eq!(summary(&[f(2, 1), f(0, 3)]), "2 files (+2 -4)");
+    }
+
+    #[test]
+    fn binary_patch_bodies_are_left_out_of_what_is_shown() {
+        let diff = "diff --git a/x b/x\nindex 1..2\nGIT binary patch\nliteral 3\nHcmZ\n\n\
+                    literal 0\nHcmV\n\ndiff --git a/y b/y\n--- a/y\n+++ b/y\n@@ -1 +1 @@\n-a\n+b\n";
+        assert_eq!(
+            without_binary_patches(diff),
+            "diff --git a/x b/x\nindex 1..2\nGIT binary patch (not shown: forkctl diff --format \
+             patch prints it)\ndiff --git a/y b/y\n--- a/y\n+++ b/y\n@@ -1 +1 @@\n-a\n+b\n"
+        );
+        assert_eq!(without_binary_patches("--- a\n+++ b\n"), "--- a\n+++ b\n");
     }
 
     #[test]

@@ -319,7 +319,10 @@ fn file_change(f: forkd_core::isolation::FileChange) -> pb::FileChange {
         binary: f.binary,
         special: match f.special {
             None => String::new(),
-            Some(Special::Symlink(target)) => format!("symbolic link -> {target}"),
+            Some(Special::Symlink(target)) => format!(
+                "symbolic link -> {}",
+                forkd_core::isolation::quote_path(&target)
+            ),
             Some(Special::Other(what)) => what,
         },
     }

@@ -13,6 +13,7 @@
 pub mod apply;
 pub mod changes;
 mod git;
+mod patch;
 pub mod snapshot;
 
 pub use apply::ApplyOutcome;

@@ -589,14 +589,120 @@ async fn hostile_file_names_are_quoted_in_the_diff_and_applied_by_their_real_nam
     let quoted = r#""b/spoof\n-SPOOFDEL removed line\n+SPOOFADD added line.txt""#;
     assert!(
         changes.diff.contains(&format!(
-            "diff --git {} {quoted}\nnew file\n--- /dev/null\n+++ {quoted}\n@@ -0,0 +1 @@\n+x\n",
-            quoted.replacen("b/", "a/", 1)
+            "diff --git {} {quoted}\nnew file mode 100644\nindex {}..{}\n--- /dev/null\n\
+             +++ {quoted}\n@@ -0,0 +1 @@\n+x\n",
+            quoted.replacen("b/", "a/", 1),
+            "0".repeat(40),
+            "587be6b4c3f93f93c489c0111bba5596147a26cb"
         )),
         "{}",
         changes.diff
+    );
+    // The diff is a patch git takes as is: applied to a copy of the snapshot, it makes what the
+    // child made.
+    let copy = tempfile::tempdir().unwrap();
+    assert!(
+        std::process::Command::new("cp")
+            .arg("-a")
+            .arg(batch.ws.join("."))
+            .arg(copy.path())
+            .status()
+            .unwrap()
+            .success()
+    );
+    git_apply(copy.path(), &changes.diff);
+    assert_eq!(
+        std::fs::read_to_string(copy.path().join(hostile)).unwrap(),
+        "x\n"
+    );
+    assert_eq!(
+        std::fs::read_link(copy.path().join("link")).unwrap(),
+        Path::new("x\n+LINK")
     );
     let outcome = isolation::apply::apply(&batch.ws, &batch.dirs("c1"), &changes).unwrap();
     assert!(outcome.conflicts.is_empty(), "{outcome:?}");
     assert_eq!(batch.live(hostile), "x\n");
     assert_eq!(batch.live("a.txt"), "two\n");
+}
+
+/// Applies `patch` with `git apply` in `dir` (a plain directory: git applies it as `patch` would),
+/// checking it first.
+fn git_apply(dir: &Path, patch: &str) {
+    for check in [true, false] {
+        let mut git = std::process::Command::new("git");
+        git.arg("apply");
+        if check {
+            git.arg("--check");
+        }
+        let mut child = git
+            .current_dir(dir)
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(patch.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "git apply{} refused the patch: {}\n{patch}",
+            if check { " --check" } else { "" },
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Binary files, modes, removals and empty files: the patch `git apply` takes makes the child's
+/// tree from the snapshot's, byte for byte.
+#[tokio::test]
+async fn the_diff_is_a_patch_git_applies_binary_files_and_modes_included() {
+    let batch = Batch::new(&[
+        ("a.txt", "one\n"),
+        ("gone.txt", "bye\n"),
+        ("run.sh", "echo\n"),
+    ]);
+    let ctx = batch.child("c1");
+    bash(
+        &ctx,
+        "head -c 70000 /dev/urandom > blob.bin && printf 'a\\0b' > small.bin && : > empty \
+         && rm gone.txt && chmod +x run.sh && echo more >> run.sh && echo two >> a.txt",
+    )
+    .await;
+    let changes = batch.changes("c1");
+    assert!(
+        changes.diff.contains("GIT binary patch\nliteral 70000\n"),
+        "{}",
+        changes.diff
+    );
+    let copy = tempfile::tempdir().unwrap();
+    assert!(
+        std::process::Command::new("cp")
+            .arg("-a")
+            .arg(batch.ws.join("."))
+            .arg(copy.path())
+            .status()
+            .unwrap()
+            .success()
+    );
+    git_apply(copy.path(), &changes.diff);
+    let upper = batch.dirs("c1").upper;
+    for file in ["blob.bin", "small.bin", "empty", "run.sh", "a.txt"] {
+        assert_eq!(
+            std::fs::read(copy.path().join(file)).unwrap(),
+            std::fs::read(upper.join(file)).unwrap(),
+            "{file}"
+        );
+    }
+    assert!(!copy.path().join("gone.txt").exists());
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(copy.path().join("run.sh"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o111, 0o111, "run.sh is executable");
 }

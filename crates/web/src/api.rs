@@ -241,7 +241,7 @@ pub(crate) async fn agent(
             "state": c.state.as_str(),
             "summary": c.summary(),
             "files": c.files,
-            "diff": c.diff,
+            "diff": forkd_core::isolation::without_binary_patches(&c.diff),
             "conflicts": c.conflicts,
             "outside_possible": c.outside_possible,
         })),

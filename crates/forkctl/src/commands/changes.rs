@@ -2,10 +2,10 @@
 //! `--isolation copy`), shown, applied to the session's workspace, or thrown away.
 
 use clap::Args;
-use forkd_core::isolation::quote_path;
+use forkd_core::isolation::{quote_path, without_binary_patches};
 use forkd_proto::v1::{
     AppliedChanges, ApplyChangesRequest, DiscardChangesRequest, GetChangesRequest,
-    GetChangesResponse,
+    GetChangesResponse, ListAgentsRequest,
 };
 use serde_json::{Value, json};
 
@@ -16,11 +16,28 @@ use crate::output::Printer;
 #[derive(Debug, Args)]
 pub struct DiffArgs {
     /// The isolated child's id.
-    pub agent_id: String,
+    #[arg(required_unless_present = "batch", conflicts_with = "batch")]
+    pub agent_id: Option<String>,
 
-    /// List the changed files with their line counts instead of the unified diff.
+    /// Every child of this batch, in its order, each led by a `# agent …` line.
+    #[arg(long, value_name = "BATCH")]
+    pub batch: Option<String>,
+
+    /// List the changed files with their line counts instead of the diff.
     #[arg(long)]
     pub stat: bool,
+
+    /// `diff` (binary patches' bodies left out) or `patch`: what `git apply` takes as is,
+    /// binary files included.
+    #[arg(long, value_enum, default_value_t = Format::Diff)]
+    pub format: Format,
+}
+
+/// How `forkctl diff` prints the changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Diff,
+    Patch,
 }
 
 /// The children an apply or a discard names.
@@ -40,14 +57,52 @@ pub struct TargetArgs {
 }
 
 pub async fn diff(args: DiffArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
-    let changes = client
-        .get_changes(GetChangesRequest {
-            agent_id: args.agent_id,
-        })
-        .await?
-        .into_inner();
+    let Some(batch) = &args.batch else {
+        let agent_id = args.agent_id.clone().unwrap_or_default();
+        let changes = client
+            .get_changes(GetChangesRequest { agent_id })
+            .await?
+            .into_inner();
+        show(&args, &changes, out)?;
+        return Ok(exit::OK);
+    };
+    let filter = ListAgentsRequest {
+        batch_id: batch.clone(),
+        include_ended: true,
+        ..Default::default()
+    };
+    let mut children = Vec::new();
+    super::ps::list_agents(client, filter, |page| {
+        children.extend(page);
+        Ok(())
+    })
+    .await?;
+    children.sort_by_key(|a| a.index);
+    for child in children {
+        let changes = client
+            .get_changes(GetChangesRequest {
+                agent_id: child.agent_id.clone(),
+            })
+            .await?
+            .into_inner();
+        if !out.is_json() {
+            // A comment line to `git apply`: the children's patches stay one stream.
+            out.line(format!(
+                "# agent {}: {} ({})",
+                changes.agent_id,
+                summary(&changes),
+                changes.state
+            ))?;
+        }
+        show(&args, &changes, out)?;
+    }
+    Ok(exit::OK)
+}
+
+/// One child's changes, as `args` asks.
+fn show(args: &DiffArgs, changes: &GetChangesResponse, out: &Printer) -> anyhow::Result<()> {
     if out.is_json() {
-        out.value(&changes_json(&changes))?;
+        out.value(&changes_json(changes))?;
     } else if args.stat {
         for f in &changes.files {
             out.line(format!(
@@ -58,20 +113,28 @@ pub async fn diff(args: DiffArgs, client: &mut Client, out: &Printer) -> anyhow:
                 quote_path(&f.path)
             ))?;
         }
-        out.line(format!("{} ({})", summary(&changes), changes.state))?;
+        out.line(format!("{} ({})", summary(changes), changes.state))?;
     } else if changes.diff.is_empty() {
-        out.line("no changes")?;
+        if args.format == Format::Diff && args.batch.is_none() {
+            out.line("no changes")?;
+        }
     } else {
-        // The diff as it is: a trailing newline ends it already.
-        out.line(changes.diff.trim_end_matches('\n'))?;
+        let diff = match args.format {
+            Format::Diff => without_binary_patches(&changes.diff),
+            Format::Patch => changes.diff.as_str().into(),
+        };
+        // Its last newline is the line's own; any before it stay (a binary patch ends with an
+        // empty line, which git needs before whatever follows).
+        out.line(diff.strip_suffix('\n').unwrap_or(&diff))?;
     }
     if changes.outside_possible && !out.is_json() {
         eprintln!(
-            "note: the child called an MCP tool not marked read-only; it may have changed \
-             things outside its copy that no diff shows"
+            "note: {} called an MCP tool not marked read-only; it may have changed things \
+             outside its copy that no diff shows",
+            changes.agent_id
         );
     }
-    Ok(exit::OK)
+    Ok(())
 }
 
 pub async fn apply(args: TargetArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::IsolationError;
 use super::git::Repo;
+use super::patch::{self, NO_BLOB, blob_id};
 use crate::sandbox::layer::LayerDirs;
 
 /// A child's changes: each path, and the unified diff of them all.
@@ -114,22 +115,32 @@ pub fn collect_in(
                 {
                     continue;
                 }
-                changes.diff.push_str(&git_header(&path));
-                changes.diff.push_str(&format!(
-                    "# {}\n",
-                    match &special {
-                        Special::Symlink(t) => format!("symbolic link -> {}", quote_path(t)),
-                        Special::Other(what) => what.clone(),
+                match &special {
+                    // A link is a file of mode 120000 whose content is its target, as git has it.
+                    Special::Symlink(_) => {
+                        let upper = dirs.upper.join(&path);
+                        let before = base.as_ref().map(|_| lower.as_path());
+                        let (mut change, diff) = file_change(&path, kind, before, Some(&upper))?;
+                        change.special = Some(special);
+                        changes.diff.push_str(&diff);
+                        changes.files.push(change);
                     }
-                ));
-                changes.files.push(FileChange {
-                    path,
-                    kind,
-                    added: 0,
-                    removed: 0,
-                    binary: false,
-                    special: Some(special),
-                });
+                    // Nothing a patch can carry: said in a comment, outside any file's part.
+                    Special::Other(what) => {
+                        changes.diff.push_str(&format!(
+                            "# {}: {what}, which no patch carries\n",
+                            quote_path(&path)
+                        ));
+                        changes.files.push(FileChange {
+                            path,
+                            kind,
+                            added: 0,
+                            removed: 0,
+                            binary: false,
+                            special: Some(special),
+                        });
+                    }
+                }
                 continue;
             }
         };
@@ -256,32 +267,57 @@ fn same_content(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// One file's change and its part of the unified diff.
+/// The largest file a binary patch carries; a larger one is only said to differ.
+const BINARY_PATCH_LIMIT: usize = 16 << 20;
+
+/// One side of a file's change as git sees it: its content (a link's target, for a link) and
+/// its mode.
+struct Side {
+    content: Vec<u8>,
+    mode: u32,
+}
+
+impl Side {
+    /// The file at `path`, never followed if it is a link (what it points at may be anything the
+    /// daemon can read).
+    fn read(path: &Path) -> Result<Side, String> {
+        use std::os::unix::ffi::OsStrExt;
+        let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+        if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(path).map_err(|e| e.to_string())?;
+            return Ok(Side {
+                content: target.as_os_str().as_bytes().to_vec(),
+                mode: 0o120_000,
+            });
+        }
+        if !meta.is_file() {
+            return Err("not a regular file".to_owned());
+        }
+        Ok(Side {
+            content: std::fs::read(path).map_err(|e| e.to_string())?,
+            mode: if meta.mode() & 0o111 == 0 {
+                0o100_644
+            } else {
+                0o100_755
+            },
+        })
+    }
+}
+
+/// One file's change and its part of the diff: git's patch format, which `git apply` and
+/// `patch -p1` take as is (a binary file as a `GIT binary patch`).
 fn file_change(
     path: &str,
     kind: ChangeKind,
     before: Option<&Path>,
     after: Option<&Path>,
 ) -> Result<(FileChange, String), IsolationError> {
-    // A symlink's side is its target's name, never what it points at (which may be anything the
-    // daemon can read); an unreadable file (a child's `chmod 000`) is shown as such, not fatal.
-    let read = |p: Option<&Path>| -> Result<Vec<u8>, String> {
-        let Some(p) = p else { return Ok(Vec::new()) };
-        match std::fs::symlink_metadata(p) {
-            Ok(m) if m.file_type().is_symlink() => std::fs::read_link(p)
-                .map(|t| {
-                    let target = t.to_string_lossy();
-                    format!("symbolic link -> {}\n", quote_path(&target)).into_bytes()
-                })
-                .map_err(|e| e.to_string()),
-            Ok(m) if !m.is_file() => Err("not a regular file".to_owned()),
-            _ => std::fs::read(p).map_err(|e| e.to_string()),
-        }
-    };
+    let read = |p: Option<&Path>| p.map(Side::read).transpose();
     let (old, new) = match (read(before), read(after)) {
         (Ok(old), Ok(new)) => (old, new),
+        // An unreadable file (a child's `chmod 000`) is said, outside any file's part.
         (Err(e), _) | (_, Err(e)) => {
-            let diff = format!("{}# could not be read: {e}\n", git_header(path));
+            let diff = format!("# {}: could not be read: {e}\n", quote_path(path));
             let change = FileChange {
                 path: path.to_owned(),
                 kind,
@@ -294,11 +330,38 @@ fn file_change(
         }
     };
     let mut diff = git_header(path);
-    match kind {
-        ChangeKind::Added => diff.push_str("new file\n"),
-        ChangeKind::Deleted => diff.push_str("deleted file\n"),
-        ChangeKind::Modified => {}
+    let old_id = old
+        .as_ref()
+        .map_or(NO_BLOB.to_owned(), |o| blob_id(&o.content));
+    let new_id = new
+        .as_ref()
+        .map_or(NO_BLOB.to_owned(), |n| blob_id(&n.content));
+    match (&old, &new) {
+        (None, Some(new)) => {
+            diff.push_str(&format!(
+                "new file mode {:o}\nindex {old_id}..{new_id}\n",
+                new.mode
+            ));
+        }
+        (Some(old), None) => {
+            diff.push_str(&format!(
+                "deleted file mode {:o}\nindex {old_id}..{new_id}\n",
+                old.mode
+            ));
+        }
+        (Some(old), Some(new)) if old.mode != new.mode => diff.push_str(&format!(
+            "old mode {:o}\nnew mode {:o}\nindex {old_id}..{new_id}\n",
+            old.mode, new.mode
+        )),
+        (Some(old), Some(_)) => {
+            diff.push_str(&format!("index {old_id}..{new_id} {:o}\n", old.mode));
+        }
+        (None, None) => {}
     }
+    let (old, new) = (
+        old.map(|o| o.content).unwrap_or_default(),
+        new.map(|n| n.content).unwrap_or_default(),
+    );
     let text = |b: &[u8]| {
         if crate::fsutil::looks_binary(b) {
             None
@@ -331,10 +394,17 @@ fn file_change(
                     }
                 }
             }
-            let text = patch.to_string();
-            let hunks = text.splitn(3, '\n').nth(2).unwrap_or_default();
-            diff.push_str(&format!("--- {from}\n+++ {to}\n{hunks}"));
+            // An empty file made or removed has no hunk, and git writes no `---`/`+++` for it.
+            if !patch.hunks().is_empty() {
+                let text = patch.to_string();
+                let hunks = text.splitn(3, '\n').nth(2).unwrap_or_default();
+                diff.push_str(&format!("--- {from}\n+++ {to}\n{hunks}"));
+            }
             (added, removed, false)
+        }
+        _ if old.len().max(new.len()) <= BINARY_PATCH_LIMIT => {
+            diff.push_str(&patch::binary(&old, &new));
+            (0, 0, true)
         }
         _ => {
             diff.push_str(&format!(
