@@ -15,6 +15,7 @@ pub mod isolation;
 pub mod json;
 pub mod message;
 pub mod output;
+pub mod patch;
 pub mod plan;
 pub mod pricing;
 pub mod prompt;

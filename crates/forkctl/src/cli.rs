@@ -60,7 +60,7 @@ pub enum Command {
     Diff(changes::DiffArgs),
     /// Apply isolated children's changes to their session's workspace, in order; a child with a
     /// conflict stays unapplied (exit 1), reported per file.
-    Apply(changes::TargetArgs),
+    Apply(changes::ApplyArgs),
     /// Throw isolated children's copies away (their changes stay on record).
     Discard(changes::TargetArgs),
     /// Cache efficiency of a batch or session: tokens, reads, writes, cost vs independent agents.

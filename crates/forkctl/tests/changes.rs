@@ -10,15 +10,19 @@ use std::process::Output;
 use forkd_test_support::{TestDaemon, spawn_daemon};
 use serde_json::Value;
 
-async fn forkctl(daemon: &TestDaemon, args: &[&str]) -> Output {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_forkctl"))
+async fn run(daemon: &TestDaemon, args: &[&str]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_forkctl"))
         .arg("--addr")
         .arg(daemon.addr())
         .args(args)
         .env_remove("FORKD_TOKEN")
         .output()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+async fn forkctl(daemon: &TestDaemon, args: &[&str]) -> Output {
+    let out = run(daemon, args).await;
     assert!(
         out.status.success(),
         "forkctl {args:?}: {}",
@@ -52,22 +56,22 @@ fn git_apply(dir: &Path, patch: &[u8]) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_s_patch_applies_with_git_to_the_snapshot_it_was_forked_from() {
-    let daemon = spawn_daemon().await.unwrap();
+/// The sim's script for a child that runs `command` with Bash.
+fn bash(command: &str) -> String {
+    format!(
+        "Edit.\n@sim tool Bash {}\n@sim say done",
+        serde_json::json!({ "command": command })
+    )
+}
+
+/// A session on the daemon's workspace whose tools need no approval, and an isolated batch of
+/// `directives` forked from it and waited for; returns the batch's id.
+async fn fork(daemon: &TestDaemon, directives: &[&str]) -> String {
     let ws = daemon.workspace_path();
-    std::fs::write(ws.join("a.txt"), "one\n").unwrap();
-    std::fs::write(ws.join("b.txt"), "keep\n").unwrap();
-    let base = tempfile::tempdir().unwrap();
-    let snapshot = base.path().join("ws");
-    std::fs::create_dir(&snapshot).unwrap();
-    for file in ["a.txt", "b.txt"] {
-        std::fs::copy(ws.join(file), snapshot.join(file)).unwrap();
-    }
     let system = daemon.home_path().join("system.md");
     std::fs::write(&system, "You edit files.").unwrap();
     let created = forkctl(
-        &daemon,
+        daemon,
         &[
             "--json",
             "session",
@@ -85,31 +89,51 @@ async fn a_batch_s_patch_applies_with_git_to_the_snapshot_it_was_forked_from() {
         .as_str()
         .unwrap()
         .to_owned();
-    let bash = |command: &str| {
-        format!(
-            "Edit.\n@sim tool Bash {}\n@sim say done",
-            serde_json::json!({ "command": command })
-        )
-    };
+    let mut args = vec![
+        "--json",
+        "fork",
+        sid.as_str(),
+        "--isolation",
+        "copy",
+        "--wait",
+    ];
+    for d in directives {
+        args.extend(["-d", d]);
+    }
+    let forked = forkctl(daemon, &args).await;
+    first_json(&forked)["batch_id"].as_str().unwrap().to_owned()
+}
+
+/// A copy of `from`'s files in a new directory.
+fn copy_of(from: &Path) -> tempfile::TempDir {
+    let to = tempfile::tempdir().unwrap();
+    assert!(
+        std::process::Command::new("cp")
+            .arg("-a")
+            .arg(from.join("."))
+            .arg(to.path())
+            .status()
+            .unwrap()
+            .success()
+    );
+    to
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_s_patch_applies_with_git_to_the_snapshot_it_was_forked_from() {
+    let daemon = spawn_daemon().await.unwrap();
+    let ws = daemon.workspace_path();
+    std::fs::write(ws.join("a.txt"), "one\n").unwrap();
+    std::fs::write(ws.join("b.txt"), "keep\n").unwrap();
+    let base = tempfile::tempdir().unwrap();
+    let snapshot = base.path().join("ws");
+    std::fs::create_dir(&snapshot).unwrap();
+    for file in ["a.txt", "b.txt"] {
+        std::fs::copy(ws.join(file), snapshot.join(file)).unwrap();
+    }
     let one = bash("echo two >> a.txt && head -c 5000 /dev/urandom > blob.bin");
     let two = bash("rm b.txt && printf 'new\\n' > 'with space.txt'");
-    let forked = forkctl(
-        &daemon,
-        &[
-            "--json",
-            "fork",
-            &sid,
-            "--isolation",
-            "copy",
-            "--wait",
-            "-d",
-            &one,
-            "-d",
-            &two,
-        ],
-    )
-    .await;
-    let batch = first_json(&forked)["batch_id"].as_str().unwrap().to_owned();
+    let batch = fork(&daemon, &[&one, &two]).await;
 
     let patch = forkctl(&daemon, &["diff", "--batch", &batch, "--format", "patch"]).await;
     git_apply(&snapshot, &patch.stdout);
@@ -135,4 +159,69 @@ async fn a_batch_s_patch_applies_with_git_to_the_snapshot_it_was_forked_from() {
     assert!(shown.contains("GIT binary patch (not shown"), "{shown}");
     assert!(!shown.contains("literal 5000"), "{shown}");
     assert_eq!(shown.matches("# agent ").count(), 2, "{shown}");
+}
+
+/// `apply --to`: each child all or nothing, in order; a file changed here since the snapshot
+/// still takes a child's hunks away from the change; an overlapping sibling is a conflict (exit
+/// 1) and nothing of it is written; odd names are written by their real name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_to_a_checkout_follows_the_daemon_s_rules() {
+    let daemon = spawn_daemon().await.unwrap();
+    let ws = daemon.workspace_path();
+    std::fs::write(ws.join("a.txt"), "1\n2\n3\n4\n5\n6\n7\n8\n9\n").unwrap();
+    std::fs::write(ws.join("b.txt"), "keep\n").unwrap();
+    let checkout = copy_of(&ws);
+    let batch = fork(
+        &daemon,
+        &[
+            &bash("sed -i 's/^9$/nine/' a.txt && head -c 3000 /dev/urandom > blob.bin"),
+            &bash("sed -i 's/^9$/NINE/' a.txt && echo sibling > sibling.txt"),
+            &bash("rm b.txt && mkdir d && printf x > \"d/$(printf 'odd\\nname')\""),
+        ],
+    )
+    .await;
+    // Changed here after the snapshot, far from the children's hunks.
+    std::fs::write(
+        checkout.path().join("a.txt"),
+        "one\n2\n3\n4\n5\n6\n7\n8\n9\n",
+    )
+    .unwrap();
+    let dir = checkout.path().to_str().unwrap();
+    let out = run(
+        &daemon,
+        &["--json", "apply", "--batch", &batch, "--to", dir],
+    )
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let results = first_json(&out)["results"].as_array().unwrap().clone();
+    assert_eq!(results.len(), 3);
+    assert_eq!(results[0]["conflicts"], serde_json::json!([]));
+    assert_eq!(results[1]["applied"], serde_json::json!([]));
+    assert_eq!(results[1]["conflicts"][0]["path"], "a.txt");
+    assert_eq!(results[2]["conflicts"], serde_json::json!([]));
+
+    let file = |name: &str| std::fs::read_to_string(checkout.path().join(name)).unwrap();
+    assert_eq!(file("a.txt"), "one\n2\n3\n4\n5\n6\n7\n8\nnine\n");
+    assert_eq!(
+        std::fs::read(checkout.path().join("blob.bin"))
+            .unwrap()
+            .len(),
+        3000
+    );
+    assert!(
+        !checkout.path().join("sibling.txt").exists(),
+        "nothing of a conflicted child"
+    );
+    assert!(!checkout.path().join("b.txt").exists());
+    assert_eq!(file("d/odd\nname"), "x");
+    // The daemon's workspace is as it was: only the checkout changed.
+    assert_eq!(
+        std::fs::read_to_string(ws.join("a.txt")).unwrap(),
+        "1\n2\n3\n4\n5\n6\n7\n8\n9\n"
+    );
 }

@@ -13,7 +13,6 @@
 pub mod apply;
 pub mod changes;
 mod git;
-mod patch;
 pub mod snapshot;
 
 pub use apply::ApplyOutcome;

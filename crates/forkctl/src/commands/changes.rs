@@ -137,20 +137,41 @@ fn show(args: &DiffArgs, changes: &GetChangesResponse, out: &Printer) -> anyhow:
     Ok(())
 }
 
-pub async fn apply(args: TargetArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
+/// What `forkctl apply` applies, and where.
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+
+    /// Apply to this directory (a checkout of the snapshot's files, on this machine) instead of
+    /// the session's workspace on the daemon's: each child's patch, all of its files or none.
+    #[arg(long, value_name = "DIR")]
+    pub to: Option<std::path::PathBuf>,
+}
+
+pub async fn apply(args: ApplyArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
+    if let Some(dir) = &args.to {
+        let results = super::apply_to::run(args.target, dir, client).await?;
+        return report(&results, out);
+    }
     let reply = client
         .apply_changes(ApplyChangesRequest {
-            agent_ids: args.agent_ids,
-            batch_id: args.batch.unwrap_or_default(),
+            agent_ids: args.target.agent_ids,
+            batch_id: args.target.batch.unwrap_or_default(),
         })
         .await?
         .into_inner();
-    let conflicted = reply.results.iter().any(|r| !r.conflicts.is_empty());
+    report(&reply.results, out)
+}
+
+/// Prints each child's outcome; exit 1 when any had a conflict.
+fn report(results: &[AppliedChanges], out: &Printer) -> anyhow::Result<u8> {
+    let conflicted = results.iter().any(|r| !r.conflicts.is_empty());
     if out.is_json() {
-        let results: Vec<Value> = reply.results.iter().map(applied_json).collect();
+        let results: Vec<Value> = results.iter().map(applied_json).collect();
         out.value(&json!({ "results": results }))?;
     } else {
-        for r in &reply.results {
+        for r in results {
             if r.conflicts.is_empty() {
                 out.line(format!(
                     "applied {} ({} file{})",

@@ -1,5 +1,6 @@
 //! One module per subcommand: its clap arguments and an async `run` that returns the exit code.
 
+pub mod apply_to;
 pub mod attach;
 pub mod cache;
 pub mod calc;

@@ -14,12 +14,12 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use forkd_core::isolation::{ChangeKind, FileChange, Special, quote_path};
+use forkd_core::patch::{self, NO_BLOB, blob_id};
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use serde::{Deserialize, Serialize};
 
 use super::IsolationError;
 use super::git::Repo;
-use super::patch::{self, NO_BLOB, blob_id};
 use crate::sandbox::layer::LayerDirs;
 
 /// A child's changes: each path, and the unified diff of them all.
