@@ -8,7 +8,7 @@
 #   --json FILE      also write every figure and raw measurement as one JSON object
 #   --only FIGURES   comma-separated: cache,overhead,memory,durability,notifications,scale,sandbox,
 #                    compaction,scaleout,limits,isolation,branches,schemas,traces,faults,
-#                    sandboxload
+#                    uploads,sandboxload
 #
 # The scale-out figure runs its PostgreSQL rows when FORKD_BENCH_DATABASE_URL names a server
 # (postgres://user:password@host:5432/postgres, a role that may create databases).
@@ -60,7 +60,7 @@ fi
 
 echo "Building forkd-bench (release)…" >&2
 # forkd too: the scale-out figure runs real `forkd serve` processes beside forkd-bench.
-cargo build --release --quiet -p forkd-bench -p forkd
+cargo build --release --quiet -p forkd-bench -p forkd -p forkctl
 BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/forkd-bench"
 
 report=$(mktemp)

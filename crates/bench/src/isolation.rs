@@ -30,7 +30,7 @@ const SETUP_P50_TARGET_MS: f64 = 100.0;
 const DISK_SLACK: u64 = 1 << 20;
 
 /// A workspace of `files` text files of `size` bytes each, in 100 directories.
-fn generate(ws: &Path, files: usize, size: usize) -> anyhow::Result<()> {
+pub(crate) fn generate(ws: &Path, files: usize, size: usize) -> anyhow::Result<()> {
     let line = "the quick brown fox jumps over the lazy dog 0123456789\n";
     let body: String = line.repeat(size / line.len() + 1)[..size].to_owned();
     for i in 0..files {

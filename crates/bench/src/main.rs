@@ -24,6 +24,7 @@ mod scale;
 mod scaleout;
 mod schemas;
 mod traces;
+mod uploads;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -51,6 +52,7 @@ enum Figure {
     Schemas,
     Traces,
     Faults,
+    Uploads,
     Sandboxload,
 }
 
@@ -121,6 +123,7 @@ async fn run_figure(figure: Figure, ctx: &common::Ctx) -> anyhow::Result<Section
         Figure::Schemas => schemas::run(ctx).await,
         Figure::Traces => traces::run(ctx).await,
         Figure::Faults => faults::run(ctx).await,
+        Figure::Uploads => uploads::run(ctx).await,
         Figure::Sandboxload => sandbox_load::run(ctx).await,
     }
 }

@@ -24,24 +24,24 @@ use crate::common::{self, Corpus, Ctx, quantile};
 use crate::overhead::connect;
 use crate::report::{Section, Table};
 
-const DATABASE_VAR: &str = "FORKD_BENCH_DATABASE_URL";
+pub(crate) const DATABASE_VAR: &str = "FORKD_BENCH_DATABASE_URL";
 const API_KEY: &str = common::SIM_API_KEY;
 const PREFIX: u64 = 100_000;
 const N: usize = 8;
 const LEASE: &str = "1s";
 
 /// One configuration's daemons and what it measured.
-struct Setup {
-    daemons: Vec<Daemon>,
-    _homes: Vec<tempfile::TempDir>,
+pub(crate) struct Setup {
+    pub(crate) daemons: Vec<Daemon>,
+    pub(crate) homes: Vec<tempfile::TempDir>,
     /// The scratch database to drop, on PostgreSQL.
-    database: Option<(String, String)>,
+    pub(crate) database: Option<(String, String)>,
 }
 
 /// A `forkd serve` process, killed when dropped.
-struct Daemon {
+pub(crate) struct Daemon {
     child: Option<tokio::process::Child>,
-    client: ForkdClient<Channel>,
+    pub(crate) client: ForkdClient<Channel>,
 }
 
 impl Drop for Daemon {
@@ -294,7 +294,7 @@ fn terminal(state: i32) -> bool {
 }
 
 /// `forkd`, beside this binary.
-fn forkd_binary() -> anyhow::Result<PathBuf> {
+pub(crate) fn forkd_binary() -> anyhow::Result<PathBuf> {
     let path = std::env::current_exe()?.with_file_name("forkd");
     anyhow::ensure!(
         path.exists(),
@@ -304,7 +304,7 @@ fn forkd_binary() -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-async fn sim_server() -> anyhow::Result<String> {
+pub(crate) async fn sim_server() -> anyhow::Result<String> {
     common::sim_server(SimProvider::new(SimConfig {
         speed: 0.0,
         ..SimConfig::default()
@@ -312,7 +312,7 @@ async fn sim_server() -> anyhow::Result<String> {
     .await
 }
 
-async fn start(
+pub(crate) async fn start(
     ctx: &Ctx,
     forkd: &Path,
     sim: &str,
@@ -348,7 +348,7 @@ async fn start(
     }
     Ok(Setup {
         daemons,
-        _homes: homes,
+        homes,
         database,
     })
 }
@@ -459,7 +459,7 @@ async fn list_batch(
 }
 
 /// A fresh database on `server`: (server URL, database name).
-async fn scratch_database(server: &str) -> anyhow::Result<(String, String)> {
+pub(crate) async fn scratch_database(server: &str) -> anyhow::Result<(String, String)> {
     let name = format!("forkd_bench_{}", std::process::id());
     let mut admin = PgConnection::connect(server)
         .await
@@ -474,7 +474,7 @@ async fn scratch_database(server: &str) -> anyhow::Result<(String, String)> {
     Ok((server.to_owned(), name))
 }
 
-async fn drop_database(server: &str, name: &str) -> anyhow::Result<()> {
+pub(crate) async fn drop_database(server: &str, name: &str) -> anyhow::Result<()> {
     let mut admin = PgConnection::connect(server).await?;
     sqlx::query(AssertSqlSafe(format!(
         "DROP DATABASE IF EXISTS {name} WITH (FORCE)"

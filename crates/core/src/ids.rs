@@ -102,6 +102,11 @@ id_type!(
     "request"
 );
 id_type!(
+    /// An uploaded workspace: a tree a client sent, its tenant's.
+    UploadId,
+    "upload"
+);
+id_type!(
     /// A permission prompt: a tool call waiting for a person's answer.
     PromptId,
     "permission prompt"

@@ -26,13 +26,14 @@ pub mod session;
 pub mod store;
 pub mod tenant;
 pub mod tools;
+pub mod upload;
 pub mod usage;
 
 pub use agent::{
     Agent, AgentKind, AgentState, Directive, Notification, NotificationKind, NotificationStatus,
     ReportTo,
 };
-pub use ids::{AgentId, BatchId, DaemonId, PromptId, RequestId, SessionId};
+pub use ids::{AgentId, BatchId, DaemonId, PromptId, RequestId, SessionId, UploadId};
 pub use json::RawJson;
 pub use message::{Block, BlockKind, Message, Role};
 pub use tenant::Tenant;

@@ -715,6 +715,23 @@ pub trait Store: Send + Sync + 'static {
     /// held from that write until a [`Store::probe_write`] succeeds, whatever other writes do
     /// meanwhile (a write that grows nothing may succeed on a full disk).
     fn fault(&self) -> Option<String>;
+
+    /// Of `hashes`, those `tenant` has no blob for, in their order: never a word about another
+    /// tenant's blobs.
+    async fn missing_blobs(&self, tenant: &str, hashes: &[String]) -> Result<Vec<String>>;
+    /// Stores a blob of `tenant`'s under `sha256` (its content's hash, checked by the caller);
+    /// one it has already is no change.
+    async fn put_blob(&self, tenant: &str, sha256: &str, content: &[u8]) -> Result<()>;
+    /// A blob of `tenant`'s.
+    async fn blob(&self, tenant: &str, sha256: &str) -> Result<Option<Vec<u8>>>;
+    /// Stores an upload whose every blob its tenant has (else `Conflict`, nothing stored).
+    async fn create_upload(&self, upload: &crate::upload::Upload) -> Result<()>;
+    /// `tenant`'s upload `id` (another tenant's is `None`).
+    async fn get_upload(
+        &self,
+        tenant: &str,
+        id: crate::UploadId,
+    ) -> Result<Option<crate::upload::Upload>>;
 }
 
 /// How much [`Store::probe_write`] writes: more than most single writes (a tool call's output is

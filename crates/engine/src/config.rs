@@ -59,6 +59,8 @@ pub struct EngineConfig {
     pub workspaces: WorkspacesConfig,
     /// Where isolated batches keep their snapshots and their children's copies.
     pub isolation: IsolationConfig,
+    /// What one uploaded workspace may hold.
+    pub uploads: forkd_core::upload::UploadLimits,
     /// MCP servers: the operator's, and who may define their own.
     pub mcp: McpConfig,
     /// Spending limits per tenant (by name); an agent of a tenant over its budget fails.
@@ -93,6 +95,7 @@ impl Default for EngineConfig {
             sandbox: SandboxConfig::default(),
             workspaces: WorkspacesConfig::default(),
             isolation: IsolationConfig::default(),
+            uploads: forkd_core::upload::UploadLimits::default(),
             mcp: McpConfig::default(),
             max_running_agents: Some(256),
             trace_content: false,

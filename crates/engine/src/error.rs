@@ -83,6 +83,10 @@ pub enum EngineError {
     /// The operation was stopped by a client (a parent turn cancelled with `Kill`).
     #[error("{0}")]
     Cancelled(String),
+    /// A request over a size limit of the daemon's (an upload's size or file count); the
+    /// message names the limit.
+    #[error("{0}")]
+    OverLimit(String),
     /// The daemon is shutting down and starts no new work.
     #[error("forkd is shutting down")]
     Draining,

@@ -38,6 +38,7 @@ mod stats;
 mod supervisor;
 mod tenancy;
 pub mod trace;
+mod uploads;
 mod window;
 mod workspaces;
 
@@ -76,6 +77,7 @@ pub use run::typed::TypedOptions;
 pub use scoped::{SessionView, TenantEngine};
 pub use session::{ContextFile, NewSession, context_block};
 pub use stats::{CacheStats, StatsScope};
+pub use uploads::{MAX_HASHES_PER_CALL, Received, Receiver};
 
 /// The running engine. Cheap to clone; all clones share one state.
 #[derive(Clone)]
@@ -113,6 +115,8 @@ struct Inner {
     mcp: Arc<mcp::McpServers>,
     /// Sessions: created and read.
     sessions: Arc<session::Sessions>,
+    /// Uploaded workspaces: received, stored, written out for sessions.
+    uploads: Arc<uploads::Uploads>,
     /// Branches of sessions.
     branches: Arc<branch::Branches>,
     /// Isolated batches' snapshots and their children's copies.
@@ -179,12 +183,14 @@ impl Engine {
             config.auto_background,
             shutdown.clone(),
         ));
+        let uploads = Arc::new(uploads::Uploads::new(store.clone(), config.uploads));
         let sessions = Arc::new(session::Sessions::new(
             store.clone(),
             config.clone(),
             tenancy.clone(),
             mcp.clone(),
             window.clone(),
+            uploads.clone(),
         ));
         let compaction = Arc::new(compact::Compactor::new(
             store.clone(),
@@ -272,6 +278,7 @@ impl Engine {
                 divergences,
                 mcp,
                 sessions,
+                uploads,
                 branches,
                 copies,
                 faults,
@@ -355,6 +362,25 @@ impl Engine {
 
     pub async fn session_message_count(&self, id: SessionId) -> Result<u64, EngineError> {
         self.inner.sessions.message_count(id).await
+    }
+
+    /// Of `hashes` (blobs' SHA-256), those `tenant` lacks.
+    pub async fn missing_blobs(
+        &self,
+        tenant: &str,
+        hashes: &[String],
+    ) -> Result<Vec<String>, EngineError> {
+        self.inner.uploads.missing(tenant, hashes).await
+    }
+
+    /// Starts receiving `tenant`'s uploaded tree: the manifest is checked now, the blobs follow
+    /// ([`Receiver::chunk`]), and [`Receiver::finish`] stores it.
+    pub fn receive_upload(
+        &self,
+        tenant: &str,
+        manifest: forkd_core::upload::Manifest,
+    ) -> Result<Receiver, EngineError> {
+        self.inner.uploads.receive(tenant, manifest)
     }
 
     /// Runs one parent turn on `text`. Turns of one session run one at a time.

@@ -179,6 +179,19 @@ impl TenantEngine<'_> {
         self.view(session).await
     }
 
+    /// Of `hashes` (blobs' SHA-256), those the tenant lacks: never a word of another tenant's.
+    pub async fn missing_blobs(&self, hashes: &[String]) -> Result<Vec<String>> {
+        self.engine.missing_blobs(self.tenant.name(), hashes).await
+    }
+
+    /// Starts receiving the tenant's uploaded tree (see [`Engine::receive_upload`]).
+    pub fn receive_upload(
+        &self,
+        manifest: forkd_core::upload::Manifest,
+    ) -> Result<crate::Receiver> {
+        self.engine.receive_upload(self.tenant.name(), manifest)
+    }
+
     pub async fn session(&self, id: SessionId) -> Result<SessionView> {
         let session = self.own_session(id).await?;
         self.view(session).await

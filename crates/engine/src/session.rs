@@ -23,6 +23,7 @@ use crate::config::EngineConfig;
 use crate::error::{EngineError, Result, clip};
 use crate::mcp::McpServers;
 use crate::tenancy::{Idempotent, Tenancy};
+use crate::uploads::Uploads;
 use crate::window::Window;
 use crate::workspaces;
 
@@ -60,12 +61,16 @@ pub struct NewSession {
     pub allow_network: bool,
     /// Its Bash commands may create Unix sockets (the `unix_sockets` grant).
     pub unix_sockets: bool,
+    /// An upload of the tenant's to work in (a fresh workspace holding its tree) instead of
+    /// `workspace`.
+    pub upload: Option<forkd_core::UploadId>,
 }
 
 impl NewSession {
     /// A digest of everything that shapes the session: a retry under one idempotency key must
-    /// ask for the same session.
-    fn digest(&self) -> String {
+    /// ask for the same session. An upload counts by its tree (`tree`: its manifest's digest),
+    /// not its id: the same tree uploaded again for a retry asks for the same session.
+    fn digest(&self, tree: Option<&str>) -> String {
         let files: Vec<(&str, &str)> = self
             .context_files
             .iter()
@@ -88,6 +93,7 @@ impl NewSession {
             self.unix_sockets,
             self.allow_rules,
             self.deny_rules,
+            tree,
         ]);
         forkd_core::request::fingerprint(canonical.to_string().as_bytes())
     }
@@ -135,6 +141,7 @@ pub(crate) struct Sessions {
     tenancy: Arc<Tenancy>,
     mcp: Arc<McpServers>,
     window: Arc<Window>,
+    uploads: Arc<Uploads>,
 }
 
 impl Sessions {
@@ -144,11 +151,13 @@ impl Sessions {
         tenancy: Arc<Tenancy>,
         mcp: Arc<McpServers>,
         window: Arc<Window>,
+        uploads: Arc<Uploads>,
     ) -> Self {
         Self {
             store,
             config,
             tenancy,
+            uploads,
             mcp,
             window,
         }
@@ -278,13 +287,17 @@ impl Sessions {
             return self.new_session(req, tenant, None).await;
         };
         let id = SessionId::new();
+        let tree = match req.upload {
+            Some(upload) => Some(self.uploads.tree_digest(&tenant, upload).await?),
+            None => None,
+        };
         let outcome = self
             .tenancy
             .idempotent(
                 &tenant,
                 &key,
                 IdempotentCall::CreateSession,
-                req.digest(),
+                req.digest(tree.as_deref()),
                 id.to_string(),
                 |record| self.new_session(req, tenant.clone(), Some((id, record))),
             )
@@ -339,16 +352,21 @@ impl Sessions {
         let rules = check_rules(req.allow_rules.clone(), req.deny_rules.clone())?;
         let sandbox = self.check_sandbox(&req, &tenant)?;
         let id = keyed.as_ref().map_or_else(SessionId::new, |(id, _)| *id);
-        let allowed = workspaces::allow(
-            &cfg.workspaces,
-            self.store.as_ref(),
-            workspaces::Asked {
-                tenant: &tenant,
-                dir: req.workspace.as_deref(),
-                session: id,
-            },
-        )
-        .await?;
+        let allowed = match req.upload {
+            Some(upload) => self.uploaded(upload, &req, &tenant, id).await?,
+            None => {
+                workspaces::allow(
+                    &cfg.workspaces,
+                    self.store.as_ref(),
+                    workspaces::Asked {
+                        tenant: &tenant,
+                        dir: req.workspace.as_deref(),
+                        session: id,
+                    },
+                )
+                .await?
+            }
+        };
         let checked = Checked {
             id,
             tenant,
@@ -364,6 +382,32 @@ impl Sessions {
             allowed.discard();
         }
         created
+    }
+
+    /// A fresh workspace for session `id` holding `tenant`'s upload (removed again if it
+    /// cannot be written whole).
+    async fn uploaded(
+        &self,
+        upload: forkd_core::UploadId,
+        req: &NewSession,
+        tenant: &str,
+        id: SessionId,
+    ) -> Result<workspaces::Allowed> {
+        if req.workspace.is_some() {
+            return Err(invalid(
+                "a session works in a workspace directory or an upload, not both".into(),
+            ));
+        }
+        let allowed = workspaces::fresh(&self.config.workspaces, id)?;
+        if let Err(e) = self
+            .uploads
+            .materialize(tenant, upload, &allowed.path)
+            .await
+        {
+            allowed.discard();
+            return Err(e);
+        }
+        Ok(allowed)
     }
 
     /// The rest of [`Sessions::new_session`], once the request is checked and its workspace

@@ -38,10 +38,11 @@ pub(crate) struct Allowed {
 }
 
 impl Allowed {
-    /// Removes a fresh workspace whose session was not stored (nothing was written in it yet).
+    /// Removes a fresh workspace whose session was not stored (nothing of the session's was
+    /// written in it yet: at most an upload's tree).
     pub(crate) fn discard(&self) {
         if self.fresh
-            && let Err(e) = std::fs::remove_dir(&self.path)
+            && let Err(e) = std::fs::remove_dir_all(&self.path)
         {
             tracing::warn!(path = %self.path.display(), error = %e, "Cannot remove a fresh workspace left unused");
         }
@@ -183,7 +184,7 @@ fn never(config: &WorkspacesConfig, canonical: &Path, shown: &str, tenant: bool)
 }
 
 /// A fresh empty workspace for `session`, only its daemon's user may enter.
-fn fresh(config: &WorkspacesConfig, session: SessionId) -> Result<Allowed> {
+pub(crate) fn fresh(config: &WorkspacesConfig, session: SessionId) -> Result<Allowed> {
     use std::os::unix::fs::DirBuilderExt;
     let Some(dir) = &config.dir else {
         return Err(EngineError::InvalidRequest(

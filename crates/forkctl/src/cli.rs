@@ -56,10 +56,11 @@ pub enum Command {
     Bg(attach::BgArgs),
     /// Stop an agent at once; it ends `killed` with its partial result.
     Kill(kill::KillArgs),
-    /// An isolated child's changes (a batch forked with `--isolation copy`): its unified diff.
+    /// Isolated children's changes (a batch forked with `--isolation copy`): a diff, or with
+    /// `--format patch` a patch `git apply` takes as is (binary files included).
     Diff(changes::DiffArgs),
-    /// Apply isolated children's changes to their session's workspace, in order; a child with a
-    /// conflict stays unapplied (exit 1), reported per file.
+    /// Apply isolated children's changes to their session's workspace (or with `--to DIR` to a
+    /// directory here), in order; a child with a conflict stays unapplied (exit 1), per file.
     Apply(changes::ApplyArgs),
     /// Throw isolated children's copies away (their changes stay on record).
     Discard(changes::TargetArgs),

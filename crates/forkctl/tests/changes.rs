@@ -225,3 +225,132 @@ async fn apply_to_a_checkout_follows_the_daemon_s_rules() {
         "1\n2\n3\n4\n5\n6\n7\n8\n9\n"
     );
 }
+
+fn git(dir: &Path, args: &[&str]) {
+    let out = std::process::Command::new("git")
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The remote CI flow: a checkout uploaded, an isolated batch forked in the uploaded tree, and its
+/// changes brought back into a fresh clone of the same commit, as a patch git checks and by
+/// `apply --to`; a change made in the checkout after the upload is not in the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uploaded_checkout_s_children_come_back_to_a_fresh_clone() {
+    let daemon = spawn_daemon().await.unwrap();
+    let runner = tempfile::tempdir().unwrap();
+    let checkout = runner.path().join("checkout");
+    std::fs::create_dir(&checkout).unwrap();
+    std::fs::write(checkout.join("a.txt"), "1\n2\n3\n").unwrap();
+    std::fs::write(checkout.join("b.txt"), "as committed\n").unwrap();
+    std::fs::write(checkout.join(".gitignore"), "target/\n").unwrap();
+    std::fs::create_dir(checkout.join("target")).unwrap();
+    std::fs::write(checkout.join("target/build.o"), "not sent").unwrap();
+    git(&checkout, &["init", "-q"]);
+    git(&checkout, &["add", "-A"]);
+    git(&checkout, &["commit", "-q", "-m", "base"]);
+    let system = runner.path().join("system.md");
+    std::fs::write(&system, "You edit files.").unwrap();
+
+    let created = forkctl(
+        &daemon,
+        &[
+            "--json",
+            "session",
+            "create",
+            "--upload",
+            checkout.to_str().unwrap(),
+            "--system-file",
+            system.to_str().unwrap(),
+            "--permission-mode",
+            "bypassPermissions",
+        ],
+    )
+    .await;
+    let created = first_json(&created);
+    let sid = created["session_id"].as_str().unwrap().to_owned();
+    assert_eq!(created["upload"]["files"], 3, "{created}");
+    assert_eq!(created["upload"]["git_commit"].as_str().unwrap().len(), 40);
+    // Changed on the runner after the upload: the session keeps the uploaded tree.
+    std::fs::write(checkout.join("b.txt"), "changed after\n").unwrap();
+    let got = forkctl(&daemon, &["--json", "session", "get", &sid]).await;
+    let ws = std::path::PathBuf::from(first_json(&got)["workspace"].as_str().unwrap());
+    assert_eq!(
+        std::fs::read_to_string(ws.join("b.txt")).unwrap(),
+        "as committed\n"
+    );
+    assert!(!ws.join("target").exists(), "ignored files are not sent");
+
+    let edit = bash("sed -i 's/^2$/two/' a.txt");
+    let add = bash("mkdir -p docs && printf 'new\\n' > docs/new.md");
+    let forked = forkctl(
+        &daemon,
+        &[
+            "--json",
+            "fork",
+            &sid,
+            "--isolation",
+            "copy",
+            "--wait",
+            "-d",
+            &edit,
+            "-d",
+            &add,
+        ],
+    )
+    .await;
+    let batch = first_json(&forked)["batch_id"].as_str().unwrap().to_owned();
+
+    let clone = runner.path().join("clone");
+    git(
+        runner.path(),
+        &[
+            "clone",
+            "-q",
+            checkout.to_str().unwrap(),
+            clone.to_str().unwrap(),
+        ],
+    );
+    let patch = forkctl(&daemon, &["diff", "--batch", &batch, "--format", "patch"]).await;
+    let patch_file = runner.path().join("batch.patch");
+    std::fs::write(&patch_file, &patch.stdout).unwrap();
+    git(&clone, &["apply", "--check", patch_file.to_str().unwrap()]);
+    let applied = run(
+        &daemon,
+        &[
+            "--json",
+            "apply",
+            "--batch",
+            &batch,
+            "--to",
+            clone.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(clone.join("a.txt")).unwrap(),
+        "1\ntwo\n3\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(clone.join("docs/new.md")).unwrap(),
+        "new\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(clone.join("b.txt")).unwrap(),
+        "as committed\n"
+    );
+}

@@ -673,3 +673,75 @@ async fn budget_across_daemons(url: String) {
     drop((on_a, on_b));
     drop((a, b));
 }
+
+#[tokio::test]
+async fn a_session_on_one_daemon_starts_from_an_upload_another_received() {
+    with_scratch_database(upload_across_daemons).await;
+}
+
+async fn upload_across_daemons(url: String) {
+    use pb::upload_entry::Kind;
+    use pb::upload_workspace_request::Part;
+    let env = [("FORKD_DATABASE_URL", url.as_str())];
+    let (home_a, home_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let _a = binary::Daemon::start_with(home_a.path(), "0", &env);
+    let _b = binary::Daemon::start_with(home_b.path(), "0", &env);
+    let mut on_a = binary::client(home_a.path()).await;
+    let mut on_b = binary::client(home_b.path()).await;
+    let content = b"uploaded to A\n".to_vec();
+    let sha256 = forkd_core::upload::blob_hash(&content);
+    let manifest = pb::UploadManifest {
+        entries: vec![pb::UploadEntry {
+            path: "src/a.txt".into(),
+            kind: Some(Kind::File(pb::UploadFile {
+                sha256: sha256.clone(),
+                size: content.len() as u64,
+                executable: false,
+            })),
+        }],
+        git_commit: String::new(),
+    };
+    let messages = vec![
+        pb::UploadWorkspaceRequest {
+            part: Some(Part::Manifest(manifest)),
+        },
+        pb::UploadWorkspaceRequest {
+            part: Some(Part::Blob(pb::BlobChunk {
+                sha256: sha256.clone(),
+                data: content.clone(),
+                last: true,
+            })),
+        },
+    ];
+    let uploaded = on_a
+        .upload_workspace(tokio_stream::iter(messages))
+        .await
+        .unwrap()
+        .into_inner();
+    // B finds the blob the tenant has, and starts a session from A's upload.
+    let missing = on_b
+        .find_missing_blobs(pb::FindMissingBlobsRequest {
+            hashes: vec![sha256],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .missing;
+    assert!(missing.is_empty(), "{missing:?}");
+    let session = create_session(
+        &mut on_b,
+        pb::CreateSessionRequest {
+            workspace: String::new(),
+            upload_id: uploaded.upload_id,
+            ..session_request(std::path::Path::new(""))
+        },
+    )
+    .await
+    .unwrap();
+    let ws = std::path::Path::new(&session.workspace);
+    assert!(
+        ws.starts_with(format!("{}-workspaces", home_b.path().display())),
+        "{ws:?}"
+    );
+    assert_eq!(std::fs::read(ws.join("src/a.txt")).unwrap(), content);
+}

@@ -261,6 +261,15 @@ pub(crate) fn new_session(req: pb::CreateSessionRequest) -> Result<NewSession, A
         sandbox,
         allow_network: req.allow_network,
         unix_sockets: req.unix_sockets,
+        upload: match req.upload_id.as_str() {
+            "" => None,
+            id => Some(id.parse().map_err(|_| {
+                ApiError::BadRequest(format!(
+                    "upload_id {:?} is not an upload id",
+                    id.chars().take(64).collect::<String>()
+                ))
+            })?),
+        },
     })
 }
 

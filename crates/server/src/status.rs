@@ -97,7 +97,7 @@ pub enum Meaning {
     KeyReused,
     /// The request would not fit the model's context window.
     WindowOverflow,
-    /// A budget or the turn limit is spent.
+    /// A budget, the turn limit or a size limit (an upload's) is spent.
     BudgetSpent,
     /// The provider is rate limiting the daemon.
     RateLimited,
@@ -132,7 +132,7 @@ impl Meaning {
             | E::McpServer(_) => Meaning::WrongState,
             E::KeyReused { .. } => Meaning::KeyReused,
             E::ContextWindow { .. } => Meaning::WindowOverflow,
-            E::BudgetSpent { .. } | E::TurnLimit(_) => Meaning::BudgetSpent,
+            E::BudgetSpent { .. } | E::TurnLimit(_) | E::OverLimit(_) => Meaning::BudgetSpent,
             E::Provider(provider) => match provider.kind() {
                 FailureKind::RateLimited { .. } => Meaning::RateLimited,
                 FailureKind::Unavailable => Meaning::Unavailable,

@@ -15,6 +15,7 @@ pub mod stats;
 pub mod top;
 pub mod tree;
 pub mod ui;
+pub mod upload;
 pub mod watch;
 
 use crate::client::Client;

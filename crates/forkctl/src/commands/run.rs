@@ -23,6 +23,7 @@ use tonic::Code;
 use crate::client::Client;
 use crate::commands::fork::{self, Follower, Tally};
 use crate::commands::ps;
+use crate::commands::upload::{self, Uploaded};
 use crate::exit;
 use crate::output::{Printer, human};
 pub(crate) use batch_file::{BatchFile, SessionSource};
@@ -80,7 +81,7 @@ pub async fn run(
         Some(file) => file,
         None => BatchFile::load(&args.file)?,
     };
-    let session_id = session(&file, &args.file, client).await?;
+    let (session_id, uploaded) = session(&file, &args.file, client, out).await?;
     let request = forkd_proto::v1::ForkBatchRequest {
         session_id: session_id.clone(),
         ..file.fork.clone()
@@ -106,11 +107,15 @@ pub async fn run(
     };
     let every = fork::lists_every_child(batch.agent_ids.len(), args.all);
     if out.is_json() {
-        out.value(&json!({
+        let mut value = json!({
             "session_id": session_id,
             "batch_id": batch.batch_id,
             "agent_ids": batch.agent_ids,
-        }))?;
+        });
+        if let (Some(uploaded), Some(map)) = (&uploaded, value.as_object_mut()) {
+            map.insert("upload".into(), uploaded.to_json());
+        }
+        out.value(&value)?;
     } else {
         out.line(format!("session {session_id}"))?;
         fork::print_batch(&batch, every, out)?;
@@ -293,17 +298,39 @@ async fn children_of(
     ))
 }
 
-/// Creates the file's session under its key (a retry gets the first call's id back), or takes
-/// the existing session it names.
-async fn session(file: &BatchFile, path: &Path, client: &mut Client) -> anyhow::Result<String> {
+/// Creates the file's session under its key (a retry gets the first call's id back), after
+/// uploading its tree when it names one; or takes the existing session it names.
+async fn session(
+    file: &BatchFile,
+    path: &Path,
+    client: &mut Client,
+    out: &Printer,
+) -> anyhow::Result<(String, Option<Uploaded>)> {
+    let mut uploaded = None;
     let session_id = match &file.session {
         SessionSource::Existing(id) => id.clone(),
-        SessionSource::Create(request) => {
+        SessionSource::Create(new) => {
+            let mut request = new.request.clone();
+            if let Some(dir) = &new.upload {
+                let done = upload::upload(client, dir, &[])
+                    .await
+                    .with_context(|| format!("{}: `session.upload`", path.display()))?;
+                if !out.is_json() {
+                    eprintln!("forkctl: {}", done.summary(dir));
+                }
+                request.upload_id.clone_from(&done.upload_id);
+                uploaded = Some(done);
+            }
             let session = client
-                .create_session(request.as_ref().clone())
+                .create_session(request)
                 .await
                 .map_err(|status| {
-                    refused(status, path, "create the session", &request.idempotency_key)
+                    refused(
+                        status,
+                        path,
+                        "create the session",
+                        &new.request.idempotency_key,
+                    )
                 })?
                 .into_inner();
             session.session.map(|s| s.session_id).unwrap_or_default()
@@ -315,7 +342,7 @@ async fn session(file: &BatchFile, path: &Path, client: &mut Client) -> anyhow::
             path.display()
         );
     }
-    Ok(session_id)
+    Ok((session_id, uploaded))
 }
 
 /// [`refused`] for an error that may hold a gRPC status.

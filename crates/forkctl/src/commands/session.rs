@@ -25,7 +25,7 @@ pub struct SessionArgs {
 #[derive(Debug, Subcommand)]
 pub enum SessionCommand {
     /// Create a parent session; prints its id.
-    Create(CreateArgs),
+    Create(Box<CreateArgs>),
     /// Show one session.
     Get {
         /// The session's id.
@@ -129,6 +129,19 @@ pub struct CreateArgs {
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
 
+    /// Upload DIR, on this machine, and work in the daemon's copy of it (for a daemon on
+    /// another machine): git's files when DIR is in a git work tree (tracked, and untracked ones
+    /// it does not ignore), else every file its .gitignore and .ignore files keep; never .git.
+    /// Only the contents the daemon lacks are sent.
+    #[arg(long, value_name = "DIR", conflicts_with = "workspace")]
+    pub upload: Option<PathBuf>,
+
+    /// With --upload: also send the files the ignore rules leave out that match PATTERN
+    /// (gitignore syntax, relative to DIR; a directory brings what is under it), e.g. `.env`
+    /// or `vendor/`. Repeat for more.
+    #[arg(long = "include", value_name = "PATTERN", requires = "upload")]
+    pub include: Vec<String>,
+
     /// Coordinator mode: the session delegates to typed agents and never forks.
     #[arg(long)]
     pub coordinator: bool,
@@ -194,7 +207,7 @@ pub async fn run(
     out: &Printer,
 ) -> anyhow::Result<u8> {
     match args.command {
-        SessionCommand::Create(create) => run_create(create, over_socket, client, out).await,
+        SessionCommand::Create(create) => run_create(*create, over_socket, client, out).await,
         SessionCommand::Get { session_id } => {
             let reply = client
                 .get_session(GetSessionRequest { session_id })
@@ -385,11 +398,28 @@ async fn run_create(
     client: &mut Client,
     out: &Printer,
 ) -> anyhow::Result<u8> {
-    let request = create_request(args, over_socket)?;
+    let upload = args.upload.clone().map(|dir| (dir, args.include.clone()));
+    // The request first: a missing system file is reported before a long upload.
+    let mut request = create_request(args, over_socket)?;
+    let uploaded = match &upload {
+        Some((dir, include)) => {
+            let uploaded = super::upload::upload(client, dir, include).await?;
+            if !out.is_json() {
+                eprintln!("{}", uploaded.summary(dir));
+            }
+            request.upload_id.clone_from(&uploaded.upload_id);
+            Some(uploaded)
+        }
+        None => None,
+    };
     let reply = client.create_session(request).await?.into_inner();
     let session_id = reply.session.map(|s| s.session_id).unwrap_or_default();
     if out.is_json() {
-        out.value(&json!({ "session_id": session_id }))?;
+        let mut value = json!({ "session_id": session_id });
+        if let (Some(uploaded), Some(map)) = (&uploaded, value.as_object_mut()) {
+            map.insert("upload".into(), uploaded.to_json());
+        }
+        out.value(&value)?;
     } else {
         out.line(session_id)?;
     }
@@ -447,9 +477,10 @@ fn create_request(args: CreateArgs, over_socket: bool) -> Result<CreateSessionRe
     // Relative to the user's shell, not to the daemon's working directory. The working
     // directory is sent only to a daemon on this machine (its Unix socket): over TCP, where
     // this directory means nothing to the daemon, none is sent unless given, and a token
-    // tenant gets a fresh empty workspace of its own.
+    // tenant gets a fresh empty workspace of its own. An upload is the workspace: none is sent.
     let workspace = match args.workspace {
         Some(dir) => absolute_workspace(&dir)?,
+        None if args.upload.is_some() => String::new(),
         None if over_socket => absolute_workspace(Path::new("."))?,
         None => String::new(),
     };
@@ -548,6 +579,8 @@ mod tests {
             context_files: Vec::new(),
             model: None,
             workspace: None,
+            upload: None,
+            include: Vec::new(),
             coordinator: false,
             interactive: false,
             permission_mode: None,
@@ -585,6 +618,46 @@ mod tests {
         assert!(Path::new(&request.workspace).is_absolute());
         assert!(request.workspace.ends_with("some/dir"));
         assert_eq!(request.model, "sim-large");
+        Ok(())
+    }
+
+    /// `session create` parsed from `args` (after `--system-file s.md`).
+    fn parse_create(args: &[&str]) -> Result<CreateArgs, clap::Error> {
+        use clap::Parser as _;
+        let line = ["forkctl", "session", "create", "--system-file", "s.md"];
+        let cli = crate::cli::Cli::try_parse_from(line.iter().chain(args))?;
+        match cli.command {
+            crate::cli::Command::Session(SessionArgs {
+                command: SessionCommand::Create(create),
+            }) => Ok(*create),
+            other => panic!("expected session create, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_upload_sends_no_workspace_and_excludes_one() -> anyhow::Result<()> {
+        let create = parse_create(&["--upload", "repo", "--include", ".env", "--include", "v/"])?;
+        assert_eq!(create.upload.as_deref(), Some(Path::new("repo")));
+        assert_eq!(create.include, [".env", "v/"]);
+
+        let dir = tempfile::tempdir()?;
+        let system = dir.path().join("system.md");
+        std::fs::write(&system, "s")?;
+        let mut create = args(system);
+        create.upload = Some(PathBuf::from("repo"));
+        // Not even the working directory over the Unix socket.
+        assert_eq!(create_request(create, true)?.workspace, "");
+
+        let both = parse_create(&["--upload", "repo", "--workspace", "w"]).map(|_| ());
+        let Err(err) = both else {
+            panic!("--upload with --workspace was accepted")
+        };
+        assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
+        let alone = parse_create(&["--include", ".env"]).map(|_| ());
+        let Err(err) = alone else {
+            panic!("--include without --upload was accepted")
+        };
+        assert_eq!(err.kind(), clap::error::ErrorKind::MissingRequiredArgument);
         Ok(())
     }
 

@@ -190,6 +190,22 @@ impl Forkd for Fake {
         Err(Status::unimplemented("the fake daemon isolates nothing"))
     }
 
+    async fn find_missing_blobs(
+        &self,
+        request: Request<forkd_proto::v1::FindMissingBlobsRequest>,
+    ) -> Result<Response<forkd_proto::v1::FindMissingBlobsResponse>, Status> {
+        check_token(&request)?;
+        Err(Status::unimplemented("the fake daemon takes no uploads"))
+    }
+
+    async fn upload_workspace(
+        &self,
+        request: Request<tonic::Streaming<forkd_proto::v1::UploadWorkspaceRequest>>,
+    ) -> Result<Response<forkd_proto::v1::UploadWorkspaceResponse>, Status> {
+        check_token(&request)?;
+        Err(Status::unimplemented("the fake daemon takes no uploads"))
+    }
+
     async fn spawn_agent(
         &self,
         request: Request<SpawnAgentRequest>,

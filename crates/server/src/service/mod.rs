@@ -7,6 +7,7 @@ mod notifications;
 mod permissions;
 mod sessions;
 mod sign_in;
+mod uploads;
 
 pub(crate) use sign_in::SignInLinkError;
 
@@ -171,6 +172,21 @@ impl Forkd for ForkdService {
 
     async fn kill(&self, req: Request<pb::KillRequest>) -> Reply<pb::KillResponse> {
         reply(self.kill_rpc(tenant(&req)?, req.into_inner()).await)
+    }
+
+    async fn find_missing_blobs(
+        &self,
+        req: Request<pb::FindMissingBlobsRequest>,
+    ) -> Reply<pb::FindMissingBlobsResponse> {
+        reply(uploads::find_missing_blobs(&self.engine, tenant(&req)?, req.into_inner()).await)
+    }
+
+    async fn upload_workspace(
+        &self,
+        req: Request<tonic::Streaming<pb::UploadWorkspaceRequest>>,
+    ) -> Reply<pb::UploadWorkspaceResponse> {
+        let tenant = tenant(&req)?;
+        reply(uploads::upload_workspace(&self.engine, tenant, req.into_inner()).await)
     }
 
     async fn get_changes(

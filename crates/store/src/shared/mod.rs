@@ -35,6 +35,7 @@ pub(super) mod sessions;
 pub(super) mod stats;
 mod store;
 pub(super) mod tool_calls;
+pub(super) mod uploads;
 
 use super::dialect;
 use sqlx::AssertSqlSafe;

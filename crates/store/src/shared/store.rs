@@ -17,7 +17,7 @@ use forkd_core::{
 use super::dialect::{self, DriverStore};
 use super::{
     agent_params, agents, batches, compactions, idempotency, isolation, notifications, pending,
-    probes, prompts, requests, sessions, stats, tool_calls,
+    probes, prompts, requests, sessions, stats, tool_calls, uploads,
 };
 use crate::error::Result;
 use crate::rows::agents::NewAgents;
@@ -652,5 +652,36 @@ impl Store for DriverStore {
 
     fn fault(&self) -> Option<String> {
         self.faults.get()
+    }
+
+    async fn missing_blobs(&self, tenant: &str, hashes: &[String]) -> StoreResult<Vec<String>> {
+        let mut missing = Vec::new();
+        for chunk in hashes.chunks(1000) {
+            missing.extend(db(uploads::missing(self.readers(), tenant, chunk).await)?);
+        }
+        Ok(missing)
+    }
+
+    async fn put_blob(&self, tenant: &str, sha256: &str, content: &[u8]) -> StoreResult<()> {
+        let at_ms = now_ms();
+        write_tx!(self, |tx| {
+            uploads::put_blob(&mut tx, tenant, sha256, content, at_ms).await?
+        })
+    }
+
+    async fn blob(&self, tenant: &str, sha256: &str) -> StoreResult<Option<Vec<u8>>> {
+        db(uploads::blob(self.readers(), tenant, sha256).await)
+    }
+
+    async fn create_upload(&self, upload: &forkd_core::upload::Upload) -> StoreResult<()> {
+        write_tx!(self, |tx| { uploads::create(&mut tx, upload).await? })
+    }
+
+    async fn get_upload(
+        &self,
+        tenant: &str,
+        id: forkd_core::UploadId,
+    ) -> StoreResult<Option<forkd_core::upload::Upload>> {
+        db(uploads::get(self.readers(), tenant, id).await)
     }
 }

@@ -8,6 +8,8 @@
 //!   context_files: [README.md]
 //!   model: sim                    # optional; the daemon's default
 //!   workspace: .                  # optional; the file's directory
+//!   # upload: .                   # or: upload this tree first and work in the daemon's copy
+//!                                 # (a daemon on another machine); not with `workspace`
 //!   permission_mode: dontAsk      # optional
 //!   sandbox: workspace-write      # optional: read-only, full-access; the daemon's default
 //!   allow_network: false          # optional: let Bash use the network
@@ -100,6 +102,7 @@ struct SessionSpec {
     context_files: Vec<PathBuf>,
     model: Option<String>,
     workspace: Option<PathBuf>,
+    upload: Option<PathBuf>,
     permission_mode: Option<String>,
     sandbox: Option<String>,
     #[serde(default)]
@@ -161,8 +164,18 @@ impl<'de> Deserialize<'de> for DirectiveSpec {
 /// Where a batch file's batch forks: a session it creates, or one that exists.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum SessionSource {
-    Create(Box<CreateSessionRequest>),
+    Create(Box<NewSession>),
     Existing(String),
+}
+
+/// A session the file creates.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct NewSession {
+    /// Complete but for `upload_id`, which the upload gives.
+    pub request: CreateSessionRequest,
+    /// The file's `upload`, resolved against its directory: a tree to upload first, whose id
+    /// the request then names.
+    pub upload: Option<PathBuf>,
 }
 
 /// A parsed batch file: the two requests `run` sends, idempotency keys included.
@@ -254,6 +267,13 @@ impl Spec {
                 );
             }
             _ => {}
+        }
+        if session.workspace.is_some() && session.upload.is_some() {
+            return Err(
+                "`session`: give `workspace` (a directory on the daemon's machine) or `upload` \
+                 (a tree sent from this one), not both"
+                    .into(),
+            );
         }
         if let Some(mode) = &session.permission_mode
             && PermissionMode::parse(mode).is_none()
@@ -350,7 +370,7 @@ impl Spec {
 }
 
 /// The `CreateSession` request of a file's `session` map; paths resolve against `base`.
-fn new_session(s: SessionSpec, key: &str, base: &Path) -> Result<CreateSessionRequest, String> {
+fn new_session(s: SessionSpec, key: &str, base: &Path) -> Result<NewSession, String> {
     let system_prompt = match (s.system_file, s.system) {
         (Some(file), _) => read_text(&base.join(&file), "system file")
             .map_err(|e| format!("`session.system_file`: {e}"))?,
@@ -370,12 +390,20 @@ fn new_session(s: SessionSpec, key: &str, base: &Path) -> Result<CreateSessionRe
             })
         })
         .collect::<Result<_, String>>()?;
-    let dir = base.join(s.workspace.unwrap_or_else(|| PathBuf::from(".")));
-    // Canonical when it exists, so `..` and symlinks do not make the same file a
-    // different request (which the daemon would refuse under the same key).
-    let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
-    let workspace = absolute_workspace(&dir).map_err(|e| format!("`session.workspace`: {e}"))?;
-    Ok(CreateSessionRequest {
+    // An upload is the workspace: none is sent.
+    let (workspace, upload) = match s.upload {
+        Some(upload) => (String::new(), Some(upload_dir(&base.join(upload))?)),
+        None => {
+            let dir = base.join(s.workspace.unwrap_or_else(|| PathBuf::from(".")));
+            // Canonical when it exists, so `..` and symlinks do not make the same file a
+            // different request (which the daemon would refuse under the same key).
+            let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
+            let workspace =
+                absolute_workspace(&dir).map_err(|e| format!("`session.workspace`: {e}"))?;
+            (workspace, None)
+        }
+    };
+    let request = CreateSessionRequest {
         system_prompt,
         context_files,
         model: s.model.unwrap_or_default(),
@@ -388,7 +416,22 @@ fn new_session(s: SessionSpec, key: &str, base: &Path) -> Result<CreateSessionRe
         deny_rules: s.deny,
         idempotency_key: session_key(key),
         ..Default::default()
-    })
+    };
+    Ok(NewSession { request, upload })
+}
+
+/// The file's `upload` directory, checked now so that a wrong path is reported before
+/// connecting; canonical, as the workspace is.
+fn upload_dir(dir: &Path) -> Result<PathBuf, String> {
+    let dir = std::fs::canonicalize(dir)
+        .map_err(|e| format!("`session.upload`: cannot upload {}: {e}", dir.display()))?;
+    if !dir.is_dir() {
+        return Err(format!(
+            "`session.upload`: cannot upload {}: not a directory",
+            dir.display()
+        ));
+    }
+    Ok(dir)
 }
 
 #[cfg(test)]
@@ -440,9 +483,11 @@ budget_tokens: 100000
         let file = BatchFile::load(&path)?;
         assert_eq!(file.key, "nightly-42");
 
-        let SessionSource::Create(s) = &file.session else {
+        let SessionSource::Create(new) = &file.session else {
             panic!("the file creates its session")
         };
+        let s = &new.request;
+        assert_eq!(new.upload, None);
         assert_eq!(s.system_prompt, "You review.");
         assert_eq!(s.context_files.len(), 1);
         assert_eq!(s.context_files[0].path, "notes/a.md");
@@ -478,9 +523,10 @@ budget_tokens: 100000
         let dir = tempfile::tempdir()?;
         let text = "key: k\nsession:\n  system: Be brief.\ndirectives: [one]\n";
         let file = BatchFile::parse(Path::new("b.yaml"), text, dir.path())?;
-        let SessionSource::Create(session) = &file.session else {
+        let SessionSource::Create(new) = &file.session else {
             panic!("the file creates its session")
         };
+        let session = &new.request;
         assert_eq!(session.system_prompt, "Be brief.");
         assert_eq!(session.model, "");
         assert_eq!(session.permission_mode, "");
@@ -491,6 +537,33 @@ budget_tokens: 100000
         );
         assert_eq!(file.fork.warmup_gating, None);
         assert_eq!((file.fork.budget_usd, file.fork.budget_tokens), (0.0, 0));
+        Ok(())
+    }
+
+    #[test]
+    fn an_upload_replaces_the_workspace_and_is_checked_before_connecting() -> anyhow::Result<()> {
+        let dir = dir_with_files()?;
+        let text = "key: k\nsession: {system: s, upload: work}\ndirectives: [a]\n";
+        let file = BatchFile::parse(Path::new("b.yaml"), text, dir.path())?;
+        let SessionSource::Create(new) = &file.session else {
+            panic!("the file creates its session")
+        };
+        assert_eq!(new.request.workspace, "");
+        assert_eq!(new.request.upload_id, "");
+        assert_eq!(
+            new.upload.as_deref(),
+            Some(std::fs::canonicalize(dir.path().join("work"))?.as_path())
+        );
+
+        let both = "key: k\nsession: {system: s, upload: ., workspace: .}\ndirectives: [a]\n";
+        let msg = parse_err(both);
+        assert!(msg.contains("give `workspace`"), "{msg}");
+        assert!(msg.contains("or `upload`"), "{msg}");
+        let msg = parse_err("key: k\nsession: {system: s, upload: nope}\ndirectives: [a]\n");
+        assert!(
+            msg.starts_with("ci/batch.yaml: `session.upload`: cannot upload /nonexistent/nope"),
+            "{msg}"
+        );
         Ok(())
     }
 

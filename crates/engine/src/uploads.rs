@@ -1,0 +1,259 @@
+//! Uploaded workspaces: trees clients on other machines send, received blob by blob and stored
+//! as their tenant's, then written out as a session's fresh workspace.
+//!
+//! A tree's manifest is checked first ([`forkd_core::upload::Manifest::check`]: strict paths,
+//! links inside the tree, the limits); then each blob the tenant lacks arrives in pieces, is
+//! checked against its name (its SHA-256 and its size) and stored; the upload itself is stored
+//! last, and only if every blob is the tenant's by then. Nothing partial is ever usable: a tree
+//! with a blob missing is refused and nothing of it is stored but the blobs that did arrive
+//! (content-addressed, they serve the next try).
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+use std::sync::Arc;
+
+use forkd_core::UploadId;
+use forkd_core::store::{Store, StoreError};
+use forkd_core::upload::{EntryKind, Manifest, ManifestError, Upload, UploadLimits, blob_hash};
+
+use crate::clock::now_ms;
+use crate::error::{EngineError, Result};
+
+/// The most hashes one `missing` call takes.
+pub const MAX_HASHES_PER_CALL: usize = 10_000;
+
+/// The uploads service: the store, and the limits of one upload.
+pub(crate) struct Uploads {
+    store: Arc<dyn Store>,
+    limits: UploadLimits,
+}
+
+/// A stored upload, and what the call that sent it carried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    pub upload: Upload,
+    pub blobs_received: u64,
+    pub bytes_received: u64,
+}
+
+impl Uploads {
+    pub(crate) fn new(store: Arc<dyn Store>, limits: UploadLimits) -> Uploads {
+        Uploads { store, limits }
+    }
+
+    /// Of `hashes`, those `tenant` lacks.
+    pub(crate) async fn missing(&self, tenant: &str, hashes: &[String]) -> Result<Vec<String>> {
+        if hashes.len() > MAX_HASHES_PER_CALL {
+            return Err(EngineError::InvalidRequest(format!(
+                "{} hashes in one call; the most is {MAX_HASHES_PER_CALL}",
+                hashes.len()
+            )));
+        }
+        if let Some(bad) = hashes.iter().find(|h| !is_sha256(h)) {
+            return Err(EngineError::InvalidRequest(format!(
+                "{bad:?} is not a lowercase SHA-256"
+            )));
+        }
+        Ok(self.store.missing_blobs(tenant, hashes).await?)
+    }
+
+    /// Starts receiving `tenant`'s tree: its manifest is checked now.
+    pub(crate) fn receive(&self, tenant: &str, manifest: Manifest) -> Result<Receiver> {
+        let (files, bytes) = manifest.check(&self.limits).map_err(|e| match e {
+            ManifestError::Entry { .. } => EngineError::InvalidRequest(format!(
+                "the uploaded tree is refused: {e}; nothing was stored"
+            )),
+            ManifestError::Limit(limit) => EngineError::OverLimit(format!(
+                "the uploaded tree is refused: {limit}; nothing was stored"
+            )),
+        })?;
+        let sizes = manifest
+            .blobs()
+            .into_iter()
+            .map(|(hash, size)| (hash.to_owned(), size))
+            .collect();
+        Ok(Receiver {
+            store: Arc::clone(&self.store),
+            tenant: tenant.to_owned(),
+            manifest,
+            files,
+            bytes,
+            sizes,
+            current: None,
+            blobs_received: 0,
+            bytes_received: 0,
+        })
+    }
+
+    /// A digest of `tenant`'s upload `id`'s tree (its manifest): the same tree uploaded twice has
+    /// one digest.
+    pub(crate) async fn tree_digest(&self, tenant: &str, id: UploadId) -> Result<String> {
+        let upload = self.get(tenant, id).await?;
+        let manifest = serde_json::to_vec(&upload.manifest)
+            .map_err(|e| EngineError::Invariant(format!("an upload's manifest: {e}")))?;
+        Ok(blob_hash(&manifest))
+    }
+
+    /// `tenant`'s upload `id`; another tenant's is not found.
+    async fn get(&self, tenant: &str, id: UploadId) -> Result<Upload> {
+        self.store
+            .get_upload(tenant, id)
+            .await?
+            .ok_or_else(|| EngineError::NotFound {
+                kind: "upload",
+                id: id.to_string(),
+            })
+    }
+
+    /// Writes `tenant`'s upload `id` into `dir` (a fresh, empty directory): its files with their
+    /// modes, its links, the directories they imply.
+    pub(crate) async fn materialize(
+        &self,
+        tenant: &str,
+        id: UploadId,
+        dir: &Path,
+    ) -> Result<Upload> {
+        let upload = self.get(tenant, id).await?;
+        let failed = |path: &str, e: std::io::Error| {
+            EngineError::Isolation(format!(
+                "cannot write the uploaded tree's {path:?} into {}: {e}",
+                dir.display()
+            ))
+        };
+        for entry in &upload.manifest.entries {
+            // Checked when received: relative, plain components, nothing under `.git`.
+            let path = dir.join(&entry.path);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| failed(&entry.path, e))?;
+            }
+            match &entry.kind {
+                EntryKind::Symlink { target } => {
+                    std::os::unix::fs::symlink(target, &path).map_err(|e| failed(&entry.path, e))?
+                }
+                EntryKind::File {
+                    sha256, executable, ..
+                } => {
+                    let content = self.store.blob(tenant, sha256).await?.ok_or_else(|| {
+                        EngineError::Invariant(format!(
+                            "upload {id} names blob {sha256}, which its tenant does not have"
+                        ))
+                    })?;
+                    std::fs::write(&path, &content).map_err(|e| failed(&entry.path, e))?;
+                    let mode = if *executable { 0o755 } else { 0o644 };
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                        .map_err(|e| failed(&entry.path, e))?;
+                }
+            }
+        }
+        Ok(upload)
+    }
+}
+
+fn is_sha256(hash: &str) -> bool {
+    hash.len() == 64
+        && hash
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// One blob arriving.
+struct Partial {
+    sha256: String,
+    data: Vec<u8>,
+}
+
+/// A tree being received: its checked manifest, then its blobs.
+pub struct Receiver {
+    store: Arc<dyn Store>,
+    tenant: String,
+    manifest: Manifest,
+    files: u64,
+    bytes: u64,
+    /// Each blob the tree needs and its size; one is taken out once received.
+    sizes: HashMap<String, u64>,
+    current: Option<Partial>,
+    blobs_received: u64,
+    bytes_received: u64,
+}
+
+impl Receiver {
+    /// Takes one piece of blob `sha256`; the last piece checks and stores the blob.
+    pub async fn chunk(&mut self, sha256: &str, data: &[u8], last: bool) -> Result<()> {
+        let partial = match &mut self.current {
+            Some(p) if p.sha256 == sha256 => p,
+            Some(p) => {
+                return Err(EngineError::InvalidRequest(format!(
+                    "blob {sha256} began before blob {} ended",
+                    p.sha256
+                )));
+            }
+            None => {
+                if !self.sizes.contains_key(sha256) {
+                    return Err(EngineError::InvalidRequest(format!(
+                        "blob {sha256} is not one the tree names, or was sent twice"
+                    )));
+                }
+                self.current.insert(Partial {
+                    sha256: sha256.to_owned(),
+                    data: Vec::new(),
+                })
+            }
+        };
+        let size = self.sizes.get(sha256).copied().unwrap_or_default();
+        if (partial.data.len() + data.len()) as u64 > size {
+            return Err(EngineError::InvalidRequest(format!(
+                "blob {sha256} is longer than the {size} bytes the tree says"
+            )));
+        }
+        partial.data.extend_from_slice(data);
+        if !last {
+            return Ok(());
+        }
+        let Some(done) = self.current.take() else {
+            return Ok(());
+        };
+        if done.data.len() as u64 != size || blob_hash(&done.data) != done.sha256 {
+            return Err(EngineError::InvalidRequest(format!(
+                "blob {} does not match its name (its SHA-256 and the size the tree says)",
+                done.sha256
+            )));
+        }
+        self.store
+            .put_blob(&self.tenant, &done.sha256, &done.data)
+            .await?;
+        self.sizes.remove(&done.sha256);
+        self.blobs_received += 1;
+        self.bytes_received += done.data.len() as u64;
+        Ok(())
+    }
+
+    /// Stores the upload once every blob is its tenant's; else nothing is stored.
+    pub async fn finish(self) -> Result<Received> {
+        if let Some(p) = &self.current {
+            return Err(EngineError::InvalidRequest(format!(
+                "blob {} never ended (no piece said it was the last); nothing was stored",
+                p.sha256
+            )));
+        }
+        let upload = Upload {
+            id: UploadId::new(),
+            tenant: self.tenant,
+            manifest: self.manifest,
+            files: self.files,
+            bytes: self.bytes,
+            created_at_ms: now_ms(),
+        };
+        match self.store.create_upload(&upload).await {
+            Ok(()) => Ok(Received {
+                upload,
+                blobs_received: self.blobs_received,
+                bytes_received: self.bytes_received,
+            }),
+            Err(StoreError::Conflict(why)) => Err(EngineError::WrongState(format!(
+                "the uploaded tree is incomplete: {why}; send the blobs FindMissingBlobs names"
+            ))),
+            Err(e) => Err(e.into()),
+        }
+    }
+}

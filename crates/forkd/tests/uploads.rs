@@ -1,0 +1,335 @@
+//! Uploaded workspaces over the real gRPC API: two token tenants, `alice` and `mallory`, on one
+//! daemon over TCP. A tree uploaded by alice becomes her session's workspace; a second upload of
+//! it sends only what changed; mallory learns nothing of alice's blobs or uploads; hostile and
+//! incomplete trees are refused with nothing usable stored.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+
+use forkd_core::upload::blob_hash;
+use forkd_proto::v1 as pb;
+use forkd_server::TokenStore;
+use forkd_test_support::{Caller, TestDaemon, session_request, spawn_daemon_with};
+use pb::upload_entry::Kind;
+use pb::upload_workspace_request::Part;
+use tonic::Code;
+
+const LOOPBACK: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+
+struct Two {
+    _daemon: TestDaemon,
+    alice: Caller,
+    mallory: Caller,
+}
+
+/// A daemon on TCP with tokens for alice and mallory; an upload holds at most 64 KiB and 8
+/// files.
+async fn two_tenants() -> Two {
+    let mut secrets = Vec::new();
+    let daemon = spawn_daemon_with(|c| {
+        c.listen = Some(LOOPBACK);
+        let tokens = TokenStore::in_home(&c.home);
+        secrets.push(tokens.create("alice").unwrap());
+        secrets.push(tokens.create("mallory").unwrap());
+        c.engine.uploads = forkd_core::upload::UploadLimits {
+            max_bytes: 64 << 10,
+            max_files: 8,
+        };
+    })
+    .await
+    .unwrap();
+    let alice = Caller::new(&daemon, secrets[0].expose()).await.unwrap();
+    let mallory = Caller::new(&daemon, secrets[1].expose()).await.unwrap();
+    Two {
+        _daemon: daemon,
+        alice,
+        mallory,
+    }
+}
+
+fn file(path: &str, content: &[u8], executable: bool) -> (pb::UploadEntry, Vec<u8>) {
+    let entry = pb::UploadEntry {
+        path: path.into(),
+        kind: Some(Kind::File(pb::UploadFile {
+            sha256: blob_hash(content),
+            size: content.len() as u64,
+            executable,
+        })),
+    };
+    (entry, content.to_vec())
+}
+
+fn link(path: &str, target: &str) -> (pb::UploadEntry, Vec<u8>) {
+    let entry = pb::UploadEntry {
+        path: path.into(),
+        kind: Some(Kind::Symlink(target.into())),
+    };
+    (entry, Vec::new())
+}
+
+async fn missing(caller: &mut Caller, tree: &[(pb::UploadEntry, Vec<u8>)]) -> Vec<String> {
+    let hashes = tree
+        .iter()
+        .filter_map(|(e, _)| match &e.kind {
+            Some(Kind::File(f)) => Some(f.sha256.clone()),
+            _ => None,
+        })
+        .collect();
+    let request = caller.req(pb::FindMissingBlobsRequest { hashes });
+    caller
+        .client
+        .find_missing_blobs(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .missing
+}
+
+/// Uploads `tree`'s manifest and the blobs named in `send` (in pieces of 1000 bytes).
+async fn upload(
+    caller: &mut Caller,
+    tree: &[(pb::UploadEntry, Vec<u8>)],
+    send: &[String],
+) -> Result<pb::UploadWorkspaceResponse, tonic::Status> {
+    let mut messages = vec![pb::UploadWorkspaceRequest {
+        part: Some(Part::Manifest(pb::UploadManifest {
+            entries: tree.iter().map(|(e, _)| e.clone()).collect(),
+            git_commit: String::new(),
+        })),
+    }];
+    let mut sent = std::collections::HashSet::new();
+    for (entry, content) in tree {
+        let Some(Kind::File(f)) = &entry.kind else {
+            continue;
+        };
+        if !send.contains(&f.sha256) || !sent.insert(f.sha256.clone()) {
+            continue;
+        }
+        let pieces: Vec<&[u8]> = if content.is_empty() {
+            vec![&[]]
+        } else {
+            content.chunks(1000).collect()
+        };
+        for (i, piece) in pieces.iter().enumerate() {
+            messages.push(pb::UploadWorkspaceRequest {
+                part: Some(Part::Blob(pb::BlobChunk {
+                    sha256: f.sha256.clone(),
+                    data: piece.to_vec(),
+                    last: i + 1 == pieces.len(),
+                })),
+            });
+        }
+    }
+    let request = caller.req(tokio_stream::iter(messages));
+    caller
+        .client
+        .upload_workspace(request)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+fn tree() -> Vec<(pb::UploadEntry, Vec<u8>)> {
+    vec![
+        file("README.md", b"# the project\n", false),
+        file("bin/run.sh", b"#!/bin/sh\necho run\n", true),
+        file("src/lib.rs", &b"fn x() {}\n".repeat(300), false),
+        file("empty", b"", false),
+        link("src/readme", "../README.md"),
+    ]
+}
+
+async fn session_from(caller: &mut Caller, upload_id: &str) -> Result<pb::Session, tonic::Status> {
+    let request = pb::CreateSessionRequest {
+        workspace: String::new(),
+        upload_id: upload_id.into(),
+        ..session_request(Path::new(""))
+    };
+    caller
+        .create_session(request)
+        .await
+        .map_err(|e| e.downcast::<tonic::Status>().expect("a gRPC status"))
+}
+
+#[tokio::test]
+async fn an_uploaded_tree_is_a_session_s_workspace_and_again_only_changes_are_sent() {
+    let mut t = two_tenants().await;
+    let tree = tree();
+    let lacking = missing(&mut t.alice, &tree).await;
+    assert_eq!(lacking.len(), 4, "every file's blob at first");
+    let first = upload(&mut t.alice, &tree, &lacking).await.unwrap();
+    assert_eq!((first.files, first.blobs_received), (5, 4));
+    assert_eq!(
+        first.bytes,
+        tree.iter().map(|(_, c)| c.len() as u64).sum::<u64>()
+    );
+
+    let session = session_from(&mut t.alice, &first.upload_id).await.unwrap();
+    let ws = Path::new(&session.workspace);
+    assert_eq!(
+        std::fs::read_to_string(ws.join("README.md")).unwrap(),
+        "# the project\n"
+    );
+    let run = std::fs::metadata(ws.join("bin/run.sh")).unwrap();
+    assert_eq!(run.permissions().mode() & 0o111, 0o111);
+    assert_eq!(
+        std::fs::read_link(ws.join("src/readme")).unwrap(),
+        Path::new("../README.md")
+    );
+    assert_eq!(std::fs::read(ws.join("empty")).unwrap(), b"");
+
+    // The same tree with one file changed: only that blob is missing, and only it is sent.
+    let mut changed = tree.clone();
+    changed[2] = file("src/lib.rs", b"fn y() {}\n", false);
+    let lacking = missing(&mut t.alice, &changed).await;
+    assert_eq!(lacking, vec![blob_hash(b"fn y() {}\n")]);
+    let second = upload(&mut t.alice, &changed, &lacking).await.unwrap();
+    assert_eq!((second.blobs_received, second.bytes_received), (1, 10));
+    let again = session_from(&mut t.alice, &second.upload_id).await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(Path::new(&again.workspace).join("src/lib.rs")).unwrap(),
+        "fn y() {}\n"
+    );
+    // The first session's tree is its own: the second upload changed nothing in it.
+    assert_eq!(
+        std::fs::read(ws.join("src/lib.rs")).unwrap().len(),
+        "fn x() {}\n".len() * 300
+    );
+}
+
+#[tokio::test]
+async fn another_tenant_learns_nothing_of_an_upload() {
+    let mut t = two_tenants().await;
+    let tree = tree();
+    let lacking = missing(&mut t.alice, &tree).await;
+    let alice_s = upload(&mut t.alice, &tree, &lacking).await.unwrap();
+    // Alice's blobs are not mallory's: all of them are missing for mallory.
+    assert_eq!(missing(&mut t.mallory, &tree).await.len(), 4);
+    // Her upload id is not found for mallory.
+    let refused = session_from(&mut t.mallory, &alice_s.upload_id)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
+    // Nor can mallory name alice's blobs without sending them.
+    let incomplete = upload(&mut t.mallory, &tree, &[]).await.unwrap_err();
+    assert_eq!(
+        incomplete.code(),
+        Code::FailedPrecondition,
+        "{incomplete:?}"
+    );
+    assert!(
+        incomplete.message().contains("never received"),
+        "{incomplete:?}"
+    );
+}
+
+#[tokio::test]
+async fn hostile_trees_are_refused_naming_the_path_and_nothing_is_stored() {
+    let mut t = two_tenants().await;
+    let cases = [
+        (vec![file("../escape", b"x", false)], "../escape"),
+        (vec![file("/etc/passwd", b"x", false)], "/etc/passwd"),
+        (vec![file(".git/config", b"x", false)], ".git/config"),
+        (vec![link("etc", "/etc")], "etc"),
+        (vec![link("up", "../../outside")], "up"),
+        (
+            vec![file("a", b"x", false), file("a/b", b"y", false)],
+            "\"a\"",
+        ),
+    ];
+    for (tree, path) in cases {
+        let hashes: Vec<String> = missing(&mut t.alice, &tree).await;
+        let refused = upload(&mut t.alice, &tree, &hashes).await.unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{path}: {refused:?}");
+        assert!(refused.message().contains(path), "{path}: {refused:?}");
+    }
+    // A blob whose content is not its name: refused, and not stored.
+    let (entry, _) = file("a.txt", b"what the tree says", false);
+    let lying = vec![(entry, b"something else, same size".to_vec())];
+    let hashes = missing(&mut t.alice, &lying).await;
+    let refused = upload(&mut t.alice, &lying, &hashes).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert_eq!(
+        missing(&mut t.alice, &lying).await,
+        hashes,
+        "nothing stored"
+    );
+    // Over the limits: named.
+    let many: Vec<_> = (0..9)
+        .map(|i| file(&format!("f{i}"), format!("{i}").as_bytes(), false))
+        .collect();
+    let refused = upload(&mut t.alice, &many, &[]).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("limit per upload is 8"),
+        "{refused:?}"
+    );
+    let big = vec![file("big", &vec![7u8; 65 << 10], false)];
+    let refused = upload(&mut t.alice, &big, &[]).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    // An upload cut short (a blob never sent) stores no tree.
+    let tree = tree();
+    let lacking = missing(&mut t.alice, &tree).await;
+    let cut = upload(&mut t.alice, &tree, &lacking[..2])
+        .await
+        .unwrap_err();
+    assert_eq!(cut.code(), Code::FailedPrecondition, "{cut:?}");
+    // A session naming a workspace and an upload at once is refused.
+    let done = upload(&mut t.alice, &tree, &lacking).await.unwrap();
+    let both = pb::CreateSessionRequest {
+        upload_id: done.upload_id,
+        ..session_request(Path::new("/tmp"))
+    };
+    let refused = t
+        .alice
+        .create_session(both)
+        .await
+        .unwrap_err()
+        .downcast::<tonic::Status>()
+        .unwrap();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+}
+
+/// A retry under one idempotency key that uploads the same tree again gets the first session;
+/// the key with another tree is refused.
+#[tokio::test]
+async fn a_retry_with_the_same_tree_uploaded_again_gets_the_first_session() {
+    let mut t = two_tenants().await;
+    let tree = tree();
+    let lacking = missing(&mut t.alice, &tree).await;
+    let first = upload(&mut t.alice, &tree, &lacking).await.unwrap();
+    let again = upload(&mut t.alice, &tree, &[]).await.unwrap();
+    assert_ne!(first.upload_id, again.upload_id);
+    let keyed = |upload_id: &str| pb::CreateSessionRequest {
+        workspace: String::new(),
+        upload_id: upload_id.into(),
+        idempotency_key: "ci-run-42".into(),
+        ..session_request(Path::new(""))
+    };
+    let one = t
+        .alice
+        .create_session(keyed(&first.upload_id))
+        .await
+        .unwrap();
+    let two = t
+        .alice
+        .create_session(keyed(&again.upload_id))
+        .await
+        .unwrap();
+    assert_eq!(one.session_id, two.session_id);
+    let mut other = tree.clone();
+    other[0] = file("README.md", b"# another tree\n", false);
+    let lacking = missing(&mut t.alice, &other).await;
+    let other = upload(&mut t.alice, &other, &lacking).await.unwrap();
+    let refused = t
+        .alice
+        .create_session(keyed(&other.upload_id))
+        .await
+        .unwrap_err()
+        .downcast::<tonic::Status>()
+        .unwrap();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+}

@@ -1,0 +1,151 @@
+//! Uploaded workspaces: blobs per tenant, and trees made of them (see `Store::create_upload`).
+
+use forkd_core::UploadId;
+use forkd_core::upload::{Manifest, Upload};
+
+use super::dialect::{Conn, Db};
+use crate::StoreError;
+use crate::error::Result;
+use crate::rows::convert::{corrupt, from_i64};
+
+/// Of `hashes`, those `tenant` has no blob for, in their order.
+pub(crate) async fn missing<'c>(
+    conn: impl sqlx::Executor<'c, Database = Db>,
+    tenant: &str,
+    hashes: &[String],
+) -> Result<Vec<String>> {
+    if hashes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut q = sqlx::QueryBuilder::<Db>::new("SELECT sha256 FROM blobs WHERE tenant = ");
+    q.push_bind(tenant.to_owned()).push(" AND sha256 IN (");
+    let mut list = q.separated(", ");
+    for hash in hashes {
+        list.push_bind(hash.clone());
+    }
+    q.push(")");
+    let present: std::collections::HashSet<String> = q
+        .build_query_scalar()
+        .fetch_all(conn)
+        .await?
+        .into_iter()
+        .collect();
+    Ok(hashes
+        .iter()
+        .filter(|h| !present.contains(*h))
+        .cloned()
+        .collect())
+}
+
+/// Stores `tenant`'s blob (a second copy of one it has is no change).
+pub(crate) async fn put_blob(
+    conn: &mut Conn,
+    tenant: &str,
+    sha256: &str,
+    content: &[u8],
+    at_ms: i64,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO blobs (tenant, sha256, size, content, created_at_ms) VALUES ($1, $2, $3, \
+         $4, $5) ON CONFLICT (tenant, sha256) DO NOTHING",
+    )
+    .bind(tenant)
+    .bind(sha256)
+    .bind(i64::try_from(content.len()).unwrap_or(i64::MAX))
+    .bind(content)
+    .bind(at_ms)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// A blob of `tenant`'s.
+pub(crate) async fn blob<'c>(
+    conn: impl sqlx::Executor<'c, Database = Db>,
+    tenant: &str,
+    sha256: &str,
+) -> Result<Option<Vec<u8>>> {
+    Ok(
+        sqlx::query_scalar("SELECT content FROM blobs WHERE tenant = $1 AND sha256 = $2")
+            .bind(tenant)
+            .bind(sha256)
+            .fetch_optional(conn)
+            .await?,
+    )
+}
+
+/// Stores `upload` once every blob its tree needs is its tenant's; else `Conflict` naming how
+/// many are missing, and nothing is stored.
+pub(crate) async fn create(conn: &mut Conn, upload: &Upload) -> Result<()> {
+    let needed: Vec<String> = upload
+        .manifest
+        .blobs()
+        .keys()
+        .map(|h| (*h).to_owned())
+        .collect();
+    let mut lacking = 0;
+    for chunk in needed.chunks(1000) {
+        lacking += missing(&mut *conn, &upload.tenant, chunk).await?.len();
+    }
+    if lacking > 0 {
+        return Err(crate::DbError::Store(StoreError::Conflict(format!(
+            "{lacking} of the tree's {} blobs were never received; nothing was stored",
+            needed.len()
+        ))));
+    }
+    let manifest = serde_json::to_string(&upload.manifest)
+        .map_err(|e| corrupt("upload manifest", e.to_string()))?;
+    sqlx::query(
+        "INSERT INTO uploads (id, tenant, manifest_json, files, bytes, created_at_ms) VALUES \
+         ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(upload.id.to_string())
+    .bind(&upload.tenant)
+    .bind(manifest)
+    .bind(i64::try_from(upload.files).unwrap_or(i64::MAX))
+    .bind(i64::try_from(upload.bytes).unwrap_or(i64::MAX))
+    .bind(upload.created_at_ms)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+#[derive(sqlx::FromRow)]
+struct UploadRow {
+    id: String,
+    tenant: String,
+    manifest_json: String,
+    files: i64,
+    bytes: i64,
+    created_at_ms: i64,
+}
+
+/// `tenant`'s upload `id`; another tenant's is not found.
+pub(crate) async fn get<'c>(
+    conn: impl sqlx::Executor<'c, Database = Db>,
+    tenant: &str,
+    id: UploadId,
+) -> Result<Option<Upload>> {
+    let row: Option<UploadRow> = sqlx::query_as(
+        "SELECT id, tenant, manifest_json, files, bytes, created_at_ms FROM uploads \
+         WHERE id = $1 AND tenant = $2",
+    )
+    .bind(id.to_string())
+    .bind(tenant)
+    .fetch_optional(conn)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let manifest: Manifest = serde_json::from_str(&row.manifest_json)
+        .map_err(|e| corrupt("upload manifest", e.to_string()))?;
+    Ok(Some(Upload {
+        id: row
+            .id
+            .parse()
+            .map_err(|e| corrupt("upload id", format!("{e}")))?,
+        tenant: row.tenant,
+        manifest,
+        files: from_i64(row.files, "upload files")?,
+        bytes: from_i64(row.bytes, "upload bytes")?,
+        created_at_ms: row.created_at_ms,
+    }))
+}
