@@ -1,8 +1,8 @@
-//! Figure 16, clients on other machines bring their files: the 10,000-file tree of figure 11, a
-//! git checkout, uploaded with the real `forkctl session create --upload` to a real `forkd
-//! serve`; uploaded again with 3 files changed; a session started from that upload on a second
-//! daemon sharing the database (PostgreSQL); and `forkctl apply --batch --to` of 100 isolated
-//! children's changes into a copy of the checkout.
+//! Figure 16, clients on other machines bring their files: the 10,000-file tree of figure 11
+//! (each file's content made its own), a git checkout, uploaded with the real `forkctl upload` to
+//! a real `forkd serve`; uploaded again with 3 files changed; a session started from that upload,
+//! and another on a second daemon sharing the database (PostgreSQL); and `forkctl apply --batch
+//! --to` of 100 isolated children's changes into a copy of the checkout.
 //!
 //! Needs `forkd` and `forkctl` beside this binary (`scripts/bench.sh` builds them). The second
 //! daemon's row needs `FORKD_BENCH_DATABASE_URL` (as figure 9); without it that row says so.
@@ -59,29 +59,43 @@ fn git(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The upload object `session create --upload` printed, and the wall time it took.
-fn upload(bin: &Path, home: &Path, tree: &Path, system: &Path) -> anyhow::Result<(Value, f64)> {
+/// The upload object `forkctl upload` printed, and the wall time it took.
+fn upload(bin: &Path, home: &Path, tree: &Path) -> anyhow::Result<(Value, f64)> {
     let started = Instant::now();
-    let printed = forkctl(
-        bin,
-        home,
-        &[
-            "session",
-            "create",
-            "--upload",
-            &tree.display().to_string(),
-            "--system-file",
-            &system.display().to_string(),
-            "--permission-mode",
-            "bypassPermissions",
-        ],
-    )?;
+    let printed = forkctl(bin, home, &["upload", &tree.display().to_string()])?;
     let ms = common::ms(started.elapsed());
     let first = printed
         .into_iter()
         .next()
         .context("forkctl printed nothing")?;
-    Ok((first, ms))
+    Ok((first["upload"].clone(), ms))
+}
+
+/// A session from `upload_id` on `daemon`, and how long creating it took (the tree written out).
+async fn session_from(
+    daemon: &mut scaleout::Daemon,
+    upload_id: &str,
+    mode: &str,
+) -> anyhow::Result<(String, f64)> {
+    let started = Instant::now();
+    let session = daemon
+        .client
+        .create_session(pb::CreateSessionRequest {
+            system_prompt: common::SYSTEM_PROMPT.into(),
+            upload_id: upload_id.to_owned(),
+            permission_mode: mode.into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .session
+        .context("no session")?;
+    Ok((session.session_id, common::ms(started.elapsed())))
+}
+
+/// A share as a percentage precise enough for small ones.
+fn share_of(x: f64) -> String {
+    format!("{:.3} %", x * 100.0)
 }
 
 fn verdict(met: bool, missed: &str) -> Verdict {
@@ -107,11 +121,16 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
     let dir = ctx.tempdir("forkd-bench-uploads-")?;
     let tree = dir.path().join("checkout");
     crate::isolation::generate(&tree, files, size)?;
+    // Each file its own content (figure 11's are alike, which would upload as one blob).
+    for i in 0..files {
+        let path = tree.join(format!("src/d{:02}/f{i:05}.txt", i % 100));
+        let mut text = std::fs::read_to_string(&path)?;
+        text.replace_range(..16, &format!("file {i:05} -----"));
+        std::fs::write(path, text)?;
+    }
     git(&tree, &["init", "-q"])?;
     git(&tree, &["add", "-A"])?;
     git(&tree, &["commit", "-q", "-m", "the tree"])?;
-    let system = dir.path().join("system.md");
-    std::fs::write(&system, common::SYSTEM_PROMPT)?;
     let tree_bytes = (files * size) as f64;
 
     let server = std::env::var(DATABASE_VAR)
@@ -126,7 +145,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
     let home = setup.homes[0].path().to_path_buf();
 
     eprintln!("  uploads: the first upload…");
-    let (first, first_ms) = upload(&bin, &home, &tree, &system)?;
+    let (first, first_ms) = upload(&bin, &home, &tree)?;
     for i in 0..3 {
         let path = tree.join(format!("src/d{:02}/f{i:05}.txt", i % 100));
         let mut text = std::fs::read_to_string(&path)?;
@@ -134,29 +153,20 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
         std::fs::write(path, text)?;
     }
     eprintln!("  uploads: again, 3 files changed…");
-    let (second, second_ms) = upload(&bin, &home, &tree, &system)?;
-    let sent = |v: &Value| v["upload"]["bytes_sent"].as_f64().unwrap_or(f64::NAN);
-    let upload_id = second["upload"]["upload_id"]
+    let (second, second_ms) = upload(&bin, &home, &tree)?;
+    let sent = |v: &Value| v["bytes_sent"].as_f64().unwrap_or(f64::NAN);
+    let upload_id = second["upload_id"]
         .as_str()
         .context("no upload id")?
         .to_owned();
-    let session = second["session_id"]
-        .as_str()
-        .context("no session id")?
-        .to_owned();
-
+    let (session, here_ms) =
+        session_from(&mut setup.daemons[0], &upload_id, "bypassPermissions").await?;
     let on_second = if setup.daemons.len() > 1 {
-        let started = Instant::now();
-        setup.daemons[1]
-            .client
-            .create_session(pb::CreateSessionRequest {
-                system_prompt: common::SYSTEM_PROMPT.into(),
-                upload_id: upload_id.clone(),
-                permission_mode: "dontAsk".into(),
-                ..Default::default()
-            })
-            .await?;
-        Some(common::ms(started.elapsed()))
+        Some(
+            session_from(&mut setup.daemons[1], &upload_id, "dontAsk")
+                .await?
+                .1,
+        )
     } else {
         None
     };
@@ -223,10 +233,15 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
     let share = sent(&second) / tree_bytes;
     let mut table = Table::new(
         format!(
-            "A git checkout of {files} files ({}), uploaded with `forkctl session create \
-             --upload` to `forkd serve` on this machine (a Unix socket: the network's cost is not \
-             in it)",
-            common::bytes(tree_bytes)
+            "A git checkout of {files} files ({}), uploaded with `forkctl upload` to `forkd \
+             serve` on this machine (a Unix socket: the network's cost is not in it), its \
+             database {}",
+            common::bytes(tree_bytes),
+            if server.is_some() {
+                "PostgreSQL (two daemons share it)"
+            } else {
+                "SQLite"
+            }
         ),
         &["step", "wall ms", "bytes sent", "of the tree"],
     );
@@ -234,16 +249,22 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
         "first upload".into(),
         format!("{first_ms:.0}"),
         common::bytes(sent(&first)),
-        common::pct(sent(&first) / tree_bytes),
+        share_of(sent(&first) / tree_bytes),
     ]);
     table.row(vec![
         "again, 3 files changed".into(),
         format!("{second_ms:.0}"),
         common::bytes(sent(&second)),
-        common::pct(share),
+        share_of(share),
     ]);
     table.row(vec![
-        "a session from it on a second daemon (PostgreSQL)".into(),
+        "a session from it (its tree written into a fresh workspace)".into(),
+        format!("{here_ms:.0}"),
+        "0 B".into(),
+        "—".into(),
+    ]);
+    table.row(vec![
+        "the same on a second daemon (PostgreSQL)".into(),
         on_second.map_or_else(
             || format!("not run: {DATABASE_VAR} unset"),
             |ms| format!("{ms:.0}"),
@@ -261,7 +282,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
         Check::new(
             "uploads: a re-upload with 3 files changed, bytes sent ÷ the tree's",
             "< 1 %",
-            common::pct(share),
+            share_of(share),
             verdict(share < 0.01, "more than 1 % was sent"),
         ),
         Check::new(
@@ -294,6 +315,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
             "tree_bytes": tree_bytes,
             "first": { "ms": first_ms, "bytes_sent": sent(&first) },
             "again": { "ms": second_ms, "bytes_sent": sent(&second) },
+            "session_ms": here_ms,
             "second_daemon_ms": on_second,
             "apply": { "ms": apply_ms, "children": CHILDREN, "applied": clean },
         }),

@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::commands::{
-    attach, cache, calc, changes, fork, kill, logs, ps, run, session, stats, top, ui, watch,
+    attach, cache, calc, changes, fork, kill, logs, ps, run, session, stats, top, ui, upload, watch,
 };
 
 /// forkctl: a thin client of the forkd daemon.
@@ -39,6 +39,9 @@ pub enum Command {
     Session(session::SessionArgs),
     /// Submit a fork batch: one child per directive, all sharing the session's context.
     Fork(fork::ForkArgs),
+    /// Send a tree to the daemon (only the contents its store lacks) and print the upload's id,
+    /// which sessions name; `session create --upload DIR` does this and creates the session.
+    Upload(upload::UploadArgs),
     /// The CI form: create a session and fork a batch from one YAML file, idempotent by its key.
     Run(run::RunArgs),
     /// Follow task notifications.

@@ -74,6 +74,7 @@ async fn dispatch(
     match command {
         Command::Session(args) => commands::session::run(args, over_socket, client, out).await,
         Command::Fork(args) => commands::fork::run(args, client, out).await,
+        Command::Upload(args) => commands::upload::run(args, client, out).await,
         Command::Run(args) => commands::run::run(args, run_file, client, out).await,
         Command::Watch(args) => commands::watch::run(args, client, out).await,
         Command::Ps(args) => commands::ps::run(args, client, out).await,

@@ -38,6 +38,33 @@ const FIND_BATCH: usize = 10_000;
 /// few enough that memory stays a few MiB whatever the tree's size.
 const QUEUED_MESSAGES: usize = 4;
 
+/// `forkctl upload DIR`.
+#[derive(Debug, clap::Args)]
+pub struct UploadArgs {
+    /// The tree to send: git's view of it in a git work tree, else what its ignore files keep.
+    pub dir: std::path::PathBuf,
+
+    /// Also send the files the rules leave out that match PATTERN (gitignore syntax; repeat).
+    #[arg(long = "include", value_name = "PATTERN")]
+    pub include: Vec<String>,
+}
+
+/// Uploads the tree and prints its id (`--json`: `{"upload": {…}}`); the summary goes to stderr.
+pub async fn run(
+    args: UploadArgs,
+    client: &mut Client,
+    out: &crate::output::Printer,
+) -> anyhow::Result<u8> {
+    let uploaded = upload(client, &args.dir, &args.include).await?;
+    if out.is_json() {
+        out.value(&json!({ "upload": uploaded.to_json() }))?;
+    } else {
+        eprintln!("{}", uploaded.summary(&args.dir));
+        out.line(&uploaded.upload_id)?;
+    }
+    Ok(crate::exit::OK)
+}
+
 /// What the daemon made of an upload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Uploaded {
