@@ -726,6 +726,15 @@ pub trait Store: Send + Sync + 'static {
     async fn blob(&self, tenant: &str, sha256: &str) -> Result<Option<Vec<u8>>>;
     /// Stores an upload whose every blob its tenant has (else `Conflict`, nothing stored).
     async fn create_upload(&self, upload: &crate::upload::Upload) -> Result<()>;
+    /// The bytes of the blobs `tenant` holds (its quota counts these).
+    async fn blob_bytes(&self, tenant: &str) -> Result<u64>;
+    /// Removes the uploads made before `uploads_before_ms`, then the blobs that arrived before
+    /// `blobs_before_ms` and that no upload names; how many of each.
+    async fn expire_uploads(
+        &self,
+        uploads_before_ms: i64,
+        blobs_before_ms: i64,
+    ) -> Result<(u64, u64)>;
     /// `tenant`'s upload `id` (another tenant's is `None`).
     async fn get_upload(
         &self,

@@ -44,11 +44,20 @@ pub struct Manifest {
     pub git_commit: Option<String>,
 }
 
-/// What one upload may hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What one upload may hold, what a tenant's blobs may come to, and how long uploads are kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UploadLimits {
     pub max_bytes: u64,
     pub max_files: u64,
+    /// The bytes of blobs a token tenant may hold (`[tenants.NAME] upload_quota` overrides it);
+    /// the local user has no quota.
+    pub quota: u64,
+    /// Token tenants' own quotas, by name.
+    pub quotas: BTreeMap<String, u64>,
+    /// An upload is removed this long after it was made (sessions made from it keep their
+    /// copies); a blob no upload names, this long after it arrived.
+    pub retention: std::time::Duration,
+    pub orphan_grace: std::time::Duration,
 }
 
 impl Default for UploadLimits {
@@ -56,7 +65,21 @@ impl Default for UploadLimits {
         UploadLimits {
             max_bytes: 1 << 30,
             max_files: 100_000,
+            quota: 10 << 30,
+            quotas: BTreeMap::new(),
+            retention: std::time::Duration::from_secs(7 * 24 * 3600),
+            orphan_grace: std::time::Duration::from_secs(3600),
         }
+    }
+}
+
+impl UploadLimits {
+    /// `tenant`'s quota; `None` for the local user.
+    pub fn quota_of(&self, tenant: &str) -> Option<u64> {
+        if tenant == crate::session::LOCAL_TENANT {
+            return None;
+        }
+        Some(self.quotas.get(tenant).copied().unwrap_or(self.quota))
     }
 }
 
@@ -291,6 +314,7 @@ mod tests {
         let limits = UploadLimits {
             max_bytes: 10,
             max_files: 2,
+            ..UploadLimits::default()
         };
         let many = Manifest {
             entries: vec![file("a", 1), file("b", 1), file("c", 1)],

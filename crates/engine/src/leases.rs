@@ -83,6 +83,17 @@ impl Engine {
                 tracing::warn!(error = %e, "Cannot discard isolated copies past their retention")
             }
         }
+        match self.expire_uploads().await {
+            Ok((0, 0)) => {}
+            Ok((uploads, blobs)) => {
+                tracing::info!(
+                    uploads,
+                    blobs,
+                    "Removed expired uploads and blobs no upload names"
+                )
+            }
+            Err(e) => tracing::warn!(error = %e, "Cannot remove expired uploads"),
+        }
         match self.adopt().await {
             Ok(0) => {}
             Ok(adopted) => tracing::info!(adopted, "Adopted agents whose daemon stopped renewing"),

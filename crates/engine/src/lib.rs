@@ -183,7 +183,7 @@ impl Engine {
             config.auto_background,
             shutdown.clone(),
         ));
-        let uploads = Arc::new(uploads::Uploads::new(store.clone(), config.uploads));
+        let uploads = Arc::new(uploads::Uploads::new(store.clone(), config.uploads.clone()));
         let sessions = Arc::new(session::Sessions::new(
             store.clone(),
             config.clone(),
@@ -375,12 +375,12 @@ impl Engine {
 
     /// Starts receiving `tenant`'s uploaded tree: the manifest is checked now, the blobs follow
     /// ([`Receiver::chunk`]), and [`Receiver::finish`] stores it.
-    pub fn receive_upload(
+    pub async fn receive_upload(
         &self,
         tenant: &str,
         manifest: forkd_core::upload::Manifest,
     ) -> Result<Receiver, EngineError> {
-        self.inner.uploads.receive(tenant, manifest)
+        self.inner.uploads.receive(tenant, manifest).await
     }
 
     /// Runs one parent turn on `text`. Turns of one session run one at a time.
@@ -657,6 +657,12 @@ impl Engine {
     /// at most every ten minutes); how many.
     pub async fn discard_expired_copies(&self) -> Result<usize, EngineError> {
         self.inner.copies.sweep().await
+    }
+
+    /// Removes uploads past their retention and the blobs no upload names past their grace (the
+    /// heartbeat calls this; it looks at most every ten minutes); how many of each.
+    pub async fn expire_uploads(&self) -> Result<(u64, u64), EngineError> {
+        self.inner.uploads.sweep().await
     }
 
     /// Discards isolated children's copies (their changes stay on record); the ids discarded.

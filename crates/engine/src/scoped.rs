@@ -185,11 +185,13 @@ impl TenantEngine<'_> {
     }
 
     /// Starts receiving the tenant's uploaded tree (see [`Engine::receive_upload`]).
-    pub fn receive_upload(
+    pub async fn receive_upload(
         &self,
         manifest: forkd_core::upload::Manifest,
     ) -> Result<crate::Receiver> {
-        self.engine.receive_upload(self.tenant.name(), manifest)
+        self.engine
+            .receive_upload(self.tenant.name(), manifest)
+            .await
     }
 
     pub async fn session(&self, id: SessionId) -> Result<SessionView> {

@@ -23,10 +23,14 @@ use crate::error::{EngineError, Result};
 /// The most hashes one `missing` call takes.
 pub const MAX_HASHES_PER_CALL: usize = 10_000;
 
-/// The uploads service: the store, and the limits of one upload.
+/// How often the heartbeat's sweep of expired uploads and orphaned blobs runs at most.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The uploads service: the store, the limits, and when expired uploads were last swept.
 pub(crate) struct Uploads {
     store: Arc<dyn Store>,
     limits: UploadLimits,
+    swept: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// A stored upload, and what the call that sent it carried.
@@ -39,7 +43,11 @@ pub struct Received {
 
 impl Uploads {
     pub(crate) fn new(store: Arc<dyn Store>, limits: UploadLimits) -> Uploads {
-        Uploads { store, limits }
+        Uploads {
+            store,
+            limits,
+            swept: std::sync::Mutex::new(None),
+        }
     }
 
     /// Of `hashes`, those `tenant` lacks.
@@ -58,8 +66,30 @@ impl Uploads {
         Ok(self.store.missing_blobs(tenant, hashes).await?)
     }
 
-    /// Starts receiving `tenant`'s tree: its manifest is checked now.
-    pub(crate) fn receive(&self, tenant: &str, manifest: Manifest) -> Result<Receiver> {
+    /// Removes uploads past their retention and blobs no upload names past their grace (an
+    /// interrupted upload's); runs at most every ten minutes. How many of each.
+    pub(crate) async fn sweep(&self) -> Result<(u64, u64)> {
+        {
+            let mut swept = self
+                .swept
+                .lock()
+                .map_err(|_| EngineError::Invariant("the uploads sweep's clock".into()))?;
+            if swept.is_some_and(|at| at.elapsed() < SWEEP_EVERY) {
+                return Ok((0, 0));
+            }
+            *swept = Some(std::time::Instant::now());
+        }
+        let ago =
+            |d: std::time::Duration| now_ms() - i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        Ok(self
+            .store
+            .expire_uploads(ago(self.limits.retention), ago(self.limits.orphan_grace))
+            .await?)
+    }
+
+    /// Starts receiving `tenant`'s tree: its manifest is checked now, and what it would add to
+    /// the tenant's blobs against its quota.
+    pub(crate) async fn receive(&self, tenant: &str, manifest: Manifest) -> Result<Receiver> {
         let (files, bytes) = manifest.check(&self.limits).map_err(|e| match e {
             ManifestError::Entry { .. } => EngineError::InvalidRequest(format!(
                 "the uploaded tree is refused: {e}; nothing was stored"
@@ -68,12 +98,30 @@ impl Uploads {
                 "the uploaded tree is refused: {limit}; nothing was stored"
             )),
         })?;
-        let sizes = manifest
+        let sizes: HashMap<String, u64> = manifest
             .blobs()
             .into_iter()
             .map(|(hash, size)| (hash.to_owned(), size))
             .collect();
+        let room = match self.limits.quota_of(tenant) {
+            None => u64::MAX,
+            Some(quota) => {
+                let hashes: Vec<String> = sizes.keys().cloned().collect();
+                let missing = self.store.missing_blobs(tenant, &hashes).await?;
+                let adds: u64 = missing.iter().filter_map(|h| sizes.get(h)).sum();
+                let held = self.store.blob_bytes(tenant).await?;
+                if held.saturating_add(adds) > quota {
+                    return Err(EngineError::OverLimit(format!(
+                        "the uploaded tree is refused: its new contents ({adds} bytes) would take \
+                         tenant {tenant}'s blobs ({held} bytes held) past its upload_quota of \
+                         {quota} bytes; nothing was stored"
+                    )));
+                }
+                quota - held
+            }
+        };
         Ok(Receiver {
+            room,
             store: Arc::clone(&self.store),
             tenant: tenant.to_owned(),
             manifest,
@@ -175,6 +223,8 @@ pub struct Receiver {
     current: Option<Partial>,
     blobs_received: u64,
     bytes_received: u64,
+    /// What the tenant's quota leaves for this upload's blobs.
+    room: u64,
 }
 
 impl Receiver {
@@ -201,6 +251,12 @@ impl Receiver {
             }
         };
         let size = self.sizes.get(sha256).copied().unwrap_or_default();
+        if self.bytes_received + (partial.data.len() + data.len()) as u64 > self.room {
+            return Err(EngineError::OverLimit(format!(
+                "tenant {}'s blobs would pass its upload_quota; nothing more was stored",
+                self.tenant
+            )));
+        }
         if (partial.data.len() + data.len()) as u64 > size {
             return Err(EngineError::InvalidRequest(format!(
                 "blob {sha256} is longer than the {size} bytes the tree says"

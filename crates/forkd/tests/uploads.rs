@@ -27,7 +27,7 @@ struct Two {
 }
 
 /// A daemon on TCP with tokens for alice and mallory; an upload holds at most 64 KiB and 8
-/// files.
+/// files, and mallory's blobs at most 5,000 bytes.
 async fn two_tenants() -> Two {
     let mut secrets = Vec::new();
     let daemon = spawn_daemon_with(|c| {
@@ -38,6 +38,8 @@ async fn two_tenants() -> Two {
         c.engine.uploads = forkd_core::upload::UploadLimits {
             max_bytes: 64 << 10,
             max_files: 8,
+            quotas: [("mallory".to_owned(), 5_000)].into(),
+            ..Default::default()
         };
     })
     .await
@@ -332,4 +334,33 @@ async fn a_retry_with_the_same_tree_uploaded_again_gets_the_first_session() {
         .downcast::<tonic::Status>()
         .unwrap();
     assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+}
+
+/// A tenant's blobs stay within its `upload_quota`: a tree whose new contents would pass it is
+/// refused, naming the quota, with nothing stored; what it already holds does not count again.
+#[tokio::test]
+async fn a_tree_past_the_tenant_s_quota_is_refused_with_nothing_stored() {
+    let mut t = two_tenants().await;
+    let small = vec![file("a.txt", &[b'a'; 4_000], false)];
+    let lacking = missing(&mut t.mallory, &small).await;
+    upload(&mut t.mallory, &small, &lacking).await.unwrap();
+    // The same content again adds nothing: within the quota.
+    let again = upload(&mut t.mallory, &small, &[]).await.unwrap();
+    assert_eq!(again.blobs_received, 0);
+    let more = vec![
+        file("a.txt", &[b'a'; 4_000], false),
+        file("b.txt", &[b'b'; 1_500], false),
+    ];
+    let lacking = missing(&mut t.mallory, &more).await;
+    let refused = upload(&mut t.mallory, &more, &lacking).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("upload_quota"), "{refused:?}");
+    assert_eq!(
+        missing(&mut t.mallory, &more).await,
+        lacking,
+        "nothing stored"
+    );
+    // Alice's quota is the default: the same tree is hers to send.
+    let lacking = missing(&mut t.alice, &more).await;
+    upload(&mut t.alice, &more, &lacking).await.unwrap();
 }

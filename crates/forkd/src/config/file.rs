@@ -182,6 +182,8 @@ pub struct TenantSection {
     pub workspace_roots: Option<Vec<PathBuf>>,
     /// The tenant's sessions' commands may use the network (`allow_network`).
     pub allow_network: Option<bool>,
+    /// The bytes of uploaded contents the tenant may hold (`"5GiB"`); 10 GiB when not set.
+    pub upload_quota: Option<String>,
 }
 
 /// `[models.NAME]` in `config.toml`: a model's context window and prices (USD per million
@@ -487,6 +489,24 @@ impl FileConfig {
         limits
     }
 
+    /// Each tenant's `upload_quota`, a size (`10GiB`, `500 MB`).
+    pub(super) fn upload_quotas(&self) -> anyhow::Result<BTreeMap<String, u64>> {
+        let mut quotas = BTreeMap::new();
+        for (name, t) in self.tenants.iter().flatten() {
+            let Some(text) = &t.upload_quota else {
+                continue;
+            };
+            let size = text.trim().parse::<bytesize::ByteSize>().map_err(|e| {
+                anyhow::anyhow!(
+                    "{CONFIG_FILE}: [tenants.{name}] upload_quota {text:?}: {e} (a size such as \
+                     10GiB)"
+                )
+            })?;
+            quotas.insert(name.clone(), size.as_u64());
+        }
+        Ok(quotas)
+    }
+
     /// The `[tenants.NAME]` budgets, each checked to be positive: a zero or negative budget
     /// would fail every agent of the tenant at its first request.
     pub(super) fn tenant_budgets(&self) -> anyhow::Result<BTreeMap<String, forkd_store::Budget>> {
@@ -531,4 +551,26 @@ fn home_paths(
         paths.push(path);
     }
     Ok(Some(paths))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upload_quotas_are_sizes_and_a_bad_one_is_named() {
+        let file = FileConfig::parse(
+            "[tenants.ci]\nupload_quota = \"5GiB\"\n[tenants.web]\nupload_quota = \"500 MB\"\n\
+             [tenants.other]\nbudget_usd = 1.0\n",
+        )
+        .unwrap();
+        let quotas = file.upload_quotas().unwrap();
+        assert_eq!(quotas.get("ci"), Some(&(5 << 30)));
+        assert_eq!(quotas.get("web"), Some(&500_000_000));
+        assert_eq!(quotas.get("other"), None);
+        let bad = FileConfig::parse("[tenants.ci]\nupload_quota = \"lots\"\n").unwrap();
+        let err = bad.upload_quotas().unwrap_err().to_string();
+        assert!(err.contains("[tenants.ci] upload_quota \"lots\""), "{err}");
+    }
 }

@@ -59,6 +59,8 @@ pub struct Settings {
     pub max_agent_depth: u32,
     pub compact_threshold: f64,
     pub tenant_budgets: BTreeMap<String, forkd_store::Budget>,
+    /// Each token tenant's `upload_quota`, in bytes.
+    pub upload_quotas: BTreeMap<String, u64>,
     /// The sandbox of sessions' Bash commands.
     pub sandbox: forkd_engine::SandboxConfig,
     /// Isolated children's copies (their root is set in the home by the daemon).
@@ -122,6 +124,7 @@ impl Default for Settings {
             max_agent_depth: engine.max_agent_depth,
             compact_threshold: engine.compact_threshold,
             tenant_budgets: BTreeMap::new(),
+            upload_quotas: BTreeMap::new(),
             sandbox: engine.sandbox,
             isolation: engine.isolation,
             mcp_config_tenants: Default::default(),
@@ -248,6 +251,7 @@ impl Settings {
             self.compact_threshold = t;
         }
         self.tenant_budgets = file.tenant_budgets()?;
+        self.upload_quotas = file.upload_quotas()?;
         let file_mode = file.sandbox.as_deref();
         let file_mode = file_mode.map(|v| sandbox_mode("sandbox", v)).transpose()?;
         let mode = layers.pick(None, "FORKD_SANDBOX", sandbox_mode, file_mode)?;
@@ -410,9 +414,12 @@ impl Settings {
             .iter()
             .map(|(name, budget)| (name.clone(), *budget))
             .collect();
+        config.engine.uploads.quotas = self.upload_quotas.clone();
         config.engine.models = self.models.clone();
         config.engine.sandbox = self.sandbox.clone();
         config.engine.isolation = self.isolation.clone();
+        // Uploads are kept as long as isolated copies (`[isolation] retention`).
+        config.engine.uploads.retention = self.isolation.retention;
         config.engine.mcp.config_tenants = self.mcp_config_tenants.iter().cloned().collect();
         config.tls = self.tls.clone();
         config.secret_key_file = self.secret_key_file.clone();

@@ -36,7 +36,8 @@ pub(super) async fn upload_workspace(
     };
     let mut receiver = engine
         .for_tenant(tenant)
-        .receive_upload(manifest_of(manifest)?)?;
+        .receive_upload(manifest_of(manifest)?)
+        .await?;
     while let Some(message) = stream.message().await.map_err(|e| {
         ApiError::BadRequest(format!("the upload stream failed: {e}; nothing was stored"))
     })? {

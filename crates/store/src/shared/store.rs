@@ -677,6 +677,20 @@ impl Store for DriverStore {
         write_tx!(self, |tx| { uploads::create(&mut tx, upload).await? })
     }
 
+    async fn blob_bytes(&self, tenant: &str) -> StoreResult<u64> {
+        db(uploads::held(self.readers(), tenant).await)
+    }
+
+    async fn expire_uploads(
+        &self,
+        uploads_before_ms: i64,
+        blobs_before_ms: i64,
+    ) -> StoreResult<(u64, u64)> {
+        write_tx!(self, |tx| {
+            uploads::expire(&mut tx, uploads_before_ms, blobs_before_ms).await?
+        })
+    }
+
     async fn get_upload(
         &self,
         tenant: &str,

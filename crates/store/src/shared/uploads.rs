@@ -105,9 +105,60 @@ pub(crate) async fn create(conn: &mut Conn, upload: &Upload) -> Result<()> {
     .bind(i64::try_from(upload.files).unwrap_or(i64::MAX))
     .bind(i64::try_from(upload.bytes).unwrap_or(i64::MAX))
     .bind(upload.created_at_ms)
-    .execute(conn)
+    .execute(&mut *conn)
     .await?;
+    for hash in &needed {
+        sqlx::query("INSERT INTO upload_blobs (upload_id, tenant, sha256) VALUES ($1, $2, $3)")
+            .bind(upload.id.to_string())
+            .bind(&upload.tenant)
+            .bind(hash)
+            .execute(&mut *conn)
+            .await?;
+    }
     Ok(())
+}
+
+/// The bytes of the blobs `tenant` holds.
+pub(crate) async fn held<'c>(
+    conn: impl sqlx::Executor<'c, Database = Db>,
+    tenant: &str,
+) -> Result<u64> {
+    let bytes: Option<i64> =
+        sqlx::query_scalar("SELECT CAST(SUM(size) AS BIGINT) FROM blobs WHERE tenant = $1")
+            .bind(tenant)
+            .fetch_one(conn)
+            .await?;
+    from_i64(bytes.unwrap_or(0), "blob bytes")
+}
+
+/// Removes the uploads made before `uploads_before_ms`, then the blobs that arrived before
+/// `blobs_before_ms` and that no upload names; how many of each.
+pub(crate) async fn expire(
+    conn: &mut Conn,
+    uploads_before_ms: i64,
+    blobs_before_ms: i64,
+) -> Result<(u64, u64)> {
+    sqlx::query(
+        "DELETE FROM upload_blobs WHERE upload_id IN \
+         (SELECT id FROM uploads WHERE created_at_ms < $1)",
+    )
+    .bind(uploads_before_ms)
+    .execute(&mut *conn)
+    .await?;
+    let uploads = sqlx::query("DELETE FROM uploads WHERE created_at_ms < $1")
+        .bind(uploads_before_ms)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    let blobs = sqlx::query(
+        "DELETE FROM blobs WHERE created_at_ms < $1 AND NOT EXISTS \
+         (SELECT 1 FROM upload_blobs u WHERE u.tenant = blobs.tenant AND u.sha256 = blobs.sha256)",
+    )
+    .bind(blobs_before_ms)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    Ok((uploads, blobs))
 }
 
 #[derive(sqlx::FromRow)]
