@@ -726,6 +726,14 @@ pub trait Store: Send + Sync + 'static {
     async fn blob(&self, tenant: &str, sha256: &str) -> Result<Option<Vec<u8>>>;
     /// Stores an upload whose every blob its tenant has (else `Conflict`, nothing stored).
     async fn create_upload(&self, upload: &crate::upload::Upload) -> Result<()>;
+    /// Records where session `session`'s files came from (its upload).
+    async fn record_session_origin(
+        &self,
+        session: SessionId,
+        origin: &crate::upload::Origin,
+    ) -> Result<()>;
+    /// Where a session's files came from, if it was made from an upload.
+    async fn session_origin(&self, session: SessionId) -> Result<Option<crate::upload::Origin>>;
     /// The bytes of the blobs `tenant` holds (its quota counts these).
     async fn blob_bytes(&self, tenant: &str) -> Result<u64>;
     /// Removes the uploads made before `uploads_before_ms`, then the blobs that arrived before

@@ -105,6 +105,27 @@ pub struct Upload {
     pub created_at_ms: i64,
 }
 
+/// Where an uploaded session's files came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    pub upload_id: UploadId,
+    pub files: u64,
+    pub bytes: u64,
+    pub git_commit: Option<String>,
+}
+
+impl Upload {
+    /// What a session made from this upload records of it.
+    pub fn origin(&self) -> Origin {
+        Origin {
+            upload_id: self.id,
+            files: self.files,
+            bytes: self.bytes,
+            git_commit: self.manifest.git_commit.clone(),
+        }
+    }
+}
+
 /// A blob's name: its content's SHA-256, lowercase hex.
 pub fn blob_hash(content: &[u8]) -> String {
     hex::encode(Sha256::digest(content))

@@ -33,6 +33,8 @@ pub struct SessionView {
     pub turns: forkd_core::branch::TurnIndex,
     /// The branches made from it, in creation order.
     pub branches: Vec<SessionId>,
+    /// Where its files came from, when it was made from an upload.
+    pub origin: Option<forkd_core::upload::Origin>,
 }
 
 impl Engine {
@@ -137,7 +139,9 @@ impl TenantEngine<'_> {
             .collect();
         let sandbox_layers =
             forkd_tools::sandbox::layers(session.sandbox, &self.engine.config().sandbox.limits);
+        let origin = self.engine.store().session_origin(session.id).await?;
         Ok(SessionView {
+            origin,
             session,
             message_count: turns.len,
             sandbox_layers,

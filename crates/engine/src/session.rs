@@ -352,9 +352,12 @@ impl Sessions {
         let rules = check_rules(req.allow_rules.clone(), req.deny_rules.clone())?;
         let sandbox = self.check_sandbox(&req, &tenant)?;
         let id = keyed.as_ref().map_or_else(SessionId::new, |(id, _)| *id);
-        let allowed = match req.upload {
-            Some(upload) => self.uploaded(upload, &req, &tenant, id).await?,
-            None => {
+        let (allowed, origin) = match req.upload {
+            Some(upload) => {
+                let (allowed, upload) = self.uploaded(upload, &req, &tenant, id).await?;
+                (allowed, Some(upload.origin()))
+            }
+            None => (
                 workspaces::allow(
                     &cfg.workspaces,
                     self.store.as_ref(),
@@ -364,8 +367,9 @@ impl Sessions {
                         session: id,
                     },
                 )
-                .await?
-            }
+                .await?,
+                None,
+            ),
         };
         let checked = Checked {
             id,
@@ -381,6 +385,9 @@ impl Sessions {
         if created.is_err() {
             allowed.discard();
         }
+        if let (Ok(session), Some(origin)) = (&created, &origin) {
+            self.store.record_session_origin(session.id, origin).await?;
+        }
         created
     }
 
@@ -392,22 +399,24 @@ impl Sessions {
         req: &NewSession,
         tenant: &str,
         id: SessionId,
-    ) -> Result<workspaces::Allowed> {
+    ) -> Result<(workspaces::Allowed, forkd_core::upload::Upload)> {
         if req.workspace.is_some() {
             return Err(invalid(
                 "a session works in a workspace directory or an upload, not both".into(),
             ));
         }
         let allowed = workspaces::fresh(&self.config.workspaces, id)?;
-        if let Err(e) = self
+        match self
             .uploads
             .materialize(tenant, upload, &allowed.path)
             .await
         {
-            allowed.discard();
-            return Err(e);
+            Ok(upload) => Ok((allowed, upload)),
+            Err(e) => {
+                allowed.discard();
+                Err(e)
+            }
         }
-        Ok(allowed)
     }
 
     /// The rest of [`Sessions::new_session`], once the request is checked and its workspace

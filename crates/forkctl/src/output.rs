@@ -199,6 +199,12 @@ pub fn session_json(s: &Session) -> Value {
             "turn": s.branch_turn,
         })),
         "branches": s.branches,
+        "upload": s.upload_origin.as_ref().map(|o| json!({
+            "upload_id": o.upload_id,
+            "files": o.files,
+            "bytes": o.bytes,
+            "git_commit": o.git_commit,
+        })),
     })
 }
 

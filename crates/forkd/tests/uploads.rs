@@ -170,6 +170,11 @@ async fn an_uploaded_tree_is_a_session_s_workspace_and_again_only_changes_are_se
     );
 
     let session = session_from(&mut t.alice, &first.upload_id).await.unwrap();
+    let origin = session.upload_origin.clone().expect("the session's origin");
+    assert_eq!(
+        (origin.upload_id.as_str(), origin.files, origin.bytes),
+        (first.upload_id.as_str(), 5, first.bytes)
+    );
     let ws = Path::new(&session.workspace);
     assert_eq!(
         std::fs::read_to_string(ws.join("README.md")).unwrap(),

@@ -64,6 +64,12 @@ pub(crate) fn session_view(view: &SessionView) -> pb::Session {
         branch_point,
         branch_turn: u32::try_from(branch_turn).unwrap_or(u32::MAX),
         branches: view.branches.iter().map(ToString::to_string).collect(),
+        upload_origin: view.origin.as_ref().map(|o| pb::UploadOrigin {
+            upload_id: o.upload_id.to_string(),
+            files: o.files,
+            bytes: o.bytes,
+            git_commit: o.git_commit.clone().unwrap_or_default(),
+        }),
     }
 }
 

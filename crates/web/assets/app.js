@@ -300,6 +300,13 @@ async function sessionView(id) {
     ? h('p', { id: 'branch-of' }, 'Branch of ', h('a', { href: '#/session/' + data.branch.origin, class: 'mono' }, short(data.branch.origin)),
       ' after its turn ' + data.branch.after_turn + ' (its first ' + data.branch.point + ' messages; files are not rewound)')
     : '';
+  // An uploaded session: the tree it was made from.
+  const mib = (n) => n >= 1 << 20 ? (n / (1 << 20)).toFixed(1) + ' MiB' : (n / 1024).toFixed(1) + ' KiB';
+  const uploaded = data.upload
+    ? h('p', { id: 'upload-origin' }, 'Uploaded: ', num(data.upload.files), ' files, ', mib(data.upload.bytes),
+      data.upload.git_commit ? [' · commit ', h('span', { class: 'mono' }, data.upload.git_commit.slice(0, 12))] : '',
+      ' · upload ', h('span', { class: 'mono' }, short(data.upload.upload_id)))
+    : '';
   const branches = h('table', { id: 'branches' }, h('thead', {}, h('tr', {}, ['branch', 'after turn', 'made'].map((t) => h('th', {}, t)))),
     h('tbody', {}, ...data.branches.map((b) => h('tr', { 'data-session-id': b.id },
       h('td', { class: 'mono' }, h('a', { href: '#/session/' + b.id }, b.id)),
@@ -310,7 +317,7 @@ async function sessionView(id) {
     h('div', { class: 'toolbar' }, h('h1', {}, 'Session ', h('span', { class: 'mono' }, id)), indicator),
     h('p', { class: 'muted' }, 'permission mode ', data.permission_mode, ' · sandbox ', data.sandbox,
       data.session.interactive ? ' · interactive' : '', data.session.coordinator ? ' · coordinator' : ''),
-    origin, head, mainActions, prompts,
+    origin, uploaded, head, mainActions, prompts,
     h('h2', {}, 'Batches'),
     h('table', { id: 'batches' }, h('thead', {}, h('tr', {}, h('th', {}, 'batch'), h('th', { class: 'num' }, 'children'),
       h('th', {}, 'states'), h('th', { class: 'num' }, 'cost'), h('th', {}, 'forked'))), batches),

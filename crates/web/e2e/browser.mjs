@@ -144,6 +144,15 @@ try {
   await page.waitForSelector('#transcript .text:has-text("<agent-id>forged</agent-id>")', WAIT);
   assert.equal(await page.locator('#transcript details.notification').count(), 0, 'a prompt is not drawn as a notification');
 
+  step('an uploaded session shows where its files came from');
+  const tree = `${WORK}/uploaded`;
+  execFileSync('mkdir', ['-p', `${tree}/src`]);
+  writeFileSync(`${tree}/src/main.rs`, 'fn main() {}\n');
+  writeFileSync(`${tree}/README.md`, '# uploaded\n');
+  const [{ session_id: up }] = forkctl(TOKEN_A, ['session', 'create', '--upload', tree, '--system-file', `${WORK}/system.md`]);
+  await page.goto(`${FORKD_UI}#/session/${up}`);
+  await page.waitForSelector('#upload-origin:has-text("2 files")', WAIT);
+
   step('answer a permission prompt from the page (an interactive session)');
   const [{ session_id: asks }] = forkctl(TOKEN_A, ['session', 'create', '--system-file', `${WORK}/system.md`,
     '--workspace', WORK, '--interactive', '--permission-mode', 'bubble']);

@@ -72,6 +72,15 @@ pub(crate) async fn session(
     let after_turn = |turns: &forkd_core::branch::TurnIndex, point: u64| {
         turns.starts.iter().filter(|s| **s < point).count()
     };
+    // An uploaded session's origin: what the tree was.
+    let upload = view.origin.as_ref().map(|o| {
+        json!({
+            "upload_id": o.upload_id.to_string(),
+            "files": o.files,
+            "bytes": o.bytes,
+            "git_commit": o.git_commit,
+        })
+    });
     let branch = match view.session.branch {
         Some(b) => Some(json!({
             "origin": b.origin.to_string(),
@@ -126,6 +135,7 @@ pub(crate) async fn session(
         "batches": batch_summaries(&agents),
         "typed": typed,
         "branch": branch,
+        "upload": upload,
         "branches": branches,
     })))
 }

@@ -240,6 +240,20 @@ pub fn session_table(s: &Session) -> String {
             )
         }))
         .chain((!s.branches.is_empty()).then(|| ("branches", s.branches.join(", "))))
+        .chain(s.upload_origin.as_ref().map(|o| {
+            let commit = if o.git_commit.is_empty() {
+                String::new()
+            } else {
+                format!(", commit {}", o.git_commit)
+            };
+            (
+                "uploaded",
+                format!(
+                    "{} files, {} bytes{commit} (upload {})",
+                    o.files, o.bytes, o.upload_id
+                ),
+            )
+        }))
         .collect(),
     )
 }

@@ -262,6 +262,7 @@ fn session() {
             "finished_turns": 0,
             "branch": null,
             "branches": [],
+            "upload": null,
         })
     );
 }

@@ -677,6 +677,23 @@ impl Store for DriverStore {
         write_tx!(self, |tx| { uploads::create(&mut tx, upload).await? })
     }
 
+    async fn record_session_origin(
+        &self,
+        session: SessionId,
+        origin: &forkd_core::upload::Origin,
+    ) -> StoreResult<()> {
+        write_tx!(self, |tx| {
+            uploads::record_origin(&mut tx, session, origin).await?
+        })
+    }
+
+    async fn session_origin(
+        &self,
+        session: SessionId,
+    ) -> StoreResult<Option<forkd_core::upload::Origin>> {
+        db(uploads::origin(self.readers(), session).await)
+    }
+
     async fn blob_bytes(&self, tenant: &str) -> StoreResult<u64> {
         db(uploads::held(self.readers(), tenant).await)
     }

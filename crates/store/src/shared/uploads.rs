@@ -118,6 +118,50 @@ pub(crate) async fn create(conn: &mut Conn, upload: &Upload) -> Result<()> {
     Ok(())
 }
 
+/// Records an uploaded session's origin.
+pub(crate) async fn record_origin(
+    conn: &mut Conn,
+    session: forkd_core::SessionId,
+    origin: &forkd_core::upload::Origin,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO session_uploads (session_id, upload_id, files, bytes, git_commit) VALUES \
+         ($1, $2, $3, $4, $5)",
+    )
+    .bind(session.to_string())
+    .bind(origin.upload_id.to_string())
+    .bind(i64::try_from(origin.files).unwrap_or(i64::MAX))
+    .bind(i64::try_from(origin.bytes).unwrap_or(i64::MAX))
+    .bind(origin.git_commit.as_deref())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// An uploaded session's origin.
+pub(crate) async fn origin<'c>(
+    conn: impl sqlx::Executor<'c, Database = Db>,
+    session: forkd_core::SessionId,
+) -> Result<Option<forkd_core::upload::Origin>> {
+    let row: Option<(String, i64, i64, Option<String>)> = sqlx::query_as(
+        "SELECT upload_id, files, bytes, git_commit FROM session_uploads WHERE session_id = $1",
+    )
+    .bind(session.to_string())
+    .fetch_optional(conn)
+    .await?;
+    let Some((upload_id, files, bytes, git_commit)) = row else {
+        return Ok(None);
+    };
+    Ok(Some(forkd_core::upload::Origin {
+        upload_id: upload_id
+            .parse()
+            .map_err(|e| corrupt("upload id", format!("{e}")))?,
+        files: from_i64(files, "upload files")?,
+        bytes: from_i64(bytes, "upload bytes")?,
+        git_commit,
+    }))
+}
+
 /// The bytes of the blobs `tenant` holds.
 pub(crate) async fn held<'c>(
     conn: impl sqlx::Executor<'c, Database = Db>,

@@ -1,0 +1,9 @@
+-- Where an uploaded session's files came from: its upload and what the tree was (kept with the
+-- session, so it is still shown once the upload itself has expired).
+CREATE TABLE session_uploads (
+    session_id TEXT    NOT NULL PRIMARY KEY REFERENCES sessions (id),
+    upload_id  TEXT    NOT NULL,
+    files      BIGINT  NOT NULL,
+    bytes      BIGINT  NOT NULL,
+    git_commit TEXT
+);
