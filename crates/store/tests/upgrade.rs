@@ -12,12 +12,12 @@ use forkd_core::{AgentId, AgentKind, AgentState, NotificationKind, SessionId};
 use forkd_store::{Durability, SqliteStore, Store};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 
-#[tokio::test]
-async fn the_turn_lifecycle_migration_keeps_agents_and_notifications() {
+/// A database in a new directory with the migrations up to `version` applied, and one
+/// connection to it.
+async fn migrated_to(version: i64) -> (tempfile::TempDir, sqlx::SqlitePool) {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("forkd.db");
     let options = SqliteConnectOptions::new()
-        .filename(&path)
+        .filename(dir.path().join("forkd.db"))
         .create_if_missing(true)
         .foreign_keys(true);
     let pool = SqlitePoolOptions::new()
@@ -26,9 +26,16 @@ async fn the_turn_lifecycle_migration_keeps_agents_and_notifications() {
         .await
         .unwrap();
     sqlx::migrate!("../../migrations")
-        .run_to(13, &pool)
+        .run_to(version, &pool)
         .await
         .unwrap();
+    (dir, pool)
+}
+
+#[tokio::test]
+async fn the_turn_lifecycle_migration_keeps_agents_and_notifications() {
+    let (dir, pool) = migrated_to(13).await;
+    let path = dir.path().join("forkd.db");
 
     let (session, parent, typed, running) = (
         SessionId::new(),
@@ -147,21 +154,8 @@ async fn the_turn_lifecycle_migration_keeps_agents_and_notifications() {
 /// no turn and begin with one of its tags. A turn's own message is never one, whatever its text.
 #[tokio::test]
 async fn the_notes_migration_marks_forkd_s_notes_and_nothing_else() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, pool) = migrated_to(30).await;
     let path = dir.path().join("forkd.db");
-    let options = SqliteConnectOptions::new()
-        .filename(&path)
-        .create_if_missing(true)
-        .foreign_keys(true);
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect_with(options)
-        .await
-        .unwrap();
-    sqlx::migrate!("../../migrations")
-        .run_to(30, &pool)
-        .await
-        .unwrap();
     let session = SessionId::new();
     sqlx::query(
         "INSERT INTO sessions (id, model, system_prompt, tools_json, max_tokens, workspace, \

@@ -600,17 +600,7 @@ async fn hostile_file_names_are_quoted_in_the_diff_and_applied_by_their_real_nam
     );
     // The diff is a patch git takes as is: applied to a copy of the snapshot, it makes what the
     // child made.
-    let copy = tempfile::tempdir().unwrap();
-    assert!(
-        std::process::Command::new("cp")
-            .arg("-a")
-            .arg(batch.ws.join("."))
-            .arg(copy.path())
-            .status()
-            .unwrap()
-            .success()
-    );
-    git_apply(copy.path(), &changes.diff);
+    let copy = patched_copy(&batch.ws, &changes.diff);
     assert_eq!(
         std::fs::read_to_string(copy.path().join(hostile)).unwrap(),
         "x\n"
@@ -623,6 +613,23 @@ async fn hostile_file_names_are_quoted_in_the_diff_and_applied_by_their_real_nam
     assert!(outcome.conflicts.is_empty(), "{outcome:?}");
     assert_eq!(batch.live(hostile), "x\n");
     assert_eq!(batch.live("a.txt"), "two\n");
+}
+
+/// A copy of `ws` (the batch's live workspace: still the snapshot's files) with `patch` applied
+/// by `git apply`.
+fn patched_copy(ws: &Path, patch: &str) -> tempfile::TempDir {
+    let copy = tempfile::tempdir().unwrap();
+    assert!(
+        std::process::Command::new("cp")
+            .arg("-a")
+            .arg(ws.join("."))
+            .arg(copy.path())
+            .status()
+            .unwrap()
+            .success()
+    );
+    git_apply(copy.path(), patch);
+    copy
 }
 
 /// Applies `patch` with `git apply` in `dir` (a plain directory: git applies it as `patch` would),
@@ -679,17 +686,7 @@ async fn the_diff_is_a_patch_git_applies_binary_files_and_modes_included() {
         "{}",
         changes.diff
     );
-    let copy = tempfile::tempdir().unwrap();
-    assert!(
-        std::process::Command::new("cp")
-            .arg("-a")
-            .arg(batch.ws.join("."))
-            .arg(copy.path())
-            .status()
-            .unwrap()
-            .success()
-    );
-    git_apply(copy.path(), &changes.diff);
+    let copy = patched_copy(&batch.ws, &changes.diff);
     let upper = batch.dirs("c1").upper;
     for file in ["blob.bin", "small.bin", "empty", "run.sh", "a.txt"] {
         assert_eq!(

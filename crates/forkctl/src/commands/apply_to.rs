@@ -74,8 +74,8 @@ pub async fn run(
     Ok(results)
 }
 
-/// A batch's children, in their order.
-async fn children(client: &mut Client, batch: String) -> anyhow::Result<Vec<String>> {
+/// A batch's children's ids, in their order.
+pub(crate) async fn children(client: &mut Client, batch: String) -> anyhow::Result<Vec<String>> {
     let filter = ListAgentsRequest {
         batch_id: batch,
         include_ended: true,

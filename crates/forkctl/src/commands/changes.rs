@@ -5,7 +5,7 @@ use clap::Args;
 use forkd_core::isolation::{quote_path, without_binary_patches};
 use forkd_proto::v1::{
     AppliedChanges, ApplyChangesRequest, DiscardChangesRequest, GetChangesRequest,
-    GetChangesResponse, ListAgentsRequest,
+    GetChangesResponse,
 };
 use serde_json::{Value, json};
 
@@ -66,23 +66,9 @@ pub async fn diff(args: DiffArgs, client: &mut Client, out: &Printer) -> anyhow:
         show(&args, &changes, out)?;
         return Ok(exit::OK);
     };
-    let filter = ListAgentsRequest {
-        batch_id: batch.clone(),
-        include_ended: true,
-        ..Default::default()
-    };
-    let mut children = Vec::new();
-    super::ps::list_agents(client, filter, |page| {
-        children.extend(page);
-        Ok(())
-    })
-    .await?;
-    children.sort_by_key(|a| a.index);
-    for child in children {
+    for child in super::apply_to::children(client, batch.clone()).await? {
         let changes = client
-            .get_changes(GetChangesRequest {
-                agent_id: child.agent_id.clone(),
-            })
+            .get_changes(GetChangesRequest { agent_id: child })
             .await?
             .into_inner();
         if !out.is_json() {

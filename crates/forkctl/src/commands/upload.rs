@@ -336,18 +336,6 @@ mod tests {
         Ok(())
     }
 
-    fn file<'t>(tree: &'t Tree, path: &str) -> &'t FileEntry {
-        match tree
-            .entries
-            .iter()
-            .find(|e| e.path == path)
-            .map(|e| &e.kind)
-        {
-            Some(EntryKind::File(file)) => file,
-            other => panic!("{path}: expected a file, got {other:?}"),
-        }
-    }
-
     /// Every message `produce` sends for `missing`.
     async fn produced(tree: &Tree, missing: &[FileEntry]) -> anyhow::Result<Vec<Part>> {
         let (tx, mut rx) = mpsc::channel::<UploadWorkspaceRequest>(QUEUED_MESSAGES);
@@ -377,7 +365,7 @@ mod tests {
         let tree = list(root, &[])?;
         // Two files, one content.
         assert_eq!(tree.blobs().len(), 2);
-        let missing = [file(&tree, "big.txt").clone(), file(&tree, "empty").clone()];
+        let missing = [tree.file("big.txt").clone(), tree.file("empty").clone()];
 
         let parts = produced(&tree, &missing).await?;
         let Some(Part::Manifest(manifest)) = parts.first() else {
@@ -432,7 +420,7 @@ mod tests {
         let root = dir.path();
         write(root, "a.txt", "before")?;
         let tree = list(root, &[])?;
-        let missing = [file(&tree, "a.txt").clone()];
+        let missing = [tree.file("a.txt").clone()];
         let changed = format!(
             "{} changed while it was being uploaded",
             root.join("a.txt").display()
@@ -458,7 +446,7 @@ mod tests {
         let dir = tempfile::tempdir()?;
         write(dir.path(), "a.txt", "a")?;
         let tree = list(dir.path(), &[])?;
-        let missing = [file(&tree, "a.txt").clone()];
+        let missing = [tree.file("a.txt").clone()];
         let (tx, rx) = mpsc::channel::<UploadWorkspaceRequest>(QUEUED_MESSAGES);
         drop(rx);
         assert_eq!(produce(tx, &tree, &missing).await?, Sent::Cut);

@@ -28,6 +28,22 @@ pub struct Tree {
     pub git_commit: String,
 }
 
+#[cfg(test)]
+impl Tree {
+    /// The file at `path` (a test's lookup: anything else fails it).
+    pub(crate) fn file(&self, path: &str) -> &FileEntry {
+        match self
+            .entries
+            .iter()
+            .find(|e| e.path == path)
+            .map(|e| &e.kind)
+        {
+            Some(EntryKind::File(file)) => file,
+            other => panic!("{path}: expected a file, got {other:?}"),
+        }
+    }
+}
+
 /// One file or symbolic link of a tree; directories are implied by the paths beneath them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -391,18 +407,6 @@ mod tests {
         tree.entries.iter().map(|e| e.path.as_str()).collect()
     }
 
-    fn file<'t>(tree: &'t Tree, path: &str) -> &'t FileEntry {
-        match tree
-            .entries
-            .iter()
-            .find(|e| e.path == path)
-            .map(|e| &e.kind)
-        {
-            Some(EntryKind::File(file)) => file,
-            other => panic!("{path}: expected a file, got {other:?}"),
-        }
-    }
-
     fn error(result: anyhow::Result<Tree>) -> String {
         match result {
             Ok(tree) => panic!("expected an error, got {:?}", paths(&tree)),
@@ -539,15 +543,15 @@ mod tests {
         let tree = list(root, &[])?;
         // Sorted by the `/`-separated path.
         assert_eq!(paths(&tree), ["a b/y.sh", "a.txt", "b/z.txt"]);
-        let hello = file(&tree, "b/z.txt");
+        let hello = tree.file("b/z.txt");
         assert_eq!(
             hello.sha256,
             "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03"
         );
         assert_eq!((hello.size, hello.executable), (6, false));
         assert_eq!(hello.source, root.join("b/z.txt"));
-        assert!(file(&tree, "a b/y.sh").executable);
-        let empty = file(&tree, "a.txt");
+        assert!(tree.file("a b/y.sh").executable);
+        let empty = tree.file("a.txt");
         assert_eq!(
             empty.sha256,
             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
