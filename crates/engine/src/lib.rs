@@ -383,6 +383,16 @@ impl Engine {
         self.inner.uploads.receive(tenant, manifest).await
     }
 
+    /// What `tenant`'s uploaded session `session` changed in its workspace since its upload: the
+    /// upload's id and the changes.
+    pub async fn session_changes(
+        &self,
+        tenant: &str,
+        session: &forkd_core::session::Session,
+    ) -> Result<(forkd_core::UploadId, forkd_tools::isolation::Changes), EngineError> {
+        self.inner.uploads.session_changes(tenant, session).await
+    }
+
     /// Runs one parent turn on `text`. Turns of one session run one at a time.
     pub async fn send_message(
         &self,

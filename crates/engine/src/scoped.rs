@@ -198,6 +198,17 @@ impl TenantEngine<'_> {
             .await
     }
 
+    /// What one of the tenant's uploaded sessions changed in its workspace since its upload.
+    pub async fn session_changes(
+        &self,
+        id: SessionId,
+    ) -> Result<(forkd_core::UploadId, forkd_tools::isolation::Changes)> {
+        let session = self.own_session(id).await?;
+        self.engine
+            .session_changes(self.tenant.name(), &session)
+            .await
+    }
+
     pub async fn session(&self, id: SessionId) -> Result<SessionView> {
         let session = self.own_session(id).await?;
         self.view(session).await

@@ -198,6 +198,92 @@ impl Uploads {
     }
 }
 
+impl Uploads {
+    /// What `session`'s workspace (made from an upload of `tenant`'s) changed since the upload.
+    pub(crate) async fn session_changes(
+        &self,
+        tenant: &str,
+        session: &forkd_core::session::Session,
+    ) -> Result<(UploadId, forkd_tools::isolation::Changes)> {
+        use forkd_core::isolation::ChangeKind;
+        use forkd_tools::isolation::changes::{Side, content_change};
+        let origin = self
+            .store
+            .session_origin(session.id)
+            .await?
+            .ok_or_else(|| {
+                EngineError::WrongState(format!(
+                    "session {} was not made from an upload: there is no tree to compare its \
+                     workspace with",
+                    session.id
+                ))
+            })?;
+        let upload = self
+            .store
+            .get_upload(tenant, origin.upload_id)
+            .await?
+            .ok_or_else(|| {
+                EngineError::WrongState(format!(
+                    "upload {}, which session {} was made from, has expired: there is no tree \
+                     to compare its workspace with",
+                    origin.upload_id, session.id
+                ))
+            })?;
+        let (ws, manifest) = (session.workspace.clone(), upload.manifest.clone());
+        let changed = tokio::task::spawn_blocking(move || {
+            forkd_tools::isolation::tree::changed_paths(&ws, &manifest)
+        })
+        .await
+        .map_err(|e| EngineError::Invariant(format!("comparing a workspace: {e}")))?
+        .map_err(|e| EngineError::Isolation(e.to_string()))?;
+        let entries: HashMap<&str, &EntryKind> = upload
+            .manifest
+            .entries
+            .iter()
+            .map(|e| (e.path.as_str(), &e.kind))
+            .collect();
+        let mut changes = forkd_tools::isolation::Changes::default();
+        for (path, kind) in changed {
+            let old = match (kind, entries.get(path.as_str())) {
+                (ChangeKind::Added, _) | (_, None) => None,
+                (_, Some(EntryKind::Symlink { target })) => Some(Side {
+                    content: target.as_bytes().to_vec(),
+                    mode: 0o120_000,
+                }),
+                (
+                    _,
+                    Some(EntryKind::File {
+                        sha256, executable, ..
+                    }),
+                ) => Some(Side {
+                    content: self.store.blob(tenant, sha256).await?.ok_or_else(|| {
+                        EngineError::Invariant(format!("upload {} lacks blob {sha256}", upload.id))
+                    })?,
+                    mode: if *executable { 0o100_755 } else { 0o100_644 },
+                }),
+            };
+            let new = match kind {
+                ChangeKind::Deleted => None,
+                _ => match Side::read(&session.workspace.join(&path)) {
+                    Ok(side) => Some(side),
+                    // Neither a file nor a link (a FIFO), or unreadable: said, not diffed.
+                    Err(e) => {
+                        changes.diff.push_str(&format!(
+                            "# {}: {e}, which no patch carries\n",
+                            forkd_core::isolation::quote_path(&path)
+                        ));
+                        continue;
+                    }
+                },
+            };
+            let (file, diff) = content_change(&path, kind, old, new);
+            changes.files.push(file);
+            changes.diff.push_str(&diff);
+        }
+        Ok((upload.id, changes))
+    }
+}
+
 fn is_sha256(hash: &str) -> bool {
     hash.len() == 64
         && hash

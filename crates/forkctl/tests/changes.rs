@@ -354,3 +354,94 @@ async fn an_uploaded_checkout_s_children_come_back_to_a_fresh_clone() {
         "as committed\n"
     );
 }
+
+/// `session diff`: children that share an uploaded session's workspace (not isolated) change it,
+/// and the session's changes since the upload are a patch that takes a fresh clone there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uploaded_session_s_own_changes_come_back_as_a_patch() {
+    let daemon = spawn_daemon().await.unwrap();
+    let runner = tempfile::tempdir().unwrap();
+    let checkout = runner.path().join("checkout");
+    std::fs::create_dir(&checkout).unwrap();
+    std::fs::write(checkout.join("a.txt"), "1\n2\n3\n").unwrap();
+    std::fs::write(checkout.join("gone.txt"), "bye\n").unwrap();
+    git(&checkout, &["init", "-q"]);
+    git(&checkout, &["add", "-A"]);
+    git(&checkout, &["commit", "-q", "-m", "base"]);
+    let system = runner.path().join("system.md");
+    std::fs::write(&system, "You edit files.").unwrap();
+    let created = forkctl(
+        &daemon,
+        &[
+            "--json",
+            "session",
+            "create",
+            "--upload",
+            checkout.to_str().unwrap(),
+            "--system-file",
+            system.to_str().unwrap(),
+            "--permission-mode",
+            "bypassPermissions",
+        ],
+    )
+    .await;
+    let sid = first_json(&created)["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let unchanged = forkctl(&daemon, &["session", "diff", &sid]).await;
+    assert_eq!(
+        String::from_utf8_lossy(&unchanged.stdout),
+        "no changes
+"
+    );
+    let edit = bash("sed -i 's/^3$/three/' a.txt && rm gone.txt && printf 'n\\n' > new.txt");
+    forkctl(&daemon, &["--json", "fork", &sid, "--wait", "-d", &edit]).await;
+
+    let stat = forkctl(&daemon, &["--json", "session", "diff", &sid]).await;
+    let stat = first_json(&stat);
+    let mut files: Vec<(String, String)> = stat["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["path"].as_str().unwrap().to_owned(),
+                f["kind"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        [
+            ("a.txt", "modified"),
+            ("gone.txt", "deleted"),
+            ("new.txt", "added")
+        ]
+        .map(|(p, k)| (p.to_owned(), k.to_owned()))
+    );
+    let patch = forkctl(&daemon, &["session", "diff", &sid, "--format", "patch"]).await;
+    let clone = runner.path().join("clone");
+    git(
+        runner.path(),
+        &[
+            "clone",
+            "-q",
+            checkout.to_str().unwrap(),
+            clone.to_str().unwrap(),
+        ],
+    );
+    let patch_file = runner.path().join("session.patch");
+    std::fs::write(&patch_file, &patch.stdout).unwrap();
+    git(&clone, &["apply", patch_file.to_str().unwrap()]);
+    assert_eq!(
+        std::fs::read_to_string(clone.join("a.txt")).unwrap(),
+        "1\n2\nthree\n"
+    );
+    assert!(!clone.join("gone.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(clone.join("new.txt")).unwrap(),
+        "n\n"
+    );
+}

@@ -324,7 +324,7 @@ pub(crate) fn changes(c: forkd_core::isolation::AgentChanges) -> pb::GetChangesR
     }
 }
 
-fn file_change(f: forkd_core::isolation::FileChange) -> pb::FileChange {
+pub(crate) fn file_change(f: forkd_core::isolation::FileChange) -> pb::FileChange {
     use forkd_core::isolation::Special;
     pb::FileChange {
         path: f.path,

@@ -14,6 +14,7 @@ pub mod apply;
 pub mod changes;
 mod git;
 pub mod snapshot;
+pub mod tree;
 
 pub use apply::ApplyOutcome;
 pub use changes::Changes;

@@ -85,6 +85,56 @@ pub async fn diff(args: DiffArgs, client: &mut Client, out: &Printer) -> anyhow:
     Ok(exit::OK)
 }
 
+/// `forkctl session diff`: an uploaded session's workspace against its upload.
+pub async fn session_diff(
+    session_id: &str,
+    stat: bool,
+    format: Format,
+    client: &mut Client,
+    out: &Printer,
+) -> anyhow::Result<u8> {
+    let reply = client
+        .get_session_changes(forkd_proto::v1::GetSessionChangesRequest {
+            session_id: session_id.to_owned(),
+        })
+        .await?
+        .into_inner();
+    // Shown as a child's changes are: the same files, the same patch.
+    let changes = GetChangesResponse {
+        agent_id: reply.session_id.clone(),
+        files: reply.files,
+        diff: reply.diff,
+        state: format!("against upload {}", reply.upload_id),
+        ..Default::default()
+    };
+    if out.is_json() {
+        let mut value = changes_json(&changes);
+        if let Some(map) = value.as_object_mut() {
+            for key in [
+                "agent_id",
+                "batch_id",
+                "state",
+                "conflicts",
+                "outside_possible",
+            ] {
+                map.remove(key);
+            }
+            map.insert("session_id".into(), json!(reply.session_id));
+            map.insert("upload_id".into(), json!(reply.upload_id));
+        }
+        out.value(&value)?;
+        return Ok(exit::OK);
+    }
+    let args = DiffArgs {
+        agent_id: None,
+        batch: None,
+        stat,
+        format,
+    };
+    show(&args, &changes, out)?;
+    Ok(exit::OK)
+}
+
 /// One child's changes, as `args` asks.
 fn show(args: &DiffArgs, changes: &GetChangesResponse, out: &Printer) -> anyhow::Result<()> {
     if out.is_json() {

@@ -61,6 +61,18 @@ pub enum SessionCommand {
         #[arg(long)]
         idempotency_key: Option<String>,
     },
+    /// What an uploaded session's workspace changed since its upload (`--upload`), as
+    /// `forkctl diff` shows an isolated child's: a diff, `--stat`, or `--format patch`.
+    Diff {
+        /// The session's id.
+        session_id: String,
+        /// List the changed files with their line counts instead of the diff.
+        #[arg(long)]
+        stat: bool,
+        /// `diff` (binary patches' bodies left out) or `patch` (what `git apply` takes).
+        #[arg(long, value_enum, default_value_t = super::changes::Format::Diff)]
+        format: super::changes::Format,
+    },
     /// Print a session's tree: its origin's, from the first session down, with each session's
     /// branches and fork batches.
     Tree {
@@ -251,6 +263,11 @@ pub async fn run(
             Ok(exit::OK)
         }
         SessionCommand::Tree { session_id } => super::tree::run(&session_id, client, out).await,
+        SessionCommand::Diff {
+            session_id,
+            stat,
+            format,
+        } => super::changes::session_diff(&session_id, stat, format, client, out).await,
         SessionCommand::Send {
             session_id,
             text,

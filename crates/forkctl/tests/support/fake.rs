@@ -206,6 +206,14 @@ impl Forkd for Fake {
         Err(Status::unimplemented("the fake daemon takes no uploads"))
     }
 
+    async fn get_session_changes(
+        &self,
+        request: Request<forkd_proto::v1::GetSessionChangesRequest>,
+    ) -> Result<Response<forkd_proto::v1::GetSessionChangesResponse>, Status> {
+        check_token(&request)?;
+        Err(Status::unimplemented("the fake daemon takes no uploads"))
+    }
+
     async fn spawn_agent(
         &self,
         request: Request<SpawnAgentRequest>,

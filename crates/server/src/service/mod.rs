@@ -189,6 +189,13 @@ impl Forkd for ForkdService {
         reply(uploads::upload_workspace(&self.engine, tenant, req.into_inner()).await)
     }
 
+    async fn get_session_changes(
+        &self,
+        req: Request<pb::GetSessionChangesRequest>,
+    ) -> Reply<pb::GetSessionChangesResponse> {
+        reply(uploads::session_changes(&self.engine, tenant(&req)?, req.into_inner()).await)
+    }
+
     async fn get_changes(
         &self,
         req: Request<pb::GetChangesRequest>,

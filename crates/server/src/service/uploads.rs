@@ -67,6 +67,28 @@ pub(super) async fn upload_workspace(
     })
 }
 
+pub(super) async fn session_changes(
+    engine: &Engine,
+    tenant: Tenant,
+    req: pb::GetSessionChangesRequest,
+) -> Result<pb::GetSessionChangesResponse, ApiError> {
+    let id = req
+        .session_id
+        .parse()
+        .map_err(|_| ApiError::BadRequest(format!("{:?} is not a session id", req.session_id)))?;
+    let (upload, changes) = engine.for_tenant(tenant).session_changes(id).await?;
+    Ok(pb::GetSessionChangesResponse {
+        session_id: req.session_id,
+        upload_id: upload.to_string(),
+        files: changes
+            .files
+            .into_iter()
+            .map(crate::convert::file_change)
+            .collect(),
+        diff: changes.diff,
+    })
+}
+
 /// The wire's manifest as the engine's; an entry of no kind is refused.
 fn manifest_of(m: pb::UploadManifest) -> Result<Manifest, ApiError> {
     use pb::upload_entry::Kind;

@@ -272,15 +272,15 @@ const BINARY_PATCH_LIMIT: usize = 16 << 20;
 
 /// One side of a file's change as git sees it: its content (a link's target, for a link) and
 /// its mode.
-struct Side {
-    content: Vec<u8>,
-    mode: u32,
+pub struct Side {
+    pub content: Vec<u8>,
+    pub mode: u32,
 }
 
 impl Side {
     /// The file at `path`, never followed if it is a link (what it points at may be anything the
     /// daemon can read).
-    fn read(path: &Path) -> Result<Side, String> {
+    pub fn read(path: &Path) -> Result<Side, String> {
         use std::os::unix::ffi::OsStrExt;
         let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
         if meta.file_type().is_symlink() {
@@ -329,6 +329,17 @@ fn file_change(
             return Ok((change, diff));
         }
     };
+    Ok(content_change(path, kind, old, new))
+}
+
+/// One file's change from `old` to `new` (`None`: the side does not exist) and its part of the
+/// diff, in git's patch format.
+pub fn content_change(
+    path: &str,
+    kind: ChangeKind,
+    old: Option<Side>,
+    new: Option<Side>,
+) -> (FileChange, String) {
     let mut diff = git_header(path);
     let old_id = old
         .as_ref()
@@ -415,7 +426,7 @@ fn file_change(
             (0, 0, true)
         }
     };
-    Ok((
+    (
         FileChange {
             path: path.to_owned(),
             kind,
@@ -425,7 +436,7 @@ fn file_change(
             special: None,
         },
         diff,
-    ))
+    )
 }
 
 /// `a/PATH` (or `b/…`) as git writes it in a diff: quoted whole when the name needs it, so no
