@@ -25,6 +25,7 @@ conformance!(
     a_throttled_first_child_keeps_its_gate_shut_past_the_timeout,
     a_sqlite_database_opened_again_ends_its_earlier_holders_leases,
     an_isolated_batchs_pending_children_stay_with_their_daemon,
+    an_uploaded_sessions_pending_children_stay_with_their_daemon,
 );
 
 /// Long enough that no machine, however loaded, lets it expire within a test.
@@ -369,6 +370,31 @@ async fn an_isolated_batchs_pending_children_stay_with_their_daemon(
     let a = store.daemon_with_lease(LONG).await?;
     let b = store.daemon_with_lease(LONG).await?;
     let fx = batch_now_with(&*a, 3, true).await?;
+    let ids: Vec<_> = fx.children.iter().map(|x| x.agent.id).collect();
+    a.claim_agent(ids[0]).await?;
+    b.open_gate(fx.batch.id).await?;
+    expire(SHORT).await;
+    assert!(b.take_pending(10, LONG, SHORT).await?.is_empty());
+    a.claim_agent(ids[1]).await?;
+    Ok(())
+}
+
+/// An uploaded session's files are in its daemon's `workspaces_dir`: its pending children wait
+/// for a slot there, as an isolated batch's do.
+async fn an_uploaded_sessions_pending_children_stay_with_their_daemon(
+    store: TestStore,
+) -> TestResult {
+    let a = store.daemon_with_lease(LONG).await?;
+    let b = store.daemon_with_lease(LONG).await?;
+    let fx = batch_now(&*a, 3).await?;
+    let origin = forkd_core::upload::Origin {
+        upload_id: forkd_core::UploadId::new(),
+        files: 1,
+        bytes: 1,
+        git_commit: None,
+    };
+    a.record_session_origin(fx.batch.session_id, &origin)
+        .await?;
     let ids: Vec<_> = fx.children.iter().map(|x| x.agent.id).collect();
     a.claim_agent(ids[0]).await?;
     b.open_gate(fx.batch.id).await?;

@@ -288,7 +288,8 @@ pub(crate) async fn set_throttled(
     Ok(())
 }
 
-/// Takes up to `limit` pending children held by other daemons, of batches whose gate opened
+/// Takes up to `limit` pending children held by other daemons (never an isolated batch's, nor an
+/// uploaded session's: their files are on their own daemon's machine), of batches whose gate opened
 /// `queued_ms` ago or more (or timed out while their first child is not throttled under a live
 /// lease): they are `running`, held by `holder`, from now on (no other daemon takes or claims
 /// them), and its runs claim them again. Rows another transaction holds locked (a
@@ -306,6 +307,8 @@ pub(crate) async fn take_pending(
            WHERE a.state = 'pending' AND a.kind = 'fork' \
              AND (a.held_by IS NULL OR a.held_by <> $1) \
              AND NOT EXISTS (SELECT 1 FROM batch_snapshots AS s WHERE s.batch_id = b.id) \
+             AND NOT EXISTS (SELECT 1 FROM session_uploads AS u \
+               WHERE u.session_id = a.session_id) \
              AND (b.gate_opened_at_ms <= {NOW_MS} - $6 OR (b.gate_opened_at_ms IS NULL \
                AND b.created_at_ms <= {NOW_MS} - $2 \
                AND NOT EXISTS (SELECT 1 FROM agents AS f WHERE f.batch_id = b.id AND f.idx = 0 \
