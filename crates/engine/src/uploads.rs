@@ -264,8 +264,9 @@ impl Uploads {
             };
             let new = match kind {
                 ChangeKind::Deleted => None,
-                _ => match Side::read(&session.workspace.join(&path)) {
-                    Ok(side) => Some(side),
+                _ => match Side::read_beneath(&session.workspace, &path) {
+                    Ok(Some(side)) => Some(side),
+                    Ok(None) => None,
                     // Neither a file nor a link (a FIFO), or unreadable: said, not diffed.
                     Err(e) => {
                         changes.diff.push_str(&format!(
