@@ -241,28 +241,31 @@ fn git(dir: &Path, args: &[&str]) {
     );
 }
 
-/// The remote CI flow: a checkout uploaded, an isolated batch forked in the uploaded tree, and its
-/// changes brought back into a fresh clone of the same commit, as a patch git checks and by
-/// `apply --to`; a change made in the checkout after the upload is not in the session.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_uploaded_checkout_s_children_come_back_to_a_fresh_clone() {
-    let daemon = spawn_daemon().await.unwrap();
+/// A git checkout (one commit) of `files` in a new runner directory: `(runner, checkout)`.
+fn committed_checkout(files: &[(&str, &str)]) -> (tempfile::TempDir, std::path::PathBuf) {
     let runner = tempfile::tempdir().unwrap();
     let checkout = runner.path().join("checkout");
-    std::fs::create_dir(&checkout).unwrap();
-    std::fs::write(checkout.join("a.txt"), "1\n2\n3\n").unwrap();
-    std::fs::write(checkout.join("b.txt"), "as committed\n").unwrap();
-    std::fs::write(checkout.join(".gitignore"), "target/\n").unwrap();
-    std::fs::create_dir(checkout.join("target")).unwrap();
-    std::fs::write(checkout.join("target/build.o"), "not sent").unwrap();
+    for (path, content) in files {
+        let path = checkout.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, content).unwrap();
+    }
     git(&checkout, &["init", "-q"]);
     git(&checkout, &["add", "-A"]);
     git(&checkout, &["commit", "-q", "-m", "base"]);
+    (runner, checkout)
+}
+
+/// `session create --upload CHECKOUT --json` whose tools need no approval: what it printed.
+async fn upload_session(
+    daemon: &TestDaemon,
+    runner: &tempfile::TempDir,
+    checkout: &Path,
+) -> Output {
     let system = runner.path().join("system.md");
     std::fs::write(&system, "You edit files.").unwrap();
-
-    let created = forkctl(
-        &daemon,
+    forkctl(
+        daemon,
         &[
             "--json",
             "session",
@@ -275,7 +278,22 @@ async fn an_uploaded_checkout_s_children_come_back_to_a_fresh_clone() {
             "bypassPermissions",
         ],
     )
-    .await;
+    .await
+}
+
+/// The remote CI flow: a checkout uploaded, an isolated batch forked in the uploaded tree, and its
+/// changes brought back into a fresh clone of the same commit, as a patch git checks and by
+/// `apply --to`; a change made in the checkout after the upload is not in the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uploaded_checkout_s_children_come_back_to_a_fresh_clone() {
+    let daemon = spawn_daemon().await.unwrap();
+    let (runner, checkout) = committed_checkout(&[
+        ("a.txt", "1\n2\n3\n"),
+        ("b.txt", "as committed\n"),
+        (".gitignore", "target/\n"),
+        ("target/build.o", "not sent"),
+    ]);
+    let created = upload_session(&daemon, &runner, &checkout).await;
     let created = first_json(&created);
     let sid = created["session_id"].as_str().unwrap().to_owned();
     assert_eq!(created["upload"]["files"], 3, "{created}");
@@ -360,31 +378,8 @@ async fn an_uploaded_checkout_s_children_come_back_to_a_fresh_clone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uploaded_session_s_own_changes_come_back_as_a_patch() {
     let daemon = spawn_daemon().await.unwrap();
-    let runner = tempfile::tempdir().unwrap();
-    let checkout = runner.path().join("checkout");
-    std::fs::create_dir(&checkout).unwrap();
-    std::fs::write(checkout.join("a.txt"), "1\n2\n3\n").unwrap();
-    std::fs::write(checkout.join("gone.txt"), "bye\n").unwrap();
-    git(&checkout, &["init", "-q"]);
-    git(&checkout, &["add", "-A"]);
-    git(&checkout, &["commit", "-q", "-m", "base"]);
-    let system = runner.path().join("system.md");
-    std::fs::write(&system, "You edit files.").unwrap();
-    let created = forkctl(
-        &daemon,
-        &[
-            "--json",
-            "session",
-            "create",
-            "--upload",
-            checkout.to_str().unwrap(),
-            "--system-file",
-            system.to_str().unwrap(),
-            "--permission-mode",
-            "bypassPermissions",
-        ],
-    )
-    .await;
+    let (runner, checkout) = committed_checkout(&[("a.txt", "1\n2\n3\n"), ("gone.txt", "bye\n")]);
+    let created = upload_session(&daemon, &runner, &checkout).await;
     let sid = first_json(&created)["session_id"]
         .as_str()
         .unwrap()
