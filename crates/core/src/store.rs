@@ -155,6 +155,9 @@ pub struct BatchExtras<'a> {
     pub budget: Budget,
     /// The snapshot of an isolated batch (`isolation: copy`), stored with it.
     pub snapshot: Option<&'a crate::isolation::BatchSnapshot>,
+    /// The children are stored held by no daemon, for the one that holds the session's
+    /// workspace to adopt; otherwise the daemon that stores them holds them until it runs them.
+    pub unheld: bool,
 }
 
 /// A run's claim on an agent: the agent's generation when the run claimed it.

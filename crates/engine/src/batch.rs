@@ -82,6 +82,9 @@ pub(crate) struct BatchStart {
     pub fork_point: Option<u64>,
     /// A client's batch's output schema.
     pub output_schema: Option<OutputSchema>,
+    /// Whether this daemon starts the children: `false` when the session's workspace is on
+    /// another daemon's machine, whose heartbeat adopts them ([`crate::workspaces::here`]).
+    pub start_here: bool,
 }
 
 /// Fork batches: a client's through the fork plan, checked against the window at submission;
@@ -347,7 +350,12 @@ impl Batches {
         )
         .await?;
         let gating = options.warmup_gating.unwrap_or(cfg.warmup_gating);
+        let start_here = crate::workspaces::here(&cfg.workspaces, &*self.store, &session).await?;
         if options.isolation == Isolation::Copy {
+            if !start_here {
+                // The snapshot is taken now, of the files, which are not here.
+                return Err(crate::workspaces::elsewhere(&session, "an isolated batch"));
+            }
             Copies::check(&session)?;
         }
         for (what, bad) in [
@@ -423,6 +431,7 @@ impl Batches {
                         isolated: vec![options.isolation == Isolation::Copy; n],
                         fork_point,
                         output_schema: options.output_schema,
+                        start_here,
                     };
                     let (Some(key), Some(digest)) = (key, digest) else {
                         return batches.commit_and_start(start).await;
@@ -545,6 +554,7 @@ impl Batches {
             isolated,
             fork_point: asked_point,
             output_schema,
+            start_here,
         } = start;
         // Known before the commit: once it is stored, nothing may keep the children from starting.
         let tenant = self.tenancy.session_owner(session_id).await?;
@@ -625,6 +635,7 @@ impl Batches {
                     idempotency: idempotency.as_ref(),
                     budget,
                     snapshot: snapshot.as_ref(),
+                    unheld: !start_here,
                 },
             )
             .await;
@@ -644,7 +655,15 @@ impl Batches {
             gating,
             "Fork batch submitted"
         );
-        self.runs.start_batch(batch_id, &tenant, &agent_ids, gating);
+        if start_here {
+            self.runs.start_batch(batch_id, &tenant, &agent_ids, gating);
+        } else {
+            // Stored unheld: the daemon that holds the files adopts them at its heartbeat.
+            tracing::info!(
+                batch.id = %batch_id,
+                "The batch's children are left to the daemon that holds the session's workspace"
+            );
+        }
         Ok(SubmittedBatch {
             batch_id,
             agent_ids,

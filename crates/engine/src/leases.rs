@@ -171,7 +171,8 @@ impl Engine {
     /// holds it). Says so in the log, once per session.
     async fn workspace_is_here(&self, session: SessionId) -> Result<bool> {
         let session = self.get_session(session).await?;
-        if session.workspace.is_dir() {
+        let config = &self.inner.config.workspaces;
+        if crate::workspaces::here(config, &*self.inner.store, &session).await? {
             return Ok(true);
         }
         let first = self

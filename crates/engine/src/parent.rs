@@ -232,6 +232,9 @@ impl Turns {
                 text.len()
             )));
         }
+        if !crate::workspaces::here(&self.config.workspaces, &*self.store, &session).await? {
+            return Err(crate::workspaces::elsewhere(&session, "a parent turn"));
+        }
         let turn_lock = self.turn_locks.get(session.id);
         let guard = turn_lock.try_lock_owned().map_err(|_| {
             EngineError::WrongState(format!(

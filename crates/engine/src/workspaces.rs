@@ -211,6 +211,38 @@ pub(crate) fn fresh(config: &WorkspacesConfig, session: SessionId) -> Result<All
     Ok(Allowed { path, fresh: true })
 }
 
+/// Whether `session`'s workspace is on this daemon's machine, where its agents can work in it.
+/// A session made from an upload has its tree in the `workspaces_dir` of the daemon that made it
+/// (or of every daemon that shares that directory), and its edits are there too: another daemon
+/// leaves its agents to that one even where it could reach the path. Any other workspace is here
+/// when it is a directory here.
+pub(crate) async fn here(
+    config: &WorkspacesConfig,
+    store: &dyn Store,
+    session: &forkd_core::session::Session,
+) -> Result<bool> {
+    if !session.workspace.is_dir() {
+        return Ok(false);
+    }
+    if store.session_origin(session.id).await?.is_none() {
+        return Ok(true);
+    }
+    Ok(config
+        .dir
+        .as_ref()
+        .is_some_and(|dir| session.workspace.parent() == Some(dir.as_path())))
+}
+
+/// Why something that works in `session`'s files is refused on a daemon that does not hold them.
+pub(crate) fn elsewhere(session: &forkd_core::session::Session, what: &str) -> EngineError {
+    EngineError::WrongState(format!(
+        "session {}'s workspace is on another daemon's machine (the one that made it from its \
+         upload, or that holds its directory), so {what} runs there: send it through that \
+         daemon; a batch without isolation may be forked through any daemon",
+        session.id
+    ))
+}
+
 /// The sandbox of `session`'s commands (`None` for `full-access`), with `tmp` as their private
 /// temporary directory: hidden is what [`hidden_from`] lists.
 pub(crate) async fn sandbox_spec(

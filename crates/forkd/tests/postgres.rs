@@ -682,7 +682,8 @@ async fn a_session_on_one_daemon_starts_from_an_upload_another_received() {
 async fn upload_across_daemons(url: String) {
     use pb::upload_entry::Kind;
     use pb::upload_workspace_request::Part;
-    let env = [("FORKD_DATABASE_URL", url.as_str())];
+    // A short lease: a batch left for the daemon that holds the files is taken at its heartbeat.
+    let env = [("FORKD_DATABASE_URL", url.as_str()), ("FORKD_LEASE", "1s")];
     let (home_a, home_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let _a = binary::Daemon::start_with(home_a.path(), "0", &env);
     let _b = binary::Daemon::start_with(home_b.path(), "0", &env);
@@ -744,4 +745,82 @@ async fn upload_across_daemons(url: String) {
         "{ws:?}"
     );
     assert_eq!(std::fs::read(ws.join("src/a.txt")).unwrap(), content);
+
+    // A batch forked through A, which lacks the session's files, runs on B, which holds them.
+    let sid = session.session_id.clone();
+    let on_b_batch = fork(&mut on_b, &sid, &["@sim say on B"], None)
+        .await
+        .unwrap();
+    wait_for_batch(&mut on_b, &on_b_batch.batch_id, 1, DEADLINE)
+        .await
+        .unwrap();
+    let b_id = forkd_test_support::get_agent(&mut on_b, &on_b_batch.agent_ids[0])
+        .await
+        .daemon;
+    let read = format!(
+        "@sim tool Read {{\"file_path\":\"{}\"}}\n@sim say read it",
+        ws.join("src/a.txt").display()
+    );
+    let batch = fork(&mut on_a, &sid, &[read.as_str()], None).await.unwrap();
+    let done = wait_for_batch(&mut on_a, &batch.batch_id, 1, DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(
+        done[0].status,
+        pb::NotificationStatus::Completed as i32,
+        "{done:?}"
+    );
+    let log = forkd_test_support::transcript_text(&mut on_a, &batch.agent_ids[0])
+        .await
+        .unwrap();
+    assert!(log.contains("uploaded to A"), "{log}");
+    let ran = forkd_test_support::get_agent(&mut on_a, &batch.agent_ids[0]).await;
+    assert_eq!(ran.daemon, b_id, "the daemon that holds the files ran it");
+
+    // What must run where the files are now is refused through A, saying why.
+    let turn = on_a
+        .send_message(pb::SendMessageRequest {
+            session_id: sid.clone(),
+            text: "@sim say hi".into(),
+            ..Default::default()
+        })
+        .await;
+    let refused = match turn {
+        Err(status) => status,
+        Ok(stream) => {
+            use tokio_stream::StreamExt;
+            let mut stream = stream.into_inner();
+            loop {
+                match stream.next().await {
+                    Some(Ok(_)) => continue,
+                    Some(Err(status)) => break status,
+                    None => panic!("the turn ran on a daemon without the session's files"),
+                }
+            }
+        }
+    };
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(refused.message().contains("another daemon"), "{refused:?}");
+    let isolated = on_a
+        .fork_batch(pb::ForkBatchRequest {
+            session_id: sid,
+            directives: forkd_test_support::directives(&["@sim say copied"]),
+            isolation: "copy".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        isolated.code(),
+        tonic::Code::FailedPrecondition,
+        "{isolated:?}"
+    );
+    assert!(
+        isolated.message().contains("another daemon"),
+        "{isolated:?}"
+    );
 }

@@ -169,6 +169,8 @@ impl Turns {
                 isolated,
                 fork_point: None,
                 output_schema: None,
+                // A parent turn runs only where its session's files are.
+                start_here: true,
             })
             .await?;
         send(events, ParentEvent::ForkLaunched(submitted.clone())).await;

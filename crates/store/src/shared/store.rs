@@ -361,7 +361,9 @@ impl Store for DriverStore {
         write_tx!(self, |tx| {
             batches::create(&mut tx, batch, parent_messages, children, extras).await?;
             let id = batch.id.to_string();
-            agents::hold_new(&mut tx, NewAgents::Batch, &id, &self.holder).await?;
+            if !extras.unheld {
+                agents::hold_new(&mut tx, NewAgents::Batch, &id, &self.holder).await?;
+            }
             if let Some(record) = extras.idempotency {
                 idempotency::insert(&mut tx, record).await?;
             }
