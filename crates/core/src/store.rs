@@ -724,7 +724,21 @@ pub trait Store: Send + Sync + 'static {
     async fn missing_blobs(&self, tenant: &str, hashes: &[String]) -> Result<Vec<String>>;
     /// Stores a blob of `tenant`'s under `sha256` (its content's hash, checked by the caller);
     /// one it has already is no change.
-    async fn put_blob(&self, tenant: &str, sha256: &str, content: &[u8]) -> Result<()>;
+    async fn put_blob(&self, tenant: &str, sha256: &str, content: &[u8]) -> Result<()> {
+        self.put_blobs(tenant, &[(sha256, content)], None)
+            .await
+            .map(|_| ())
+    }
+    /// Stores blobs of `tenant`'s, each under its content's hash (checked by the caller), in one
+    /// transaction; one it has already is no change. With a `quota`, what the tenant holds is
+    /// counted while no other such call of the tenant's runs (on any daemon), and when these
+    /// blobs would take it past the quota none is stored.
+    async fn put_blobs(
+        &self,
+        tenant: &str,
+        blobs: &[(&str, &[u8])],
+        quota: Option<u64>,
+    ) -> Result<crate::upload::BlobsStored>;
     /// A blob of `tenant`'s.
     async fn blob(&self, tenant: &str, sha256: &str) -> Result<Option<Vec<u8>>>;
     /// Stores an upload whose every blob its tenant has (else `Conflict`, nothing stored).

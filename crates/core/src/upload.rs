@@ -105,6 +105,16 @@ pub struct Upload {
     pub created_at_ms: i64,
 }
 
+/// What [`crate::store::Store::put_blobs`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlobsStored {
+    /// Every blob is the tenant's now.
+    Stored,
+    /// None was stored: the tenant holds `held` bytes, and these blobs would add `adds`, more
+    /// than its quota leaves.
+    OverQuota { held: u64, adds: u64 },
+}
+
 /// Where an uploaded session's files came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Origin {

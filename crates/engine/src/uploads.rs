@@ -15,7 +15,9 @@ use std::sync::Arc;
 
 use forkd_core::UploadId;
 use forkd_core::store::{Store, StoreError};
-use forkd_core::upload::{EntryKind, Manifest, ManifestError, Upload, UploadLimits, blob_hash};
+use forkd_core::upload::{
+    BlobsStored, EntryKind, Manifest, ManifestError, Upload, UploadLimits, blob_hash,
+};
 
 use crate::clock::now_ms;
 use crate::error::{EngineError, Result};
@@ -129,8 +131,11 @@ impl Uploads {
             bytes,
             sizes,
             current: None,
+            ready: Vec::new(),
+            ready_bytes: 0,
             blobs_received: 0,
             bytes_received: 0,
+            quota: self.limits.quota_of(tenant),
         })
     }
 
@@ -308,11 +313,20 @@ pub struct Receiver {
     /// Each blob the tree needs and its size; one is taken out once received.
     sizes: HashMap<String, u64>,
     current: Option<Partial>,
+    /// Blobs received whole and checked, stored together at the next flush.
+    ready: Vec<Partial>,
+    ready_bytes: usize,
     blobs_received: u64,
     bytes_received: u64,
-    /// What the tenant's quota leaves for this upload's blobs.
+    /// What the tenant's quota left for this upload's blobs when it began: a call that would
+    /// pass it is stopped early. Each flush counts again, under the tenant's blob lock.
     room: u64,
+    quota: Option<u64>,
 }
+
+/// How much a receiver keeps before it stores what it has in one transaction.
+const FLUSH_BYTES: usize = 8 << 20;
+const FLUSH_BLOBS: usize = 512;
 
 impl Receiver {
     /// Takes one piece of blob `sha256`; the last piece checks and stores the blob.
@@ -362,23 +376,55 @@ impl Receiver {
                 done.sha256
             )));
         }
-        self.store
-            .put_blob(&self.tenant, &done.sha256, &done.data)
-            .await?;
         self.sizes.remove(&done.sha256);
         self.blobs_received += 1;
         self.bytes_received += done.data.len() as u64;
+        self.ready_bytes += done.data.len();
+        self.ready.push(done);
+        if self.ready_bytes >= FLUSH_BYTES || self.ready.len() >= FLUSH_BLOBS {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// Stores the blobs received whole since the last flush, in one transaction, if the
+    /// tenant's quota still has room for them (another upload may have taken it meanwhile).
+    async fn flush(&mut self) -> Result<()> {
+        if self.ready.is_empty() {
+            return Ok(());
+        }
+        let blobs: Vec<(&str, &[u8])> = self
+            .ready
+            .iter()
+            .map(|p| (p.sha256.as_str(), p.data.as_slice()))
+            .collect();
+        let stored = self
+            .store
+            .put_blobs(&self.tenant, &blobs, self.quota)
+            .await?;
+        if let BlobsStored::OverQuota { held, adds } = stored {
+            return Err(EngineError::OverLimit(format!(
+                "the uploaded tree is refused: its contents ({adds} bytes more) would take \
+                 tenant {}'s blobs ({held} bytes held) past its upload_quota of {} bytes; the \
+                 upload was not stored",
+                self.tenant,
+                self.quota.unwrap_or_default()
+            )));
+        }
+        self.ready.clear();
+        self.ready_bytes = 0;
         Ok(())
     }
 
     /// Stores the upload once every blob is its tenant's; else nothing is stored.
-    pub async fn finish(self) -> Result<Received> {
+    pub async fn finish(mut self) -> Result<Received> {
         if let Some(p) = &self.current {
             return Err(EngineError::InvalidRequest(format!(
                 "blob {} never ended (no piece said it was the last); nothing was stored",
                 p.sha256
             )));
         }
+        self.flush().await?;
         let upload = Upload {
             id: UploadId::new(),
             tenant: self.tenant,

@@ -369,3 +369,60 @@ async fn a_tree_past_the_tenant_s_quota_is_refused_with_nothing_stored() {
     let lacking = missing(&mut t.alice, &more).await;
     upload(&mut t.alice, &more, &lacking).await.unwrap();
 }
+
+/// Two uploads of one tenant at once are each within its quota alone, not together: both are
+/// checked against what the tenant held when they began (nothing), so the quota is counted
+/// again when their blobs are stored, under the tenant's lock, and one of them is refused.
+#[tokio::test]
+async fn two_uploads_at_once_cannot_both_pass_the_quota() {
+    let t = two_tenants().await;
+    let trees = [
+        file("a.txt", &[b'x'; 3_000], false),
+        file("b.txt", &[b'y'; 3_000], false),
+    ];
+    let mut senders = Vec::new();
+    let mut calls = Vec::new();
+    for (entry, _) in &trees {
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tx.send(pb::UploadWorkspaceRequest {
+            part: Some(Part::Manifest(pb::UploadManifest {
+                entries: vec![entry.clone()],
+                git_commit: String::new(),
+            })),
+        })
+        .await
+        .unwrap();
+        let request = t
+            .mallory
+            .req(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let mut client = t.mallory.client.clone();
+        calls.push(tokio::spawn(async move {
+            client.upload_workspace(request).await
+        }));
+        senders.push(tx);
+    }
+    // Both manifests are checked before either blob arrives.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    for ((entry, content), tx) in trees.iter().zip(senders) {
+        let Some(Kind::File(f)) = &entry.kind else {
+            unreachable!()
+        };
+        tx.send(pb::UploadWorkspaceRequest {
+            part: Some(Part::Blob(pb::BlobChunk {
+                sha256: f.sha256.clone(),
+                data: content.clone(),
+                last: true,
+            })),
+        })
+        .await
+        .unwrap();
+    }
+    let mut outcomes = Vec::new();
+    for call in calls {
+        outcomes.push(call.await.unwrap());
+    }
+    let refused: Vec<&tonic::Status> = outcomes.iter().filter_map(|o| o.as_ref().err()).collect();
+    assert_eq!(refused.len(), 1, "{outcomes:?}");
+    assert_eq!(refused[0].code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused[0].message().contains("upload_quota"), "{refused:?}");
+}

@@ -5,13 +5,14 @@
 mod support;
 
 use forkd_core::UploadId;
-use forkd_core::upload::{Entry, EntryKind, Manifest, Upload, blob_hash};
+use forkd_core::upload::{BlobsStored, Entry, EntryKind, Manifest, Upload, blob_hash};
 use forkd_store::StoreError;
 use support::{TestResult, TestStore, conformance};
 
 conformance!(
     an_upload_is_stored_only_once_its_blobs_are_its_tenant_s,
     expired_uploads_and_orphaned_blobs_are_swept,
+    blobs_past_a_quota_are_not_stored_even_by_two_writers_at_once,
 );
 
 fn upload(tenant: &str, contents: &[&[u8]], created_at_ms: i64) -> Upload {
@@ -93,5 +94,60 @@ async fn expired_uploads_and_orphaned_blobs_are_swept(store: TestStore) -> TestR
     assert_eq!(store.expire_uploads(later, later).await?, (1, 1));
     assert_eq!(store.get_upload("alice", tree.id).await?, None);
     assert_eq!(store.blob_bytes("alice").await?, 0);
+    Ok(())
+}
+
+/// `put_blobs` with a quota stores all or nothing, counts only the blobs the tenant lacks, and
+/// counts under a lock: of two writers (two daemons) each within the quota alone but not
+/// together, one is refused.
+async fn blobs_past_a_quota_are_not_stored_even_by_two_writers_at_once(
+    store: TestStore,
+) -> TestResult {
+    let (a, b, c): (&[u8], &[u8], &[u8]) = (&[1; 600], &[2; 300], &[3; 300]);
+    let stored = store
+        .put_blobs("alice", &[(&blob_hash(a), a)], Some(1_000))
+        .await?;
+    assert_eq!(stored, BlobsStored::Stored);
+    // `a` again adds nothing; `b` and `c` together pass the quota: neither is stored.
+    let over = store
+        .put_blobs(
+            "alice",
+            &[(&blob_hash(a), a), (&blob_hash(b), b), (&blob_hash(c), c)],
+            Some(1_000),
+        )
+        .await?;
+    assert_eq!(
+        over,
+        BlobsStored::OverQuota {
+            held: 600,
+            adds: 600
+        }
+    );
+    assert_eq!(store.blob_bytes("alice").await?, 600);
+    // Another tenant's blobs do not count.
+    store.put_blob("mallory", &blob_hash(b), b).await?;
+
+    for round in 0..10u8 {
+        let tenant = format!("t{round}");
+        let (x, y) = ([round; 700], [round.wrapping_add(100); 700]);
+        let (one, two) = (store.reopen().await?, store.reopen().await?);
+        let (hx, hy) = (blob_hash(&x), blob_hash(&y));
+        let bx: [(&str, &[u8]); 1] = [(&hx, &x)];
+        let by: [(&str, &[u8]); 1] = [(&hy, &y)];
+        let (first, second) = tokio::join!(
+            one.put_blobs(&tenant, &bx, Some(1_000)),
+            two.put_blobs(&tenant, &by, Some(1_000)),
+        );
+        let outcomes = [first?, second?];
+        assert_eq!(
+            outcomes
+                .iter()
+                .filter(|o| **o == BlobsStored::Stored)
+                .count(),
+            1,
+            "round {round}: {outcomes:?}"
+        );
+        assert_eq!(store.blob_bytes(&tenant).await?, 700);
+    }
     Ok(())
 }

@@ -45,6 +45,18 @@ pub(super) const PROMPT_HELD: &str = concat!(
     ")"
 );
 
+/// Locks a tenant's blobs for counting them against its quota, until the transaction ends: a
+/// transaction-scoped advisory lock keyed by the tenant's name, which only `put_blobs` takes
+/// (first in its transaction, so it waits on nothing else), and which two tenants share only
+/// when their keys' 64-bit hashes collide (they then wait for each other, nothing more).
+pub(super) async fn lock_tenant_blobs(conn: &mut Conn, tenant: &str) -> Result<()> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('forkd.blobs/' || $1, 0))")
+        .bind(tenant)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// Locks the rows of several agents, in id order (the order every transaction that locks more
 /// than one agent takes them in, so that two of them never wait for each other). Missing agents
 /// are skipped.

@@ -664,10 +664,15 @@ impl Store for DriverStore {
         Ok(missing)
     }
 
-    async fn put_blob(&self, tenant: &str, sha256: &str, content: &[u8]) -> StoreResult<()> {
+    async fn put_blobs(
+        &self,
+        tenant: &str,
+        blobs: &[(&str, &[u8])],
+        quota: Option<u64>,
+    ) -> StoreResult<forkd_core::upload::BlobsStored> {
         let at_ms = now_ms();
         write_tx!(self, |tx| {
-            uploads::put_blob(&mut tx, tenant, sha256, content, at_ms).await?
+            uploads::put_blobs(&mut tx, tenant, blobs, quota, at_ms).await?
         })
     }
 

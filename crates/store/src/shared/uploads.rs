@@ -1,9 +1,9 @@
 //! Uploaded workspaces: blobs per tenant, and trees made of them (see `Store::create_upload`).
 
 use forkd_core::UploadId;
-use forkd_core::upload::{Manifest, Upload};
+use forkd_core::upload::{BlobsStored, Manifest, Upload};
 
-use super::dialect::{Conn, Db};
+use super::dialect::{Conn, Db, lock_tenant_blobs};
 use crate::StoreError;
 use crate::error::Result;
 use crate::rows::convert::{corrupt, from_i64};
@@ -37,26 +37,48 @@ pub(crate) async fn missing<'c>(
         .collect())
 }
 
-/// Stores `tenant`'s blob (a second copy of one it has is no change).
-pub(crate) async fn put_blob(
+/// Stores `tenant`'s blobs (a second copy of one it has is no change); with a `quota`, only if
+/// what the tenant holds with them stays within it, counted under the tenant's blob lock
+/// (`lock_tenant_blobs`), so two uploads at once cannot both pass it.
+pub(crate) async fn put_blobs(
     conn: &mut Conn,
     tenant: &str,
-    sha256: &str,
-    content: &[u8],
+    blobs: &[(&str, &[u8])],
+    quota: Option<u64>,
     at_ms: i64,
-) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO blobs (tenant, sha256, size, content, created_at_ms) VALUES ($1, $2, $3, \
-         $4, $5) ON CONFLICT (tenant, sha256) DO NOTHING",
-    )
-    .bind(tenant)
-    .bind(sha256)
-    .bind(i64::try_from(content.len()).unwrap_or(i64::MAX))
-    .bind(content)
-    .bind(at_ms)
-    .execute(conn)
-    .await?;
-    Ok(())
+) -> Result<BlobsStored> {
+    if let Some(quota) = quota {
+        lock_tenant_blobs(&mut *conn, tenant).await?;
+        let hashes: Vec<String> = blobs.iter().map(|(h, _)| (*h).to_owned()).collect();
+        let missing: std::collections::HashSet<String> = missing(&mut *conn, tenant, &hashes)
+            .await?
+            .into_iter()
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        let adds: u64 = blobs
+            .iter()
+            .filter(|(h, _)| missing.contains(*h) && seen.insert(*h))
+            .map(|(_, content)| content.len() as u64)
+            .sum();
+        let held = held(&mut *conn, tenant).await?;
+        if held.saturating_add(adds) > quota {
+            return Ok(BlobsStored::OverQuota { held, adds });
+        }
+    }
+    for (sha256, content) in blobs {
+        sqlx::query(
+            "INSERT INTO blobs (tenant, sha256, size, content, created_at_ms) VALUES ($1, $2, \
+             $3, $4, $5) ON CONFLICT (tenant, sha256) DO NOTHING",
+        )
+        .bind(tenant)
+        .bind(*sha256)
+        .bind(i64::try_from(content.len()).unwrap_or(i64::MAX))
+        .bind(*content)
+        .bind(at_ms)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(BlobsStored::Stored)
 }
 
 /// A blob of `tenant`'s.

@@ -38,6 +38,12 @@ pub(super) async fn lock_agents<'a>(
     Ok(())
 }
 
+/// Locks a tenant's blobs for counting them against its quota: nothing to do (one writer at a
+/// time, `BEGIN IMMEDIATE`).
+pub(super) async fn lock_tenant_blobs(_: &mut Conn, _: &str) -> Result<()> {
+    Ok(())
+}
+
 /// Locks the sessions of several agents: nothing to do.
 pub(super) async fn lock_sessions_of(_: &mut Conn, _: &[String]) -> Result<()> {
     Ok(())
