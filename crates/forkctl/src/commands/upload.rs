@@ -17,6 +17,7 @@ use forkd_proto::v1::{
     BlobChunk, FindMissingBlobsRequest, UploadEntry, UploadFile, UploadManifest,
     UploadWorkspaceRequest, UploadWorkspaceResponse,
 };
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 use sha2::{Digest as _, Sha256};
 use tokio::io::AsyncReadExt as _;
@@ -25,7 +26,9 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::client::Client;
 use crate::exit::CliError;
-pub use list::{EntryKind, FileEntry, Tree, list};
+#[cfg(test)]
+use list::list;
+pub use list::{EntryKind, FileEntry, Tree, list_with};
 
 /// The largest piece of a blob one message carries (the protocol's bound).
 const CHUNK_BYTES: usize = 1024 * 1024;
@@ -185,10 +188,20 @@ pub async fn upload(
     include: &[String],
 ) -> anyhow::Result<Uploaded> {
     let (owned_dir, owned_include) = (dir.to_path_buf(), include.to_vec());
+    let hashing = live_bar(
+        &format!(
+            "{{spinner}} hashing {}: {{pos}}/{{len}} files",
+            dir.display()
+        ),
+        0,
+    );
+    let counted = hashing.clone();
     // Hashing reads the whole tree: off the runtime's only thread.
-    let tree = tokio::task::spawn_blocking(move || list(&owned_dir, &owned_include))
+    let tree = tokio::task::spawn_blocking(move || list_with(&owned_dir, &owned_include, &counted))
         .await
-        .context("listing the tree to upload failed")??;
+        .context("listing the tree to upload failed");
+    hashing.finish_and_clear();
+    let tree = tree??;
     let blobs = tree.blobs();
     let hashes: Vec<&str> = blobs.keys().copied().collect();
     let mut missing = Vec::new();
@@ -208,7 +221,24 @@ pub async fn upload(
             missing.push((*file).clone());
         }
     }
-    send(client, &tree, &missing).await
+    let sending = live_bar(
+        "{spinner} sending: {bytes}/{total_bytes} ({bytes_per_sec}, {eta} left)",
+        missing.iter().map(|f| f.size).sum(),
+    );
+    let sent = send(client, &tree, &missing, &sending).await;
+    sending.finish_and_clear();
+    sent
+}
+
+/// A progress line on stderr, drawn only when stderr is a terminal (indicatif hides it
+/// otherwise); `len` is what it counts to.
+fn live_bar(template: &str, len: u64) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar
 }
 
 /// The UploadWorkspace call. Its messages are made as the connection takes them, by a future
@@ -216,11 +246,16 @@ pub async fn upload(
 /// side stops: when reading fails (a file unreadable, or changed), the local error is the one
 /// reported, and the stream, cut short, lacks blobs its manifest names, which the daemon
 /// refuses, storing no upload; when the daemon answers early (a refusal), reading stops.
-async fn send(client: &mut Client, tree: &Tree, missing: &[FileEntry]) -> anyhow::Result<Uploaded> {
+async fn send(
+    client: &mut Client,
+    tree: &Tree,
+    missing: &[FileEntry],
+    progress: &ProgressBar,
+) -> anyhow::Result<Uploaded> {
     let (tx, rx) = mpsc::channel(QUEUED_MESSAGES);
     let mut call = Box::pin(client.upload_workspace(ReceiverStream::new(rx)));
     // The stream ends when `produce` returns, dropping the only sender.
-    let mut produce = Box::pin(produce(tx, tree, missing));
+    let mut produce = Box::pin(produce(tx, tree, missing, progress));
     let mut produced = false;
     let reply = loop {
         tokio::select! {
@@ -251,11 +286,13 @@ enum Sent {
     Cut,
 }
 
-/// Sends the manifest, then each missing content.
+/// Sends the manifest, then each missing content, counting its bytes on `progress` as the
+/// connection takes them.
 async fn produce(
     tx: mpsc::Sender<UploadWorkspaceRequest>,
     tree: &Tree,
     missing: &[FileEntry],
+    progress: &ProgressBar,
 ) -> anyhow::Result<Sent> {
     let manifest = UploadWorkspaceRequest {
         part: Some(Part::Manifest(tree.manifest())),
@@ -264,7 +301,7 @@ async fn produce(
         return Ok(Sent::Cut);
     }
     for file in missing {
-        if send_blob(&tx, file).await? == Sent::Cut {
+        if send_blob(&tx, file, progress).await? == Sent::Cut {
             return Ok(Sent::Cut);
         }
     }
@@ -277,6 +314,7 @@ async fn produce(
 async fn send_blob(
     tx: &mpsc::Sender<UploadWorkspaceRequest>,
     file: &FileEntry,
+    progress: &ProgressBar,
 ) -> anyhow::Result<Sent> {
     let shown = file.source.display();
     let unreadable = |e: io::Error| CliError::InvalidInput(format!("cannot read {shown}: {e}"));
@@ -315,6 +353,7 @@ async fn send_blob(
         if tx.send(message).await.is_err() {
             return Ok(Sent::Cut);
         }
+        progress.inc(len as u64);
         if last {
             return Ok(Sent::Whole);
         }
@@ -346,8 +385,11 @@ mod tests {
             }
             parts
         };
-        let (sent, parts) = tokio::join!(produce(tx, tree, missing), collect);
+        let progress = ProgressBar::hidden();
+        let (sent, parts) = tokio::join!(produce(tx, tree, missing, &progress), collect);
         assert_eq!(sent?, Sent::Whole);
+        let sent: u64 = missing.iter().map(|f| f.size).sum();
+        assert_eq!(progress.position(), sent, "every byte sent is counted");
         Ok(parts)
     }
 
@@ -449,7 +491,9 @@ mod tests {
         let missing = [tree.file("a.txt").clone()];
         let (tx, rx) = mpsc::channel::<UploadWorkspaceRequest>(QUEUED_MESSAGES);
         drop(rx);
-        assert_eq!(produce(tx, &tree, &missing).await?, Sent::Cut);
+        let progress = ProgressBar::hidden();
+        assert_eq!(produce(tx, &tree, &missing, &progress).await?, Sent::Cut);
+        assert_eq!(progress.position(), 0, "nothing went");
         Ok(())
     }
 

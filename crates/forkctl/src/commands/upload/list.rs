@@ -13,6 +13,7 @@ use std::process::{Command, Output, Stdio};
 use anyhow::Context as _;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use ignore::{Match, WalkBuilder};
+use indicatif::ProgressBar;
 use sha2::{Digest as _, Sha256};
 
 use crate::exit::CliError;
@@ -78,7 +79,14 @@ pub struct FileEntry {
 /// does not ignore) when `dir` is in a git work tree, else a walk that honours `.gitignore` and
 /// `.ignore` files; plus the files those rules left out that match an `include` pattern
 /// (gitignore syntax). Nothing under a `.git` directory, ever.
+#[cfg(test)]
 pub fn list(dir: &Path, include: &[String]) -> anyhow::Result<Tree> {
+    list_with(dir, include, &ProgressBar::hidden())
+}
+
+/// [`list`], counting on `progress`: its length is the paths listed, its position those looked
+/// at (each file hashed) so far.
+pub fn list_with(dir: &Path, include: &[String], progress: &ProgressBar) -> anyhow::Result<Tree> {
     let meta =
         fs::metadata(dir).map_err(|e| invalid(format!("cannot upload {}: {e}", dir.display())))?;
     if !meta.is_dir() {
@@ -96,10 +104,12 @@ pub fn list(dir: &Path, include: &[String]) -> anyhow::Result<Tree> {
     let real_root = fs::canonicalize(dir)
         .map_err(|e| invalid(format!("cannot upload {}: {e}", dir.display())))?;
     let mut entries = Vec::with_capacity(paths.len());
+    progress.set_length(paths.len() as u64);
     for path in paths {
         if let Some(entry) = entry(dir, &real_root, path)? {
             entries.push(entry);
         }
+        progress.inc(1);
     }
     Ok(Tree {
         root: dir.to_path_buf(),
@@ -540,9 +550,11 @@ mod tests {
         write(root, "a.txt", "")?;
         fs::set_permissions(root.join("a b/y.sh"), fs::Permissions::from_mode(0o755))?;
 
-        let tree = list(root, &[])?;
+        let progress = ProgressBar::hidden();
+        let tree = list_with(root, &[], &progress)?;
         // Sorted by the `/`-separated path.
         assert_eq!(paths(&tree), ["a b/y.sh", "a.txt", "b/z.txt"]);
+        assert_eq!((progress.position(), progress.length()), (3, Some(3)));
         let hello = tree.file("b/z.txt");
         assert_eq!(
             hello.sha256,
