@@ -154,8 +154,10 @@ pub enum FailureKind {
 }
 
 impl ProviderError {
-    /// What the failure means; see [`FailureKind`]. 501 (not implemented) and 505 (HTTP
-    /// version not supported) say the server cannot do what was asked: they are rejections.
+    /// What the failure means; see [`FailureKind`]. A 503 that says when to come back
+    /// (`retry-after`) is a limit, as gateways and proxies use it (RFC 9110 gives it that
+    /// meaning); without one it is an outage. 501 (not implemented) and 505 (HTTP version not
+    /// supported) say the server cannot do what was asked: they are rejections.
     pub fn kind(&self) -> FailureKind {
         match self {
             ProviderError::Status {
@@ -164,6 +166,13 @@ impl ProviderError {
                 ..
             } => FailureKind::RateLimited {
                 retry_after: *retry_after,
+            },
+            ProviderError::Status {
+                status: 503,
+                retry_after: Some(after),
+                ..
+            } => FailureKind::RateLimited {
+                retry_after: Some(*after),
             },
             ProviderError::Status {
                 status: 401 | 403, ..
@@ -309,3 +318,35 @@ pub(crate) fn estimate(request: &ModelRequest) -> Result<TokenCount, ProviderErr
 pub use anthropic::{AnthropicConfig, AnthropicProvider, ConfigError};
 pub use openai::{OpenAiConfig, OpenAiProvider};
 pub use sim::{Answered, RateLimitSpec, SimConfig, SimProvider};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(status: u16, retry_after: Option<Duration>) -> FailureKind {
+        ProviderError::Status {
+            status,
+            message: String::new(),
+            retry_after,
+        }
+        .kind()
+    }
+
+    #[test]
+    fn a_503_that_says_when_to_come_back_is_a_limit() {
+        let second = Some(Duration::from_secs(1));
+        assert_eq!(
+            status(503, second),
+            FailureKind::RateLimited {
+                retry_after: second
+            }
+        );
+        assert_eq!(status(503, None), FailureKind::Unavailable);
+        assert_eq!(status(529, second), FailureKind::Unavailable);
+        assert_eq!(
+            status(429, None),
+            FailureKind::RateLimited { retry_after: None }
+        );
+        assert_eq!(status(501, None), FailureKind::Rejected);
+    }
+}

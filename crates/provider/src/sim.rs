@@ -27,7 +27,7 @@ use tokio::time::Instant;
 
 use crate::{EventStream, ModelRequest, Provider, ProviderError, RateLimits, StreamEvent};
 use cache::PromptCache;
-pub use limit::RateLimitSpec;
+pub use limit::{Algorithm, HeaderMode, RateLimitSpec};
 use request::BlockMemo;
 
 /// How the sim behaves.
@@ -45,7 +45,10 @@ struct SimState {
     cache: PromptCache,
     /// Scripted failures already served, by (script hash, line index).
     failures: HashMap<([u8; 32], usize), u32>,
-    /// The rate limits' buckets (made at the first request).
+    /// The rate limits it enforces ([`SimConfig::rate_limit`], or a later
+    /// [`SimProvider::set_rate_limit`]).
+    rate_limit: Option<RateLimitSpec>,
+    /// The rate limits' meters (made at the first request).
     limiter: Option<limit::Limiter>,
     /// The latest requests answered, oldest first.
     answered: std::collections::VecDeque<Answered>,
@@ -101,11 +104,23 @@ fn lock(state: &Mutex<SimState>) -> MutexGuard<'_, SimState> {
 
 impl SimProvider {
     pub fn new(config: SimConfig) -> Self {
+        let state = SimState {
+            rate_limit: config.rate_limit,
+            ..SimState::default()
+        };
         Self {
             config,
-            state: Arc::default(),
+            state: Arc::new(Mutex::new(state)),
             memo: Arc::default(),
         }
+    }
+
+    /// Enforces `spec` from now on, as a provider that changed a key's limit: its meters start
+    /// again, full.
+    pub fn set_rate_limit(&self, spec: RateLimitSpec) {
+        let mut state = lock(&self.state);
+        state.rate_limit = Some(spec);
+        state.limiter = Some(limit::Limiter::new(&spec, Instant::now()));
     }
 
     /// How many prompt-cache entries are alive now (for tests and benchmarks).
@@ -121,9 +136,11 @@ impl SimProvider {
     /// The rate limits as they stand now, as the API states them in its headers; `None` when
     /// the sim enforces none.
     pub fn rate_limits(&self) -> Option<RateLimits> {
-        let spec = self.config.rate_limit?;
-        let now = Instant::now();
         let mut state = lock(&self.state);
+        let spec = state
+            .rate_limit
+            .filter(|s| s.headers == limit::HeaderMode::Anthropic)?;
+        let now = Instant::now();
         Some(
             state
                 .limiter
@@ -159,7 +176,8 @@ impl SimProvider {
                 input_tokens: lookup.usage.input_tokens + lookup.usage.cache_creation_input_tokens,
                 output_tokens: stream::output_tokens(&reply.blocks),
             };
-            if let Some(spec) = &self.config.rate_limit {
+            let spec = state.rate_limit;
+            if let Some(spec) = &spec {
                 let limiter = state
                     .limiter
                     .get_or_insert_with(|| limit::Limiter::new(spec, now));
@@ -175,7 +193,7 @@ impl SimProvider {
                             cost.output_tokens,
                             wait.as_millis()
                         ),
-                        retry_after: Some(wait),
+                        retry_after: (spec.headers != limit::HeaderMode::None).then_some(wait),
                     });
                 }
             }
@@ -202,9 +220,10 @@ impl SimProvider {
             }
             state.cache.touch(&lookup, now);
             state.answered(now, 200, &request.body);
-            let limits = state.limiter.as_mut().map(|limiter| {
+            let stated = spec.is_some_and(|s| s.headers == limit::HeaderMode::Anthropic);
+            let limits = state.limiter.as_mut().and_then(|limiter| {
                 limiter.take(cost, now);
-                limiter.limits(now)
+                stated.then(|| limiter.limits(now))
             });
             (lookup, limits)
         };

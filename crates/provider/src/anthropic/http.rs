@@ -256,15 +256,16 @@ fn short_text(text: &str) -> Option<String> {
     Some(short)
 }
 
-/// How long the server asks us to wait: `retry-after-ms` (OpenAI's, finer) or `retry-after` in
-/// seconds. The HTTP-date form is not used by these APIs and is ignored.
+/// How long the server asks us to wait: `retry-after-ms` (OpenAI's, finer), or `retry-after` in
+/// seconds or as an HTTP date (RFC 9110; a date already past is no wait).
 pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    retry_after_at(headers, std::time::SystemTime::now())
+}
+
+fn retry_after_at(headers: &HeaderMap, now: std::time::SystemTime) -> Option<Duration> {
+    let text = |name: &str| headers.get(name)?.to_str().ok().map(str::trim);
     let number = |name: &str| {
-        headers
-            .get(name)?
-            .to_str()
-            .ok()?
-            .trim()
+        text(name)?
             .parse::<f64>()
             .ok()
             .filter(|n| n.is_finite() && *n >= 0.0)
@@ -272,7 +273,11 @@ pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     if let Some(ms) = number("retry-after-ms") {
         return Duration::try_from_secs_f64(ms / 1000.0).ok();
     }
-    number("retry-after").and_then(|s| Duration::try_from_secs_f64(s).ok())
+    if let Some(secs) = number("retry-after") {
+        return Duration::try_from_secs_f64(secs).ok();
+    }
+    let at = httpdate::parse_http_date(text("retry-after")?).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 /// The HTTP status an error type stands for (Anthropic's types, and llama.cpp's server's), for
@@ -390,20 +395,28 @@ mod tests {
     fn retry_after_headers() {
         // (headers, expected wait in ms)
         type Headers = &'static [(&'static str, &'static str)];
-        let cases: [(Headers, Option<u128>); 5] = [
+        let cases: [(Headers, Option<u128>); 8] = [
             (&[("retry-after", "2")], Some(2000)),
             (&[("retry-after", "0.5")], Some(500)),
             (&[("retry-after-ms", "30"), ("retry-after", "9")], Some(30)),
-            (&[("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT")], None),
+            // An HTTP date, 3 s after `now` below; one already past is no wait.
+            (
+                &[("retry-after", "Wed, 21 Oct 2015 07:28:03 GMT")],
+                Some(3000),
+            ),
+            (&[("retry-after", "Wed, 21 Oct 2015 07:27:00 GMT")], Some(0)),
+            (&[("retry-after", "soon")], None),
+            (&[("retry-after", "-1")], None),
             (&[], None),
         ];
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
         for (pairs, expected) in cases {
             let mut headers = HeaderMap::new();
             for (k, v) in pairs {
                 headers.insert(*k, HeaderValue::from_static(v));
             }
             assert_eq!(
-                retry_after(&headers).map(|d| d.as_millis()),
+                retry_after_at(&headers, now).map(|d| d.as_millis()),
                 expected,
                 "{pairs:?}"
             );
