@@ -118,6 +118,9 @@ what else runs on it.
    \`forkd sim-server --rate-limit\` — 1000 children at 50 requests/s and 400k input tokens/s,
    200 at 5 requests/s — wall time against the floor the limits set, 429s as a share of
    requests, the same batch without limits, and another tenant's turn during the batch.
+10b. **The limiter at providers that limit otherwise**: the same batch against a sim-server
+   counting in a token bucket, a sliding or a fixed window, stating Anthropic's headers, only
+   \`retry-after\`, or nothing — 200 children at 20 requests/s and 1000 at 50.
 11. **Isolated children**: 100 and 1000 children with \`isolation: copy\`, one edit each, on a
    generated workspace of 10 000 files (~100 MB): the snapshot's time and disk, each copy's
    disk, a child's view setup (p50/p99), applying the batch, and the cache-read share against

@@ -21,33 +21,33 @@ use serde_json::json;
 use crate::common::{self, Corpus, Ctx};
 use crate::report::{Check, Section, Table};
 
-const HISTORY: u64 = 10_000;
+pub(crate) const HISTORY: u64 = 10_000;
 
 /// One limited (or unlimited) configuration.
-struct Plan {
-    name: &'static str,
-    n: usize,
+pub(crate) struct Plan {
+    pub name: String,
+    pub n: usize,
     /// `--rate-limit`'s spec, and the rates it sets per second (requests, input tokens; the
     /// buckets' capacities are the same numbers, `per=1s`).
-    limit: Option<(&'static str, f64, f64)>,
+    pub limit: Option<(String, f64, f64)>,
 }
 
 /// What one run of a plan measured.
 #[derive(Debug, Clone, Copy, Default)]
-struct Run {
-    completed: usize,
-    wall_s: f64,
-    floor_s: f64,
+pub(crate) struct Run {
+    pub completed: usize,
+    pub wall_s: f64,
+    pub floor_s: f64,
     /// The floor less what the full buckets admit at once.
     paced_floor_s: f64,
-    requests: usize,
-    refused: usize,
+    pub requests: usize,
+    pub refused: usize,
     /// Another tenant's turn sent 2 s into the batch: to its first text, and on an idle engine.
     turn_ms: Option<(f64, f64)>,
 }
 
 impl Run {
-    fn ratio(&self) -> f64 {
+    pub(crate) fn ratio(&self) -> f64 {
         if self.floor_s > 0.0 {
             self.wall_s / self.floor_s
         } else {
@@ -63,7 +63,7 @@ impl Run {
         }
     }
 
-    fn refused_share(&self) -> f64 {
+    pub(crate) fn refused_share(&self) -> f64 {
         self.refused as f64 / self.requests.max(1) as f64
     }
 }
@@ -81,17 +81,21 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
     let (big, small) = if ctx.quick { (300, 50) } else { (1000, 200) };
     let plans = [
         Plan {
-            name: "50 requests/s, 400k input tokens/s",
+            name: "50 requests/s, 400k input tokens/s".into(),
             n: big,
-            limit: Some(("requests=50,input_tokens=400000,per=1s", 50.0, 400_000.0)),
+            limit: Some((
+                "requests=50,input_tokens=400000,per=1s".into(),
+                50.0,
+                400_000.0,
+            )),
         },
         Plan {
-            name: "5 requests/s",
+            name: "5 requests/s".into(),
             n: small,
-            limit: Some(("requests=5,per=1s", 5.0, f64::INFINITY)),
+            limit: Some(("requests=5,per=1s".into(), 5.0, f64::INFINITY)),
         },
         Plan {
-            name: "no limits",
+            name: "no limits".into(),
             n: big,
             limit: None,
         },
@@ -137,10 +141,13 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
             format!("{}/{}", m.completed, plan.n),
             format!("{:.2}", m.wall_s),
             plan.limit
+                .as_ref()
                 .map_or("—".to_owned(), |_| format!("{:.2}", m.floor_s)),
             plan.limit
+                .as_ref()
                 .map_or("—".to_owned(), |_| format!("{:.3}", m.ratio())),
             plan.limit
+                .as_ref()
                 .map_or("—".to_owned(), |_| format!("{:.3}", m.paced())),
             m.requests.to_string(),
             format!("{} ({})", m.refused, common::pct(m.refused_share())),
@@ -191,7 +198,7 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
                 || common::pct(share),
             ));
         }
-        if let (Some((busy, idle)), Some((_, rate, _))) = (turn, plan.limit) {
+        if let (Some((busy, idle)), Some((_, rate, _))) = (turn, &plan.limit) {
             let bound = 2.0 * idle + 1000.0 / rate;
             checks.push(Check::judge(
                 "limits: another tenant's turn during a batch at the limit",
@@ -222,11 +229,17 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
     })
 }
 
-async fn batch(ctx: &Ctx, corpus: &Corpus, plan: &Plan, fairness: bool) -> anyhow::Result<Run> {
+pub(crate) async fn batch(
+    ctx: &Ctx,
+    corpus: &Corpus,
+    plan: &Plan,
+    fairness: bool,
+) -> anyhow::Result<Run> {
     let sim = SimProvider::new(SimConfig {
         speed: 0.0,
         rate_limit: plan
             .limit
+            .as_ref()
             .map(|(spec, ..)| spec.parse())
             .transpose()
             .map_err(anyhow::Error::msg)?,
@@ -293,11 +306,13 @@ async fn batch(ctx: &Ctx, corpus: &Corpus, plan: &Plan, fairness: bool) -> anyho
     let stats = common::batch_stats(&engine, submitted.batch_id).await?;
     let uncached = (stats.usage.input_tokens + stats.usage.cache_creation_input_tokens) as f64;
     let floors = |bucket: f64| {
-        plan.limit.map_or(0.0, |(_, requests_per_s, input_per_s)| {
-            ((admitted as f64 - bucket * requests_per_s) / requests_per_s)
-                .max((uncached - bucket * input_per_s) / input_per_s)
-                .max(0.0)
-        })
+        plan.limit
+            .as_ref()
+            .map_or(0.0, |&(_, requests_per_s, input_per_s)| {
+                ((admitted as f64 - bucket * requests_per_s) / requests_per_s)
+                    .max((uncached - bucket * input_per_s) / input_per_s)
+                    .max(0.0)
+            })
     };
     // The buckets hold one period's worth (`per=1s`).
     let (floor_s, paced_floor_s) = (floors(0.0), floors(1.0));

@@ -13,6 +13,7 @@ mod compaction;
 mod durability;
 mod faults;
 mod isolation;
+mod limit_matrix;
 mod limits;
 mod memory;
 mod notify;
@@ -47,6 +48,7 @@ enum Figure {
     Compaction,
     Scaleout,
     Limits,
+    LimitMatrix,
     Isolation,
     Branches,
     Schemas,
@@ -118,6 +120,7 @@ async fn run_figure(figure: Figure, ctx: &common::Ctx) -> anyhow::Result<Section
         Figure::Compaction => compaction::run(ctx).await,
         Figure::Scaleout => scaleout::run(ctx).await,
         Figure::Limits => limits::run(ctx).await,
+        Figure::LimitMatrix => limit_matrix::run(ctx).await,
         Figure::Isolation => isolation::run(ctx).await,
         Figure::Branches => branches::run(ctx).await,
         Figure::Schemas => schemas::run(ctx).await,

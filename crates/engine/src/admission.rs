@@ -13,8 +13,16 @@
 //!   the usage that comes back corrects the charge. Pacing by rate, not by concurrency: a
 //!   per-minute quota is spent by how many requests start, not by how many are open.
 //! - **one pause for the key**: a 429's `retry-after` (with up to 10 % jitter) holds every
-//!   request for the key, not only the refused one — the daemon backs off as one client. A 429
-//!   before any limit is known makes the key probe: one request at a time until one succeeds.
+//!   request for the key, not only the refused one — the daemon backs off as one client. A 503
+//!   with `retry-after` is a limit too.
+//! - **a pace learned from refusals** (`learn`): a 429 is evidence that the key sent faster
+//!   than the provider admits, whatever its headers say (a provider counting in windows, one
+//!   that states nothing): the key is paced to what the provider did admit, with a small
+//!   burst, and the pace is raised again while nothing is refused. Until a provider over the
+//!   network states a limit, its key starts slowly (8 requests a second, doubled every 250 ms
+//!   while requests wait), so a limit nothing states meets a few requests at first, not a
+//!   window's worth. A 429 before anything was answered makes the key probe: one request at a
+//!   time until one succeeds.
 //! - **a concurrency window** for overload (529, 503 and other 5xx): additive increase per
 //!   success, halved at most once a second on overload. It is the right control for a server
 //!   that is busy, and the wrong one for quotas, so it is only that.
@@ -31,13 +39,17 @@
 //! shutdown's drain ends the wait through `stop`.
 
 mod bucket;
+mod capacity;
+mod learn;
+mod trouble;
+mod warmth;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use forkd_core::Usage;
-use forkd_provider::{Credential, FailureKind, ProviderError, RateLimits};
+use forkd_provider::{Credential, ProviderError, RateLimits};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -46,6 +58,12 @@ pub use crate::fair_queue::Class;
 use crate::fair_queue::FairQueue;
 use bucket::Buckets;
 pub(crate) use bucket::Cost;
+pub use capacity::{KeyCapacity, LimitSource, PacedLimit};
+use learn::{Change, Learner};
+use trouble::{Failure, Trouble, give_up, jittered_backoff, sleep_until};
+#[cfg(test)]
+use warmth::CACHE_TTL;
+use warmth::Warmth;
 
 use crate::config::AdmissionConfig;
 
@@ -202,7 +220,7 @@ impl Attempts<'_> {
         let failure = Failure::of(&error);
         let t = self
             .trouble
-            .get_or_insert_with(|| Trouble::new(now, config));
+            .get_or_insert_with(|| Trouble::new(now, config, &key));
         let own_wait = match failure {
             Failure::Final => return Err(Refused::Provider(error)),
             Failure::ServerError if t.server_errors >= config.max_server_error_retries => {
@@ -212,7 +230,8 @@ impl Attempts<'_> {
                 if let Some(p) = &permit {
                     p.refund();
                 }
-                key.rate_limited(retry_after, t.refusals, config, now);
+                let sent = permit.as_ref().map(|p| p.sent);
+                key.rate_limited(retry_after, sent, t.refusals, config, now);
                 Duration::ZERO
             }
             Failure::Overloaded => {
@@ -261,127 +280,6 @@ impl Attempts<'_> {
     }
 }
 
-/// What a request has been through since its first refusal.
-#[derive(Debug)]
-struct Trouble {
-    since: Instant,
-    patience: Duration,
-    refusals: u32,
-    server_errors: u32,
-    backoffs: u32,
-    last: Option<ProviderError>,
-}
-
-impl Trouble {
-    fn new(now: Instant, config: &AdmissionConfig) -> Self {
-        Self {
-            since: now,
-            // The short patience until a refusal shows the provider is there.
-            patience: config.unreachable_patience.min(config.patience),
-            refusals: 0,
-            server_errors: 0,
-            backoffs: 0,
-            last: None,
-        }
-    }
-
-    fn deadline(&self) -> Instant {
-        self.since + self.patience
-    }
-
-    fn backoff(&mut self, config: &AdmissionConfig) -> Duration {
-        let wait = jittered_backoff(config, self.backoffs);
-        self.backoffs += 1;
-        wait
-    }
-}
-
-fn give_up(key: &Key, trouble: Option<Trouble>, when: &str) -> Refused {
-    let Some(t) = trouble else {
-        return Refused::Stopped;
-    };
-    let waited = t.since.elapsed();
-    let limits = lock(&key.state).buckets.describe();
-    let mut why = format!(
-        "{} on {} at {:?}",
-        key.name.credential.provider, key.name.model, key.name.credential.endpoint
-    );
-    if !limits.is_empty() {
-        why.push_str(&format!("; its limits: {limits}"));
-    }
-    why.push_str(&format!(
-        "; patience {}: {when}",
-        humantime::format_duration(Duration::from_secs(t.patience.as_secs()))
-    ));
-    let last = t
-        .last
-        .unwrap_or_else(|| ProviderError::Stream("no answer".into()));
-    Refused::Provider(ProviderError::GaveUp {
-        why,
-        waited,
-        refusals: t.refusals,
-        last: Box::new(last),
-    })
-}
-
-/// Exponential backoff with "equal jitter": half of the step fixed, half random.
-fn jittered_backoff(config: &AdmissionConfig, n: u32) -> Duration {
-    let step = config
-        .backoff_base
-        .saturating_mul(2u32.saturating_pow(n.min(16)))
-        .min(config.backoff_cap);
-    let half = step / 2;
-    half + half.mul_f64(fastrand::f64())
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// What a failed attempt means for the next one.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Failure {
-    RateLimited {
-        retry_after: Option<Duration>,
-    },
-    /// 529, 502, 503, 504, or a stream cut off: busy, try again.
-    Overloaded,
-    /// Another 5xx: maybe the request, maybe the server.
-    ServerError,
-    Unreachable,
-    /// Asking again cannot help.
-    Final,
-}
-
-impl Failure {
-    fn of(error: &ProviderError) -> Self {
-        match (error, error.kind()) {
-            (ProviderError::GaveUp { .. }, _) => Failure::Final,
-            (ProviderError::Unreachable(_), _) => Failure::Unreachable,
-            (_, FailureKind::RateLimited { retry_after }) => Failure::RateLimited { retry_after },
-            (ProviderError::Status { status, .. }, FailureKind::Unavailable)
-                if !matches!(status, 502 | 503 | 504 | 529) =>
-            {
-                Failure::ServerError
-            }
-            (_, FailureKind::Unavailable) => Failure::Overloaded,
-            (_, FailureKind::Unauthorized | FailureKind::Rejected) => Failure::Final,
-        }
-    }
-
-    /// The metric's label.
-    fn label(self, error: &ProviderError) -> String {
-        match (self, error) {
-            (_, ProviderError::Status { status, .. }) => status.to_string(),
-            (Failure::Unreachable, _) => "unreachable".to_owned(),
-            _ => "stream".to_owned(),
-        }
-    }
-}
-
 /// One key's limiter.
 #[derive(Debug)]
 struct Key {
@@ -402,6 +300,10 @@ struct KeyState {
     probing: bool,
     last_decrease: Option<Instant>,
     buckets: Buckets,
+    /// The pace learned from refusals.
+    learner: Learner,
+    /// Requests waiting to go again after a refusal.
+    throttled: usize,
     /// When the timer that pumps the queue next fires.
     timer: Option<Instant>,
     warm: Warmth,
@@ -437,6 +339,8 @@ impl KeyState {
             probing: false,
             last_decrease: None,
             buckets: Buckets::default(),
+            learner: Learner::default(),
+            throttled: 0,
             timer: None,
             warm: Warmth::default(),
             warming: HashMap::new(),
@@ -524,13 +428,22 @@ impl Key {
                 {
                     break;
                 }
-                let wait = s.buckets.wait(cost, now);
+                // A provider over the network may be a gateway limiting without a word:
+                // until its headers state a limit, the key starts slowly (`learn::Learner`).
+                if !s.buckets.known() && !self.name.credential.endpoint.is_empty() {
+                    s.learner.start(now);
+                }
+                if let Some(change) = s.learner.probe(now) {
+                    self.learned(change);
+                }
+                let wait = s.buckets.wait(cost, now).max(s.learner.wait(now));
                 if !wait.is_zero() {
                     wake_at = Some(now + wait.min(MAX_TIMER));
                     break;
                 }
                 let Some(waiter) = s.queue.pop() else { break };
                 s.buckets.take(cost, now);
+                s.learner.take(now);
                 s.in_flight += 1;
                 s.next_permit += 1;
                 let id = s.next_permit;
@@ -539,6 +452,7 @@ impl Key {
                 }
                 let permit = Permit {
                     key: Arc::clone(self),
+                    sent: now,
                     charged: Arc::new(Mutex::new(cost)),
                     armed: true,
                     warming: cold.map(|p| (p, id)),
@@ -596,9 +510,12 @@ impl Key {
             .map_or(Duration::ZERO, |u| u.saturating_duration_since(now))
     }
 
+    /// A 429 (or a 503 that says when to come back) for the request sent at `sent`: every
+    /// request of the key waits as the provider asked, and the pace is learned from it.
     fn rate_limited(
         self: &Arc<Self>,
         retry_after: Option<Duration>,
+        sent: Option<Instant>,
         refusals: u32,
         config: &AdmissionConfig,
         now: Instant,
@@ -611,11 +528,40 @@ impl Key {
             let mut s = self.state();
             let until = now + wait.min(MAX_TIMER);
             s.paused_until = Some(s.paused_until.map_or(until, |u| u.max(until)));
-            if !s.buckets.known() {
+            if let Some(change) = sent.and_then(|sent| s.learner.refused(sent, now)) {
+                self.learned(change);
+            }
+            // Nothing to pace by: one request at a time until one is answered.
+            if !s.buckets.known() && s.learner.rate().is_none() {
                 s.probing = true;
             }
         }
         self.pump();
+    }
+
+    /// Says what the limiter learned.
+    fn learned(&self, change: Change) {
+        let (provider, model) = (self.name.credential.provider, &self.name.model);
+        match change {
+            Change::Lowered { measured, rate } => tracing::info!(
+                provider,
+                model = %model,
+                measured = format!("{measured:.2}/s"),
+                pace = format!("{rate:.2}/s"),
+                "The provider refused a request: its key is paced to what it admitted"
+            ),
+            Change::Started => tracing::debug!(
+                provider,
+                model = %model,
+                "The key's slow start ended without a rate to pace to"
+            ),
+            Change::Raised { rate } => tracing::debug!(
+                provider,
+                model = %model,
+                pace = format!("{rate:.2}/s"),
+                "No refusal for a while: the key's pace is raised"
+            ),
+        }
     }
 
     fn overloaded(&self, now: Instant) {
@@ -633,6 +579,8 @@ impl Key {
 #[derive(Debug)]
 pub(crate) struct Permit {
     key: Arc<Key>,
+    /// When it was admitted: when the request went.
+    sent: Instant,
     /// What the buckets were charged for it, as corrected so far.
     charged: Arc<Mutex<Cost>>,
     armed: bool,
@@ -650,6 +598,7 @@ impl Permit {
 
     fn succeeded(&self) {
         let mut s = self.key.state();
+        s.learner.answered(self.sent, Instant::now());
         s.probing = false;
         s.window = (s.window + 1.0 / s.window).min(s.max_window);
     }
@@ -691,7 +640,13 @@ pub(crate) struct Observer {
 impl Observer {
     /// The limits the response's headers stated.
     pub(crate) fn limits(&self, limits: &RateLimits) {
-        self.key.state().buckets.observe(limits, Instant::now());
+        {
+            let mut s = self.key.state();
+            s.buckets.observe(limits, Instant::now());
+            if s.buckets.known() {
+                s.learner.stated();
+            }
+        }
         self.key.pump();
     }
 
@@ -746,55 +701,7 @@ impl Observer {
     }
 }
 
-/// What the limiter knows is in the provider's cache: prefixes by fingerprint (a batch's
-/// shared part, once a sibling's response started), and each agent's last request (its next
-/// request starts with it). Entries live as long as a cache entry: 5 minutes.
-#[derive(Debug, Default)]
-struct Warmth {
-    prefixes: HashMap<String, Instant>,
-    agents: HashMap<u128, (u64, Instant)>,
-}
-
-/// How long a cache entry lives unread.
-const CACHE_TTL: Duration = Duration::from_secs(300);
-
-impl Warmth {
-    fn prefix(&self, fingerprint: &str, now: Instant) -> bool {
-        self.prefixes
-            .get(fingerprint)
-            .is_some_and(|&at| now.saturating_duration_since(at) < CACHE_TTL)
-    }
-
-    /// Whether the prefix was warm once and is no longer: its entry outlived the cache.
-    fn went_cold(&self, fingerprint: &str, now: Instant) -> bool {
-        self.prefixes
-            .get(fingerprint)
-            .is_some_and(|&at| now.saturating_duration_since(at) >= CACHE_TTL)
-    }
-
-    fn agent(&self, agent: u128, now: Instant) -> Option<u64> {
-        self.agents
-            .get(&agent)
-            .filter(|(_, at)| now.saturating_duration_since(*at) < CACHE_TTL)
-            .map(|(tokens, _)| *tokens)
-    }
-
-    fn warmed_prefix(&mut self, fingerprint: &str, now: Instant) {
-        if self.prefixes.len() >= 4096 {
-            self.prefixes
-                .retain(|_, at| now.saturating_duration_since(*at) < CACHE_TTL);
-        }
-        self.prefixes.insert(fingerprint.to_owned(), now);
-    }
-
-    fn warmed_agent(&mut self, agent: u128, tokens: u64, now: Instant) {
-        if self.agents.len() >= 65_536 {
-            self.agents
-                .retain(|_, (_, at)| now.saturating_duration_since(*at) < CACHE_TTL);
-        }
-        self.agents.insert(agent, (tokens, now));
-    }
-}
-
+#[cfg(test)]
+mod learning_tests;
 #[cfg(test)]
 mod tests;

@@ -54,7 +54,7 @@ use forkd_provider::Provider;
 use crate::locks::LockMap;
 use tokio_util::sync::CancellationToken;
 
-pub use admission::Class;
+pub use admission::{Class, KeyCapacity, LimitSource, PacedLimit};
 pub use agents::TranscriptEntry;
 pub use attach::{AgentEvent, AgentEventStream, auto_background};
 pub use batch::{BatchOptions, SubmittedBatch};
@@ -123,6 +123,8 @@ struct Inner {
     copies: Arc<copies::Copies>,
     /// The database's health, the agents a fault stopped, the disk-space check.
     faults: Arc<faults::Faults>,
+    /// Model calls, and the provider limiter they pass through.
+    calls: Arc<model::ModelCalls>,
     /// Cancelled when shutdown begins: runs finish the call in flight and start no other.
     draining: CancellationToken,
     shutdown: CancellationToken,
@@ -282,6 +284,7 @@ impl Engine {
                 branches,
                 copies,
                 faults,
+                calls,
                 draining,
                 shutdown,
             }),

@@ -139,6 +139,13 @@ pub(crate) struct Answer {
     pub record: RequestRecord,
 }
 
+impl ModelCalls {
+    /// What each provider key's limiter believes now.
+    pub(crate) fn capacity(&self) -> Vec<crate::admission::KeyCapacity> {
+        self.admission.capacity()
+    }
+}
+
 /// The one model-call layer: every agent's requests are built, checked against their window,
 /// admitted by their key's limiter, sent and recorded here.
 pub(crate) struct ModelCalls {

@@ -401,6 +401,18 @@ impl TenantEngine<'_> {
         self.engine.inner.permissions.answer(id, answer).await
     }
 
+    /// The daemon's provider limiter ([`Engine::capacity`]); a token tenant is not told the
+    /// providers' endpoints, which are the operator's.
+    pub fn capacity(&self) -> Vec<crate::KeyCapacity> {
+        let mut keys = self.engine.capacity();
+        if !self.tenant.is_local() {
+            for key in &mut keys {
+                key.endpoint.clear();
+            }
+        }
+        keys
+    }
+
     pub async fn cache_stats(&self, scope: StatsScope) -> Result<CacheStats> {
         match scope {
             StatsScope::Batch(id) => self.own_scope(None, Some(id), None).await?,

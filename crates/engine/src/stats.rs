@@ -35,6 +35,12 @@ pub struct CacheStats {
 }
 
 impl Engine {
+    /// This daemon's provider limiter, per key and model: the limits it paces by and where
+    /// they came from, what is in flight, waiting and throttled, the last minute's refusals.
+    pub fn capacity(&self) -> Vec<crate::KeyCapacity> {
+        self.inner.calls.capacity()
+    }
+
     pub async fn cache_stats(&self, scope: StatsScope) -> Result<CacheStats> {
         let store = &self.inner.store;
         let (agent_filter, request_filter) = match scope {

@@ -3,7 +3,8 @@
 use clap::{Parser, Subcommand};
 
 use crate::commands::{
-    attach, cache, calc, changes, fork, kill, logs, ps, run, session, stats, top, ui, upload, watch,
+    attach, cache, calc, capacity, changes, fork, kill, logs, ps, run, session, stats, top, ui,
+    upload, watch,
 };
 
 /// forkctl: a thin client of the forkd daemon.
@@ -73,6 +74,10 @@ pub enum Command {
     Cache(cache::CacheArgs),
     /// The fork cost calculator: a batch of forks against as many independent agents.
     Calc(calc::CalcArgs),
+    /// What the daemon's provider limiter believes now, per provider and model: the limits it
+    /// paces by (learned from the provider's headers or its refusals), requests in flight,
+    /// waiting and throttled, refusals in the last minute.
+    Capacity(capacity::CapacityArgs),
     /// Print a one-time link that signs your browser in to the daemon's web view as its own
     /// user (tenant `local`). Over the Unix socket only; valid for 60 seconds, once.
     Ui(ui::UiArgs),

@@ -89,6 +89,7 @@ async fn dispatch(
         Command::Stats(args) => commands::stats::run(args, client, out).await,
         Command::Cache(args) => commands::cache::run(args, client, out).await,
         Command::Calc(args) => commands::calc::run(args, client, out).await,
+        Command::Capacity(args) => commands::capacity::run(args, client, out).await,
         Command::Ui(args) => commands::ui::run(args, client, out).await,
     }
 }

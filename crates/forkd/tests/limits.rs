@@ -108,6 +108,26 @@ fn statuses(notes: &[pb::Notification]) -> Vec<i32> {
 
 const COMPLETED: i32 = pb::NotificationStatus::Completed as i32;
 const FAILED: i32 = pb::NotificationStatus::Failed as i32;
+
+/// Forks `prompts` without warm-up gating and waits until every child completed.
+async fn fork_and_complete(
+    client: &mut ForkdClient<Channel>,
+    session_id: &str,
+    prompts: &[String],
+) {
+    let prompts: Vec<&str> = prompts.iter().map(String::as_str).collect();
+    let batch = fork(client, session_id, &prompts, Some(false))
+        .await
+        .unwrap();
+    let notes = wait_for_batch(client, &batch.batch_id, prompts.len(), DEADLINE)
+        .await
+        .unwrap();
+    assert_eq!(
+        statuses(&notes),
+        vec![COMPLETED; prompts.len()],
+        "{notes:?}"
+    );
+}
 const KILLED: i32 = pb::NotificationStatus::Killed as i32;
 
 #[tokio::test]
@@ -120,18 +140,7 @@ async fn a_429_storm_longer_than_any_retry_count_completes_every_child() {
     let prompts: Vec<String> = (0..10)
         .map(|i| format!("Part {i}.\n@sim fail 429 x6 retry-after 100ms\n@sim say done {i}"))
         .collect();
-    let prompts: Vec<&str> = prompts.iter().map(String::as_str).collect();
-    let batch = fork(&mut client, &session.session_id, &prompts, Some(false))
-        .await
-        .unwrap();
-    let notes = wait_for_batch(&mut client, &batch.batch_id, prompts.len(), DEADLINE)
-        .await
-        .unwrap();
-    assert_eq!(
-        statuses(&notes),
-        vec![COMPLETED; prompts.len()],
-        "{notes:?}"
-    );
+    fork_and_complete(&mut client, &session.session_id, &prompts).await;
     let refused = sim.answered().iter().filter(|a| a.status == 429).count();
     assert!(refused >= 60, "every scripted refusal was met: {refused}");
 }
@@ -435,4 +444,79 @@ async fn a_tenants_turn_is_not_queued_behind_another_tenants_batch() {
     })
     .await
     .unwrap();
+}
+
+/// `GetCapacity` says what paces each key and whence: after a batch at a sliding window that
+/// states no limit, a pace learned from refusals, and the refusals of the last minute; a token
+/// tenant sees the same without the provider's endpoint.
+#[tokio::test]
+async fn capacity_says_what_paces_the_key_and_whence() {
+    let spec = "requests=10,per=1s,algorithm=sliding-window,headers=retry-after-only";
+    let (url, sim) = limited_server(Some(spec)).await;
+    let mut secrets = Vec::new();
+    let daemon = daemon(&url, |c| {
+        c.listen = Some(LOOPBACK);
+        secrets.push(TokenStore::in_home(&c.home).create("ci").unwrap());
+    })
+    .await;
+    let (mut client, session) = client_and_session(&daemon).await;
+    let capacity = |mut client: ForkdClient<Channel>| async move {
+        client
+            .get_capacity(pb::GetCapacityRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .providers
+    };
+    assert!(
+        capacity(client.clone()).await.is_empty(),
+        "nothing sent yet"
+    );
+
+    let prompts: Vec<String> = (0..30)
+        .map(|i| format!("Part {i}.\n@sim say done {i}"))
+        .collect();
+    fork_and_complete(&mut client, &session.session_id, &prompts).await;
+    let refused = sim.answered().iter().filter(|a| a.status == 429).count();
+    assert!(refused >= 1, "the burst met the window");
+
+    let keys = capacity(client).await;
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let key = &keys[0];
+    assert_eq!(
+        (key.provider.as_str(), key.endpoint.as_str()),
+        ("anthropic", url.as_str())
+    );
+    let learned = key
+        .limits
+        .iter()
+        .find(|l| l.source == "refusals")
+        .unwrap_or_else(|| panic!("a pace learned from refusals: {key:?}"));
+    assert_eq!(learned.name, "requests");
+    assert!(
+        learned.per_second > 0.0 && learned.per_second <= 10.5,
+        "{learned:?}"
+    );
+    assert!(
+        !key.limits.iter().any(|l| l.source == "headers"),
+        "no header stated a limit: {key:?}"
+    );
+    assert!(key.refusals_last_minute >= 1, "{key:?}");
+    assert_eq!((key.in_flight, key.throttled), (0, 0), "{key:?}");
+
+    let ci = Caller::new(&daemon, secrets[0].expose()).await.unwrap();
+    let seen = ci
+        .client
+        .clone()
+        .get_capacity(ci.req(pb::GetCapacityRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .providers;
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].endpoint, "",
+        "the operator's endpoint is not a tenant's to see"
+    );
+    assert_eq!(seen[0].limits, key.limits);
 }

@@ -197,6 +197,19 @@ impl Buckets {
         ]
     }
 
+    /// Each known limit: its name, its refill per second and its capacity.
+    pub(super) fn paced(&self) -> Vec<(&'static str, f64, f64)> {
+        [
+            ("requests", self.requests),
+            ("tokens", self.tokens),
+            ("input_tokens", self.input_tokens),
+            ("output_tokens", self.output_tokens),
+        ]
+        .into_iter()
+        .filter_map(|(name, b)| b.map(|b| (name, b.rate, b.capacity)))
+        .collect()
+    }
+
     /// What the limits are, for messages: `requests 50/s, input_tokens 400000/s`.
     pub(super) fn describe(&self) -> String {
         let parts: Vec<String> = [

@@ -5,13 +5,15 @@
 
 use std::sync::Mutex;
 
-use forkd_provider::Quota;
+use forkd_provider::{FailureKind, Quota};
 
 use super::*;
 
+/// A key with no server (as the embedded sim's): no slow start, so these tests see the
+/// limiter's other controls alone (`learning_tests` has the slow start).
 fn key() -> LimitKey {
     LimitKey {
-        credential: Credential::new("anthropic", "http://127.0.0.1:1", Some("k")),
+        credential: Credential::new("anthropic", "", Some("k")),
         model: "claude-test".into(),
     }
 }

@@ -4,6 +4,7 @@ pub mod apply_to;
 pub mod attach;
 pub mod cache;
 pub mod calc;
+pub mod capacity;
 pub mod changes;
 pub mod fork;
 pub mod kill;

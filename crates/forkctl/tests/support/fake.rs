@@ -356,6 +356,14 @@ impl Forkd for Fake {
         Ok(Response::new(GetCacheStatsResponse::default()))
     }
 
+    async fn get_capacity(
+        &self,
+        request: Request<GetCapacityRequest>,
+    ) -> Result<Response<GetCapacityResponse>, Status> {
+        check_token(&request)?;
+        Ok(Response::new(GetCapacityResponse::default()))
+    }
+
     async fn estimate_fork_cost(
         &self,
         request: Request<EstimateForkCostRequest>,

@@ -33,6 +33,37 @@ impl ForkdService {
         Ok(convert::cache_stats(&stats))
     }
 
+    pub(super) fn capacity_rpc(&self, tenant: Tenant) -> pb::GetCapacityResponse {
+        let providers = self
+            .engine
+            .for_tenant(tenant)
+            .capacity()
+            .into_iter()
+            .map(|key| pb::ProviderCapacity {
+                provider: key.provider.to_owned(),
+                endpoint: key.endpoint,
+                model: key.model,
+                limits: key
+                    .limits
+                    .into_iter()
+                    .map(|l| pb::PacedLimit {
+                        name: l.name.to_owned(),
+                        per_second: l.per_second,
+                        burst: l.burst,
+                        source: l.source.as_str().to_owned(),
+                    })
+                    .collect(),
+                concurrency: key.concurrency,
+                in_flight: u32::try_from(key.in_flight).unwrap_or(u32::MAX),
+                waiting: u32::try_from(key.waiting).unwrap_or(u32::MAX),
+                throttled: u32::try_from(key.throttled).unwrap_or(u32::MAX),
+                refusals_last_minute: u32::try_from(key.refusals_last_minute).unwrap_or(u32::MAX),
+                paused_for_ms: u64::try_from(key.paused_for.as_millis()).unwrap_or(u64::MAX),
+            })
+            .collect();
+        pb::GetCapacityResponse { providers }
+    }
+
     pub(super) fn estimate_rpc(
         &self,
         req: pb::EstimateForkCostRequest,

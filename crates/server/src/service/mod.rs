@@ -261,6 +261,13 @@ impl Forkd for ForkdService {
         reply(self.cache_stats_rpc(tenant(&req)?, req.into_inner()).await)
     }
 
+    async fn get_capacity(
+        &self,
+        req: Request<pb::GetCapacityRequest>,
+    ) -> Reply<pb::GetCapacityResponse> {
+        Ok(Response::new(self.capacity_rpc(tenant(&req)?)))
+    }
+
     async fn estimate_fork_cost(
         &self,
         req: Request<pb::EstimateForkCostRequest>,
