@@ -103,7 +103,10 @@ where
     let (health_reporter, health) = tonic_health::server::health_reporter();
     // Serving while the database takes writes (and has room for new work); not serving while
     // it refuses them, back to serving once it takes them again (docs/operations.md, "Disk and
-    // database faults").
+    // database faults"). The first status is set before the server answers anything: a health
+    // check sent at once must not find the service unregistered (`NOT_FOUND`).
+    let first = serving_status(&store_health.borrow());
+    set_health(&health_reporter, first).await;
     tokio::spawn(report_health(store_health, health_reporter, stop.clone()));
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -138,24 +141,35 @@ async fn report_health(
     reporter: tonic_health::server::HealthReporter,
     stop: CancellationToken,
 ) {
-    use tonic_health::ServingStatus;
     loop {
-        let status = match &*health.borrow_and_update() {
-            forkd_engine::StoreHealth::Healthy => ServingStatus::Serving,
-            _ => ServingStatus::NotServing,
-        };
-        reporter.set_service_status("", status).await;
-        reporter
-            .set_service_status(
-                <ForkdServer<ForkdService> as tonic::server::NamedService>::NAME,
-                status,
-            )
-            .await;
+        let status = serving_status(&health.borrow_and_update());
+        set_health(&reporter, status).await;
         tokio::select! {
             () = stop.cancelled() => return,
             changed = health.changed() => if changed.is_err() { return },
         }
     }
+}
+
+fn serving_status(health: &forkd_engine::StoreHealth) -> tonic_health::ServingStatus {
+    match health {
+        forkd_engine::StoreHealth::Healthy => tonic_health::ServingStatus::Serving,
+        _ => tonic_health::ServingStatus::NotServing,
+    }
+}
+
+/// Sets the status of the whole server (`""`) and of the forkd service.
+async fn set_health(
+    reporter: &tonic_health::server::HealthReporter,
+    status: tonic_health::ServingStatus,
+) {
+    reporter.set_service_status("", status).await;
+    reporter
+        .set_service_status(
+            <ForkdServer<ForkdService> as tonic::server::NamedService>::NAME,
+            status,
+        )
+        .await;
 }
 
 /// A request that does not decode (a string field that is not UTF-8, a truncated message) is the
