@@ -531,6 +531,7 @@ impl Key {
             if let Some(change) = sent.and_then(|sent| s.learner.refused(sent, now)) {
                 self.learned(change);
             }
+            s.learner.pause(now, until);
             // Nothing to pace by: one request at a time until one is answered.
             if !s.buckets.known() && s.learner.rate().is_none() {
                 s.probing = true;

@@ -4,24 +4,33 @@
 //! A 429 is evidence that the key sent faster than the provider admits, whatever the headers
 //! said. The limiter then measures the rate the provider *did* admit — the requests that went
 //! and were answered, over the last half second, second, two, four … a minute (no further back
-//! than the pace's last change), the least of those rates — and from then on paces the key to
-//! 95 % of it, one request at a time: a window-counting provider (a sliding or fixed window)
-//! never sees the burst a full token bucket would send. A refusal lowers a pace only once the
-//! provider answered a request sent under it, and at most halves it: requests in flight when it
-//! was set, and a provider refusing for other reasons, do not drive it down refusal after
-//! refusal. A rate is measured from [`MIN_ANSWERED`] answers at least.
+//! than the pace's last change, nor than the end of the key's last pause: a window counts the
+//! pause as time the key sent nothing), the least of those rates — and from then on paces the
+//! key to 95 % of it, one request at a time: a window-counting provider (a sliding or fixed
+//! window) never sees the burst a full token bucket would send. The half second counts only
+//! the time the key was sending, to see a token bucket's refill once its burst is spent. A
+//! refusal lowers a pace only once the provider answered a request sent under it, and at most
+//! halves it: requests in flight when it was set, and a provider refusing for other reasons, do
+//! not drive it down refusal after refusal; a pace an earlier refusal set, refused again a
+//! second after the key last resumed, was measured high (a fixed window's edge in the span)
+//! and goes down by [`LOWER_LEAST`] at least. A rate is measured from [`MIN_ANSWERED`] answers
+//! at least.
 //!
 //! A pace lowered once is not lowered for good: while the key keeps requests waiting on the
 //! pace and nothing is refused, the pace is raised every [`PROBE_EVERY`], by a step that
 //! doubles each time the provider admits the higher pace (5 %, 10 %, 20 % … of it), so a limit
 //! that doubled is found in a few steps; a refusal sets the pace from the new measurement and
-//! the step back to its least. With headers that
-//! describe a real token bucket, no refusal comes and nothing here engages: the buckets pace
-//! alone.
+//! the step back to its least. A raise past the rate the last refusal measured is the one a
+//! provider refuses, and each refusal costs its `retry-after` (whole seconds) for every request
+//! of the key: that raise waits until the pace held for [`HOLD_FIRST`], twice as long each time
+//! such a raise is refused (up to [`HOLD_MAX`]), and raises come every [`PROBE_EVERY`] again
+//! once a pace past it held. With headers that describe a real token bucket, no refusal comes
+//! and nothing here engages: the buckets pace alone.
 //!
 //! Until a provider over the network states a limit, its key starts slowly ([`START_RATE`],
 //! doubled every [`START_EVERY`] while requests wait): a limit nothing states meets a few
-//! requests at first, not a window's worth.
+//! requests at first, not a window's worth. The refusal that ends the start measures what was
+//! admitted over the last second only: the start's slower steps before it measure the start.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -35,6 +44,13 @@ const MARGIN: f64 = 0.95;
 /// How long the pace holds before it is raised, while nothing is refused.
 pub(super) const PROBE_EVERY: Duration = Duration::from_secs(3);
 
+/// How long the pace holds before it is raised past the rate the provider last refused at,
+/// after the first refusal: each refusal doubles it, up to [`HOLD_MAX`]. A raise past that
+/// rate is the one a provider refuses, and each refusal costs its `retry-after` (whole
+/// seconds, usually) for every request of the key.
+pub(super) const HOLD_FIRST: Duration = Duration::from_secs(20);
+pub(super) const HOLD_MAX: Duration = Duration::from_secs(60);
+
 /// The least and most a raise adds, as a share of the pace.
 const STEP_MIN: f64 = 0.05;
 const STEP_MAX: f64 = 0.8;
@@ -45,6 +61,13 @@ const STEP_MAX: f64 = 0.8;
 const START_RATE: f64 = 8.0;
 const START_EVERY: Duration = Duration::from_millis(250);
 const START_END: f64 = 10_000.0;
+
+/// Refusals closer together than this are one: a window draining what went before the pace
+/// was set refuses a few requests in a row, each measuring less than the last.
+const DRAIN: Duration = Duration::from_millis(500);
+
+/// The least a refusal lowers a pace that an earlier refusal set, as a share of it.
+const LOWER_LEAST: f64 = 0.15;
 
 /// The fewest answered requests a rate is measured from.
 const MIN_ANSWERED: usize = 8;
@@ -69,6 +92,19 @@ pub(super) struct Learner {
     refusals: VecDeque<Instant>,
     /// Whether the key has begun its slow start (it begins once).
     started: bool,
+    /// When the key's last pause (a refusal's `retry-after` or backoff) ends: what the
+    /// provider admitted while the key sent nothing measures the pause, not the provider.
+    resumed: Option<Instant>,
+    /// The key's pauses over the last second or so, oldest first: `(from, until)`.
+    pauses: VecDeque<(Instant, Instant)>,
+    /// How long the pace holds before it is raised past `ceiling` ([`HOLD_FIRST`] …
+    /// [`HOLD_MAX`]); `None` before any refusal.
+    hold: Option<Duration>,
+    /// The rate measured at the last refusal: a pace held above it for [`PROBE_EVERY`] says
+    /// the limit rose, and raises come every [`PROBE_EVERY`] again.
+    ceiling: Option<f64>,
+    /// When `ceiling` was last set.
+    ceiling_at: Option<Instant>,
 }
 
 /// A rate the key is held to, with a small burst.
@@ -91,6 +127,8 @@ struct Pace {
     tried: bool,
     /// A slow start's guess, not learned from anything.
     starting: bool,
+    /// Set from a refusal's measurement (not raised).
+    lowered: bool,
 }
 
 impl Pace {
@@ -104,6 +142,7 @@ impl Pace {
             pressed: false,
             tried: false,
             starting: false,
+            lowered: false,
         };
         pace.level = pace.burst();
         pace
@@ -221,12 +260,62 @@ impl Learner {
     /// the longer ones a limit counted over a longer window than a burst. `None` while nothing
     /// was answered, or fewer than [`MIN_ANSWERED`] since then.
     fn measure(&self, now: Instant) -> Option<f64> {
-        // What was sent under an earlier, lower pace measures that pace, not the provider.
-        let from = match self.pace {
+        // What was sent under an earlier, lower pace measures that pace, not the provider; so
+        // does what was sent around a pause.
+        let mut from = match self.pace {
             Some(p) => Some(p.set_at.max(self.first?)),
             None => self.first,
         };
+        if let (Some(f), Some(resumed)) = (from, self.resumed) {
+            from = Some(f.max(resumed.min(now)));
+        }
         self.measure_since(from, now, SPAN_START)
+    }
+
+    /// A refusal that measured `measured`, at `now`. Raising past the rate refused at waits
+    /// [`HOLD_FIRST`], and twice as long each time a raise past it is refused. Refusals that
+    /// come close together (a window draining what went before) keep the highest.
+    fn ceiling_at(&mut self, measured: f64, now: Instant) {
+        let probed = self
+            .pace
+            .is_some_and(|p| !p.starting && self.ceiling.is_some_and(|c| p.rate > c));
+        self.hold = Some(match self.hold {
+            Some(h) if probed => (h * 2).min(HOLD_MAX),
+            Some(h) => h,
+            None => HOLD_FIRST,
+        });
+        self.ceiling = Some(match (self.ceiling, self.ceiling_at) {
+            (Some(c), Some(at)) if now.saturating_duration_since(at) < DRAIN => c.max(measured),
+            _ => measured,
+        });
+        self.ceiling_at = Some(now);
+    }
+
+    /// The key pauses from `now` until `until` (the provider asked it to, or it backs off).
+    pub(super) fn pause(&mut self, now: Instant, until: Instant) {
+        self.resumed = Some(self.resumed.map_or(until, |r| r.max(until)));
+        while self
+            .pauses
+            .front()
+            .is_some_and(|(_, end)| now.saturating_duration_since(*end) > Duration::from_secs(1))
+        {
+            self.pauses.pop_front();
+        }
+        self.pauses.push_back((now, until));
+    }
+
+    /// How long the key was paused between `since` and `now` (pauses may overlap).
+    fn paused_within(&self, since: Instant, now: Instant) -> Duration {
+        let mut total = Duration::ZERO;
+        let mut covered = since;
+        for &(start, end) in &self.pauses {
+            let (start, end) = (start.max(covered), end.min(now));
+            if end > start {
+                total += end - start;
+                covered = end;
+            }
+        }
+        total
     }
 
     /// [`Learner::measure`] over what was answered since `from`, the shortest span `shortest`.
@@ -240,7 +329,9 @@ impl Learner {
         let history = now.saturating_duration_since(from);
         // Too few answers say little of a rate (a provider refusing most requests for another
         // reason): the provider's `retry-after` alone governs then.
-        if self.answered.iter().filter(|t| **t >= from).count() < MIN_ANSWERED {
+        // Spans up to a second count whatever went within them.
+        let counted = from.min(now.checked_sub(Duration::from_secs(1)).unwrap_or(from));
+        if self.answered.iter().filter(|t| **t >= counted).count() < MIN_ANSWERED {
             return None;
         }
         let second = Duration::from_secs(1);
@@ -256,7 +347,19 @@ impl Learner {
             };
             let since = now.checked_sub(span_now)?;
             let admitted = self.answered.iter().filter(|t| **t >= since).count();
-            let rate = admitted as f64 / span_now.as_secs_f64();
+            // A span shorter than a second measures the time the key was sending: a token
+            // bucket's refill. (Longer spans begin after the last pause, as a window counts
+            // the pause too.)
+            let sending = if span_now < second {
+                span_now.saturating_sub(self.paused_within(since, now))
+            } else {
+                span_now
+            };
+            if sending < SPAN_START / 2 {
+                span *= 2;
+                continue;
+            }
+            let rate = admitted as f64 / sending.as_secs_f64();
             least = Some(least.map_or(rate, |l| l.min(rate)));
             if span >= SPAN_MAX || (span >= second && span >= history) {
                 break;
@@ -285,8 +388,20 @@ impl Learner {
             pace.pressed = false;
             return None;
         }
-        if !pace.pressed || now.saturating_duration_since(pace.set_at) < PROBE_EVERY {
+        let hold = self.hold.unwrap_or(HOLD_FIRST);
+        let held = now.saturating_duration_since(pace.set_at);
+        if !pace.pressed || held < PROBE_EVERY {
             return None;
+        }
+        match self.ceiling {
+            // Held above the rate last refused: the limit rose.
+            Some(c) if pace.rate > c => {
+                self.ceiling = None;
+                self.hold = None;
+            }
+            // Past the rate last refused only after holding for longer.
+            Some(c) if pace.rate * (1.0 + pace.step) > c && held < hold => return None,
+            _ => {}
         }
         let level = pace.level(now);
         pace.rate *= 1.0 + pace.step;
@@ -306,15 +421,25 @@ impl Learner {
         self.forget(now);
         self.refusals.push_back(now);
         if self.pace.is_some_and(|p| p.starting) {
-            // The start found a limit: the pace is what was admitted. With too few answers to
-            // tell, the start just ends (`retry-after` governs).
-            let Some(measured) = self.measure_since(self.first, now, SPAN_START) else {
+            // The start found a limit: the pace is what was admitted over the last second
+            // (longer spans hold the start's slower steps, which measure the start). With too
+            // few answers to tell, the start just ends (`retry-after` governs).
+            let second = now.checked_sub(Duration::from_secs(1));
+            let admitted = self
+                .answered
+                .iter()
+                .filter(|t| second.is_none_or(|s| **t >= s))
+                .count();
+            if admitted < MIN_ANSWERED {
                 self.pace = None;
                 return Some(Change::Started);
-            };
+            }
+            let measured = admitted as f64;
             let rate = measured * MARGIN;
             let mut pace = Pace::new(rate, now);
+            pace.lowered = true;
             pace.level = 0.0;
+            self.ceiling_at(measured, now);
             self.pace = Some(pace);
             return Some(Change::Lowered { measured, rate });
         }
@@ -322,11 +447,26 @@ impl Learner {
             return None;
         }
         let measured = self.measure(now)?;
-        // At most halved by one refusal: few answers measure a rate poorly.
-        let rate = self
-            .pace
-            .map_or(measured * MARGIN, |p| (measured * MARGIN).max(p.rate / 2.0));
+        // A pace set by a refusal and refused again, not while the provider drained what went
+        // before (it was sent at for a second since the key's last pause), was measured too
+        // high: a window's edge in the span, a bucket's burst. It goes down by a share at
+        // least, and raising it past where it goes waits the hold. And at most halved by one
+        // refusal: few answers measure a rate poorly.
+        let resumed = self.resumed;
+        let mut ceiling = measured;
+        let rate = self.pace.map_or(measured * MARGIN, |p| {
+            let sent_at =
+                now.saturating_duration_since(resumed.map_or(p.set_at, |r| r.max(p.set_at)));
+            let mut rate = measured * MARGIN;
+            if p.lowered && sent_at >= Duration::from_secs(1) {
+                rate = rate.min(p.rate * (1.0 - LOWER_LEAST));
+                ceiling = ceiling.min(rate);
+            }
+            rate.max(p.rate / 2.0)
+        });
+        self.ceiling_at(ceiling, now);
         let mut pace = Pace::new(rate, now);
+        pace.lowered = true;
         // What was already sent within the burst counts against it.
         pace.level = 0.0;
         self.pace = Some(pace);
@@ -373,6 +513,14 @@ mod tests {
         assert!((wait - 1.0 / 19.0).abs() < 1e-6, "{wait}");
     }
 
+    /// Presses the pace at `now` (two requests ready at once), then asks for a raise.
+    fn press(learner: &mut Learner, now: Instant) -> Option<Change> {
+        learner.take(now);
+        learner.take(now);
+        assert!(!learner.wait(now).is_zero(), "held back");
+        learner.probe(now)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_pace_is_raised_while_it_holds_the_key_back_and_nothing_is_refused() {
         let start = Instant::now();
@@ -381,19 +529,41 @@ mod tests {
         for i in 1..=10 {
             learner.answered(ms(start, i * 100), ms(start, i * 100));
         }
-        learner.refused(ms(start, 1000), ms(start, 1000));
+        let refused = ms(start, 1000);
+        learner.refused(refused, refused);
         let base = learner.rate().unwrap_or_default();
         // Not pressed: never raised.
-        assert_eq!(learner.probe(ms(start, 1000) + PROBE_EVERY), None);
-        let mut now = ms(start, 1000) + PROBE_EVERY;
+        assert_eq!(learner.probe(refused + PROBE_EVERY), None);
+        // Up to the rate refused at, every PROBE_EVERY: 5 %.
+        let mut now = refused + PROBE_EVERY;
         let mut rates = vec![base];
-        for _ in 0..4 {
-            learner.take(now);
-            learner.take(now);
-            assert!(!learner.wait(now).is_zero(), "held back");
-            assert!(matches!(learner.probe(now), Some(Change::Raised { .. })));
-            rates.push(learner.rate().unwrap_or_default());
+        assert!(matches!(
+            press(&mut learner, now),
+            Some(Change::Raised { .. })
+        ));
+        rates.push(learner.rate().unwrap_or_default());
+        // Past it (10 % more) only once the pace held for HOLD_FIRST.
+        let raised = now;
+        now += PROBE_EVERY;
+        assert_eq!(
+            press(&mut learner, now),
+            None,
+            "past the refused rate too soon"
+        );
+        now = raised + HOLD_FIRST;
+        assert!(matches!(
+            press(&mut learner, now),
+            Some(Change::Raised { .. })
+        ));
+        rates.push(learner.rate().unwrap_or_default());
+        // Held past it without a refusal: the limit rose, and raises come every PROBE_EVERY.
+        for _ in 0..2 {
             now += PROBE_EVERY;
+            assert!(matches!(
+                press(&mut learner, now),
+                Some(Change::Raised { .. })
+            ));
+            rates.push(learner.rate().unwrap_or_default());
         }
         // 5 %, 10 %, 20 %, 40 %: doubled in four raises.
         let steps: Vec<f64> = rates.windows(2).map(|w| w[1] / w[0] - 1.0).collect();
@@ -401,13 +571,88 @@ mod tests {
             assert!((step - want).abs() < 1e-9, "{steps:?}");
         }
         assert!(rates[4] > 2.0 * base * 0.95, "{rates:?}");
-        // A refusal resets the step.
-        for i in 0..50 {
-            learner.answered(now - Duration::from_millis(i * 10), now);
-        }
+        // A refusal resets the step, and past the rate it measured waits HOLD_FIRST again
+        // (the rise forgot the old hold); a raise past it refused makes that twice as long.
+        let refuse = |learner: &mut Learner, now: Instant| {
+            for i in 0..50 {
+                learner.answered(now - Duration::from_millis(i * 10), now);
+            }
+            let now = now + Duration::from_millis(1);
+            assert!(matches!(
+                learner.refused(now, now),
+                Some(Change::Lowered { .. })
+            ));
+            now
+        };
+        now = refuse(&mut learner, now);
+        assert_eq!(learner.hold, Some(HOLD_FIRST));
+        now += PROBE_EVERY;
         assert!(matches!(
-            learner.refused(now, now + Duration::from_millis(1)),
+            press(&mut learner, now),
+            Some(Change::Raised { .. })
+        ));
+        now += HOLD_FIRST;
+        assert!(matches!(
+            press(&mut learner, now),
+            Some(Change::Raised { .. })
+        ));
+        refuse(&mut learner, now + Duration::from_secs(1));
+        assert_eq!(learner.hold, Some(HOLD_FIRST * 2));
+    }
+
+    /// Answers at `rate` a second from `from` for `span`, each answered as it was sent.
+    fn answer(learner: &mut Learner, from: Instant, span: Duration, rate: f64) -> Instant {
+        let step = Duration::from_secs_f64(1.0 / rate);
+        let mut at = from;
+        while at < from + span {
+            learner.answered(at, at);
+            at += step;
+        }
+        at
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pause_is_not_measured_as_what_the_provider_admitted() {
+        // A window of 20 a second; the key paced to 19 after a refusal, sending for 2 s.
+        let start = Instant::now();
+        let mut learner = Learner::default();
+        let now = answer(&mut learner, start, Duration::from_secs(2), 20.0);
+        assert!(matches!(
+            learner.refused(now, now),
             Some(Change::Lowered { .. })
         ));
+        assert!((learner.rate().unwrap_or_default() - 19.0).abs() < 0.5);
+        // A `retry-after` of a whole second, then 1.2 s sent at 19 a second, then a refusal:
+        // the provider admitted 18 to 19 a second, not the 10 that counting the pause would say.
+        let resumed = now + Duration::from_secs(1);
+        learner.pause(now, resumed);
+        let now = answer(&mut learner, resumed, Duration::from_millis(1200), 19.0);
+        let Some(Change::Lowered { measured, .. }) = learner.refused(now, now) else {
+            panic!("a pace is set");
+        };
+        assert!(measured >= 17.5, "{measured}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_start_is_measured_over_its_last_second() {
+        // The start's steps: 8, 16, 32, then 64 a second, against a window of 50 a second.
+        let start = Instant::now();
+        let mut learner = Learner::default();
+        learner.start(start);
+        let mut at = start;
+        for rate in [8.0, 16.0, 32.0] {
+            at = answer(&mut learner, at, START_EVERY, rate);
+        }
+        let refused = answer(&mut learner, at, Duration::from_millis(550), 64.0);
+        let in_last_second = learner
+            .answered
+            .iter()
+            .filter(|t| **t >= refused - Duration::from_secs(1))
+            .count() as f64;
+        let Some(Change::Lowered { measured, .. }) = learner.refused(refused, refused) else {
+            panic!("the start found a limit");
+        };
+        // Not the 1.3 s since the start, whose first steps measure the start.
+        assert!((measured - in_last_second).abs() < 1e-9, "{measured}");
     }
 }
