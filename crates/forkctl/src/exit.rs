@@ -30,7 +30,8 @@ pub fn signalled(signal: tokio::signal::unix::SignalKind) -> u8 {
 pub enum CliError {
     /// Bad input on this side: an unreadable file, a malformed address or token.
     InvalidInput(String),
-    /// The daemon closed a stream that should have stayed open.
+    /// The daemon closed a stream that should have stayed open, or went away and could not be
+    /// reached again.
     StreamEnded(String),
 }
 
@@ -108,11 +109,7 @@ fn render(err: &anyhow::Error) -> String {
     let mut parts = Vec::new();
     for cause in err.chain() {
         if let Some(status) = cause.downcast_ref::<tonic::Status>() {
-            let name = code_name(status.code());
-            parts.push(match status.message() {
-                "" => name.to_owned(),
-                msg => format!("{name}: {msg}"),
-            });
+            parts.push(status_text(status));
             break;
         }
         // tonic's "transport error" only announces its source, which follows.
@@ -158,6 +155,15 @@ fn status_class(code: Code) -> (u8, Option<&'static str>) {
 }
 
 /// The canonical gRPC name of a status code, as grpcurl and the gRPC docs spell it.
+/// A gRPC status as people read it: `CODE: message`.
+pub fn status_text(status: &tonic::Status) -> String {
+    let name = code_name(status.code());
+    match status.message() {
+        "" => name.to_owned(),
+        msg => format!("{name}: {msg}"),
+    }
+}
+
 fn code_name(code: Code) -> &'static str {
     match code {
         Code::Ok => "OK",

@@ -6,6 +6,7 @@ mod client;
 mod commands;
 mod exit;
 mod output;
+mod reconnect;
 mod tls_mismatch;
 
 use std::process::ExitCode;

@@ -202,9 +202,21 @@ fn a_stream_that_ends_early_is_reported_as_unavailable() -> anyhow::Result<()> {
     let run = forkctl(
         &daemon.addr(),
         Some(TOKEN),
-        &["fork", "S1", "-d", "1", "-d", "2", "--wait"],
+        &[
+            "fork",
+            "S1",
+            "-d",
+            "1",
+            "-d",
+            "2",
+            "--wait",
+            "--reconnect-for",
+            "1s",
+        ],
     )?;
+    // The stream is asked for again, and again ends early, until the window is spent.
     assert_eq!(run.code, Some(5), "{run:?}");
+    assert!(run.stderr.contains("forkctl: lost the daemon"), "{run:?}");
     assert!(run.stderr.contains("forkctl watch --batch B1"), "{run:?}");
     Ok(())
 }

@@ -10,11 +10,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod binary;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
+
+use binary::forkctl;
 
 /// How long the whole browser script may take before it is stopped and the test fails.
 const SCRIPT_LIMIT: Duration = Duration::from_secs(600);
@@ -45,25 +49,6 @@ fn chromium() -> PathBuf {
     std::env::var_os("FORKD_TEST_CHROMIUM")
         .filter(|v| !v.is_empty())
         .map_or_else(|| PathBuf::from("/usr/bin/chromium"), PathBuf::from)
-}
-
-/// The `forkctl` binary beside this package's `forkd` (built by `cargo test --workspace`); built
-/// here when only this package's tests were built.
-fn forkctl() -> PathBuf {
-    let forkd = Path::new(env!("CARGO_BIN_EXE_forkd"));
-    let dir = forkd.parent().unwrap();
-    let path = dir.join("forkctl");
-    if !path.exists() {
-        let target = dir.parent().unwrap();
-        let mut build = Command::new(env!("CARGO"));
-        build.args(["build", "--locked", "-p", "forkctl", "--target-dir"]);
-        build.arg(target);
-        if dir.file_name().is_some_and(|n| n == "release") {
-            build.arg("--release");
-        }
-        assert!(build.status().unwrap().success(), "cannot build forkctl");
-    }
-    path
 }
 
 fn token(home: &Path, name: &str) -> String {

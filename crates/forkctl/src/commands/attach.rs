@@ -1,15 +1,18 @@
 //! `forkctl attach AGENT` (follow an agent: its messages, then its end) and `forkctl bg AGENT`
 //! (hand the agent's attached clients to the background; the agent goes on).
 
+use anyhow::Context as _;
 use clap::Args;
 use forkd_proto::v1::agent_event::Event;
-use forkd_proto::v1::{AttachRequest, BackgroundRequest, TranscriptMessage};
+use forkd_proto::v1::{AgentEvent, AttachRequest, BackgroundRequest, TranscriptMessage};
 use serde_json::json;
 
 use crate::client::Client;
 use crate::commands::logs::render_message;
-use crate::exit::{self, CliError};
+use crate::exit;
 use crate::output::{Printer, human, message_json, notification_json};
+use crate::reconnect::{self, Reconnect, ReconnectArgs};
+use tonic::Streaming;
 
 #[derive(Debug, Args)]
 pub struct AttachArgs {
@@ -18,6 +21,9 @@ pub struct AttachArgs {
     /// Start at this message of the agent's own transcript (0: from the start).
     #[arg(long, default_value_t = 0)]
     pub since: u64,
+
+    #[command(flatten)]
+    pub reconnect: ReconnectArgs,
 }
 
 #[derive(Debug, Args)]
@@ -29,14 +35,35 @@ pub struct BgArgs {
 /// Follows the agent until it ends (exit 0, or 1 when it failed or was killed) or is handed to
 /// the background (exit 0).
 pub async fn run(args: AttachArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
-    let request = AttachRequest {
+    let mut request = AttachRequest {
         agent_id: args.agent_id,
         since_seq: args.since,
     };
-    let mut stream = client.attach(request).await?.into_inner();
-    while let Some(event) = stream.message().await? {
+    let mut reconnect = args.reconnect.reconnect();
+    let mut stream = client.attach(request.clone()).await?.into_inner();
+    loop {
+        let event = match stream.message().await {
+            Ok(Some(event)) => event,
+            // The agent has not ended, so the daemon went away: the next stream is asked for.
+            Ok(None) => {
+                let lost = "the daemon closed the attach stream".to_owned();
+                stream = reattach(client, &request, &mut reconnect, lost).await?;
+                continue;
+            }
+            Err(status) if reconnect::is_lost(&status) => {
+                let lost = reconnect::why(&status);
+                stream = reattach(client, &request, &mut reconnect, lost).await?;
+                continue;
+            }
+            Err(status) => return Err(status.into()),
+        };
         match event.event {
             Some(Event::Message(m)) => {
+                // A new stream starts at the next message.
+                if m.seq >= request.since_seq {
+                    request.since_seq = m.seq + 1;
+                    reconnect.heard();
+                }
                 let message = TranscriptMessage {
                     role: m.role,
                     content_json: m.content_json,
@@ -97,7 +124,29 @@ pub async fn run(args: AttachArgs, client: &mut Client, out: &Printer) -> anyhow
             None => {}
         }
     }
-    Err(CliError::StreamEnded("the attach stream ended before the agent did".into()).into())
+}
+
+/// Attaches again from `request.since_seq`, for as long as `reconnect` allows.
+async fn reattach(
+    client: &Client,
+    request: &AttachRequest,
+    reconnect: &mut Reconnect,
+    lost: String,
+) -> anyhow::Result<Streaming<AgentEvent>> {
+    let open = || {
+        let (mut client, request) = (client.clone(), request.clone());
+        async move { client.attach(request).await }
+    };
+    let resume = format!("at message {}", request.since_seq);
+    reconnect
+        .reopen(lost, &resume, open)
+        .await
+        .with_context(|| {
+            format!(
+                "follow it again with `forkctl attach {} --since {}`",
+                request.agent_id, request.since_seq
+            )
+        })
 }
 
 pub async fn run_bg(args: BgArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {

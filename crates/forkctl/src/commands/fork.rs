@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 
+use anyhow::Context as _;
 use clap::Args;
 use forkd_proto::v1::{
     Directive, ForkBatchRequest, ForkBatchResponse, Notification, NotificationStatus,
@@ -12,6 +13,7 @@ use tonic::Streaming;
 use crate::client::Client;
 use crate::exit::{self, CliError};
 use crate::output::{Printer, fork_json, human};
+use crate::reconnect::{self, Reconnect, ReconnectArgs};
 
 #[derive(Debug, Args)]
 pub struct ForkArgs {
@@ -52,6 +54,9 @@ pub struct ForkArgs {
     /// complete, then the totals.
     #[arg(long)]
     pub all: bool,
+
+    #[command(flatten)]
+    pub reconnect: ReconnectArgs,
 }
 
 fn parse_isolation(value: &str) -> Result<String, String> {
@@ -116,7 +121,7 @@ pub async fn run(args: ForkArgs, client: &mut Client, out: &Printer) -> anyhow::
     if !args.wait {
         return Ok(exit::OK);
     }
-    wait(&batch, every, client, out).await
+    wait(&batch, every, args.reconnect.reconnect(), client, out).await
 }
 
 /// `batch ID`, then `agent ID` for each child (when `every`, else their count): the human form
@@ -151,10 +156,11 @@ pub(crate) fn shows(notification: &Notification, every: bool, out: &Printer) -> 
 async fn wait(
     batch: &ForkBatchResponse,
     every: bool,
+    reconnect: Reconnect,
     client: &mut Client,
     out: &Printer,
 ) -> anyhow::Result<u8> {
-    let mut follower = Follower::subscribe(batch, client, out).await?;
+    let mut follower = Follower::subscribe(batch, client, out, reconnect).await?;
     let mut unlisted = 0;
     while let Some(notification) = follower.next().await? {
         if shows(&notification, every, out) {
@@ -174,11 +180,19 @@ async fn wait(
     Ok(follower.tally().exit_code())
 }
 
-/// A batch's notification stream, read until every child has reported once.
+/// A batch's notification stream, read until every child has reported once. A stream whose
+/// connection is lost (the daemon restarted) is opened again after the last notification read.
 pub(crate) struct Follower {
-    stream: Streaming<Notification>,
+    /// `None` while the connection is lost.
+    stream: Option<Streaming<Notification>>,
+    client: Client,
+    request: SubscribeNotificationsRequest,
+    /// The last notification's sequence number: a new stream resumes after it.
+    seq: u64,
+    /// How the connection was lost, while it is.
+    lost: String,
+    reconnect: Reconnect,
     tally: Tally,
-    batch_id: String,
 }
 
 impl Follower {
@@ -188,6 +202,7 @@ impl Follower {
         batch: &ForkBatchResponse,
         client: &mut Client,
         out: &Printer,
+        reconnect: Reconnect,
     ) -> anyhow::Result<Self> {
         if !out.is_json() {
             eprintln!(
@@ -197,13 +212,14 @@ impl Follower {
                 batch.batch_id
             );
         }
-        Self::replay(batch, client).await
+        Self::replay(batch, client, reconnect).await
     }
 
     /// [`Follower::subscribe`] without a word: for a batch already known to have ended.
     pub(crate) async fn replay(
         batch: &ForkBatchResponse,
         client: &mut Client,
+        reconnect: Reconnect,
     ) -> anyhow::Result<Self> {
         let request = SubscribeNotificationsRequest {
             since_seq: 0,
@@ -211,33 +227,82 @@ impl Follower {
             follow: true,
             ..Default::default()
         };
-        let stream = client.subscribe_notifications(request).await?.into_inner();
+        let stream = client
+            .subscribe_notifications(request.clone())
+            .await?
+            .into_inner();
         Ok(Self {
-            stream,
+            stream: Some(stream),
+            client: client.clone(),
+            request,
+            seq: 0,
+            lost: String::new(),
+            reconnect,
             tally: Tally::new(&batch.agent_ids),
-            batch_id: batch.batch_id.clone(),
         })
     }
 
     /// The next child's notification; `None` once every child has reported. Repeats and other
-    /// agents' notifications are skipped. Cancel-safe: a notification is counted only once read.
+    /// agents' notifications are skipped. Cancel-safe: a notification is counted only once read,
+    /// and a stream is kept only once it is open again.
     pub(crate) async fn next(&mut self) -> anyhow::Result<Option<Notification>> {
         while !self.tally.all_done() {
-            let Some(notification) = self.stream.message().await? else {
-                return Err(CliError::StreamEnded(format!(
-                    "the daemon closed the notification stream with {} of {} children still \
-                     running; follow them with `forkctl watch --batch {}`",
-                    self.tally.pending(),
-                    self.tally.children,
-                    self.batch_id
-                ))
-                .into());
+            let Some(stream) = &mut self.stream else {
+                self.reopen().await?;
+                continue;
             };
-            if self.tally.record(&notification) {
-                return Ok(Some(notification));
+            match stream.message().await {
+                Ok(Some(notification)) => {
+                    if notification.seq > self.seq {
+                        self.seq = notification.seq;
+                        self.reconnect.heard();
+                    }
+                    if self.tally.record(&notification) {
+                        return Ok(Some(notification));
+                    }
+                }
+                // A daemon shutting down ends its streams: the next one is asked for.
+                Ok(None) => self.lose("the daemon closed the notification stream".into()),
+                Err(status) if reconnect::is_lost(&status) => self.lose(reconnect::why(&status)),
+                Err(status) => return Err(status.into()),
             }
         }
         Ok(None)
+    }
+
+    fn lose(&mut self, why: String) {
+        self.stream = None;
+        self.lost = why;
+    }
+
+    /// Waits, then subscribes again after the last notification read.
+    async fn reopen(&mut self) -> anyhow::Result<()> {
+        let again = SubscribeNotificationsRequest {
+            since_seq: self.seq,
+            ..self.request.clone()
+        };
+        let open = || {
+            let (mut client, again) = (self.client.clone(), again.clone());
+            async move { client.subscribe_notifications(again).await }
+        };
+        let resume = format!("after notification {}", self.seq);
+        let lost = self.lost.clone();
+        let stream = self
+            .reconnect
+            .reopen(lost, &resume, open)
+            .await
+            .with_context(|| {
+                format!(
+                    "{} of {} children still running; follow them with `forkctl watch --batch {} \
+                 --since {}`",
+                    self.tally.pending(),
+                    self.tally.children,
+                    self.request.batch_id,
+                    self.seq
+                )
+            })?;
+        self.stream = Some(stream);
+        Ok(())
     }
 
     pub(crate) fn tally(&self) -> &Tally {

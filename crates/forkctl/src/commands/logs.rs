@@ -7,6 +7,7 @@ use serde_json::Value;
 use crate::client::Client;
 use crate::exit;
 use crate::output::{Printer, message_json};
+use crate::reconnect::ReconnectArgs;
 
 #[derive(Debug, Args)]
 pub struct LogsArgs {
@@ -21,6 +22,9 @@ pub struct LogsArgs {
     /// ends or is handed to the background.
     #[arg(short = 'f', long)]
     pub follow: bool,
+
+    #[command(flatten)]
+    pub reconnect: ReconnectArgs,
 }
 
 pub async fn run(args: LogsArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
@@ -61,6 +65,7 @@ pub async fn run(args: LogsArgs, client: &mut Client, out: &Printer) -> anyhow::
     let attach = super::attach::AttachArgs {
         agent_id: args.agent_id,
         since: 0,
+        reconnect: args.reconnect,
     };
     super::attach::run(attach, client, out).await
 }

@@ -26,6 +26,7 @@ use crate::commands::ps;
 use crate::commands::upload::{self, Uploaded};
 use crate::exit;
 use crate::output::{Printer, human};
+use crate::reconnect::ReconnectArgs;
 pub(crate) use batch_file::{BatchFile, SessionSource};
 use progress::Progress;
 
@@ -63,6 +64,9 @@ pub struct RunArgs {
     /// rerun. With --junit, the report covers the whole file: earlier successes and the rerun.
     #[arg(long)]
     pub rerun_failed: bool,
+
+    #[command(flatten)]
+    pub reconnect: ReconnectArgs,
 }
 
 fn parse_fail_when(text: &str) -> Result<fail_when::FailWhen, String> {
@@ -124,7 +128,7 @@ pub async fn run(
         return Ok(exit::OK);
     }
 
-    let (notifications, tally) = follow(&batch, client, out, every).await?;
+    let (notifications, tally) = follow(&batch, client, out, every, args.reconnect).await?;
     let descriptions: Vec<String> = file
         .fork
         .directives
@@ -138,7 +142,7 @@ pub async fn run(
         let mut runs = Vec::with_capacity(chain.len());
         let mut all_notes = Vec::new();
         for link in &chain[..chain.len() - 1] {
-            let notes = replay(&link.batch, client).await?;
+            let notes = replay(&link.batch, client, args.reconnect).await?;
             runs.push(children_of(&link.batch, &notes, client, &[]).await?);
             all_notes.extend(notes);
         }
@@ -262,8 +266,9 @@ fn say_rerun(chain: &[rerun::Link], stop: &rerun::Stop, out: &Printer) -> std::i
 async fn replay(
     batch: &ForkBatchResponse,
     client: &mut Client,
+    reconnect: ReconnectArgs,
 ) -> anyhow::Result<Vec<Notification>> {
-    let mut follower = Follower::replay(batch, client).await?;
+    let mut follower = Follower::replay(batch, client, reconnect.reconnect()).await?;
     let mut notes = Vec::with_capacity(batch.agent_ids.len());
     while let Some(note) = follower.next().await? {
         notes.push(note);
@@ -375,9 +380,10 @@ async fn follow(
     client: &mut Client,
     out: &Printer,
     every: bool,
+    reconnect: ReconnectArgs,
 ) -> anyhow::Result<(Vec<Notification>, Tally)> {
     let live = !out.is_json() && std::io::stderr().is_terminal();
-    let mut follower = Follower::subscribe(batch, client, out).await?;
+    let mut follower = Follower::subscribe(batch, client, out, reconnect.reconnect()).await?;
     let mut progress = Progress::new(batch.agent_ids.len(), &batch.batch_id, client, live);
     let mut notifications = Vec::with_capacity(batch.agent_ids.len());
     let mut ticker = tokio::time::interval(progress::POLL_EVERY);

@@ -1,11 +1,13 @@
 //! `forkctl watch`: task notifications, the stored ones after `--since` and then live ones.
 
+use anyhow::Context as _;
 use clap::Args;
 use forkd_proto::v1::SubscribeNotificationsRequest;
 
 use crate::client::Client;
 use crate::exit;
 use crate::output::Printer;
+use crate::reconnect::{self, ReconnectArgs};
 
 #[derive(Debug, Args)]
 pub struct WatchArgs {
@@ -29,6 +31,9 @@ pub struct WatchArgs {
     /// Stop after the stored notifications instead of waiting for new ones.
     #[arg(long)]
     pub no_follow: bool,
+
+    #[command(flatten)]
+    pub reconnect: ReconnectArgs,
 }
 
 pub async fn run(args: WatchArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
@@ -39,9 +44,41 @@ pub async fn run(args: WatchArgs, client: &mut Client, out: &Printer) -> anyhow:
         agent_id: args.agent.unwrap_or_default(),
         follow: !args.no_follow,
     };
-    let mut stream = client.subscribe_notifications(request).await?.into_inner();
-    while let Some(notification) = stream.message().await? {
-        out.notification(&notification)?;
+    let follow = request.follow;
+    let mut reconnect = args.reconnect.reconnect();
+    let mut seq = request.since_seq;
+    let mut stream = client
+        .subscribe_notifications(request.clone())
+        .await?
+        .into_inner();
+    loop {
+        let lost = match stream.message().await {
+            Ok(Some(notification)) => {
+                if notification.seq > seq {
+                    seq = notification.seq;
+                    reconnect.heard();
+                }
+                out.notification(&notification)?;
+                continue;
+            }
+            Ok(None) if !follow => return Ok(exit::OK),
+            // A daemon shutting down ends its streams: the next one is asked for.
+            Ok(None) => "the daemon closed the notification stream".to_owned(),
+            Err(status) if reconnect::is_lost(&status) => reconnect::why(&status),
+            Err(status) => return Err(status.into()),
+        };
+        let again = SubscribeNotificationsRequest {
+            since_seq: seq,
+            ..request.clone()
+        };
+        let client = client.clone();
+        let open = || {
+            let (mut client, again) = (client.clone(), again.clone());
+            async move { client.subscribe_notifications(again).await }
+        };
+        stream = reconnect
+            .reopen(lost, &format!("after notification {seq}"), open)
+            .await
+            .with_context(|| format!("resume with `forkctl watch --since {seq}`"))?;
     }
-    Ok(exit::OK)
 }

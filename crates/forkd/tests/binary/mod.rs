@@ -3,7 +3,7 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -102,4 +102,23 @@ pub fn is_terminal(state: i32) -> bool {
     ]
     .iter()
     .any(|s| *s as i32 == state)
+}
+
+/// The `forkctl` binary beside this package's `forkd` (built by `cargo test --workspace`); built
+/// here when only this package's tests were built.
+pub fn forkctl() -> PathBuf {
+    let forkd = Path::new(env!("CARGO_BIN_EXE_forkd"));
+    let dir = forkd.parent().unwrap();
+    let path = dir.join("forkctl");
+    if !path.exists() {
+        let target = dir.parent().unwrap();
+        let mut build = Command::new(env!("CARGO"));
+        build.args(["build", "--locked", "-p", "forkctl", "--target-dir"]);
+        build.arg(target);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            build.arg("--release");
+        }
+        assert!(build.status().unwrap().success(), "cannot build forkctl");
+    }
+    path
 }
