@@ -1,0 +1,46 @@
+"""forkd's Python client: parent sessions, fork batches whose children share the parent's cached
+context, and their task notifications, over gRPC.
+
+    import forkd
+    client = forkd.Client()
+    session = client.sessions.create(system="You are a reviewer.", context=["README.md"])
+    batch = session.fork(["Review the API", "Review the docs"])
+    for n in batch.notifications():
+        print(n.agent_id, n.status, n.report.result)
+"""
+
+from forkd._client import Agent, Agents, Batch, Client, Session, Sessions
+from forkd._types import AgentInfo, Event, Message, Notification, Report, Usage
+from forkd.errors import (
+    FailedPrecondition,
+    ForkdError,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+)
+
+__all__ = [
+    "Agent",
+    "AgentInfo",
+    "Agents",
+    "Batch",
+    "Client",
+    "Event",
+    "FailedPrecondition",
+    "ForkdError",
+    "InvalidArgument",
+    "Message",
+    "NotFound",
+    "Notification",
+    "PermissionDenied",
+    "Report",
+    "ResourceExhausted",
+    "Session",
+    "Sessions",
+    "Unauthenticated",
+    "Unavailable",
+    "Usage",
+]

@@ -1,0 +1,352 @@
+"""The synchronous client: sessions, fork batches, agents and notifications."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from forkd import _config
+from forkd._proto.forkd.v1 import forkd_pb2 as pb
+from forkd._proto.forkd.v1 import forkd_pb2_grpc as pb_grpc
+from forkd._streams import DEFAULT_RECONNECT_FOR, follow, remaining, retried
+from forkd._types import AgentInfo, Event, Message, Notification
+from forkd.errors import from_rpc_error
+
+ContextItem = str | Path | tuple[str, str]
+"""A context file: a path read here, or `(name, text)`."""
+
+
+class Client:
+    """A connection to forkd. With no arguments: `FORKD_ADDR` (else the socket in `FORKD_HOME`,
+    default `~/.forkd`), `FORKD_TOKEN` and `FORKD_CA_CERT`, as forkctl reads them.
+
+    `reconnect_for` (seconds): how long streams and retried calls keep trying to reach a daemon
+    that went away (restarted, say) before raising `forkd.Unavailable`."""
+
+    def __init__(
+        self,
+        addr: str | None = None,
+        token: str | None = None,
+        tls_ca: str | Path | None = None,
+        reconnect_for: float = DEFAULT_RECONNECT_FOR,
+    ) -> None:
+        import os
+
+        target = _config.Target.parse(addr) if addr else _config.Target.default()
+        token = token if token is not None else os.environ.get("FORKD_TOKEN") or None
+        tls_ca = tls_ca if tls_ca is not None else os.environ.get("FORKD_CA_CERT") or None
+        self.addr = target.given
+        self.reconnect_for = reconnect_for
+        self._channel = grpc.intercept_channel(
+            _config.channel(target, tls_ca), _config.Metadata(token)
+        )
+        self._stub = pb_grpc.ForkdStub(self._channel)
+        self.sessions = Sessions(self)
+        self.agents = Agents(self)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _call(self, method: str, request: Any, idempotent: bool = False) -> Any:
+        rpc = getattr(self._stub, method)
+        if idempotent:
+            return retried(lambda: rpc(request), self.reconnect_for)
+        try:
+            return rpc(request)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def notifications(
+        self,
+        since: int = 0,
+        *,
+        session_id: str = "",
+        batch_id: str = "",
+        follow_live: bool = True,
+    ) -> Iterator[Notification]:
+        """This tenant's task notifications after `since`: the stored ones, then live ones (unless
+        `follow_live` is false), resumed after the last one yielded across a daemon restart."""
+        request = pb.SubscribeNotificationsRequest(
+            session_id=session_id, batch_id=batch_id, follow=follow_live
+        )
+
+        def open_stream(seq: int) -> Iterator[pb.Notification]:
+            request.since_seq = seq
+            stream: Iterator[pb.Notification] = self._stub.SubscribeNotifications(request)
+            return stream
+
+        for n in follow(
+            open_stream,
+            lambda n: n.seq,
+            since,
+            self.reconnect_for,
+            ends=not follow_live,
+        ):
+            yield Notification.of(n)
+
+
+class Sessions:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def create(
+        self,
+        system: str = "",
+        context: Sequence[ContextItem] = (),
+        *,
+        workspace: str | Path | None = None,
+        upload_id: str | None = None,
+        model: str = "",
+        permission_mode: str = "",
+        sandbox: str = "",
+        allow: Sequence[str] = (),
+        deny: Sequence[str] = (),
+        idempotency_key: str | None = None,
+    ) -> Session:
+        """A new parent session: its system prompt and context files (paths read here, or
+        `(name, text)`), in `workspace` (a directory on the daemon's machine) or an upload's tree.
+        Retried across a daemon restart under one idempotency key."""
+        files = []
+        for item in context:
+            if isinstance(item, tuple):
+                name, text = item
+            else:
+                name, text = str(item), Path(item).read_text()
+            files.append(pb.ContextFile(path=name, content=text))
+        request = pb.CreateSessionRequest(
+            system_prompt=system,
+            context_files=files,
+            model=model,
+            workspace=str(workspace) if workspace is not None else "",
+            permission_mode=permission_mode,
+            sandbox=sandbox,
+            allow_rules=list(allow),
+            deny_rules=list(deny),
+            upload_id=upload_id or "",
+            idempotency_key=idempotency_key or str(uuid.uuid4()),
+        )
+        reply = self._client._call("CreateSession", request, idempotent=True)
+        return Session(self._client, reply.session)
+
+    def get(self, session_id: str) -> Session:
+        reply = self._client._call("GetSession", pb.GetSessionRequest(session_id=session_id))
+        return Session(self._client, reply.session)
+
+
+class Session:
+    """A parent session: fork children from it, send it turns, branch it."""
+
+    def __init__(self, client: Client, info: pb.Session) -> None:
+        self._client = client
+        self.info = info
+        self.id: str = info.session_id
+
+    def __repr__(self) -> str:
+        return f"Session({self.id!r})"
+
+    def fork(
+        self,
+        directives: Iterable[str | tuple[str, str]],
+        *,
+        isolation: str = "",
+        output_schema: dict[str, Any] | None = None,
+        output_model: Any = None,
+        budget_usd: float = 0.0,
+        budget_tokens: int = 0,
+        at_turn: int | None = None,
+        warmup_gating: bool | None = None,
+        idempotency_key: str | None = None,
+    ) -> Batch:
+        """Forks one child per directive (a prompt, or `(description, prompt)`); they inherit the
+        session's context. `output_model` (a pydantic model class) or `output_schema` (a JSON
+        Schema dict): each child ends with a JSON object valid against it, given back as
+        `report.structured` (a model instance with `output_model`)."""
+        items = []
+        for d in directives:
+            description, prompt = d if isinstance(d, tuple) else (d.split("\n", 1)[0][:80], d)
+            items.append(pb.Directive(description=description, prompt=prompt))
+        if output_model is not None:
+            output_schema = output_model.model_json_schema()
+        request = pb.ForkBatchRequest(
+            session_id=self.id,
+            directives=items,
+            isolation=isolation,
+            output_schema=json.dumps(output_schema) if output_schema is not None else "",
+            budget_usd=budget_usd,
+            budget_tokens=budget_tokens,
+            idempotency_key=idempotency_key or str(uuid.uuid4()),
+        )
+        if at_turn is not None:
+            request.at_turn = at_turn
+        if warmup_gating is not None:
+            request.warmup_gating = warmup_gating
+        reply = self._client._call("ForkBatch", request, idempotent=True)
+        return Batch(self._client, reply.batch_id, list(reply.agent_ids), output_model)
+
+    def send(self, text: str, *, idempotency_key: str | None = None) -> Iterator[Event]:
+        """Runs one parent turn on `text`: its events as they come, the last `turn_ended`."""
+        request = pb.SendMessageRequest(
+            session_id=self.id, text=text, idempotency_key=idempotency_key or str(uuid.uuid4())
+        )
+        try:
+            for event in self._client._stub.SendMessage(request):
+                kind = event.WhichOneof("event") or ""
+                value = getattr(event, kind) if kind else None
+                text_of = value if isinstance(value, str) else getattr(value, "text", "")
+                yield Event(kind, text_of or "", value)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def branch(self, *, at_turn: int, idempotency_key: str | None = None) -> Session:
+        """A new session holding this one's history up to turn `at_turn`."""
+        request = pb.BranchSessionRequest(
+            session_id=self.id,
+            at_turn=at_turn,
+            idempotency_key=idempotency_key or str(uuid.uuid4()),
+        )
+        reply = self._client._call("BranchSession", request, idempotent=True)
+        return Session(self._client, reply.session)
+
+    def refresh(self) -> Session:
+        return self._client.sessions.get(self.id)
+
+
+class Batch:
+    """A fork batch: its children's ids, their notifications, their changes."""
+
+    def __init__(
+        self, client: Client, batch_id: str, agent_ids: list[str], model: Any = None
+    ) -> None:
+        self._client = client
+        self.id = batch_id
+        self.agent_ids = agent_ids
+        self._model = model
+
+    def __repr__(self) -> str:
+        return f"Batch({self.id!r}, {len(self.agent_ids)} children)"
+
+    def notifications(self, timeout: float | None = None) -> Iterator[Notification]:
+        """Each child's notification as it ends, once (replayed, then live), until every child
+        has reported; resumed across a daemon restart. `timeout` (seconds) raises
+        `TimeoutError` when it passes; the children go on."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        waiting = set(self.agent_ids)
+        request = pb.SubscribeNotificationsRequest(batch_id=self.id, follow=True)
+
+        def open_stream(seq: int) -> Iterator[pb.Notification]:
+            request.since_seq = seq
+            stream: Iterator[pb.Notification] = self._client._stub.SubscribeNotifications(
+                request, timeout=remaining(deadline)
+            )
+            return stream
+
+        if not waiting:
+            return
+        for n in follow(open_stream, lambda n: n.seq, 0, self._client.reconnect_for, deadline):
+            if n.agent_id in waiting:
+                waiting.discard(n.agent_id)
+                yield Notification.of(n, self._model)
+                if not waiting:
+                    return
+
+    def wait(self, timeout: float | None = None) -> list[Notification]:
+        """Every child's notification, in the order they ended. `TimeoutError` when `timeout`
+        (seconds) passes first; the children go on."""
+        return list(self.notifications(timeout=timeout))
+
+    def changes(self) -> dict[str, pb.GetChangesResponse]:
+        """Each isolated child's changes (files, diff, state), by agent id."""
+        return {
+            agent_id: self._client._call("GetChanges", pb.GetChangesRequest(agent_id=agent_id))
+            for agent_id in self.agent_ids
+        }
+
+    def apply(self) -> list[pb.AppliedChanges]:
+        """Applies the isolated children's changes to the session's workspace, in order; a child
+        with a conflict stays unapplied (its result says which files)."""
+        reply = self._client._call("ApplyChanges", pb.ApplyChangesRequest(batch_id=self.id))
+        return list(reply.results)
+
+
+class Agents:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def get(self, agent_id: str) -> Agent:
+        reply = self._client._call("GetAgent", pb.GetAgentRequest(agent_id=agent_id))
+        return Agent(self._client, AgentInfo.of(reply.agent))
+
+
+class Agent:
+    """One agent: follow it, hand it to the background, stop it, read its transcript."""
+
+    def __init__(self, client: Client, info: AgentInfo) -> None:
+        self._client = client
+        self.info = info
+        self.id = info.agent_id
+
+    def __repr__(self) -> str:
+        return f"Agent({self.id!r}, {self.info.state})"
+
+    def attach(self, since: int = 0) -> Iterator[Event]:
+        """The agent's messages from `since`, then live ones, then `ended` (its notification);
+        resumed at the next message across a daemon restart."""
+        request = pb.AttachRequest(agent_id=self.id)
+
+        def open_stream(seq: int) -> Iterator[pb.AgentEvent]:
+            request.since_seq = seq
+            stream: Iterator[pb.AgentEvent] = self._client._stub.Attach(request)
+            return stream
+
+        def next_seq(event: pb.AgentEvent) -> int:
+            return event.message.seq + 1 if event.WhichOneof("event") == "message" else 0
+
+        for event in follow(open_stream, next_seq, since, self._client.reconnect_for):
+            kind = event.WhichOneof("event") or ""
+            value = getattr(event, kind) if kind else None
+            if kind == "message":
+                yield Event(
+                    kind,
+                    "",
+                    Message(
+                        event.message.role,
+                        json.loads(event.message.content_json),
+                        event.message.seq,
+                        False,
+                    ),
+                )
+            elif kind == "ended":
+                yield Event(kind, event.ended.summary, Notification.of(event.ended))
+                return
+            elif kind == "async_launched":
+                yield Event(kind, "", value)
+                return
+            else:
+                yield Event(kind, getattr(value, "reason", ""), value)
+
+    def background(self) -> str:
+        """Hands the agent's attached clients to the background; the agent goes on."""
+        reply = self._client._call("Background", pb.BackgroundRequest(agent_id=self.id))
+        return str(reply.status)
+
+    def kill(self) -> None:
+        """Stops the agent at once; it ends `killed` with its partial result."""
+        self._client._call("Kill", pb.KillRequest(agent_id=self.id))
+
+    def transcript(self, include_shared: bool = False) -> list[Message]:
+        """The agent's own messages (with `include_shared`, the inherited prefix too)."""
+        request = pb.GetTranscriptRequest(agent_id=self.id, include_shared_prefix=include_shared)
+        reply = self._client._call("GetTranscript", request)
+        return [Message.of(m) for m in reply.messages]

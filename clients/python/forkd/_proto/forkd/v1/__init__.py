@@ -1,0 +1,1 @@
+"""Generated from proto/ by scripts/generate.sh: do not edit."""
