@@ -7,8 +7,18 @@ context, and their task notifications, over gRPC.
     batch = session.fork(["Review the API", "Review the docs"])
     for n in batch.notifications():
         print(n.agent_id, n.status, n.report.result)
+
+`forkd.AsyncClient` is the same with `await` and `async for`.
 """
 
+from forkd._aio import (
+    AsyncAgent,
+    AsyncAgents,
+    AsyncBatch,
+    AsyncClient,
+    AsyncSession,
+    AsyncSessions,
+)
 from forkd._client import Agent, Agents, Batch, Client, Session, Sessions
 from forkd._types import AgentInfo, Event, Message, Notification, Report, Usage
 from forkd.errors import (
@@ -26,6 +36,12 @@ __all__ = [
     "Agent",
     "AgentInfo",
     "Agents",
+    "AsyncAgent",
+    "AsyncAgents",
+    "AsyncBatch",
+    "AsyncClient",
+    "AsyncSession",
+    "AsyncSessions",
     "Batch",
     "Client",
     "Event",

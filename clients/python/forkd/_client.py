@@ -1,25 +1,22 @@
-"""The synchronous client: sessions, fork batches, agents and notifications."""
+"""The synchronous client: sessions, fork batches, agents and notifications. (`forkd._aio` is
+the same with `await`; both build their requests in `forkd._requests`.)"""
 
 from __future__ import annotations
 
-import json
 import time
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from forkd import _config
+from forkd import _config, _requests
 from forkd._proto.forkd.v1 import forkd_pb2 as pb
 from forkd._proto.forkd.v1 import forkd_pb2_grpc as pb_grpc
+from forkd._requests import ContextItem, Directive
 from forkd._streams import DEFAULT_RECONNECT_FOR, follow, remaining, retried
 from forkd._types import AgentInfo, Event, Message, Notification
 from forkd.errors import from_rpc_error
-
-ContextItem = str | Path | tuple[str, str]
-"""A context file: a path read here, or `(name, text)`."""
 
 
 class Client:
@@ -36,16 +33,10 @@ class Client:
         tls_ca: str | Path | None = None,
         reconnect_for: float = DEFAULT_RECONNECT_FOR,
     ) -> None:
-        import os
-
-        target = _config.Target.parse(addr) if addr else _config.Target.default()
-        token = token if token is not None else os.environ.get("FORKD_TOKEN") or None
-        tls_ca = tls_ca if tls_ca is not None else os.environ.get("FORKD_CA_CERT") or None
+        target, self._token, tls_ca = _config.resolve(addr, token, tls_ca)
         self.addr = target.given
         self.reconnect_for = reconnect_for
-        self._channel = grpc.intercept_channel(
-            _config.channel(target, tls_ca), _config.Metadata(token)
-        )
+        self._channel = _config.channel(target, tls_ca)
         self._stub = pb_grpc.ForkdStub(self._channel)
         self.sessions = Sessions(self)
         self.agents = Agents(self)
@@ -61,12 +52,20 @@ class Client:
 
     def _call(self, method: str, request: Any, idempotent: bool = False) -> Any:
         rpc = getattr(self._stub, method)
+
+        def once() -> Any:
+            return rpc(request, metadata=_config.metadata(self._token))
+
         if idempotent:
-            return retried(lambda: rpc(request), self.reconnect_for)
+            return retried(once, self.reconnect_for)
         try:
-            return rpc(request)
+            return once()
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
+
+    def _stream(self, method: str, request: Any, timeout: float | None = None) -> Any:
+        rpc = getattr(self._stub, method)
+        return rpc(request, timeout=timeout, metadata=_config.metadata(self._token))
 
     def notifications(
         self,
@@ -84,16 +83,11 @@ class Client:
 
         def open_stream(seq: int) -> Iterator[pb.Notification]:
             request.since_seq = seq
-            stream: Iterator[pb.Notification] = self._stub.SubscribeNotifications(request)
+            stream: Iterator[pb.Notification] = self._stream("SubscribeNotifications", request)
             return stream
 
-        for n in follow(
-            open_stream,
-            lambda n: n.seq,
-            since,
-            self.reconnect_for,
-            ends=not follow_live,
-        ):
+        window = self.reconnect_for
+        for n in follow(open_stream, lambda n: n.seq, since, window, ends=not follow_live):
             yield Notification.of(n)
 
 
@@ -118,24 +112,17 @@ class Sessions:
         """A new parent session: its system prompt and context files (paths read here, or
         `(name, text)`), in `workspace` (a directory on the daemon's machine) or an upload's tree.
         Retried across a daemon restart under one idempotency key."""
-        files = []
-        for item in context:
-            if isinstance(item, tuple):
-                name, text = item
-            else:
-                name, text = str(item), Path(item).read_text()
-            files.append(pb.ContextFile(path=name, content=text))
-        request = pb.CreateSessionRequest(
-            system_prompt=system,
-            context_files=files,
-            model=model,
-            workspace=str(workspace) if workspace is not None else "",
-            permission_mode=permission_mode,
-            sandbox=sandbox,
-            allow_rules=list(allow),
-            deny_rules=list(deny),
-            upload_id=upload_id or "",
-            idempotency_key=idempotency_key or str(uuid.uuid4()),
+        request = _requests.create_session(
+            system,
+            context,
+            workspace,
+            upload_id,
+            model,
+            permission_mode,
+            sandbox,
+            allow,
+            deny,
+            idempotency_key,
         )
         reply = self._client._call("CreateSession", request, idempotent=True)
         return Session(self._client, reply.session)
@@ -158,7 +145,7 @@ class Session:
 
     def fork(
         self,
-        directives: Iterable[str | tuple[str, str]],
+        directives: Iterable[Directive],
         *,
         isolation: str = "",
         output_schema: dict[str, Any] | None = None,
@@ -173,51 +160,48 @@ class Session:
         session's context. `output_model` (a pydantic model class) or `output_schema` (a JSON
         Schema dict): each child ends with a JSON object valid against it, given back as
         `report.structured` (a model instance with `output_model`)."""
-        items = []
-        for d in directives:
-            description, prompt = d if isinstance(d, tuple) else (d.split("\n", 1)[0][:80], d)
-            items.append(pb.Directive(description=description, prompt=prompt))
-        if output_model is not None:
-            output_schema = output_model.model_json_schema()
-        request = pb.ForkBatchRequest(
-            session_id=self.id,
-            directives=items,
-            isolation=isolation,
-            output_schema=json.dumps(output_schema) if output_schema is not None else "",
-            budget_usd=budget_usd,
-            budget_tokens=budget_tokens,
-            idempotency_key=idempotency_key or str(uuid.uuid4()),
+        request = _requests.fork(
+            self.id,
+            directives,
+            isolation,
+            output_schema,
+            output_model,
+            budget_usd,
+            budget_tokens,
+            at_turn,
+            warmup_gating,
+            idempotency_key,
         )
-        if at_turn is not None:
-            request.at_turn = at_turn
-        if warmup_gating is not None:
-            request.warmup_gating = warmup_gating
         reply = self._client._call("ForkBatch", request, idempotent=True)
         return Batch(self._client, reply.batch_id, list(reply.agent_ids), output_model)
 
     def send(self, text: str, *, idempotency_key: str | None = None) -> Iterator[Event]:
         """Runs one parent turn on `text`: its events as they come, the last `turn_ended`."""
         request = pb.SendMessageRequest(
-            session_id=self.id, text=text, idempotency_key=idempotency_key or str(uuid.uuid4())
+            session_id=self.id, text=text, idempotency_key=_requests.key(idempotency_key)
         )
         try:
-            for event in self._client._stub.SendMessage(request):
-                kind = event.WhichOneof("event") or ""
-                value = getattr(event, kind) if kind else None
-                text_of = value if isinstance(value, str) else getattr(value, "text", "")
-                yield Event(kind, text_of or "", value)
+            for event in self._client._stream("SendMessage", request):
+                yield _requests.session_event(event)
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
 
     def branch(self, *, at_turn: int, idempotency_key: str | None = None) -> Session:
         """A new session holding this one's history up to turn `at_turn`."""
         request = pb.BranchSessionRequest(
-            session_id=self.id,
-            at_turn=at_turn,
-            idempotency_key=idempotency_key or str(uuid.uuid4()),
+            session_id=self.id, at_turn=at_turn, idempotency_key=_requests.key(idempotency_key)
         )
         reply = self._client._call("BranchSession", request, idempotent=True)
         return Session(self._client, reply.session)
+
+    def merge(self, *, summary: bool = False, idempotency_key: str | None = None) -> str:
+        """Merges this branch back into the session it branched from (with `summary`, its model
+        summarizes the branch first); the note the origin's model reads."""
+        request = pb.MergeBranchRequest(
+            session_id=self.id, summary=summary, idempotency_key=_requests.key(idempotency_key)
+        )
+        reply = self._client._call("MergeBranch", request, idempotent=True)
+        return str(reply.note)
 
     def refresh(self) -> Session:
         return self._client.sessions.get(self.id)
@@ -247,8 +231,8 @@ class Batch:
 
         def open_stream(seq: int) -> Iterator[pb.Notification]:
             request.since_seq = seq
-            stream: Iterator[pb.Notification] = self._client._stub.SubscribeNotifications(
-                request, timeout=remaining(deadline)
+            stream: Iterator[pb.Notification] = self._client._stream(
+                "SubscribeNotifications", request, timeout=remaining(deadline)
             )
             return stream
 
@@ -307,34 +291,15 @@ class Agent:
 
         def open_stream(seq: int) -> Iterator[pb.AgentEvent]:
             request.since_seq = seq
-            stream: Iterator[pb.AgentEvent] = self._client._stub.Attach(request)
+            stream: Iterator[pb.AgentEvent] = self._client._stream("Attach", request)
             return stream
 
-        def next_seq(event: pb.AgentEvent) -> int:
-            return event.message.seq + 1 if event.WhichOneof("event") == "message" else 0
-
-        for event in follow(open_stream, next_seq, since, self._client.reconnect_for):
-            kind = event.WhichOneof("event") or ""
-            value = getattr(event, kind) if kind else None
-            if kind == "message":
-                yield Event(
-                    kind,
-                    "",
-                    Message(
-                        event.message.role,
-                        json.loads(event.message.content_json),
-                        event.message.seq,
-                        False,
-                    ),
-                )
-            elif kind == "ended":
-                yield Event(kind, event.ended.summary, Notification.of(event.ended))
+        window = self._client.reconnect_for
+        for raw in follow(open_stream, _requests.next_message, since, window):
+            event, last = _requests.agent_event(raw)
+            yield event
+            if last:
                 return
-            elif kind == "async_launched":
-                yield Event(kind, "", value)
-                return
-            else:
-                yield Event(kind, getattr(value, "reason", ""), value)
 
     def background(self) -> str:
         """Hands the agent's attached clients to the background; the agent goes on."""

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import grpc
+import grpc.aio
 
 # Transcripts and replays can be large: as forkctl, 64 MiB each way.
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -56,8 +56,7 @@ class Target:
         return Target.parse(f"unix:{Path(home) / 'forkd.sock'}")
 
 
-def channel(target: Target, tls_ca: str | Path | None) -> grpc.Channel:
-    """A channel to `target`: TLS against `tls_ca` (or the system's roots) for https."""
+def _options(target: Target) -> list[tuple[str, Any]]:
     options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
@@ -65,11 +64,37 @@ def channel(target: Target, tls_ca: str | Path | None) -> grpc.Channel:
     if target.target.startswith("unix:"):
         # A Unix socket has no host: the daemon is asked as `localhost`, as forkctl does.
         options.append(("grpc.default_authority", "localhost"))
-    if not target.secure:
-        return grpc.insecure_channel(target.target, options=options)
+    return options
+
+
+def _credentials(tls_ca: str | Path | None) -> grpc.ChannelCredentials:
     roots = Path(tls_ca).read_bytes() if tls_ca else None
-    credentials = grpc.ssl_channel_credentials(root_certificates=roots)
-    return grpc.secure_channel(target.target, credentials, options=options)
+    return grpc.ssl_channel_credentials(root_certificates=roots)
+
+
+def channel(target: Target, tls_ca: str | Path | None) -> grpc.Channel:
+    """A channel to `target`: TLS against `tls_ca` (or the system's roots) for https."""
+    if not target.secure:
+        return grpc.insecure_channel(target.target, options=_options(target))
+    return grpc.secure_channel(target.target, _credentials(tls_ca), options=_options(target))
+
+
+def aio_channel(target: Target, tls_ca: str | Path | None) -> grpc.aio.Channel:
+    """[`channel`] for the async client."""
+    if not target.secure:
+        return grpc.aio.insecure_channel(target.target, options=_options(target))
+    return grpc.aio.secure_channel(target.target, _credentials(tls_ca), options=_options(target))
+
+
+def resolve(
+    addr: str | None, token: str | None, tls_ca: str | Path | None
+) -> tuple[Target, str | None, str | Path | None]:
+    """The address, token and CA given, else `FORKD_ADDR` (or `FORKD_HOME`'s socket),
+    `FORKD_TOKEN` and `FORKD_CA_CERT`."""
+    target = Target.parse(addr) if addr else Target.default()
+    token = token if token is not None else os.environ.get("FORKD_TOKEN") or None
+    tls_ca = tls_ca if tls_ca is not None else os.environ.get("FORKD_CA_CERT") or None
+    return target, token, tls_ca
 
 
 def traceparent() -> str | None:
@@ -88,55 +113,13 @@ def traceparent() -> str | None:
     return value or None
 
 
-class _Details(NamedTuple):
-    method: str
-    timeout: float | None
-    metadata: list[tuple[str, str | bytes]] | None
-    credentials: grpc.CallCredentials | None
-    wait_for_ready: bool | None
-    compression: grpc.Compression | None
-
-
-class Metadata(
-    grpc.UnaryUnaryClientInterceptor,
-    grpc.UnaryStreamClientInterceptor,
-    grpc.StreamUnaryClientInterceptor,
-):
-    """Adds `authorization: Bearer <token>` and `traceparent` to every call."""
-
-    def __init__(self, token: str | None) -> None:
-        self._token = token
-
-    def _with(self, details: grpc.ClientCallDetails) -> _Details:
-        metadata = list(details.metadata or [])
-        if self._token:
-            metadata.append(("authorization", f"Bearer {self._token}"))
-        trace = traceparent()
-        if trace:
-            metadata.append(("traceparent", trace))
-        return _Details(
-            details.method,
-            details.timeout,
-            metadata,
-            details.credentials,
-            getattr(details, "wait_for_ready", None),
-            getattr(details, "compression", None),
-        )
-
-    def intercept_unary_unary(
-        self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, request: Any
-    ) -> Any:
-        return continuation(self._with(details), request)
-
-    def intercept_unary_stream(
-        self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, request: Any
-    ) -> Any:
-        return continuation(self._with(details), request)
-
-    def intercept_stream_unary(
-        self,
-        continuation: Callable[..., Any],
-        details: grpc.ClientCallDetails,
-        requests: Iterator[Any],
-    ) -> Any:
-        return continuation(self._with(details), requests)
+def metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """What goes with every call: `authorization: Bearer <token>` and the caller's
+    `traceparent`."""
+    out: list[tuple[str, str]] = []
+    if token:
+        out.append(("authorization", f"Bearer {token}"))
+    trace = traceparent()
+    if trace:
+        out.append(("traceparent", trace))
+    return tuple(out)

@@ -76,11 +76,23 @@ _BY_CODE: dict[grpc.StatusCode, type[ForkdError]] = {
 }
 
 
+def code_of(error: grpc.RpcError) -> grpc.StatusCode | None:
+    """A failed call's status code (the sync client's errors are `grpc.Call`s, the async
+    client's `grpc.aio.AioRpcError`s: both have `code()`)."""
+    code = getattr(error, "code", None)
+    return code() if callable(code) else None
+
+
+def details_of(error: grpc.RpcError) -> str:
+    """A failed call's message, as the daemon wrote it."""
+    details = getattr(error, "details", None)
+    return (details() if callable(details) else None) or str(error)
+
+
 def from_rpc_error(error: grpc.RpcError) -> ForkdError:
     """The error class for a failed call, with the daemon's message."""
-    code: grpc.StatusCode | None = error.code() if isinstance(error, grpc.Call) else None
-    details = error.details() if isinstance(error, grpc.Call) else None
-    message = details or str(error)
+    code = code_of(error)
+    message = details_of(error)
     cls = _BY_CODE.get(code, ForkdError) if code is not None else ForkdError
     if cls is ResourceExhausted:
         return ResourceExhausted(message, code, _retry_after(error))
@@ -89,9 +101,9 @@ def from_rpc_error(error: grpc.RpcError) -> ForkdError:
 
 def _retry_after(error: grpc.RpcError) -> float | None:
     """`google.rpc.RetryInfo`'s delay from the status details, if the daemon sent it."""
-    if not isinstance(error, grpc.Call):
+    if code_of(error) is None:
         return None
-    status = rpc_status.from_call(error)
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
     if status is None:
         return None
     for detail in status.details:

@@ -1,0 +1,303 @@
+"""The async client: `forkd.AsyncClient`, the sync client's calls with `await` and async
+iterators, on grpc's asyncio channel. Requests are built in `forkd._requests`, as the sync
+client's are."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from forkd import _config, _requests
+from forkd._proto.forkd.v1 import forkd_pb2 as pb
+from forkd._proto.forkd.v1 import forkd_pb2_grpc as pb_grpc
+from forkd._requests import ContextItem, Directive
+from forkd._streams import DEFAULT_RECONNECT_FOR, afollow, aretried, remaining
+from forkd._types import AgentInfo, Event, Message, Notification
+from forkd.errors import from_rpc_error
+
+
+class AsyncClient:
+    """[`forkd.Client`] for asyncio: `async with forkd.AsyncClient() as client: ...`."""
+
+    def __init__(
+        self,
+        addr: str | None = None,
+        token: str | None = None,
+        tls_ca: str | Path | None = None,
+        reconnect_for: float = DEFAULT_RECONNECT_FOR,
+    ) -> None:
+        target, self._token, tls_ca = _config.resolve(addr, token, tls_ca)
+        self.addr = target.given
+        self.reconnect_for = reconnect_for
+        self._channel = _config.aio_channel(target, tls_ca)
+        self._stub = pb_grpc.ForkdStub(self._channel)
+        self.sessions = AsyncSessions(self)
+        self.agents = AsyncAgents(self)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def _call(self, method: str, request: Any, idempotent: bool = False) -> Any:
+        rpc = getattr(self._stub, method)
+
+        async def once() -> Any:
+            return await rpc(request, metadata=_config.metadata(self._token))
+
+        if idempotent:
+            return await aretried(once, self.reconnect_for)
+        try:
+            return await once()
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def _stream(self, method: str, request: Any, timeout: float | None = None) -> Any:
+        rpc = getattr(self._stub, method)
+        return rpc(request, timeout=timeout, metadata=_config.metadata(self._token))
+
+    async def notifications(
+        self,
+        since: int = 0,
+        *,
+        session_id: str = "",
+        batch_id: str = "",
+        follow_live: bool = True,
+    ) -> AsyncIterator[Notification]:
+        """This tenant's task notifications after `since`, resumed across a daemon restart."""
+        request = pb.SubscribeNotificationsRequest(
+            session_id=session_id, batch_id=batch_id, follow=follow_live
+        )
+
+        def open_stream(seq: int) -> AsyncIterator[pb.Notification]:
+            request.since_seq = seq
+            stream: AsyncIterator[pb.Notification] = self._stream("SubscribeNotifications", request)
+            return stream
+
+        window = self.reconnect_for
+        async for n in afollow(open_stream, lambda n: n.seq, since, window, ends=not follow_live):
+            yield Notification.of(n)
+
+
+class AsyncSessions:
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def create(
+        self,
+        system: str = "",
+        context: Sequence[ContextItem] = (),
+        *,
+        workspace: str | Path | None = None,
+        upload_id: str | None = None,
+        model: str = "",
+        permission_mode: str = "",
+        sandbox: str = "",
+        allow: Sequence[str] = (),
+        deny: Sequence[str] = (),
+        idempotency_key: str | None = None,
+    ) -> AsyncSession:
+        """[`forkd.Sessions.create`]."""
+        request = _requests.create_session(
+            system,
+            context,
+            workspace,
+            upload_id,
+            model,
+            permission_mode,
+            sandbox,
+            allow,
+            deny,
+            idempotency_key,
+        )
+        reply = await self._client._call("CreateSession", request, idempotent=True)
+        return AsyncSession(self._client, reply.session)
+
+    async def get(self, session_id: str) -> AsyncSession:
+        request = pb.GetSessionRequest(session_id=session_id)
+        reply = await self._client._call("GetSession", request)
+        return AsyncSession(self._client, reply.session)
+
+
+class AsyncSession:
+    """[`forkd.Session`] for asyncio."""
+
+    def __init__(self, client: AsyncClient, info: pb.Session) -> None:
+        self._client = client
+        self.info = info
+        self.id: str = info.session_id
+
+    def __repr__(self) -> str:
+        return f"AsyncSession({self.id!r})"
+
+    async def fork(
+        self,
+        directives: Iterable[Directive],
+        *,
+        isolation: str = "",
+        output_schema: dict[str, Any] | None = None,
+        output_model: Any = None,
+        budget_usd: float = 0.0,
+        budget_tokens: int = 0,
+        at_turn: int | None = None,
+        warmup_gating: bool | None = None,
+        idempotency_key: str | None = None,
+    ) -> AsyncBatch:
+        """[`forkd.Session.fork`]."""
+        request = _requests.fork(
+            self.id,
+            directives,
+            isolation,
+            output_schema,
+            output_model,
+            budget_usd,
+            budget_tokens,
+            at_turn,
+            warmup_gating,
+            idempotency_key,
+        )
+        reply = await self._client._call("ForkBatch", request, idempotent=True)
+        return AsyncBatch(self._client, reply.batch_id, list(reply.agent_ids), output_model)
+
+    async def send(self, text: str, *, idempotency_key: str | None = None) -> AsyncIterator[Event]:
+        """[`forkd.Session.send`]."""
+        request = pb.SendMessageRequest(
+            session_id=self.id, text=text, idempotency_key=_requests.key(idempotency_key)
+        )
+        try:
+            async for event in self._client._stream("SendMessage", request):
+                yield _requests.session_event(event)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    async def branch(self, *, at_turn: int, idempotency_key: str | None = None) -> AsyncSession:
+        """[`forkd.Session.branch`]."""
+        request = pb.BranchSessionRequest(
+            session_id=self.id, at_turn=at_turn, idempotency_key=_requests.key(idempotency_key)
+        )
+        reply = await self._client._call("BranchSession", request, idempotent=True)
+        return AsyncSession(self._client, reply.session)
+
+    async def merge(self, *, summary: bool = False, idempotency_key: str | None = None) -> str:
+        """[`forkd.Session.merge`]."""
+        request = pb.MergeBranchRequest(
+            session_id=self.id, summary=summary, idempotency_key=_requests.key(idempotency_key)
+        )
+        reply = await self._client._call("MergeBranch", request, idempotent=True)
+        return str(reply.note)
+
+
+class AsyncBatch:
+    """[`forkd.Batch`] for asyncio."""
+
+    def __init__(
+        self, client: AsyncClient, batch_id: str, agent_ids: list[str], model: Any = None
+    ) -> None:
+        self._client = client
+        self.id = batch_id
+        self.agent_ids = agent_ids
+        self._model = model
+
+    def __repr__(self) -> str:
+        return f"AsyncBatch({self.id!r}, {len(self.agent_ids)} children)"
+
+    async def notifications(self, timeout: float | None = None) -> AsyncIterator[Notification]:
+        """[`forkd.Batch.notifications`]."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        waiting = set(self.agent_ids)
+        request = pb.SubscribeNotificationsRequest(batch_id=self.id, follow=True)
+
+        def open_stream(seq: int) -> AsyncIterator[pb.Notification]:
+            request.since_seq = seq
+            stream: AsyncIterator[pb.Notification] = self._client._stream(
+                "SubscribeNotifications", request, timeout=remaining(deadline)
+            )
+            return stream
+
+        if not waiting:
+            return
+        window = self._client.reconnect_for
+        async for n in afollow(open_stream, lambda n: n.seq, 0, window, deadline):
+            if n.agent_id in waiting:
+                waiting.discard(n.agent_id)
+                yield Notification.of(n, self._model)
+                if not waiting:
+                    return
+
+    async def wait(self, timeout: float | None = None) -> list[Notification]:
+        """[`forkd.Batch.wait`]."""
+        return [n async for n in self.notifications(timeout=timeout)]
+
+    async def changes(self) -> dict[str, pb.GetChangesResponse]:
+        """[`forkd.Batch.changes`]."""
+        out = {}
+        for agent_id in self.agent_ids:
+            request = pb.GetChangesRequest(agent_id=agent_id)
+            out[agent_id] = await self._client._call("GetChanges", request)
+        return out
+
+    async def apply(self) -> list[pb.AppliedChanges]:
+        """[`forkd.Batch.apply`]."""
+        request = pb.ApplyChangesRequest(batch_id=self.id)
+        reply = await self._client._call("ApplyChanges", request)
+        return list(reply.results)
+
+
+class AsyncAgents:
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def get(self, agent_id: str) -> AsyncAgent:
+        reply = await self._client._call("GetAgent", pb.GetAgentRequest(agent_id=agent_id))
+        return AsyncAgent(self._client, AgentInfo.of(reply.agent))
+
+
+class AsyncAgent:
+    """[`forkd.Agent`] for asyncio."""
+
+    def __init__(self, client: AsyncClient, info: AgentInfo) -> None:
+        self._client = client
+        self.info = info
+        self.id = info.agent_id
+
+    def __repr__(self) -> str:
+        return f"AsyncAgent({self.id!r}, {self.info.state})"
+
+    async def attach(self, since: int = 0) -> AsyncIterator[Event]:
+        """[`forkd.Agent.attach`]."""
+        request = pb.AttachRequest(agent_id=self.id)
+
+        def open_stream(seq: int) -> AsyncIterator[pb.AgentEvent]:
+            request.since_seq = seq
+            stream: AsyncIterator[pb.AgentEvent] = self._client._stream("Attach", request)
+            return stream
+
+        window = self._client.reconnect_for
+        async for raw in afollow(open_stream, _requests.next_message, since, window):
+            event, last = _requests.agent_event(raw)
+            yield event
+            if last:
+                return
+
+    async def background(self) -> str:
+        """[`forkd.Agent.background`]."""
+        reply = await self._client._call("Background", pb.BackgroundRequest(agent_id=self.id))
+        return str(reply.status)
+
+    async def kill(self) -> None:
+        """[`forkd.Agent.kill`]."""
+        await self._client._call("Kill", pb.KillRequest(agent_id=self.id))
+
+    async def transcript(self, include_shared: bool = False) -> list[Message]:
+        """[`forkd.Agent.transcript`]."""
+        request = pb.GetTranscriptRequest(agent_id=self.id, include_shared_prefix=include_shared)
+        reply = await self._client._call("GetTranscript", request)
+        return [Message.of(m) for m in reply.messages]
