@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -30,6 +31,8 @@ class Daemon:
     home: Path
     workspace: Path
     speed: str
+    # `--listen` too: a TCP port on loopback, where calls need a token.
+    listen: str | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     @property
@@ -40,8 +43,9 @@ class Daemon:
         env = dict(os.environ, FORKD_HOME=str(self.home), RUST_LOG="warn")
         env.pop("FORKD_ADDR", None)
         env.pop("FORKD_TOKEN", None)
+        listen = ["--listen", self.listen] if self.listen else []
         self.process = subprocess.Popen(
-            [self.binary, "serve", "--sim-speed", self.speed, "--grace", "1s"],
+            [self.binary, "serve", "--sim-speed", self.speed, "--grace", "1s", *listen],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -81,6 +85,17 @@ class Daemon:
                 self.kill9()
             self.process = None
 
+    def token(self, name: str) -> str:
+        """A new token of tenant `name` (`forkd token create`)."""
+        out = subprocess.run(
+            [self.binary, "token", "create", name],
+            env=dict(os.environ, FORKD_HOME=str(self.home)),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout.strip()
+
     def client(self, **kwargs: object) -> forkd.Client:
         return forkd.Client(addr=self.addr, **kwargs)  # type: ignore[arg-type]
 
@@ -101,6 +116,29 @@ def daemon() -> Iterator[Daemon]:
     workspace.mkdir()
     (workspace / "README.md").write_text("# A project\n")
     d = Daemon(_binary(), home, workspace, speed="1")
+    d.start()
+    try:
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def tcp_daemon() -> Iterator[Daemon]:
+    """A daemon that also listens on a loopback TCP port (`http://`), where calls need a token."""
+    root = Path(tempfile.mkdtemp(prefix="forkd-py-tcp-"))
+    home, workspace = root / "home", root / "ws"
+    home.mkdir()
+    workspace.mkdir()
+    d = Daemon(_binary(), home, workspace, speed="0", listen=f"127.0.0.1:{_free_port()}")
     d.start()
     try:
         yield d
