@@ -21,6 +21,7 @@ from forkd._aio import (
 )
 from forkd._client import Agent, Agents, Batch, Client, Session, Sessions
 from forkd._types import AgentInfo, Event, Message, Notification, Report, Usage
+from forkd._upload import Upload
 from forkd.errors import (
     FailedPrecondition,
     ForkdError,
@@ -58,5 +59,6 @@ __all__ = [
     "Sessions",
     "Unauthenticated",
     "Unavailable",
+    "Upload",
     "Usage",
 ]

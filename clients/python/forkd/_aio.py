@@ -11,12 +11,13 @@ from typing import Any
 
 import grpc
 
-from forkd import _config, _requests
+from forkd import _config, _requests, _upload
 from forkd._proto.forkd.v1 import forkd_pb2 as pb
 from forkd._proto.forkd.v1 import forkd_pb2_grpc as pb_grpc
 from forkd._requests import ContextItem, Directive
 from forkd._streams import DEFAULT_RECONNECT_FOR, afollow, aretried, remaining
 from forkd._types import AgentInfo, Event, Message, Notification
+from forkd._upload import Upload
 from forkd.errors import from_rpc_error
 
 
@@ -64,6 +65,23 @@ class AsyncClient:
         rpc = getattr(self._stub, method)
         return rpc(request, timeout=timeout, metadata=_config.metadata(self._token))
 
+    async def upload(self, directory: str | Path) -> Upload:
+        """Sends the tree under `directory` (what git would list in a git work tree, else what
+        its ignore files keep): only the contents this tenant's store lacks travel. Sessions
+        start from it with `upload_id=` (or `sessions.create(upload=DIR)` does both)."""
+        tree = _upload.list_tree(directory)
+        missing: list[str] = []
+        for group in _upload.batches(list(tree.contents)):
+            request = pb.FindMissingBlobsRequest(hashes=group)
+            missing.extend((await self._call("FindMissingBlobs", request)).missing)
+        try:
+            reply = await self._stub.UploadWorkspace(
+                _upload.requests(tree, missing), metadata=_config.metadata(self._token)
+            )
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return Upload.of(reply)
+
     async def notifications(
         self,
         since: int = 0,
@@ -97,6 +115,7 @@ class AsyncSessions:
         context: Sequence[ContextItem] = (),
         *,
         workspace: str | Path | None = None,
+        upload: str | Path | None = None,
         upload_id: str | None = None,
         model: str = "",
         permission_mode: str = "",
@@ -106,6 +125,10 @@ class AsyncSessions:
         idempotency_key: str | None = None,
     ) -> AsyncSession:
         """[`forkd.Sessions.create`]."""
+        if upload is not None:
+            if workspace is not None or upload_id is not None:
+                raise ValueError("upload= is exclusive with workspace= and upload_id=")
+            upload_id = (await self._client.upload(upload)).upload_id
         request = _requests.create_session(
             system,
             context,

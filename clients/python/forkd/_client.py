@@ -10,12 +10,13 @@ from typing import Any
 
 import grpc
 
-from forkd import _config, _requests
+from forkd import _config, _requests, _upload
 from forkd._proto.forkd.v1 import forkd_pb2 as pb
 from forkd._proto.forkd.v1 import forkd_pb2_grpc as pb_grpc
 from forkd._requests import ContextItem, Directive
 from forkd._streams import DEFAULT_RECONNECT_FOR, follow, remaining, retried
 from forkd._types import AgentInfo, Event, Message, Notification
+from forkd._upload import Upload
 from forkd.errors import from_rpc_error
 
 
@@ -67,6 +68,23 @@ class Client:
         rpc = getattr(self._stub, method)
         return rpc(request, timeout=timeout, metadata=_config.metadata(self._token))
 
+    def upload(self, directory: str | Path) -> Upload:
+        """Sends the tree under `directory` (what git would list in a git work tree, else what
+        its ignore files keep): only the contents this tenant's store lacks travel. Sessions
+        start from it with `upload_id=` (or `sessions.create(upload=DIR)` does both)."""
+        tree = _upload.list_tree(directory)
+        missing: list[str] = []
+        for group in _upload.batches(list(tree.contents)):
+            request = pb.FindMissingBlobsRequest(hashes=group)
+            missing.extend((self._call("FindMissingBlobs", request)).missing)
+        try:
+            reply = self._stub.UploadWorkspace(
+                _upload.requests(tree, missing), metadata=_config.metadata(self._token)
+            )
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return Upload.of(reply)
+
     def notifications(
         self,
         since: int = 0,
@@ -101,6 +119,7 @@ class Sessions:
         context: Sequence[ContextItem] = (),
         *,
         workspace: str | Path | None = None,
+        upload: str | Path | None = None,
         upload_id: str | None = None,
         model: str = "",
         permission_mode: str = "",
@@ -110,8 +129,13 @@ class Sessions:
         idempotency_key: str | None = None,
     ) -> Session:
         """A new parent session: its system prompt and context files (paths read here, or
-        `(name, text)`), in `workspace` (a directory on the daemon's machine) or an upload's tree.
+        `(name, text)`), in `workspace` (a directory on the daemon's machine), or in a tree sent
+        from here: `upload` (a directory, uploaded first) or `upload_id` (an upload's id).
         Retried across a daemon restart under one idempotency key."""
+        if upload is not None:
+            if workspace is not None or upload_id is not None:
+                raise ValueError("upload= is exclusive with workspace= and upload_id=")
+            upload_id = (self._client.upload(upload)).upload_id
         request = _requests.create_session(
             system,
             context,

@@ -49,6 +49,13 @@ def test_the_async_client_makes_the_same_calls(daemon: Daemon) -> None:
             (n,) = await slow.wait(timeout=30)
             assert n.status == "killed"
 
+            tree = daemon.home.parent / "tree"
+            tree.mkdir(exist_ok=True)
+            (tree / "a.txt").write_text("from an async upload\n")
+            uploaded = await client.sessions.create(system="s", upload=tree)
+            assert uploaded.info.upload_origin.files == 1
+            assert (await client.upload(tree)).blobs_received == 0
+
             with pytest.raises(forkd.NotFound):
                 await client.sessions.get("01a00000-0000-7000-8000-000000000000")
             with pytest.raises(forkd.InvalidArgument):
