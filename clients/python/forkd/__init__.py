@@ -19,6 +19,7 @@ from forkd._aio import (
     AsyncSession,
     AsyncSessions,
 )
+from forkd._apply import Applied
 from forkd._client import Agent, Agents, Batch, Client, Session, Sessions
 from forkd._types import AgentInfo, Event, Message, Notification, Report, Usage
 from forkd._upload import Upload
@@ -37,6 +38,7 @@ __all__ = [
     "Agent",
     "AgentInfo",
     "Agents",
+    "Applied",
     "AsyncAgent",
     "AsyncAgents",
     "AsyncBatch",

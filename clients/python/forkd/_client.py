@@ -10,7 +10,8 @@ from typing import Any
 
 import grpc
 
-from forkd import _config, _requests, _upload
+from forkd import _apply, _config, _requests, _upload
+from forkd._apply import Applied
 from forkd._proto.forkd.v1 import forkd_pb2 as pb
 from forkd._proto.forkd.v1 import forkd_pb2_grpc as pb_grpc
 from forkd._requests import ContextItem, Directive
@@ -281,11 +282,24 @@ class Batch:
             for agent_id in self.agent_ids
         }
 
-    def apply(self) -> list[pb.AppliedChanges]:
-        """Applies the isolated children's changes to the session's workspace, in order; a child
-        with a conflict stays unapplied (its result says which files)."""
-        reply = self._client._call("ApplyChanges", pb.ApplyChangesRequest(batch_id=self.id))
-        return list(reply.results)
+    def apply(self, to: str | Path | None = None) -> list[Applied]:
+        """Applies the isolated children's changes, in order: to the session's workspace on the
+        daemon's machine, or with `to` to a directory here (a checkout of the tree the batch
+        forked from; needs git). A child with a conflict stays unapplied, all of its files; its
+        result lists the conflicts per file."""
+        if to is None:
+            apply = pb.ApplyChangesRequest(batch_id=self.id)
+            reply = self._client._call("ApplyChanges", apply)
+            return [Applied.of(a) for a in reply.results]
+        directory = Path(to).resolve()
+        if not directory.is_dir():
+            raise ValueError(f"{to} is not a directory")
+        results = []
+        for agent_id in self.agent_ids:
+            request = pb.GetChangesRequest(agent_id=agent_id)
+            changes = self._client._call("GetChanges", request)
+            results.append(_apply.apply_to(directory, changes))
+        return results
 
 
 class Agents:
