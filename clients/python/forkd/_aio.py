@@ -4,6 +4,7 @@ client's are."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
@@ -16,10 +17,10 @@ from forkd._apply import Applied
 from forkd._proto.forkd.v1 import forkd_pb2 as pb
 from forkd._proto.forkd.v1 import forkd_pb2_grpc as pb_grpc
 from forkd._requests import ContextItem, Directive
-from forkd._streams import DEFAULT_RECONNECT_FOR, afollow, aretried, remaining
+from forkd._streams import DEFAULT_RECONNECT_FOR, Backoff, afollow, aretried, is_lost, remaining
 from forkd._types import AgentInfo, Event, Message, Notification
 from forkd._upload import Upload
-from forkd.errors import from_rpc_error
+from forkd.errors import details_of, from_rpc_error
 
 
 class AsyncClient:
@@ -196,11 +197,18 @@ class AsyncSession:
         request = pb.SendMessageRequest(
             session_id=self.id, text=text, idempotency_key=_requests.key(idempotency_key)
         )
-        try:
-            async for event in self._client._stream("SendMessage", request):
-                yield _requests.session_event(event)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+        backoff = Backoff(self._client.reconnect_for)
+        while True:
+            started = False
+            try:
+                async for event in self._client._stream("SendMessage", request):
+                    started = True
+                    yield _requests.session_event(event)
+                return
+            except grpc.RpcError as e:
+                if started or not is_lost(e):
+                    raise from_rpc_error(e) from None
+                await asyncio.sleep(backoff.next(details_of(e)))
 
     async def branch(self, *, at_turn: int, idempotency_key: str | None = None) -> AsyncSession:
         """[`forkd.Session.branch`]."""

@@ -15,10 +15,10 @@ from forkd._apply import Applied
 from forkd._proto.forkd.v1 import forkd_pb2 as pb
 from forkd._proto.forkd.v1 import forkd_pb2_grpc as pb_grpc
 from forkd._requests import ContextItem, Directive
-from forkd._streams import DEFAULT_RECONNECT_FOR, follow, remaining, retried
+from forkd._streams import DEFAULT_RECONNECT_FOR, Backoff, follow, is_lost, remaining, retried
 from forkd._types import AgentInfo, Event, Message, Notification
 from forkd._upload import Upload
-from forkd.errors import from_rpc_error
+from forkd.errors import details_of, from_rpc_error
 
 
 class Client:
@@ -201,15 +201,24 @@ class Session:
         return Batch(self._client, reply.batch_id, list(reply.agent_ids), output_model)
 
     def send(self, text: str, *, idempotency_key: str | None = None) -> Iterator[Event]:
-        """Runs one parent turn on `text`: its events as they come, the last `turn_ended`."""
+        """Runs one parent turn on `text`: its events as they come, the last `turn_ended`. Sent
+        again under its idempotency key while the daemon is unavailable before the turn's first
+        event (the daemon stores the message once); a turn cut off later raises."""
         request = pb.SendMessageRequest(
             session_id=self.id, text=text, idempotency_key=_requests.key(idempotency_key)
         )
-        try:
-            for event in self._client._stream("SendMessage", request):
-                yield _requests.session_event(event)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+        backoff = Backoff(self._client.reconnect_for)
+        while True:
+            started = False
+            try:
+                for event in self._client._stream("SendMessage", request):
+                    started = True
+                    yield _requests.session_event(event)
+                return
+            except grpc.RpcError as e:
+                if started or not is_lost(e):
+                    raise from_rpc_error(e) from None
+                time.sleep(backoff.next(details_of(e)))
 
     def branch(self, *, at_turn: int, idempotency_key: str | None = None) -> Session:
         """A new session holding this one's history up to turn `at_turn`."""

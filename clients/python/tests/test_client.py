@@ -110,6 +110,7 @@ def test_turns_branches_and_kills(client: forkd.Client, daemon: Daemon) -> None:
     assert branch.id != session.id
     batch = session.fork(["Long.\n@sim sleep 20s\n@sim say never"])
     agent = client.agents.get(batch.agent_ids[0])
+    assert agent.background() == "async_launched"
     agent.kill()
     (n,) = batch.wait(timeout=30)
     assert n.status == "killed"
@@ -146,6 +147,22 @@ def test_a_batch_is_followed_across_a_daemon_restart(daemon: Daemon) -> None:
     assert sorted(n.agent_id for n in done) == sorted(batch.agent_ids)
     assert all(n.status == "completed" for n in done)
     assert len(opened) >= 2, "the stream was not opened again"
+
+    # A turn sent while the daemon is down goes once it is back, under its key.
+    daemon.kill9()
+
+    def start_later() -> None:
+        time.sleep(0.5)
+        daemon.start()
+
+    t = threading.Thread(target=start_later)
+    t.start()
+    try:
+        events = list(session.send("Still there?\n@sim say yes"))
+    finally:
+        t.join()
+    assert events[-1].kind == "turn_ended"
+    assert session.refresh().info.finished_turns == 1
     client.close()
 
 
