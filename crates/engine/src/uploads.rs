@@ -416,11 +416,24 @@ impl Receiver {
         Ok(())
     }
 
+    /// The stream was cut: the blobs received whole and checked are stored (its tenant's, kept
+    /// for the orphan grace, so that a retry sends only the rest); the blob cut in the middle and
+    /// the tree are not. How many blobs this upload stored in all.
+    pub async fn keep(mut self) -> Result<u64> {
+        self.current = None;
+        self.flush().await?;
+        Ok(self.blobs_received)
+    }
+
     /// Stores the upload once every blob is its tenant's; else nothing is stored.
+    /// A blob left unfinished (a client cut off mid-blob) keeps the tree out too; the blobs
+    /// received whole are kept, as [`Receiver::keep`] keeps them.
     pub async fn finish(mut self) -> Result<Received> {
-        if let Some(p) = &self.current {
+        if let Some(p) = self.current.take() {
+            self.flush().await?;
             return Err(EngineError::InvalidRequest(format!(
-                "blob {} never ended (no piece said it was the last); nothing was stored",
+                "blob {} never ended (no piece said it was the last); the tree was not stored \
+                 (the blobs received whole were: a retry sends only the rest)",
                 p.sha256
             )));
         }

@@ -3,7 +3,7 @@
 //! service's own.
 
 use forkd_core::upload::{Entry, EntryKind, Manifest};
-use forkd_engine::Engine;
+use forkd_engine::{Engine, Received, Receiver};
 use forkd_proto::v1 as pb;
 use tonic::Streaming;
 
@@ -34,13 +34,49 @@ pub(super) async fn upload_workspace(
             "an upload begins with its manifest".into(),
         ));
     };
-    let mut receiver = engine
+    let receiver = engine
         .for_tenant(tenant)
         .receive_upload(manifest_of(manifest)?)
         .await?;
-    while let Some(message) = stream.message().await.map_err(|e| {
-        ApiError::BadRequest(format!("the upload stream failed: {e}; nothing was stored"))
-    })? {
+    // Received in a task of its own: a client that cuts the stream drops this call, and the
+    // blobs it sent whole must still be kept.
+    let received = tokio::spawn(receive(receiver, stream))
+        .await
+        .map_err(|e| ApiError::Engine(forkd_engine::EngineError::Invariant(e.to_string())))??;
+    let upload = received.upload;
+    Ok(pb::UploadWorkspaceResponse {
+        upload_id: upload.id.to_string(),
+        files: upload.files,
+        bytes: upload.bytes,
+        git_commit: upload.manifest.git_commit.unwrap_or_default(),
+        blobs_received: received.blobs_received,
+        bytes_received: received.bytes_received,
+    })
+}
+
+/// Takes the blobs of an upload whose manifest `receiver` holds, then stores the tree. A stream
+/// that fails keeps the blobs received whole (a retry sends only the rest), never the tree.
+async fn receive(
+    mut receiver: Receiver,
+    mut stream: Streaming<pb::UploadWorkspaceRequest>,
+) -> Result<Received, ApiError> {
+    use pb::upload_workspace_request::Part;
+    loop {
+        let message = match stream.message().await {
+            Ok(Some(message)) => message,
+            Ok(None) => return Ok(receiver.finish().await?),
+            Err(e) => {
+                let kept = match receiver.keep().await {
+                    Ok(0) | Err(_) => String::new(),
+                    Ok(n) => {
+                        format!(" (its {n} blobs received whole were: a retry sends only the rest)")
+                    }
+                };
+                return Err(ApiError::BadRequest(format!(
+                    "the upload stream failed: {e}; the tree was not stored{kept}"
+                )));
+            }
+        };
         match message.part {
             Some(Part::Blob(chunk)) => {
                 receiver
@@ -55,16 +91,6 @@ pub(super) async fn upload_workspace(
             None => return Err(ApiError::BadRequest("an empty upload message".into())),
         }
     }
-    let received = receiver.finish().await?;
-    let upload = received.upload;
-    Ok(pb::UploadWorkspaceResponse {
-        upload_id: upload.id.to_string(),
-        files: upload.files,
-        bytes: upload.bytes,
-        git_commit: upload.manifest.git_commit.unwrap_or_default(),
-        blobs_received: received.blobs_received,
-        bytes_received: received.bytes_received,
-    })
 }
 
 pub(super) async fn session_changes(
