@@ -1,0 +1,30 @@
+// forkd's TypeScript client: parent sessions, fork batches whose children share the parent's
+// cached context, and their task notifications, over gRPC (@grpc/grpc-js).
+
+export {
+  Agent,
+  Agents,
+  Batch,
+  type CallSignal,
+  Client,
+  type ClientOptions,
+  type ContextItem,
+  type CreateSessionOptions,
+  type Directive,
+  type ForkOptions,
+  type Report,
+  Session,
+  Sessions,
+  type Status,
+  type TaskNotification,
+} from "./client.js";
+export {
+  FailedPrecondition,
+  ForkdError,
+  InvalidArgument,
+  NotFound,
+  PermissionDenied,
+  ResourceExhausted,
+  Unauthenticated,
+  Unavailable,
+} from "./errors.js";

@@ -1,0 +1,133 @@
+// The client against a real daemon: every call, errors by meaning, an aborted wait, a batch
+// followed across a SIGKILL and restart, TCP with tokens, and a 1000-child wait's memory.
+
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { after, before, test } from "node:test";
+
+import * as forkd from "../dist/index.js";
+import { Daemon, freePort } from "./daemon.mjs";
+
+const daemon = new Daemon({ speed: "1" });
+before(() => daemon.start());
+after(() => daemon.stop());
+
+const client = () => new forkd.Client({ addr: daemon.addr });
+
+test("a batch is forked and each child reports once", async () => {
+  const c = client();
+  writeFileSync(join(daemon.workspace, "README.md"), "# A project\n");
+  const session = await c.sessions.create({
+    system: "You are a reviewer.",
+    context: [join(daemon.workspace, "README.md"), ["notes.md", "Be brief."]],
+    workspace: daemon.workspace,
+  });
+  assert.equal((await c.sessions.get(session.id)).id, session.id);
+  const batch = await session.fork(["Review the API.\n@sim say api ok", ["docs", "Review.\n@sim say docs ok"]]);
+  assert.equal(batch.agentIds.length, 2);
+  const seen = [];
+  for await (const n of batch.notifications()) seen.push(n);
+  assert.deepEqual(seen.map((n) => n.agentId).sort(), [...batch.agentIds].sort());
+  assert.ok(seen.every((n) => n.status === "completed"));
+  assert.equal((await batch.wait({ signal: AbortSignal.timeout(30_000) })).length, 2);
+  const stored = [];
+  for await (const n of c.notifications({ since: 0, follow: false })) stored.push(n);
+  const mine = stored.filter((n) => n.batchId === batch.id);
+  assert.equal(mine.length, 2);
+  const later = [];
+  for await (const n of c.notifications({ since: mine[0].seq, follow: false })) later.push(n.seq);
+  assert.ok(!later.includes(mine[0].seq));
+  const agent = await c.agents.get(batch.agentIds[0]);
+  assert.ok((await agent.transcript()).some((m) => m.role === "assistant"));
+  const turn = [];
+  for await (const e of session.send("Hi.\n@sim say hello")) turn.push(e);
+  assert.equal(turn.at(-1).$case, "turnEnded");
+  const branch = await session.branch(1);
+  assert.notEqual(branch.id, session.id);
+  c.close();
+});
+
+test("structured results come back as the schema says", async () => {
+  const c = client();
+  const session = await c.sessions.create({ system: "s", workspace: daemon.workspace });
+  const verdict = JSON.stringify({ verdict: "pass", findings: ["a.rs"] });
+  const batch = await session.fork([`Judge.\n@sim json ${verdict}`], {
+    outputSchema: { type: "object", required: ["verdict"], properties: { verdict: { enum: ["pass", "fail"] } } },
+  });
+  const [n] = await batch.wait();
+  assert.deepEqual(n.report.structured, { verdict: "pass", findings: ["a.rs"] });
+  c.close();
+});
+
+test("errors keep their meaning, and an aborted wait stops waiting", async () => {
+  const c = client();
+  await assert.rejects(c.sessions.get("01a00000-0000-7000-8000-000000000000"), forkd.NotFound);
+  const session = await c.sessions.create({ system: "s", workspace: daemon.workspace });
+  await assert.rejects(session.fork([]), forkd.InvalidArgument);
+  await assert.rejects(session.fork(["x"], { outputSchema: { type: "objet" } }), forkd.InvalidArgument);
+  const gone = new forkd.Client({ addr: `unix:${join(daemon.home, "nobody.sock")}`, reconnectForMs: 500 });
+  await assert.rejects(gone.sessions.get(session.id), forkd.Unavailable);
+  gone.close();
+  assert.throws(() => new forkd.Client({ addr: "ftp://x" }), TypeError);
+
+  const slow = await session.fork(["Slow.\n@sim sleep 20s\n@sim say never"]);
+  const started = Date.now();
+  await assert.rejects(slow.wait({ signal: AbortSignal.timeout(300) }), { name: "TimeoutError" });
+  assert.ok(Date.now() - started < 3000);
+  const agent = await c.agents.get(slow.agentIds[0]);
+  assert.equal(await agent.background(), "async_launched");
+  await agent.kill();
+  const [n] = await slow.wait({ signal: AbortSignal.timeout(30_000) });
+  assert.equal(n.status, "killed");
+  c.close();
+});
+
+test("a wait is resumed across a daemon restart", async () => {
+  const c = client();
+  const session = await c.sessions.create({ system: "s", workspace: daemon.workspace });
+  const batch = await session.fork([0, 1].map((i) => `Part ${i}.\n@sim sleep 2s\n@sim say part ${i} done`));
+  const restart = (async () => {
+    await new Promise((r) => setTimeout(r, 700));
+    daemon.kill9();
+    await new Promise((r) => setTimeout(r, 500));
+    await daemon.start();
+  })();
+  const done = await batch.wait({ signal: AbortSignal.timeout(60_000) });
+  await restart;
+  assert.deepEqual(done.map((n) => n.agentId).sort(), [...batch.agentIds].sort());
+  assert.ok(done.every((n) => n.status === "completed"));
+  c.close();
+});
+
+test("tokens travel over TCP and tenants stay apart", async () => {
+  const tcp = new Daemon({ speed: "0", listen: `127.0.0.1:${await freePort()}` });
+  await tcp.start();
+  try {
+    const addr = `http://${tcp.listen}`;
+    const alice = new forkd.Client({ addr, token: tcp.token("alice") });
+    const bob = new forkd.Client({ addr, token: tcp.token("bob") });
+    const session = await alice.sessions.create({ system: "s" });
+    const [n] = await (await session.fork(["Go.\n@sim say done"])).wait();
+    assert.equal(n.status, "completed");
+    await assert.rejects(bob.sessions.get(session.id), forkd.NotFound);
+    const anon = new forkd.Client({ addr, token: "" });
+    await assert.rejects(anon.sessions.get(session.id), forkd.Unauthenticated);
+    for (const c of [alice, bob, anon]) c.close();
+  } finally {
+    tcp.stop();
+  }
+});
+
+test("a thousand children are waited on in little memory", () => {
+  const out = spawnSync(process.execPath, [new URL("./wait_many.mjs", import.meta.url).pathname, daemon.addr, daemon.workspace, "1000"], {
+    encoding: "utf8",
+    timeout: 600_000,
+  });
+  assert.equal(out.status, 0, out.stderr);
+  const report = JSON.parse(out.stdout);
+  console.log(`1000-child wait: ${JSON.stringify(report)}`);
+  assert.equal(report.completed, 1000);
+  assert.ok(report.peakRssMiB < 128, out.stdout);
+});
