@@ -6,10 +6,34 @@ import { readFileSync } from "node:fs";
 
 import type { CallOptions, ClientReadableStream, ClientUnaryCall, Metadata, ServiceError } from "@grpc/grpc-js";
 
-import { channel, defaultAddr, metadata, parseAddr } from "./config.js";
+import { channel, defaultAddr, metadata, parseAddr, zod } from "./config.js";
 import { fromServiceError } from "./errors.js";
+import { type Applied, applyTo, listTree, uploadRequests } from "./files.js";
 import * as pb from "./gen/forkd/v1/forkd.js";
 import { DEFAULT_RECONNECT_FOR_MS, follow, retried } from "./streams.js";
+
+export type { Applied } from "./files.js";
+
+/** An upload the daemon stored: sessions start from it (`uploadId`). */
+export interface Upload {
+  uploadId: string;
+  files: number;
+  bytes: number;
+  gitCommit: string;
+  /** What this upload carried: the rest the tenant had already. */
+  blobsReceived: number;
+  bytesReceived: number;
+}
+
+/** A zod schema (zod 4), as far as this client uses one. */
+interface ZodLike {
+  safeParse(value: unknown): unknown;
+  parse(value: unknown): unknown;
+}
+
+function isZod(schema: unknown): schema is ZodLike {
+  return typeof (schema as Partial<ZodLike> | undefined)?.safeParse === "function";
+}
 
 export interface ClientOptions {
   /** `unix:/path/forkd.sock`, `http://host:port` or `https://host:port`; default `FORKD_ADDR`, else `FORKD_HOME`'s socket. */
@@ -59,8 +83,9 @@ const STATUS: Record<number, Status> = {
   [pb.NotificationStatus.NOTIFICATION_STATUS_KILLED]: "killed",
 };
 
-function notificationOf(n: pb.Notification): TaskNotification {
+function notificationOf(n: pb.Notification, schema?: ZodLike): TaskNotification {
   const r = n.report;
+  const structured: unknown = r?.structuredJson ? JSON.parse(r.structuredJson) : undefined;
   return {
     seq: n.seq,
     sessionId: n.sessionId,
@@ -75,7 +100,7 @@ function notificationOf(n: pb.Notification): TaskNotification {
       keyFiles: r?.keyFiles ?? [],
       filesChanged: r?.filesChanged ?? [],
       issues: r?.issues ?? "",
-      structured: r?.structuredJson ? JSON.parse(r.structuredJson) : undefined,
+      structured: structured !== undefined && schema ? schema.parse(structured) : structured,
     },
     usage: n.usage,
     costUsd: n.costUsd,
@@ -142,6 +167,41 @@ export class Client {
   }
 
   /**
+   * Sends the tree under `dir` (what git would list in a git work tree, else what its ignore
+   * files keep): only the contents this tenant's store lacks travel.
+   */
+  async upload(dir: string, options: CallSignal = {}): Promise<Upload> {
+    const tree = listTree(dir);
+    const hashes = [...tree.contents.keys()];
+    const missing: string[] = [];
+    for (let at = 0; at < hashes.length; at += 10_000) {
+      const request = pb.FindMissingBlobsRequest.fromPartial({ hashes: hashes.slice(at, at + 10_000) });
+      missing.push(...(await this.call(this.stub.findMissingBlobs, request, options)).missing);
+    }
+    const reply = await new Promise<pb.UploadWorkspaceResponse>((resolve, reject) => {
+      const call = this.stub.uploadWorkspace(this.meta(), (error, response) =>
+        error ? reject(fromServiceError(error)) : resolve(response),
+      );
+      options.signal?.addEventListener("abort", () => call.cancel(), { once: true });
+      try {
+        for (const request of uploadRequests(tree, missing)) call.write(request);
+        call.end();
+      } catch (e) {
+        call.cancel();
+        reject(e);
+      }
+    });
+    return {
+      uploadId: reply.uploadId,
+      files: reply.files,
+      bytes: reply.bytes,
+      gitCommit: reply.gitCommit,
+      blobsReceived: reply.blobsReceived,
+      bytesReceived: reply.bytesReceived,
+    };
+  }
+
+  /**
    * This tenant's task notifications after `since`: the stored ones, then live ones (unless
    * `follow` is false), resumed after the last one yielded across a daemon restart.
    */
@@ -176,6 +236,8 @@ export interface CreateSessionOptions extends CallSignal {
   system?: string;
   context?: ContextItem[];
   workspace?: string;
+  /** A directory here: uploaded first, and the session starts from it. */
+  upload?: string;
   uploadId?: string;
   model?: string;
   permissionMode?: string;
@@ -190,6 +252,13 @@ export class Sessions {
 
   /** A new parent session; retried across a daemon restart under one idempotency key. */
   async create(options: CreateSessionOptions = {}): Promise<Session> {
+    let uploadId = options.uploadId;
+    if (options.upload !== undefined) {
+      if (options.workspace !== undefined || uploadId !== undefined) {
+        throw new TypeError("upload is exclusive with workspace and uploadId");
+      }
+      uploadId = (await this.client.upload(options.upload, options)).uploadId;
+    }
     const request = pb.CreateSessionRequest.fromPartial({
       systemPrompt: options.system ?? "",
       contextFiles: (options.context ?? []).map((item) =>
@@ -198,7 +267,7 @@ export class Sessions {
           : { path: item[0], content: item[1] },
       ),
       workspace: options.workspace ?? "",
-      uploadId: options.uploadId ?? "",
+      uploadId: uploadId ?? "",
       model: options.model ?? "",
       permissionMode: options.permissionMode ?? "",
       sandbox: options.sandbox ?? "",
@@ -225,7 +294,10 @@ export class Sessions {
 
 export interface ForkOptions extends CallSignal {
   isolation?: "copy" | "none";
-  /** A JSON Schema object: each child ends with a JSON object valid against it (`report.structured`). */
+  /**
+   * A JSON Schema object, or a zod 4 schema (converted with zod's `toJSONSchema`; the results are
+   * parsed with it): each child ends with a JSON object valid against it (`report.structured`).
+   */
   outputSchema?: object;
   budgetUsd?: number;
   budgetTokens?: number;
@@ -247,6 +319,12 @@ export class Session {
 
   /** Forks one child per directive; they inherit the session's context. */
   async fork(directives: Directive[], options: ForkOptions = {}): Promise<Batch> {
+    let schema: object | undefined = options.outputSchema;
+    const model = isZod(schema) ? schema : undefined;
+    if (model) {
+      if (!zod) throw new TypeError("a zod schema as outputSchema needs zod 4 installed");
+      schema = zod.toJSONSchema(model) as object;
+    }
     const request = pb.ForkBatchRequest.fromPartial({
       sessionId: this.id,
       directives: directives.map((d) =>
@@ -255,7 +333,7 @@ export class Session {
           : { description: d[0], prompt: d[1] },
       ),
       isolation: options.isolation ?? "",
-      outputSchema: options.outputSchema ? JSON.stringify(options.outputSchema) : "",
+      outputSchema: schema ? JSON.stringify(schema) : "",
       budgetUsd: options.budgetUsd ?? 0,
       budgetTokens: options.budgetTokens ?? 0,
       atTurn: options.atTurn,
@@ -266,7 +344,7 @@ export class Session {
       idempotent: true,
       signal: options.signal,
     });
-    return new Batch(this.client, reply.batchId, reply.agentIds);
+    return new Batch(this.client, reply.batchId, reply.agentIds, model);
   }
 
   /** Runs one parent turn on `text`: its events as they come, the last `turnEnded`. */
@@ -303,14 +381,29 @@ export class Session {
     });
     return new Session(this.client, reply.session!);
   }
+
+  /** Merges this branch back into the session it branched from; the note the origin reads. */
+  async merge(options: CallSignal & { summary?: boolean; idempotencyKey?: string } = {}): Promise<string> {
+    const request = pb.MergeBranchRequest.fromPartial({
+      sessionId: this.id,
+      summary: options.summary ?? false,
+      idempotencyKey: options.idempotencyKey ?? randomUUID(),
+    });
+    const reply = await this.client.call(this.client.stub.mergeBranch, request, {
+      idempotent: true,
+      signal: options.signal,
+    });
+    return reply.note;
+  }
 }
 
-/** A fork batch: its children's ids and their notifications. */
+/** A fork batch: its children's ids, their notifications and changes. */
 export class Batch {
   constructor(
     private readonly client: Client,
     readonly id: string,
     readonly agentIds: string[],
+    private readonly schema?: ZodLike,
   ) {}
 
   /**
@@ -329,7 +422,7 @@ export class Batch {
     const stream = follow(open, (n) => n.seq, 0, this.client.reconnectForMs, { signal: options.signal });
     for await (const n of stream) {
       if (!waiting.delete(n.agentId)) continue;
-      yield notificationOf(n);
+      yield notificationOf(n, this.schema);
       if (waiting.size === 0) return;
     }
   }
@@ -339,6 +432,32 @@ export class Batch {
     const done: TaskNotification[] = [];
     for await (const n of this.notifications(options)) done.push(n);
     return done;
+  }
+
+  /** Each isolated child's changes (files, diff, state), by agent id. */
+  async changes(options: CallSignal = {}): Promise<Map<string, pb.GetChangesResponse>> {
+    const out = new Map<string, pb.GetChangesResponse>();
+    for (const agentId of this.agentIds) {
+      const request = pb.GetChangesRequest.fromPartial({ agentId });
+      out.set(agentId, await this.client.call(this.client.stub.getChanges, request, options));
+    }
+    return out;
+  }
+
+  /**
+   * Applies the isolated children's changes, in order: to the session's workspace on the
+   * daemon's machine, or with `to` to a directory here (a checkout of the tree the batch forked
+   * from; needs git). A child with a conflict stays unapplied, all of its files.
+   */
+  async apply(options: CallSignal & { to?: string } = {}): Promise<Applied[]> {
+    if (options.to === undefined) {
+      const request = pb.ApplyChangesRequest.fromPartial({ batchId: this.id });
+      const reply = await this.client.call(this.client.stub.applyChanges, request, options);
+      return reply.results.map((a) => ({ agentId: a.agentId, applied: a.applied, conflicts: a.conflicts }));
+    }
+    const results: Applied[] = [];
+    for (const [, changes] of await this.changes(options)) results.push(applyTo(options.to, changes));
+    return results;
   }
 }
 
@@ -364,6 +483,22 @@ export class Agent {
     readonly info: pb.Agent,
   ) {
     this.id = info.agentId;
+  }
+
+  /**
+   * The agent's messages from `since`, then live ones, then `ended` (its notification); resumed
+   * at the next message across a daemon restart.
+   */
+  async *attach(options: CallSignal & { since?: number } = {}): AsyncGenerator<NonNullable<pb.AgentEvent["event"]>> {
+    const open = (seq: number): ClientReadableStream<pb.AgentEvent> =>
+      this.client.stub.attach(pb.AttachRequest.fromPartial({ agentId: this.id, sinceSeq: seq }), this.client.meta());
+    const nextMessage = (e: pb.AgentEvent): number => (e.event?.$case === "message" ? e.event.value.seq + 1 : 0);
+    const stream = follow(open, nextMessage, options.since ?? 0, this.client.reconnectForMs, { signal: options.signal });
+    for await (const event of stream) {
+      if (!event.event) continue;
+      yield event.event;
+      if (event.event.$case === "ended" || event.event.$case === "asyncLaunched") return;
+    }
   }
 
   /** Stops the agent at once; it ends `killed` with its partial result. */

@@ -66,8 +66,39 @@ export function channel(
   return { credentials: credentials.createSsl(roots ?? null), options };
 }
 
-/** The caller's W3C trace context: `TRACEPARENT`, as CI systems set it. */
+/** What this client uses of `@opentelemetry/api`, when it is installed. */
+interface OtelApi {
+  context: { active(): unknown };
+  propagation: { inject(context: unknown, carrier: Record<string, string>): void };
+}
+
+/** What this client uses of zod 4, when it is installed. */
+export interface ZodApi {
+  toJSONSchema(schema: unknown): unknown;
+}
+
+// Optional peers, loaded once if present (named through a variable, so that neither is needed
+// to build this package).
+const optional = async <T>(name: string): Promise<T | undefined> => {
+  try {
+    return (await import(name)) as T;
+  } catch {
+    return undefined;
+  }
+};
+const otel = await optional<OtelApi>("@opentelemetry/api");
+export const zod = await optional<ZodApi>("zod");
+
+/**
+ * The caller's W3C trace context: the active OpenTelemetry context's when `@opentelemetry/api`
+ * is installed and a span is active, else `TRACEPARENT` (as CI systems set it).
+ */
 export function traceparent(env: NodeJS.ProcessEnv = process.env): string | undefined {
+  if (otel) {
+    const carrier: Record<string, string> = {};
+    otel.propagation.inject(otel.context.active(), carrier);
+    if (carrier.traceparent) return carrier.traceparent;
+  }
   const value = env.TRACEPARENT?.trim();
   return value || undefined;
 }

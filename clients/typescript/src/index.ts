@@ -4,6 +4,7 @@
 export {
   Agent,
   Agents,
+  type Applied,
   Batch,
   type CallSignal,
   Client,
@@ -17,6 +18,7 @@ export {
   Sessions,
   type Status,
   type TaskNotification,
+  type Upload,
 } from "./client.js";
 export {
   FailedPrecondition,

@@ -131,3 +131,62 @@ test("a thousand children are waited on in little memory", () => {
   assert.equal(report.completed, 1000);
   assert.ok(report.peakRssMiB < 128, out.stdout);
 });
+
+test("uploads, isolated changes applied here, attach, merge and zod schemas", async () => {
+  const { cpSync, mkdirSync, readFileSync, symlinkSync } = await import("node:fs");
+  const { z } = await import("zod");
+  const c = client();
+  // An upload: the tree's ignore files kept, only missing contents sent again.
+  const tree = join(daemon.root, "tree");
+  mkdirSync(join(tree, "sub"), { recursive: true });
+  writeFileSync(join(tree, "a.txt"), "alpha\n");
+  writeFileSync(join(tree, ".gitignore"), "*.log\n");
+  writeFileSync(join(tree, "noise.log"), "x\n");
+  writeFileSync(join(tree, "sub", "b.txt"), "beta\n");
+  symlinkSync("a.txt", join(tree, "link"));
+  const first = await c.upload(tree);
+  assert.ok(first.blobsReceived > 0);
+  assert.equal((await c.upload(tree)).blobsReceived, 0);
+  const uploaded = await c.sessions.create({ system: "s", upload: tree });
+  assert.equal(uploaded.info.uploadOrigin?.files, 4);
+
+  // Isolated children; their changes applied to a checkout here, one with a conflict.
+  const ws = join(daemon.root, "isolated");
+  mkdirSync(ws);
+  writeFileSync(join(ws, "README.md"), "line1\nline2\nline3\n");
+  const session = await c.sessions.create({ system: "s", workspace: ws, permissionMode: "bypassPermissions" });
+  const write = '@sim tool Write {"file_path":"new.txt","content":"made\\n"}';
+  const edit = '@sim tool Edit {"file_path":"README.md","old_string":"line2","new_string":"LINE2"}';
+  const batch = await session.fork([`Add.\n${write}\n@sim say added`, `Edit.\n${edit}\n@sim say edited`], {
+    isolation: "copy",
+  });
+  await batch.wait({ signal: AbortSignal.timeout(60_000) });
+  const checkout = join(daemon.root, "checkout");
+  cpSync(ws, checkout, { recursive: true });
+  writeFileSync(join(checkout, "README.md"), "line1\nother\nline3\n");
+  const [added, edited] = await batch.apply({ to: checkout });
+  assert.deepEqual(added.applied, ["new.txt"]);
+  assert.deepEqual(edited.applied, []);
+  assert.deepEqual(edited.conflicts.map((x) => x.path), ["README.md"]);
+  assert.equal(readFileSync(join(checkout, "new.txt"), "utf8"), "made\n");
+  assert.equal(readFileSync(join(checkout, "README.md"), "utf8"), "line1\nother\nline3\n");
+
+  // Attach to an ended child: its messages, then its end.
+  const events = [];
+  for await (const e of (await c.agents.get(batch.agentIds[0])).attach()) events.push(e.$case);
+  assert.equal(events.at(-1), "ended");
+  assert.ok(events.includes("message"));
+
+  // A branch merged back; a zod schema sent as JSON Schema and the result parsed with it.
+  for await (const _ of session.send("Hi.\n@sim say hello"));
+  const branch = await session.branch(1);
+  for await (const _ of branch.send("More.\n@sim say more"));
+  assert.ok(await branch.merge());
+  const Verdict = z.object({ verdict: z.enum(["pass", "fail"]), findings: z.array(z.string()) });
+  const judged = await session.fork([`Judge.\n@sim json ${JSON.stringify({ verdict: "fail", findings: ["b.rs"] })}`], {
+    outputSchema: Verdict,
+  });
+  const [n] = await judged.wait();
+  assert.deepEqual(n.report.structured, { verdict: "fail", findings: ["b.rs"] });
+  c.close();
+});
