@@ -7,10 +7,10 @@ import { readFileSync } from "node:fs";
 import type { CallOptions, ClientReadableStream, ClientUnaryCall, Metadata, ServiceError } from "@grpc/grpc-js";
 
 import { channel, defaultAddr, metadata, parseAddr, zod } from "./config.js";
-import { fromServiceError } from "./errors.js";
+import { fromServiceError, isServiceError } from "./errors.js";
 import { type Applied, applyTo, listTree, uploadRequests } from "./files.js";
 import * as pb from "./gen/forkd/v1/forkd.js";
-import { DEFAULT_RECONNECT_FOR_MS, follow, retried } from "./streams.js";
+import { Backoff, DEFAULT_RECONNECT_FOR_MS, follow, isLost, retried, sleep } from "./streams.js";
 
 export type { Applied } from "./files.js";
 
@@ -347,7 +347,11 @@ export class Session {
     return new Batch(this.client, reply.batchId, reply.agentIds, model);
   }
 
-  /** Runs one parent turn on `text`: its events as they come, the last `turnEnded`. */
+  /**
+   * Runs one parent turn on `text`: its events as they come, the last `turnEnded`. Sent again
+   * under its idempotency key while the daemon is unavailable before the turn's first event (the
+   * daemon stores the message once); a turn cut off later throws.
+   */
   async *send(
     text: string,
     options: CallSignal & { idempotencyKey?: string } = {},
@@ -357,14 +361,25 @@ export class Session {
       text,
       idempotencyKey: options.idempotencyKey ?? randomUUID(),
     });
-    const call = this.client.stub.sendMessage(request, this.client.meta());
-    options.signal?.addEventListener("abort", () => call.cancel(), { once: true });
-    try {
-      for await (const event of call as AsyncIterable<pb.SessionEvent>) {
-        if (event.event) yield event.event;
+    const backoff = new Backoff(this.client.reconnectForMs);
+    for (;;) {
+      const call = this.client.stub.sendMessage(request, this.client.meta());
+      const cancel = (): void => call.cancel();
+      options.signal?.addEventListener("abort", cancel, { once: true });
+      let started = false;
+      try {
+        for await (const event of call as AsyncIterable<pb.SessionEvent>) {
+          started = true;
+          if (event.event) yield event.event;
+        }
+        return;
+      } catch (e) {
+        if (options.signal?.aborted) throw options.signal.reason;
+        if (started || !isLost(e)) throw fromServiceError(e);
+        await sleep(backoff.next(isServiceError(e) ? e.details : String(e)), options.signal);
+      } finally {
+        options.signal?.removeEventListener("abort", cancel);
       }
-    } catch (e) {
-      throw options.signal?.aborted ? options.signal.reason : fromServiceError(e);
     }
   }
 

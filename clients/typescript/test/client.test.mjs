@@ -98,6 +98,17 @@ test("a wait is resumed across a daemon restart", async () => {
   await restart;
   assert.deepEqual(done.map((n) => n.agentId).sort(), [...batch.agentIds].sort());
   assert.ok(done.every((n) => n.status === "completed"));
+  // A turn sent while the daemon is down goes once it is back, under its key.
+  daemon.kill9();
+  const back = (async () => {
+    await new Promise((r) => setTimeout(r, 500));
+    await daemon.start();
+  })();
+  const turn = [];
+  for await (const e of session.send("Still there?\n@sim say yes")) turn.push(e.$case);
+  await back;
+  assert.equal(turn.at(-1), "turnEnded");
+  assert.equal((await c.sessions.get(session.id)).info.finishedTurns, 1);
   c.close();
 });
 
