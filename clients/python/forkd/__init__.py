@@ -8,6 +8,9 @@ context, and their task notifications, over gRPC.
     for n in batch.notifications():
         print(n.agent_id, n.status, n.report.result)
 
+A child ends `completed`, or `failed`, `killed` or `timed_out` (past one of its limits:
+`session.fork(..., timeout=600, max_turns=40)`, or a directive's own `forkd.Limits`).
+
 `forkd.AsyncClient` is the same with `await` and `async for`.
 """
 
@@ -21,7 +24,7 @@ from forkd._aio import (
 )
 from forkd._apply import Applied
 from forkd._client import Agent, Agents, Batch, Client, Session, Sessions
-from forkd._types import AgentInfo, Event, Message, Notification, Report, Usage
+from forkd._types import AgentInfo, Event, Limits, Message, Notification, Report, Usage
 from forkd._upload import Upload
 from forkd.errors import (
     FailedPrecondition,
@@ -51,6 +54,7 @@ __all__ = [
     "FailedPrecondition",
     "ForkdError",
     "InvalidArgument",
+    "Limits",
     "Message",
     "NotFound",
     "Notification",

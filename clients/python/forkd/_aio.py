@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from forkd._proto.forkd.v1 import forkd_pb2 as pb
 from forkd._proto.forkd.v1 import forkd_pb2_grpc as pb_grpc
 from forkd._requests import ContextItem, Directive
 from forkd._streams import DEFAULT_RECONNECT_FOR, Backoff, afollow, aretried, is_lost, remaining
-from forkd._types import AgentInfo, Event, Message, Notification
+from forkd._types import AgentInfo, Event, Limits, Message, Notification
 from forkd._upload import Upload
 from forkd.errors import details_of, from_rpc_error
 
@@ -174,6 +175,11 @@ class AsyncSession:
         budget_tokens: int = 0,
         at_turn: int | None = None,
         warmup_gating: bool | None = None,
+        timeout: float | timedelta | None = None,
+        idle_timeout: float | timedelta | None = None,
+        max_turns: int | None = None,
+        max_output_tokens: int | None = None,
+        timeout_excludes_throttle: bool | None = None,
         idempotency_key: str | None = None,
     ) -> AsyncBatch:
         """[`forkd.Session.fork`]."""
@@ -188,6 +194,7 @@ class AsyncSession:
             at_turn,
             warmup_gating,
             idempotency_key,
+            Limits(timeout, idle_timeout, max_turns, max_output_tokens, timeout_excludes_throttle),
         )
         reply = await self._client._call("ForkBatch", request, idempotent=True)
         return AsyncBatch(self._client, reply.batch_id, list(reply.agent_ids), output_model)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from forkd._proto.forkd.v1 import forkd_pb2 as pb
 from forkd._proto.forkd.v1 import forkd_pb2_grpc as pb_grpc
 from forkd._requests import ContextItem, Directive
 from forkd._streams import DEFAULT_RECONNECT_FOR, Backoff, follow, is_lost, remaining, retried
-from forkd._types import AgentInfo, Event, Message, Notification
+from forkd._types import AgentInfo, Event, Limits, Message, Notification
 from forkd._upload import Upload
 from forkd.errors import details_of, from_rpc_error
 
@@ -179,12 +180,23 @@ class Session:
         budget_tokens: int = 0,
         at_turn: int | None = None,
         warmup_gating: bool | None = None,
+        timeout: float | timedelta | None = None,
+        idle_timeout: float | timedelta | None = None,
+        max_turns: int | None = None,
+        max_output_tokens: int | None = None,
+        timeout_excludes_throttle: bool | None = None,
         idempotency_key: str | None = None,
     ) -> Batch:
-        """Forks one child per directive (a prompt, or `(description, prompt)`); they inherit the
-        session's context. `output_model` (a pydantic model class) or `output_schema` (a JSON
-        Schema dict): each child ends with a JSON object valid against it, given back as
-        `report.structured` (a model instance with `output_model`)."""
+        """Forks one child per directive (a prompt, `(description, prompt)`, or `(description,
+        prompt, forkd.Limits(...))`); they inherit the session's context. `output_model` (a
+        pydantic model class) or `output_schema` (a JSON Schema dict): each child ends with a
+        JSON object valid against it, given back as `report.structured` (a model instance with
+        `output_model`).
+
+        The children's limits (`forkd.Limits` tells each; a directive's own win): `timeout` and
+        `idle_timeout` (seconds or a `timedelta`), `max_turns`, `max_output_tokens`,
+        `timeout_excludes_throttle`. A child past one ends `timed_out`, a failure, with a partial
+        report. A value that is not positive raises `ValueError` before anything is sent."""
         request = _requests.fork(
             self.id,
             directives,
@@ -196,6 +208,7 @@ class Session:
             at_turn,
             warmup_gating,
             idempotency_key,
+            Limits(timeout, idle_timeout, max_turns, max_output_tokens, timeout_excludes_throttle),
         )
         reply = self._client._call("ForkBatch", request, idempotent=True)
         return Batch(self._client, reply.batch_id, list(reply.agent_ids), output_model)

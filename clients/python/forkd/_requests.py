@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from forkd._proto.forkd.v1 import forkd_pb2 as pb
-from forkd._types import Event, Message, Notification
+from forkd._types import Event, Limits, Message, Notification
 
 ContextItem = str | Path | tuple[str, str]
 """A context file: a path read here, or `(name, text)`."""
 
-Directive = str | tuple[str, str]
-"""A child's directive: its prompt (described by its first line), or `(description, prompt)`."""
+Directive = str | tuple[str, str] | tuple[str, str, Limits]
+"""A child's directive: its prompt (described by its first line), `(description, prompt)`, or
+`(description, prompt, forkd.Limits(...))`: that child's own limits, over the batch's."""
 
 
 def key(given: str | None) -> str:
@@ -68,11 +69,9 @@ def fork(
     at_turn: int | None,
     warmup_gating: bool | None,
     idempotency_key: str | None,
+    limits: Limits | None = None,
 ) -> pb.ForkBatchRequest:
-    items = []
-    for d in directives:
-        description, prompt = d if isinstance(d, tuple) else (d.split("\n", 1)[0][:80], d)
-        items.append(pb.Directive(description=description, prompt=prompt))
+    items = [directive(d) for d in directives]
     if output_model is not None:
         output_schema = output_model.model_json_schema()
     request = pb.ForkBatchRequest(
@@ -88,7 +87,26 @@ def fork(
         request.at_turn = at_turn
     if warmup_gating is not None:
         request.warmup_gating = warmup_gating
+    if limits:
+        request.limits.CopyFrom(limits.to_proto())
     return request
+
+
+def directive(d: Directive) -> pb.Directive:
+    """One directive as the wire carries it (its limits validated here)."""
+    if isinstance(d, str):
+        return pb.Directive(description=d.split("\n", 1)[0][:80], prompt=d)
+    if len(d) == 3:
+        description, prompt, limits = d
+        if not isinstance(limits, Limits):
+            kind = type(limits).__name__
+            raise TypeError(f"a directive's third item is a forkd.Limits, not {kind}")
+        out = pb.Directive(description=description, prompt=prompt)
+        if limits:
+            out.limits.CopyFrom(limits.to_proto())
+        return out
+    description, prompt = d
+    return pb.Directive(description=description, prompt=prompt)
 
 
 def session_event(event: pb.SessionEvent) -> Event:

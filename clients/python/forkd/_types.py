@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from forkd._proto.forkd.v1 import forkd_pb2 as pb
@@ -12,6 +14,7 @@ _STATUS = {
     pb.NOTIFICATION_STATUS_COMPLETED: "completed",
     pb.NOTIFICATION_STATUS_FAILED: "failed",
     pb.NOTIFICATION_STATUS_KILLED: "killed",
+    pb.NOTIFICATION_STATUS_TIMED_OUT: "timed_out",
 }
 
 _STATE = {
@@ -21,7 +24,40 @@ _STATE = {
     pb.AGENT_STATE_FAILED: "failed",
     pb.AGENT_STATE_KILLED: "killed",
     pb.AGENT_STATE_IDLE: "idle",
+    pb.AGENT_STATE_TIMED_OUT: "timed_out",
 }
+
+_U32 = 2**32 - 1
+_U64 = 2**64 - 1
+
+
+def _milliseconds(name: str, value: float | timedelta) -> int:
+    """A duration given in seconds (or as a `timedelta`), in whole milliseconds; refused unless
+    it is at least one."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise TypeError(f"{name} is seconds or a timedelta, not {type(value).__name__}")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{name} must be positive, not {value!r} (leave it out for no limit here)")
+    ms = round(seconds * 1000)
+    if ms < 1:
+        raise ValueError(f"{name} must be at least a millisecond, not {value!r}")
+    if ms > _U64:
+        raise ValueError(f"{name} is too long: {value!r}")
+    return ms
+
+
+def _count(name: str, value: int, most: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} is a whole number, not {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, not {value!r} (leave it out for no limit here)")
+    if value > most:
+        raise ValueError(f"{name} is too large: {value!r} (at most {most})")
+    return value
 
 
 @dataclass(frozen=True)
@@ -38,6 +74,70 @@ class Usage:
             u.cache_creation_input_tokens,
             u.cache_read_input_tokens,
             u.output_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Limits on an agent's run: past one it ends `timed_out`, with a partial report whose
+    `issues` names the limit. `timeout` (wall time from its first start) and `idle_timeout` (no
+    output token and no tool call for that long) are seconds or a `timedelta`; `max_turns` caps
+    its model requests, `max_output_tokens` its output tokens; `timeout_excludes_throttle` leaves
+    the time spent waiting on the provider's rate limits out of `timeout`. Each one left `None`
+    is the next layer's: a child's own, its batch's, the tenant's default, the daemon's. A value
+    that is not positive raises `ValueError` here, before anything is sent.
+
+    Read back from the daemon (`AgentInfo.limits`), the durations are seconds (floats)."""
+
+    timeout: float | timedelta | None = None
+    idle_timeout: float | timedelta | None = None
+    max_turns: int | None = None
+    max_output_tokens: int | None = None
+    timeout_excludes_throttle: bool | None = None
+
+    def __post_init__(self) -> None:
+        throttle = self.timeout_excludes_throttle
+        if throttle is not None and not isinstance(throttle, bool):
+            raise TypeError(f"timeout_excludes_throttle is a bool, not {type(throttle).__name__}")
+        self.to_proto()
+
+    def __bool__(self) -> bool:
+        """Whether any limit is set."""
+        return any(
+            v is not None
+            for v in (
+                self.timeout,
+                self.idle_timeout,
+                self.max_turns,
+                self.max_output_tokens,
+                self.timeout_excludes_throttle,
+            )
+        )
+
+    def to_proto(self) -> pb.Limits:
+        """The wire's `Limits` (validated: `ValueError` or `TypeError` for a bad value)."""
+        out = pb.Limits()
+        if self.timeout is not None:
+            out.timeout_ms = _milliseconds("timeout", self.timeout)
+        if self.idle_timeout is not None:
+            out.idle_timeout_ms = _milliseconds("idle_timeout", self.idle_timeout)
+        if self.max_turns is not None:
+            out.max_turns = _count("max_turns", self.max_turns, _U32)
+        if self.max_output_tokens is not None:
+            out.max_output_tokens = _count("max_output_tokens", self.max_output_tokens, _U64)
+        if self.timeout_excludes_throttle is not None:
+            out.timeout_excludes_throttle = self.timeout_excludes_throttle
+        return out
+
+    @staticmethod
+    def of(lim: pb.Limits) -> Limits:
+        """What the daemon sent: 0 (unset) as `None`, durations in seconds."""
+        return Limits(
+            lim.timeout_ms / 1000 if lim.timeout_ms else None,
+            lim.idle_timeout_ms / 1000 if lim.idle_timeout_ms else None,
+            lim.max_turns or None,
+            lim.max_output_tokens or None,
+            lim.timeout_excludes_throttle if lim.HasField("timeout_excludes_throttle") else None,
         )
 
 
@@ -70,7 +170,9 @@ class Report:
 
 @dataclass(frozen=True)
 class Notification:
-    """A child's task notification: how it ended, its report, usage and cost."""
+    """A child's task notification: how it ended (`status`: `completed`, or a failure:
+    `failed`, `killed`, `timed_out`), its report, usage and cost. A `timed_out` child's report
+    is partial, and its `issues` names the limit it ran past."""
 
     seq: int
     session_id: str
@@ -101,7 +203,9 @@ class Notification:
 
 @dataclass(frozen=True)
 class AgentInfo:
-    """An agent as `GetAgent` tells it."""
+    """An agent as `GetAgent` tells it: `state` is `pending`, `running`, `idle`, `completed`,
+    `failed`, `killed` or `timed_out`; `limits` what it runs under (resolved when it was
+    created); `started_at` when it first started (what its timeout counts from), `None` before."""
 
     agent_id: str
     session_id: str
@@ -112,6 +216,8 @@ class AgentInfo:
     usage: Usage
     cost_usd: float
     error: str
+    limits: Limits = field(default_factory=Limits)
+    started_at: datetime | None = None
 
     @staticmethod
     def of(a: pb.Agent) -> AgentInfo:
@@ -125,6 +231,8 @@ class AgentInfo:
             Usage.of(a.usage),
             a.cost_usd,
             a.error,
+            Limits.of(a.limits),
+            a.started_at.ToDatetime(tzinfo=timezone.utc) if a.HasField("started_at") else None,
         )
 
 

@@ -51,7 +51,11 @@ export interface CallSignal {
   signal?: AbortSignal;
 }
 
-export type Status = "completed" | "failed" | "killed" | "unknown";
+/**
+ * How a child ended: `completed`, or a failure: `failed`, `killed`, or `timed_out` (past one of
+ * its limits, with a partial report whose `issues` names the limit).
+ */
+export type Status = "completed" | "failed" | "killed" | "timed_out" | "unknown";
 
 export interface Report {
   scope: string;
@@ -81,7 +85,56 @@ const STATUS: Record<number, Status> = {
   [pb.NotificationStatus.NOTIFICATION_STATUS_COMPLETED]: "completed",
   [pb.NotificationStatus.NOTIFICATION_STATUS_FAILED]: "failed",
   [pb.NotificationStatus.NOTIFICATION_STATUS_KILLED]: "killed",
+  [pb.NotificationStatus.NOTIFICATION_STATUS_TIMED_OUT]: "timed_out",
 };
+
+/**
+ * Limits on an agent's run: past one it ends `timed_out`, with a partial report whose `issues`
+ * names the limit. Each one left out is the next layer's: a child's own, its batch's, the
+ * tenant's default, the daemon's. A value that is not a positive whole number throws a
+ * `RangeError` before anything is sent.
+ */
+export interface Limits {
+  /** Wall time from the agent's first start, in milliseconds (it counts across restarts). */
+  timeoutMs?: number;
+  /** No output token and no tool call started or finished for this long, in milliseconds. */
+  idleTimeoutMs?: number;
+  /** Model requests at most. */
+  maxTurns?: number;
+  /** Output tokens at most. */
+  maxOutputTokens?: number;
+  /** `timeoutMs` leaves out the time spent waiting on the provider's rate limits. */
+  timeoutExcludesThrottle?: boolean;
+}
+
+const U32 = 2 ** 32 - 1;
+
+function positive(name: string, value: unknown, most: number): number | undefined {
+  if (value === undefined) return undefined;
+  if (typeof value !== "number") throw new TypeError(`${name} is a number, not ${typeof value}`);
+  if (!Number.isInteger(value) || value <= 0) {
+    throw new RangeError(`${name} must be a positive whole number, not ${value} (leave it out for no limit here)`);
+  }
+  if (value > most) throw new RangeError(`${name} is too large: ${value} (at most ${most})`);
+  return value;
+}
+
+/** The wire's `Limits` for `limits` (validated), or `undefined` when none is set. */
+function limitsRequest(limits: Limits): pb.Limits | undefined {
+  const throttle: unknown = limits.timeoutExcludesThrottle;
+  if (throttle !== undefined && typeof throttle !== "boolean") {
+    throw new TypeError(`timeoutExcludesThrottle is a boolean, not ${typeof throttle}`);
+  }
+  const out = {
+    timeoutMs: positive("timeoutMs", limits.timeoutMs, Number.MAX_SAFE_INTEGER),
+    idleTimeoutMs: positive("idleTimeoutMs", limits.idleTimeoutMs, Number.MAX_SAFE_INTEGER),
+    maxTurns: positive("maxTurns", limits.maxTurns, U32),
+    maxOutputTokens: positive("maxOutputTokens", limits.maxOutputTokens, Number.MAX_SAFE_INTEGER),
+    timeoutExcludesThrottle: throttle,
+  };
+  if (Object.values(out).every((v) => v === undefined)) return undefined;
+  return pb.Limits.fromPartial(out);
+}
 
 function notificationOf(n: pb.Notification, schema?: ZodLike): TaskNotification {
   const r = n.report;
@@ -229,8 +282,11 @@ export class Client {
 
 /** A context file: a path read here, or `[name, text]`. */
 export type ContextItem = string | [string, string];
-/** A child's directive: its prompt (described by its first line), or `[description, prompt]`. */
-export type Directive = string | [string, string];
+/**
+ * A child's directive: its prompt (described by its first line), `[description, prompt]`, or
+ * `[description, prompt, limits]`: that child's own limits, over the batch's.
+ */
+export type Directive = string | [string, string] | [string, string, Limits];
 
 export interface CreateSessionOptions extends CallSignal {
   system?: string;
@@ -292,7 +348,8 @@ export class Sessions {
   }
 }
 
-export interface ForkOptions extends CallSignal {
+/** A batch's options; its `Limits` are its children's (a directive's own win). */
+export interface ForkOptions extends CallSignal, Limits {
   isolation?: "copy" | "none";
   /**
    * A JSON Schema object, or a zod 4 schema (converted with zod's `toJSONSchema`; the results are
@@ -306,6 +363,17 @@ export interface ForkOptions extends CallSignal {
   idempotencyKey?: string;
 }
 
+function directiveRequest(d: Directive): pb.Directive {
+  if (typeof d === "string") {
+    return pb.Directive.fromPartial({ description: (d.split("\n")[0] ?? "").slice(0, 80), prompt: d });
+  }
+  const [description, prompt, limits] = d;
+  if (limits !== undefined && (typeof limits !== "object" || limits === null)) {
+    throw new TypeError(`a directive's third item is its limits (an object), not ${typeof limits}`);
+  }
+  return pb.Directive.fromPartial({ description, prompt, limits: limits && limitsRequest(limits) });
+}
+
 /** A parent session: fork children from it, send it turns, branch it. */
 export class Session {
   readonly id: string;
@@ -317,7 +385,11 @@ export class Session {
     this.id = info.sessionId;
   }
 
-  /** Forks one child per directive; they inherit the session's context. */
+  /**
+   * Forks one child per directive; they inherit the session's context. The limits among
+   * `options` are the children's (`timeoutMs`, `idleTimeoutMs`, `maxTurns`, `maxOutputTokens`,
+   * `timeoutExcludesThrottle`); a child past one ends `timed_out`, a failure.
+   */
   async fork(directives: Directive[], options: ForkOptions = {}): Promise<Batch> {
     let schema: object | undefined = options.outputSchema;
     const model = isZod(schema) ? schema : undefined;
@@ -327,17 +399,14 @@ export class Session {
     }
     const request = pb.ForkBatchRequest.fromPartial({
       sessionId: this.id,
-      directives: directives.map((d) =>
-        typeof d === "string"
-          ? { description: (d.split("\n")[0] ?? "").slice(0, 80), prompt: d }
-          : { description: d[0], prompt: d[1] },
-      ),
+      directives: directives.map(directiveRequest),
       isolation: options.isolation ?? "",
       outputSchema: schema ? JSON.stringify(schema) : "",
       budgetUsd: options.budgetUsd ?? 0,
       budgetTokens: options.budgetTokens ?? 0,
       atTurn: options.atTurn,
       warmupGating: options.warmupGating,
+      limits: limitsRequest(options),
       idempotencyKey: options.idempotencyKey ?? randomUUID(),
     });
     const reply = await this.client.call(this.client.stub.forkBatch, request, {
@@ -489,7 +558,23 @@ export class Agents {
   }
 }
 
-/** One agent: stop it, hand it to the background, read its transcript. */
+/** An agent's state, as `agent.state` names it. */
+export type AgentState = "pending" | "running" | "idle" | "completed" | "failed" | "killed" | "timed_out" | "unknown";
+
+const STATE: Record<number, AgentState> = {
+  [pb.AgentState.AGENT_STATE_PENDING]: "pending",
+  [pb.AgentState.AGENT_STATE_RUNNING]: "running",
+  [pb.AgentState.AGENT_STATE_COMPLETED]: "completed",
+  [pb.AgentState.AGENT_STATE_FAILED]: "failed",
+  [pb.AgentState.AGENT_STATE_KILLED]: "killed",
+  [pb.AgentState.AGENT_STATE_IDLE]: "idle",
+  [pb.AgentState.AGENT_STATE_TIMED_OUT]: "timed_out",
+};
+
+/**
+ * One agent: stop it, hand it to the background, read its transcript. `info` is the daemon's
+ * record as it was read (`client.agents.get` reads it again).
+ */
 export class Agent {
   readonly id: string;
 
@@ -498,6 +583,28 @@ export class Agent {
     readonly info: pb.Agent,
   ) {
     this.id = info.agentId;
+  }
+
+  /** Its state: `timed_out` when it ran past one of its limits. */
+  get state(): AgentState {
+    return STATE[this.info.state] ?? "unknown";
+  }
+
+  /** The limits it runs under (resolved when it was created); each one unset left out. */
+  get limits(): Limits {
+    const l = this.info.limits;
+    const out: Limits = {};
+    if (l?.timeoutMs) out.timeoutMs = l.timeoutMs;
+    if (l?.idleTimeoutMs) out.idleTimeoutMs = l.idleTimeoutMs;
+    if (l?.maxTurns) out.maxTurns = l.maxTurns;
+    if (l?.maxOutputTokens) out.maxOutputTokens = l.maxOutputTokens;
+    if (l?.timeoutExcludesThrottle !== undefined) out.timeoutExcludesThrottle = l.timeoutExcludesThrottle;
+    return out;
+  }
+
+  /** When it first started (what its timeout counts from); `undefined` before. */
+  get startedAt(): Date | undefined {
+    return this.info.startedAt;
   }
 
   /**

@@ -4,6 +4,7 @@
 export {
   Agent,
   Agents,
+  type AgentState,
   type Applied,
   Batch,
   type CallSignal,
@@ -13,6 +14,7 @@ export {
   type CreateSessionOptions,
   type Directive,
   type ForkOptions,
+  type Limits,
   type Report,
   Session,
   Sessions,

@@ -1,5 +1,7 @@
 // The client against a real daemon: every call, errors by meaning, an aborted wait, a batch
-// followed across a SIGKILL and restart, TCP with tokens, and a 1000-child wait's memory.
+// followed across a SIGKILL and restart, TCP with tokens, and a 1000-child wait's memory; and,
+// on requests caught before they leave, limits as a batch's request carries them and
+// `timed_out` read back.
 
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
@@ -7,6 +9,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
 
+import * as pb from "../dist/gen/forkd/v1/forkd.js";
 import * as forkd from "../dist/index.js";
 import { Daemon, freePort } from "./daemon.mjs";
 
@@ -199,5 +202,158 @@ test("uploads, isolated changes applied here, attach, merge and zod schemas", as
   });
   const [n] = await judged.wait();
   assert.deepEqual(n.report.structured, { verdict: "fail", findings: ["b.rs"] });
+  c.close();
+});
+
+// A client whose ForkBatch calls are caught here (no daemon): what each request carried.
+function caught() {
+  const c = new forkd.Client({ addr: "unix:/nonexistent/forkd.sock", reconnectForMs: 100 });
+  const sent = [];
+  c.stub.forkBatch = (request, _metadata, _options, callback) => {
+    sent.push(request);
+    callback(null, { batchId: "b", agentIds: request.directives.map((_, i) => `a${i}`) });
+    return { cancel() {} };
+  };
+  return { c, sent, session: new forkd.Session(c, pb.Session.fromPartial({ sessionId: "s" })) };
+}
+
+test("a batch's limits and a directive's own go in its request", async () => {
+  const { c, sent, session } = caught();
+  const batch = await session.fork(
+    ["Plain.", ["api", "Review the API."], ["docs", "Review the docs.", { timeoutMs: 120_000, maxTurns: 5 }]],
+    { timeoutMs: 600_000, idleTimeoutMs: 90_000, maxTurns: 40, maxOutputTokens: 20_000, timeoutExcludesThrottle: true },
+  );
+  assert.deepEqual(batch.agentIds, ["a0", "a1", "a2"]);
+  const [request] = sent;
+  assert.deepEqual(request.limits, {
+    timeoutMs: 600_000,
+    idleTimeoutMs: 90_000,
+    maxTurns: 40,
+    maxOutputTokens: 20_000,
+    timeoutExcludesThrottle: true,
+  });
+  const [plain, api, docs] = request.directives;
+  assert.equal(plain.limits, undefined);
+  assert.equal(api.limits, undefined);
+  assert.equal(docs.description, "docs");
+  assert.deepEqual(docs.limits, { timeoutMs: 120_000, idleTimeoutMs: 0, maxTurns: 5, maxOutputTokens: 0, timeoutExcludesThrottle: undefined });
+  // On the wire as the daemon reads it.
+  const wire = pb.ForkBatchRequest.decode(pb.ForkBatchRequest.encode(request).finish());
+  assert.equal(wire.limits.timeoutMs, 600_000);
+  assert.equal(wire.directives[2].limits.maxTurns, 5);
+  // `false` is sent, not left out; no limits at all: no Limits message.
+  await session.fork(["x"], { timeoutExcludesThrottle: false });
+  assert.equal(sent.at(-1).limits.timeoutExcludesThrottle, false);
+  await session.fork(["x"], { budgetUsd: 1 });
+  assert.equal(sent.at(-1).limits, undefined);
+  assert.equal(sent.at(-1).directives[0].limits, undefined);
+  c.close();
+});
+
+test("a limit that is not a positive whole number is refused before sending", async () => {
+  const { c, sent, session } = caught();
+  const bad = [
+    [{ timeoutMs: 0 }, RangeError, /timeoutMs must be a positive whole number/],
+    [{ timeoutMs: -1 }, RangeError, /timeoutMs must be a positive/],
+    [{ timeoutMs: 1.5 }, RangeError, /timeoutMs must be a positive whole number/],
+    [{ timeoutMs: Number.NaN }, RangeError, /timeoutMs/],
+    [{ timeoutMs: Number.POSITIVE_INFINITY }, RangeError, /timeoutMs/],
+    [{ timeoutMs: "10s" }, TypeError, /timeoutMs is a number/],
+    [{ idleTimeoutMs: 0 }, RangeError, /idleTimeoutMs must be a positive/],
+    [{ maxTurns: 0 }, RangeError, /maxTurns must be a positive/],
+    [{ maxTurns: 2 ** 32 }, RangeError, /maxTurns is too large/],
+    [{ maxOutputTokens: -5 }, RangeError, /maxOutputTokens must be a positive/],
+    [{ maxOutputTokens: 2 ** 60 }, RangeError, /maxOutputTokens is too large/],
+    [{ timeoutExcludesThrottle: 1 }, TypeError, /timeoutExcludesThrottle is a boolean/],
+  ];
+  for (const [limits, error, message] of bad) {
+    await assert.rejects(session.fork(["x"], limits), (e) => e instanceof error && message.test(e.message));
+    await assert.rejects(session.fork([["d", "p", limits]]), (e) => e instanceof error && message.test(e.message));
+  }
+  await assert.rejects(session.fork([["d", "p", 5]]), TypeError);
+  assert.equal(sent.length, 0);
+  c.close();
+});
+
+test("timed_out is a status and a state, an agent's limits and start are read back", async () => {
+  const c = new forkd.Client({ addr: "unix:/nonexistent/forkd.sock", reconnectForMs: 100 });
+  const notes = [
+    { seq: 1, agentId: "a0", status: pb.NotificationStatus.NOTIFICATION_STATUS_COMPLETED },
+    {
+      seq: 2,
+      agentId: "a1",
+      status: pb.NotificationStatus.NOTIFICATION_STATUS_TIMED_OUT,
+      report: { result: "half done", issues: "stopped: timeout (10m) reached" },
+    },
+  ].map((n) => pb.Notification.fromPartial(n));
+  c.stub.subscribeNotifications = () => ({
+    async *[Symbol.asyncIterator]() {
+      yield* notes;
+    },
+    cancel() {},
+  });
+  const done = await new forkd.Batch(c, "b", ["a0", "a1"]).wait();
+  assert.deepEqual(done.map((n) => n.status), ["completed", "timed_out"]);
+  assert.equal(done[1].report.result, "half done");
+  assert.match(done[1].report.issues, /timeout/);
+  const failures = done.filter((n) => n.status !== "completed");
+  assert.deepEqual(failures.map((n) => n.agentId), ["a1"]);
+
+  const startedAt = new Date("2026-03-01T12:00:05Z");
+  const agent = new forkd.Agent(
+    c,
+    pb.Agent.fromPartial({
+      agentId: "a1",
+      state: pb.AgentState.AGENT_STATE_TIMED_OUT,
+      limits: { timeoutMs: 600_000, maxTurns: 40, timeoutExcludesThrottle: false },
+      startedAt,
+    }),
+  );
+  assert.equal(agent.state, "timed_out");
+  assert.deepEqual(agent.limits, { timeoutMs: 600_000, maxTurns: 40, timeoutExcludesThrottle: false });
+  assert.equal(agent.startedAt.getTime(), startedAt.getTime());
+  const bare = new forkd.Agent(c, pb.Agent.fromPartial({ agentId: "a2", state: pb.AgentState.AGENT_STATE_PENDING }));
+  assert.equal(bare.state, "pending");
+  assert.deepEqual(bare.limits, {});
+  assert.equal(bare.startedAt, undefined);
+  c.close();
+});
+
+test("a batch with limits is taken by the daemon", async () => {
+  const c = client();
+  const session = await c.sessions.create({ system: "s", workspace: daemon.workspace });
+  const batch = await session.fork(
+    ["Quick.\n@sim say quick", ["own", "Own limits.\n@sim say own", { timeoutMs: 120_000, maxTurns: 8 }]],
+    { timeoutMs: 300_000, idleTimeoutMs: 60_000, maxTurns: 10, maxOutputTokens: 100_000, timeoutExcludesThrottle: true },
+  );
+  const done = await batch.wait({ signal: AbortSignal.timeout(60_000) });
+  assert.deepEqual(done.map((n) => n.agentId).sort(), [...batch.agentIds].sort());
+  assert.ok(done.every((n) => n.status === "completed"));
+  const own = await c.agents.get(batch.agentIds[1]);
+  assert.equal(own.state, "completed");
+  // The daemon tells them back, resolved: the child's own over the batch's.
+  assert.deepEqual(own.limits, {
+    timeoutMs: 120_000,
+    idleTimeoutMs: 60_000,
+    maxTurns: 8,
+    maxOutputTokens: 100_000,
+    timeoutExcludesThrottle: true,
+  });
+  assert.ok(own.startedAt instanceof Date);
+  c.close();
+});
+
+test("a child past its limit times out", async () => {
+  const c = client();
+  const session = await c.sessions.create({ system: "s", workspace: daemon.workspace });
+  const batch = await session.fork(["Quick.\n@sim say quick", "Stalls.\n@sim stall\n@sim say never"], {
+    idleTimeoutMs: 500,
+  });
+  const done = new Map((await batch.wait({ signal: AbortSignal.timeout(60_000) })).map((n) => [n.agentId, n]));
+  assert.equal(done.get(batch.agentIds[0]).status, "completed");
+  const late = done.get(batch.agentIds[1]);
+  assert.equal(late.status, "timed_out");
+  assert.ok(late.report.issues.startsWith("timed out: no model output"), late.report.issues);
+  assert.equal((await c.agents.get(batch.agentIds[1])).state, "timed_out");
   c.close();
 });

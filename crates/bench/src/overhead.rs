@@ -101,6 +101,7 @@ pub(crate) async fn measure(
                         .map(|d| pb::Directive {
                             description: d.description.clone(),
                             prompt: d.prompt.clone(),
+                            limits: None,
                         })
                         .collect(),
                     ..Default::default()

@@ -288,6 +288,7 @@ fn terminal(state: i32) -> bool {
         pb::AgentState::Completed,
         pb::AgentState::Failed,
         pb::AgentState::Killed,
+        pb::AgentState::TimedOut,
     ]
     .iter()
     .any(|s| *s as i32 == state)
@@ -412,6 +413,7 @@ async fn fork(
                     pb::Directive {
                         description: d.description,
                         prompt: format!("{}{script}", d.prompt),
+                        limits: None,
                     }
                 })
                 .collect(),

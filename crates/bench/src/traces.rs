@@ -39,6 +39,7 @@ async fn wide_batch(
         .map(|d| pb::Directive {
             description: d.description,
             prompt: d.prompt,
+            limits: None,
         })
         .collect();
     let mut request = tonic::Request::new(pb::ForkBatchRequest {

@@ -6,8 +6,8 @@ use crate::ids::{AgentId, BatchId, SessionId};
 use crate::report::Report;
 use crate::usage::Usage;
 
-/// Where an agent is in its life: `pending → running → completed | failed | killed`. A session's
-/// main-loop agent is `running` during a turn and `idle` between turns; it never ends.
+/// Where an agent is in its life: `pending → running → completed | failed | killed | timed_out`.
+/// A session's main-loop agent is `running` during a turn and `idle` between turns; it never ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AgentState {
@@ -17,17 +17,20 @@ pub enum AgentState {
     Completed,
     Failed,
     Killed,
+    /// Stopped by one of its limits (see [`crate::limits`]).
+    TimedOut,
 }
 
 impl AgentState {
     /// Every state, in lifecycle order: the one table of states.
-    pub const ALL: [AgentState; 6] = [
+    pub const ALL: [AgentState; 7] = [
         AgentState::Pending,
         AgentState::Running,
         AgentState::Idle,
         AgentState::Completed,
         AgentState::Failed,
         AgentState::Killed,
+        AgentState::TimedOut,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -38,6 +41,7 @@ impl AgentState {
             AgentState::Completed => "completed",
             AgentState::Failed => "failed",
             AgentState::Killed => "killed",
+            AgentState::TimedOut => "timed_out",
         }
     }
 
@@ -48,7 +52,7 @@ impl AgentState {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            AgentState::Completed | AgentState::Failed | AgentState::Killed
+            AgentState::Completed | AgentState::Failed | AgentState::Killed | AgentState::TimedOut
         )
     }
 }
@@ -164,6 +168,14 @@ pub struct Agent {
     /// (a 429, 529 or 503 it is waiting out); `None` while it is not. The agent stays
     /// `running`.
     pub throttled_since_ms: Option<i64>,
+    /// The limits it runs under, resolved when it was created; `None` for an agent created
+    /// before limits were stored, which runs under the daemon's defaults.
+    pub limits: Option<crate::limits::Limits>,
+    /// When a run first claimed it: the start its wall-time limit counts from.
+    pub started_at_ms: Option<i64>,
+    /// How long its requests waited out the provider's limits, summed over the waits that
+    /// ended (the one in progress is `throttled_since_ms`).
+    pub throttled_ms: u64,
 }
 
 impl Agent {
@@ -193,6 +205,9 @@ impl Agent {
             updated_at_ms: now_ms,
             held_by: None,
             throttled_since_ms: None,
+            limits: None,
+            started_at_ms: None,
+            throttled_ms: 0,
         }
     }
 }
@@ -243,14 +258,17 @@ pub enum NotificationStatus {
     Completed,
     Failed,
     Killed,
+    /// Stopped by one of its limits, with a partial report.
+    TimedOut,
 }
 
 impl NotificationStatus {
     /// Every status: the one table of how agents end.
-    pub const ALL: [NotificationStatus; 3] = [
+    pub const ALL: [NotificationStatus; 4] = [
         NotificationStatus::Completed,
         NotificationStatus::Failed,
         NotificationStatus::Killed,
+        NotificationStatus::TimedOut,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -258,6 +276,7 @@ impl NotificationStatus {
             NotificationStatus::Completed => "completed",
             NotificationStatus::Failed => "failed",
             NotificationStatus::Killed => "killed",
+            NotificationStatus::TimedOut => "timed_out",
         }
     }
 
@@ -270,7 +289,13 @@ impl NotificationStatus {
             NotificationStatus::Completed => AgentState::Completed,
             NotificationStatus::Failed => AgentState::Failed,
             NotificationStatus::Killed => AgentState::Killed,
+            NotificationStatus::TimedOut => AgentState::TimedOut,
         }
+    }
+
+    /// Whether the agent ended without its work done: anything but `completed`.
+    pub fn is_failure(self) -> bool {
+        self != NotificationStatus::Completed
     }
 }
 

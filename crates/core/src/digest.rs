@@ -46,11 +46,12 @@ pub fn batch_digest(batch: BatchId, notifications: &[Notification]) -> Message {
     let cost: f64 = notifications.iter().map(|n| n.cost_usd).sum();
     let mut text = format!(
         "<batch-notification>\n<batch-id>{batch}</batch-id>\n<status>{} children: {} completed, \
-         {} failed, {} killed; ${cost:.4}</status>\n",
+         {} failed, {} killed, {} timed out; ${cost:.4}</status>\n",
         notifications.len(),
         count(NotificationStatus::Completed),
         count(NotificationStatus::Failed),
         count(NotificationStatus::Killed),
+        count(NotificationStatus::TimedOut),
     );
     // Failures first: they are what the parent most needs to see.
     let mut ordered: Vec<&Notification> = notifications.iter().collect();
@@ -241,7 +242,7 @@ mod tests {
         big.push(note(1000, NotificationStatus::Failed, "broke"));
         let small_text = batch_digest(BatchId::new(), &small).text();
         let big_text = batch_digest(BatchId::new(), &big).text();
-        assert!(small_text.contains("3 children: 3 completed, 0 failed, 0 killed"));
+        assert!(small_text.contains("3 children: 3 completed, 0 failed, 0 killed, 0 timed out;"));
         assert!(big_text.contains("1001 children: 1000 completed, 1 failed"));
         assert!(big_text.contains("and 961 more"), "{big_text}");
         // The failure is listed although it ended last.

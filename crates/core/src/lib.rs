@@ -13,6 +13,7 @@ pub mod fork;
 pub mod ids;
 pub mod isolation;
 pub mod json;
+pub mod limits;
 pub mod message;
 pub mod output;
 pub mod patch;
@@ -35,6 +36,7 @@ pub use agent::{
 };
 pub use ids::{AgentId, BatchId, DaemonId, PromptId, RequestId, SessionId, UploadId};
 pub use json::RawJson;
+pub use limits::{Limit, Limits};
 pub use message::{Block, BlockKind, Message, Role};
 pub use tenant::Tenant;
 pub use usage::Usage;

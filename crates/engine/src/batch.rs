@@ -47,6 +47,12 @@ pub struct BatchOptions {
     pub fork_point_of: Option<BatchId>,
     /// The JSON Schema the children's final replies must match.
     pub output_schema: Option<OutputSchema>,
+    /// The children's limits, over their tenant's and the daemon's (docs/contracts.md,
+    /// "Limits").
+    pub limits: forkd_core::Limits,
+    /// Each child's own limits over the batch's, by directive (shorter than the directives, or
+    /// empty: the rest have none of their own).
+    pub child_limits: Vec<forkd_core::Limits>,
 }
 
 /// A submitted batch: its id and its children in directive order.
@@ -82,6 +88,9 @@ pub(crate) struct BatchStart {
     pub fork_point: Option<u64>,
     /// A client's batch's output schema.
     pub output_schema: Option<OutputSchema>,
+    /// Each child's limits as asked (its own over its batch's), one per fork in order; resolved
+    /// over its tenant's and the daemon's when stored.
+    pub limits: Vec<forkd_core::Limits>,
     /// Whether this daemon starts the children: `false` when the session's workspace is on
     /// another daemon's machine, whose heartbeat adopts them ([`crate::workspaces::here`]).
     pub start_here: bool,
@@ -174,13 +183,13 @@ fn invalid_fork(err: ForkError) -> EngineError {
 fn child(
     session_id: SessionId,
     batch_id: BatchId,
-    index: usize,
-    directive: Directive,
+    (index, directive, limits): (usize, Directive, forkd_core::Limits),
     now: i64,
 ) -> NewChild {
     NewChild {
         directive_block: ForkBatch::directive_block(&directive),
         agent: Agent {
+            limits: Some(limits),
             batch_id: Some(batch_id),
             index: index as u32,
             directive: Some(directive),
@@ -374,6 +383,15 @@ impl Batches {
                 )));
             }
         }
+        options
+            .limits
+            .check()
+            .map_err(|e| EngineError::InvalidRequest(format!("the batch's limits: {e}")))?;
+        for (i, own) in options.child_limits.iter().enumerate() {
+            own.check().map_err(|e| {
+                EngineError::InvalidRequest(format!("directive {}'s limits: {e}", i + 1))
+            })?;
+        }
         let key = options.idempotency_key.clone().filter(|k| !k.is_empty());
         let digest = key.as_ref().map(|_| {
             let mut canonical = serde_json::json!([
@@ -407,6 +425,14 @@ impl Batches {
             {
                 parts.push(serde_json::json!({ "output_schema": schema.as_str() }));
             }
+            if (!options.limits.is_empty() || options.child_limits.iter().any(|l| !l.is_empty()))
+                && let Some(parts) = canonical.as_array_mut()
+            {
+                parts.push(serde_json::json!({
+                    "limits": options.limits,
+                    "child_limits": options.child_limits,
+                }));
+            }
             forkd_core::request::fingerprint(canonical.to_string().as_bytes())
         });
         let tenant = session.tenant;
@@ -431,6 +457,12 @@ impl Batches {
                         isolated: vec![options.isolation == Isolation::Copy; n],
                         fork_point,
                         output_schema: options.output_schema,
+                        limits: (0..n)
+                            .map(|i| {
+                                let own = options.child_limits.get(i).copied().unwrap_or_default();
+                                own.over(options.limits)
+                            })
+                            .collect(),
                         start_here,
                     };
                     let (Some(key), Some(digest)) = (key, digest) else {
@@ -554,6 +586,7 @@ impl Batches {
             isolated,
             fork_point: asked_point,
             output_schema,
+            limits,
             start_here,
         } = start;
         // Known before the commit: once it is stored, nothing may keep the children from starting.
@@ -572,7 +605,11 @@ impl Batches {
         let children: Vec<NewChild> = forks
             .iter()
             .enumerate()
-            .map(|(i, (_, d))| child(session_id, batch_id, i, d.clone(), now))
+            .map(|(i, (_, d))| {
+                let given = limits.get(i).copied().unwrap_or_default();
+                let resolved = self.config.limits_for(&tenant, given);
+                child(session_id, batch_id, (i, d.clone(), resolved), now)
+            })
             .collect();
         let (batch, parent_messages) = match assistant {
             Some(assistant) => {

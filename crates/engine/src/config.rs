@@ -30,8 +30,12 @@ pub struct EngineConfig {
     /// and typed agents are at 1, a typed agent a fork child starts at 2. A call past it is a
     /// tool error. (Typed agents are not offered the Agent tool.)
     pub max_agent_depth: u32,
-    /// An agent that has not ended its turn after this many model requests fails.
-    pub max_turns: u32,
+    /// The daemon's limits on each fork child's and typed agent's run (docs/contracts.md,
+    /// "Limits"), below a tenant's and a batch's; its `max_turns` also bounds a parent turn's
+    /// model requests.
+    pub agent_limits: forkd_core::Limits,
+    /// Each tenant's default limits (by name), between a batch's and the daemon's.
+    pub tenant_limits: std::collections::HashMap<String, forkd_core::Limits>,
     pub default_model: String,
     /// The models sessions may name: the price table and the configuration's `[models]`
     /// (prices and context windows).
@@ -83,7 +87,11 @@ impl Default for EngineConfig {
             max_children_per_batch: 1000,
             max_agent_depth: 2,
             compact_threshold: 0.9,
-            max_turns: 50,
+            agent_limits: forkd_core::Limits {
+                max_turns: Some(DEFAULT_MAX_TURNS),
+                ..forkd_core::Limits::default()
+            },
+            tenant_limits: std::collections::HashMap::new(),
             default_model: DEFAULT_MODEL.to_owned(),
             models: Models::default(),
             default_max_tokens: 8192,
@@ -101,6 +109,23 @@ impl Default for EngineConfig {
             trace_content: false,
             min_free_disk: MinFreeDisk::Default,
         }
+    }
+}
+
+/// Model requests a run may make when no layer of limits sets `max_turns`.
+pub const DEFAULT_MAX_TURNS: u32 = 50;
+
+impl EngineConfig {
+    /// The limits an agent of `tenant` asking for `given` runs under: `given` over the tenant's
+    /// defaults over the daemon's.
+    pub fn limits_for(&self, tenant: &str, given: forkd_core::Limits) -> forkd_core::Limits {
+        let tenant = self.tenant_limits.get(tenant).copied().unwrap_or_default();
+        given.over(tenant).over(self.agent_limits)
+    }
+
+    /// The model requests one parent turn may make.
+    pub fn parent_max_turns(&self) -> u32 {
+        self.agent_limits.max_turns.unwrap_or(DEFAULT_MAX_TURNS)
     }
 }
 

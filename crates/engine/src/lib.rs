@@ -29,6 +29,7 @@ mod model;
 mod notify;
 mod parent;
 mod permissions;
+mod progress;
 mod recovery;
 mod run;
 mod scoped;

@@ -408,6 +408,11 @@ impl ModelCalls {
                     "gen_ai.first_token"
                 );
             }
+            // The provider's limits are not output; everything else the response sends is
+            // progress for the agent's idle timeout.
+            if !matches!(event, StreamEvent::RateLimits(_)) {
+                crate::progress::touch();
+            }
             on_event(event);
         };
         let key = self.limit_key(&req.model);
@@ -422,9 +427,13 @@ impl ModelCalls {
         let completion = loop {
             // Once refused, a request's waits also end when its budget is spent meanwhile (by
             // its siblings, or the tenant's other work): it would be refused for that next.
-            let observer = tokio::select! {
-                admitted = attempts.admit(stop) => admitted.map_err(refused)?,
-                spent = self.budget_spent(agent), if mark.set => return Err(spent),
+            let observer = {
+                // Queued by the limiter: waiting on the provider's limits, not idle.
+                let _waiting = crate::progress::waiting();
+                tokio::select! {
+                    admitted = attempts.admit(stop) => admitted.map_err(refused)?,
+                    spent = self.budget_spent(agent), if mark.set => return Err(spent),
+                }
             };
             let sent = Sent {
                 observer: &observer,
@@ -440,6 +449,7 @@ impl ModelCalls {
                     if e.is_retryable() {
                         mark.set(now_ms()).await;
                     }
+                    let _waiting = crate::progress::waiting();
                     tokio::select! {
                         waited = attempts.failed(e, stop) => waited.map_err(refused)?,
                         spent = self.budget_spent(agent), if mark.set => return Err(spent),
@@ -520,12 +530,16 @@ impl ThrottleMark<'_> {
             return;
         }
         self.set = true;
+        crate::progress::throttled(true);
         if let Err(e) = self.store.set_throttled(self.agent, Some(since_ms)).await {
             tracing::warn!(error = %e, "Cannot record that the agent is throttled");
         }
     }
 
     async fn clear(mut self) {
+        if self.set {
+            crate::progress::throttled(false);
+        }
         if std::mem::take(&mut self.set)
             && let Err(e) = self.store.set_throttled(self.agent, None).await
         {
@@ -539,6 +553,7 @@ impl Drop for ThrottleMark<'_> {
         if !self.set {
             return;
         }
+        crate::progress::throttled(false);
         let store = Arc::clone(self.store);
         let agent = self.agent;
         tokio::spawn(async move {

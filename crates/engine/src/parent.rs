@@ -620,7 +620,7 @@ impl Turns {
     ) -> Result<ParentEvent> {
         let (session, parent) = (&turn.session, &turn.parent);
         let (mut usage, mut cost) = (Usage::default(), 0.0);
-        for request in 0..self.config.max_turns {
+        for request in 0..self.config.parent_max_turns() {
             if self.supervisor.draining() {
                 return Err(EngineError::Draining);
             }
@@ -694,7 +694,7 @@ impl Turns {
                 }
             }
         }
-        Err(EngineError::TurnLimit(self.config.max_turns))
+        Err(EngineError::TurnLimit(self.config.parent_max_turns()))
     }
 
     /// One model request of the parent on its transcript (from its latest compaction boundary),

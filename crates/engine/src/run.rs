@@ -7,6 +7,7 @@
 mod compact;
 mod gate;
 mod lifecycle;
+mod limits;
 mod load;
 pub(crate) mod tools;
 pub(crate) mod typed;
@@ -16,7 +17,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 
 use forkd_core::output;
 use forkd_core::store::{Lease, ProcessGroup, RequestRecord, Store, StoreError};
-use forkd_core::{AgentId, NotificationStatus, Role, SessionId};
+use forkd_core::{AgentId, Limit, Limits, NotificationStatus, Role, SessionId};
 use forkd_provider::StreamEvent;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -120,8 +121,9 @@ impl Runs {
 /// Why a run ended without completing.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum RunFailure {
-    #[error("no final answer after {0} turns")]
-    TurnLimit(u32),
+    /// Past one of its limits: it ends `timed_out`.
+    #[error("{0}")]
+    Limit(Limit),
     #[error("{0}")]
     Error(EngineError),
     /// The daemon is shutting down: the run stopped between calls, and the agent stays
@@ -210,7 +212,7 @@ impl Runs {
             let partial = self.partial_text(id).await;
             return RunOutcome::Ended(lease, Ending::killed(partial));
         }
-        let outcome = self.drive(&lease, &mut gate, cancel).await;
+        let outcome = self.limited(&lease, &mut gate, cancel).await;
         if let Some(g) = gate.as_mut() {
             g.open();
         }
@@ -233,6 +235,11 @@ impl Runs {
                 RunOutcome::Stopped
             }
             Err(RunFailure::Interrupted(reason)) => RunOutcome::Interrupted(reason),
+            Err(RunFailure::Limit(limit)) => {
+                tracing::info!(limit = limit.name(), "Agent timed out");
+                let partial = self.partial_text(id).await;
+                RunOutcome::Ended(lease, Ending::timed_out(partial, limit))
+            }
             Err(failure) => {
                 tracing::warn!(error = %failure, "Agent failed");
                 RunOutcome::Ended(lease, Ending::failed(failure.to_string()))
@@ -240,17 +247,46 @@ impl Runs {
         }
     }
 
-    /// Runs the agent's turns from wherever its transcript stands; returns its final reply.
-    async fn drive(
+    /// Runs the agent's turns under its limits: past its wall time or idle timeout the run is
+    /// dropped (the tool calls in flight with it, their processes killed and waited for) and
+    /// the agent times out.
+    async fn limited(
         self: &Arc<Self>,
         lease: &Lease,
         gate: &mut Option<WarmupGate>,
         cancel: &CancellationToken,
     ) -> Result<Final, RunFailure> {
-        let mut run = self.load_run(lease.agent_id).await?;
-        let max_turns = self.config.max_turns;
-        // Turns already taken (a later run of the same agent continues the count).
+        let run = self.load_run(lease.agent_id).await?;
+        // An agent stored before limits were runs under the daemon's.
+        let limits = run.agent.limits.unwrap_or(self.config.agent_limits);
+        let progress = crate::progress::Progress::new();
+        let watchdog = limits::Watchdog::new(&run.agent, limits, Arc::clone(&progress));
+        let drive = crate::progress::scope(progress, self.drive(run, &limits, lease, gate, cancel));
+        if watchdog.is_idle() {
+            return drive.await;
+        }
+        tokio::select! {
+            outcome = drive => outcome,
+            limit = watchdog.expired() => {
+                self.stop_cut_off_groups(lease.agent_id).await;
+                Err(RunFailure::Limit(limit))
+            }
+        }
+    }
+
+    /// Runs the agent's turns from wherever its transcript stands; returns its final reply.
+    async fn drive(
+        self: &Arc<Self>,
+        mut run: AgentRun,
+        limits: &Limits,
+        lease: &Lease,
+        gate: &mut Option<WarmupGate>,
+        cancel: &CancellationToken,
+    ) -> Result<Final, RunFailure> {
+        // Turns already taken (a later run of the same agent continues the count), and output
+        // tokens written: its counted usage so far.
         let mut turn = run.own.iter().filter(|m| m.role == Role::Assistant).count() as u32;
+        let mut output_tokens = run.agent.usage.output_tokens;
         loop {
             if let Some(last) = run.own.last().filter(|m| m.role == Role::Assistant)
                 && last.tool_uses().next().is_none()
@@ -306,8 +342,8 @@ impl Runs {
                 self.attach.append_own(lease, &results).await?;
                 run.own.push(results);
             }
-            if turn >= max_turns {
-                return Err(RunFailure::TurnLimit(max_turns));
+            if let Some(limit) = limits::before_request(limits, turn, output_tokens) {
+                return Err(RunFailure::Limit(limit));
             }
             if self.supervisor.draining() {
                 return Err(RunFailure::Draining);
@@ -324,6 +360,7 @@ impl Runs {
             {
                 self.check_first_request(ctx, &answer.record).await;
             }
+            output_tokens += answer.completion.usage.output_tokens;
             run.own.push(answer.completion.message);
             turn += 1;
         }

@@ -10,8 +10,8 @@ use crate::commands::{
 /// forkctl: a thin client of the forkd daemon.
 ///
 /// Data goes to stdout (with `--json`, one JSON object per line), messages to stderr.
-/// Exit codes: 0 ok, 1 a child failed (`fork --wait`, `run --wait`), 2 usage error, 3 not found,
-/// 4 invalid argument, 5 daemon unavailable, 6 any other error.
+/// Exit codes: 0 ok, 1 a child failed, was killed or timed out (`fork --wait`, `run --wait`),
+/// 2 usage error, 3 not found, 4 invalid argument, 5 daemon unavailable, 6 any other error.
 #[derive(Debug, Parser)]
 #[command(name = "forkctl", version, propagate_version = true)]
 pub struct Cli {
@@ -161,6 +161,34 @@ mod tests {
         assert_eq!(fork.directives, ["one", "two"]);
         assert!(fork.wait);
         assert!(!fork.no_gating);
+        Ok(())
+    }
+
+    #[test]
+    fn fork_takes_limits_for_its_children() -> anyhow::Result<()> {
+        let cli = parse(&[
+            "fork",
+            "S1",
+            "-d",
+            "one",
+            "--timeout",
+            "10m",
+            "--max-turns",
+            "30",
+        ])?;
+        let Command::Fork(fork) = cli.command else {
+            panic!("expected fork, got {:?}", cli.command);
+        };
+        let limits = fork.limits.limits().unwrap_or_default();
+        assert_eq!((limits.timeout_ms, limits.max_turns), (600_000, 30));
+        assert_eq!(limits.timeout_excludes_throttle, None);
+        let err = parse(&["fork", "S1", "-d", "one", "--idle-timeout", "0s"]);
+        assert!(matches!(err, Err(e) if e.kind() == ErrorKind::ValueValidation));
+        let cli = parse(&["fork", "S1", "-d", "one"])?;
+        let Command::Fork(fork) = cli.command else {
+            panic!("expected fork, got {:?}", cli.command);
+        };
+        assert_eq!(fork.limits.limits(), None);
         Ok(())
     }
 

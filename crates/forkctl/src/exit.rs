@@ -6,7 +6,7 @@ use tonic::Code;
 
 /// Everything went well.
 pub const OK: u8 = 0;
-/// `fork --wait`, `run --wait`: at least one child failed or was killed.
+/// `fork --wait`, `run --wait`: at least one child failed, was killed or timed out.
 pub const CHILD_FAILED: u8 = 1;
 // 2 is clap's own exit code for usage errors; it is never produced here.
 /// The daemon does not know the id (gRPC NOT_FOUND).

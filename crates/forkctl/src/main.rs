@@ -5,6 +5,7 @@ mod cli;
 mod client;
 mod commands;
 mod exit;
+mod limits;
 mod output;
 mod reconnect;
 mod tls_mismatch;

@@ -72,7 +72,8 @@ fn wire_name(name: &str, prefix: &str) -> Option<String> {
     name.strip_prefix(prefix).map(str::to_ascii_lowercase)
 }
 
-/// `pending`, `running`, `idle`, `completed`, `failed`, `killed` (or `unspecified`).
+/// `pending`, `running`, `idle`, `completed`, `failed`, `killed`, `timed_out` (or
+/// `unspecified`).
 pub fn state_name(state: AgentState) -> &'static str {
     core_state(state).map_or("unspecified", forkd_core::AgentState::as_str)
 }
@@ -86,7 +87,7 @@ pub fn agent_state_label(agent: &Agent) -> &'static str {
     }
 }
 
-/// `completed`, `failed`, `killed` (or `unspecified`).
+/// `completed`, `failed`, `killed`, `timed_out` (or `unspecified`).
 pub fn status_name(status: NotificationStatus) -> &'static str {
     core_status(status).map_or("unspecified", forkd_core::NotificationStatus::as_str)
 }
@@ -130,6 +131,14 @@ fn report_json(report: Option<&Report>) -> Value {
     value
 }
 
+/// The limit that stopped a timed-out agent, as its report's `issues` (or its error) names it:
+/// the first line that starts `timed out`.
+pub fn timed_out_reason(text: &str) -> Option<&str> {
+    text.lines()
+        .map(str::trim)
+        .find(|line| line.starts_with("timed out"))
+}
+
 /// The object a report's final reply held under an output schema, if any.
 pub fn structured(report: &Report) -> Option<Value> {
     if report.structured_json.is_empty() {
@@ -154,7 +163,8 @@ pub fn notification_json(n: &Notification) -> Value {
     })
 }
 
-/// One agent of `ps`.
+/// One agent of `ps`: with the limits it runs under and when it first started (`null` until
+/// it has).
 pub fn agent_json(a: &Agent) -> Value {
     json!({
         "agent_id": a.agent_id,
@@ -169,6 +179,8 @@ pub fn agent_json(a: &Agent) -> Value {
         "error": if a.error.is_empty() { Value::Null } else { json!(a.error) },
         "daemon": optional_id(&a.daemon),
         "changes": if a.changes.is_empty() { Value::Null } else { json!(a.changes) },
+        "limits": crate::limits::limits_json(a.limits.as_ref()),
+        "started_at": a.started_at.map(|t| t.to_string()),
     })
 }
 

@@ -191,6 +191,82 @@ fn fork_wait_succeeds_and_summarises_for_people() -> anyhow::Result<()> {
 }
 
 #[test]
+fn fork_sends_its_limits_and_a_timed_out_child_fails_the_wait() -> anyhow::Result<()> {
+    let mut timed_out = notification(2, "A2", NotificationStatus::TimedOut);
+    timed_out.report = Some(forkd_proto::v1::Report {
+        issues: "timed out: its timeout of 2s (wall time since it started) ran out".into(),
+        ..Default::default()
+    });
+    let notifications = vec![
+        notification(1, "A1", NotificationStatus::Completed),
+        timed_out,
+    ];
+    let daemon = FakeDaemon::start(Script {
+        notifications,
+        ..Default::default()
+    })?;
+    let args = [
+        "fork",
+        "S1",
+        "-d",
+        "one",
+        "-d",
+        "two",
+        "--timeout",
+        "2s",
+        "--max-output-tokens",
+        "4000",
+        "--timeout-excludes-throttle",
+        "--wait",
+    ];
+    let run = forkctl(&daemon.addr(), Some(TOKEN), &args)?;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert!(
+        lines[4].starts_with(
+            "#2 A2 timed_out A2 done [timed out: its timeout of 2s (wall time since it started) \
+             ran out]"
+        ),
+        "{lines:?}"
+    );
+    assert!(
+        lines[5].starts_with("batch B1: 2 children, 1 completed, 0 failed, 0 killed, 1 timed_out"),
+        "{lines:?}"
+    );
+    let limits = daemon.recorded()?.fork[0].limits;
+    assert_eq!(
+        limits,
+        Some(forkd_proto::v1::Limits {
+            timeout_ms: 2_000,
+            max_output_tokens: 4_000,
+            timeout_excludes_throttle: Some(true),
+            ..Default::default()
+        })
+    );
+
+    let mut json_args = vec!["--json"];
+    json_args.extend(args);
+    let run = forkctl(&daemon.addr(), Some(TOKEN), &json_args)?;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert_eq!(json_lines(&run.stdout)?[2]["status"], "timed_out");
+
+    let run = forkctl(
+        &daemon.addr(),
+        Some(TOKEN),
+        &["fork", "S1", "-d", "x", "--max-turns", "0"],
+    )?;
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(run.stderr.contains("must be more than 0"), "{run:?}");
+    // Only the first two calls reached the daemon; no limit given, none sent.
+    let run = forkctl(&daemon.addr(), Some(TOKEN), &["fork", "S1", "-d", "x"])?;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let recorded = daemon.recorded()?;
+    assert_eq!(recorded.fork.len(), 3);
+    assert_eq!(recorded.fork[2].limits, None);
+    Ok(())
+}
+
+#[test]
 fn a_stream_that_ends_early_is_reported_as_unavailable() -> anyhow::Result<()> {
     let notifications = vec![notification(1, "A1", NotificationStatus::Completed)];
     let script = Script {

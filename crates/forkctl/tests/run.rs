@@ -347,7 +347,7 @@ fn wait_json_prints_notifications_then_the_summary() -> anyhow::Result<()> {
     assert_eq!(
         lines[3],
         json!({
-            "batch_id": "B1", "children": 2, "completed": 1, "failed": 0, "killed": 1,
+            "batch_id": "B1", "children": 2, "completed": 1, "failed": 0, "killed": 1, "timed_out": 0,
             "cost_usd": 0.02, "cache_read_share": 1.0,
             "usage": {"input_tokens": 0, "cache_creation_input_tokens": 0,
                       "cache_read_input_tokens": 2000, "output_tokens": 0},
@@ -364,6 +364,73 @@ fn wait_json_prints_notifications_then_the_summary() -> anyhow::Result<()> {
         (subscribe.since_seq, subscribe.batch_id.as_str()),
         (0, "B1")
     );
+    Ok(())
+}
+
+#[test]
+fn a_file_s_limits_reach_the_wire_and_a_timed_out_child_fails_the_run() -> anyhow::Result<()> {
+    let limit = "timed out: no model output and no tool call started or finished for 2m \
+                 (its idle_timeout)";
+    let mut timed_out = notification(1, "A2", NotificationStatus::TimedOut);
+    timed_out.report = Some(forkd_proto::v1::Report {
+        result: "half done".into(),
+        issues: limit.into(),
+        ..Default::default()
+    });
+    let notifications = vec![
+        timed_out,
+        notification(2, "A1", NotificationStatus::Completed),
+    ];
+    let daemon = FakeDaemon::start(Script {
+        notifications,
+        ..Default::default()
+    })?;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("batch.yaml");
+    std::fs::write(
+        &path,
+        "key: k\nsession: {system: s}\ndirectives:\n  - one\n  - {prompt: two, max_turns: 5}\n\
+         idle_timeout: 2m\ntimeout: 1h\n",
+    )?;
+    let junit = dir.path().join("out.xml");
+    let args = [
+        "--json",
+        "run",
+        path.to_str().unwrap(),
+        "--junit",
+        junit.to_str().unwrap(),
+    ];
+    let run = support::forkctl(&daemon.addr(), Some(TOKEN), &args)?;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    let lines = json_lines(run.stdout.as_bytes());
+    assert_eq!(lines[1]["status"], "timed_out");
+    let summary = &lines[3];
+    assert_eq!(
+        (
+            &summary["completed"],
+            &summary["timed_out"],
+            &summary["failed"]
+        ),
+        (&json!(1), &json!(1), &json!(0))
+    );
+    assert_eq!(
+        junit_failure_types(&junit),
+        [
+            ("one".to_owned(), None),
+            ("two".to_owned(), Some("timeout".to_owned()))
+        ]
+    );
+    let xml = std::fs::read_to_string(&junit)?;
+    assert!(xml.contains(&format!("message=\"{limit}\"")), "{xml}");
+
+    let fork = &daemon.recorded()?.fork[0];
+    let limits = fork.limits.unwrap_or_default();
+    assert_eq!(
+        (limits.timeout_ms, limits.idle_timeout_ms),
+        (3_600_000, 120_000)
+    );
+    assert_eq!(fork.directives[0].limits, None);
+    assert_eq!(fork.directives[1].limits.map(|l| l.max_turns), Some(5));
     Ok(())
 }
 

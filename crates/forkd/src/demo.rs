@@ -242,6 +242,7 @@ async fn drive(
                 .map(|d| pb::Directive {
                     description: d.description.clone(),
                     prompt: d.prompt.clone(),
+                    limits: None,
                 })
                 .collect(),
             warmup_gating: Some(opts.warmup_gating),

@@ -34,7 +34,7 @@ const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 const BATCH_SHARE: &str = "forkd_batch_cache_read_share";
 
 const KINDS: [AgentKind; 3] = [AgentKind::Parent, AgentKind::Fork, AgentKind::Typed];
-const STATES: [AgentState; 6] = AgentState::ALL;
+const STATES: [AgentState; 7] = AgentState::ALL;
 
 /// The recorder, installed, and the bound listener, not yet serving.
 pub(crate) struct Endpoint {

@@ -505,6 +505,7 @@ async fn prompts_and_keys_across_daemons(url: String) {
         session_id: session.session_id.clone(),
         directives: vec![pb::Directive {
             prompt: text.to_owned(),
+            limits: None,
             ..Default::default()
         }],
         idempotency_key: key.to_owned(),

@@ -42,6 +42,7 @@ async fn a_stalled_subscriber_never_delays_the_other_ninety_nine() {
         .map(|i| pb::Directive {
             description: format!("child {i}"),
             prompt: format!("Report {i} with some words to make the notification longer."),
+            limits: None,
         })
         .collect();
     let batch = client

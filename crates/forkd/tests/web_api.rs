@@ -109,6 +109,7 @@ async fn batch_of(daemon: &TestDaemon, token: &str, n: usize) -> (String, String
         .map(|i| pb::Directive {
             description: format!("child {i}"),
             prompt: format!("Child {i}\n@sim say done {i}"),
+            limits: None,
         })
         .collect();
     let mut req = tonic::Request::new(pb::ForkBatchRequest {
@@ -566,6 +567,7 @@ async fn an_isolated_childs_page_carries_its_diff() {
             description: "edit".into(),
             prompt: "Edit.\n@sim tool Bash {\"command\":\"echo after > a.txt\"}\n@sim say done"
                 .into(),
+            limits: None,
         }],
         isolation: "copy".into(),
         ..Default::default()
@@ -646,6 +648,7 @@ async fn a_schema_childs_page_gets_its_structured_report() {
         directives: vec![pb::Directive {
             description: "judge".into(),
             prompt: "Judge.\n@sim json {\"verdict\":\"pass\"}".into(),
+            limits: None,
         }],
         output_schema: r#"{"type":"object","required":["verdict"]}"#.into(),
         ..Default::default()

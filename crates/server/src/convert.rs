@@ -81,6 +81,33 @@ fn agent_state(s: AgentState) -> pb::AgentState {
         AgentState::Completed => pb::AgentState::Completed,
         AgentState::Failed => pb::AgentState::Failed,
         AgentState::Killed => pb::AgentState::Killed,
+        AgentState::TimedOut => pb::AgentState::TimedOut,
+    }
+}
+
+/// Limits as the wire carries them: 0 and unset for "none at this layer".
+pub(crate) fn limits(l: &forkd_core::Limits) -> pb::Limits {
+    pb::Limits {
+        timeout_ms: l.timeout_ms.unwrap_or(0),
+        idle_timeout_ms: l.idle_timeout_ms.unwrap_or(0),
+        max_turns: l.max_turns.unwrap_or(0),
+        max_output_tokens: l.max_output_tokens.unwrap_or(0),
+        timeout_excludes_throttle: l.timeout_excludes_throttle,
+    }
+}
+
+/// Limits a request gives: 0 reads as unset.
+pub(crate) fn limits_from(l: Option<&pb::Limits>) -> forkd_core::Limits {
+    let Some(l) = l else {
+        return forkd_core::Limits::default();
+    };
+    let set = |v: u64| (v > 0).then_some(v);
+    forkd_core::Limits {
+        timeout_ms: set(l.timeout_ms),
+        idle_timeout_ms: set(l.idle_timeout_ms),
+        max_turns: (l.max_turns > 0).then_some(l.max_turns),
+        max_output_tokens: set(l.max_output_tokens),
+        timeout_excludes_throttle: l.timeout_excludes_throttle,
     }
 }
 
@@ -113,6 +140,8 @@ pub(crate) fn agent(a: &Agent, changes: Option<&forkd_core::isolation::AgentChan
         changes: changes
             .map(|c| format!("{}, {}", c.summary(), c.state.as_str()))
             .unwrap_or_default(),
+        limits: a.limits.as_ref().map(limits),
+        started_at: a.started_at_ms.map(timestamp),
     }
 }
 
@@ -136,6 +165,7 @@ pub(crate) fn notification(n: &Notification) -> pb::Notification {
         NotificationStatus::Completed => pb::NotificationStatus::Completed,
         NotificationStatus::Failed => pb::NotificationStatus::Failed,
         NotificationStatus::Killed => pb::NotificationStatus::Killed,
+        NotificationStatus::TimedOut => pb::NotificationStatus::TimedOut,
     };
     pb::Notification {
         // The tenant's own count: every caller is a tenant, and sees its numbers alone.
@@ -298,6 +328,12 @@ pub(crate) fn batch_options(req: &pb::ForkBatchRequest) -> Result<BatchOptions, 
             })
             .transpose()?,
         output_schema: output_schema(&req.output_schema)?,
+        limits: limits_from(req.limits.as_ref()),
+        child_limits: req
+            .directives
+            .iter()
+            .map(|d| limits_from(d.limits.as_ref()))
+            .collect(),
     })
 }
 

@@ -279,6 +279,7 @@ pub fn directives(prompts: &[&str]) -> Vec<pb::Directive> {
         .map(|(i, p)| pb::Directive {
             description: format!("part {}", i + 1),
             prompt: (*p).to_owned(),
+            limits: None,
         })
         .collect()
 }

@@ -49,6 +49,22 @@ function ago(ms) {
   if (d < 86400) return Math.floor(d / 3600) + ' h ago';
   return new Date(ms).toISOString().slice(0, 16).replace('T', ' ');
 }
+// A child's states, in lifecycle order: the batch page's filter and counts. `timed_out` (past one
+// of its limits) ends it like `failed` and `killed`, each shown in its own colour.
+const CHILD_STATES = ['pending', 'running', 'completed', 'failed', 'killed', 'timed_out'];
+// A duration as people write it, as forkd's own messages do: 90s, 10m, 1h30m, 1.5s.
+function dur(ms) {
+  if (ms % 1000) return ms / 1000 + 's';
+  const t = ms / 1000, hh = Math.floor(t / 3600), mm = Math.floor(t / 60) % 60, ss = t % 60;
+  return (hh ? hh + 'h' : '') + (mm ? mm + 'm' : '') + (ss || (!hh && !mm) ? ss + 's' : '');
+}
+// An agent's limits, the fields set: `timeout 10m · idle 2m · 30 turns`.
+const limitsText = (l) => !l ? '' : [
+  l.timeout_ms && 'timeout ' + dur(l.timeout_ms) + (l.timeout_excludes_throttle ? ' (less throttled time)' : ''),
+  l.idle_timeout_ms && 'idle ' + dur(l.idle_timeout_ms),
+  l.max_turns && num(l.max_turns) + (l.max_turns === 1 ? ' turn' : ' turns'),
+  l.max_output_tokens && num(l.max_output_tokens) + ' output tokens',
+].filter(Boolean).join(' · ');
 const stateCell = (state, label) => h('td', { class: 'state state-' + state, 'data-state': state }, label || state);
 // An agent's state as people read it: `running (throttled)` while the provider's limits hold its
 // request back (it stays running).
@@ -384,7 +400,7 @@ async function batchView(id, t0) {
       .map((t, i) => h('th', { class: i >= 4 && i !== 10 ? 'num' : '' }, t)))), tbody);
   scroller.append(spacer, table);
   const select = h('select', { id: 'state-filter', onchange: (e) => { filter = e.target.value; reorder(); } },
-    ['', 'pending', 'running', 'completed', 'failed', 'killed'].map((x) => h('option', { value: x }, x || 'all states')));
+    ['', ...CHILD_STATES].map((x) => h('option', { value: x }, x || 'all states')));
 
   let drawQueued = false;
   const draw = () => {
@@ -418,7 +434,7 @@ async function batchView(id, t0) {
     const by = {};
     for (const r of rows.values()) by[r.state] = (by[r.state] || 0) + 1;
     counts.replaceChildren(h('div', { class: 'stat' }, h('b', { id: 'children-total' }, rows.size), h('span', {}, 'children')),
-      ...['pending', 'running', 'completed', 'failed', 'killed'].map((st) =>
+      ...CHILD_STATES.map((st) =>
         h('div', { class: 'stat' }, h('b', { class: 'state-' + st, id: 'count-' + st }, by[st] || 0), h('span', {}, st))));
   };
   scroller.addEventListener('scroll', draw, { passive: true });
@@ -543,6 +559,7 @@ async function agentView(id) {
     a.batch_id ? h('a', { href: '#/batch/' + a.batch_id }, 'batch ' + short(a.batch_id)) : '', h('span', {}, 'agent ' + short(id)));
   const indicator = h('span', { class: 'live off' }, '● connecting');
   const head = h('div', { class: 'grid', id: 'agent-head' });
+  const facts = h('p', { class: 'muted', id: 'agent-facts' });
   const actions = h('div', { class: 'actions' });
   const report = h('div', { id: 'report' });
   const transcript = h('div', { id: 'transcript' });
@@ -552,6 +569,14 @@ async function agentView(id) {
   const selected = new Set();
 
   const drawHead = () => {
+    // When it started, the limits it runs under, how long the provider's limits held it back.
+    const parts = [
+      a.started_at_ms ? h('span', { id: 'agent-started', title: new Date(a.started_at_ms).toISOString() }, 'started ' + ago(a.started_at_ms)) : '',
+      a.limits ? h('span', { id: 'agent-limits' }, 'limits: ' + limitsText(a.limits)) : '',
+      a.throttled_ms ? h('span', {}, 'throttled ' + dur(a.throttled_ms)) : '',
+    ].filter(Boolean);
+    facts.replaceChildren(...parts.flatMap((x, i) => (i ? [' · ', x] : [x])));
+    facts.hidden = !parts.length;
     head.replaceChildren(...[['state', agentState(a), 'agent-state'], ['kind', a.kind + (a.subagent_type ? ' · ' + a.subagent_type : '')],
       ['input', num(a.usage.input_tokens)], ['written', num(a.usage.cache_creation_input_tokens)],
       ['read', num(a.usage.cache_read_input_tokens)], ['output', num(a.usage.output_tokens)],
@@ -582,7 +607,8 @@ async function agentView(id) {
       explainOut.replaceChildren(explainView(e));
     } catch (err) { explainOut.replaceChildren(h('p', { class: 'error' }, err.message)); }
   };
-  const drawReport = (n) => report.replaceChildren(h('h2', {}, 'Report · ', n.status),
+  const drawReport = (n) => report.replaceChildren(h('h2', {}, 'Report · ', h('span', { class: 'state-' + n.status }, n.status),
+    n.status === 'timed_out' ? ' (partial report: a limit stopped it)' : ''),
     h('div', { class: 'panel', id: 'report-text' },
       n.report.scope ? h('p', {}, h('b', {}, 'Scope: '), n.report.scope) : '',
       n.report.structured !== undefined
@@ -600,7 +626,7 @@ async function agentView(id) {
     h('div', { class: 'toolbar' }, h('h1', {}, 'Agent ', h('span', { class: 'mono' }, id)), indicator),
     traceView(data.trace),
     data.directive ? h('p', {}, h('b', {}, data.directive.description)) : '',
-    head, actions, report, data.changes ? changesView(data.changes) : '',
+    facts, head, actions, report, data.changes ? changesView(data.changes) : '',
     h('h2', {}, 'Requests'),
     h('div', { class: 'actions' }, h('button', { onclick: () => {
       const [x, y] = [...selected];

@@ -476,6 +476,9 @@ mod tests {
             updated_at_ms: 0,
             ended: false,
             throttled_since_ms: None,
+            limits: None,
+            started_at_ms: None,
+            throttled_ms: 0,
         };
         let mut c = Changes::default();
         assert_eq!(

@@ -339,6 +339,9 @@ mod tests {
             updated_at_ms: 9_000,
             held_by: None,
             throttled_since_ms: None,
+            limits: None,
+            started_at_ms: None,
+            throttled_ms: 0,
         }
     }
 
@@ -407,6 +410,27 @@ mod tests {
         assert_eq!(summaries[0].states.get("completed"), Some(&2));
         assert_eq!(summaries[0].states.get("killed"), Some(&1));
         assert!((summaries[0].cost_usd - 1.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn timed_out_children_are_counted_apart_from_failed_and_killed_ones() {
+        let (session, batch) = (SessionId::new(), BatchId::new());
+        let agents = [
+            child(session, batch, 0, AgentState::Completed),
+            child(session, batch, 1, AgentState::TimedOut),
+            child(session, batch, 2, AgentState::TimedOut),
+            child(session, batch, 3, AgentState::Failed),
+            child(session, batch, 4, AgentState::Killed),
+        ];
+        let summaries = batch_summaries(&agents);
+        assert_eq!(summaries[0].children, 5);
+        assert_eq!(summaries[0].states.get("timed_out"), Some(&2));
+        assert_eq!(summaries[0].states.get("failed"), Some(&1));
+        assert_eq!(summaries[0].states.get("killed"), Some(&1));
+        assert_eq!(summaries[0].states.get("completed"), Some(&1));
+        // A timed-out child has ended: its timeline row ends, and it no longer runs.
+        let rows = timeline(&agents, &[]);
+        assert_eq!(rows[1].ended_at_ms, Some(9_000));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! page renders every string of it as text, never as markup.
 
 use forkd_core::query::RequestRecord;
-use forkd_core::{Agent, AgentKind, Notification, Usage};
+use forkd_core::{Agent, AgentKind, Limits, Notification, Usage};
 use forkd_engine::TranscriptEntry;
 use serde::Serialize;
 
@@ -29,6 +29,13 @@ pub(crate) struct AgentRow {
     pub ended: bool,
     /// While the agent runs and the provider's limits hold its request back: since when.
     pub throttled_since_ms: Option<i64>,
+    /// The limits it runs under, as the object of the fields set; `None` when none is (or for
+    /// an agent made before limits were stored). Past one it ends `timed_out`.
+    pub limits: Option<Limits>,
+    /// When a run first claimed it: where its wall-time limit counts from.
+    pub started_at_ms: Option<i64>,
+    /// How long its requests waited out the provider's limits, over the waits that ended.
+    pub throttled_ms: u64,
 }
 
 pub(crate) fn read_share(u: &Usage) -> f64 {
@@ -73,6 +80,9 @@ impl From<&Agent> for AgentRow {
             throttled_since_ms: a
                 .throttled_since_ms
                 .filter(|_| a.state == forkd_core::AgentState::Running),
+            limits: a.limits.filter(|l| !l.is_empty()),
+            started_at_ms: a.started_at_ms,
+            throttled_ms: a.throttled_ms,
         }
     }
 }
@@ -178,5 +188,83 @@ impl From<&RequestRecord> for RequestView {
             stop_reason: r.stop_reason.clone(),
             created_at_ms: r.created_at_ms,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use forkd_core::{AgentId, AgentState, SessionId};
+    use serde_json::json;
+
+    use super::*;
+
+    fn agent(state: AgentState) -> Agent {
+        Agent::new(
+            AgentId::new(),
+            SessionId::new(),
+            AgentKind::Fork,
+            state,
+            1_000,
+        )
+    }
+
+    #[test]
+    fn an_agents_row_carries_its_limits_as_the_fields_set_and_its_start() {
+        let mut a = agent(AgentState::TimedOut);
+        a.limits = Some(Limits {
+            timeout_ms: Some(600_000),
+            max_turns: Some(30),
+            ..Limits::default()
+        });
+        a.started_at_ms = Some(2_000);
+        a.throttled_ms = 1_500;
+        let row = serde_json::to_value(AgentRow::from(&a)).unwrap_or_default();
+        assert_eq!(row["state"], "timed_out");
+        assert_eq!(row["ended"], true);
+        assert_eq!(
+            row["limits"],
+            json!({ "timeout_ms": 600_000, "max_turns": 30 })
+        );
+        assert_eq!(row["started_at_ms"], 2_000);
+        assert_eq!(row["throttled_ms"], 1_500);
+    }
+
+    #[test]
+    fn an_agent_without_limits_has_none_in_its_row() {
+        let mut a = agent(AgentState::Pending);
+        let row = serde_json::to_value(AgentRow::from(&a)).unwrap_or_default();
+        assert_eq!(row["limits"], serde_json::Value::Null);
+        assert_eq!(row["started_at_ms"], serde_json::Value::Null);
+        // Limits with no field set read as none, too.
+        a.limits = Some(Limits::default());
+        assert_eq!(AgentRow::from(&a).limits, None);
+    }
+
+    #[test]
+    fn a_timed_out_notification_carries_its_status_and_partial_report() {
+        let a = agent(AgentState::TimedOut);
+        let n = Notification {
+            seq: 1,
+            tenant_seq: 7,
+            session_id: a.session_id,
+            batch_id: None,
+            agent_id: a.id,
+            kind: forkd_core::NotificationKind::Fork,
+            status: forkd_core::NotificationStatus::TimedOut,
+            summary: "partial".into(),
+            report: forkd_core::report::Report {
+                issues: "timed out: its timeout of 10m (wall time since it started) ran out".into(),
+                ..Default::default()
+            },
+            usage: Usage::default(),
+            cost_usd: 0.0,
+            created_at_ms: 5_000,
+        };
+        let view = serde_json::to_value(NotificationView::from(&n)).unwrap_or_default();
+        assert_eq!(view["status"], "timed_out");
+        assert_eq!(
+            view["report"]["issues"],
+            "timed out: its timeout of 10m (wall time since it started) ran out"
+        );
     }
 }

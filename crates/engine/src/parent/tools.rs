@@ -166,6 +166,7 @@ impl Turns {
                 idempotency: None,
                 budget: forkd_core::store::Budget::default(),
                 turn: Some((turn.lease, delivered)),
+                limits: vec![forkd_core::Limits::default(); isolated.len()],
                 isolated,
                 fork_point: None,
                 output_schema: None,
@@ -305,5 +306,6 @@ fn asks(reply: &Message, id: &str) -> TypedOptions {
     input.map_or_else(TypedOptions::default, |input| TypedOptions {
         isolation: plan::isolation_of(&input).unwrap_or_default(),
         output_schema: plan::output_schema_of(&input).unwrap_or_default(),
+        limits: forkd_core::Limits::default(),
     })
 }

@@ -45,6 +45,16 @@ impl Ending {
         }
     }
 
+    /// Stopped by `limit`, with whatever it had said so far.
+    pub(crate) fn timed_out(partial: Option<String>, limit: forkd_core::Limit) -> Self {
+        Self {
+            status: NotificationStatus::TimedOut,
+            text: partial,
+            structured: None,
+            error: Some(limit.to_string()),
+        }
+    }
+
     pub(crate) fn failed(error: String) -> Self {
         Self {
             status: NotificationStatus::Failed,
@@ -344,6 +354,14 @@ impl Runs {
                 .unwrap_or_default()
         };
         let report = match (&final_text, &error) {
+            // Partial, whatever the text says: the limit, what it said, what was cut off.
+            (_, Some(limit)) if status == NotificationStatus::TimedOut => Report {
+                scope: scope(),
+                result: timed_out_result(limit, final_text.as_deref()),
+                files_changed: self.written_paths(id).await?,
+                issues: self.cut_off_calls(id, limit).await?,
+                ..Report::default()
+            },
             // The object is the result; forkd's own facts are set beside it below.
             (Some(_), _) if structured.is_some() => Report {
                 scope: scope(),
@@ -435,6 +453,27 @@ impl Runs {
         Ok(())
     }
 
+    /// A timed-out agent's issues: the limit, and the tool calls its run cut off (started,
+    /// never answered), their processes killed.
+    async fn cut_off_calls(
+        &self,
+        id: forkd_core::AgentId,
+        limit: &str,
+    ) -> Result<String, EngineError> {
+        let cut: Vec<String> = self
+            .store
+            .tool_calls(id)
+            .await?
+            .iter()
+            .filter(|c| c.result.is_none())
+            .map(|c| call_line(&c.name, &c.input_json))
+            .collect();
+        Ok(match cut.as_slice() {
+            [] => limit.to_owned(),
+            calls => format!("{limit}; tool calls cut off (killed): {}", calls.join(", ")),
+        })
+    }
+
     /// The paths an agent's `Write` and `Edit` calls wrote, in the order it first wrote them:
     /// the "Files changed" of a report whose text is an object the agent's schema shaped.
     async fn written_paths(&self, id: forkd_core::AgentId) -> Result<Vec<String>, EngineError> {
@@ -499,4 +538,65 @@ pub(crate) fn resumed_span(batch: Option<&forkd_core::fork::ForkBatch>) -> traci
         crate::trace::adopt(&span, parent);
     }
     span
+}
+
+/// A timed-out agent's result: what stopped it, then what it had said so far.
+fn timed_out_result(limit: &str, partial: Option<&str>) -> String {
+    let mut limit = limit.to_owned();
+    if let Some(first) = limit.get(..1) {
+        limit.replace_range(..1, &first.to_uppercase());
+    }
+    match partial {
+        Some(text) => format!("{limit}. Its last reply before that:\n{text}"),
+        None => format!("{limit}, before any reply."),
+    }
+}
+
+/// A cut-off tool call as a report names it: the tool and what it was given (a Bash call's
+/// command, a file tool's path), on one line and short.
+fn call_line(name: &str, input_json: &str) -> String {
+    const MOST: usize = 80;
+    let input: serde_json::Value = serde_json::from_str(input_json).unwrap_or_default();
+    let what = ["command", "file_path", "pattern", "description"]
+        .iter()
+        .find_map(|k| input.get(*k).and_then(serde_json::Value::as_str));
+    match what {
+        None => name.to_owned(),
+        Some(what) => {
+            let line = what.split_whitespace().collect::<Vec<_>>().join(" ");
+            let mut short: String = line.chars().take(MOST).collect();
+            if line.chars().count() > MOST {
+                short.push('…');
+            }
+            format!("{name} ({short:?})")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timed_out_result_says_what_stopped_it_first() {
+        let limit = "timed out: no final answer after 3 model requests (its max_turns)";
+        let with = timed_out_result(limit, Some("Looking at src/"));
+        assert!(with.starts_with("Timed out: no final answer"), "{with}");
+        assert!(with.ends_with("Its last reply before that:\nLooking at src/"));
+        assert_eq!(
+            timed_out_result(limit, None),
+            format!("T{}, before any reply.", &limit[1..])
+        );
+    }
+
+    #[test]
+    fn a_cut_off_call_is_named_on_one_short_line() {
+        assert_eq!(
+            call_line("Bash", r#"{"command":"sleep 100\n  && echo done"}"#),
+            r#"Bash ("sleep 100 && echo done")"#
+        );
+        assert_eq!(call_line("Glob", "{}"), "Glob");
+        let long = call_line("Bash", &format!(r#"{{"command":"{}"}}"#, "x".repeat(200)));
+        assert!(long.chars().count() < 100 && long.contains('…'), "{long}");
+    }
 }

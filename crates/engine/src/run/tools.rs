@@ -272,12 +272,16 @@ impl Runs {
                 },
             )
             .await?;
+        // A call starting and finishing is progress for the idle timeout.
+        crate::progress::touch();
         let output = if !turn.offered.iter().any(|t| t == name) {
             Ran::Builtin(ToolOutput::error(format!(
                 "Tool {name} is not available to this agent; its tools are: {}.",
                 turn.offered.join(", ")
             )))
         } else if name == AGENT_TOOL {
+            // Waiting on a typed agent, which has limits of its own, is not idling.
+            let _waiting = crate::progress::waiting();
             Ran::Builtin(self.agent_call(turn, id, input).await)
         } else {
             let allowed = match policy.decide(name, input, &ctx.workspace) {
@@ -301,6 +305,7 @@ impl Runs {
             Ran::Mcp(output) => shown_mcp(id, output),
         };
         tracing::debug!(tool = name, "Tool call finished");
+        crate::progress::touch();
         store
             .finish_tool_call(turn.lease, id, &result, full.as_deref(), now_ms())
             .await?;
@@ -599,6 +604,7 @@ impl Runs {
             options: TypedOptions {
                 isolation: forkd_core::plan::isolation_of(input).unwrap_or_default(),
                 output_schema: forkd_core::plan::output_schema_of(input).unwrap_or_default(),
+                limits: forkd_core::Limits::default(),
             },
         };
         let (block, outcome) = self.typed_call(call, directive).await;

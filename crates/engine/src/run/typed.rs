@@ -33,6 +33,8 @@ pub struct TypedOptions {
     pub isolation: Isolation,
     /// The JSON Schema its final reply must match (docs/contracts.md, "Output schemas").
     pub output_schema: Option<OutputSchema>,
+    /// Its limits, over its tenant's and the daemon's (docs/contracts.md, "Limits").
+    pub limits: forkd_core::Limits,
 }
 
 impl Runs {
@@ -129,7 +131,15 @@ impl Runs {
             }),
             output_schema: options.output_schema.clone(),
         };
+        options
+            .limits
+            .check()
+            .map_err(|e| EngineError::InvalidRequest(format!("the agent's limits: {e}")))?;
         let agent = Agent {
+            limits: Some(
+                self.config
+                    .limits_for(session.tenant.as_str(), options.limits),
+            ),
             query_source: Some(format!("agent:{}", ty.name)),
             report_to,
             directive: Some(directive.clone()),

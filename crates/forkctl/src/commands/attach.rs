@@ -32,8 +32,8 @@ pub struct BgArgs {
     pub agent_id: String,
 }
 
-/// Follows the agent until it ends (exit 0, or 1 when it failed or was killed) or is handed to
-/// the background (exit 0).
+/// Follows the agent until it ends (exit 0, or 1 when it failed, was killed or timed out) or is
+/// handed to the background (exit 0).
 pub async fn run(args: AttachArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
     let mut request = AttachRequest {
         agent_id: args.agent_id,

@@ -12,6 +12,7 @@ use tonic::Streaming;
 
 use crate::client::Client;
 use crate::exit::{self, CliError};
+use crate::limits::LimitArgs;
 use crate::output::{Printer, fork_json, human};
 use crate::reconnect::{self, Reconnect, ReconnectArgs};
 
@@ -45,7 +46,11 @@ pub struct ForkArgs {
     #[arg(long, value_name = "FILE")]
     pub output_schema: Option<std::path::PathBuf>,
 
-    /// Stream the children's notifications until all have ended; exit 1 if any failed.
+    #[command(flatten)]
+    pub limits: LimitArgs,
+
+    /// Stream the children's notifications until all have ended; exit 1 if any did not
+    /// complete (failed, killed or timed out).
     #[arg(long)]
     pub wait: bool,
 
@@ -82,6 +87,7 @@ pub(crate) fn directive(prompt: String) -> Directive {
     Directive {
         description: human::first_line(&prompt, DESCRIPTION_CHARS),
         prompt,
+        limits: None,
     }
 }
 
@@ -109,6 +115,7 @@ pub async fn run(args: ForkArgs, client: &mut Client, out: &Printer) -> anyhow::
         isolation: args.isolation.unwrap_or_default(),
         at_turn: args.at_turn,
         output_schema,
+        limits: args.limits.limits(),
         ..Default::default()
     };
     let batch = client.fork_batch(request).await?.into_inner();
@@ -322,6 +329,8 @@ pub(crate) struct Tally {
     pub(crate) completed: usize,
     pub(crate) failed: usize,
     pub(crate) killed: usize,
+    /// Stopped by one of their limits.
+    pub(crate) timed_out: usize,
     pub(crate) usage: Usage,
     pub(crate) cost_usd: f64,
 }
@@ -335,6 +344,7 @@ impl Tally {
             completed: 0,
             failed: 0,
             killed: 0,
+            timed_out: 0,
             usage: Usage::default(),
             cost_usd: 0.0,
         }
@@ -348,6 +358,7 @@ impl Tally {
         match n.status() {
             NotificationStatus::Completed => self.completed += 1,
             NotificationStatus::Killed => self.killed += 1,
+            NotificationStatus::TimedOut => self.timed_out += 1,
             // An unknown status cannot be trusted as a success.
             NotificationStatus::Failed | NotificationStatus::Unspecified => self.failed += 1,
         }
@@ -369,10 +380,11 @@ impl Tally {
     }
 
     fn any_failed(&self) -> bool {
-        self.failed + self.killed > 0
+        self.failed + self.killed + self.timed_out > 0
     }
 
-    /// 0 when every child completed; [`exit::CHILD_FAILED`] when one failed or was killed.
+    /// 0 when every child completed; [`exit::CHILD_FAILED`] when one failed, was killed or
+    /// timed out.
     pub(crate) fn exit_code(&self) -> u8 {
         if self.any_failed() {
             exit::CHILD_FAILED
@@ -383,11 +395,13 @@ impl Tally {
 
     pub(crate) fn summary(&self, batch_id: &str) -> String {
         format!(
-            "batch {batch_id}: {} children, {} completed, {} failed, {} killed  ({}; {})",
+            "batch {batch_id}: {} children, {} completed, {} failed, {} killed, {} timed_out  \
+             ({}; {})",
             self.children,
             self.completed,
             self.failed,
             self.killed,
+            self.timed_out,
             human::usage_line(Some(&self.usage)),
             human::usd(self.cost_usd),
         )
@@ -424,7 +438,7 @@ mod tests {
         assert!(!tally.any_failed());
         assert_eq!(
             tally.summary("B"),
-            "batch B: 2 children, 2 completed, 0 failed, 0 killed  \
+            "batch B: 2 children, 2 completed, 0 failed, 0 killed, 0 timed_out  \
              (in 0 · write 0 · read 150 · out 0; $0.7500)"
         );
     }
@@ -437,6 +451,26 @@ mod tests {
         tally.record(&note("b", NotificationStatus::Completed, 0, 0.0));
         assert!(tally.any_failed());
         assert_eq!(tally.exit_code(), exit::CHILD_FAILED);
+    }
+
+    #[test]
+    fn a_timed_out_child_is_counted_apart_and_fails_the_wait() {
+        let ids = vec!["a".to_owned(), "b".to_owned()];
+        let mut tally = Tally::new(&ids);
+        tally.record(&note("a", NotificationStatus::TimedOut, 0, 0.0));
+        tally.record(&note("b", NotificationStatus::Completed, 0, 0.0));
+        assert_eq!((tally.completed, tally.failed, tally.timed_out), (1, 0, 1));
+        assert_eq!(tally.exit_code(), exit::CHILD_FAILED);
+        assert!(
+            tally.summary("B").starts_with(
+                "batch B: 2 children, 1 completed, 0 failed, 0 killed, 1 timed_out  ("
+            ),
+            "{}",
+            tally.summary("B")
+        );
+        // Listed even in a big batch: it did not complete.
+        let timed_out = note("a", NotificationStatus::TimedOut, 0, 0.0);
+        assert!(shows(&timed_out, false, &Printer::new(false)));
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub struct PsArgs {
     #[arg(long, value_name = "ID")]
     pub batch: Option<String>,
 
-    /// Include agents that have ended (completed, failed, killed).
+    /// Include agents that have ended (completed, failed, killed, timed_out).
     #[arg(short = 'a', long)]
     pub all: bool,
 }

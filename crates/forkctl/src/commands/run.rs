@@ -2,7 +2,8 @@
 //! idempotency key; `run` creates the session and forks the batch under keys derived from it, so
 //! running the same file again (after a lost connection, or a retried CI job) attaches to the
 //! same session and batch instead of starting others. `--wait` follows the children to the end,
-//! `--junit` writes one test case per child; the exit code is 0 only when every child completed.
+//! `--junit` writes one test case per child; the exit code is 0 only when every child completed
+//! (a child that failed, was killed or timed out fails the run).
 
 mod batch_file;
 mod fail_when;
@@ -32,8 +33,9 @@ use progress::Progress;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The batch file (YAML): `key`, `session`, `directives` and optional budgets; relative
-    /// paths in it resolve against its directory.
+    /// The batch file (YAML): `key`, `session`, `directives`, and optional budgets and limits
+    /// (`timeout: 10m`, `max_turns: 30`, … for the batch or one directive); relative paths in it
+    /// resolve against its directory.
     #[arg(value_name = "BATCH.yaml")]
     pub file: PathBuf,
 
@@ -58,8 +60,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "JSONPATH=VALUE", value_parser = parse_fail_when)]
     pub junit_fail_when: Vec<fail_when::FailWhen>,
 
-    /// Submit, as a new batch, the children of the file's last batch that failed or were
-    /// killed, forked where that batch forked. Its key derives from the previous key and the
+    /// Submit, as a new batch, the children of the file's last batch that did not complete
+    /// (failed, killed or timed out), forked where that batch forked. Its key derives from the previous key and the
     /// failed ids: running it again follows the same rerun, and a rerun's own failures can be
     /// rerun. With --junit, the report covers the whole file: earlier successes and the rerun.
     #[arg(long)]
@@ -252,8 +254,8 @@ fn say_rerun(chain: &[rerun::Link], stop: &rerun::Stop, out: &Printer) -> std::i
                 )
             };
             format!(
-                "rerunning {failed} failed or killed children of batch {} as batch {}, forked \
-                 {point}",
+                "rerunning {failed} failed, killed or timed-out children of batch {} as batch {}, \
+                 forked {point}",
                 previous.batch_id, last.batch_id
             )
         }

@@ -3,10 +3,11 @@
 use comfy_table::presets::NOTHING;
 use comfy_table::{Cell, CellAlignment, Table};
 use forkd_proto::v1::{
-    Agent, EstimateForkCostResponse, GetCacheStatsResponse, Notification, Session, Usage,
+    Agent, EstimateForkCostResponse, GetCacheStatsResponse, Notification, NotificationStatus,
+    Session, Usage,
 };
 
-use super::{agent_state_label, status_name};
+use super::{agent_state_label, status_name, timed_out_reason};
 
 /// `48500` → `48,500`: token counts are read at a glance, not digit by digit.
 pub fn tokens(n: u64) -> String {
@@ -59,14 +60,40 @@ pub fn first_line(text: &str, max: usize) -> String {
     cut
 }
 
-/// One notification on one line: seq, agent, status, summary, tokens, cost.
+/// Where a timed-out child's issues name the tool calls its limit cut off.
+const CUT_OFF: &str = "; tool calls cut off (killed): ";
+
+/// One notification on one line: seq, agent, status, summary, tokens, cost; a timed-out
+/// child's line also names the limit that stopped it.
 pub fn notification_line(n: &Notification) -> String {
+    let mut summary = first_line(&n.summary, 80);
+    if n.status() == NotificationStatus::TimedOut
+        && let Some(issues) = n.report.as_ref().map(|r| r.issues.as_str())
+    {
+        let mut notes = Vec::new();
+        // The daemon's summary names the limit itself ("Timed out: …").
+        if let Some(reason) = timed_out_reason(issues)
+            && !summary.starts_with("Timed out")
+        {
+            notes.push(reason.split(CUT_OFF).next().unwrap_or(reason).to_owned());
+        }
+        if let Some((_, calls)) = issues.split_once(CUT_OFF) {
+            notes.push(format!("killed: {}", first_line(calls, 80)));
+        }
+        for note in notes {
+            summary = if summary.is_empty() {
+                format!("[{note}]")
+            } else {
+                format!("{summary} [{note}]")
+            };
+        }
+    }
     format!(
         "#{} {} {:<9} {}  ({}; {})",
         n.seq,
         n.agent_id,
         status_name(n.status()),
-        first_line(&n.summary, 80),
+        summary,
         usage_line(n.usage.as_ref()),
         usd(n.cost_usd),
     )

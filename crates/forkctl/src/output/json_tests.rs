@@ -132,6 +132,8 @@ fn agent() {
             "error": null,
             "daemon": "D",
             "changes": null,
+            "limits": null,
+            "started_at": null,
         })
     );
     let isolated = Agent {
@@ -145,6 +147,61 @@ fn agent() {
         ..a
     };
     assert_eq!(agent_json(&parent)["error"], "boom");
+}
+
+#[test]
+fn a_timed_out_agent_and_its_notification_spell_timed_out() {
+    let limit = "timed out: its timeout of 2s (wall time since it started) ran out";
+    let agent = Agent {
+        agent_id: "A".into(),
+        state: AgentState::TimedOut as i32,
+        error: limit.into(),
+        limits: Some(forkd_proto::v1::Limits {
+            timeout_ms: 2_000,
+            max_turns: 30,
+            timeout_excludes_throttle: Some(true),
+            ..Default::default()
+        }),
+        started_at: Some(prost_types::Timestamp {
+            seconds: 1_700_000_000,
+            nanos: 0,
+        }),
+        ..Default::default()
+    };
+    let v = agent_json(&agent);
+    assert_eq!(v["state"], "timed_out");
+    assert_eq!(v["error"], limit);
+    assert_eq!(
+        v["limits"],
+        json!({
+            "timeout_ms": 2000,
+            "idle_timeout_ms": null,
+            "max_turns": 30,
+            "max_output_tokens": null,
+            "timeout_excludes_throttle": true,
+        })
+    );
+    assert_eq!(v["started_at"], "2023-11-14T22:13:20Z");
+    assert_eq!(state_name(AgentState::TimedOut), "timed_out");
+
+    let n = Notification {
+        agent_id: "A".into(),
+        status: NotificationStatus::TimedOut as i32,
+        summary: "partial: read 3 of 5 files".into(),
+        report: Some(Report {
+            issues: limit.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let v = notification_json(&n);
+    assert_eq!(v["status"], "timed_out");
+    assert_eq!(v["report"]["issues"], limit);
+    assert!(
+        human::notification_line(&n).contains(" timed_out "),
+        "{}",
+        human::notification_line(&n)
+    );
 }
 
 #[test]

@@ -98,6 +98,8 @@ pub struct FileConfig {
     pub isolation: Option<IsolationSection>,
     /// `[tracing]`: OTLP export of traces (the `OTEL_*` variables win).
     pub tracing: Option<TracingSection>,
+    /// The daemon's limits on each child's and typed agent's run: `[agent_limits]`.
+    pub agent_limits: Option<AgentLimitsSection>,
     /// Per-tenant settings: `[tenants.NAME]`.
     pub tenants: Option<BTreeMap<String, TenantSection>>,
     /// The `anthropic` provider's settings.
@@ -130,6 +132,52 @@ pub struct LimitsSection {
     /// A session's CPU, in percent of one CPU (`cpu.max` of its cgroup v2 group; off by
     /// default).
     pub session_cpu_percent: Option<u64>,
+}
+
+/// `[agent_limits]` in `config.toml`, and `[tenants.NAME.agent_limits]`: limits on each fork
+/// child's and typed agent's run (docs/contracts.md, "Limits"), below a batch's own. A key left
+/// out keeps the layer below's (the daemon's default: `max_turns = 50`, nothing else).
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentLimitsSection {
+    /// Wall time from an agent's start (`"30m"`).
+    pub timeout: Option<String>,
+    /// Time without model output and without a tool call starting or finishing (`"5m"`).
+    pub idle_timeout: Option<String>,
+    /// Model requests at most (also a parent turn's).
+    pub max_turns: Option<u32>,
+    /// Output tokens at most.
+    pub max_output_tokens: Option<u64>,
+    /// The timeout leaves out time spent waiting on the provider's limits.
+    pub timeout_excludes_throttle: Option<bool>,
+}
+
+impl AgentLimitsSection {
+    /// The limits it sets; `key` names it in errors (`agent_limits`, `tenants.ci.agent_limits`).
+    pub(super) fn limits(&self, key: &str) -> anyhow::Result<forkd_core::Limits> {
+        let millis = |name: &str, value: &Option<String>| -> anyhow::Result<Option<u64>> {
+            value
+                .as_deref()
+                .map(|v| {
+                    let d = humantime_duration(v).map_err(|e| {
+                        anyhow::anyhow!("{CONFIG_FILE}: [{key}] {name} {v:?}: {e} (e.g. \"10m\")")
+                    })?;
+                    Ok(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+                })
+                .transpose()
+        };
+        let limits = forkd_core::Limits {
+            timeout_ms: millis("timeout", &self.timeout)?,
+            idle_timeout_ms: millis("idle_timeout", &self.idle_timeout)?,
+            max_turns: self.max_turns,
+            max_output_tokens: self.max_output_tokens,
+            timeout_excludes_throttle: self.timeout_excludes_throttle,
+        };
+        limits
+            .check()
+            .map_err(|e| anyhow::anyhow!("{CONFIG_FILE}: [{key}] {e}"))?;
+        Ok(limits)
+    }
 }
 
 /// `[isolation]` in `config.toml`: isolated children's copies (docs/contracts.md, "Isolation").
@@ -184,6 +232,8 @@ pub struct TenantSection {
     pub allow_network: Option<bool>,
     /// The bytes of uploaded contents the tenant may hold (`"5GiB"`); 10 GiB when not set.
     pub upload_quota: Option<String>,
+    /// The tenant's limits on its agents' runs, over the daemon's `[agent_limits]`.
+    pub agent_limits: Option<AgentLimitsSection>,
 }
 
 /// `[models.NAME]` in `config.toml`: a model's context window and prices (USD per million
@@ -507,6 +557,24 @@ impl FileConfig {
         Ok(quotas)
     }
 
+    /// `[agent_limits]`, and each tenant's `[tenants.NAME.agent_limits]`.
+    pub(super) fn agent_limits(
+        &self,
+    ) -> anyhow::Result<(forkd_core::Limits, BTreeMap<String, forkd_core::Limits>)> {
+        let daemon = match &self.agent_limits {
+            Some(section) => section.limits("agent_limits")?,
+            None => forkd_core::Limits::default(),
+        };
+        let mut tenants = BTreeMap::new();
+        for (name, t) in self.tenants.iter().flatten() {
+            if let Some(section) = &t.agent_limits {
+                let key = format!("tenants.{name}.agent_limits");
+                tenants.insert(name.clone(), section.limits(&key)?);
+            }
+        }
+        Ok((daemon, tenants))
+    }
+
     /// The `[tenants.NAME]` budgets, each checked to be positive: a zero or negative budget
     /// would fail every agent of the tenant at its first request.
     pub(super) fn tenant_budgets(&self) -> anyhow::Result<BTreeMap<String, forkd_store::Budget>> {
@@ -557,6 +625,26 @@ fn home_paths(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn agent_limits_are_read_for_the_daemon_and_each_tenant() {
+        let file = FileConfig::parse(
+            "[agent_limits]\ntimeout = \"30m\"\nmax_turns = 40\n\
+             [tenants.ci.agent_limits]\nidle_timeout = \"2m\"\n",
+        )
+        .unwrap();
+        let (daemon, tenants) = file.agent_limits().unwrap();
+        assert_eq!(daemon.timeout_ms, Some(30 * 60_000));
+        assert_eq!(daemon.max_turns, Some(40));
+        assert_eq!(tenants["ci"].idle_timeout_ms, Some(120_000));
+        assert_eq!(tenants["ci"].max_turns, None);
+        let bad = FileConfig::parse("[agent_limits]\ntimeout = \"soon\"\n").unwrap();
+        let err = bad.agent_limits().unwrap_err().to_string();
+        assert!(err.contains("[agent_limits] timeout \"soon\""), "{err}");
+        let zero = FileConfig::parse("[tenants.ci.agent_limits]\nmax_turns = 0\n").unwrap();
+        let err = zero.agent_limits().unwrap_err().to_string();
+        assert!(err.contains("[tenants.ci.agent_limits] max_turns"), "{err}");
+    }
 
     #[test]
     fn upload_quotas_are_sizes_and_a_bad_one_is_named() {

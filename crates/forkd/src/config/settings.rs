@@ -59,6 +59,10 @@ pub struct Settings {
     pub max_agent_depth: u32,
     pub compact_threshold: f64,
     pub tenant_budgets: BTreeMap<String, forkd_store::Budget>,
+    /// The daemon's limits on agents' runs (`[agent_limits]`), over the built-in defaults.
+    pub agent_limits: forkd_core::Limits,
+    /// Each tenant's limits (`[tenants.NAME.agent_limits]`).
+    pub tenant_limits: BTreeMap<String, forkd_core::Limits>,
     /// Each token tenant's `upload_quota`, in bytes.
     pub upload_quotas: BTreeMap<String, u64>,
     /// The sandbox of sessions' Bash commands.
@@ -124,6 +128,8 @@ impl Default for Settings {
             max_agent_depth: engine.max_agent_depth,
             compact_threshold: engine.compact_threshold,
             tenant_budgets: BTreeMap::new(),
+            agent_limits: engine.agent_limits,
+            tenant_limits: BTreeMap::new(),
             upload_quotas: BTreeMap::new(),
             sandbox: engine.sandbox,
             isolation: engine.isolation,
@@ -251,6 +257,9 @@ impl Settings {
             self.compact_threshold = t;
         }
         self.tenant_budgets = file.tenant_budgets()?;
+        let (agent_limits, tenant_limits) = file.agent_limits()?;
+        self.agent_limits = agent_limits.over(self.agent_limits);
+        self.tenant_limits = tenant_limits;
         self.upload_quotas = file.upload_quotas()?;
         let file_mode = file.sandbox.as_deref();
         let file_mode = file_mode.map(|v| sandbox_mode("sandbox", v)).transpose()?;
@@ -415,6 +424,12 @@ impl Settings {
             .map(|(name, budget)| (name.clone(), *budget))
             .collect();
         config.engine.uploads.quotas = self.upload_quotas.clone();
+        config.engine.agent_limits = self.agent_limits;
+        config.engine.tenant_limits = self
+            .tenant_limits
+            .iter()
+            .map(|(name, limits)| (name.clone(), *limits))
+            .collect();
         config.engine.models = self.models.clone();
         config.engine.sandbox = self.sandbox.clone();
         config.engine.isolation = self.isolation.clone();

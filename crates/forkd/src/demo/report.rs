@@ -26,6 +26,7 @@ fn status_name(n: &pb::Notification) -> &'static str {
         Ok(pb::NotificationStatus::Completed) => "completed",
         Ok(pb::NotificationStatus::Failed) => "failed",
         Ok(pb::NotificationStatus::Killed) => "killed",
+        Ok(pb::NotificationStatus::TimedOut) => "timed_out",
         _ => "unknown",
     }
 }

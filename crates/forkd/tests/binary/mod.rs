@@ -99,6 +99,7 @@ pub fn is_terminal(state: i32) -> bool {
         pb::AgentState::Completed,
         pb::AgentState::Failed,
         pb::AgentState::Killed,
+        pb::AgentState::TimedOut,
     ]
     .iter()
     .any(|s| *s as i32 == state)

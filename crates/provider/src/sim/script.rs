@@ -36,6 +36,8 @@ pub(crate) struct Mods {
     /// The response streams over this long, whatever the speed.
     pub sleep: Option<Duration>,
     pub fails: Vec<Fail>,
+    /// The response stops sending after its first token and never ends (a stalled stream).
+    pub stall: bool,
 }
 
 /// One assistant turn of tool calls.
@@ -223,6 +225,8 @@ pub(crate) fn parse(text: &str) -> Result<Script, ScriptError> {
                 think.push_str(args);
             }
             "sleep" => pending.sleep = Some(duration(args).map_err(err)?),
+            "stall" if args.is_empty() => pending.stall = true,
+            "stall" => return Err(err(format!("stall takes nothing, not {args:?}"))),
             "fail" => pending.fails.push(fail(line, args).map_err(err)?),
             "say" => script.say.push(args.to_owned()),
             "json" => script.json.push(object(args).map_err(err)?),
@@ -292,6 +296,20 @@ mod tests {
         );
         assert_eq!(script.say, vec!["all good", "really"]);
         assert_eq!(script.final_mods, Mods::default());
+    }
+
+    #[test]
+    fn a_stall_marks_the_next_response() {
+        let Ok(script) = parse("Go.\n@sim stall\n@sim tool Bash {}\n@sim say ok") else {
+            panic!("script should parse");
+        };
+        assert!(script.turns[0].mods.stall);
+        assert!(!script.final_mods.stall);
+        let Ok(last) = parse("Go.\n@sim stall") else {
+            panic!("script should parse");
+        };
+        assert!(last.final_mods.stall);
+        assert!(parse("@sim stall 3s").is_err());
     }
 
     #[test]

@@ -142,7 +142,7 @@ pub(crate) fn plan(reply: &Reply, message_id: String, usage: Usage, speed: f64) 
     };
     let deltas = events.iter().filter(|e| is_delta(e)).count().max(1) as u32;
     let per_delta = streaming / deltas;
-    events
+    let mut timed: Vec<Timed> = events
         .into_iter()
         .map(|event| {
             let delay = match &event {
@@ -152,8 +152,19 @@ pub(crate) fn plan(reply: &Reply, message_id: String, usage: Usage, speed: f64) 
             };
             Timed { delay, event }
         })
-        .collect()
+        .collect();
+    // A stalled response: what follows its first token never comes.
+    if reply.mods.stall
+        && let Some(first) = timed.iter().position(|t| is_delta(&t.event))
+        && let Some(next) = timed.get_mut(first + 1)
+    {
+        next.delay = STALLED;
+    }
+    timed
 }
+
+/// How long a stalled response waits before its next event: longer than anything waits for it.
+const STALLED: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Streams timed events lazily; `on_start` runs when `message_start` is yielded (not before: a
 /// response's cache writes become readable exactly then). Zero delays never touch the timer.
@@ -180,6 +191,28 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stalled_reply_stops_after_its_first_token() {
+        let reply = Reply {
+            blocks: vec![OutBlock::Text("a long answer, in many pieces".repeat(4))],
+            stop_reason: "end_turn",
+            mods: crate::sim::script::Mods {
+                stall: true,
+                ..Default::default()
+            },
+            script_key: [0; 32],
+        };
+        let timed = plan(&reply, "m".into(), Usage::default(), 0.0);
+        let Some(first) = timed
+            .iter()
+            .position(|t| matches!(t.event, StreamEvent::TextDelta { .. }))
+        else {
+            panic!("the reply streams text");
+        };
+        assert!(timed[..=first].iter().all(|t| t.delay < STALLED));
+        assert_eq!(timed[first + 1].delay, STALLED);
+    }
 
     #[test]
     fn pieces_split_on_char_boundaries() {

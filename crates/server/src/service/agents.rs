@@ -91,6 +91,7 @@ impl ForkdService {
             isolation: req.isolation.parse().map_err(ApiError::BadRequest)?,
             output_schema: convert::output_schema(&req.output_schema)
                 .map_err(ApiError::BadRequest)?,
+            limits: convert::limits_from(req.limits.as_ref()),
         };
         let directive = Directive {
             description: req.description,

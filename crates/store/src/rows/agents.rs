@@ -13,7 +13,8 @@ macro_rules! agent_columns {
     () => {
         "id, session_id, batch_id, kind, idx, state, description, prompt, query_source, report_to, \
          input_tokens, cache_creation_input_tokens, cache_read_input_tokens, output_tokens, \
-         cost_usd, error, created_at_ms, updated_at_ms, held_by, throttled_since_ms"
+         cost_usd, error, created_at_ms, updated_at_ms, held_by, throttled_since_ms, limits_json, \
+         started_at_ms, throttled_ms"
     };
 }
 pub(crate) use agent_columns;
@@ -24,7 +25,7 @@ pub(crate) const INSERT_AGENT: &str = concat!(
     "INSERT INTO agents (",
     agent_columns!(),
     ", directive_block_json) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
-     $14, $15, $16, $17, $18, $19, $20, $21)"
+     $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24)"
 );
 
 #[derive(sqlx::FromRow)]
@@ -47,6 +48,9 @@ pub(crate) struct AgentRow {
     updated_at_ms: i64,
     held_by: Option<String>,
     throttled_since_ms: Option<i64>,
+    limits_json: Option<String>,
+    started_at_ms: Option<i64>,
+    throttled_ms: i64,
 }
 
 pub(crate) fn parse_state(text: &str) -> Result<AgentState> {
@@ -96,6 +100,15 @@ impl TryFrom<AgentRow> for Agent {
                 .map(|d| parse_id(d, "agent holder"))
                 .transpose()?,
             throttled_since_ms: row.throttled_since_ms,
+            limits: row
+                .limits_json
+                .as_deref()
+                .map(|json| {
+                    serde_json::from_str(json).map_err(|e| corrupt("agent limits", e.to_string()))
+                })
+                .transpose()?,
+            started_at_ms: row.started_at_ms,
+            throttled_ms: from_i64(row.throttled_ms, "agent throttled time")?,
         })
     }
 }
@@ -119,6 +132,9 @@ pub(crate) struct AgentValues<'a> {
     pub updated_at_ms: i64,
     pub held_by: Option<String>,
     pub throttled_since_ms: Option<i64>,
+    pub limits_json: Option<String>,
+    pub started_at_ms: Option<i64>,
+    pub throttled_ms: i64,
     pub directive_block_json: Option<&'a str>,
 }
 
@@ -142,6 +158,13 @@ impl<'a> AgentValues<'a> {
             updated_at_ms: agent.updated_at_ms,
             held_by: opt_id(agent.held_by),
             throttled_since_ms: agent.throttled_since_ms,
+            limits_json: agent
+                .limits
+                .map(|l| serde_json::to_string(&l))
+                .transpose()
+                .map_err(|e| corrupt("agent limits", e.to_string()))?,
+            started_at_ms: agent.started_at_ms,
+            throttled_ms: to_i64(agent.throttled_ms, "agent throttled time")?,
             directive_block_json: directive_block.map(|b| b.raw().as_str()),
         })
     }
@@ -172,6 +195,9 @@ macro_rules! bind_agent {
             .bind(v.updated_at_ms)
             .bind(&v.held_by)
             .bind(v.throttled_since_ms)
+            .bind(&v.limits_json)
+            .bind(v.started_at_ms)
+            .bind(v.throttled_ms)
             .bind(v.directive_block_json)
     }};
 }

@@ -150,7 +150,8 @@ pub(crate) async fn set_state(
 }
 
 /// Claims a live agent for a new run: a new generation, the state `running`, and `holder` as
-/// its holder for one lease. `Held` while another daemon's lease on the running agent lasts. A
+/// its holder for one lease; its first claim is its start (what its wall-time limit counts from).
+/// `Held` while another daemon's lease on the running agent lasts. A
 /// write of the older run in flight holds the agent's lock, so the claim waits for it; every
 /// later one fails.
 pub(crate) async fn claim(conn: &mut Conn, id: AgentId, holder: &Holder) -> Result<Lease> {
@@ -172,7 +173,8 @@ pub(crate) async fn claim(conn: &mut Conn, id: AgentId, holder: &Holder) -> Resu
     // One write: a new generation, `running`, and this daemon's hold for one lease.
     let generation: i64 = sqlx::query_scalar(sql(format!(
         "UPDATE agents SET generation = generation + 1, state = 'running', error = NULL, \
-         updated_at_ms = $1, held_by = $2, lease_expires_at_ms = {NOW_MS} + $3 \
+         updated_at_ms = $1, started_at_ms = COALESCE(started_at_ms, $1), held_by = $2, \
+         lease_expires_at_ms = {NOW_MS} + $3 \
          WHERE id = $4 RETURNING generation"
     )))
     .bind(now_ms())
@@ -277,11 +279,18 @@ pub(crate) async fn set_throttled(
     id: AgentId,
     since_ms: Option<i64>,
 ) -> Result<()> {
+    // A wait that ends adds its length to the agent's throttled time (a `timeout` may leave it
+    // out); one that starts while another is recorded keeps the earlier start.
     sqlx::query(
-        "UPDATE agents SET throttled_since_ms = $1 \
-         WHERE id = $2 AND state IN ('pending', 'running')",
+        "UPDATE agents SET \
+         throttled_ms = throttled_ms + CASE WHEN $1 IS NULL AND throttled_since_ms IS NOT NULL \
+             AND throttled_since_ms < $2 THEN $2 - throttled_since_ms ELSE 0 END, \
+         throttled_since_ms = CASE WHEN $1 IS NULL THEN NULL \
+             ELSE COALESCE(throttled_since_ms, $1) END \
+         WHERE id = $3 AND state IN ('pending', 'running')",
     )
     .bind(since_ms)
+    .bind(now_ms())
     .bind(id.to_string())
     .execute(conn)
     .await?;

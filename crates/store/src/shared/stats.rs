@@ -15,7 +15,7 @@ pub(crate) async fn stats(pool: &Pool, batches_since_ms: i64) -> Result<Stats> {
     // SUM over BIGINT is NUMERIC in PostgreSQL: cast back.
     let rows: Vec<BatchStatsRow> = sqlx::query_as(
         "SELECT a.batch_id, a.session_id, s.tenant, COUNT(*) AS children, \
-         COUNT(*) FILTER (WHERE a.state IN ('completed', 'failed', 'killed')) AS ended, \
+         COUNT(*) FILTER (WHERE a.state IN ('completed', 'failed', 'killed', 'timed_out')) AS ended, \
          CAST(SUM(a.input_tokens) AS BIGINT) AS input_tokens, \
          CAST(SUM(a.cache_creation_input_tokens) AS BIGINT) AS cache_creation_input_tokens, \
          CAST(SUM(a.cache_read_input_tokens) AS BIGINT) AS cache_read_input_tokens, \

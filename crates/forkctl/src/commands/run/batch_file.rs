@@ -19,13 +19,22 @@
 //! directives:
 //!   - description: Review the README
 //!     prompt: Review the README for accuracy.
+//!     timeout: 30m                # optional: this child's own limits (the keys below)
 //!   - Summarize the README        # a plain string: the prompt, described by its first line
 //! warmup_gating: true             # optional; the daemon's setting
 //! budget_usd: 2.5                 # optional batch budgets
 //! budget_tokens: 2000000
 //! isolation: copy                 # optional: each child in its own copy of the workspace
 //! output_schema: verdict.json     # optional: a JSON Schema file, or the schema inline (a map)
+//! timeout: 10m                    # optional limits on each child; past one it ends `timed_out`
+//! idle_timeout: 2m                #   no model output and no tool call for this long
+//! max_turns: 30                   #   model requests
+//! max_output_tokens: 50000        #   output tokens, counted between requests
+//! timeout_excludes_throttle: true #   the timeout leaves out waits on the provider's limits
 //! ```
+//!
+//! A limit left out is the next layer's: a directive's own, then the file's, then the tenant's
+//! and the daemon's defaults. A limit of 0 is refused.
 //!
 //! `session` may also be an existing session's id: the batch then forks that session, and
 //! `at_turn: K` forks it after its turn K instead of its last finished turn.
@@ -44,6 +53,7 @@ use serde::{Deserialize, Deserializer};
 use crate::commands::fork;
 use crate::commands::session::{absolute_workspace, read_text};
 use crate::exit::CliError;
+use crate::limits::{FileDuration, LimitSpec};
 
 /// The file as written.
 #[derive(Debug, Deserialize)]
@@ -59,6 +69,24 @@ struct Spec {
     at_turn: Option<u32>,
     /// A schema file's path (a string), or the schema itself (a map).
     output_schema: Option<serde_json::Value>,
+    timeout: Option<FileDuration>,
+    idle_timeout: Option<FileDuration>,
+    max_turns: Option<u32>,
+    max_output_tokens: Option<u64>,
+    timeout_excludes_throttle: Option<bool>,
+}
+
+impl Spec {
+    /// The batch's limits: every child's, but for those a directive sets itself.
+    fn limits(&self) -> LimitSpec {
+        LimitSpec {
+            timeout: self.timeout.map(|d| d.0),
+            idle_timeout: self.idle_timeout.map(|d| d.0),
+            max_turns: self.max_turns,
+            max_output_tokens: self.max_output_tokens,
+            timeout_excludes_throttle: self.timeout_excludes_throttle,
+        }
+    }
 }
 
 /// A session to create (a map), or an existing session's id (a string).
@@ -115,11 +143,12 @@ struct SessionSpec {
     deny: Vec<String>,
 }
 
-/// `{description, prompt}`, or a plain string that is the prompt.
+/// `{description, prompt}` and the child's own limits, or a plain string that is the prompt.
 #[derive(Debug)]
 struct DirectiveSpec {
     description: Option<String>,
     prompt: String,
+    limits: LimitSpec,
 }
 
 #[derive(Debug, Deserialize)]
@@ -127,6 +156,11 @@ struct DirectiveSpec {
 struct DirectiveMap {
     description: Option<String>,
     prompt: String,
+    timeout: Option<FileDuration>,
+    idle_timeout: Option<FileDuration>,
+    max_turns: Option<u32>,
+    max_output_tokens: Option<u64>,
+    timeout_excludes_throttle: Option<bool>,
 }
 
 impl<'de> Deserialize<'de> for DirectiveSpec {
@@ -137,13 +171,17 @@ impl<'de> Deserialize<'de> for DirectiveSpec {
             type Value = DirectiveSpec;
 
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a prompt, or a map with `prompt` and an optional `description`")
+                f.write_str(
+                    "a prompt, or a map with `prompt`, an optional `description` and optional \
+                     limits",
+                )
             }
 
             fn visit_str<E: de::Error>(self, prompt: &str) -> Result<DirectiveSpec, E> {
                 Ok(DirectiveSpec {
                     description: None,
                     prompt: prompt.to_owned(),
+                    limits: LimitSpec::default(),
                 })
             }
 
@@ -153,6 +191,13 @@ impl<'de> Deserialize<'de> for DirectiveSpec {
                 Ok(DirectiveSpec {
                     description: map.description,
                     prompt: map.prompt,
+                    limits: LimitSpec {
+                        timeout: map.timeout.map(|d| d.0),
+                        idle_timeout: map.idle_timeout.map(|d| d.0),
+                        max_turns: map.max_turns,
+                        max_output_tokens: map.max_output_tokens,
+                        timeout_excludes_throttle: map.timeout_excludes_throttle,
+                    },
                 })
             }
         }
@@ -303,7 +348,9 @@ impl Spec {
             if d.prompt.trim().is_empty() {
                 return Err(format!("`directives[{i}].prompt` is empty"));
             }
+            d.limits.check(&format!("directives[{i}]."))?;
         }
+        self.limits().check("")?;
         if let Some(usd) = self.budget_usd
             && !(usd.is_finite() && usd > 0.0)
         {
@@ -323,6 +370,7 @@ impl Spec {
     /// Reads the files it names (here: the daemon may run elsewhere, and the paths are the
     /// user's) and builds the requests.
     fn into_requests(self, base: &Path) -> Result<BatchFile, String> {
+        let limits = self.limits().limits();
         let session = match self.session {
             SessionField::New(s) => {
                 SessionSource::Create(Box::new(new_session(*s, &self.key, base)?))
@@ -332,12 +380,17 @@ impl Spec {
         let directives = self
             .directives
             .into_iter()
-            .map(|d| match d.description {
-                Some(description) => Directive {
-                    description,
-                    prompt: d.prompt,
-                },
-                None => fork::directive(d.prompt),
+            .map(|d| {
+                let mut directive = match d.description {
+                    Some(description) => Directive {
+                        description,
+                        prompt: d.prompt,
+                        limits: None,
+                    },
+                    None => fork::directive(d.prompt),
+                };
+                directive.limits = d.limits.limits();
+                directive
             })
             .collect();
         let output_schema = match self.output_schema {
@@ -360,6 +413,7 @@ impl Spec {
             at_turn: self.at_turn,
             output_schema,
             fork_point_of: String::new(),
+            limits,
         };
         Ok(BatchFile {
             key: self.key,
@@ -435,288 +489,4 @@ fn upload_dir(dir: &Path) -> Result<PathBuf, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const FULL: &str = r#"
-key: nightly-42
-session:
-  system_file: system.md
-  context_files: [notes/a.md]
-  model: sim
-  workspace: work
-  permission_mode: dontAsk
-  allow: ["Bash(cargo test:*)"]
-  deny: ["Write(secrets/**)"]
-directives:
-  - description: Review the README
-    prompt: |
-      Review the README.
-      Carefully.
-  - "Summarize the README\nin three lines"
-warmup_gating: false
-budget_usd: 2.5
-budget_tokens: 100000
-"#;
-
-    fn dir_with_files() -> anyhow::Result<tempfile::TempDir> {
-        let dir = tempfile::tempdir()?;
-        std::fs::write(dir.path().join("system.md"), "You review.")?;
-        std::fs::create_dir_all(dir.path().join("notes"))?;
-        std::fs::create_dir_all(dir.path().join("work"))?;
-        std::fs::write(dir.path().join("notes/a.md"), "# A")?;
-        Ok(dir)
-    }
-
-    fn parse_err(text: &str) -> String {
-        match BatchFile::parse(Path::new("ci/batch.yaml"), text, Path::new("/nonexistent")) {
-            Err(CliError::InvalidInput(msg)) => msg,
-            other => panic!("expected an invalid input, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn a_full_file_becomes_both_requests() -> anyhow::Result<()> {
-        let dir = dir_with_files()?;
-        let path = dir.path().join("batch.yaml");
-        std::fs::write(&path, FULL)?;
-        let file = BatchFile::load(&path)?;
-        assert_eq!(file.key, "nightly-42");
-
-        let SessionSource::Create(new) = &file.session else {
-            panic!("the file creates its session")
-        };
-        let s = &new.request;
-        assert_eq!(new.upload, None);
-        assert_eq!(s.system_prompt, "You review.");
-        assert_eq!(s.context_files.len(), 1);
-        assert_eq!(s.context_files[0].path, "notes/a.md");
-        assert_eq!(s.context_files[0].content, "# A");
-        assert_eq!(s.model, "sim");
-        let workspace = std::fs::canonicalize(dir.path().join("work"))?;
-        assert_eq!(Path::new(&s.workspace), workspace);
-        assert_eq!(s.permission_mode, "dontAsk");
-        assert_eq!(s.allow_rules, ["Bash(cargo test:*)"]);
-        assert_eq!(s.deny_rules, ["Write(secrets/**)"]);
-        assert_eq!(s.idempotency_key, "nightly-42/session");
-
-        let f = &file.fork;
-        assert_eq!(f.session_id, "");
-        assert_eq!(f.directives.len(), 2);
-        assert_eq!(f.directives[0].description, "Review the README");
-        assert_eq!(f.directives[0].prompt, "Review the README.\nCarefully.\n");
-        // A plain string is the prompt, described by its first line.
-        assert_eq!(f.directives[1].description, "Summarize the README");
-        assert_eq!(
-            f.directives[1].prompt,
-            "Summarize the README\nin three lines"
-        );
-        assert_eq!(f.warmup_gating, Some(false));
-        assert_eq!(f.idempotency_key, "nightly-42/batch");
-        assert_eq!(f.budget_usd, 2.5);
-        assert_eq!(f.budget_tokens, 100_000);
-        Ok(())
-    }
-
-    #[test]
-    fn a_minimal_file_leaves_the_rest_to_the_daemon() -> anyhow::Result<()> {
-        let dir = tempfile::tempdir()?;
-        let text = "key: k\nsession:\n  system: Be brief.\ndirectives: [one]\n";
-        let file = BatchFile::parse(Path::new("b.yaml"), text, dir.path())?;
-        let SessionSource::Create(new) = &file.session else {
-            panic!("the file creates its session")
-        };
-        let session = &new.request;
-        assert_eq!(session.system_prompt, "Be brief.");
-        assert_eq!(session.model, "");
-        assert_eq!(session.permission_mode, "");
-        // The workspace defaults to the file's directory.
-        assert_eq!(
-            Path::new(&session.workspace),
-            std::fs::canonicalize(dir.path())?
-        );
-        assert_eq!(file.fork.warmup_gating, None);
-        assert_eq!((file.fork.budget_usd, file.fork.budget_tokens), (0.0, 0));
-        Ok(())
-    }
-
-    #[test]
-    fn an_upload_replaces_the_workspace_and_is_checked_before_connecting() -> anyhow::Result<()> {
-        let dir = dir_with_files()?;
-        let text = "key: k\nsession: {system: s, upload: work}\ndirectives: [a]\n";
-        let file = BatchFile::parse(Path::new("b.yaml"), text, dir.path())?;
-        let SessionSource::Create(new) = &file.session else {
-            panic!("the file creates its session")
-        };
-        assert_eq!(new.request.workspace, "");
-        assert_eq!(new.request.upload_id, "");
-        assert_eq!(
-            new.upload.as_deref(),
-            Some(std::fs::canonicalize(dir.path().join("work"))?.as_path())
-        );
-
-        let both = "key: k\nsession: {system: s, upload: ., workspace: .}\ndirectives: [a]\n";
-        let msg = parse_err(both);
-        assert!(msg.contains("give `workspace`"), "{msg}");
-        assert!(msg.contains("or `upload`"), "{msg}");
-        let msg = parse_err("key: k\nsession: {system: s, upload: nope}\ndirectives: [a]\n");
-        assert!(
-            msg.starts_with("ci/batch.yaml: `session.upload`: cannot upload /nonexistent/nope"),
-            "{msg}"
-        );
-        Ok(())
-    }
-
-    #[test]
-    fn a_file_may_fork_an_existing_session_after_a_turn() -> anyhow::Result<()> {
-        let text = "key: k\nsession: 0193-s\nat_turn: 5\ndirectives: [one, two]\n";
-        let file = BatchFile::parse(Path::new("b.yaml"), text, Path::new("/nonexistent"))?;
-        assert_eq!(file.session, SessionSource::Existing("0193-s".into()));
-        assert_eq!(file.fork.at_turn, Some(5));
-        assert_eq!(file.fork.directives.len(), 2);
-        assert!(
-            parse_err("key: k\nsession: ''\ndirectives: [one]\n").contains("must not be empty")
-        );
-        Ok(())
-    }
-
-    #[test]
-    fn an_output_schema_is_a_file_or_inline_and_is_checked_here() -> anyhow::Result<()> {
-        let dir = dir_with_files()?;
-        std::fs::write(
-            dir.path().join("verdict.json"),
-            r#"{"type": "object", "required": ["verdict"]}"#,
-        )?;
-        let text = "key: k\nsession: s1\ndirectives: [a]\noutput_schema: verdict.json\n";
-        let file = BatchFile::parse(Path::new("b.yaml"), text, dir.path())?;
-        assert_eq!(
-            file.fork.output_schema,
-            r#"{"type":"object","required":["verdict"]}"#
-        );
-        let text = "key: k\nsession: s1\ndirectives: [a]\noutput_schema:\n  type: object\n  \
-                    properties: {verdict: {enum: [pass, fail]}}\n";
-        let file = BatchFile::parse(Path::new("b.yaml"), text, dir.path())?;
-        assert_eq!(
-            file.fork.output_schema,
-            r#"{"type":"object","properties":{"verdict":{"enum":["pass","fail"]}}}"#
-        );
-        let msg = parse_err("key: k\nsession: s1\ndirectives: [a]\noutput_schema: {type: objet}\n");
-        assert!(
-            msg.contains("`output_schema`: the output schema is not a valid JSON Schema"),
-            "{msg}"
-        );
-        let msg = parse_err("key: k\nsession: s1\ndirectives: [a]\noutput_schema: none.json\n");
-        assert!(msg.contains("cannot read output schema"), "{msg}");
-        Ok(())
-    }
-
-    #[test]
-    fn the_same_file_makes_the_same_requests_from_any_directory() -> anyhow::Result<()> {
-        let dir = dir_with_files()?;
-        let path = dir.path().join("batch.yaml");
-        std::fs::write(&path, FULL)?;
-        let roundabout = dir.path().join("notes/../batch.yaml");
-        assert_eq!(BatchFile::load(&path)?, BatchFile::load(&roundabout)?);
-        Ok(())
-    }
-
-    #[test]
-    fn an_unknown_key_is_named_with_the_file_and_line() {
-        let msg = parse_err("key: k\nsession:\n  system: s\n  modle: x\ndirectives: [a]\n");
-        assert!(
-            msg.starts_with("ci/batch.yaml:4:3: unknown field `modle`, expected one of"),
-            "{msg}"
-        );
-        assert!(msg.ends_with(" (near `modle: x`)"), "{msg}");
-        let msg = parse_err("key: k\nsession: {system: s}\ndirectives: [a]\nbudget: 3\n");
-        assert!(
-            msg.starts_with("ci/batch.yaml:4:1: unknown field `budget`"),
-            "{msg}"
-        );
-        let msg =
-            parse_err("key: k\nsession: {system: s}\ndirectives:\n  - {prompt: p, desc: d}\n");
-        assert!(
-            msg.starts_with(
-                "ci/batch.yaml:4:17: unknown field `desc`, expected one of description, prompt"
-            ),
-            "{msg}"
-        );
-    }
-
-    #[test]
-    fn missing_and_malformed_keys_are_named() {
-        let msg = parse_err("session: {system: s}\ndirectives: [a]\n");
-        assert!(msg.contains(": missing field `key`"), "{msg}");
-        let msg = parse_err("key: k\nsession: {system: s}\ndirectives:\n  - description: d\n");
-        assert_eq!(
-            msg,
-            "ci/batch.yaml:4:5: missing field `prompt` (near `- description: d`)"
-        );
-        let msg = parse_err("key: k\nsession: {system: s}\ndirectives: [a]\nbudget_tokens: many\n");
-        assert_eq!(
-            msg,
-            "ci/batch.yaml:4:16: invalid u64 (near `budget_tokens: many`)"
-        );
-        let msg = parse_err("key: k\nsession: {system: s}\ndirectives: [3]\n");
-        assert!(
-            msg.contains("expected a prompt, or a map with `prompt`"),
-            "{msg}"
-        );
-        let msg = parse_err("key: [\n");
-        assert!(msg.starts_with("ci/batch.yaml:1:"), "{msg}");
-    }
-
-    #[test]
-    fn what_the_types_allow_but_forkd_does_not_is_refused_by_key() {
-        let cases = [
-            ("key: ' '\nsession: {system: s}\ndirectives: [a]\n", "`key`"),
-            (
-                "key: k\nsession: {system: s, system_file: f}\ndirectives: [a]\n",
-                "not both",
-            ),
-            ("key: k\nsession: {model: m}\ndirectives: [a]\n", "`system`"),
-            (
-                "key: k\nsession: {system: s, permission_mode: yolo}\ndirectives: [a]\n",
-                "`session.permission_mode`: unknown mode `yolo`",
-            ),
-            (
-                "key: k\nsession: {system: s}\ndirectives: []\n",
-                "`directives`",
-            ),
-            (
-                "key: k\nsession: {system: s}\ndirectives: [a, '  ']\n",
-                "`directives[1].prompt` is empty",
-            ),
-            (
-                "key: k\nsession: {system: s}\ndirectives: [a]\nbudget_usd: -1\n",
-                "`budget_usd`",
-            ),
-            (
-                "key: k\nsession: {system: s}\ndirectives: [a]\nbudget_tokens: 0\n",
-                "`budget_tokens`",
-            ),
-        ];
-        for (text, expected) in cases {
-            let msg = parse_err(text);
-            assert!(msg.starts_with("ci/batch.yaml: "), "{msg}");
-            assert!(msg.contains(expected), "{text:?}: {msg}");
-        }
-    }
-
-    #[test]
-    fn unreadable_files_are_named_by_key() {
-        let msg = parse_err("key: k\nsession: {system_file: nope.md}\ndirectives: [a]\n");
-        assert!(
-            msg.starts_with("ci/batch.yaml: `session.system_file`: cannot read system file"),
-            "{msg}"
-        );
-        let msg =
-            parse_err("key: k\nsession: {system: s, context_files: [x.md]}\ndirectives: [a]\n");
-        assert!(msg.contains("`session.context_files[0]`"), "{msg}");
-        let err = BatchFile::load(Path::new("/nonexistent/batch.yaml")).map(|_| ());
-        assert!(
-            matches!(&err, Err(CliError::InvalidInput(m)) if m.starts_with("cannot read batch file /nonexistent/batch.yaml")),
-            "{err:?}"
-        );
-    }
-}
+mod tests;

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use forkd_proto::v1::NotificationStatus;
 use quick_junit::{NonSuccessKind, Property, Report, TestCase, TestCaseStatus, TestSuite};
 
 use super::summary::{Child, wall_seconds};
@@ -12,7 +13,8 @@ use crate::output::status_name;
 
 /// The report: one suite named after the file's key, one case per child (name: its description
 /// or index; classname: the batch id). A failed or killed child is a `<failure>` carrying its
-/// report; a completed one carries its report as `system-out`.
+/// report; a timed-out one is a `<failure type="timeout">` whose message names the limit that
+/// stopped it; a completed one carries its report as `system-out`.
 pub(crate) fn report(key: &str, session_id: &str, batch_id: &str, children: &[Child]) -> Report {
     let mut suite = TestSuite::new(key);
     suite.add_properties([
@@ -28,6 +30,18 @@ pub(crate) fn report(key: &str, session_id: &str, batch_id: &str, children: &[Ch
                 .set_type("fail-when")
                 .set_message(format!("its report matches --junit-fail-when {rule}"))
                 .set_description(system_out(child));
+            status
+        } else if child.status == NotificationStatus::TimedOut {
+            let mut status = TestCaseStatus::non_success(NonSuccessKind::Failure);
+            let message = match child.timed_out_reason() {
+                Some(reason) => reason.to_owned(),
+                None if child.summary.trim().is_empty() => "child timed_out".to_owned(),
+                None => format!("timed out: {}", child.summary),
+            };
+            status
+                .set_type("timeout")
+                .set_message(message)
+                .set_description(child.report_text());
             status
         } else {
             let mut status = TestCaseStatus::non_success(NonSuccessKind::Failure);
@@ -91,8 +105,6 @@ pub(crate) fn write(path: &Path, report: &Report) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use forkd_proto::v1::NotificationStatus;
-
     use super::*;
     use crate::commands::run::summary::tests::child;
 
@@ -187,6 +199,63 @@ mod tests {
             failure.text().unwrap_or_default().contains("\"fail\""),
             "{xml}"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_timed_out_child_is_a_timeout_failure_naming_its_limit() -> anyhow::Result<()> {
+        let limit = "timed out: its timeout of 2s (wall time since it started) ran out";
+        let mut timed_out = child(2, NotificationStatus::TimedOut);
+        timed_out.summary = "Read 3 of 5 files".into();
+        timed_out.report = Some(forkd_proto::v1::Report {
+            result: "partial".into(),
+            issues: format!("{limit}\nThe fifth file was not read."),
+            ..Default::default()
+        });
+        // The fake daemon lists no agents: the error is unknown, the report says it all.
+        let mut from_error = child(3, NotificationStatus::TimedOut);
+        from_error.report = None;
+        from_error.error =
+            "timed out: it wrote 100 output tokens or more (its max_output_tokens)".into();
+        let mut silent = child(4, NotificationStatus::TimedOut);
+        silent.report = None;
+        silent.summary = String::new();
+        let children = [
+            child(1, NotificationStatus::Completed),
+            timed_out,
+            from_error,
+            silent,
+        ];
+        let xml = report("k", "S", "B", &children).to_string()?;
+        let doc = roxmltree::Document::parse(&xml)?;
+        assert_eq!(doc.root_element().attribute("failures"), Some("3"));
+        let failures: Vec<_> = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("failure"))
+            .collect();
+        assert_eq!(failures.len(), 3, "{xml}");
+        assert!(
+            failures
+                .iter()
+                .all(|f| f.attribute("type") == Some("timeout")),
+            "{xml}"
+        );
+        assert_eq!(failures[0].attribute("message"), Some(limit));
+        let text = failures[0].text().unwrap_or_default();
+        assert!(text.starts_with("status: timed_out\n"), "{xml}");
+        assert!(text.contains("summary: Read 3 of 5 files"), "{xml}");
+        assert!(text.contains("The fifth file was not read."), "{xml}");
+        assert_eq!(
+            failures[1].attribute("message"),
+            Some("timed out: it wrote 100 output tokens or more (its max_output_tokens)")
+        );
+        assert_eq!(failures[2].attribute("message"), Some("child timed_out"));
+        // No system-out: only a completed child's report is its output.
+        let cases: Vec<_> = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("testcase"))
+            .collect();
+        assert!(!cases[1].children().any(|n| n.has_tag_name("system-out")));
         Ok(())
     }
 

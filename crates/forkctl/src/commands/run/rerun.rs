@@ -1,6 +1,7 @@
-//! `run --rerun-failed`: the children of the file's batch that failed or were killed, submitted
-//! again as a new batch that forks where that batch forked (the same history, so the same
-//! cached prefix), under a key derived from the previous key and the failed ids.
+//! `run --rerun-failed`: the children of the file's batch that did not complete (failed, killed
+//! or timed out), submitted again as a new batch that forks where that batch forked (the same
+//! history, so the same cached prefix), under a key derived from the previous key and the failed
+//! ids. Each keeps its directive's own limits, and the batch the file's.
 //!
 //! The batches of one file form a chain: the file's batch, then each rerun of the one before.
 //! A run walks it from the file's batch, each link found again by its key (the daemon returns an
@@ -16,6 +17,7 @@ use sha2::{Digest, Sha256};
 use super::summary::Child;
 use crate::client::Client;
 use crate::commands::ps;
+use crate::output::core_state;
 
 /// One batch of the chain.
 #[derive(Debug, Clone)]
@@ -68,10 +70,37 @@ async fn children_of(client: &mut Client, batch_id: &str) -> anyhow::Result<Vec<
 }
 
 fn ended(state: AgentState) -> bool {
+    core_state(state).is_some_and(forkd_core::AgentState::is_terminal)
+}
+
+/// Whether a child that ended is rerun: it ended without its work done.
+fn rerun(state: AgentState) -> bool {
     matches!(
         state,
-        AgentState::Completed | AgentState::Failed | AgentState::Killed
+        AgentState::Failed | AgentState::Killed | AgentState::TimedOut
     )
+}
+
+/// The failed children of `link` (in its order) as the rerun's directives: each with its
+/// directive's own limits from the file's batch request `first`.
+fn rerun_directives(failed: &[&Agent], link: &Link, first: &ForkBatchRequest) -> Vec<Directive> {
+    failed
+        .iter()
+        .map(|a| Directive {
+            description: a.description.clone(),
+            prompt: a.prompt.clone(),
+            limits: first
+                .directives
+                .get(original(link, a))
+                .and_then(|d| d.limits),
+        })
+        .collect()
+}
+
+/// The 0-based index, in the file's directives, of `agent`, a child of `link`.
+fn original(link: &Link, agent: &Agent) -> usize {
+    let at = usize::try_from(agent.index).unwrap_or(usize::MAX);
+    link.originals.get(at).copied().unwrap_or(at)
 }
 
 /// Walks the chain from the file's batch request `first` (its session id set) and forks the
@@ -98,23 +127,14 @@ pub(crate) async fn walk(
         if agents.iter().any(|a| !ended(a.state())) {
             return Ok((chain, Stop::Running));
         }
-        let failed: Vec<&Agent> = agents
-            .iter()
-            .filter(|a| matches!(a.state(), AgentState::Failed | AgentState::Killed))
-            .collect();
+        let failed: Vec<&Agent> = agents.iter().filter(|a| rerun(a.state())).collect();
         if failed.is_empty() {
             return Ok((chain, Stop::NothingFailed));
         }
         let ids: Vec<&str> = failed.iter().map(|a| a.agent_id.as_str()).collect();
         key = rerun_key(file_key, &key, &ids);
         let request = ForkBatchRequest {
-            directives: failed
-                .iter()
-                .map(|a| Directive {
-                    description: a.description.clone(),
-                    prompt: a.prompt.clone(),
-                })
-                .collect(),
+            directives: rerun_directives(&failed, &link, &first),
             idempotency_key: key.clone(),
             fork_point_of: link.batch.batch_id.clone(),
             at_turn: None,
@@ -122,13 +142,7 @@ pub(crate) async fn walk(
         };
         let batch = client.fork_batch(request).await?.into_inner();
         let existing = batch.existing;
-        let originals = failed
-            .iter()
-            .map(|a| {
-                let at = usize::try_from(a.index).unwrap_or(usize::MAX);
-                link.originals.get(at).copied().unwrap_or(at)
-            })
-            .collect();
+        let originals = failed.iter().map(|a| original(&link, a)).collect();
         link = Link { batch, originals };
         chain.push(link.clone());
         if !existing {
@@ -176,6 +190,63 @@ mod tests {
         assert_ne!(a, rerun_key("nightly", &a, &["x", "y"]));
         // Not a concatenation: ["xy"] is another set than ["x", "y"].
         assert_ne!(a, rerun_key("nightly", "nightly/batch", &["xy"]));
+    }
+
+    #[test]
+    fn timed_out_children_are_rerun_with_their_own_limits() {
+        let agent = |index: u32, state: AgentState| Agent {
+            agent_id: format!("A{index}"),
+            index,
+            state: state as i32,
+            prompt: format!("part {index}"),
+            ..Default::default()
+        };
+        let agents = [
+            agent(0, AgentState::Completed),
+            agent(1, AgentState::TimedOut),
+            agent(2, AgentState::Failed),
+            agent(3, AgentState::Killed),
+        ];
+        assert!(agents.iter().all(|a| ended(a.state())));
+        assert!(!ended(AgentState::Running) && !ended(AgentState::Idle));
+        let failed: Vec<&Agent> = agents.iter().filter(|a| rerun(a.state())).collect();
+        let ids: Vec<&str> = failed.iter().map(|a| a.agent_id.as_str()).collect();
+        assert_eq!(ids, ["A1", "A2", "A3"]);
+
+        // The file's directive 2 (index 1) has its own timeout; the batch's limits ride along
+        // with the rest of the file's request.
+        let own = forkd_proto::v1::Limits {
+            timeout_ms: 1_800_000,
+            ..Default::default()
+        };
+        let mut first = ForkBatchRequest {
+            directives: (0..4)
+                .map(|i| Directive {
+                    prompt: format!("part {i}"),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        first.directives[1].limits = Some(own);
+        let link = Link {
+            batch: ForkBatchResponse::default(),
+            originals: vec![0, 1, 2, 3],
+        };
+        let reruns = rerun_directives(&failed, &link, &first);
+        let limits: Vec<_> = reruns.iter().map(|d| d.limits).collect();
+        assert_eq!(limits, [Some(own), None, None]);
+        // A rerun of a rerun maps its children back to the file's directives.
+        let second = Link {
+            batch: ForkBatchResponse::default(),
+            originals: vec![1, 3],
+        };
+        let again = [agent(0, AgentState::TimedOut)];
+        let again: Vec<&Agent> = again.iter().collect();
+        assert_eq!(
+            rerun_directives(&again, &second, &first)[0].limits,
+            Some(own)
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use prost_types::Timestamp;
 use serde_json::{Value, json};
 
 use crate::commands::fork::Tally;
-use crate::output::{human, status_name, usage_json};
+use crate::output::{human, status_name, timed_out_reason, usage_json};
 
 /// One child of the batch, as it ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +46,15 @@ impl Child {
     /// Completed, and its report matched no `--junit-fail-when` rule.
     pub fn passed(&self) -> bool {
         self.completed() && self.failed_when.is_none()
+    }
+
+    /// The limit that stopped a timed-out child, as its report's issues or its error name it.
+    pub fn timed_out_reason(&self) -> Option<&str> {
+        if self.status != NotificationStatus::TimedOut {
+            return None;
+        }
+        let issues = self.report.as_ref().map_or("", |r| r.issues.as_str());
+        timed_out_reason(issues).or_else(|| timed_out_reason(&self.error))
     }
 
     /// The object its final reply held under an output schema, if any.
@@ -189,6 +198,7 @@ pub(crate) fn summary_json(batch_id: &str, tally: &Tally) -> Value {
         "completed": tally.completed,
         "failed": tally.failed,
         "killed": tally.killed,
+        "timed_out": tally.timed_out,
         "cost_usd": tally.cost_usd,
         "cache_read_share": cache_read_share(&tally.usage),
         "usage": usage_json(Some(&tally.usage)),
@@ -349,6 +359,7 @@ pub(crate) mod tests {
             (&value["completed"], &value["failed"], &value["killed"]),
             (&json!(1), &json!(0), &json!(1))
         );
+        assert_eq!(value["timed_out"], 0);
         assert_eq!(value["cost_usd"], 1.0);
         assert_eq!(value["cache_read_share"], 0.75);
         assert_eq!(value["usage"]["cache_read_input_tokens"], 150);

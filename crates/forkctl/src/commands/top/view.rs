@@ -199,6 +199,7 @@ fn state_style(state: &str) -> Style {
         "pending" => Style::new().fg(Color::Yellow),
         "failed" => Style::new().fg(Color::Red),
         "killed" => Style::new().fg(Color::Magenta),
+        "timed_out" => Style::new().fg(Color::LightRed),
         _ => Style::new(),
     }
 }

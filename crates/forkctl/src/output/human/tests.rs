@@ -59,6 +59,48 @@ fn a_notification_is_one_line() {
 }
 
 #[test]
+fn a_timed_out_notification_names_its_limit() {
+    let n = Notification {
+        seq: 13,
+        agent_id: "A2".into(),
+        status: NotificationStatus::TimedOut as i32,
+        summary: "Read 3 of 5 files".into(),
+        report: Some(forkd_proto::v1::Report {
+            issues: "timed out: no final answer after 30 model requests (its max_turns)".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    assert_eq!(
+        notification_line(&n),
+        "#13 A2 timed_out Read 3 of 5 files [timed out: no final answer after 30 model requests \
+         (its max_turns)]  (in 0 · write 0 · read 0 · out 0; $0.0000)"
+    );
+}
+
+#[test]
+fn a_daemon_s_timed_out_line_names_the_limit_once_and_the_calls_it_cut_off() {
+    let n = Notification {
+        seq: 9,
+        agent_id: "A9".into(),
+        status: NotificationStatus::TimedOut as i32,
+        summary: "Timed out: its timeout of 5s (wall time since it started) ran out, before any \
+                  reply."
+            .into(),
+        report: Some(forkd_proto::v1::Report {
+            issues: "timed out: its timeout of 5s (wall time since it started) ran out; tool \
+                     calls cut off (killed): Bash (\"sleep 3600\")"
+                .into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let line = notification_line(&n);
+    assert_eq!(line.matches("its timeout of 5s").count(), 1, "{line}");
+    assert!(line.contains(r#"[killed: Bash ("sleep 3600")]"#), "{line}");
+}
+
+#[test]
 fn ps_prints_full_ids_and_right_aligned_numbers() {
     let agent = Agent {
         agent_id: "0192aaaa-bbbb-7ccc-8ddd-eeeeeeeeeeee".into(),

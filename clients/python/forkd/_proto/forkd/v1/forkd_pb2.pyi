@@ -39,6 +39,8 @@ class _AgentStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AgentState
     AGENT_STATE_KILLED: _AgentState.ValueType  # 5
     AGENT_STATE_IDLE: _AgentState.ValueType  # 6
     """A session's main-loop agent between turns (it never ends)."""
+    AGENT_STATE_TIMED_OUT: _AgentState.ValueType  # 7
+    """Stopped by one of its limits (Limits), with a partial report."""
 
 class AgentState(_AgentState, metaclass=_AgentStateEnumTypeWrapper): ...
 
@@ -50,6 +52,8 @@ AGENT_STATE_FAILED: AgentState.ValueType  # 4
 AGENT_STATE_KILLED: AgentState.ValueType  # 5
 AGENT_STATE_IDLE: AgentState.ValueType  # 6
 """A session's main-loop agent between turns (it never ends)."""
+AGENT_STATE_TIMED_OUT: AgentState.ValueType  # 7
+"""Stopped by one of its limits (Limits), with a partial report."""
 Global___AgentState: _TypeAlias = AgentState  # noqa: Y015
 
 class _NotificationStatus:
@@ -62,6 +66,8 @@ class _NotificationStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_No
     NOTIFICATION_STATUS_COMPLETED: _NotificationStatus.ValueType  # 1
     NOTIFICATION_STATUS_FAILED: _NotificationStatus.ValueType  # 2
     NOTIFICATION_STATUS_KILLED: _NotificationStatus.ValueType  # 3
+    NOTIFICATION_STATUS_TIMED_OUT: _NotificationStatus.ValueType  # 4
+    """Stopped by one of its limits (Limits): its report is partial and names the limit."""
 
 class NotificationStatus(_NotificationStatus, metaclass=_NotificationStatusEnumTypeWrapper): ...
 
@@ -69,6 +75,8 @@ NOTIFICATION_STATUS_UNSPECIFIED: NotificationStatus.ValueType  # 0
 NOTIFICATION_STATUS_COMPLETED: NotificationStatus.ValueType  # 1
 NOTIFICATION_STATUS_FAILED: NotificationStatus.ValueType  # 2
 NOTIFICATION_STATUS_KILLED: NotificationStatus.ValueType  # 3
+NOTIFICATION_STATUS_TIMED_OUT: NotificationStatus.ValueType  # 4
+"""Stopped by one of its limits (Limits): its report is partial and names the limit."""
 Global___NotificationStatus: _TypeAlias = NotificationStatus  # noqa: Y015
 
 class _PermissionDecision:
@@ -853,23 +861,77 @@ class Directive(_message.Message):
 
     DESCRIPTION_FIELD_NUMBER: _builtins.int
     PROMPT_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
     description: _builtins.str
     """A short label (the Agent tool's description)."""
     prompt: _builtins.str
     """The child's instruction (the Agent tool's prompt)."""
+    @_builtins.property
+    def limits(self) -> Global___Limits:
+        """This child's limits, over the batch's (a field set here wins)."""
+
     def __init__(
         self,
         *,
         description: _builtins.str = ...,
         prompt: _builtins.str = ...,
+        limits: Global___Limits | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "prompt", b"prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "limits", b"limits", "prompt", b"prompt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Directive: _TypeAlias = Directive  # noqa: Y015
+
+@_typing.final
+class Limits(_message.Message):
+    """Limits on an agent's run (docs/contracts.md, "Limits"). An agent past one ends `timed_out`
+    with a partial report naming it. Each field unset (or 0): the next layer's — a child's own,
+    then its batch's, its tenant's defaults, the daemon's. None of them changes the bytes of a
+    model request.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    IDLE_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    MAX_TURNS_FIELD_NUMBER: _builtins.int
+    MAX_OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_EXCLUDES_THROTTLE_FIELD_NUMBER: _builtins.int
+    timeout_ms: _builtins.int
+    """Wall time from the agent's first start (not its creation), in milliseconds; it counts across
+    restarts.
+    """
+    idle_timeout_ms: _builtins.int
+    """No model output token and no tool call started or finished for this long (milliseconds).
+    Time a request waits on the provider's limits does not count.
+    """
+    max_turns: _builtins.int
+    """Model requests at most."""
+    max_output_tokens: _builtins.int
+    """Output tokens at most, on its counted usage between requests."""
+    timeout_excludes_throttle: _builtins.bool
+    """The timeout leaves out the time its requests waited on the provider's limits."""
+    def __init__(
+        self,
+        *,
+        timeout_ms: _builtins.int = ...,
+        idle_timeout_ms: _builtins.int = ...,
+        max_turns: _builtins.int = ...,
+        max_output_tokens: _builtins.int = ...,
+        timeout_excludes_throttle: _builtins.bool | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_timeout_excludes_throttle", b"_timeout_excludes_throttle", "timeout_excludes_throttle", b"timeout_excludes_throttle"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_timeout_excludes_throttle", b"_timeout_excludes_throttle", "idle_timeout_ms", b"idle_timeout_ms", "max_output_tokens", b"max_output_tokens", "max_turns", b"max_turns", "timeout_excludes_throttle", b"timeout_excludes_throttle", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__timeout_excludes_throttle: _TypeAlias = _typing.Literal["timeout_excludes_throttle"]  # noqa: Y015
+    _WhichOneofArgType__timeout_excludes_throttle: _TypeAlias = _typing.Literal["_timeout_excludes_throttle", b"_timeout_excludes_throttle"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__timeout_excludes_throttle) -> _WhichOneofReturnType__timeout_excludes_throttle | None: ...
+
+Global___Limits: _TypeAlias = Limits  # noqa: Y015
 
 @_typing.final
 class ForkBatchRequest(_message.Message):
@@ -885,6 +947,7 @@ class ForkBatchRequest(_message.Message):
     AT_TURN_FIELD_NUMBER: _builtins.int
     OUTPUT_SCHEMA_FIELD_NUMBER: _builtins.int
     FORK_POINT_OF_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     warmup_gating: _builtins.bool
     """Send child 1 first and release its siblings when its response starts. Unset: the daemon's
@@ -924,6 +987,10 @@ class ForkBatchRequest(_message.Message):
     """
     @_builtins.property
     def directives(self) -> _containers.RepeatedCompositeFieldContainer[Global___Directive]: ...
+    @_builtins.property
+    def limits(self) -> Global___Limits:
+        """The children's limits (each directive's own override them)."""
+
     def __init__(
         self,
         *,
@@ -937,10 +1004,11 @@ class ForkBatchRequest(_message.Message):
         at_turn: _builtins.int | None = ...,
         output_schema: _builtins.str = ...,
         fork_point_of: _builtins.str = ...,
+        limits: Global___Limits | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_at_turn", b"_at_turn", "_warmup_gating", b"_warmup_gating", "at_turn", b"at_turn", "warmup_gating", b"warmup_gating"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_at_turn", b"_at_turn", "_warmup_gating", b"_warmup_gating", "at_turn", b"at_turn", "limits", b"limits", "warmup_gating", b"warmup_gating"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_at_turn", b"_at_turn", "_warmup_gating", b"_warmup_gating", "at_turn", b"at_turn", "budget_tokens", b"budget_tokens", "budget_usd", b"budget_usd", "directives", b"directives", "fork_point_of", b"fork_point_of", "idempotency_key", b"idempotency_key", "isolation", b"isolation", "output_schema", b"output_schema", "session_id", b"session_id", "warmup_gating", b"warmup_gating"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_at_turn", b"_at_turn", "_warmup_gating", b"_warmup_gating", "at_turn", b"at_turn", "budget_tokens", b"budget_tokens", "budget_usd", b"budget_usd", "directives", b"directives", "fork_point_of", b"fork_point_of", "idempotency_key", b"idempotency_key", "isolation", b"isolation", "limits", b"limits", "output_schema", b"output_schema", "session_id", b"session_id", "warmup_gating", b"warmup_gating"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__at_turn: _TypeAlias = _typing.Literal["at_turn"]  # noqa: Y015
     _WhichOneofArgType__at_turn: _TypeAlias = _typing.Literal["_at_turn", b"_at_turn"]  # noqa: Y015
@@ -1209,6 +1277,7 @@ class SpawnAgentRequest(_message.Message):
     PROMPT_FIELD_NUMBER: _builtins.int
     ISOLATION_FIELD_NUMBER: _builtins.int
     OUTPUT_SCHEMA_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     subagent_type: _builtins.str
     description: _builtins.str
@@ -1219,6 +1288,10 @@ class SpawnAgentRequest(_message.Message):
     """
     output_schema: _builtins.str
     """As ForkBatchRequest.output_schema, for this agent's final reply."""
+    @_builtins.property
+    def limits(self) -> Global___Limits:
+        """The agent's limits."""
+
     def __init__(
         self,
         *,
@@ -1228,10 +1301,11 @@ class SpawnAgentRequest(_message.Message):
         prompt: _builtins.str = ...,
         isolation: _builtins.str = ...,
         output_schema: _builtins.str = ...,
+        limits: Global___Limits | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "isolation", b"isolation", "output_schema", b"output_schema", "prompt", b"prompt", "session_id", b"session_id", "subagent_type", b"subagent_type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "isolation", b"isolation", "limits", b"limits", "output_schema", b"output_schema", "prompt", b"prompt", "session_id", b"session_id", "subagent_type", b"subagent_type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1336,6 +1410,8 @@ class Agent(_message.Message):
     DAEMON_FIELD_NUMBER: _builtins.int
     THROTTLED_SINCE_FIELD_NUMBER: _builtins.int
     CHANGES_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     session_id: _builtins.str
     batch_id: _builtins.str
@@ -1370,6 +1446,14 @@ class Agent(_message.Message):
         limits (a 429, 529 or 503 it is waiting out): since when. The agent stays RUNNING.
         """
 
+    @_builtins.property
+    def limits(self) -> Global___Limits:
+        """The limits it runs under (resolved when it was created)."""
+
+    @_builtins.property
+    def started_at(self) -> _timestamp_pb2.Timestamp:
+        """When a run first claimed it: what its timeout counts from. Unset while it has not started."""
+
     def __init__(
         self,
         *,
@@ -1390,10 +1474,12 @@ class Agent(_message.Message):
         daemon: _builtins.str = ...,
         throttled_since: _timestamp_pb2.Timestamp | None = ...,
         changes: _builtins.str = ...,
+        limits: Global___Limits | None = ...,
+        started_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "throttled_since", b"throttled_since", "updated_at", b"updated_at", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "limits", b"limits", "started_at", b"started_at", "throttled_since", b"throttled_since", "updated_at", b"updated_at", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "batch_id", b"batch_id", "cache_read_share", b"cache_read_share", "changes", b"changes", "cost_usd", b"cost_usd", "created_at", b"created_at", "daemon", b"daemon", "description", b"description", "error", b"error", "index", b"index", "kind", b"kind", "prompt", b"prompt", "session_id", b"session_id", "state", b"state", "throttled_since", b"throttled_since", "updated_at", b"updated_at", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "batch_id", b"batch_id", "cache_read_share", b"cache_read_share", "changes", b"changes", "cost_usd", b"cost_usd", "created_at", b"created_at", "daemon", b"daemon", "description", b"description", "error", b"error", "index", b"index", "kind", b"kind", "limits", b"limits", "prompt", b"prompt", "session_id", b"session_id", "started_at", b"started_at", "state", b"state", "throttled_since", b"throttled_since", "updated_at", b"updated_at", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -39,6 +39,8 @@ export enum AgentState {
   AGENT_STATE_KILLED = 5,
   /** AGENT_STATE_IDLE - A session's main-loop agent between turns (it never ends). */
   AGENT_STATE_IDLE = 6,
+  /** AGENT_STATE_TIMED_OUT - Stopped by one of its limits (Limits), with a partial report. */
+  AGENT_STATE_TIMED_OUT = 7,
   UNRECOGNIZED = -1,
 }
 
@@ -65,6 +67,9 @@ export function agentStateFromJSON(object: any): AgentState {
     case 6:
     case "AGENT_STATE_IDLE":
       return AgentState.AGENT_STATE_IDLE;
+    case 7:
+    case "AGENT_STATE_TIMED_OUT":
+      return AgentState.AGENT_STATE_TIMED_OUT;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -88,6 +93,8 @@ export function agentStateToJSON(object: AgentState): string {
       return "AGENT_STATE_KILLED";
     case AgentState.AGENT_STATE_IDLE:
       return "AGENT_STATE_IDLE";
+    case AgentState.AGENT_STATE_TIMED_OUT:
+      return "AGENT_STATE_TIMED_OUT";
     case AgentState.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
@@ -99,6 +106,8 @@ export enum NotificationStatus {
   NOTIFICATION_STATUS_COMPLETED = 1,
   NOTIFICATION_STATUS_FAILED = 2,
   NOTIFICATION_STATUS_KILLED = 3,
+  /** NOTIFICATION_STATUS_TIMED_OUT - Stopped by one of its limits (Limits): its report is partial and names the limit. */
+  NOTIFICATION_STATUS_TIMED_OUT = 4,
   UNRECOGNIZED = -1,
 }
 
@@ -116,6 +125,9 @@ export function notificationStatusFromJSON(object: any): NotificationStatus {
     case 3:
     case "NOTIFICATION_STATUS_KILLED":
       return NotificationStatus.NOTIFICATION_STATUS_KILLED;
+    case 4:
+    case "NOTIFICATION_STATUS_TIMED_OUT":
+      return NotificationStatus.NOTIFICATION_STATUS_TIMED_OUT;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -133,6 +145,8 @@ export function notificationStatusToJSON(object: NotificationStatus): string {
       return "NOTIFICATION_STATUS_FAILED";
     case NotificationStatus.NOTIFICATION_STATUS_KILLED:
       return "NOTIFICATION_STATUS_KILLED";
+    case NotificationStatus.NOTIFICATION_STATUS_TIMED_OUT:
+      return "NOTIFICATION_STATUS_TIMED_OUT";
     case NotificationStatus.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
@@ -469,6 +483,33 @@ export interface Directive {
   description: string;
   /** The child's instruction (the Agent tool's prompt). */
   prompt: string;
+  /** This child's limits, over the batch's (a field set here wins). */
+  limits?: Limits | undefined;
+}
+
+/**
+ * Limits on an agent's run (docs/contracts.md, "Limits"). An agent past one ends `timed_out`
+ * with a partial report naming it. Each field unset (or 0): the next layer's — a child's own,
+ * then its batch's, its tenant's defaults, the daemon's. None of them changes the bytes of a
+ * model request.
+ */
+export interface Limits {
+  /**
+   * Wall time from the agent's first start (not its creation), in milliseconds; it counts across
+   * restarts.
+   */
+  timeoutMs: number;
+  /**
+   * No model output token and no tool call started or finished for this long (milliseconds).
+   * Time a request waits on the provider's limits does not count.
+   */
+  idleTimeoutMs: number;
+  /** Model requests at most. */
+  maxTurns: number;
+  /** Output tokens at most, on its counted usage between requests. */
+  maxOutputTokens: number;
+  /** The timeout leaves out the time its requests waited on the provider's limits. */
+  timeoutExcludesThrottle?: boolean | undefined;
 }
 
 export interface ForkBatchRequest {
@@ -521,6 +562,8 @@ export interface ForkBatchRequest {
    * children read that batch's cached prefix — a rerun of its failed children. Not with at_turn.
    */
   forkPointOf: string;
+  /** The children's limits (each directive's own override them). */
+  limits?: Limits | undefined;
 }
 
 /** One path an isolated child changed. */
@@ -603,6 +646,8 @@ export interface SpawnAgentRequest {
   isolation: string;
   /** As ForkBatchRequest.output_schema, for this agent's final reply. */
   outputSchema: string;
+  /** The agent's limits. */
+  limits?: Limits | undefined;
 }
 
 export interface SpawnAgentResponse {
@@ -662,6 +707,12 @@ export interface Agent {
    * ("2 files (+3 -1), kept"; kept | applied | conflicted | discarded). Empty otherwise.
    */
   changes: string;
+  /** The limits it runs under (resolved when it was created). */
+  limits?:
+    | Limits
+    | undefined;
+  /** When a run first claimed it: what its timeout counts from. Unset while it has not started. */
+  startedAt?: Date | undefined;
 }
 
 export interface ListAgentsRequest {
@@ -4089,7 +4140,7 @@ export const TurnEnded: MessageFns<TurnEnded> = {
 };
 
 function createBaseDirective(): Directive {
-  return { description: "", prompt: "" };
+  return { description: "", prompt: "", limits: undefined };
 }
 
 export const Directive: MessageFns<Directive> = {
@@ -4099,6 +4150,9 @@ export const Directive: MessageFns<Directive> = {
     }
     if (message.prompt !== "") {
       writer.uint32(18).string(message.prompt);
+    }
+    if (message.limits !== undefined) {
+      Limits.encode(message.limits, writer.uint32(26).fork()).join();
     }
     return writer;
   },
@@ -4132,6 +4186,14 @@ export const Directive: MessageFns<Directive> = {
             message.prompt = reader.string();
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.limits = Limits.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4148,6 +4210,7 @@ export const Directive: MessageFns<Directive> = {
     return {
       description: isSet(object.description) ? globalThis.String(object.description) : "",
       prompt: isSet(object.prompt) ? globalThis.String(object.prompt) : "",
+      limits: isSet(object.limits) ? Limits.fromJSON(object.limits) : undefined,
     };
   },
 
@@ -4159,6 +4222,9 @@ export const Directive: MessageFns<Directive> = {
     if (message.prompt !== "") {
       obj.prompt = message.prompt;
     }
+    if (message.limits !== undefined) {
+      obj.limits = Limits.toJSON(message.limits);
+    }
     return obj;
   },
 
@@ -4169,6 +4235,162 @@ export const Directive: MessageFns<Directive> = {
     const message = createBaseDirective();
     message.description = object.description ?? "";
     message.prompt = object.prompt ?? "";
+    message.limits = (object.limits !== undefined && object.limits !== null)
+      ? Limits.fromPartial(object.limits)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseLimits(): Limits {
+  return { timeoutMs: 0, idleTimeoutMs: 0, maxTurns: 0, maxOutputTokens: 0, timeoutExcludesThrottle: undefined };
+}
+
+export const Limits: MessageFns<Limits> = {
+  encode(message: Limits, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.timeoutMs !== 0) {
+      writer.uint32(8).uint64(message.timeoutMs);
+    }
+    if (message.idleTimeoutMs !== 0) {
+      writer.uint32(16).uint64(message.idleTimeoutMs);
+    }
+    if (message.maxTurns !== 0) {
+      writer.uint32(24).uint32(message.maxTurns);
+    }
+    if (message.maxOutputTokens !== 0) {
+      writer.uint32(32).uint64(message.maxOutputTokens);
+    }
+    if (message.timeoutExcludesThrottle !== undefined) {
+      writer.uint32(40).bool(message.timeoutExcludesThrottle);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): Limits {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseLimits();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.timeoutMs = longToNumber(reader.uint64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.idleTimeoutMs = longToNumber(reader.uint64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.maxTurns = reader.uint32();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.maxOutputTokens = longToNumber(reader.uint64());
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.timeoutExcludesThrottle = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): Limits {
+    return {
+      timeoutMs: isSet(object.timeoutMs)
+        ? globalThis.Number(object.timeoutMs)
+        : isSet(object.timeout_ms)
+        ? globalThis.Number(object.timeout_ms)
+        : 0,
+      idleTimeoutMs: isSet(object.idleTimeoutMs)
+        ? globalThis.Number(object.idleTimeoutMs)
+        : isSet(object.idle_timeout_ms)
+        ? globalThis.Number(object.idle_timeout_ms)
+        : 0,
+      maxTurns: isSet(object.maxTurns)
+        ? globalThis.Number(object.maxTurns)
+        : isSet(object.max_turns)
+        ? globalThis.Number(object.max_turns)
+        : 0,
+      maxOutputTokens: isSet(object.maxOutputTokens)
+        ? globalThis.Number(object.maxOutputTokens)
+        : isSet(object.max_output_tokens)
+        ? globalThis.Number(object.max_output_tokens)
+        : 0,
+      timeoutExcludesThrottle: isSet(object.timeoutExcludesThrottle)
+        ? globalThis.Boolean(object.timeoutExcludesThrottle)
+        : isSet(object.timeout_excludes_throttle)
+        ? globalThis.Boolean(object.timeout_excludes_throttle)
+        : undefined,
+    };
+  },
+
+  toJSON(message: Limits): unknown {
+    const obj: any = {};
+    if (message.timeoutMs !== 0) {
+      obj.timeoutMs = Math.round(message.timeoutMs);
+    }
+    if (message.idleTimeoutMs !== 0) {
+      obj.idleTimeoutMs = Math.round(message.idleTimeoutMs);
+    }
+    if (message.maxTurns !== 0) {
+      obj.maxTurns = Math.round(message.maxTurns);
+    }
+    if (message.maxOutputTokens !== 0) {
+      obj.maxOutputTokens = Math.round(message.maxOutputTokens);
+    }
+    if (message.timeoutExcludesThrottle !== undefined) {
+      obj.timeoutExcludesThrottle = message.timeoutExcludesThrottle;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<Limits>, I>>(base?: I): Limits {
+    return Limits.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<Limits>, I>>(object: I): Limits {
+    const message = createBaseLimits();
+    message.timeoutMs = object.timeoutMs ?? 0;
+    message.idleTimeoutMs = object.idleTimeoutMs ?? 0;
+    message.maxTurns = object.maxTurns ?? 0;
+    message.maxOutputTokens = object.maxOutputTokens ?? 0;
+    message.timeoutExcludesThrottle = object.timeoutExcludesThrottle ?? undefined;
     return message;
   },
 };
@@ -4185,6 +4407,7 @@ function createBaseForkBatchRequest(): ForkBatchRequest {
     atTurn: undefined,
     outputSchema: "",
     forkPointOf: "",
+    limits: undefined,
   };
 }
 
@@ -4219,6 +4442,9 @@ export const ForkBatchRequest: MessageFns<ForkBatchRequest> = {
     }
     if (message.forkPointOf !== "") {
       writer.uint32(82).string(message.forkPointOf);
+    }
+    if (message.limits !== undefined) {
+      Limits.encode(message.limits, writer.uint32(90).fork()).join();
     }
     return writer;
   },
@@ -4316,6 +4542,14 @@ export const ForkBatchRequest: MessageFns<ForkBatchRequest> = {
             message.forkPointOf = reader.string();
             continue;
           }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.limits = Limits.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4374,6 +4608,7 @@ export const ForkBatchRequest: MessageFns<ForkBatchRequest> = {
         : isSet(object.fork_point_of)
         ? globalThis.String(object.fork_point_of)
         : "",
+      limits: isSet(object.limits) ? Limits.fromJSON(object.limits) : undefined,
     };
   },
 
@@ -4409,6 +4644,9 @@ export const ForkBatchRequest: MessageFns<ForkBatchRequest> = {
     if (message.forkPointOf !== "") {
       obj.forkPointOf = message.forkPointOf;
     }
+    if (message.limits !== undefined) {
+      obj.limits = Limits.toJSON(message.limits);
+    }
     return obj;
   },
 
@@ -4427,6 +4665,9 @@ export const ForkBatchRequest: MessageFns<ForkBatchRequest> = {
     message.atTurn = object.atTurn ?? undefined;
     message.outputSchema = object.outputSchema ?? "";
     message.forkPointOf = object.forkPointOf ?? "";
+    message.limits = (object.limits !== undefined && object.limits !== null)
+      ? Limits.fromPartial(object.limits)
+      : undefined;
     return message;
   },
 };
@@ -5363,7 +5604,15 @@ export const DiscardChangesResponse: MessageFns<DiscardChangesResponse> = {
 };
 
 function createBaseSpawnAgentRequest(): SpawnAgentRequest {
-  return { sessionId: "", subagentType: "", description: "", prompt: "", isolation: "", outputSchema: "" };
+  return {
+    sessionId: "",
+    subagentType: "",
+    description: "",
+    prompt: "",
+    isolation: "",
+    outputSchema: "",
+    limits: undefined,
+  };
 }
 
 export const SpawnAgentRequest: MessageFns<SpawnAgentRequest> = {
@@ -5385,6 +5634,9 @@ export const SpawnAgentRequest: MessageFns<SpawnAgentRequest> = {
     }
     if (message.outputSchema !== "") {
       writer.uint32(50).string(message.outputSchema);
+    }
+    if (message.limits !== undefined) {
+      Limits.encode(message.limits, writer.uint32(58).fork()).join();
     }
     return writer;
   },
@@ -5450,6 +5702,14 @@ export const SpawnAgentRequest: MessageFns<SpawnAgentRequest> = {
             message.outputSchema = reader.string();
             continue;
           }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.limits = Limits.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -5482,6 +5742,7 @@ export const SpawnAgentRequest: MessageFns<SpawnAgentRequest> = {
         : isSet(object.output_schema)
         ? globalThis.String(object.output_schema)
         : "",
+      limits: isSet(object.limits) ? Limits.fromJSON(object.limits) : undefined,
     };
   },
 
@@ -5505,6 +5766,9 @@ export const SpawnAgentRequest: MessageFns<SpawnAgentRequest> = {
     if (message.outputSchema !== "") {
       obj.outputSchema = message.outputSchema;
     }
+    if (message.limits !== undefined) {
+      obj.limits = Limits.toJSON(message.limits);
+    }
     return obj;
   },
 
@@ -5519,6 +5783,9 @@ export const SpawnAgentRequest: MessageFns<SpawnAgentRequest> = {
     message.prompt = object.prompt ?? "";
     message.isolation = object.isolation ?? "";
     message.outputSchema = object.outputSchema ?? "";
+    message.limits = (object.limits !== undefined && object.limits !== null)
+      ? Limits.fromPartial(object.limits)
+      : undefined;
     return message;
   },
 };
@@ -5877,6 +6144,8 @@ function createBaseAgent(): Agent {
     daemon: "",
     throttledSince: undefined,
     changes: "",
+    limits: undefined,
+    startedAt: undefined,
   };
 }
 
@@ -5932,6 +6201,12 @@ export const Agent: MessageFns<Agent> = {
     }
     if (message.changes !== "") {
       writer.uint32(138).string(message.changes);
+    }
+    if (message.limits !== undefined) {
+      Limits.encode(message.limits, writer.uint32(146).fork()).join();
+    }
+    if (message.startedAt !== undefined) {
+      Timestamp.encode(toTimestamp(message.startedAt), writer.uint32(154).fork()).join();
     }
     return writer;
   },
@@ -6085,6 +6360,22 @@ export const Agent: MessageFns<Agent> = {
             message.changes = reader.string();
             continue;
           }
+          case 18: {
+            if (tag !== 146) {
+              break;
+            }
+
+            message.limits = Limits.decode(reader, reader.uint32());
+            continue;
+          }
+          case 19: {
+            if (tag !== 154) {
+              break;
+            }
+
+            message.startedAt = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -6148,6 +6439,12 @@ export const Agent: MessageFns<Agent> = {
         ? fromJsonTimestamp(object.throttled_since)
         : undefined,
       changes: isSet(object.changes) ? globalThis.String(object.changes) : "",
+      limits: isSet(object.limits) ? Limits.fromJSON(object.limits) : undefined,
+      startedAt: isSet(object.startedAt)
+        ? fromJsonTimestamp(object.startedAt)
+        : isSet(object.started_at)
+        ? fromJsonTimestamp(object.started_at)
+        : undefined,
     };
   },
 
@@ -6204,6 +6501,12 @@ export const Agent: MessageFns<Agent> = {
     if (message.changes !== "") {
       obj.changes = message.changes;
     }
+    if (message.limits !== undefined) {
+      obj.limits = Limits.toJSON(message.limits);
+    }
+    if (message.startedAt !== undefined) {
+      obj.startedAt = message.startedAt.toISOString();
+    }
     return obj;
   },
 
@@ -6229,6 +6532,10 @@ export const Agent: MessageFns<Agent> = {
     message.daemon = object.daemon ?? "";
     message.throttledSince = object.throttledSince ?? undefined;
     message.changes = object.changes ?? "";
+    message.limits = (object.limits !== undefined && object.limits !== null)
+      ? Limits.fromPartial(object.limits)
+      : undefined;
+    message.startedAt = object.startedAt ?? undefined;
     return message;
   },
 };
