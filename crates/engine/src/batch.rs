@@ -1,5 +1,9 @@
 //! Fork batches: one assistant message of `Agent` tool_uses, N children, and warm-up gating.
 
+mod dry_run;
+
+pub use dry_run::DryRun;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
 
@@ -176,6 +180,75 @@ impl TurnStarts {
     }
 }
 
+/// What every child of a batch shares before its directive, and where it was read.
+pub(crate) struct SharedPrefix {
+    /// The history's and the boilerplate's tokens.
+    pub tokens: u64,
+    /// A batch with the boilerplate, to build a child's first request on.
+    pub probe: ForkBatch,
+    /// The fork point.
+    pub point: u64,
+    /// The compaction in force there, if any.
+    pub compaction: Option<forkd_core::compaction::Compaction>,
+}
+
+/// A client's batch that passed every check, ready to be stored.
+pub(crate) struct Checked {
+    pub batch_id: BatchId,
+    /// Each child's tool_use id and directive, in order.
+    pub forks: Vec<(String, Directive)>,
+    /// Where it forks when it asked for an earlier point than the last finished turn.
+    pub fork_point: Option<u64>,
+    pub gating: bool,
+    /// Whether this daemon starts the children ([`crate::workspaces::here`]).
+    pub start_here: bool,
+}
+
+/// The digest of a batch's parameters its idempotency key is stored with: a retry with other
+/// parameters is refused.
+fn digest(session_id: SessionId, directives: &[Directive], options: &BatchOptions) -> String {
+    let mut canonical = serde_json::json!([
+        session_id.to_string(),
+        directives
+            .iter()
+            .map(|d| (&d.description, &d.prompt))
+            .collect::<Vec<_>>(),
+        options.warmup_gating,
+        options.budget.usd,
+        options.budget.tokens,
+    ]);
+    // Only where set, so that keys stored before isolation existed keep their digest.
+    if options.isolation != Isolation::None
+        && let Some(parts) = canonical.as_array_mut()
+    {
+        parts.push(options.isolation.as_str().into());
+    }
+    if let Some(k) = options.at_turn
+        && let Some(parts) = canonical.as_array_mut()
+    {
+        parts.push(serde_json::json!({ "at_turn": k }));
+    }
+    if let Some(earlier) = options.fork_point_of
+        && let Some(parts) = canonical.as_array_mut()
+    {
+        parts.push(serde_json::json!({ "fork_point_of": earlier.to_string() }));
+    }
+    if let Some(schema) = &options.output_schema
+        && let Some(parts) = canonical.as_array_mut()
+    {
+        parts.push(serde_json::json!({ "output_schema": schema.as_str() }));
+    }
+    if (!options.limits.is_empty() || options.child_limits.iter().any(|l| !l.is_empty()))
+        && let Some(parts) = canonical.as_array_mut()
+    {
+        parts.push(serde_json::json!({
+            "limits": options.limits,
+            "child_limits": options.child_limits,
+        }));
+    }
+    forkd_core::request::fingerprint(canonical.to_string().as_bytes())
+}
+
 fn invalid_fork(err: ForkError) -> EngineError {
     EngineError::ForkRefused(Refusal::Directive(err))
 }
@@ -206,6 +279,38 @@ fn child(
 }
 
 impl Batches {
+    /// What every child's first request shares, in tokens as the window counts them: the
+    /// parent's history up to the fork point (`None`: all of it) and the fork boilerplate.
+    pub(crate) async fn shared_prefix(
+        &self,
+        session: &Session,
+        fork_point: Option<u64>,
+        schema: Option<&OutputSchema>,
+    ) -> Result<SharedPrefix> {
+        let probe =
+            ForkBatch::client(BatchId::new(), session.id, 0, 0).with_output_schema(schema.cloned());
+        let shared: u64 = probe.shared_user_blocks.iter().map(block_tokens).sum();
+        let point = match fork_point {
+            Some(point) => point,
+            None => self.store.session_message_count(session.id).await?,
+        };
+        let compaction = self.compaction.compaction_before(session.id, point).await?;
+        let history = self
+            .window
+            .inherited_tokens(
+                session,
+                Some(point),
+                compaction.as_ref().map(|c| (c.to_seq, &c.summary)),
+            )
+            .await?;
+        Ok(SharedPrefix {
+            tokens: history + shared,
+            probe,
+            point,
+            compaction,
+        })
+    }
+
     /// Refuses a client's batch whose children would not fit their model's window, before any
     /// request is made. A child's first request is the parent's history up to the fork point
     /// (`None`: all of it), the boilerplate and its directive: the longest directive stands for
@@ -222,24 +327,14 @@ impl Batches {
         let Some(room) = self.window.room(&session.params) else {
             return Ok(());
         };
-        let probe =
-            ForkBatch::client(BatchId::new(), session.id, 0, 0).with_output_schema(schema.cloned());
-        let shared: u64 = probe.shared_user_blocks.iter().map(block_tokens).sum();
+        let SharedPrefix {
+            tokens,
+            probe,
+            point,
+            compaction,
+        } = self.shared_prefix(session, fork_point, schema).await?;
         let directive = ForkBatch::directive_block(longest);
-        let point = match fork_point {
-            Some(point) => point,
-            None => self.store.session_message_count(session.id).await?,
-        };
-        let compaction = self.compaction.compaction_before(session.id, point).await?;
-        let history = self
-            .window
-            .inherited_tokens(
-                session,
-                Some(point),
-                compaction.as_ref().map(|c| (c.to_seq, &c.summary)),
-            )
-            .await?;
-        let estimate = history + shared + block_tokens(&directive);
+        let estimate = tokens + block_tokens(&directive);
         if !room.near_edge(estimate) || !self.window.provider_counts() {
             return room.check_estimate(&session.params.model, estimate);
         }
@@ -328,113 +423,18 @@ impl Batches {
         directives: Vec<Directive>,
         options: BatchOptions,
     ) -> Result<SubmittedBatch> {
-        let cfg = &self.config;
+        let Checked {
+            batch_id,
+            forks,
+            fork_point,
+            gating,
+            start_here,
+        } = self.check_batch(&session, &directives, &options).await?;
         let session_id = session.id;
-        let batch_id = BatchId::new();
-        let forker = Forker {
-            coordinator: session.coordinator,
-            child: None,
-            limits: self.fork_limits(),
-        };
-        let forks =
-            plan::plan_client(batch_id, &directives, &forker).map_err(EngineError::ForkRefused)?;
-        let children: Vec<&Directive> = forks.iter().map(|(_, d)| d).collect();
-        let fork_point = match (options.at_turn, options.fork_point_of) {
-            (Some(_), Some(_)) => {
-                return Err(EngineError::InvalidRequest(
-                    "give at_turn or fork_point_of, not both".into(),
-                ));
-            }
-            (Some(k), None) => Some(self.point_after(&session, k).await?),
-            (None, Some(earlier)) => Some(self.point_of(&session, earlier).await?),
-            (None, None) => None,
-        };
-        self.check_children_fit(
-            &session,
-            (
-                fork_point.or_else(|| self.turn_starts.finished_turns_end(session.id)),
-                options.output_schema.as_ref(),
-            ),
-            &children,
-        )
-        .await?;
-        let gating = options.warmup_gating.unwrap_or(cfg.warmup_gating);
-        let start_here = crate::workspaces::here(&cfg.workspaces, &*self.store, &session).await?;
-        if options.isolation == Isolation::Copy {
-            if !start_here {
-                // The snapshot is taken now, of the files, which are not here.
-                return Err(crate::workspaces::elsewhere(&session, "an isolated batch"));
-            }
-            Copies::check(&session)?;
-        }
-        for (what, bad) in [
-            (
-                "budget_usd",
-                options
-                    .budget
-                    .usd
-                    .is_some_and(|u| !(u > 0.0 && u.is_finite())),
-            ),
-            ("budget_tokens", options.budget.tokens == Some(0)),
-        ] {
-            if bad {
-                return Err(EngineError::InvalidRequest(format!(
-                    "{what} must be positive when set"
-                )));
-            }
-        }
-        options
-            .limits
-            .check()
-            .map_err(|e| EngineError::InvalidRequest(format!("the batch's limits: {e}")))?;
-        for (i, own) in options.child_limits.iter().enumerate() {
-            own.check().map_err(|e| {
-                EngineError::InvalidRequest(format!("directive {}'s limits: {e}", i + 1))
-            })?;
-        }
         let key = options.idempotency_key.clone().filter(|k| !k.is_empty());
-        let digest = key.as_ref().map(|_| {
-            let mut canonical = serde_json::json!([
-                session_id.to_string(),
-                directives
-                    .iter()
-                    .map(|d| (&d.description, &d.prompt))
-                    .collect::<Vec<_>>(),
-                options.warmup_gating,
-                options.budget.usd,
-                options.budget.tokens,
-            ]);
-            // Only where set, so that keys stored before isolation existed keep their digest.
-            if options.isolation != Isolation::None
-                && let Some(parts) = canonical.as_array_mut()
-            {
-                parts.push(options.isolation.as_str().into());
-            }
-            if let Some(k) = options.at_turn
-                && let Some(parts) = canonical.as_array_mut()
-            {
-                parts.push(serde_json::json!({ "at_turn": k }));
-            }
-            if let Some(earlier) = options.fork_point_of
-                && let Some(parts) = canonical.as_array_mut()
-            {
-                parts.push(serde_json::json!({ "fork_point_of": earlier.to_string() }));
-            }
-            if let Some(schema) = &options.output_schema
-                && let Some(parts) = canonical.as_array_mut()
-            {
-                parts.push(serde_json::json!({ "output_schema": schema.as_str() }));
-            }
-            if (!options.limits.is_empty() || options.child_limits.iter().any(|l| !l.is_empty()))
-                && let Some(parts) = canonical.as_array_mut()
-            {
-                parts.push(serde_json::json!({
-                    "limits": options.limits,
-                    "child_limits": options.child_limits,
-                }));
-            }
-            forkd_core::request::fingerprint(canonical.to_string().as_bytes())
-        });
+        let digest = key
+            .as_ref()
+            .map(|_| digest(session_id, &directives, &options));
         let tenant = session.tenant;
         let n = forks.len();
         // Storing and starting happen in a task of their own: if the caller goes away (a client
@@ -494,6 +494,86 @@ impl Batches {
             )
             .await
             .map_err(|e| EngineError::Invariant(format!("fork batch task failed: {e}")))?
+    }
+
+    /// Everything a client's batch is checked for before it is stored (a dry run stops here):
+    /// its plan, its fork point, that its children fit their window, that its workspace can be
+    /// isolated, its budgets and its limits.
+    pub(crate) async fn check_batch(
+        self: &Arc<Self>,
+        session: &Session,
+        directives: &[Directive],
+        options: &BatchOptions,
+    ) -> Result<Checked> {
+        let cfg = &self.config;
+        let batch_id = BatchId::new();
+        let forker = Forker {
+            coordinator: session.coordinator,
+            child: None,
+            limits: self.fork_limits(),
+        };
+        let forks =
+            plan::plan_client(batch_id, directives, &forker).map_err(EngineError::ForkRefused)?;
+        let children: Vec<&Directive> = forks.iter().map(|(_, d)| d).collect();
+        let fork_point = match (options.at_turn, options.fork_point_of) {
+            (Some(_), Some(_)) => {
+                return Err(EngineError::InvalidRequest(
+                    "give at_turn or fork_point_of, not both".into(),
+                ));
+            }
+            (Some(k), None) => Some(self.point_after(session, k).await?),
+            (None, Some(earlier)) => Some(self.point_of(session, earlier).await?),
+            (None, None) => None,
+        };
+        self.check_children_fit(
+            session,
+            (
+                fork_point.or_else(|| self.turn_starts.finished_turns_end(session.id)),
+                options.output_schema.as_ref(),
+            ),
+            &children,
+        )
+        .await?;
+        let start_here = crate::workspaces::here(&cfg.workspaces, &*self.store, session).await?;
+        if options.isolation == Isolation::Copy {
+            if !start_here {
+                // The snapshot is taken now, of the files, which are not here.
+                return Err(crate::workspaces::elsewhere(session, "an isolated batch"));
+            }
+            Copies::check(session)?;
+        }
+        for (what, bad) in [
+            (
+                "budget_usd",
+                options
+                    .budget
+                    .usd
+                    .is_some_and(|u| !(u > 0.0 && u.is_finite())),
+            ),
+            ("budget_tokens", options.budget.tokens == Some(0)),
+        ] {
+            if bad {
+                return Err(EngineError::InvalidRequest(format!(
+                    "{what} must be positive when set"
+                )));
+            }
+        }
+        options
+            .limits
+            .check()
+            .map_err(|e| EngineError::InvalidRequest(format!("the batch's limits: {e}")))?;
+        for (i, own) in options.child_limits.iter().enumerate() {
+            own.check().map_err(|e| {
+                EngineError::InvalidRequest(format!("directive {}'s limits: {e}", i + 1))
+            })?;
+        }
+        Ok(Checked {
+            batch_id,
+            forks,
+            fork_point,
+            gating: options.warmup_gating.unwrap_or(cfg.warmup_gating),
+            start_here,
+        })
     }
 
     /// Where the session's earlier batch `earlier` forked: a point in the session's own

@@ -89,6 +89,16 @@ impl<T> FairQueue<T> {
         item
     }
 
+    /// How many of `tenant`'s items wait, in either class.
+    pub(crate) fn len_of(&self, tenant: &str) -> usize {
+        self.classes
+            .iter()
+            .flat_map(|r| r.tenants.iter())
+            .filter(|(t, _)| &**t == tenant)
+            .map(|(_, q)| q.len())
+            .sum()
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.classes
             .iter()

@@ -58,7 +58,7 @@ use tokio_util::sync::CancellationToken;
 pub use admission::{Class, KeyCapacity, LimitSource, PacedLimit};
 pub use agents::TranscriptEntry;
 pub use attach::{AgentEvent, AgentEventStream, auto_background};
-pub use batch::{BatchOptions, SubmittedBatch};
+pub use batch::{BatchOptions, DryRun, SubmittedBatch};
 pub use branch::NewBranch;
 pub use config::{
     AdmissionConfig, EngineConfig, IsolationConfig, McpConfig, MinFreeDisk, SandboxConfig,
@@ -75,9 +75,10 @@ pub use notify::NotificationStream;
 pub use parent::{Merged, ParentEvent, ParentEventStream};
 pub use permissions::{PermissionAnswer, PermissionPrompt, PromptStream};
 pub use run::typed::TypedOptions;
-pub use scoped::{SessionView, TenantEngine};
+pub use scoped::{RunCapacity, SessionView, TenantEngine};
 pub use session::{ContextFile, NewSession, context_block};
 pub use stats::{CacheStats, StatsScope};
+pub use supervisor::Slots;
 pub use uploads::{MAX_HASHES_PER_CALL, Received, Receiver};
 
 /// The running engine. Cheap to clone; all clones share one state.

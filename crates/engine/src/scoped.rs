@@ -22,6 +22,15 @@ pub struct TenantEngine<'e> {
     tenant: Tenant,
 }
 
+/// What a caller may ask of this daemon before it submits: its running slots and its budget.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RunCapacity {
+    /// The running slots: taken, the cap, the caller's own queue.
+    pub slots: crate::supervisor::Slots,
+    /// What the caller's tenant may still spend; `None` without a budget.
+    pub budget_left: Option<forkd_core::store::Budget>,
+}
+
 /// A session with the number of messages in its transcript.
 #[derive(Debug, Clone)]
 pub struct SessionView {
@@ -272,6 +281,22 @@ impl TenantEngine<'_> {
             .await
     }
 
+    /// Checks a batch as [`TenantEngine::fork_batch`] would, and says what it would cost and
+    /// wait for; nothing is stored or started.
+    pub async fn dry_run(
+        &self,
+        id: SessionId,
+        directives: Vec<Directive>,
+        options: BatchOptions,
+    ) -> Result<crate::DryRun> {
+        let session = self.own_session(id).await?;
+        self.engine
+            .inner
+            .batches
+            .dry_run(&session, &directives, &options)
+            .await
+    }
+
     pub async fn spawn_typed(
         &self,
         id: SessionId,
@@ -399,6 +424,16 @@ impl TenantEngine<'_> {
             .ok_or_else(unknown)?;
         self.own_session_id(session).await.map_err(|_| unknown())?;
         self.engine.inner.permissions.answer(id, answer).await
+    }
+
+    /// This daemon's running slots (totals: nothing of other tenants' own), the caller's runs
+    /// queued for one, and what its tenant's budget has left.
+    pub async fn run_capacity(&self) -> Result<RunCapacity> {
+        let inner = &self.engine.inner;
+        Ok(RunCapacity {
+            slots: inner.supervisor.slots(self.tenant.name()),
+            budget_left: inner.tenancy.budget_left(self.tenant.name()).await?,
+        })
     }
 
     /// The daemon's provider limiter ([`Engine::capacity`]); a token tenant is not told the

@@ -24,6 +24,17 @@ pub(crate) enum Raced<T> {
     Shutdown,
 }
 
+/// The running slots as a caller may see them: totals, and its own queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slots {
+    /// Slots taken by runs, whoever's.
+    pub used: usize,
+    /// `max_running_agents`; `None`: no cap.
+    pub cap: Option<usize>,
+    /// The caller's own runs waiting for a slot.
+    pub queued: usize,
+}
+
 /// The runs in progress, their kills, their tasks and their slots.
 pub(crate) struct Supervisor {
     /// The token of every run in progress, to kill one.
@@ -31,8 +42,9 @@ pub(crate) struct Supervisor {
     /// Runs cancelled by a kill rather than by shutdown.
     killed: Mutex<HashSet<AgentId>>,
     tasks: TaskTracker,
-    /// Slots for running agents when their number is capped, and the runs waiting for one.
-    slots: Option<Arc<RunSlots>>,
+    /// Slots for running agents when their number is capped (the cap, the slots), and the runs
+    /// waiting for one.
+    slots: Option<(usize, Arc<RunSlots>)>,
     /// Cancelled when shutdown begins: a run waiting for a slot stays pending.
     draining: CancellationToken,
     /// Cancelled when the drain is over: every run's token is a child of it.
@@ -49,7 +61,7 @@ impl Supervisor {
             runs: Mutex::default(),
             killed: Mutex::default(),
             tasks: TaskTracker::new(),
-            slots: max_running_agents.map(RunSlots::new),
+            slots: max_running_agents.map(|cap| (cap.max(1), RunSlots::new(cap))),
             draining,
             shutdown,
         }
@@ -118,6 +130,23 @@ impl Supervisor {
         self.runs().len()
     }
 
+    /// The slots under `max_running_agents`: how many are taken and the cap (`None`: no cap),
+    /// and how many of `tenant`'s runs wait for one.
+    pub(crate) fn slots(&self, tenant: &str) -> Slots {
+        match &self.slots {
+            Some((cap, slots)) => Slots {
+                used: slots.used(*cap),
+                cap: Some(*cap),
+                queued: slots.queued(tenant),
+            },
+            None => Slots {
+                used: self.running(),
+                cap: None,
+                queued: 0,
+            },
+        }
+    }
+
     /// Stops this daemon's run of `id` as killed; false when no run of it is here.
     pub(crate) fn kill_here(&self, id: AgentId) -> bool {
         let run = self.runs().get(&id).cloned();
@@ -139,7 +168,7 @@ impl Supervisor {
     pub(crate) fn queue(&self, tenant: &Arc<str>) -> Option<Turn> {
         self.slots
             .as_ref()
-            .map(|slots| slots.queue(tenant, &self.draining))
+            .map(|(_, slots)| slots.queue(tenant, &self.draining))
     }
 
     /// Runs a task on the tracker that shutdown waits for.

@@ -172,6 +172,19 @@ impl Tenancy {
         }
     }
 
+    /// What `tenant` may still spend under its budget (dollars, tokens; each `None` where the
+    /// budget sets none); `None` without a budget.
+    pub(crate) async fn budget_left(&self, tenant: &str) -> Result<Option<Budget>> {
+        let Some(budget) = self.budgets.get(tenant) else {
+            return Ok(None);
+        };
+        let spent = self.store.spend(SpendScope::Tenant(tenant)).await?;
+        Ok(Some(Budget {
+            usd: budget.usd.map(|usd| (usd - spent.usd).max(0.0)),
+            tokens: budget.tokens.map(|t| t.saturating_sub(spent.tokens)),
+        }))
+    }
+
     /// Fails when the agent's batch or its tenant has spent its budget.
     pub(crate) async fn check_budgets(
         &self,

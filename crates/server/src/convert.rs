@@ -85,6 +85,30 @@ fn agent_state(s: AgentState) -> pb::AgentState {
     }
 }
 
+/// Running slots as the wire carries them (0 free and 0 total: no cap).
+pub(crate) fn run_slots(s: &forkd_engine::Slots) -> pb::RunSlots {
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    pb::RunSlots {
+        used: count(s.used),
+        free: count(s.cap.map_or(0, |cap| cap.saturating_sub(s.used))),
+        total: count(s.cap.unwrap_or(0)),
+    }
+}
+
+/// A dry run's answer.
+pub(crate) fn dry_run(d: &forkd_engine::DryRun) -> pb::DryRun {
+    pb::DryRun {
+        children: u32::try_from(d.children).unwrap_or(u32::MAX),
+        prefix_tokens: d.prefix_tokens,
+        directive_tokens: d.directive_tokens,
+        fork_cost_usd: d.estimate.fork_cost_usd,
+        independent_cost_usd: d.estimate.independent_cost_usd,
+        saving: d.estimate.saving,
+        slots: Some(run_slots(&d.slots)),
+        queued: u32::try_from(d.slots.queued).unwrap_or(u32::MAX),
+    }
+}
+
 /// Limits as the wire carries them: 0 and unset for "none at this layer".
 pub(crate) fn limits(l: &forkd_core::Limits) -> pb::Limits {
     pb::Limits {

@@ -180,6 +180,7 @@ pub fn use_anthropic(config: &mut DaemonConfig, base_url: &str, api_key: &str) {
 
 /// A client of one tenant over the daemon's TCP listener: every request carries its bearer
 /// token.
+#[derive(Clone)]
 pub struct Caller {
     pub client: ForkdClient<Channel>,
     authorization: tonic::metadata::MetadataValue<tonic::metadata::Ascii>,

@@ -47,6 +47,17 @@ impl RunSlots {
         rx
     }
 
+    /// Slots taken and the cap.
+    pub(crate) fn used(&self, cap: usize) -> usize {
+        cap.saturating_sub(self.slots.available_permits())
+    }
+
+    /// How many of `tenant`'s runs wait for a slot (a run killed while it waits is counted
+    /// until its turn comes and it is skipped).
+    pub(crate) fn queued(&self, tenant: &str) -> usize {
+        self.waiting().len_of(tenant)
+    }
+
     fn waiting(
         &self,
     ) -> std::sync::MutexGuard<'_, FairQueue<oneshot::Sender<OwnedSemaphorePermit>>> {

@@ -1,9 +1,13 @@
-//! `forkctl capacity`: what the daemon's provider limiter believes now, per provider key and
-//! model — the limits it paces by and where each came from (the provider's headers or its
-//! refusals), requests in flight, waiting and throttled, and the last minute's refusals.
+//! `forkctl capacity`: what the daemon can take before a batch is submitted — its running slots
+//! (used and free, totals only), the caller's own children queued for one and its tenant's
+//! budget left — and what its provider limiter believes now, per provider key and model: the
+//! limits it paces by and where each came from (the provider's headers or its refusals),
+//! requests in flight, waiting and throttled, and the last minute's refusals.
 
 use clap::Args;
-use forkd_proto::v1::{GetCapacityRequest, GetCapacityResponse, ProviderCapacity};
+use forkd_proto::v1::{
+    BudgetLeft, GetCapacityRequest, GetCapacityResponse, ProviderCapacity, RunSlots,
+};
 use serde_json::{Value, json};
 
 use crate::client::Client;
@@ -21,12 +25,47 @@ pub async fn run(_: CapacityArgs, client: &mut Client, out: &Printer) -> anyhow:
     if out.is_json() {
         out.value(&to_json(&capacity))?;
     } else {
+        out.line(runs(&capacity))?;
         out.line(table(&capacity))?;
     }
     Ok(exit::OK)
 }
 
-/// `{"providers": [{"provider", "endpoint", "model", "limits": [{"name", "per_second",
+/// `slots: 3 of 256 used, 253 free · your queue: 0 · budget left: $1.2000, 50,000 tokens`.
+fn runs(capacity: &GetCapacityResponse) -> String {
+    let slots = slots_text(&capacity.slots.unwrap_or_default());
+    let budget = match &capacity.budget_left {
+        None => "no budget".to_owned(),
+        Some(left) => format!("budget left: {}", budget_left(left)),
+    };
+    format!("{slots} · your queue: {} · {budget}", capacity.queued)
+}
+
+/// `slots: 3 of 256 used, 253 free`, or `slots: 3 running, no cap`.
+pub(crate) fn slots_text(slots: &RunSlots) -> String {
+    if slots.total == 0 {
+        format!("slots: {} running, no cap", slots.used)
+    } else {
+        format!(
+            "slots: {} of {} used, {} free",
+            slots.used, slots.total, slots.free
+        )
+    }
+}
+
+fn budget_left(left: &BudgetLeft) -> String {
+    let mut parts = Vec::new();
+    if let Some(usd) = left.usd {
+        parts.push(human::usd(usd));
+    }
+    if let Some(tokens) = left.tokens {
+        parts.push(format!("{} tokens", human::tokens(tokens)));
+    }
+    parts.join(", ")
+}
+
+/// `{"slots": {"used", "free", "total"}, "queued", "budget_left": {"usd", "tokens"} | null,
+/// "providers": [{"provider", "endpoint", "model", "limits": [{"name", "per_second",
 /// "burst", "source"}], "concurrency", "in_flight", "waiting", "throttled",
 /// "refusals_last_minute", "paused_for_ms"}]}`.
 fn to_json(capacity: &GetCapacityResponse) -> Value {
@@ -53,7 +92,16 @@ fn to_json(capacity: &GetCapacityResponse) -> Value {
             })
         })
         .collect();
-    json!({ "providers": providers })
+    let slots = capacity.slots.unwrap_or_default();
+    json!({
+        "slots": { "used": slots.used, "free": slots.free, "total": slots.total },
+        "queued": capacity.queued,
+        "budget_left": capacity.budget_left.as_ref().map(|b| json!({
+            "usd": b.usd,
+            "tokens": b.tokens,
+        })),
+        "providers": providers,
+    })
 }
 
 /// One line per key: `PROVIDER MODEL PACED BY IN FLIGHT WAITING THROTTLED 429s/MIN PAUSED`.
@@ -169,6 +217,7 @@ mod tests {
     fn the_table_says_what_paces_each_key_and_whence() {
         let text = table(&GetCapacityResponse {
             providers: vec![key()],
+            ..Default::default()
         });
         assert!(
             text.contains(
@@ -189,6 +238,7 @@ mod tests {
     fn the_json_carries_every_field() {
         let value = to_json(&GetCapacityResponse {
             providers: vec![key()],
+            ..Default::default()
         });
         let p = &value["providers"][0];
         assert_eq!(p["limits"][1]["source"], "refusals");
@@ -196,5 +246,36 @@ mod tests {
         assert_eq!(p["throttled"], 2);
         assert_eq!(p["refusals_last_minute"], 4);
         assert_eq!(p["paused_for_ms"], 1500);
+    }
+
+    #[test]
+    fn the_runs_line_gives_slots_queue_and_budget() {
+        let capacity = GetCapacityResponse {
+            slots: Some(forkd_proto::v1::RunSlots {
+                used: 3,
+                free: 253,
+                total: 256,
+            }),
+            queued: 2,
+            budget_left: Some(BudgetLeft {
+                usd: Some(1.2),
+                tokens: None,
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            runs(&capacity),
+            "slots: 3 of 256 used, 253 free · your queue: 2 · budget left: $1.2000"
+        );
+        let json = to_json(&capacity);
+        assert_eq!(json["slots"]["free"], 253);
+        assert_eq!(json["budget_left"]["usd"], 1.2);
+        assert!(json["budget_left"]["tokens"].is_null());
+        let uncapped = GetCapacityResponse::default();
+        assert_eq!(
+            runs(&uncapped),
+            "slots: 0 running, no cap · your queue: 0 · no budget"
+        );
+        assert!(to_json(&uncapped)["budget_left"].is_null());
     }
 }

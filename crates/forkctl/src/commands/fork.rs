@@ -51,8 +51,14 @@ pub struct ForkArgs {
 
     /// Stream the children's notifications until all have ended; exit 1 if any did not
     /// complete (failed, killed or timed out).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "dry_run")]
     pub wait: bool,
+
+    /// Check the batch as the daemon would on submission, and print what its children's first
+    /// requests would cost and the running slots free now; nothing is forked, and no
+    /// idempotency key is recorded
+    #[arg(long)]
+    pub dry_run: bool,
 
     /// List every child, however many: its id when the batch is submitted and its notification
     /// when it ends. By default a batch of more than 20 children lists only those that did not
@@ -102,6 +108,8 @@ pub(crate) fn read_schema(path: &std::path::Path) -> Result<String, CliError> {
         .map_err(|e| CliError::InvalidInput(format!("{}: {e}", path.display())))
 }
 
+mod dry_run;
+
 pub async fn run(args: ForkArgs, client: &mut Client, out: &Printer) -> anyhow::Result<u8> {
     let output_schema = match &args.output_schema {
         Some(path) => read_schema(path)?,
@@ -116,9 +124,18 @@ pub async fn run(args: ForkArgs, client: &mut Client, out: &Printer) -> anyhow::
         at_turn: args.at_turn,
         output_schema,
         limits: args.limits.limits(),
+        dry_run: args.dry_run,
         ..Default::default()
     };
     let batch = client.fork_batch(request).await?.into_inner();
+    if let Some(dry) = &batch.dry_run {
+        if out.is_json() {
+            out.value(&dry_run::to_json(dry))?;
+        } else {
+            out.line(dry_run::text(dry))?;
+        }
+        return Ok(exit::OK);
+    }
     let every = lists_every_child(batch.agent_ids.len(), args.all);
     if out.is_json() {
         out.value(&fork_json(&batch))?;

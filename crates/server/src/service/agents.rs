@@ -60,17 +60,23 @@ impl ForkdService {
     ) -> Result<pb::ForkBatchResponse, ApiError> {
         let session_id = parse_session_id(&req.session_id)?;
         let options = convert::batch_options(&req).map_err(ApiError::BadRequest)?;
+        let dry_run = req.dry_run;
         let directives = req.directives.into_iter().map(convert::directive).collect();
-        let batch = self
-            .engine
-            .for_tenant(tenant)
-            .fork_batch(session_id, directives, options)
-            .await?;
+        let engine = self.engine.for_tenant(tenant);
+        if dry_run {
+            let run = engine.dry_run(session_id, directives, options).await?;
+            return Ok(pb::ForkBatchResponse {
+                dry_run: Some(convert::dry_run(&run)),
+                ..Default::default()
+            });
+        }
+        let batch = engine.fork_batch(session_id, directives, options).await?;
         Ok(pb::ForkBatchResponse {
             batch_id: batch.batch_id.to_string(),
             agent_ids: batch.agent_ids.iter().map(ToString::to_string).collect(),
             fork_point: batch.fork_point,
             existing: batch.existing,
+            dry_run: None,
         })
     }
 

@@ -33,10 +33,14 @@ impl ForkdService {
         Ok(convert::cache_stats(&stats))
     }
 
-    pub(super) fn capacity_rpc(&self, tenant: Tenant) -> pb::GetCapacityResponse {
-        let providers = self
-            .engine
-            .for_tenant(tenant)
+    pub(super) async fn capacity_rpc(
+        &self,
+        tenant: Tenant,
+    ) -> Result<pb::GetCapacityResponse, ApiError> {
+        let engine = self.engine.for_tenant(tenant);
+        let runs = engine.run_capacity().await?;
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let providers = engine
             .capacity()
             .into_iter()
             .map(|key| pb::ProviderCapacity {
@@ -61,7 +65,16 @@ impl ForkdService {
                 paused_for_ms: u64::try_from(key.paused_for.as_millis()).unwrap_or(u64::MAX),
             })
             .collect();
-        pb::GetCapacityResponse { providers }
+        let slots = runs.slots;
+        Ok(pb::GetCapacityResponse {
+            providers,
+            slots: Some(convert::run_slots(&slots)),
+            queued: count(slots.queued),
+            budget_left: runs.budget_left.map(|left| pb::BudgetLeft {
+                usd: left.usd,
+                tokens: left.tokens,
+            }),
+        })
     }
 
     pub(super) fn estimate_rpc(

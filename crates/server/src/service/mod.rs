@@ -265,7 +265,7 @@ impl Forkd for ForkdService {
         &self,
         req: Request<pb::GetCapacityRequest>,
     ) -> Reply<pb::GetCapacityResponse> {
-        Ok(Response::new(self.capacity_rpc(tenant(&req)?)))
+        reply(self.capacity_rpc(tenant(&req)?).await)
     }
 
     async fn estimate_fork_cost(

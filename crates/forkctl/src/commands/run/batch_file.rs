@@ -414,6 +414,7 @@ impl Spec {
             output_schema,
             fork_point_of: String::new(),
             limits,
+            dry_run: false,
         };
         Ok(BatchFile {
             key: self.key,

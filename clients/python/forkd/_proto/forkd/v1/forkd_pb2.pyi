@@ -948,6 +948,7 @@ class ForkBatchRequest(_message.Message):
     OUTPUT_SCHEMA_FIELD_NUMBER: _builtins.int
     FORK_POINT_OF_FIELD_NUMBER: _builtins.int
     LIMITS_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     warmup_gating: _builtins.bool
     """Send child 1 first and release its siblings when its response starts. Unset: the daemon's
@@ -985,6 +986,11 @@ class ForkBatchRequest(_message.Message):
     """Fork where this earlier batch of the session forked (its id): the same history, so the
     children read that batch's cached prefix — a rerun of its failed children. Not with at_turn.
     """
+    dry_run: _builtins.bool
+    """Check the batch as a submission would (INVALID_ARGUMENT and the rest as it would be
+    refused) and answer with ForkBatchResponse.dry_run: nothing is stored or started, and the
+    idempotency key is not recorded.
+    """
     @_builtins.property
     def directives(self) -> _containers.RepeatedCompositeFieldContainer[Global___Directive]: ...
     @_builtins.property
@@ -1005,10 +1011,11 @@ class ForkBatchRequest(_message.Message):
         output_schema: _builtins.str = ...,
         fork_point_of: _builtins.str = ...,
         limits: Global___Limits | None = ...,
+        dry_run: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_at_turn", b"_at_turn", "_warmup_gating", b"_warmup_gating", "at_turn", b"at_turn", "limits", b"limits", "warmup_gating", b"warmup_gating"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_at_turn", b"_at_turn", "_warmup_gating", b"_warmup_gating", "at_turn", b"at_turn", "budget_tokens", b"budget_tokens", "budget_usd", b"budget_usd", "directives", b"directives", "fork_point_of", b"fork_point_of", "idempotency_key", b"idempotency_key", "isolation", b"isolation", "limits", b"limits", "output_schema", b"output_schema", "session_id", b"session_id", "warmup_gating", b"warmup_gating"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_at_turn", b"_at_turn", "_warmup_gating", b"_warmup_gating", "at_turn", b"at_turn", "budget_tokens", b"budget_tokens", "budget_usd", b"budget_usd", "directives", b"directives", "dry_run", b"dry_run", "fork_point_of", b"fork_point_of", "idempotency_key", b"idempotency_key", "isolation", b"isolation", "limits", b"limits", "output_schema", b"output_schema", "session_id", b"session_id", "warmup_gating", b"warmup_gating"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__at_turn: _TypeAlias = _typing.Literal["at_turn"]  # noqa: Y015
     _WhichOneofArgType__at_turn: _TypeAlias = _typing.Literal["_at_turn", b"_at_turn"]  # noqa: Y015
@@ -1020,6 +1027,58 @@ class ForkBatchRequest(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__warmup_gating) -> _WhichOneofReturnType__warmup_gating | None: ...
 
 Global___ForkBatchRequest: _TypeAlias = ForkBatchRequest  # noqa: Y015
+
+@_typing.final
+class DryRun(_message.Message):
+    """What a batch would be, had it been submitted (ForkBatchRequest.dry_run)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHILDREN_FIELD_NUMBER: _builtins.int
+    PREFIX_TOKENS_FIELD_NUMBER: _builtins.int
+    DIRECTIVE_TOKENS_FIELD_NUMBER: _builtins.int
+    FORK_COST_USD_FIELD_NUMBER: _builtins.int
+    INDEPENDENT_COST_USD_FIELD_NUMBER: _builtins.int
+    SAVING_FIELD_NUMBER: _builtins.int
+    SLOTS_FIELD_NUMBER: _builtins.int
+    QUEUED_FIELD_NUMBER: _builtins.int
+    children: _builtins.int
+    prefix_tokens: _builtins.int
+    """The tokens every child's first request shares: the parent's history to the fork point and
+    the fork boilerplate, as the daemon's window counts them.
+    """
+    directive_tokens: _builtins.int
+    """The directives' blocks, on average."""
+    fork_cost_usd: _builtins.float
+    """The first requests' input cost, as EstimateForkCost computes it over that prefix (child 1
+    writes it, the others read it), and the same children as independent agents.
+    """
+    independent_cost_usd: _builtins.float
+    saving: _builtins.float
+    queued: _builtins.int
+    @_builtins.property
+    def slots(self) -> Global___RunSlots:
+        """This daemon's running slots now, and the caller's runs already waiting for one."""
+
+    def __init__(
+        self,
+        *,
+        children: _builtins.int = ...,
+        prefix_tokens: _builtins.int = ...,
+        directive_tokens: _builtins.int = ...,
+        fork_cost_usd: _builtins.float = ...,
+        independent_cost_usd: _builtins.float = ...,
+        saving: _builtins.float = ...,
+        slots: Global___RunSlots | None = ...,
+        queued: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["slots", b"slots"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "directive_tokens", b"directive_tokens", "fork_cost_usd", b"fork_cost_usd", "independent_cost_usd", b"independent_cost_usd", "prefix_tokens", b"prefix_tokens", "queued", b"queued", "saving", b"saving", "slots", b"slots"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DryRun: _TypeAlias = DryRun  # noqa: Y015
 
 @_typing.final
 class FileChange(_message.Message):
@@ -1338,6 +1397,7 @@ class ForkBatchResponse(_message.Message):
     AGENT_IDS_FIELD_NUMBER: _builtins.int
     FORK_POINT_FIELD_NUMBER: _builtins.int
     EXISTING_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.str
     fork_point: _builtins.int
     """How many of the session's messages the children inherit (where the batch forked)."""
@@ -1345,6 +1405,10 @@ class ForkBatchResponse(_message.Message):
     """True when the idempotency key returned an earlier call's batch: nothing was forked now."""
     @_builtins.property
     def agent_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def dry_run(self) -> Global___DryRun:
+        """Set for a dry run (batch_id and agent_ids are empty then)."""
+
     def __init__(
         self,
         *,
@@ -1352,10 +1416,11 @@ class ForkBatchResponse(_message.Message):
         agent_ids: _abc.Iterable[_builtins.str] | None = ...,
         fork_point: _builtins.int = ...,
         existing: _builtins.bool = ...,
+        dry_run: Global___DryRun | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_ids", b"agent_ids", "batch_id", b"batch_id", "existing", b"existing", "fork_point", b"fork_point"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_ids", b"agent_ids", "batch_id", b"batch_id", "dry_run", b"dry_run", "existing", b"existing", "fork_point", b"fork_point"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2225,22 +2290,98 @@ class GetCapacityResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PROVIDERS_FIELD_NUMBER: _builtins.int
+    SLOTS_FIELD_NUMBER: _builtins.int
+    QUEUED_FIELD_NUMBER: _builtins.int
+    BUDGET_LEFT_FIELD_NUMBER: _builtins.int
+    queued: _builtins.int
+    """The caller's own children and typed agents on this daemon waiting for a slot (never another
+    tenant's).
+    """
     @_builtins.property
     def providers(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProviderCapacity]:
         """One per provider key and model this daemon has sent requests for."""
+
+    @_builtins.property
+    def slots(self) -> Global___RunSlots:
+        """This daemon's running slots (max_running_agents): totals, whoever's runs take them."""
+
+    @_builtins.property
+    def budget_left(self) -> Global___BudgetLeft:
+        """What the caller's tenant may still spend under its budget; unset without one."""
 
     def __init__(
         self,
         *,
         providers: _abc.Iterable[Global___ProviderCapacity] | None = ...,
+        slots: Global___RunSlots | None = ...,
+        queued: _builtins.int = ...,
+        budget_left: Global___BudgetLeft | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["budget_left", b"budget_left", "slots", b"slots"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["providers", b"providers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_left", b"budget_left", "providers", b"providers", "queued", b"queued", "slots", b"slots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetCapacityResponse: _TypeAlias = GetCapacityResponse  # noqa: Y015
+
+@_typing.final
+class RunSlots(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USED_FIELD_NUMBER: _builtins.int
+    FREE_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    used: _builtins.int
+    """Slots taken by running agents."""
+    free: _builtins.int
+    """Slots free; with no cap, 0 and `total` 0."""
+    total: _builtins.int
+    """max_running_agents; 0: no cap."""
+    def __init__(
+        self,
+        *,
+        used: _builtins.int = ...,
+        free: _builtins.int = ...,
+        total: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["free", b"free", "total", b"total", "used", b"used"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunSlots: _TypeAlias = RunSlots  # noqa: Y015
+
+@_typing.final
+class BudgetLeft(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USD_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    usd: _builtins.float
+    """Unset where the budget sets no dollar (or token) limit."""
+    tokens: _builtins.int
+    def __init__(
+        self,
+        *,
+        usd: _builtins.float | None = ...,
+        tokens: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_tokens", b"_tokens", "_usd", b"_usd", "tokens", b"tokens", "usd", b"usd"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tokens", b"_tokens", "_usd", b"_usd", "tokens", b"tokens", "usd", b"usd"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__tokens: _TypeAlias = _typing.Literal["tokens"]  # noqa: Y015
+    _WhichOneofArgType__tokens: _TypeAlias = _typing.Literal["_tokens", b"_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__usd: _TypeAlias = _typing.Literal["usd"]  # noqa: Y015
+    _WhichOneofArgType__usd: _TypeAlias = _typing.Literal["_usd", b"_usd"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tokens) -> _WhichOneofReturnType__tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__usd) -> _WhichOneofReturnType__usd | None: ...
+
+Global___BudgetLeft: _TypeAlias = BudgetLeft  # noqa: Y015
 
 @_typing.final
 class ProviderCapacity(_message.Message):

@@ -563,7 +563,37 @@ export interface ForkBatchRequest {
    */
   forkPointOf: string;
   /** The children's limits (each directive's own override them). */
-  limits?: Limits | undefined;
+  limits?:
+    | Limits
+    | undefined;
+  /**
+   * Check the batch as a submission would (INVALID_ARGUMENT and the rest as it would be
+   * refused) and answer with ForkBatchResponse.dry_run: nothing is stored or started, and the
+   * idempotency key is not recorded.
+   */
+  dryRun: boolean;
+}
+
+/** What a batch would be, had it been submitted (ForkBatchRequest.dry_run). */
+export interface DryRun {
+  children: number;
+  /**
+   * The tokens every child's first request shares: the parent's history to the fork point and
+   * the fork boilerplate, as the daemon's window counts them.
+   */
+  prefixTokens: number;
+  /** The directives' blocks, on average. */
+  directiveTokens: number;
+  /**
+   * The first requests' input cost, as EstimateForkCost computes it over that prefix (child 1
+   * writes it, the others read it), and the same children as independent agents.
+   */
+  forkCostUsd: number;
+  independentCostUsd: number;
+  saving: number;
+  /** This daemon's running slots now, and the caller's runs already waiting for one. */
+  slots?: RunSlots | undefined;
+  queued: number;
 }
 
 /** One path an isolated child changed. */
@@ -661,6 +691,8 @@ export interface ForkBatchResponse {
   forkPoint: number;
   /** True when the idempotency key returned an earlier call's batch: nothing was forked now. */
   existing: boolean;
+  /** Set for a dry run (batch_id and agent_ids are empty then). */
+  dryRun?: DryRun | undefined;
 }
 
 export interface Usage {
@@ -929,6 +961,32 @@ export interface GetCapacityRequest {
 export interface GetCapacityResponse {
   /** One per provider key and model this daemon has sent requests for. */
   providers: ProviderCapacity[];
+  /** This daemon's running slots (max_running_agents): totals, whoever's runs take them. */
+  slots?:
+    | RunSlots
+    | undefined;
+  /**
+   * The caller's own children and typed agents on this daemon waiting for a slot (never another
+   * tenant's).
+   */
+  queued: number;
+  /** What the caller's tenant may still spend under its budget; unset without one. */
+  budgetLeft?: BudgetLeft | undefined;
+}
+
+export interface RunSlots {
+  /** Slots taken by running agents. */
+  used: number;
+  /** Slots free; with no cap, 0 and `total` 0. */
+  free: number;
+  /** max_running_agents; 0: no cap. */
+  total: number;
+}
+
+export interface BudgetLeft {
+  /** Unset where the budget sets no dollar (or token) limit. */
+  usd?: number | undefined;
+  tokens?: number | undefined;
 }
 
 export interface ProviderCapacity {
@@ -4408,6 +4466,7 @@ function createBaseForkBatchRequest(): ForkBatchRequest {
     outputSchema: "",
     forkPointOf: "",
     limits: undefined,
+    dryRun: false,
   };
 }
 
@@ -4445,6 +4504,9 @@ export const ForkBatchRequest: MessageFns<ForkBatchRequest> = {
     }
     if (message.limits !== undefined) {
       Limits.encode(message.limits, writer.uint32(90).fork()).join();
+    }
+    if (message.dryRun !== false) {
+      writer.uint32(96).bool(message.dryRun);
     }
     return writer;
   },
@@ -4550,6 +4612,14 @@ export const ForkBatchRequest: MessageFns<ForkBatchRequest> = {
             message.limits = Limits.decode(reader, reader.uint32());
             continue;
           }
+          case 12: {
+            if (tag !== 96) {
+              break;
+            }
+
+            message.dryRun = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4609,6 +4679,11 @@ export const ForkBatchRequest: MessageFns<ForkBatchRequest> = {
         ? globalThis.String(object.fork_point_of)
         : "",
       limits: isSet(object.limits) ? Limits.fromJSON(object.limits) : undefined,
+      dryRun: isSet(object.dryRun)
+        ? globalThis.Boolean(object.dryRun)
+        : isSet(object.dry_run)
+        ? globalThis.Boolean(object.dry_run)
+        : false,
     };
   },
 
@@ -4647,6 +4722,9 @@ export const ForkBatchRequest: MessageFns<ForkBatchRequest> = {
     if (message.limits !== undefined) {
       obj.limits = Limits.toJSON(message.limits);
     }
+    if (message.dryRun !== false) {
+      obj.dryRun = message.dryRun;
+    }
     return obj;
   },
 
@@ -4668,6 +4746,215 @@ export const ForkBatchRequest: MessageFns<ForkBatchRequest> = {
     message.limits = (object.limits !== undefined && object.limits !== null)
       ? Limits.fromPartial(object.limits)
       : undefined;
+    message.dryRun = object.dryRun ?? false;
+    return message;
+  },
+};
+
+function createBaseDryRun(): DryRun {
+  return {
+    children: 0,
+    prefixTokens: 0,
+    directiveTokens: 0,
+    forkCostUsd: 0,
+    independentCostUsd: 0,
+    saving: 0,
+    slots: undefined,
+    queued: 0,
+  };
+}
+
+export const DryRun: MessageFns<DryRun> = {
+  encode(message: DryRun, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.children !== 0) {
+      writer.uint32(8).uint32(message.children);
+    }
+    if (message.prefixTokens !== 0) {
+      writer.uint32(16).uint64(message.prefixTokens);
+    }
+    if (message.directiveTokens !== 0) {
+      writer.uint32(24).uint64(message.directiveTokens);
+    }
+    if (message.forkCostUsd !== 0) {
+      writer.uint32(33).double(message.forkCostUsd);
+    }
+    if (message.independentCostUsd !== 0) {
+      writer.uint32(41).double(message.independentCostUsd);
+    }
+    if (message.saving !== 0) {
+      writer.uint32(49).double(message.saving);
+    }
+    if (message.slots !== undefined) {
+      RunSlots.encode(message.slots, writer.uint32(58).fork()).join();
+    }
+    if (message.queued !== 0) {
+      writer.uint32(64).uint32(message.queued);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DryRun {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDryRun();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.children = reader.uint32();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.prefixTokens = longToNumber(reader.uint64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.directiveTokens = longToNumber(reader.uint64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 33) {
+              break;
+            }
+
+            message.forkCostUsd = reader.double();
+            continue;
+          }
+          case 5: {
+            if (tag !== 41) {
+              break;
+            }
+
+            message.independentCostUsd = reader.double();
+            continue;
+          }
+          case 6: {
+            if (tag !== 49) {
+              break;
+            }
+
+            message.saving = reader.double();
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.slots = RunSlots.decode(reader, reader.uint32());
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.queued = reader.uint32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DryRun {
+    return {
+      children: isSet(object.children) ? globalThis.Number(object.children) : 0,
+      prefixTokens: isSet(object.prefixTokens)
+        ? globalThis.Number(object.prefixTokens)
+        : isSet(object.prefix_tokens)
+        ? globalThis.Number(object.prefix_tokens)
+        : 0,
+      directiveTokens: isSet(object.directiveTokens)
+        ? globalThis.Number(object.directiveTokens)
+        : isSet(object.directive_tokens)
+        ? globalThis.Number(object.directive_tokens)
+        : 0,
+      forkCostUsd: isSet(object.forkCostUsd)
+        ? globalThis.Number(object.forkCostUsd)
+        : isSet(object.fork_cost_usd)
+        ? globalThis.Number(object.fork_cost_usd)
+        : 0,
+      independentCostUsd: isSet(object.independentCostUsd)
+        ? globalThis.Number(object.independentCostUsd)
+        : isSet(object.independent_cost_usd)
+        ? globalThis.Number(object.independent_cost_usd)
+        : 0,
+      saving: isSet(object.saving) ? globalThis.Number(object.saving) : 0,
+      slots: isSet(object.slots) ? RunSlots.fromJSON(object.slots) : undefined,
+      queued: isSet(object.queued) ? globalThis.Number(object.queued) : 0,
+    };
+  },
+
+  toJSON(message: DryRun): unknown {
+    const obj: any = {};
+    if (message.children !== 0) {
+      obj.children = Math.round(message.children);
+    }
+    if (message.prefixTokens !== 0) {
+      obj.prefixTokens = Math.round(message.prefixTokens);
+    }
+    if (message.directiveTokens !== 0) {
+      obj.directiveTokens = Math.round(message.directiveTokens);
+    }
+    if (message.forkCostUsd !== 0) {
+      obj.forkCostUsd = floatToJson(message.forkCostUsd);
+    }
+    if (message.independentCostUsd !== 0) {
+      obj.independentCostUsd = floatToJson(message.independentCostUsd);
+    }
+    if (message.saving !== 0) {
+      obj.saving = floatToJson(message.saving);
+    }
+    if (message.slots !== undefined) {
+      obj.slots = RunSlots.toJSON(message.slots);
+    }
+    if (message.queued !== 0) {
+      obj.queued = Math.round(message.queued);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DryRun>, I>>(base?: I): DryRun {
+    return DryRun.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DryRun>, I>>(object: I): DryRun {
+    const message = createBaseDryRun();
+    message.children = object.children ?? 0;
+    message.prefixTokens = object.prefixTokens ?? 0;
+    message.directiveTokens = object.directiveTokens ?? 0;
+    message.forkCostUsd = object.forkCostUsd ?? 0;
+    message.independentCostUsd = object.independentCostUsd ?? 0;
+    message.saving = object.saving ?? 0;
+    message.slots = (object.slots !== undefined && object.slots !== null)
+      ? RunSlots.fromPartial(object.slots)
+      : undefined;
+    message.queued = object.queued ?? 0;
     return message;
   },
 };
@@ -5864,7 +6151,7 @@ export const SpawnAgentResponse: MessageFns<SpawnAgentResponse> = {
 };
 
 function createBaseForkBatchResponse(): ForkBatchResponse {
-  return { batchId: "", agentIds: [], forkPoint: 0, existing: false };
+  return { batchId: "", agentIds: [], forkPoint: 0, existing: false, dryRun: undefined };
 }
 
 export const ForkBatchResponse: MessageFns<ForkBatchResponse> = {
@@ -5880,6 +6167,9 @@ export const ForkBatchResponse: MessageFns<ForkBatchResponse> = {
     }
     if (message.existing !== false) {
       writer.uint32(32).bool(message.existing);
+    }
+    if (message.dryRun !== undefined) {
+      DryRun.encode(message.dryRun, writer.uint32(42).fork()).join();
     }
     return writer;
   },
@@ -5929,6 +6219,14 @@ export const ForkBatchResponse: MessageFns<ForkBatchResponse> = {
             message.existing = reader.bool();
             continue;
           }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.dryRun = DryRun.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -5959,6 +6257,11 @@ export const ForkBatchResponse: MessageFns<ForkBatchResponse> = {
         ? globalThis.Number(object.fork_point)
         : 0,
       existing: isSet(object.existing) ? globalThis.Boolean(object.existing) : false,
+      dryRun: isSet(object.dryRun)
+        ? DryRun.fromJSON(object.dryRun)
+        : isSet(object.dry_run)
+        ? DryRun.fromJSON(object.dry_run)
+        : undefined,
     };
   },
 
@@ -5976,6 +6279,9 @@ export const ForkBatchResponse: MessageFns<ForkBatchResponse> = {
     if (message.existing !== false) {
       obj.existing = message.existing;
     }
+    if (message.dryRun !== undefined) {
+      obj.dryRun = DryRun.toJSON(message.dryRun);
+    }
     return obj;
   },
 
@@ -5988,6 +6294,9 @@ export const ForkBatchResponse: MessageFns<ForkBatchResponse> = {
     message.agentIds = object.agentIds?.map((e) => e) || [];
     message.forkPoint = object.forkPoint ?? 0;
     message.existing = object.existing ?? false;
+    message.dryRun = (object.dryRun !== undefined && object.dryRun !== null)
+      ? DryRun.fromPartial(object.dryRun)
+      : undefined;
     return message;
   },
 };
@@ -9498,13 +9807,22 @@ export const GetCapacityRequest: MessageFns<GetCapacityRequest> = {
 };
 
 function createBaseGetCapacityResponse(): GetCapacityResponse {
-  return { providers: [] };
+  return { providers: [], slots: undefined, queued: 0, budgetLeft: undefined };
 }
 
 export const GetCapacityResponse: MessageFns<GetCapacityResponse> = {
   encode(message: GetCapacityResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     for (const v of message.providers) {
       ProviderCapacity.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.slots !== undefined) {
+      RunSlots.encode(message.slots, writer.uint32(18).fork()).join();
+    }
+    if (message.queued !== 0) {
+      writer.uint32(24).uint32(message.queued);
+    }
+    if (message.budgetLeft !== undefined) {
+      BudgetLeft.encode(message.budgetLeft, writer.uint32(34).fork()).join();
     }
     return writer;
   },
@@ -9530,6 +9848,30 @@ export const GetCapacityResponse: MessageFns<GetCapacityResponse> = {
             message.providers.push(ProviderCapacity.decode(reader, reader.uint32()));
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.slots = RunSlots.decode(reader, reader.uint32());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.queued = reader.uint32();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.budgetLeft = BudgetLeft.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -9547,6 +9889,13 @@ export const GetCapacityResponse: MessageFns<GetCapacityResponse> = {
       providers: globalThis.Array.isArray(object?.providers)
         ? object.providers.map((e: any) => ProviderCapacity.fromJSON(e))
         : [],
+      slots: isSet(object.slots) ? RunSlots.fromJSON(object.slots) : undefined,
+      queued: isSet(object.queued) ? globalThis.Number(object.queued) : 0,
+      budgetLeft: isSet(object.budgetLeft)
+        ? BudgetLeft.fromJSON(object.budgetLeft)
+        : isSet(object.budget_left)
+        ? BudgetLeft.fromJSON(object.budget_left)
+        : undefined,
     };
   },
 
@@ -9554,6 +9903,15 @@ export const GetCapacityResponse: MessageFns<GetCapacityResponse> = {
     const obj: any = {};
     if (message.providers?.length) {
       obj.providers = message.providers.map((e) => ProviderCapacity.toJSON(e));
+    }
+    if (message.slots !== undefined) {
+      obj.slots = RunSlots.toJSON(message.slots);
+    }
+    if (message.queued !== 0) {
+      obj.queued = Math.round(message.queued);
+    }
+    if (message.budgetLeft !== undefined) {
+      obj.budgetLeft = BudgetLeft.toJSON(message.budgetLeft);
     }
     return obj;
   },
@@ -9564,6 +9922,199 @@ export const GetCapacityResponse: MessageFns<GetCapacityResponse> = {
   fromPartial<I extends Exact<DeepPartial<GetCapacityResponse>, I>>(object: I): GetCapacityResponse {
     const message = createBaseGetCapacityResponse();
     message.providers = object.providers?.map((e) => ProviderCapacity.fromPartial(e)) || [];
+    message.slots = (object.slots !== undefined && object.slots !== null)
+      ? RunSlots.fromPartial(object.slots)
+      : undefined;
+    message.queued = object.queued ?? 0;
+    message.budgetLeft = (object.budgetLeft !== undefined && object.budgetLeft !== null)
+      ? BudgetLeft.fromPartial(object.budgetLeft)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseRunSlots(): RunSlots {
+  return { used: 0, free: 0, total: 0 };
+}
+
+export const RunSlots: MessageFns<RunSlots> = {
+  encode(message: RunSlots, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.used !== 0) {
+      writer.uint32(8).uint32(message.used);
+    }
+    if (message.free !== 0) {
+      writer.uint32(16).uint32(message.free);
+    }
+    if (message.total !== 0) {
+      writer.uint32(24).uint32(message.total);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RunSlots {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRunSlots();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.used = reader.uint32();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.free = reader.uint32();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.total = reader.uint32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RunSlots {
+    return {
+      used: isSet(object.used) ? globalThis.Number(object.used) : 0,
+      free: isSet(object.free) ? globalThis.Number(object.free) : 0,
+      total: isSet(object.total) ? globalThis.Number(object.total) : 0,
+    };
+  },
+
+  toJSON(message: RunSlots): unknown {
+    const obj: any = {};
+    if (message.used !== 0) {
+      obj.used = Math.round(message.used);
+    }
+    if (message.free !== 0) {
+      obj.free = Math.round(message.free);
+    }
+    if (message.total !== 0) {
+      obj.total = Math.round(message.total);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RunSlots>, I>>(base?: I): RunSlots {
+    return RunSlots.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RunSlots>, I>>(object: I): RunSlots {
+    const message = createBaseRunSlots();
+    message.used = object.used ?? 0;
+    message.free = object.free ?? 0;
+    message.total = object.total ?? 0;
+    return message;
+  },
+};
+
+function createBaseBudgetLeft(): BudgetLeft {
+  return { usd: undefined, tokens: undefined };
+}
+
+export const BudgetLeft: MessageFns<BudgetLeft> = {
+  encode(message: BudgetLeft, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.usd !== undefined) {
+      writer.uint32(9).double(message.usd);
+    }
+    if (message.tokens !== undefined) {
+      writer.uint32(16).uint64(message.tokens);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): BudgetLeft {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseBudgetLeft();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 9) {
+              break;
+            }
+
+            message.usd = reader.double();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.tokens = longToNumber(reader.uint64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): BudgetLeft {
+    return {
+      usd: isSet(object.usd) ? globalThis.Number(object.usd) : undefined,
+      tokens: isSet(object.tokens) ? globalThis.Number(object.tokens) : undefined,
+    };
+  },
+
+  toJSON(message: BudgetLeft): unknown {
+    const obj: any = {};
+    if (message.usd !== undefined) {
+      obj.usd = floatToJson(message.usd);
+    }
+    if (message.tokens !== undefined) {
+      obj.tokens = Math.round(message.tokens);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<BudgetLeft>, I>>(base?: I): BudgetLeft {
+    return BudgetLeft.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<BudgetLeft>, I>>(object: I): BudgetLeft {
+    const message = createBaseBudgetLeft();
+    message.usd = object.usd ?? undefined;
+    message.tokens = object.tokens ?? undefined;
     return message;
   },
 };

@@ -1,0 +1,193 @@
+//! Asking before submitting (docs/contracts.md, "Limits"): `GetCapacity` tells a caller this
+//! daemon's running slots (totals), its own children queued for one and its tenant's budget
+//! left — consistent with what `ps` lists, and nothing of another tenant's queue.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use forkd_proto::v1 as pb;
+use forkd_server::TokenStore;
+use forkd_store::Budget;
+use forkd_test_support::{Caller, directives, eventually, session_request, spawn_daemon_with};
+
+const LOOPBACK: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+
+async fn capacity(c: &mut Caller) -> pb::GetCapacityResponse {
+    let request = c.req(pb::GetCapacityRequest {});
+    c.client.get_capacity(request).await.unwrap().into_inner()
+}
+
+/// How many of the batch's agents `ps` lists in each state: (running, pending).
+async fn listed(c: &mut Caller, batch_id: &str) -> (usize, usize) {
+    let request = c.req(pb::ListAgentsRequest {
+        batch_id: batch_id.to_owned(),
+        ..Default::default()
+    });
+    let agents = c
+        .client
+        .list_agents(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .agents;
+    let count = |state: pb::AgentState| agents.iter().filter(|a| a.state == state as i32).count();
+    (
+        count(pb::AgentState::Running),
+        count(pb::AgentState::Pending),
+    )
+}
+
+#[tokio::test]
+async fn capacity_shows_the_slots_the_caller_s_queue_and_its_budget() {
+    let mut secrets = Vec::new();
+    let daemon = spawn_daemon_with(|c| {
+        c.listen = Some(LOOPBACK);
+        c.engine.max_running_agents = Some(2);
+        c.engine.tenant_budgets.insert(
+            "alpha".into(),
+            Budget {
+                usd: Some(5.0),
+                tokens: None,
+            },
+        );
+        let tokens = TokenStore::in_home(&c.home);
+        secrets.push(tokens.create("alpha").unwrap());
+        secrets.push(tokens.create("beta").unwrap());
+    })
+    .await
+    .unwrap();
+    let mut alpha = Caller::new(&daemon, secrets[0].expose()).await.unwrap();
+    let mut beta = Caller::new(&daemon, secrets[1].expose()).await.unwrap();
+
+    // Nothing runs yet: every slot is free.
+    let idle = capacity(&mut alpha).await;
+    assert_eq!(
+        idle.slots,
+        Some(pb::RunSlots {
+            used: 0,
+            free: 2,
+            total: 2
+        })
+    );
+    assert_eq!(idle.queued, 0);
+    assert_eq!(idle.budget_left.unwrap().usd, Some(5.0));
+
+    // Five children that never end: two take the slots, three wait.
+    let session = alpha
+        .create_session(session_request(&daemon.tenant_workspace("alpha")))
+        .await
+        .unwrap();
+    let stalls = ["Talk.\n@sim stall"; 5];
+    let request = alpha.req(pb::ForkBatchRequest {
+        session_id: session.session_id,
+        directives: directives(&stalls),
+        warmup_gating: Some(false),
+        ..Default::default()
+    });
+    let batch = alpha.client.fork_batch(request).await.unwrap().into_inner();
+    let (running, pending) = eventually(Duration::from_secs(20), "two children to run", || {
+        let mut alpha = alpha.clone();
+        let batch_id = batch.batch_id.clone();
+        async move {
+            let listed = listed(&mut alpha, &batch_id).await;
+            (listed.0 == 2).then_some(listed)
+        }
+    })
+    .await;
+    let busy = capacity(&mut alpha).await;
+    let slots = busy.slots.unwrap();
+    assert_eq!((slots.used, slots.free, slots.total), (2, 0, 2));
+    // What `ps` lists: the running children hold the slots, the pending ones are the queue.
+    assert_eq!(slots.used as usize, running);
+    assert_eq!(busy.queued as usize, pending);
+    assert_eq!(busy.queued, 3);
+
+    // Another tenant sees the totals, never alpha's queue or budget.
+    let other = capacity(&mut beta).await;
+    assert_eq!(other.slots, busy.slots);
+    assert_eq!(other.queued, 0);
+    assert_eq!(other.budget_left, None);
+}
+
+#[tokio::test]
+async fn a_dry_run_forks_nothing_and_prices_the_first_requests() {
+    let daemon = forkd_test_support::spawn_daemon().await.unwrap();
+    let mut c = daemon.client().await.unwrap();
+    let session =
+        forkd_test_support::create_session(&mut c, session_request(&daemon.workspace_path()))
+            .await
+            .unwrap();
+    let prompts: Vec<String> = (0..6)
+        .map(|i| format!("Review part {i} of the design.\n@sim say part {i} reviewed"))
+        .collect();
+    let prompts: Vec<&str> = prompts.iter().map(String::as_str).collect();
+    let request = |dry_run: bool| pb::ForkBatchRequest {
+        session_id: session.session_id.clone(),
+        directives: directives(&prompts),
+        idempotency_key: "review-1".into(),
+        dry_run,
+        ..Default::default()
+    };
+    let dry = c.fork_batch(request(true)).await.unwrap().into_inner();
+    assert!(
+        dry.batch_id.is_empty() && dry.agent_ids.is_empty(),
+        "{dry:?}"
+    );
+    let run = dry.dry_run.unwrap();
+    assert_eq!(run.children, 6);
+    assert!(run.prefix_tokens > 1_000, "{run:?}");
+    assert_eq!(run.slots.unwrap().total, 256);
+
+    // Nothing was forked, and the key was not recorded: the same call for real forks now.
+    let agents = c
+        .list_agents(pb::ListAgentsRequest {
+            session_id: session.session_id.clone(),
+            include_ended: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .agents;
+    assert!(agents.iter().all(|a| a.kind == "parent"), "{agents:?}");
+    let real = c.fork_batch(request(false)).await.unwrap().into_inner();
+    assert!(!real.existing);
+    forkd_test_support::wait_for_batch(&mut c, &real.batch_id, 6, Duration::from_secs(60))
+        .await
+        .unwrap();
+    // Its price is what the sim charged the same batch's first (and only) requests.
+    let stats = c
+        .get_cache_stats(pb::GetCacheStatsRequest {
+            scope: Some(pb::get_cache_stats_request::Scope::BatchId(real.batch_id)),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let off = (run.fork_cost_usd - stats.input_cost_usd).abs() / stats.input_cost_usd;
+    eprintln!(
+        "dry run ${:.6}, measured ${:.6}; prefix {} tokens, measured {}",
+        run.fork_cost_usd, stats.input_cost_usd, run.prefix_tokens, stats.shared_prefix_tokens
+    );
+    assert!(
+        off < 1e-9,
+        "dry run ${:.6} against ${:.6} measured ({:.2}% off); prefix {} against {}",
+        run.fork_cost_usd,
+        stats.input_cost_usd,
+        off * 100.0,
+        run.prefix_tokens,
+        stats.shared_prefix_tokens
+    );
+
+    // Refused as the submission would be, with nothing stored either.
+    let bad = c
+        .fork_batch(pb::ForkBatchRequest {
+            at_turn: Some(99),
+            ..request(true)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
+}
