@@ -31,6 +31,7 @@ impl AgentCall {
         let directive = Directive::from_agent_input(input);
         // Checked for every call, fork or typed: each says for its own agent.
         isolation_of(input)?;
+        timeout_of(input)?;
         let schema = output_schema_of(input)?;
         match input.get("subagent_type") {
             // Each fork call would carry its own schema, and the schema block is part of what
@@ -66,6 +67,31 @@ pub fn output_schema_of(input: &Value) -> Result<Option<OutputSchema>, Refusal> 
         Some(schema) => OutputSchema::from_value(schema)
             .map(Some)
             .map_err(|e| Refusal::BadOutputSchema(e.to_string())),
+    }
+}
+
+/// The most seconds an `Agent` call's `timeout` may give: a week.
+pub const MAX_AGENT_TIMEOUT_SECS: u64 = 7 * 24 * 3600;
+
+/// An `Agent` call's `timeout` input, in seconds: absent or null is none (the daemon's); a whole
+/// number from 1 to a week is the agent's limits' `timeout`; anything else is refused.
+pub fn timeout_of(input: &Value) -> Result<crate::Limits, Refusal> {
+    let secs = match input.get("timeout") {
+        None | Some(Value::Null) => return Ok(crate::Limits::default()),
+        Some(Value::Number(n)) => n.as_u64(),
+        Some(_) => None,
+    };
+    match secs {
+        Some(secs @ 1..=MAX_AGENT_TIMEOUT_SECS) => Ok(crate::Limits {
+            timeout_ms: Some(secs * 1000),
+            ..crate::Limits::default()
+        }),
+        _ => Err(Refusal::BadTimeout(
+            input
+                .get("timeout")
+                .map(Value::to_string)
+                .unwrap_or_default(),
+        )),
     }
 }
 
@@ -106,6 +132,10 @@ pub enum Refusal {
     SubagentTypeNotText,
     #[error("isolation must be \"copy\" or \"none\", not {0}")]
     BadIsolation(String),
+    #[error(
+        "timeout must be a whole number of seconds from 1 to {MAX_AGENT_TIMEOUT_SECS}, not {0}"
+    )]
+    BadTimeout(String),
     #[error("output_schema is for typed agents: a fork's children share one schema block")]
     SchemaOnFork,
     #[error("{0}")]
@@ -143,6 +173,10 @@ impl Refusal {
                     .to_owned()
             }
             Refusal::BadOutputSchema(e) => format!("This Agent call was refused: {e}."),
+            Refusal::BadTimeout(value) => format!(
+                "This Agent call was refused: timeout must be a whole number of seconds from 1 \
+                 to {MAX_AGENT_TIMEOUT_SECS}, not {value}; leave it out for the daemon's."
+            ),
             Refusal::BadIsolation(value) => format!(
                 "This Agent call was refused: isolation must be \"copy\" (the agent works in \
                  its own copy of the workspace) or \"none\", not {value}."
@@ -296,6 +330,28 @@ mod tests {
     }
 
     /// Data-driven: each reply, and which of its calls fork, start typed agents, or are refused.
+    #[test]
+    fn an_agent_call_s_timeout_is_whole_seconds_up_to_a_week() {
+        assert_eq!(timeout_of(&json!({})).unwrap(), crate::Limits::default());
+        assert_eq!(
+            timeout_of(&json!({"timeout": 90})).unwrap().timeout_ms,
+            Some(90_000)
+        );
+        for bad in [
+            json!(0),
+            json!(-5),
+            json!(1.5),
+            json!("10m"),
+            json!(700_000),
+        ] {
+            let refused = timeout_of(&json!({ "timeout": bad })).unwrap_err();
+            assert!(matches!(refused, Refusal::BadTimeout(_)), "{bad}");
+            assert!(refused.to_model().contains("whole number of seconds"));
+        }
+        // Checked on every call, fork or typed.
+        assert!(AgentCall::read(&json!({"prompt": "p", "timeout": "soon"})).is_err());
+    }
+
     #[test]
     fn each_call_is_forked_typed_or_refused_once() {
         let fork = |p: &str| json!({"description": "d", "prompt": p});

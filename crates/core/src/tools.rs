@@ -181,7 +181,8 @@ pub fn builtin_definitions_with_types(types: &[AgentTypeListing<'_>]) -> Vec<Too
                     "prompt": {"type": "string", "description": "The task for the agent."},
                     "subagent_type": {"type": "string"},
                     "isolation": {"type": "string", "enum": ["copy", "none"], "description": "copy: the agent works in its own copy of the workspace, at the same path; its edits are kept apart until applied. Default none."},
-                    "output_schema": {"type": "object", "description": "With subagent_type only: a JSON Schema (draft 2020-12) the agent's final reply must be an object valid against; its report then carries that object."}
+                    "output_schema": {"type": "object", "description": "With subagent_type only: a JSON Schema (draft 2020-12) the agent's final reply must be an object valid against; its report then carries that object."},
+                    "timeout": {"type": "integer", "description": "Seconds the agent may run; past them it ends timed_out with what it has so far. Default: the daemon's."}
                 }),
                 &["description", "prompt"],
             ),

@@ -63,6 +63,10 @@ pub enum EngineError {
     /// [`ProviderError::kind`].
     #[error("model request failed: {0}")]
     Provider(#[source] ProviderError),
+    /// A parent turn ran past its limit (`[agent_limits] timeout`, its tenant's or the
+    /// daemon's): it was stopped where it stood.
+    #[error("the turn {0}")]
+    TurnOverLimit(forkd_core::Limit),
     /// A wait the engine bounds ran out (a parent waiting on a synchronous typed agent).
     #[error("{what} did not end within {} s; it goes on in the background", .after.as_secs())]
     TimedOut { what: String, after: Duration },

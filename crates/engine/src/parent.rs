@@ -455,14 +455,21 @@ impl Turns {
         self.supervisor.spawn(tracing::Instrument::instrument(
             async move {
                 let parent = turn.parent.id;
-                let raced = turns
-                    .supervisor
-                    .race(
-                        parent,
-                        &cancel,
-                        turns.parent_turn(&turn, &tx, &cancel, pending),
-                    )
-                    .await;
+                // A turn's wall time is bounded by its tenant's or the daemon's `timeout`.
+                let limit = turns
+                    .config
+                    .limits_for(turn.session.tenant.as_str(), forkd_core::Limits::default())
+                    .timeout();
+                let work = turns.parent_turn(&turn, &tx, &cancel, pending);
+                let limited = async {
+                    match limit {
+                        None => work.await,
+                        Some(after) => tokio::time::timeout(after, work).await.unwrap_or(Err(
+                            EngineError::TurnOverLimit(forkd_core::Limit::Timeout(after)),
+                        )),
+                    }
+                };
+                let raced = turns.supervisor.race(parent, &cancel, limited).await;
                 turns.supervisor.unregister(parent);
                 turns.turn_starts.end(turn.session.id);
                 turns.hand_back_reports(&turn).await;

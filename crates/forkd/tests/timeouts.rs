@@ -353,3 +353,104 @@ async fn the_timeout_counts_from_the_stored_start_across_a_restart() {
     assert!(issues(&done[0]).contains("its timeout of 3s"), "{done:#?}");
     daemon.kill9();
 }
+
+/// The parent model's `Agent` tool takes `timeout` (seconds): a fork child that stalls ends at
+/// it, a sibling without one completes, and a bad value is refused as the call's result.
+#[tokio::test]
+async fn the_agent_tool_s_timeout_limits_the_child_it_forks() {
+    let daemon = spawn_daemon().await.unwrap();
+    let mut c = daemon.client().await.unwrap();
+    let session = create_session(&mut c, trusted_session_request(&daemon.workspace_path()))
+        .await
+        .unwrap();
+    let call = |prompt: &str, timeout: serde_json::Value| {
+        let mut input = serde_json::json!({ "description": "part", "prompt": prompt });
+        if !timeout.is_null() {
+            input["timeout"] = timeout;
+        }
+        format!("@sim agent {input}")
+    };
+    let text = [
+        "Split it.".to_owned(),
+        call("Talk.\n@sim stall", serde_json::json!(1)),
+        call("Quick.\n@sim say ok", serde_json::Value::Null),
+        call("Never.", serde_json::json!("soon")),
+        "@sim say forked".to_owned(),
+    ]
+    .join("\n");
+    let events = forkd_test_support::run_turn(
+        &mut c,
+        pb::SendMessageRequest {
+            session_id: session.session_id.clone(),
+            text,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let launched = events
+        .iter()
+        .find_map(|e| match e {
+            pb::session_event::Event::ForkLaunched(f) => Some(f.clone()),
+            _ => None,
+        })
+        .expect("the turn forked");
+    assert_eq!(
+        launched.agent_ids.len(),
+        2,
+        "the bad timeout's call was refused"
+    );
+    let done = wait_for_batch(&mut c, &launched.batch_id, 2, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let of = |i: usize| {
+        done.iter()
+            .find(|n| n.agent_id == launched.agent_ids[i])
+            .unwrap()
+            .clone()
+    };
+    assert!(timed_out(&of(0)), "{:#?}", of(0));
+    assert!(issues(&of(0)).contains("its timeout of 1s"), "{:#?}", of(0));
+    assert_eq!(of(1).status, pb::NotificationStatus::Completed as i32);
+    let transcript: String = forkd_test_support::session_transcript(&mut c, &session.session_id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.content_json)
+        .collect();
+    assert!(
+        transcript.contains("timeout must be a whole number of seconds"),
+        "{transcript}"
+    );
+}
+
+/// A parent turn is bounded by its tenant's or the daemon's `timeout`: past it the turn stops,
+/// the caller hears `DEADLINE_EXCEEDED` naming the limit, and the session takes its next message.
+#[tokio::test]
+async fn a_parent_turn_ends_at_the_daemon_s_timeout() {
+    let daemon = spawn_daemon_with(|c| c.engine.agent_limits.timeout_ms = Some(1_000))
+        .await
+        .unwrap();
+    let mut c = daemon.client().await.unwrap();
+    let session = create_session(&mut c, trusted_session_request(&daemon.workspace_path()))
+        .await
+        .unwrap();
+    let send = |text: &str| pb::SendMessageRequest {
+        session_id: session.session_id.clone(),
+        text: text.into(),
+        ..Default::default()
+    };
+    let slow = forkd_test_support::run_turn(&mut c, send("Think long.\n@sim stall"))
+        .await
+        .unwrap_err();
+    assert_eq!(slow.code(), tonic::Code::DeadlineExceeded, "{slow:?}");
+    assert!(
+        slow.message()
+            .contains("the turn timed out: its timeout of 1s"),
+        "{slow:?}"
+    );
+    let next = forkd_test_support::run_turn(&mut c, send("Quick.\n@sim say done"))
+        .await
+        .unwrap();
+    assert!(forkd_test_support::turn_text(&next).is_some_and(|t| t.contains("done")));
+}

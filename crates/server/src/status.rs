@@ -139,7 +139,7 @@ impl Meaning {
                 FailureKind::Unauthorized => Meaning::ProviderCredentials,
                 FailureKind::Rejected => Meaning::Internal,
             },
-            E::TimedOut { .. } => Meaning::TimedOut,
+            E::TimedOut { .. } | E::TurnOverLimit(_) => Meaning::TimedOut,
             E::Cancelled(_) => Meaning::Cancelled,
             E::Draining => Meaning::Unavailable,
             E::LowDisk { .. } | E::Store(StoreError::DiskFull { .. }) => Meaning::DiskFull,

@@ -26,6 +26,9 @@ struct ForkPlan {
     forks: Vec<(String, Directive)>,
     /// Whether each fork's call asked for a copy of the workspace (`isolation: copy`).
     isolated: Vec<bool>,
+    /// The limits each fork's call asked for (its `timeout`), over its tenant's and the
+    /// daemon's.
+    limits: Vec<forkd_core::Limits>,
     /// Typed agent calls: tool_use id, type, directive. Run before the reply's other tools.
     typed: Vec<(String, String, Directive)>,
     /// Calls answered without running a tool: typed agents' reports and refusals.
@@ -166,7 +169,7 @@ impl Turns {
                 idempotency: None,
                 budget: forkd_core::store::Budget::default(),
                 turn: Some((turn.lease, delivered)),
-                limits: vec![forkd_core::Limits::default(); isolated.len()],
+                limits: std::mem::take(&mut plan.limits),
                 isolated,
                 fork_point: None,
                 output_schema: None,
@@ -275,9 +278,10 @@ impl Turns {
         // Each fork call says whether its child works in a copy (the plan refused bad values);
         // a session whose commands run unconfined has no copy to give.
 
-        let (mut forks, mut isolated) = (Vec::new(), Vec::new());
+        let (mut forks, mut isolated, mut limits) = (Vec::new(), Vec::new(), Vec::new());
         for (id, directive) in plan.forks {
-            let copy = asks(reply, &id).isolation == forkd_core::isolation::Isolation::Copy;
+            let asked = asks(reply, &id);
+            let copy = asked.isolation == forkd_core::isolation::Isolation::Copy;
             if copy && let Err(refused) = crate::copies::Copies::check(session) {
                 let text =
                     format!("This fork call was refused: {refused}. Fork it without isolation.");
@@ -286,10 +290,12 @@ impl Turns {
             }
             forks.push((id, directive));
             isolated.push(copy);
+            limits.push(asked.limits);
         }
         ForkPlan {
             forks,
             isolated,
+            limits,
             typed: plan.typed,
             answered,
         }
@@ -306,6 +312,6 @@ fn asks(reply: &Message, id: &str) -> TypedOptions {
     input.map_or_else(TypedOptions::default, |input| TypedOptions {
         isolation: plan::isolation_of(&input).unwrap_or_default(),
         output_schema: plan::output_schema_of(&input).unwrap_or_default(),
-        limits: forkd_core::Limits::default(),
+        limits: plan::timeout_of(&input).unwrap_or_default(),
     })
 }

@@ -604,7 +604,7 @@ impl Runs {
             options: TypedOptions {
                 isolation: forkd_core::plan::isolation_of(input).unwrap_or_default(),
                 output_schema: forkd_core::plan::output_schema_of(input).unwrap_or_default(),
-                limits: forkd_core::Limits::default(),
+                limits: forkd_core::plan::timeout_of(input).unwrap_or_default(),
             },
         };
         let (block, outcome) = self.typed_call(call, directive).await;
