@@ -11,6 +11,10 @@ context, and their task notifications, over gRPC.
 A child ends `completed`, or `failed`, `killed` or `timed_out` (past one of its limits:
 `session.fork(..., timeout=600, max_turns=40)`, or a directive's own `forkd.Limits`).
 
+Before submitting, `client.capacity()` tells the daemon's free slots, the caller's queued runs
+and its budget left; `session.dry_run([...])` what a batch would cost, checked as `fork` would
+check it, with nothing stored or started.
+
 `forkd.AsyncClient` is the same with `await` and `async for`.
 """
 
@@ -24,7 +28,21 @@ from forkd._aio import (
 )
 from forkd._apply import Applied
 from forkd._client import Agent, Agents, Batch, Client, Session, Sessions
-from forkd._types import AgentInfo, Event, Limits, Message, Notification, Report, Usage
+from forkd._types import (
+    AgentInfo,
+    BudgetLeft,
+    Capacity,
+    DryRun,
+    Event,
+    Limits,
+    Message,
+    Notification,
+    PacedLimit,
+    ProviderCapacity,
+    Report,
+    RunSlots,
+    Usage,
+)
 from forkd._upload import Upload
 from forkd.errors import (
     FailedPrecondition,
@@ -49,7 +67,10 @@ __all__ = [
     "AsyncSession",
     "AsyncSessions",
     "Batch",
+    "BudgetLeft",
+    "Capacity",
     "Client",
+    "DryRun",
     "Event",
     "FailedPrecondition",
     "ForkdError",
@@ -58,9 +79,12 @@ __all__ = [
     "Message",
     "NotFound",
     "Notification",
+    "PacedLimit",
     "PermissionDenied",
+    "ProviderCapacity",
     "Report",
     "ResourceExhausted",
+    "RunSlots",
     "Session",
     "Sessions",
     "Unauthenticated",

@@ -19,7 +19,7 @@ from forkd._proto.forkd.v1 import forkd_pb2 as pb
 from forkd._proto.forkd.v1 import forkd_pb2_grpc as pb_grpc
 from forkd._requests import ContextItem, Directive
 from forkd._streams import DEFAULT_RECONNECT_FOR, Backoff, afollow, aretried, is_lost, remaining
-from forkd._types import AgentInfo, Event, Limits, Message, Notification
+from forkd._types import AgentInfo, Capacity, DryRun, Event, Limits, Message, Notification
 from forkd._upload import Upload
 from forkd.errors import details_of, from_rpc_error
 
@@ -84,6 +84,10 @@ class AsyncClient:
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
         return Upload.of(reply)
+
+    async def capacity(self) -> Capacity:
+        """[`forkd.Client.capacity`]."""
+        return Capacity.of(await self._call("GetCapacity", pb.GetCapacityRequest()))
 
     async def notifications(
         self,
@@ -198,6 +202,42 @@ class AsyncSession:
         )
         reply = await self._client._call("ForkBatch", request, idempotent=True)
         return AsyncBatch(self._client, reply.batch_id, list(reply.agent_ids), output_model)
+
+    async def dry_run(
+        self,
+        directives: Iterable[Directive],
+        *,
+        isolation: str = "",
+        output_schema: dict[str, Any] | None = None,
+        output_model: Any = None,
+        budget_usd: float = 0.0,
+        budget_tokens: int = 0,
+        at_turn: int | None = None,
+        warmup_gating: bool | None = None,
+        timeout: float | timedelta | None = None,
+        idle_timeout: float | timedelta | None = None,
+        max_turns: int | None = None,
+        max_output_tokens: int | None = None,
+        timeout_excludes_throttle: bool | None = None,
+        idempotency_key: str | None = None,
+    ) -> DryRun:
+        """[`forkd.Session.dry_run`]."""
+        request = _requests.fork(
+            self.id,
+            directives,
+            isolation,
+            output_schema,
+            output_model,
+            budget_usd,
+            budget_tokens,
+            at_turn,
+            warmup_gating,
+            idempotency_key,
+            Limits(timeout, idle_timeout, max_turns, max_output_tokens, timeout_excludes_throttle),
+            dry_run=True,
+        )
+        reply = await self._client._call("ForkBatch", request, idempotent=True)
+        return DryRun.of(reply.dry_run)
 
     async def send(self, text: str, *, idempotency_key: str | None = None) -> AsyncIterator[Event]:
         """[`forkd.Session.send`]."""

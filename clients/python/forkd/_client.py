@@ -17,7 +17,7 @@ from forkd._proto.forkd.v1 import forkd_pb2 as pb
 from forkd._proto.forkd.v1 import forkd_pb2_grpc as pb_grpc
 from forkd._requests import ContextItem, Directive
 from forkd._streams import DEFAULT_RECONNECT_FOR, Backoff, follow, is_lost, remaining, retried
-from forkd._types import AgentInfo, Event, Limits, Message, Notification
+from forkd._types import AgentInfo, Capacity, DryRun, Event, Limits, Message, Notification
 from forkd._upload import Upload
 from forkd.errors import details_of, from_rpc_error
 
@@ -86,6 +86,12 @@ class Client:
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
         return Upload.of(reply)
+
+    def capacity(self) -> Capacity:
+        """What the daemon can take now, to ask before submitting: its running slots (used, free,
+        total), the caller's own runs waiting for one, what the tenant's budget has left (`None`
+        without one), and the provider limiter per key and model."""
+        return Capacity.of(self._call("GetCapacity", pb.GetCapacityRequest()))
 
     def notifications(
         self,
@@ -212,6 +218,47 @@ class Session:
         )
         reply = self._client._call("ForkBatch", request, idempotent=True)
         return Batch(self._client, reply.batch_id, list(reply.agent_ids), output_model)
+
+    def dry_run(
+        self,
+        directives: Iterable[Directive],
+        *,
+        isolation: str = "",
+        output_schema: dict[str, Any] | None = None,
+        output_model: Any = None,
+        budget_usd: float = 0.0,
+        budget_tokens: int = 0,
+        at_turn: int | None = None,
+        warmup_gating: bool | None = None,
+        timeout: float | timedelta | None = None,
+        idle_timeout: float | timedelta | None = None,
+        max_turns: int | None = None,
+        max_output_tokens: int | None = None,
+        timeout_excludes_throttle: bool | None = None,
+        idempotency_key: str | None = None,
+    ) -> DryRun:
+        """Asks the daemon what `fork` with the same arguments would do, without doing it: the
+        batch is checked as a submission would be (refused the same way: `InvalidArgument` for a
+        turn that has not ended, a bad schema, …), nothing is stored or started, and the
+        idempotency key is not recorded. Its `DryRun` tells the children, the prefix they would
+        share, the first requests' cost forked and as independent agents, and the daemon's free
+        slots and the caller's queued runs now."""
+        request = _requests.fork(
+            self.id,
+            directives,
+            isolation,
+            output_schema,
+            output_model,
+            budget_usd,
+            budget_tokens,
+            at_turn,
+            warmup_gating,
+            idempotency_key,
+            Limits(timeout, idle_timeout, max_turns, max_output_tokens, timeout_excludes_throttle),
+            dry_run=True,
+        )
+        reply = self._client._call("ForkBatch", request, idempotent=True)
+        return DryRun.of(reply.dry_run)
 
     def send(self, text: str, *, idempotency_key: str | None = None) -> Iterator[Event]:
         """Runs one parent turn on `text`: its events as they come, the last `turn_ended`. Sent

@@ -70,7 +70,11 @@ def fork(
     warmup_gating: bool | None,
     idempotency_key: str | None,
     limits: Limits | None = None,
+    dry_run: bool = False,
 ) -> pb.ForkBatchRequest:
+    """A fork batch's request; with `dry_run`, the same request asking the daemon only to check
+    it and tell what the batch would be (`session.dry_run`): both are built here, so that a dry
+    run checks exactly what the fork would send."""
     items = [directive(d) for d in directives]
     if output_model is not None:
         output_schema = output_model.model_json_schema()
@@ -82,6 +86,7 @@ def fork(
         budget_usd=budget_usd,
         budget_tokens=budget_tokens,
         idempotency_key=key(idempotency_key),
+        dry_run=dry_run,
     )
     if at_turn is not None:
         request.at_turn = at_turn

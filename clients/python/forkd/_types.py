@@ -265,3 +265,135 @@ class Event:
     kind: str
     text: str
     raw: Any
+
+
+@dataclass(frozen=True)
+class RunSlots:
+    """The daemon's running slots (its `max_running_agents`), whoever's runs take them: `used`,
+    `free`, and `total` (0: no cap, and then `free` is 0 too)."""
+
+    used: int = 0
+    free: int = 0
+    total: int = 0
+
+    @staticmethod
+    def of(s: pb.RunSlots) -> RunSlots:
+        return RunSlots(s.used, s.free, s.total)
+
+
+@dataclass(frozen=True)
+class BudgetLeft:
+    """What the caller's tenant may still spend under its budget: `usd` and `tokens`, each `None`
+    where the budget sets no such limit."""
+
+    usd: float | None = None
+    tokens: int | None = None
+
+    @staticmethod
+    def of(b: pb.BudgetLeft) -> BudgetLeft:
+        return BudgetLeft(
+            b.usd if b.HasField("usd") else None,
+            b.tokens if b.HasField("tokens") else None,
+        )
+
+
+@dataclass(frozen=True)
+class PacedLimit:
+    """A limit a provider key's requests are paced by: `name` (`requests`, `tokens`,
+    `input_tokens` or `output_tokens`), its rate and burst, and where it came from (`source`:
+    `headers`, `refusals` or `start`)."""
+
+    name: str
+    per_second: float
+    burst: float
+    source: str
+
+    @staticmethod
+    def of(p: pb.PacedLimit) -> PacedLimit:
+        return PacedLimit(p.name, p.per_second, p.burst, p.source)
+
+
+@dataclass(frozen=True)
+class ProviderCapacity:
+    """The daemon's limiter for one provider key and model: the limits it paces by, its
+    concurrency window, requests in flight, waiting and throttled, the last minute's refusals,
+    and how long a retry-after still holds every request of the key (`paused_for`, seconds)."""
+
+    provider: str
+    endpoint: str
+    model: str
+    limits: list[PacedLimit]
+    concurrency: float
+    in_flight: int
+    waiting: int
+    throttled: int
+    refusals_last_minute: int
+    paused_for: float
+
+    @staticmethod
+    def of(p: pb.ProviderCapacity) -> ProviderCapacity:
+        return ProviderCapacity(
+            p.provider,
+            p.endpoint,
+            p.model,
+            [PacedLimit.of(lim) for lim in p.limits],
+            p.concurrency,
+            p.in_flight,
+            p.waiting,
+            p.throttled,
+            p.refusals_last_minute,
+            p.paused_for_ms / 1000,
+        )
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """`client.capacity()`: the daemon's running slots, the caller's own runs waiting for one
+    (`queued`), what its tenant's budget has left (`None` without a budget), and the provider
+    limiter per key and model."""
+
+    slots: RunSlots
+    queued: int
+    budget_left: BudgetLeft | None
+    providers: list[ProviderCapacity]
+
+    @staticmethod
+    def of(r: pb.GetCapacityResponse) -> Capacity:
+        return Capacity(
+            RunSlots.of(r.slots),
+            r.queued,
+            BudgetLeft.of(r.budget_left) if r.HasField("budget_left") else None,
+            [ProviderCapacity.of(p) for p in r.providers],
+        )
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """`session.dry_run(...)`: what a batch would be, had it been submitted. `prefix_tokens` is
+    what every child's first request shares (the history to the fork point and the fork
+    boilerplate), `directive_tokens` a directive's block on average; `fork_cost_usd` the first
+    requests' input cost (child 1 writes the prefix to the cache, the others read it),
+    `independent_cost_usd` the same children as independent agents, `saving` the share saved;
+    `slots` and `queued` as `client.capacity()` tells them now."""
+
+    children: int
+    prefix_tokens: int
+    directive_tokens: int
+    fork_cost_usd: float
+    independent_cost_usd: float
+    saving: float
+    slots: RunSlots
+    queued: int
+
+    @staticmethod
+    def of(d: pb.DryRun) -> DryRun:
+        return DryRun(
+            d.children,
+            d.prefix_tokens,
+            d.directive_tokens,
+            d.fork_cost_usd,
+            d.independent_cost_usd,
+            d.saving,
+            RunSlots.of(d.slots),
+            d.queued,
+        )

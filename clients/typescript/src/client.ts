@@ -25,6 +25,119 @@ export interface Upload {
   bytesReceived: number;
 }
 
+/** The daemon's running slots (its `max_running_agents`), whoever's runs take them. */
+export interface RunSlots {
+  used: number;
+  /** With no cap, 0 (and `total` 0). */
+  free: number;
+  /** 0: no cap. */
+  total: number;
+}
+
+/** What the caller's tenant may still spend under its budget; each one left out where it sets no such limit. */
+export interface BudgetLeft {
+  usd?: number;
+  tokens?: number;
+}
+
+/** A limit a provider key's requests are paced by. */
+export interface PacedLimit {
+  /** `requests`, `tokens`, `input_tokens` or `output_tokens`. */
+  name: string;
+  perSecond: number;
+  burst: number;
+  /** `headers` (the provider stated it), `refusals` (learned from them) or `start` (slow start). */
+  source: string;
+}
+
+/** The daemon's limiter for one provider key and model. */
+export interface ProviderCapacity {
+  provider: string;
+  /** The provider's base URL (empty for a token tenant, and for the embedded sim). */
+  endpoint: string;
+  model: string;
+  limits: PacedLimit[];
+  /** The concurrency window (halved on overload). */
+  concurrency: number;
+  inFlight: number;
+  waiting: number;
+  /** Requests waiting to go again after a refusal. */
+  throttled: number;
+  refusalsLastMinute: number;
+  /** How long a retry-after still holds every request of the key. */
+  pausedForMs: number;
+}
+
+/** `client.capacity()`: what the daemon can take now. */
+export interface Capacity {
+  slots: RunSlots;
+  /** The caller's own runs waiting for a slot. */
+  queued: number;
+  /** `undefined` without a tenant budget. */
+  budgetLeft: BudgetLeft | undefined;
+  providers: ProviderCapacity[];
+}
+
+/** `session.dryRun(...)`: what a batch would be, had it been submitted. */
+export interface DryRun {
+  children: number;
+  /** The tokens every child's first request shares (the history to the fork point, the fork boilerplate). */
+  prefixTokens: number;
+  /** A directive's block, on average. */
+  directiveTokens: number;
+  /** The first requests' input cost: child 1 writes the shared prefix, the others read it. */
+  forkCostUsd: number;
+  /** The same children as independent agents. */
+  independentCostUsd: number;
+  saving: number;
+  /** The daemon's running slots now, and the caller's runs already waiting for one. */
+  slots: RunSlots;
+  queued: number;
+}
+
+function slotsOf(s: pb.RunSlots | undefined): RunSlots {
+  return { used: s?.used ?? 0, free: s?.free ?? 0, total: s?.total ?? 0 };
+}
+
+function capacityOf(r: pb.GetCapacityResponse): Capacity {
+  let budgetLeft: BudgetLeft | undefined;
+  if (r.budgetLeft) {
+    budgetLeft = {};
+    if (r.budgetLeft.usd !== undefined) budgetLeft.usd = r.budgetLeft.usd;
+    if (r.budgetLeft.tokens !== undefined) budgetLeft.tokens = r.budgetLeft.tokens;
+  }
+  return {
+    slots: slotsOf(r.slots),
+    queued: r.queued,
+    budgetLeft,
+    providers: r.providers.map((p) => ({
+      provider: p.provider,
+      endpoint: p.endpoint,
+      model: p.model,
+      limits: p.limits.map((l) => ({ name: l.name, perSecond: l.perSecond, burst: l.burst, source: l.source })),
+      concurrency: p.concurrency,
+      inFlight: p.inFlight,
+      waiting: p.waiting,
+      throttled: p.throttled,
+      refusalsLastMinute: p.refusalsLastMinute,
+      pausedForMs: p.pausedForMs,
+    })),
+  };
+}
+
+function dryRunOf(d: pb.DryRun | undefined): DryRun {
+  return {
+    children: d?.children ?? 0,
+    prefixTokens: d?.prefixTokens ?? 0,
+    directiveTokens: d?.directiveTokens ?? 0,
+    forkCostUsd: d?.forkCostUsd ?? 0,
+    independentCostUsd: d?.independentCostUsd ?? 0,
+    saving: d?.saving ?? 0,
+    slots: slotsOf(d?.slots),
+    queued: d?.queued ?? 0,
+  };
+}
+
 /** A zod schema (zod 4), as far as this client uses one. */
 interface ZodLike {
   safeParse(value: unknown): unknown;
@@ -255,6 +368,15 @@ export class Client {
   }
 
   /**
+   * What the daemon can take now, to ask before submitting: its running slots (used, free,
+   * total), the caller's own runs waiting for one, what the tenant's budget has left
+   * (`undefined` without one), and the provider limiter per key and model.
+   */
+  async capacity(options: CallSignal = {}): Promise<Capacity> {
+    return capacityOf(await this.call(this.stub.getCapacity, pb.GetCapacityRequest.fromPartial({}), options));
+  }
+
+  /**
    * This tenant's task notifications after `since`: the stored ones, then live ones (unless
    * `follow` is false), resumed after the last one yielded across a daemon restart.
    */
@@ -374,6 +496,38 @@ function directiveRequest(d: Directive): pb.Directive {
   return pb.Directive.fromPartial({ description, prompt, limits: limits && limitsRequest(limits) });
 }
 
+/**
+ * A batch's request (and the zod schema its results are parsed with, if one was given): built
+ * here for `fork` and `dryRun` alike, so that a dry run checks exactly what the fork would send.
+ */
+function forkRequest(
+  sessionId: string,
+  directives: Directive[],
+  options: ForkOptions,
+  dryRun: boolean,
+): { request: pb.ForkBatchRequest; model: ZodLike | undefined } {
+  let schema: object | undefined = options.outputSchema;
+  const model = isZod(schema) ? schema : undefined;
+  if (model) {
+    if (!zod) throw new TypeError("a zod schema as outputSchema needs zod 4 installed");
+    schema = zod.toJSONSchema(model) as object;
+  }
+  const request = pb.ForkBatchRequest.fromPartial({
+    sessionId,
+    directives: directives.map(directiveRequest),
+    isolation: options.isolation ?? "",
+    outputSchema: schema ? JSON.stringify(schema) : "",
+    budgetUsd: options.budgetUsd ?? 0,
+    budgetTokens: options.budgetTokens ?? 0,
+    atTurn: options.atTurn,
+    warmupGating: options.warmupGating,
+    limits: limitsRequest(options),
+    idempotencyKey: options.idempotencyKey ?? randomUUID(),
+    dryRun,
+  });
+  return { request, model };
+}
+
 /** A parent session: fork children from it, send it turns, branch it. */
 export class Session {
   readonly id: string;
@@ -391,29 +545,28 @@ export class Session {
    * `timeoutExcludesThrottle`); a child past one ends `timed_out`, a failure.
    */
   async fork(directives: Directive[], options: ForkOptions = {}): Promise<Batch> {
-    let schema: object | undefined = options.outputSchema;
-    const model = isZod(schema) ? schema : undefined;
-    if (model) {
-      if (!zod) throw new TypeError("a zod schema as outputSchema needs zod 4 installed");
-      schema = zod.toJSONSchema(model) as object;
-    }
-    const request = pb.ForkBatchRequest.fromPartial({
-      sessionId: this.id,
-      directives: directives.map(directiveRequest),
-      isolation: options.isolation ?? "",
-      outputSchema: schema ? JSON.stringify(schema) : "",
-      budgetUsd: options.budgetUsd ?? 0,
-      budgetTokens: options.budgetTokens ?? 0,
-      atTurn: options.atTurn,
-      warmupGating: options.warmupGating,
-      limits: limitsRequest(options),
-      idempotencyKey: options.idempotencyKey ?? randomUUID(),
-    });
+    const { request, model } = forkRequest(this.id, directives, options, false);
     const reply = await this.client.call(this.client.stub.forkBatch, request, {
       idempotent: true,
       signal: options.signal,
     });
     return new Batch(this.client, reply.batchId, reply.agentIds, model);
+  }
+
+  /**
+   * Asks the daemon what `fork` with the same arguments would do, without doing it: the batch is
+   * checked as a submission would be (refused the same way: `InvalidArgument` for a turn that
+   * has not ended, a bad schema, …), nothing is stored or started, and the idempotency key is
+   * not recorded. Tells the children, the prefix they would share, the first requests' cost
+   * forked and as independent agents, and the daemon's slots and the caller's queued runs now.
+   */
+  async dryRun(directives: Directive[], options: ForkOptions = {}): Promise<DryRun> {
+    const { request } = forkRequest(this.id, directives, options, true);
+    const reply = await this.client.call(this.client.stub.forkBatch, request, {
+      idempotent: true,
+      signal: options.signal,
+    });
+    return dryRunOf(reply.dryRun);
   }
 
   /**

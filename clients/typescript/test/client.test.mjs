@@ -1,7 +1,7 @@
 // The client against a real daemon: every call, errors by meaning, an aborted wait, a batch
-// followed across a SIGKILL and restart, TCP with tokens, and a 1000-child wait's memory; and,
-// on requests caught before they leave, limits as a batch's request carries them and
-// `timed_out` read back.
+// followed across a SIGKILL and restart, TCP with tokens, a 1000-child wait's memory, capacity
+// and a dry run; and, on requests caught before they leave, limits as a batch's request carries
+// them, `timed_out` read back, and capacity and dry runs mapped.
 
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
@@ -356,4 +356,178 @@ test("a child past its limit times out", async () => {
   assert.ok(late.report.issues.startsWith("timed out: no model output"), late.report.issues);
   assert.equal((await c.agents.get(batch.agentIds[1])).state, "timed_out");
   c.close();
+});
+
+// Asking before submitting: `client.capacity()` and `session.dryRun(...)`.
+
+const DRY = {
+  children: 2,
+  prefixTokens: 1072,
+  directiveTokens: 12,
+  forkCostUsd: 0.0044,
+  independentCostUsd: 0.0065,
+  saving: 0.32,
+  slots: { used: 3, free: 253, total: 256 },
+  queued: 1,
+};
+
+test("capacity and a dry run are mapped from the daemon's answers, a dry run's request is the fork's", async () => {
+  const c = new forkd.Client({ addr: "unix:/nonexistent/forkd.sock", reconnectForMs: 100 });
+  const sent = [];
+  c.stub.forkBatch = (request, _metadata, _options, callback) => {
+    sent.push(request);
+    const reply = request.dryRun
+      ? { batchId: "", agentIds: [], dryRun: pb.DryRun.fromPartial(DRY) }
+      : { batchId: "b", agentIds: request.directives.map((_, i) => `a${i}`) };
+    callback(null, pb.ForkBatchResponse.fromPartial(reply));
+    return { cancel() {} };
+  };
+  let capacity = pb.GetCapacityResponse.fromPartial({
+    providers: [
+      {
+        provider: "anthropic",
+        endpoint: "https://api.anthropic.com",
+        model: "claude-sonnet-4-5",
+        limits: [{ name: "requests", perSecond: 0.8, burst: 4, source: "headers" }],
+        concurrency: 32,
+        inFlight: 3,
+        waiting: 1,
+        throttled: 2,
+        refusalsLastMinute: 5,
+        pausedForMs: 1500,
+      },
+    ],
+    slots: { used: 250, free: 6, total: 256 },
+    queued: 4,
+    budgetLeft: { usd: 1.25 },
+  });
+  c.stub.getCapacity = (_request, _metadata, _options, callback) => {
+    callback(null, capacity);
+    return { cancel() {} };
+  };
+  assert.deepEqual(await c.capacity(), {
+    slots: { used: 250, free: 6, total: 256 },
+    queued: 4,
+    budgetLeft: { usd: 1.25 },
+    providers: [
+      {
+        provider: "anthropic",
+        endpoint: "https://api.anthropic.com",
+        model: "claude-sonnet-4-5",
+        limits: [{ name: "requests", perSecond: 0.8, burst: 4, source: "headers" }],
+        concurrency: 32,
+        inFlight: 3,
+        waiting: 1,
+        throttled: 2,
+        refusalsLastMinute: 5,
+        pausedForMs: 1500,
+      },
+    ],
+  });
+  // A budget of tokens only (0 left is a limit); no budget and no cap: undefined, and zeros.
+  capacity = pb.GetCapacityResponse.fromPartial({ budgetLeft: { tokens: 0 } });
+  assert.deepEqual((await c.capacity()).budgetLeft, { tokens: 0 });
+  capacity = pb.GetCapacityResponse.fromPartial({});
+  assert.deepEqual(await c.capacity(), {
+    slots: { used: 0, free: 0, total: 0 },
+    queued: 0,
+    budgetLeft: undefined,
+    providers: [],
+  });
+
+  const session = new forkd.Session(c, pb.Session.fromPartial({ sessionId: "s" }));
+  const directives = ["One.", ["two", "Two.", { maxTurns: 5 }]];
+  const options = {
+    isolation: "copy",
+    outputSchema: { type: "object" },
+    budgetUsd: 2.5,
+    budgetTokens: 100_000,
+    atTurn: 3,
+    warmupGating: false,
+    timeoutMs: 600_000,
+    idleTimeoutMs: 90_000,
+    maxTurns: 40,
+    maxOutputTokens: 20_000,
+    timeoutExcludesThrottle: true,
+    idempotencyKey: "k",
+  };
+  assert.deepEqual(await session.dryRun(directives, options), DRY);
+  const batch = await session.fork(directives, options);
+  assert.deepEqual(batch.agentIds, ["a0", "a1"]);
+  const [asked, forked] = sent;
+  assert.equal(asked.dryRun, true);
+  assert.equal(forked.dryRun, false);
+  assert.deepEqual({ ...asked, dryRun: false }, forked);
+  assert.equal(forked.limits.maxTurns, 40);
+  assert.equal(forked.directives[1].limits.maxTurns, 5);
+  // On the wire as the daemon reads it.
+  assert.equal(pb.ForkBatchRequest.decode(pb.ForkBatchRequest.encode(asked).finish()).dryRun, true);
+  // Refused here as the fork's are, before anything is sent.
+  await assert.rejects(session.dryRun(["x"], { maxTurns: 0 }), RangeError);
+  assert.equal(sent.length, 2);
+  c.close();
+});
+
+test("capacity of a fresh daemon, and a dry run that forks nothing and leaves its key free", async () => {
+  const fresh = new Daemon({ speed: "0" });
+  await fresh.start();
+  const c = new forkd.Client({ addr: fresh.addr });
+  try {
+    // The default max_running_agents, none taken; nothing of ours waits; no tenant budget.
+    const capacity = await c.capacity();
+    assert.deepEqual(capacity.slots, { used: 0, free: 256, total: 256 });
+    assert.equal(capacity.queued, 0);
+    assert.equal(capacity.budgetLeft, undefined);
+
+    const session = await c.sessions.create({ system: "s", workspace: fresh.workspace });
+    const turn = [];
+    for await (const e of session.send("Hello.\n@sim say hi")) turn.push(e.$case);
+    assert.equal(turn.at(-1), "turnEnded");
+    const agents = async () =>
+      (await c.call(c.stub.listAgents, pb.ListAgentsRequest.fromPartial({ sessionId: session.id, includeEnded: true })))
+        .agents;
+    const directives = ["Review the API.\n@sim say api ok", ["docs", "Review the docs.\n@sim say docs ok", { maxTurns: 5 }]];
+    const options = { atTurn: 1, maxTurns: 10, idempotencyKey: "dry-then-real" };
+    const dry = await session.dryRun(directives, options);
+    assert.equal(dry.children, directives.length);
+    assert.ok(dry.forkCostUsd > 0);
+    assert.ok(dry.independentCostUsd > dry.forkCostUsd);
+    assert.ok(dry.prefixTokens > 0 && dry.directiveTokens > 0);
+    assert.equal(dry.slots.total, 256);
+    assert.equal(dry.queued, 0);
+    // Nothing was forked: the session's only agent is its parent's main loop.
+    assert.deepEqual((await agents()).map((a) => a.kind), ["parent"]);
+
+    // The key was not recorded: the fork under it forks now (not `existing`).
+    const replies = [];
+    const forkBatch = c.stub.forkBatch;
+    c.stub.forkBatch = function (request, metadata, callOptions, callback) {
+      return forkBatch.call(this, request, metadata, callOptions, (error, reply) => {
+        if (reply) replies.push(reply);
+        callback(error, reply);
+      });
+    };
+    const batch = await session.fork(directives, options);
+    // Sent again under its key, the fork is the first one's (what `existing` tells).
+    const again = await session.fork(directives, options);
+    c.stub.forkBatch = forkBatch;
+    assert.deepEqual(replies.map((r) => r.existing), [false, true]);
+    assert.equal(replies[0].dryRun, undefined);
+    assert.equal(batch.agentIds.length, 2);
+    assert.equal(again.id, batch.id);
+    const done = await batch.wait({ signal: AbortSignal.timeout(60_000) });
+    assert.ok(done.every((n) => n.status === "completed"));
+    const kinds = (await agents()).map((a) => a.kind);
+    assert.equal(kinds.length, 3);
+    assert.equal(kinds.filter((k) => k === "parent").length, 1);
+
+    // Refused as the fork would be.
+    const other = await c.sessions.create({ system: "s", workspace: fresh.workspace });
+    await assert.rejects(other.dryRun(["x"], { atTurn: 99 }), forkd.InvalidArgument);
+    await assert.rejects(other.dryRun([]), forkd.InvalidArgument);
+    await assert.rejects(other.dryRun(["x"], { outputSchema: { type: "objet" } }), forkd.InvalidArgument);
+  } finally {
+    c.close();
+    fresh.stop();
+  }
 });

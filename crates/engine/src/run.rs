@@ -266,11 +266,14 @@ impl Runs {
             return drive.await;
         }
         tokio::select! {
-            outcome = drive => outcome,
+            // The watchdog first: a run resumed past its timeout (after a restart) ends before
+            // it starts anything.
+            biased;
             limit = watchdog.expired() => {
                 self.stop_cut_off_groups(lease.agent_id).await;
                 Err(RunFailure::Limit(limit))
             }
+            outcome = drive => outcome,
         }
     }
 
