@@ -167,7 +167,7 @@ impl Runs {
 
     /// Starts a typed agent for an `Agent` call whose caller waits for its report: the call's
     /// result carries it, so the transcript does not get it a second time. The agent is added
-    /// to `waited` before it starts: should the turn not deliver its report, the turn's end
+    /// to `waited` before it is even created: should the turn not deliver its report, the turn's end
     /// hands it back to the transcript.
     ///
     /// The agent's id is derived from the caller and the call ([`AgentId::for_call`]): a call
@@ -183,6 +183,16 @@ impl Runs {
         waited: &std::sync::Mutex<Vec<AgentId>>,
     ) -> Result<(AgentId, bool)> {
         let id = AgentId::for_call(caller, tool_use_id);
+        // Waited on before it exists: a turn cut off from here on (a kill landing while the
+        // agent is created and started) hands its report back rather than leaving it with a
+        // caller that will never deliver it. For an agent that reports to the transcript
+        // already, or one never created, handing back changes nothing.
+        {
+            let mut waited = waited.lock().unwrap_or_else(|p| p.into_inner());
+            if !waited.contains(&id) {
+                waited.push(id);
+            }
+        }
         let id = self
             .create_typed(
                 id,
@@ -193,11 +203,7 @@ impl Runs {
             )
             .await?;
         let agent = crate::lookup::agent(&*self.store, id).await?;
-        if agent.report_to != ReportTo::Caller {
-            return Ok((id, false));
-        }
-        waited.lock().unwrap_or_else(|p| p.into_inner()).push(id);
-        Ok((id, true))
+        Ok((id, agent.report_to == ReportTo::Caller))
     }
 
     /// Waits (at most an hour) for a typed agent's notification.
