@@ -81,6 +81,15 @@ async fn capacity_shows_the_slots_the_caller_s_queue_and_its_budget() {
         .await
         .unwrap();
     let stalls = ["Talk.\n@sim stall"; 5];
+    // Another tenant cannot dry-run on alpha's session, nor learn that it exists.
+    let probe = beta.req(pb::ForkBatchRequest {
+        session_id: session.session_id.clone(),
+        directives: directives(&stalls),
+        dry_run: true,
+        ..Default::default()
+    });
+    let refused = beta.client.fork_batch(probe).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::NotFound, "{refused:?}");
     let request = alpha.req(pb::ForkBatchRequest {
         session_id: session.session_id,
         directives: directives(&stalls),
