@@ -374,7 +374,10 @@ class DryRun:
     boilerplate), `directive_tokens` a directive's block on average; `fork_cost_usd` the first
     requests' input cost (child 1 writes the prefix to the cache, the others read it),
     `independent_cost_usd` the same children as independent agents, `saving` the share saved;
-    `slots` and `queued` as `client.capacity()` tells them now."""
+    `slots` and `queued` as `client.capacity()` tells them now. `start_in_ms` and `finish_in_ms`
+    estimate when its first child would start and its last end, in milliseconds from now (from
+    the queue, the latest runs' wall time and the limiter; `None` when the daemon cannot tell yet),
+    and `estimate_basis` says in words what the estimate was made of."""
 
     children: int
     prefix_tokens: int
@@ -384,6 +387,9 @@ class DryRun:
     saving: float
     slots: RunSlots
     queued: int
+    start_in_ms: int | None = None
+    finish_in_ms: int | None = None
+    estimate_basis: str = ""
 
     @staticmethod
     def of(d: pb.DryRun) -> DryRun:
@@ -396,4 +402,7 @@ class DryRun:
             d.saving,
             RunSlots.of(d.slots),
             d.queued,
+            d.start_in_ms if d.HasField("start_in_ms") else None,
+            d.finish_in_ms if d.HasField("finish_in_ms") else None,
+            d.estimate_basis,
         )

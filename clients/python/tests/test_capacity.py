@@ -26,6 +26,8 @@ _DRY = pb.DryRun(
     saving=0.32,
     slots=pb.RunSlots(used=3, free=253, total=256),
     queued=1,
+    start_in_ms=0,
+    estimate_basis="no run has ended here yet",
 )
 
 
@@ -137,6 +139,9 @@ def test_a_dry_run_is_mapped_from_the_daemons_answer() -> None:
         saving=0.32,
         slots=forkd.RunSlots(used=3, free=253, total=256),
         queued=1,
+        start_in_ms=0,
+        finish_in_ms=None,
+        estimate_basis="no run has ended here yet",
     )
 
 

@@ -73,6 +73,12 @@ export interface DryRun {
   /** The daemon's running slots now, and the caller's runs already waiting for one. */
   slots: RunSlots;
   queued: number;
+  /** When its first child would start, in milliseconds from now; undefined when the daemon cannot tell yet. */
+  startInMs?: number;
+  /** When its last child would end (from the queue, the latest runs' wall time, the limiter). */
+  finishInMs?: number;
+  /** What the estimate was made of, in words. */
+  estimateBasis: string;
 }
 
 function slotsOf(s: pb.RunSlots | undefined): RunSlots {
@@ -115,5 +121,8 @@ export function dryRunOf(d: pb.DryRun | undefined): DryRun {
     saving: d?.saving ?? 0,
     slots: slotsOf(d?.slots),
     queued: d?.queued ?? 0,
+    startInMs: d?.startInMs,
+    finishInMs: d?.finishInMs,
+    estimateBasis: d?.estimateBasis ?? "",
   };
 }

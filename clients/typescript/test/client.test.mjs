@@ -369,6 +369,9 @@ const DRY = {
   saving: 0.32,
   slots: { used: 3, free: 253, total: 256 },
   queued: 1,
+  startInMs: 0,
+  finishInMs: 41700,
+  estimateBasis: "no cap on running agents; runs here took 42 s (median of the latest 6)",
 };
 
 test("capacity and a dry run are mapped from the daemon's answers, a dry run's request is the fork's", async () => {

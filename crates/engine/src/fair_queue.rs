@@ -99,6 +99,28 @@ impl<T> FairQueue<T> {
             .sum()
     }
 
+    /// How many waiting items would be served before the `k`-th (from 1) of `k` batch items
+    /// `tenant` queued now: every interactive item, the tenant's own queue and its `k - 1`
+    /// new items before it, and, tenants taking turns, about as many of each other tenant's
+    /// as the tenant's own ahead of it (a dry run's estimate: the ring's position may add one).
+    pub(crate) fn served_before(&self, tenant: &str, k: usize) -> usize {
+        let [interactive, batch] = &self.classes;
+        let waiting = |ring: &Ring<T>| -> usize { ring.tenants.iter().map(|(_, q)| q.len()).sum() };
+        let own = batch
+            .tenants
+            .iter()
+            .find(|(t, _)| &**t == tenant)
+            .map_or(0, |(_, q)| q.len());
+        let turn = own + k.max(1);
+        let others: usize = batch
+            .tenants
+            .iter()
+            .filter(|(t, _)| &**t != tenant)
+            .map(|(_, q)| q.len().min(turn))
+            .sum();
+        waiting(interactive) + turn - 1 + others
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.classes
             .iter()
@@ -132,5 +154,25 @@ mod tests {
             ["turn", "a-retry", "b0", "a0", "b1", "a1", "a2", "a3"],
             "A's long batch does not hold B's requests back"
         );
+    }
+
+    #[test]
+    fn served_before_counts_other_tenants_only_as_far_as_their_turns() {
+        let (a, b, c): (Arc<str>, Arc<str>, Arc<str>) = ("a".into(), "b".into(), "c".into());
+        let mut q = FairQueue::default();
+        assert_eq!(q.served_before("a", 1), 0, "nothing waits: served first");
+        for i in 0..10 {
+            q.push(Class::Batch, &b, i, false);
+        }
+        q.push(Class::Batch, &c, 0, false);
+        q.push(Class::Batch, &a, 0, false);
+        q.push(Class::Interactive, &c, 99, false);
+        // A's new first item comes in the second round: the turn, A's own one, two of B's
+        // (B is before A in the ring) and C's only one.
+        assert_eq!(q.served_before("a", 1), 1 + 1 + 2 + 1);
+        // Its fifth, in the sixth round: A's 1 + 4 new, B's first 6 (of 10), C's one.
+        assert_eq!(q.served_before("a", 5), 1 + 5 + 6 + 1);
+        // B's new items wait behind its own ten.
+        assert_eq!(q.served_before("b", 1), 1 + 10 + 1 + 1);
     }
 }

@@ -17,6 +17,7 @@ mod copies;
 mod diagnose;
 mod divergence;
 mod error;
+mod eta;
 mod fair_queue;
 mod faults;
 mod handoff;
@@ -68,6 +69,7 @@ pub use copies::Applied;
 pub use diagnose::CacheExplanation;
 pub use divergence::{Divergence, first_differing_part};
 pub use error::EngineError;
+pub use eta::Eta;
 pub use faults::StoreHealth;
 pub use forkd_provider::{FailureKind, ProviderError};
 pub use mcp::McpRequest;
@@ -78,7 +80,7 @@ pub use run::typed::TypedOptions;
 pub use scoped::{RunCapacity, SessionView, TenantEngine};
 pub use session::{ContextFile, NewSession, context_block};
 pub use stats::{CacheStats, StatsScope};
-pub use supervisor::Slots;
+pub use supervisor::{RunTime, Slots};
 pub use uploads::{MAX_HASHES_PER_CALL, Received, Receiver};
 
 /// The running engine. Cheap to clone; all clones share one state.

@@ -290,10 +290,12 @@ impl TenantEngine<'_> {
         options: BatchOptions,
     ) -> Result<crate::DryRun> {
         let session = self.own_session(id).await?;
+        let keys = self.engine.capacity();
+        let limiter = keys.iter().find(|k| k.model == session.params.model);
         self.engine
             .inner
             .batches
-            .dry_run(&session, &directives, &options)
+            .dry_run(&session, &directives, &options, limiter)
             .await
     }
 

@@ -2,6 +2,7 @@
 //! turn) registered under its agent id with a child of the shutdown token, so that a kill or a
 //! shutdown reaches it; the task tracker they run on; the slots under `max_running_agents`.
 
+mod history;
 mod slots;
 
 use std::collections::{HashMap, HashSet};
@@ -12,6 +13,8 @@ use forkd_core::AgentId;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use history::RunTime;
+use history::RunTimes;
 pub(crate) use slots::{RunSlots, Turn};
 
 /// How a run raced against its token ended.
@@ -45,6 +48,8 @@ pub(crate) struct Supervisor {
     /// Slots for running agents when their number is capped (the cap, the slots), and the runs
     /// waiting for one.
     slots: Option<(usize, Arc<RunSlots>)>,
+    /// How long the latest runs took.
+    run_times: RunTimes,
     /// Cancelled when shutdown begins: a run waiting for a slot stays pending.
     draining: CancellationToken,
     /// Cancelled when the drain is over: every run's token is a child of it.
@@ -62,6 +67,7 @@ impl Supervisor {
             killed: Mutex::default(),
             tasks: TaskTracker::new(),
             slots: max_running_agents.map(|cap| (cap.max(1), RunSlots::new(cap))),
+            run_times: RunTimes::default(),
             draining,
             shutdown,
         }
@@ -145,6 +151,24 @@ impl Supervisor {
                 queued: 0,
             },
         }
+    }
+
+    /// How many runs would get a slot before the `k`-th of `k` runs `tenant` started now;
+    /// `None` without a cap (every run starts at once).
+    pub(crate) fn served_before(&self, tenant: &str, k: usize) -> Option<usize> {
+        self.slots
+            .as_ref()
+            .map(|(_, slots)| slots.served_before(tenant, k))
+    }
+
+    /// Records that a run ended `took` after it got its slot.
+    pub(crate) fn ran_for(&self, took: std::time::Duration) {
+        self.run_times.record(took);
+    }
+
+    /// The median wall time of the latest runs that ended here.
+    pub(crate) fn run_time(&self) -> Option<RunTime> {
+        self.run_times.median()
     }
 
     /// Stops this daemon's run of `id` as killed; false when no run of it is here.

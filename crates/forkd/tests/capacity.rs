@@ -90,8 +90,32 @@ async fn capacity_shows_the_slots_the_caller_s_queue_and_its_budget() {
     });
     let refused = beta.client.fork_batch(probe).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::NotFound, "{refused:?}");
+    // With both slots free the batch would start now; no run has ended to say when it would end.
+    let before = alpha
+        .client
+        .fork_batch(alpha.req(pb::ForkBatchRequest {
+            session_id: session.session_id.clone(),
+            directives: directives(&stalls),
+            dry_run: true,
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .dry_run
+        .unwrap();
+    assert_eq!(
+        (before.start_in_ms, before.finish_in_ms),
+        (Some(0), None),
+        "{before:?}"
+    );
+    assert!(
+        before.estimate_basis.contains("no run has ended here yet"),
+        "{}",
+        before.estimate_basis
+    );
     let request = alpha.req(pb::ForkBatchRequest {
-        session_id: session.session_id,
+        session_id: session.session_id.clone(),
         directives: directives(&stalls),
         warmup_gating: Some(false),
         ..Default::default()
@@ -113,6 +137,28 @@ async fn capacity_shows_the_slots_the_caller_s_queue_and_its_budget() {
     assert_eq!(slots.used as usize, running);
     assert_eq!(busy.queued as usize, pending);
     assert_eq!(busy.queued, 3);
+    // Now a child more would wait behind alpha's three for runs that never ended here: when
+    // it would start cannot be told, and the answer says what it was made of.
+    let full = alpha
+        .client
+        .fork_batch(alpha.req(pb::ForkBatchRequest {
+            session_id: session.session_id.clone(),
+            directives: directives(&["One more."]),
+            dry_run: true,
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .dry_run
+        .unwrap();
+    assert_eq!((full.start_in_ms, full.finish_in_ms), (None, None));
+    assert!(
+        full.estimate_basis
+            .contains("2 of 2 slots taken, 3 runs served before its first child"),
+        "{}",
+        full.estimate_basis
+    );
 
     // Another tenant sees the totals, never alpha's queue or budget.
     let other = capacity(&mut beta).await;
@@ -149,6 +195,12 @@ async fn a_dry_run_forks_nothing_and_prices_the_first_requests() {
     assert_eq!(run.children, 6);
     assert!(run.prefix_tokens > 1_000, "{run:?}");
     assert_eq!(run.slots.unwrap().total, 256);
+    // No run has ended here: it would start now, and when it would end is not known.
+    assert_eq!(
+        (run.start_in_ms, run.finish_in_ms),
+        (Some(0), None),
+        "{run:?}"
+    );
 
     // Nothing was forked, and the key was not recorded: the same call for real forks now.
     let agents = c
@@ -188,6 +240,25 @@ async fn a_dry_run_forks_nothing_and_prices_the_first_requests() {
         off * 100.0,
         run.prefix_tokens,
         stats.shared_prefix_tokens
+    );
+
+    // Now six runs have ended here: the same batch again would take about as long as they did.
+    let again = c
+        .fork_batch(pb::ForkBatchRequest {
+            idempotency_key: String::new(),
+            ..request(true)
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .dry_run
+        .unwrap();
+    assert_eq!(again.start_in_ms, Some(0), "{again:?}");
+    assert!(again.finish_in_ms.is_some(), "{again:?}");
+    assert!(
+        again.estimate_basis.contains("(median of the latest 6)"),
+        "{}",
+        again.estimate_basis
     );
 
     // Refused as the submission would be, with nothing stored either.

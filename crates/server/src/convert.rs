@@ -106,7 +106,14 @@ pub(crate) fn dry_run(d: &forkd_engine::DryRun) -> pb::DryRun {
         saving: d.estimate.saving,
         slots: Some(run_slots(&d.slots)),
         queued: u32::try_from(d.slots.queued).unwrap_or(u32::MAX),
+        start_in_ms: d.eta.start.map(millis),
+        finish_in_ms: d.eta.finish.map(millis),
+        estimate_basis: d.eta.basis.clone(),
     }
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Limits as the wire carries them: 0 and unset for "none at this layer".

@@ -11,7 +11,9 @@ use forkd_core::pricing::CacheTtl;
 use forkd_core::session::Session;
 
 use super::{BatchOptions, Batches, Checked, SharedPrefix};
+use crate::admission::KeyCapacity;
 use crate::error::{EngineError, Result};
+use crate::eta::{self, Demand, Eta, Load};
 use crate::supervisor::Slots;
 use crate::window::block_tokens;
 
@@ -29,16 +31,19 @@ pub struct DryRun {
     pub estimate: ForkCostEstimate,
     /// The running slots now, and the caller's runs already waiting for one.
     pub slots: Slots,
+    /// When it would start and finish, from the queue, the latest runs and the limiter.
+    pub eta: Eta,
 }
 
 impl Batches {
     /// Checks `directives` and `options` on `session` as a submission would, and says what the
-    /// batch would cost and wait for.
+    /// batch would cost and wait for; `limiter` is the session's model's, when it has one.
     pub(crate) async fn dry_run(
         self: &Arc<Self>,
         session: &Session,
         directives: &[Directive],
         options: &BatchOptions,
+        limiter: Option<&KeyCapacity>,
     ) -> Result<DryRun> {
         let Checked {
             forks, fork_point, ..
@@ -60,6 +65,27 @@ impl Batches {
                 session.id
             ))
         })?;
+        let tenant = session.tenant.as_str();
+        let slots = self.supervisor.slots(tenant);
+        let n = forks.len().max(1);
+        let max_tokens = f64::from(session.params.max_tokens);
+        let eta = eta::estimate(&Load {
+            slots,
+            before_first: self.supervisor.served_before(tenant, 1),
+            before_last: self.supervisor.served_before(tenant, n),
+            run_time: self.supervisor.run_time(),
+            limiter,
+            first: Demand {
+                requests: 1.0,
+                input_tokens: (tokens + directive_tokens) as f64,
+                output_tokens: max_tokens,
+            },
+            all: Demand {
+                requests: n as f64,
+                input_tokens: (tokens + directive_total) as f64,
+                output_tokens: max_tokens * n as f64,
+            },
+        });
         Ok(DryRun {
             children,
             prefix_tokens: tokens,
@@ -71,7 +97,8 @@ impl Batches {
                 children,
                 CacheTtl::FiveMinutes,
             ),
-            slots: self.supervisor.slots(session.tenant.as_str()),
+            slots,
+            eta,
         })
     }
 }

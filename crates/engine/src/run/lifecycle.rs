@@ -140,6 +140,7 @@ impl Runs {
                     }
                 };
                 let _counted = crate::metrics::RunGauge::start();
+                let began = tokio::time::Instant::now();
                 let mut interrupted = None;
                 match runs
                     .supervisor
@@ -147,6 +148,7 @@ impl Runs {
                     .await
                 {
                     Raced::Done(RunOutcome::Ended(lease, ending)) => {
+                        runs.supervisor.ran_for(began.elapsed());
                         ended.record("forkd.agent.status", ending.status.as_str());
                         if let Some(error) = &ending.error {
                             ended.record("otel.status_code", "ERROR");

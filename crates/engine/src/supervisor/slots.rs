@@ -58,6 +58,11 @@ impl RunSlots {
         self.waiting().len_of(tenant)
     }
 
+    /// How many runs would get a slot before the `k`-th of `k` runs `tenant` queued now.
+    pub(crate) fn served_before(&self, tenant: &str, k: usize) -> usize {
+        self.waiting().served_before(tenant, k)
+    }
+
     fn waiting(
         &self,
     ) -> std::sync::MutexGuard<'_, FairQueue<oneshot::Sender<OwnedSemaphorePermit>>> {

@@ -1042,6 +1042,9 @@ class DryRun(_message.Message):
     SAVING_FIELD_NUMBER: _builtins.int
     SLOTS_FIELD_NUMBER: _builtins.int
     QUEUED_FIELD_NUMBER: _builtins.int
+    START_IN_MS_FIELD_NUMBER: _builtins.int
+    FINISH_IN_MS_FIELD_NUMBER: _builtins.int
+    ESTIMATE_BASIS_FIELD_NUMBER: _builtins.int
     children: _builtins.int
     prefix_tokens: _builtins.int
     """The tokens every child's first request shares: the parent's history to the fork point and
@@ -1056,6 +1059,16 @@ class DryRun(_message.Message):
     independent_cost_usd: _builtins.float
     saving: _builtins.float
     queued: _builtins.int
+    start_in_ms: _builtins.int
+    """When it would start (its first child has a slot and may send its first request) and
+    finish (its last child ends), in milliseconds from now. An estimate from this daemon's
+    slots and the runs served before the batch's children, the median wall time of the latest
+    runs that ended here, and the limiter's pace for the session's model. Unset when it cannot
+    be told: no run has ended here yet.
+    """
+    finish_in_ms: _builtins.int
+    estimate_basis: _builtins.str
+    """What the estimate was made of, in words."""
     @_builtins.property
     def slots(self) -> Global___RunSlots:
         """This daemon's running slots now, and the caller's runs already waiting for one."""
@@ -1071,12 +1084,22 @@ class DryRun(_message.Message):
         saving: _builtins.float = ...,
         slots: Global___RunSlots | None = ...,
         queued: _builtins.int = ...,
+        start_in_ms: _builtins.int | None = ...,
+        finish_in_ms: _builtins.int | None = ...,
+        estimate_basis: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["slots", b"slots"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_finish_in_ms", b"_finish_in_ms", "_start_in_ms", b"_start_in_ms", "finish_in_ms", b"finish_in_ms", "slots", b"slots", "start_in_ms", b"start_in_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "directive_tokens", b"directive_tokens", "fork_cost_usd", b"fork_cost_usd", "independent_cost_usd", b"independent_cost_usd", "prefix_tokens", b"prefix_tokens", "queued", b"queued", "saving", b"saving", "slots", b"slots"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_finish_in_ms", b"_finish_in_ms", "_start_in_ms", b"_start_in_ms", "children", b"children", "directive_tokens", b"directive_tokens", "estimate_basis", b"estimate_basis", "finish_in_ms", b"finish_in_ms", "fork_cost_usd", b"fork_cost_usd", "independent_cost_usd", b"independent_cost_usd", "prefix_tokens", b"prefix_tokens", "queued", b"queued", "saving", b"saving", "slots", b"slots", "start_in_ms", b"start_in_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__finish_in_ms: _TypeAlias = _typing.Literal["finish_in_ms"]  # noqa: Y015
+    _WhichOneofArgType__finish_in_ms: _TypeAlias = _typing.Literal["_finish_in_ms", b"_finish_in_ms"]  # noqa: Y015
+    _WhichOneofReturnType__start_in_ms: _TypeAlias = _typing.Literal["start_in_ms"]  # noqa: Y015
+    _WhichOneofArgType__start_in_ms: _TypeAlias = _typing.Literal["_start_in_ms", b"_start_in_ms"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__finish_in_ms) -> _WhichOneofReturnType__finish_in_ms | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__start_in_ms) -> _WhichOneofReturnType__start_in_ms | None: ...
 
 Global___DryRun: _TypeAlias = DryRun  # noqa: Y015
 

@@ -594,6 +594,19 @@ export interface DryRun {
   /** This daemon's running slots now, and the caller's runs already waiting for one. */
   slots?: RunSlots | undefined;
   queued: number;
+  /**
+   * When it would start (its first child has a slot and may send its first request) and
+   * finish (its last child ends), in milliseconds from now. An estimate from this daemon's
+   * slots and the runs served before the batch's children, the median wall time of the latest
+   * runs that ended here, and the limiter's pace for the session's model. Unset when it cannot
+   * be told: no run has ended here yet.
+   */
+  startInMs?: number | undefined;
+  finishInMs?:
+    | number
+    | undefined;
+  /** What the estimate was made of, in words. */
+  estimateBasis: string;
 }
 
 /** One path an isolated child changed. */
@@ -4761,6 +4774,9 @@ function createBaseDryRun(): DryRun {
     saving: 0,
     slots: undefined,
     queued: 0,
+    startInMs: undefined,
+    finishInMs: undefined,
+    estimateBasis: "",
   };
 }
 
@@ -4789,6 +4805,15 @@ export const DryRun: MessageFns<DryRun> = {
     }
     if (message.queued !== 0) {
       writer.uint32(64).uint32(message.queued);
+    }
+    if (message.startInMs !== undefined) {
+      writer.uint32(72).uint64(message.startInMs);
+    }
+    if (message.finishInMs !== undefined) {
+      writer.uint32(80).uint64(message.finishInMs);
+    }
+    if (message.estimateBasis !== "") {
+      writer.uint32(90).string(message.estimateBasis);
     }
     return writer;
   },
@@ -4870,6 +4895,30 @@ export const DryRun: MessageFns<DryRun> = {
             message.queued = reader.uint32();
             continue;
           }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.startInMs = longToNumber(reader.uint64());
+            continue;
+          }
+          case 10: {
+            if (tag !== 80) {
+              break;
+            }
+
+            message.finishInMs = longToNumber(reader.uint64());
+            continue;
+          }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.estimateBasis = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4908,6 +4957,21 @@ export const DryRun: MessageFns<DryRun> = {
       saving: isSet(object.saving) ? globalThis.Number(object.saving) : 0,
       slots: isSet(object.slots) ? RunSlots.fromJSON(object.slots) : undefined,
       queued: isSet(object.queued) ? globalThis.Number(object.queued) : 0,
+      startInMs: isSet(object.startInMs)
+        ? globalThis.Number(object.startInMs)
+        : isSet(object.start_in_ms)
+        ? globalThis.Number(object.start_in_ms)
+        : undefined,
+      finishInMs: isSet(object.finishInMs)
+        ? globalThis.Number(object.finishInMs)
+        : isSet(object.finish_in_ms)
+        ? globalThis.Number(object.finish_in_ms)
+        : undefined,
+      estimateBasis: isSet(object.estimateBasis)
+        ? globalThis.String(object.estimateBasis)
+        : isSet(object.estimate_basis)
+        ? globalThis.String(object.estimate_basis)
+        : "",
     };
   },
 
@@ -4937,6 +5001,15 @@ export const DryRun: MessageFns<DryRun> = {
     if (message.queued !== 0) {
       obj.queued = Math.round(message.queued);
     }
+    if (message.startInMs !== undefined) {
+      obj.startInMs = Math.round(message.startInMs);
+    }
+    if (message.finishInMs !== undefined) {
+      obj.finishInMs = Math.round(message.finishInMs);
+    }
+    if (message.estimateBasis !== "") {
+      obj.estimateBasis = message.estimateBasis;
+    }
     return obj;
   },
 
@@ -4955,6 +5028,9 @@ export const DryRun: MessageFns<DryRun> = {
       ? RunSlots.fromPartial(object.slots)
       : undefined;
     message.queued = object.queued ?? 0;
+    message.startInMs = object.startInMs ?? undefined;
+    message.finishInMs = object.finishInMs ?? undefined;
+    message.estimateBasis = object.estimateBasis ?? "";
     return message;
   },
 };
