@@ -129,6 +129,7 @@ class AsyncSessions:
         sandbox: str = "",
         allow: Sequence[str] = (),
         deny: Sequence[str] = (),
+        capacity_tool: bool = False,
         idempotency_key: str | None = None,
     ) -> AsyncSession:
         """[`forkd.Sessions.create`]."""
@@ -146,6 +147,7 @@ class AsyncSessions:
             sandbox,
             allow,
             deny,
+            capacity_tool,
             idempotency_key,
         )
         reply = await self._client._call("CreateSession", request, idempotent=True)

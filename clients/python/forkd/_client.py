@@ -134,12 +134,14 @@ class Sessions:
         sandbox: str = "",
         allow: Sequence[str] = (),
         deny: Sequence[str] = (),
+        capacity_tool: bool = False,
         idempotency_key: str | None = None,
     ) -> Session:
         """A new parent session: its system prompt and context files (paths read here, or
         `(name, text)`), in `workspace` (a directory on the daemon's machine), or in a tree sent
         from here: `upload` (a directory, uploaded first) or `upload_id` (an upload's id).
-        Retried across a daemon restart under one idempotency key."""
+        `capacity_tool` gives its model the read-only `Capacity` tool (how busy the daemon is,
+        to size its fan-out). Retried across a daemon restart under one idempotency key."""
         if upload is not None:
             if workspace is not None or upload_id is not None:
                 raise ValueError("upload= is exclusive with workspace= and upload_id=")
@@ -154,6 +156,7 @@ class Sessions:
             sandbox,
             allow,
             deny,
+            capacity_tool,
             idempotency_key,
         )
         reply = self._client._call("CreateSession", request, idempotent=True)

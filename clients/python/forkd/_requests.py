@@ -35,6 +35,7 @@ def create_session(
     sandbox: str,
     allow: Sequence[str],
     deny: Sequence[str],
+    capacity_tool: bool,
     idempotency_key: str | None,
 ) -> pb.CreateSessionRequest:
     files = []
@@ -54,6 +55,7 @@ def create_session(
         allow_rules=list(allow),
         deny_rules=list(deny),
         upload_id=upload_id or "",
+        capacity_tool=capacity_tool,
         idempotency_key=key(idempotency_key),
     )
 

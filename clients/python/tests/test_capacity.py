@@ -287,6 +287,11 @@ def test_the_async_client_asks_the_daemon(daemon: Daemon) -> None:
             session = await client.sessions.create(system="s", workspace=daemon.workspace)
             dry = await session.dry_run(["One.\n@sim say one", "Two.\n@sim say two"])
             assert dry.children == 2 and dry.fork_cost_usd > 0
+            assert "Capacity" not in session.info.tool_names
+            sizing = await client.sessions.create(
+                system="s", workspace=daemon.workspace, capacity_tool=True
+            )
+            assert "Capacity" in sizing.info.tool_names
             with pytest.raises(forkd.InvalidArgument):
                 await session.dry_run(["x"], at_turn=99)
 

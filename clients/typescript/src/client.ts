@@ -311,6 +311,8 @@ export interface CreateSessionOptions extends CallSignal {
   sandbox?: string;
   allow?: string[];
   deny?: string[];
+  /** Give the model the read-only `Capacity` tool (how busy the daemon is, to size its fan-out). */
+  capacityTool?: boolean;
   idempotencyKey?: string;
 }
 
@@ -340,6 +342,7 @@ export class Sessions {
       sandbox: options.sandbox ?? "",
       allowRules: options.allow ?? [],
       denyRules: options.deny ?? [],
+      capacityTool: options.capacityTool ?? false,
       idempotencyKey: options.idempotencyKey ?? randomUUID(),
     });
     const reply = await this.client.call(this.client.stub.createSession, request, {

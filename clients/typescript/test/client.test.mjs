@@ -528,6 +528,14 @@ test("capacity of a fresh daemon, and a dry run that forks nothing and leaves it
     const other = await c.sessions.create({ system: "s", workspace: fresh.workspace });
     await assert.rejects(other.dryRun(["x"], { atTurn: 99 }), forkd.InvalidArgument);
     await assert.rejects(other.dryRun([]), forkd.InvalidArgument);
+    // Its model gets the Capacity tool only when asked for; the dry run after the batch
+    // estimates an end from the runs that ended.
+    assert.ok(!other.info.toolNames.includes("Capacity"));
+    const sizing = await c.sessions.create({ system: "s", workspace: fresh.workspace, capacityTool: true });
+    assert.ok(sizing.info.toolNames.includes("Capacity"));
+    const later = await sizing.dryRun(["x"]);
+    assert.equal(later.startInMs, 0);
+    assert.ok(later.finishInMs !== undefined && later.estimateBasis.includes("median of the latest"), later.estimateBasis);
     await assert.rejects(other.dryRun(["x"], { outputSchema: { type: "objet" } }), forkd.InvalidArgument);
   } finally {
     c.close();

@@ -8,6 +8,10 @@ use crate::session::ToolDef;
 /// The name of the tool that forks (without `subagent_type`) or starts a typed agent.
 pub const AGENT_TOOL: &str = "Agent";
 
+/// The read-only tool that tells a session's model how busy the daemon is (off by default; a
+/// session created with `capacity_tool` has it).
+pub const CAPACITY_TOOL: &str = "Capacity";
+
 /// The prefix of every MCP tool's name in a session's pool: `mcp__SERVER__TOOL`.
 pub const MCP_PREFIX: &str = "mcp__";
 
@@ -188,6 +192,24 @@ pub fn builtin_definitions_with_types(types: &[AgentTypeListing<'_>]) -> Vec<Too
             ),
         ),
     ]
+}
+
+/// The `Capacity` tool: what `GetCapacity` tells a client, for a coordinator sizing its
+/// fan-out. Part of a session's tools only when it was created with `capacity_tool`.
+pub fn capacity_definition() -> ToolDef {
+    def(
+        CAPACITY_TOOL,
+        "See how busy forkd is before you fork: its running slots (used, free, total), your \
+         agents waiting for a slot, your budget left, the provider limiter's state for your model \
+         and how long the latest agents ran. Give children to also get when a fork of that many \
+         would start and finish (an estimate). Read-only.",
+        object(
+            json!({
+                "children": {"type": "integer", "minimum": 1, "description": "How many children you consider forking."}
+            }),
+            &[],
+        ),
+    )
 }
 
 #[cfg(test)]

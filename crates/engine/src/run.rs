@@ -4,6 +4,7 @@
 //! parent's history up to the fork point, the batch's shared blocks, the child's directive and its
 //! own messages), so any later run of the same agent id continues where the last one stopped.
 
+mod capacity;
 mod compact;
 mod gate;
 mod lifecycle;

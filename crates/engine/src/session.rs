@@ -64,6 +64,8 @@ pub struct NewSession {
     /// An upload of the tenant's to work in (a fresh workspace holding its tree) instead of
     /// `workspace`.
     pub upload: Option<forkd_core::UploadId>,
+    /// Its model gets the read-only `Capacity` tool (how busy the daemon is).
+    pub capacity_tool: bool,
 }
 
 impl NewSession {
@@ -76,7 +78,7 @@ impl NewSession {
             .iter()
             .map(|f| (f.path.as_str(), f.content.as_str()))
             .collect();
-        let canonical = serde_json::json!([
+        let mut canonical = serde_json::json!([
             self.system_prompt,
             files,
             self.model,
@@ -95,8 +97,27 @@ impl NewSession {
             self.deny_rules,
             tree,
         ]);
+        // Added only when asked for, so that the digests of keys recorded before the option
+        // came stay what they were.
+        if self.capacity_tool
+            && let Some(parts) = canonical.as_array_mut()
+        {
+            parts.push(serde_json::json!({"capacity_tool": true}));
+        }
         forkd_core::request::fingerprint(canonical.to_string().as_bytes())
     }
+}
+
+/// The built-in tools of a session: the `Agent` tool listing `types`, and `Capacity` when asked.
+fn builtin_tools(
+    types: &[AgentTypeListing<'_>],
+    capacity: bool,
+) -> Vec<forkd_core::session::ToolDef> {
+    let mut defs = builtin_definitions_with_types(types);
+    if capacity {
+        defs.push(forkd_core::tools::capacity_definition());
+    }
+    defs
 }
 
 /// The smallest thinking budget the Messages API accepts.
@@ -456,7 +477,7 @@ impl Sessions {
             params: CacheSafeParams {
                 system: template(&req, &workspace, &model).render(),
                 model,
-                tools: ToolsJson::assemble(builtin_definitions_with_types(&listed), mcp.defs),
+                tools: ToolsJson::assemble(builtin_tools(&listed, req.capacity_tool), mcp.defs),
                 thinking,
                 max_tokens,
             },

@@ -123,6 +123,7 @@ mod tests {
             "--thinking-budget",
             "2048",
             "--coordinator",
+            "--capacity-tool",
         ])?;
         let Command::Session(session::SessionArgs {
             command: session::SessionCommand::Create(create),
@@ -135,6 +136,7 @@ mod tests {
         assert_eq!(create.permission_mode.as_deref(), Some("acceptEdits"));
         assert_eq!(create.thinking_budget, 2048);
         assert!(create.coordinator);
+        assert!(create.capacity_tool);
         Ok(())
     }
 

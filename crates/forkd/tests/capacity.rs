@@ -271,3 +271,130 @@ async fn a_dry_run_forks_nothing_and_prices_the_first_requests() {
         .unwrap_err();
     assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
 }
+
+/// Sends `text` to the session and waits for its turn to end; the turn's final text.
+async fn turn(c: &mut Caller, session_id: &str, text: &str) -> String {
+    let request = c.req(pb::SendMessageRequest {
+        session_id: session_id.to_owned(),
+        text: text.into(),
+        ..Default::default()
+    });
+    let mut stream = c.client.send_message(request).await.unwrap().into_inner();
+    let mut events = Vec::new();
+    while let Some(event) = stream.message().await.unwrap() {
+        events.extend(event.event);
+    }
+    forkd_test_support::turn_text(&events).unwrap().to_owned()
+}
+
+/// The `tool_result` of the session's first `Capacity` call, parsed.
+async fn capacity_result(c: &mut Caller, session_id: &str) -> (serde_json::Value, bool) {
+    let request = c.req(pb::ListAgentsRequest {
+        session_id: session_id.to_owned(),
+        include_ended: true,
+        ..Default::default()
+    });
+    let agents = c
+        .client
+        .list_agents(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .agents;
+    let parent = agents.into_iter().find(|a| a.kind == "parent").unwrap();
+    let request = c.req(pb::GetTranscriptRequest {
+        agent_id: parent.agent_id,
+        include_shared_prefix: true,
+    });
+    let transcript = c
+        .client
+        .get_transcript(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .messages;
+    let result = transcript
+        .iter()
+        .flat_map(|m| serde_json::from_str::<Vec<serde_json::Value>>(&m.content_json).unwrap())
+        .find(|b| b["type"] == "tool_result")
+        .expect("the call has its result");
+    let text = result["content"]
+        .as_str()
+        .map(str::to_owned)
+        .or_else(|| result["content"][0]["text"].as_str().map(str::to_owned))
+        .unwrap();
+    let is_error = result["is_error"].as_bool().unwrap_or(false);
+    (
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+        is_error,
+    )
+}
+
+#[tokio::test]
+async fn a_session_s_model_may_ask_for_capacity_only_when_the_session_has_the_tool() {
+    let mut secrets = Vec::new();
+    let daemon = spawn_daemon_with(|c| {
+        c.listen = Some(LOOPBACK);
+        c.engine.max_running_agents = Some(3);
+        c.engine.tenant_budgets.insert(
+            "alpha".into(),
+            Budget {
+                usd: Some(2.5),
+                tokens: None,
+            },
+        );
+        let tokens = TokenStore::in_home(&c.home);
+        secrets.push(tokens.create("alpha").unwrap());
+    })
+    .await
+    .unwrap();
+    let mut alpha = Caller::new(&daemon, secrets[0].expose()).await.unwrap();
+    let workspace = daemon.tenant_workspace("alpha");
+    let ask = "How busy is it?\n@sim tool Capacity {\"children\": 4}\n@sim say sized";
+
+    // Off by default: the tool is not the model's, and a call to it is refused as a result.
+    let plain = alpha
+        .create_session(session_request(&workspace))
+        .await
+        .unwrap();
+    assert!(!plain.tool_names.iter().any(|t| t == "Capacity"));
+    turn(&mut alpha, &plain.session_id, ask).await;
+    let (refused, is_error) = capacity_result(&mut alpha, &plain.session_id).await;
+    assert!(is_error, "{refused}");
+    assert!(
+        refused
+            .as_str()
+            .unwrap()
+            .contains("Tool Capacity is not available"),
+        "{refused}"
+    );
+
+    // Asked for at creation: the model reads the slots, its budget, its model and an estimate.
+    let sized = alpha
+        .create_session(pb::CreateSessionRequest {
+            capacity_tool: true,
+            ..session_request(&workspace)
+        })
+        .await
+        .unwrap();
+    assert!(sized.tool_names.iter().any(|t| t == "Capacity"));
+    let said = turn(&mut alpha, &sized.session_id, ask).await;
+    assert!(said.contains("Result: sized"), "{said}");
+    let (answer, is_error) = capacity_result(&mut alpha, &sized.session_id).await;
+    assert!(!is_error, "{answer}");
+    assert_eq!(answer["slots"]["total"], 3, "{answer}");
+    assert_eq!(answer["slots"]["free"], 3, "{answer}");
+    assert_eq!(answer["queued"], 0, "{answer}");
+    let budget = answer["budget_left"]["usd"].as_f64().unwrap();
+    assert!(budget > 2.0 && budget <= 2.5, "{answer}");
+    assert_eq!(answer["model"]["name"], sized.model, "{answer}");
+    assert_eq!(answer["fork"]["children"], 4, "{answer}");
+    assert_eq!(answer["fork"]["start_in_ms"], 0, "{answer}");
+    assert!(
+        answer["fork"]["basis"]
+            .as_str()
+            .unwrap()
+            .contains("3 slots taken"),
+        "{answer}"
+    );
+}

@@ -328,6 +328,7 @@ pub(crate) fn new_session(req: pb::CreateSessionRequest) -> Result<NewSession, A
         sandbox,
         allow_network: req.allow_network,
         unix_sockets: req.unix_sockets,
+        capacity_tool: req.capacity_tool,
         upload: match req.upload_id.as_str() {
             "" => None,
             id => Some(id.parse().map_err(|_| {

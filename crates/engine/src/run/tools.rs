@@ -15,7 +15,7 @@ use forkd_core::plan::{Calls, ForkLimits, Forker, plan};
 use forkd_core::session::SandboxMode;
 use forkd_core::session::{PermissionMode, PermissionRules, Session};
 use forkd_core::store::{ProcessGroup, ToolCall};
-use forkd_core::tools::AGENT_TOOL;
+use forkd_core::tools::{AGENT_TOOL, CAPACITY_TOOL};
 use forkd_core::{Agent, AgentId, AgentKind, Block, Message, RawJson};
 use forkd_tools::Wall;
 use forkd_tools::{Decision, Policy, Rule, SandboxSpec, ToolContext, ToolOutput, Workspace};
@@ -263,6 +263,7 @@ impl Runs {
                     // An MCP tool only when the operator's configuration says so.
                     read_only: forkd_tools::is_read_only(name)
                         || name == AGENT_TOOL
+                        || name == CAPACITY_TOOL
                         || mcp.is_some_and(|t| t.read_only),
                     result: None,
                     full_output: None,
@@ -283,6 +284,9 @@ impl Runs {
             // Waiting on a typed agent, which has limits of its own, is not idling.
             let _waiting = crate::progress::waiting();
             Ran::Builtin(self.agent_call(turn, id, input).await)
+        } else if name == CAPACITY_TOOL {
+            // Read-only, and of the tenant's own: no permission asked.
+            Ran::Builtin(self.capacity_tool(turn, input).await)
         } else {
             let allowed = match policy.decide(name, input, &ctx.workspace) {
                 Decision::Allow => Ok(()),

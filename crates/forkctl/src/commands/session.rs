@@ -158,6 +158,12 @@ pub struct CreateArgs {
     #[arg(long)]
     pub coordinator: bool,
 
+    /// Give the model the read-only `Capacity` tool: the daemon's free slots, the tenant's
+    /// queue and budget, the limiter for its model, and when a fork of N children would start
+    /// and finish — to size its fan-out.
+    #[arg(long)]
+    pub capacity_tool: bool,
+
     /// A client will answer permission prompts (SubscribePermissions / AnswerPermission); needed
     /// for `--permission-mode bubble`.
     #[arg(long)]
@@ -507,6 +513,7 @@ fn create_request(args: CreateArgs, over_socket: bool) -> Result<CreateSessionRe
         model: args.model.unwrap_or_default(),
         workspace,
         coordinator: args.coordinator,
+        capacity_tool: args.capacity_tool,
         interactive: args.interactive,
         permission_mode: args.permission_mode.unwrap_or_default(),
         sandbox: args.sandbox.unwrap_or_default(),
@@ -599,6 +606,7 @@ mod tests {
             upload: None,
             include: Vec::new(),
             coordinator: false,
+            capacity_tool: false,
             interactive: false,
             permission_mode: None,
             sandbox: None,

@@ -13,6 +13,7 @@
 //!   permission_mode: dontAsk      # optional
 //!   sandbox: workspace-write      # optional: read-only, full-access; the daemon's default
 //!   allow_network: false          # optional: let Bash use the network
+//!   capacity_tool: true           # optional: the model may ask how busy the daemon is
 //!   mcp: [github]                 # optional: the operator's MCP servers, by name
 //!   allow: ["Bash(cargo test:*)"] # optional rule lists
 //!   deny: ["Write(secrets/**)"]
@@ -135,6 +136,8 @@ struct SessionSpec {
     sandbox: Option<String>,
     #[serde(default)]
     allow_network: bool,
+    #[serde(default)]
+    capacity_tool: bool,
     #[serde(default)]
     mcp: Vec<String>,
     #[serde(default)]
@@ -466,6 +469,7 @@ fn new_session(s: SessionSpec, key: &str, base: &Path) -> Result<NewSession, Str
         permission_mode: s.permission_mode.unwrap_or_default(),
         sandbox: s.sandbox.unwrap_or_default(),
         allow_network: s.allow_network,
+        capacity_tool: s.capacity_tool,
         mcp_servers: s.mcp,
         allow_rules: s.allow,
         deny_rules: s.deny,

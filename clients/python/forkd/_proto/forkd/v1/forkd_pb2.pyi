@@ -146,6 +146,7 @@ class CreateSessionRequest(_message.Message):
     MCP_CONFIG_JSON_FIELD_NUMBER: _builtins.int
     UNIX_SOCKETS_FIELD_NUMBER: _builtins.int
     UPLOAD_ID_FIELD_NUMBER: _builtins.int
+    CAPACITY_TOOL_FIELD_NUMBER: _builtins.int
     system_prompt: _builtins.str
     """The client's system prompt; forkd renders it once with the session's environment."""
     model: _builtins.str
@@ -187,6 +188,12 @@ class CreateSessionRequest(_message.Message):
     upload_id: _builtins.str
     """An upload of the caller's tenant (UploadWorkspace) to work in instead of a directory: the
     session gets a fresh workspace holding that tree. Exclusive with workspace.
+    """
+    capacity_tool: _builtins.bool
+    """Its model gets the read-only Capacity tool: GetCapacity's answer (slots, the tenant's
+    queue and budget left, the limiter for its model, the latest runs' wall time) and, given a
+    number of children, when a fork of that many would start and finish. Off by default; part
+    of the session's tools (its children's requests carry it too), so it is fixed at creation.
     """
     @_builtins.property
     def context_files(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContextFile]:
@@ -236,10 +243,11 @@ class CreateSessionRequest(_message.Message):
         mcp_config_json: _builtins.str = ...,
         unix_sockets: _builtins.bool = ...,
         upload_id: _builtins.str = ...,
+        capacity_tool: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_network", b"allow_network", "allow_rules", b"allow_rules", "context_files", b"context_files", "coordinator", b"coordinator", "deny_rules", b"deny_rules", "external_tools_json", b"external_tools_json", "idempotency_key", b"idempotency_key", "interactive", b"interactive", "max_tokens", b"max_tokens", "mcp_config_json", b"mcp_config_json", "mcp_servers", b"mcp_servers", "model", b"model", "permission_mode", b"permission_mode", "sandbox", b"sandbox", "system_prompt", b"system_prompt", "thinking_budget_tokens", b"thinking_budget_tokens", "unix_sockets", b"unix_sockets", "upload_id", b"upload_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_network", b"allow_network", "allow_rules", b"allow_rules", "capacity_tool", b"capacity_tool", "context_files", b"context_files", "coordinator", b"coordinator", "deny_rules", b"deny_rules", "external_tools_json", b"external_tools_json", "idempotency_key", b"idempotency_key", "interactive", b"interactive", "max_tokens", b"max_tokens", "mcp_config_json", b"mcp_config_json", "mcp_servers", b"mcp_servers", "model", b"model", "permission_mode", b"permission_mode", "sandbox", b"sandbox", "system_prompt", b"system_prompt", "thinking_budget_tokens", b"thinking_budget_tokens", "unix_sockets", b"unix_sockets", "upload_id", b"upload_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

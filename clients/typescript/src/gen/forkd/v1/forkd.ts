@@ -274,6 +274,13 @@ export interface CreateSessionRequest {
    * session gets a fresh workspace holding that tree. Exclusive with workspace.
    */
   uploadId: string;
+  /**
+   * Its model gets the read-only Capacity tool: GetCapacity's answer (slots, the tenant's
+   * queue and budget left, the limiter for its model, the latest runs' wall time) and, given a
+   * number of children, when a fork of that many would start and finish. Off by default; part
+   * of the session's tools (its children's requests carry it too), so it is fixed at creation.
+   */
+  capacityTool: boolean;
 }
 
 export interface CreateSessionResponse {
@@ -1319,6 +1326,7 @@ function createBaseCreateSessionRequest(): CreateSessionRequest {
     mcpConfigJson: "",
     unixSockets: false,
     uploadId: "",
+    capacityTool: false,
   };
 }
 
@@ -1380,6 +1388,9 @@ export const CreateSessionRequest: MessageFns<CreateSessionRequest> = {
     }
     if (message.uploadId !== "") {
       writer.uint32(154).string(message.uploadId);
+    }
+    if (message.capacityTool !== false) {
+      writer.uint32(160).bool(message.capacityTool);
     }
     return writer;
   },
@@ -1549,6 +1560,14 @@ export const CreateSessionRequest: MessageFns<CreateSessionRequest> = {
             message.uploadId = reader.string();
             continue;
           }
+          case 20: {
+            if (tag !== 160) {
+              break;
+            }
+
+            message.capacityTool = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1638,6 +1657,11 @@ export const CreateSessionRequest: MessageFns<CreateSessionRequest> = {
         : isSet(object.upload_id)
         ? globalThis.String(object.upload_id)
         : "",
+      capacityTool: isSet(object.capacityTool)
+        ? globalThis.Boolean(object.capacityTool)
+        : isSet(object.capacity_tool)
+        ? globalThis.Boolean(object.capacity_tool)
+        : false,
     };
   },
 
@@ -1700,6 +1724,9 @@ export const CreateSessionRequest: MessageFns<CreateSessionRequest> = {
     if (message.uploadId !== "") {
       obj.uploadId = message.uploadId;
     }
+    if (message.capacityTool !== false) {
+      obj.capacityTool = message.capacityTool;
+    }
     return obj;
   },
 
@@ -1727,6 +1754,7 @@ export const CreateSessionRequest: MessageFns<CreateSessionRequest> = {
     message.mcpConfigJson = object.mcpConfigJson ?? "";
     message.unixSockets = object.unixSockets ?? false;
     message.uploadId = object.uploadId ?? "";
+    message.capacityTool = object.capacityTool ?? false;
     return message;
   },
 };

@@ -12,6 +12,7 @@ session:
   model: sim
   workspace: work
   permission_mode: dontAsk
+  capacity_tool: true
   allow: ["Bash(cargo test:*)"]
   deny: ["Write(secrets/**)"]
 directives:
@@ -62,6 +63,7 @@ fn a_full_file_becomes_both_requests() -> anyhow::Result<()> {
     let workspace = std::fs::canonicalize(dir.path().join("work"))?;
     assert_eq!(Path::new(&s.workspace), workspace);
     assert_eq!(s.permission_mode, "dontAsk");
+    assert!(s.capacity_tool);
     assert_eq!(s.allow_rules, ["Bash(cargo test:*)"]);
     assert_eq!(s.deny_rules, ["Write(secrets/**)"]);
     assert_eq!(s.idempotency_key, "nightly-42/session");
@@ -96,6 +98,7 @@ fn a_minimal_file_leaves_the_rest_to_the_daemon() -> anyhow::Result<()> {
     assert_eq!(session.system_prompt, "Be brief.");
     assert_eq!(session.model, "");
     assert_eq!(session.permission_mode, "");
+    assert!(!session.capacity_tool);
     // The workspace defaults to the file's directory.
     assert_eq!(
         Path::new(&session.workspace),
