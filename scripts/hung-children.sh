@@ -46,9 +46,13 @@ done
 args+=(-d "$loop
 @sim say green")
 
+echo "-- asked first (nothing forked):"
+"$FORKCTL" fork "$sid" "${args[@]}" --timeout "$timeout" --dry-run
 start=$(date +%s.%N)
 status=0
 "$FORKCTL" fork "$sid" "${args[@]}" --timeout "$timeout" --wait || status=$?
 end=$(date +%s.%N)
 python3 -c "import sys; print(f'wall {float(sys.argv[2]) - float(sys.argv[1]):.2f} s, --timeout {sys.argv[3]}, forkctl exit {sys.argv[4]}')" \
   "$start" "$end" "$timeout" "$status"
+echo "-- the same batch asked again, now that runs have ended here:"
+"$FORKCTL" fork "$sid" "${args[@]}" --timeout "$timeout" --dry-run

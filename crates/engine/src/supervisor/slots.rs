@@ -69,9 +69,16 @@ impl RunSlots {
         self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Hands each free slot to the run served next.
+    /// Hands each free slot to the run served next. A slot is taken only once a run waits for
+    /// one: an idle dispatcher holds none, so the slots in use are the runs' alone.
     async fn dispatch(self: Arc<Self>, draining: CancellationToken) {
         loop {
+            while self.waiting().len() == 0 {
+                tokio::select! {
+                    () = self.queued.notified() => {}
+                    () = draining.cancelled() => return,
+                }
+            }
             let mut slot = tokio::select! {
                 slot = Arc::clone(&self.slots).acquire_owned() => match slot {
                     Ok(slot) => slot,
@@ -81,16 +88,14 @@ impl RunSlots {
             };
             loop {
                 let next = self.waiting().pop();
-                match next {
-                    Some(run) => match run.send(slot) {
-                        Ok(()) => break,
-                        // That run ended while it waited: the slot goes to the next one.
-                        Err(back) => slot = back,
-                    },
-                    None => tokio::select! {
-                        () = self.queued.notified() => {}
-                        () = draining.cancelled() => return,
-                    },
+                let Some(run) = next else {
+                    // Every run that waited ended meanwhile: the slot is free again.
+                    break;
+                };
+                match run.send(slot) {
+                    Ok(()) => break,
+                    // That run ended while it waited: the slot goes to the next one.
+                    Err(back) => slot = back,
                 }
             }
         }
@@ -140,6 +145,23 @@ mod tests {
             assert!(progressed, "a slot was freed but nobody got it: {order:?}");
         }
         assert_eq!(order, ["a0", "b0", "a1", "b1", "a2"]);
+    }
+
+    #[tokio::test]
+    async fn slots_are_in_use_only_while_runs_hold_them() {
+        let slots = RunSlots::new(2);
+        let draining = CancellationToken::new();
+        let tenant: Arc<str> = "a".into();
+        let mut turn = slots.queue(&tenant, &draining);
+        let held = served(&mut turn).await.expect("a free slot is handed over");
+        assert_eq!(slots.used(2), 1);
+        drop(held);
+        // The dispatcher, idle now, holds no slot of its own.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(slots.used(2), 0);
+        // And a run queued later still gets one.
+        let mut next = slots.queue(&tenant, &draining);
+        assert!(served(&mut next).await.is_some());
     }
 
     #[tokio::test]
