@@ -109,7 +109,7 @@ async fn execute(command: &str, limit: Duration, ctx: &ToolContext) -> std::io::
         let command = command.to_owned();
         let root = ctx.workspace.root().to_path_buf();
         let (spec, layer) = (ctx.sandbox.clone(), ctx.workspace.layer().cloned());
-        tokio::task::spawn_blocking(move || start(&command, &root, spec.as_ref(), layer.as_deref()))
+        tokio::task::spawn_blocking(move || start(&command, &root, spec.as_ref(), layer.as_ref()))
             .await
             .map_err(std::io::Error::other)??
     };
@@ -162,7 +162,7 @@ fn start(
     command: &str,
     root: &Path,
     spec: Option<&SandboxSpec>,
-    layer: Option<&LayerView>,
+    layer: Option<&std::sync::Arc<LayerView>>,
 ) -> std::io::Result<Started> {
     let prepared = match spec {
         Some(spec) => match Prepared::new(spec.sandbox, &spec.paths, root, layer) {

@@ -62,6 +62,7 @@ mod init;
 pub mod layer;
 pub mod limits;
 mod seccomp;
+mod setup;
 
 use std::ffi::CString;
 use std::io;
@@ -79,9 +80,9 @@ pub use forkd_core::session::{Sandbox, SandboxMode};
 pub use home::{HomeView, default_read_allow};
 pub use limits::ResourceLimits;
 
-use covers::{Cover, covers, fd_path};
 use error::Layer;
 pub use error::{SandboxError, explain};
+pub(crate) use setup::{Setup, hidden};
 
 /// The deny list used when the daemon's configuration names none, relative to the home
 /// directory: credentials a command has no business reading.
@@ -212,205 +213,6 @@ pub fn layers(sandbox: Sandbox, limits: &ResourceLimits) -> String {
     )
 }
 
-/// A view's namespaces as a holder process makes them ([`held`]): what every command that sees
-/// the view shares.
-pub(crate) struct Setup {
-    unshare: libc::c_int,
-    setgroups_path: CString,
-    uid_map_path: CString,
-    gid_map_path: CString,
-    uid_map: Vec<u8>,
-    gid_map: Vec<u8>,
-    root: CString,
-    tmpfs: CString,
-    tmpfs_options: CString,
-    dev_null: CString,
-    home: Option<home::Cover>,
-    /// Hidden directories that hold a kept path, each covered whole with it bound back in.
-    splits: Vec<home::Cover>,
-    /// What to cover, as planned.
-    covers: Vec<Cover>,
-    /// An isolated child's layer, mounted over the workspace before anything is covered.
-    overlay: Option<layer::Mount>,
-    /// A test's holder that never answers ([`held::testing`]).
-    hang: bool,
-}
-
-impl Setup {
-    /// Plans the view of a command working in `workspace` with its temporary directory `tmp`
-    /// (both canonical).
-    fn new(
-        sandbox: Sandbox,
-        paths: &SandboxPaths,
-        workspace: &Path,
-        tmp: &Path,
-    ) -> Result<Setup, SandboxError> {
-        let kept = [workspace, tmp];
-        let home = match &paths.home {
-            Some(view) => home::Cover::new(view, &kept)?,
-            None => None,
-        };
-        let (split, covers) = covers(&hidden(paths), &kept);
-        // Inside a covered directory (the home, a split one) only what is bound back in is
-        // there to cover.
-        let shown = |path: &Path, covered: &[&home::Cover]| {
-            covered.iter().all(|c| !c.covers(path) || c.shows(path))
-        };
-        let mut splits: Vec<home::Cover> = Vec::new();
-        for dir in split {
-            let covered: Vec<&home::Cover> = home.iter().chain(&splits).collect();
-            if shown(&dir, &covered)
-                && let Some(cover) = home::Cover::around(&dir, &kept)?
-            {
-                splits.push(cover);
-            }
-        }
-        let covered: Vec<&home::Cover> = home.iter().chain(&splits).collect();
-        let covers = covers
-            .into_iter()
-            .filter(|(path, _)| shown(path, &covered))
-            .filter_map(|(path, dir)| Cover::plan(&path, dir).transpose())
-            .collect::<Result<Vec<_>, SandboxError>>()?;
-        // SAFETY: getuid and getgid cannot fail.
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        let mut unshare = libc::CLONE_NEWUSER | libc::CLONE_NEWNS;
-        if !sandbox.allow_network {
-            unshare |= libc::CLONE_NEWNET;
-        }
-        Ok(Setup {
-            unshare,
-            setgroups_path: c_str("/proc/self/setgroups")?,
-            uid_map_path: c_str("/proc/self/uid_map")?,
-            gid_map_path: c_str("/proc/self/gid_map")?,
-            uid_map: format!("{uid} {uid} 1").into_bytes(),
-            gid_map: format!("{gid} {gid} 1").into_bytes(),
-            root: c_str("/")?,
-            tmpfs: c_str("tmpfs")?,
-            tmpfs_options: c_str("mode=000,size=4k,nr_inodes=1")?,
-            dev_null: c_str("/dev/null")?,
-            home,
-            splits,
-            covers,
-            overlay: None,
-            hang: held::testing::hangs(tmp),
-        })
-    }
-
-    /// What keys the view [`Setup::new`] would plan: see [`held`].
-    fn key(sandbox: Sandbox, paths: &SandboxPaths, workspace: &Path, tmp: &Path) -> held::Key {
-        let mut key = held::Key::new(!sandbox.allow_network);
-        key.push_path(workspace);
-        key.push_path(tmp);
-        // As given, each with the identity of what it leads to now: a symlink pointed elsewhere
-        // changes the key, and no path is resolved component by component on every command.
-        for path in &paths.hidden {
-            key.push_path(path);
-        }
-        if let Some(view) = &paths.home {
-            key.push_path(&view.dir);
-            for entry in &view.allow {
-                key.push_path(entry);
-            }
-        }
-        key
-    }
-
-    /// Whether the view has a network namespace of its own.
-    pub(crate) fn has_own_network(&self) -> bool {
-        self.unshare & libc::CLONE_NEWNET != 0
-    }
-
-    /// Makes the view's namespaces and mounts. Runs in the holder process, forked from the
-    /// daemon: system calls only, on what [`Setup::new`] made ready.
-    ///
-    /// # Safety
-    /// In a forked child of the daemon, before it exits: system calls only.
-    pub(crate) unsafe fn enter(&mut self) -> io::Result<()> {
-        // SAFETY: each call below is a plain system call on pointers to memory this value owns
-        // (NUL-terminated strings, byte buffers) that outlives the call.
-        unsafe {
-            Layer::Namespaces.tag(check(libc::unshare(self.unshare)))?;
-            // Writing "deny" is refused where it is not needed (a privileged caller): harmless.
-            let _ = write_file(&self.setgroups_path, b"deny");
-            Layer::Namespaces.tag(write_file(&self.uid_map_path, &self.uid_map))?;
-            Layer::Namespaces.tag(write_file(&self.gid_map_path, &self.gid_map))?;
-            // Nothing mounted here propagates back to the daemon's namespace.
-            Layer::Mounts.tag(check(libc::mount(
-                std::ptr::null(),
-                self.root.as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            )))?;
-            // The layer first: it reads its lower and upper directories where they are (in the
-            // daemon's home), before the covers hide them.
-            if let Some(overlay) = &self.overlay {
-                Layer::Overlay.tag(overlay.mount())?;
-            }
-            if let Some(home) = &mut self.home {
-                Layer::HomeCover.tag(home.take())?;
-                Layer::HomeCover.tag(home.mount())?;
-            }
-            for split in &mut self.splits {
-                Layer::Mounts.tag(split.take())?;
-                Layer::Mounts.tag(split.mount())?;
-            }
-            Layer::Mounts.tag(self.mount_covers())
-        }
-    }
-
-    /// Covers each hidden path: an empty read-only tmpfs over a directory, `/dev/null` over a
-    /// file. Each is mounted on a descriptor, never by path: the path is opened without
-    /// following a symlink anywhere along it, and what it opens must be what was planned (the
-    /// same device and inode). An entry swapped since the plan (a symlink put in its place, the
-    /// directory moved and another made) fails the view with `ESTALE`: the command does not
-    /// run, rather than run with a cover landed elsewhere or missing.
-    ///
-    /// # Safety
-    /// In the view's mount namespace, in a forked child: system calls only.
-    unsafe fn mount_covers(&self) -> io::Result<()> {
-        // SAFETY: plain system calls on NUL-terminated strings and buffers this function or
-        // this value owns.
-        unsafe {
-            for cover in &self.covers {
-                let fd = cover.open()?;
-                // `/proc/self/fd/N`: mount(2) reaches the object the descriptor holds.
-                let mut target = [0u8; 32];
-                fd_path(fd, &mut target);
-                let mounted = if cover.dir {
-                    check(libc::mount(
-                        self.tmpfs.as_ptr(),
-                        target.as_ptr().cast(),
-                        self.tmpfs.as_ptr(),
-                        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                        self.tmpfs_options.as_ptr().cast(),
-                    ))
-                } else {
-                    check(libc::mount(
-                        self.dev_null.as_ptr(),
-                        target.as_ptr().cast(),
-                        std::ptr::null(),
-                        libc::MS_BIND,
-                        std::ptr::null(),
-                    ))
-                };
-                libc::close(fd);
-                mounted?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The hidden paths that exist, canonical.
-pub(crate) fn hidden(paths: &SandboxPaths) -> Vec<PathBuf> {
-    paths
-        .hidden
-        .iter()
-        .filter_map(|p| std::fs::canonicalize(p).ok())
-        .collect()
-}
-
 /// A sandbox prepared in the daemon, entered by the command's own process before exec.
 pub(crate) struct Prepared {
     ruleset: OwnedFd,
@@ -419,6 +221,9 @@ pub(crate) struct Prepared {
     /// Where the command starts: read before it enters the view's mount namespace (which moves
     /// it to the root), gone back to after.
     cwd: Vec<u8>,
+    /// Where the command starts when its workspace exists only in its view (a session's own
+    /// beneath [`layer::VIEW_ROOT`]): it is started at `/`, and goes there once in the view.
+    cwd_in_view: Option<CString>,
     /// The PID namespace's init, ready to start.
     init: init::Init,
     oom_score_adj: CString,
@@ -449,13 +254,14 @@ pub fn landlock_abi() -> i64 {
 }
 
 impl Prepared {
-    /// Prepares the sandbox of a command working in `workspace`, or in an isolated child's
-    /// `layer` mounted there; `None` for `full-access`.
+    /// Prepares the sandbox of a command working in `workspace`, or in a `layer` mounted there
+    /// (an isolated child's, which is its view, or its session's, which its view enters);
+    /// `None` for `full-access`.
     pub(crate) fn new(
         sandbox: Sandbox,
         paths: &SandboxPaths,
         workspace: &Path,
-        layer: Option<&layer::LayerView>,
+        layer: Option<&Arc<layer::LayerView>>,
     ) -> Result<Option<Prepared>, SandboxError> {
         if sandbox.mode == SandboxMode::FullAccess {
             return Ok(None);
@@ -469,7 +275,8 @@ impl Prepared {
         }
         make_private(&paths.tmp)?;
         let tmp = canonical(&paths.tmp)?;
-        let workspace = canonical(workspace)?;
+        let in_view = layer.is_some_and(|l| !l.workspace().exists());
+        let workspace = seen_path(workspace)?;
         // Landlock judges a write by the inode it reaches: in a layer, the layer's root, which
         // the daemon reaches through its descriptor.
         let writable_workspace = layer.map_or(workspace.as_path(), |l| l.through());
@@ -479,10 +286,13 @@ impl Prepared {
         };
         let ruleset = ruleset(&writable)?;
         let held = match layer {
-            Some(layer) => Arc::clone(&layer.held),
-            None => held::get_or_make(Setup::key(sandbox, paths, &workspace, &tmp), || {
-                Setup::new(sandbox, paths, &workspace, &tmp)
-            })?,
+            Some(layer) if !layer.is_shared() => Arc::clone(&layer.held),
+            base => {
+                let key = Setup::key(sandbox, paths, &workspace, &tmp, base.map(|b| &**b));
+                held::get_or_make(key, || {
+                    Setup::new(sandbox, paths, &workspace, &tmp, base.cloned())
+                })?
+            }
         };
         let group = match (&paths.group, cgroup::hierarchy()) {
             (Some(session), Ok(hierarchy)) => {
@@ -496,6 +306,11 @@ impl Prepared {
             ruleset,
             held,
             cwd: vec![0; libc::PATH_MAX as usize + 1],
+            cwd_in_view: if in_view {
+                Some(c_path(&workspace)?)
+            } else {
+                None
+            },
             init: init::Init::new().map_err(|e| SandboxError::Prepare(e.to_string()))?,
             oom_score_adj: c_str("/proc/self/oom_score_adj")?,
             limits: paths.limits,
@@ -514,6 +329,10 @@ impl Prepared {
     pub(crate) fn apply(mut self, cmd: &mut std::process::Command) -> Option<cgroup::Membership> {
         use std::os::unix::process::CommandExt;
         cmd.env("TMPDIR", &self.tmp);
+        if self.cwd_in_view.is_some() {
+            // Its directory is not here: it goes there in the view.
+            cmd.current_dir("/");
+        }
         // The process keeps the path; the place stays with the caller.
         let (procs, membership) = self.group.take().unzip();
         // SAFETY: `enter` only makes system calls on data prepared before the fork.
@@ -535,7 +354,9 @@ impl Prepared {
             if let Some(procs) = group {
                 Layer::Cgroup.tag(write_file(procs, b"0"))?;
             }
-            if libc::getcwd(self.cwd.as_mut_ptr().cast(), self.cwd.len()).is_null() {
+            if self.cwd_in_view.is_none()
+                && libc::getcwd(self.cwd.as_mut_ptr().cast(), self.cwd.len()).is_null()
+            {
                 return Layer::Namespaces.tag(Err(io::Error::last_os_error()));
             }
             // The view: its user namespace first (which grants what entering the others takes).
@@ -547,7 +368,11 @@ impl Prepared {
             // A mount namespace of its own, for its own /proc, and the PID namespace that
             // /proc shows.
             Layer::Namespaces.tag(check(libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWPID)))?;
-            Layer::Mounts.tag(check(libc::chdir(self.cwd.as_ptr().cast())))?;
+            let cwd = match &self.cwd_in_view {
+                Some(cwd) => cwd.as_ptr(),
+                None => self.cwd.as_ptr().cast(),
+            };
+            Layer::Mounts.tag(check(libc::chdir(cwd)))?;
 
             // The PID namespace's init first (pid 1), then the command, which the outer process
             // forks and waits for (see [`init`]).
@@ -636,6 +461,28 @@ pub(crate) fn make_private(dir: &Path) -> Result<(), SandboxError> {
         .mode(0o700)
         .create(dir)
         .map_err(|e| SandboxError::Prepare(format!("cannot create {}: {e}", dir.display())))
+}
+
+/// The workspace's path as commands see it: canonical where it exists here; a path only views
+/// have (a session's beneath [`layer::VIEW_ROOT`]) as it is, absolute and plain.
+fn seen_path(path: &Path) -> Result<PathBuf, SandboxError> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let plain = path.is_absolute()
+                && path.components().all(|c| {
+                    matches!(
+                        c,
+                        std::path::Component::RootDir | std::path::Component::Normal(_)
+                    )
+                });
+            if plain {
+                Ok(path.to_path_buf())
+            } else {
+                Err(SandboxError::Prepare(format!("{}: {e}", path.display())))
+            }
+        }
+        _ => canonical(path),
+    }
 }
 
 fn canonical(path: &Path) -> Result<PathBuf, SandboxError> {

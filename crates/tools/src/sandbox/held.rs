@@ -116,6 +116,8 @@ pub(crate) struct Held {
     /// The session's cgroup, kept while its view is: so that one command after another finds
     /// it made rather than making and removing it each time.
     group: OnceLock<Option<super::cgroup::Membership>>,
+    /// The session's layer the view entered, kept mounted while the view is held.
+    _base: Option<Arc<super::layer::LayerView>>,
 }
 
 impl Held {
@@ -161,6 +163,12 @@ impl Key {
         let (dev, ino) = std::fs::metadata(path).map_or((0, 0), |m| (m.dev(), m.ino()));
         self.push_u64(dev);
         self.push_u64(ino);
+    }
+
+    /// Adds the identity of a session's layer the view enters.
+    pub(crate) fn push_id(&mut self, id: u64) {
+        self.bytes.push(b'L');
+        self.push_u64(id);
     }
 
     fn push_u64(&mut self, n: u64) {
@@ -219,6 +227,7 @@ pub(crate) fn hold(
     open: Option<&Path>,
 ) -> Result<(Held, Option<OwnedFd>), SandboxError> {
     let net = setup.has_own_network();
+    let base = setup.base.clone();
     let mut pair = [0; 2];
     // SAFETY: socketpair writes two descriptors into the array it is given.
     let rc = unsafe {
@@ -242,7 +251,7 @@ pub(crate) fn hold(
         unsafe { holder(&mut setup, theirs.as_raw_fd()) }
     }
     drop(theirs);
-    let opened = opened(pid, &ours, net).and_then(|held| {
+    let opened = opened(pid, &ours, net, base).and_then(|held| {
         let dir = open.map(|dir| open_in(pid, dir)).transpose()?;
         Ok((held, dir))
     });
@@ -269,7 +278,12 @@ pub(crate) fn hold(
 
 /// In the daemon: waits for the holder's word (for the holder timeout at most), then opens its
 /// namespaces.
-fn opened(pid: libc::pid_t, ours: &OwnedFd, net: bool) -> Result<Held, SandboxError> {
+fn opened(
+    pid: libc::pid_t,
+    ours: &OwnedFd,
+    net: bool,
+    base: Option<Arc<super::layer::LayerView>>,
+) -> Result<Held, SandboxError> {
     let timeout = Duration::from_millis(TIMEOUT_MS.load(Ordering::Relaxed));
     let deadline = Instant::now() + timeout;
     let mut word = [0u8; 4];
@@ -339,6 +353,7 @@ fn opened(pid: libc::pid_t, ours: &OwnedFd, net: bool) -> Result<Held, SandboxEr
         mnt: ns("mnt")?,
         net: if net { Some(ns("net")?) } else { None },
         group: OnceLock::new(),
+        _base: base,
     })
 }
 
@@ -363,6 +378,8 @@ fn open_in(pid: libc::pid_t, dir: &Path) -> Result<OwnedFd, SandboxError> {
 unsafe fn holder(setup: &mut Setup, fd: RawFd) -> ! {
     // SAFETY: system calls on memory this process owns.
     unsafe {
+        // A view over a session's layer enters its namespaces while their descriptors are open.
+        let entered = setup.enter_base();
         init::close_all_but(fd);
         if setup.hang {
             // A test's hung holder: it never answers.
@@ -370,7 +387,7 @@ unsafe fn holder(setup: &mut Setup, fd: RawFd) -> ! {
                 libc::pause();
             }
         }
-        let code = match setup.enter() {
+        let code = match entered.and_then(|()| setup.enter()) {
             Ok(()) => 0,
             Err(e) => e.raw_os_error().unwrap_or(libc::EINVAL),
         };

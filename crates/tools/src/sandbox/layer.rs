@@ -1,5 +1,10 @@
 //! An isolated child's view of its workspace: a copy-on-write layer (overlayfs) over its batch's
-//! snapshot, mounted at the workspace's own path (docs/contracts.md, "Isolation").
+//! snapshot, mounted at the workspace's own path (docs/contracts.md, "Isolation"). And a
+//! session's own workspace over an uploaded tree (docs/contracts.md, "Uploaded workspaces"):
+//! the same kind of layer over the tree this daemon keeps read-only, mounted once for the
+//! session at its fixed path beneath [`VIEW_ROOT`] in a held namespace that every view of the
+//! session enters ([`LayerView::session`]) — one overlay superblock for all its commands and
+//! file tools, as two mounts of one upper directory must never be.
 //!
 //! The layer is mounted by a holder process in the child's view ([`super::held`]), so every
 //! `Bash` command of the child enters a mount namespace where the workspace path shows the
@@ -22,6 +27,11 @@ use super::{
     Sandbox, SandboxError, SandboxMode, SandboxPaths, Setup, c_path, c_str, check, held,
     remount_read_only,
 };
+
+/// Where sessions made from uploads see their workspaces: `/forkd/workspaces/SESSION_ID`, the
+/// same path on every daemon. The directory exists, empty, on the machine; in a session's views
+/// a private tmpfs covers it, holding the session's own workspace alone.
+pub const VIEW_ROOT: &str = "/forkd/workspaces";
 
 /// The directories of one child's layer, all on one file system.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +59,16 @@ pub(crate) struct Mount {
     options: CString,
     /// The workspace's `.git/`, bound read-only over the layer.
     git: Option<CString>,
+    /// Where the mountpoint is made in the view, for a workspace that exists only there
+    /// (beneath [`VIEW_ROOT`]): its parent, covered by a private tmpfs (made read-only once the
+    /// layer is on), and that tmpfs's options.
+    place: Option<(CString, CString)>,
+}
+
+/// Whether `workspace` is one only views have: missing here, in a directory that exists.
+fn made_in_view(workspace: &Path) -> bool {
+    matches!(std::fs::symlink_metadata(workspace), Err(e) if e.kind() == io::ErrorKind::NotFound)
+        && workspace.parent().is_some_and(Path::is_dir)
 }
 
 impl Mount {
@@ -79,11 +99,18 @@ impl Mount {
         } else {
             None
         };
+        let place = match workspace.parent() {
+            Some(parent) if made_in_view(workspace) => {
+                Some((c_path(parent)?, c_str("mode=0755,size=16k,nr_inodes=16")?))
+            }
+            _ => None,
+        };
         Ok(Mount {
             overlay: c_str("overlay")?,
             target: c_path(workspace)?,
             options: c_str(&options)?,
             git,
+            place,
         })
     }
 
@@ -94,6 +121,16 @@ impl Mount {
     pub(crate) unsafe fn mount(&self) -> io::Result<()> {
         // SAFETY: plain system calls on NUL-terminated strings this value owns.
         unsafe {
+            if let Some((parent, options)) = &self.place {
+                check(libc::mount(
+                    c"tmpfs".as_ptr(),
+                    parent.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    options.as_ptr().cast(),
+                ))?;
+                check(libc::mkdir(self.target.as_ptr(), 0o755))?;
+            }
             check(libc::mount(
                 self.overlay.as_ptr(),
                 self.target.as_ptr(),
@@ -110,6 +147,9 @@ impl Mount {
                     std::ptr::null(),
                 ))?;
                 remount_read_only(git)?;
+            }
+            if let Some((parent, _)) = &self.place {
+                remount_read_only(parent)?;
             }
         }
         Ok(())
@@ -128,7 +168,15 @@ pub struct LayerView {
     workspace: PathBuf,
     /// The layer's upper directory: what the child wrote.
     upper: PathBuf,
+    /// A session's layer, which each of its views enters ([`LayerView::session`]), rather than
+    /// an isolated child's, which is its view.
+    shared: bool,
+    /// Tells layers apart in the keys of the views made over them.
+    id: u64,
 }
+
+/// The next layer's [`LayerView::id`].
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl LayerView {
     /// Makes the view of a child working in `workspace` (canonical) over `dirs`, hiding what
@@ -151,14 +199,44 @@ impl LayerView {
             SandboxError::Prepare(format!("cannot create {}: {e}", dirs.upper.display()))
         })?;
         super::make_private(&paths.tmp)?;
-        let workspace = super::canonical(workspace)?;
+        let workspace = super::seen_path(workspace)?;
         let tmp = super::canonical(&paths.tmp)?;
         // The child's temporary directory is one of its own inside its session's, which the
         // view keeps readable whole: hiding each sibling's one by one would cost a mount per
         // sibling in every child's view. Landlock still lets it write in its own alone.
         let session_tmp = tmp.parent().unwrap_or(&tmp).to_path_buf();
-        let mut setup = Setup::new(sandbox, paths, &workspace, &session_tmp)?;
+        let mut setup = Setup::new(sandbox, paths, &workspace, &session_tmp, None)?;
         setup.overlay = Some(Mount::new(dirs, &workspace)?);
+        Self::hold(setup, workspace, dirs, false)
+    }
+
+    /// Makes a session's layer over `dirs` (its lower directory: the tree this daemon keeps
+    /// read-only) at `workspace`, a path beneath [`VIEW_ROOT`] (or another directory that
+    /// exists, empty, here) that the views make: in namespaces of its own, with nothing covered,
+    /// which each view of the session enters before it covers what it hides. Dropped with its
+    /// last view and workspace, the mount goes with it; a later one mounts it again.
+    pub fn session(workspace: &Path, dirs: &LayerDirs) -> Result<LayerView, SandboxError> {
+        if !made_in_view(workspace) {
+            return Err(SandboxError::Prepare(format!(
+                "a session's layer is mounted where only its views have a directory: {} must \
+                 not exist here, and its parent must",
+                workspace.display()
+            )));
+        }
+        dirs.create().map_err(|e| {
+            SandboxError::Prepare(format!("cannot create {}: {e}", dirs.upper.display()))
+        })?;
+        let mut setup = Setup::layer_only()?;
+        setup.overlay = Some(Mount::new(dirs, workspace)?);
+        Self::hold(setup, workspace.to_path_buf(), dirs, true)
+    }
+
+    fn hold(
+        setup: Setup,
+        workspace: PathBuf,
+        dirs: &LayerDirs,
+        shared: bool,
+    ) -> Result<LayerView, SandboxError> {
         let (held, root) = held::hold(setup, Some(&workspace))?;
         let root = root
             .ok_or_else(|| SandboxError::Prepare("the layer's root was not opened".to_owned()))?;
@@ -169,7 +247,18 @@ impl LayerView {
             through,
             workspace,
             upper: dirs.upper.clone(),
+            shared,
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         })
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whether this is a session's layer (its views enter it), not an isolated child's.
+    pub fn is_shared(&self) -> bool {
+        self.shared
     }
 
     /// A path that leads into the layer's root from the daemon (`/proc/self/fd/N`).

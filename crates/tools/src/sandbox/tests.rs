@@ -118,7 +118,7 @@ fn a_cover_swapped_after_its_plan_fails_the_view_instead_of_landing_elsewhere() 
         tmp: tmp.clone(),
         ..SandboxPaths::default()
     };
-    let plan = || Setup::new(sandbox, &paths, &ws, &tmp).unwrap();
+    let plan = || Setup::new(sandbox, &paths, &ws, &tmp, None).unwrap();
     // As planned: the view is made.
     held::hold(plan(), None).unwrap();
     // Moved away and a directory made in its place (another inode).
