@@ -142,6 +142,10 @@ pub struct WorkspacesConfig {
     /// Each token tenant's roots (`workspace_roots`): its workspaces lie inside one of them.
     /// A tenant with none may use only fresh workspaces.
     pub roots: HashMap<String, Vec<std::path::PathBuf>>,
+    /// `/forkd/workspaces` where it is here (a directory, empty): sessions made from uploads
+    /// work in layers over trees kept read-only, seen beneath it (`trees.rs`). `None`: each
+    /// gets a copy of its tree in `workspaces_dir`.
+    pub view_root: Option<std::path::PathBuf>,
 }
 
 /// Isolated batches (docs/contracts.md, "Isolation").

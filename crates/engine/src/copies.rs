@@ -32,6 +32,8 @@ pub(crate) struct Copies {
     session_locks: Arc<LockMap<SessionId>>,
     /// When the retention sweep last ran.
     last_sweep: std::sync::Mutex<Option<std::time::Instant>>,
+    /// A layered session's files are reached through its layer.
+    trees: Arc<crate::trees::Trees>,
 }
 
 /// How often the heartbeat looks for copies past their retention.
@@ -62,12 +64,14 @@ impl Copies {
         store: Arc<dyn Store>,
         config: Arc<EngineConfig>,
         session_locks: Arc<LockMap<SessionId>>,
+        trees: Arc<crate::trees::Trees>,
     ) -> Self {
         Self {
             store,
             config,
             session_locks,
             last_sweep: std::sync::Mutex::new(None),
+            trees,
         }
     }
 
@@ -128,9 +132,13 @@ impl Copies {
         batch: BatchId,
     ) -> Result<BatchSnapshot> {
         Self::check(session)?;
-        // Pinned: a workspace replaced by a symlink since is not copied from elsewhere.
-        Workspace::pinned(&session.workspace).map_err(EngineError::Workspace)?;
-        let workspace = session.workspace.clone();
+        // A layered session's files through its layer (kept mounted until the copy is made).
+        let files = self.trees.files(session).await?;
+        if files.layer.is_none() {
+            // Pinned: a workspace replaced by a symlink since is not copied from elsewhere.
+            Workspace::pinned(&session.workspace).map_err(EngineError::Workspace)?;
+        }
+        let workspace = files.path.clone();
         let dir = self.batch_dir(batch).join("snapshot");
         let name = batch.to_string();
         let view = self.git_view(session, self.batch_dir(batch)).await?;
@@ -145,7 +153,12 @@ impl Copies {
                 (!rel.as_os_str().is_empty()).then(|| rel.to_path_buf())
             })
             .collect();
+        let layered = files.layer.is_some();
         let taken = blocking(move || {
+            if layered {
+                // forkd's git reaches no layer from a view of its own: the files alone.
+                return isolation::snapshot::take_files(&workspace, &dir, &hidden);
+            }
             let repo = Repo {
                 workspace: &workspace,
                 view: view.as_ref(),
@@ -154,6 +167,7 @@ impl Copies {
         })
         .await?
         .map_err(isolation_error)?;
+        drop(files);
         let (git_ref, git_commit) = taken.git.map(|g| (g.reference, g.commit)).unzip();
         crate::metrics::snapshot(taken.took, taken.bytes);
         tracing::info!(
@@ -269,7 +283,9 @@ impl Copies {
             )));
         }
         let dirs = self.dirs(snapshot, agent.id);
-        Workspace::pinned(&session.workspace).map_err(EngineError::Workspace)?;
+        if !crate::trees::is_layered(session) {
+            Workspace::pinned(&session.workspace).map_err(EngineError::Workspace)?;
+        }
         let workspace = session.workspace.clone();
         let view = blocking(move || LayerView::open(spec.sandbox, &spec.paths, &workspace, &dirs))
             .await?
@@ -367,8 +383,12 @@ impl Copies {
                 CopyState::Kept | CopyState::Conflicted => ready.push((agent, changes)),
             }
         }
-        // Pinned: changes are never written through a symlink that replaced the workspace.
-        Workspace::pinned(&session.workspace).map_err(EngineError::Workspace)?;
+        // A layered session's files through its layer, kept mounted while the changes go in.
+        let target = self.trees.files(session).await?;
+        if target.layer.is_none() {
+            // Pinned: changes are never written through a symlink that replaced the workspace.
+            Workspace::pinned(&session.workspace).map_err(EngineError::Workspace)?;
+        }
         let mut applied = Vec::new();
         let mut touched = std::collections::BTreeMap::new();
         for (agent, mut changes) in ready {
@@ -376,17 +396,22 @@ impl Copies {
                 continue;
             };
             let dirs = self.dirs(&snapshot, agent.id);
-            let workspace = session.workspace.clone();
+            let (workspace, layered) = (target.path.clone(), target.layer.is_some());
             let files = isolation::Changes {
                 files: changes.files.clone(),
                 diff: String::new(),
             };
             let outcome = blocking(move || {
-                let workspace =
+                // A layer's path leads through its descriptor: never resolved to the path
+                // views see it at, which is not here.
+                let workspace = if layered {
+                    workspace
+                } else {
                     std::fs::canonicalize(&workspace).map_err(|e| IsolationError::Io {
                         what: format!("the session's workspace {}", workspace.display()),
                         source: e,
-                    })?;
+                    })?
+                };
                 isolation::apply::apply(&workspace, &dirs, &files)
             })
             .await?

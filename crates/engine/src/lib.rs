@@ -40,6 +40,7 @@ mod stats;
 mod supervisor;
 mod tenancy;
 pub mod trace;
+mod trees;
 mod uploads;
 mod window;
 mod workspaces;
@@ -121,6 +122,8 @@ struct Inner {
     sessions: Arc<session::Sessions>,
     /// Uploaded workspaces: received, stored, written out for sessions.
     uploads: Arc<uploads::Uploads>,
+    /// Uploaded trees kept here, and the layers of sessions made from them.
+    trees: Arc<trees::Trees>,
     /// Branches of sessions.
     branches: Arc<branch::Branches>,
     /// Isolated batches' snapshots and their children's copies.
@@ -190,6 +193,7 @@ impl Engine {
             shutdown.clone(),
         ));
         let uploads = Arc::new(uploads::Uploads::new(store.clone(), config.uploads.clone()));
+        let trees = Arc::new(trees::Trees::new(config.clone(), uploads.clone()));
         let sessions = Arc::new(session::Sessions::new(
             store.clone(),
             config.clone(),
@@ -197,6 +201,7 @@ impl Engine {
             mcp.clone(),
             window.clone(),
             uploads.clone(),
+            trees.clone(),
         ));
         let compaction = Arc::new(compact::Compactor::new(
             store.clone(),
@@ -209,9 +214,11 @@ impl Engine {
             store.clone(),
             config.clone(),
             session_locks.clone(),
+            trees.clone(),
         ));
         let runs = Arc::new(run::Runs::new(run::RunParts {
             copies: copies.clone(),
+            trees: trees.clone(),
             store: store.clone(),
             config: config.clone(),
             calls: calls.clone(),
@@ -285,6 +292,7 @@ impl Engine {
                 mcp,
                 sessions,
                 uploads,
+                trees,
                 branches,
                 copies,
                 faults,
@@ -397,7 +405,11 @@ impl Engine {
         tenant: &str,
         session: &forkd_core::session::Session,
     ) -> Result<(forkd_core::UploadId, forkd_tools::isolation::Changes), EngineError> {
-        self.inner.uploads.session_changes(tenant, session).await
+        let files = self.inner.trees.files(session).await?;
+        self.inner
+            .uploads
+            .session_changes(tenant, session, &files.path)
+            .await
     }
 
     /// Runs one parent turn on `text`. Turns of one session run one at a time.
@@ -679,6 +691,10 @@ impl Engine {
     /// Removes uploads past their retention and the blobs no upload names past their grace (the
     /// heartbeat calls this; it looks at most every ten minutes); how many of each.
     pub async fn expire_uploads(&self) -> Result<(u64, u64), EngineError> {
+        let trees = self.inner.trees.sweep().await?;
+        if trees > 0 {
+            tracing::info!(trees, "Kept uploaded trees no session works over removed");
+        }
         self.inner.uploads.sweep().await
     }
 

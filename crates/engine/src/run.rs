@@ -63,6 +63,8 @@ pub(crate) struct Runs {
     divergences: Arc<Divergences>,
     /// Isolated children's copies: their layers, their changes.
     copies: Arc<Copies>,
+    /// Layered sessions' layers over their kept trees.
+    trees: Arc<crate::trees::Trees>,
     /// Appends to a session's transcript (an agent's end, its report) one at a time.
     session_locks: Arc<LockMap<SessionId>>,
     /// Batch prefixes shared by the running children of each batch.
@@ -90,6 +92,7 @@ pub(crate) struct RunParts {
     pub supervisor: Arc<Supervisor>,
     pub divergences: Arc<Divergences>,
     pub copies: Arc<Copies>,
+    pub trees: Arc<crate::trees::Trees>,
     pub session_locks: Arc<LockMap<SessionId>>,
     pub faults: Arc<crate::faults::Faults>,
 }
@@ -111,6 +114,7 @@ impl Runs {
             supervisor: parts.supervisor,
             divergences: parts.divergences,
             copies: parts.copies,
+            trees: parts.trees,
             session_locks: parts.session_locks,
             batches: BatchCache::default(),
             faults: parts.faults,

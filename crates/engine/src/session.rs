@@ -146,7 +146,10 @@ fn first_message(files: &[ContextFile]) -> Message {
 struct Checked {
     id: SessionId,
     tenant: String,
+    /// The workspace's path, as stored and as its agents see it.
     workspace: PathBuf,
+    /// Where the daemon reads its files now (for a layered session, the kept tree).
+    files: PathBuf,
     model: String,
     max_tokens: u32,
     thinking: Option<ThinkingConfig>,
@@ -163,6 +166,7 @@ pub(crate) struct Sessions {
     mcp: Arc<McpServers>,
     window: Arc<Window>,
     uploads: Arc<Uploads>,
+    trees: Arc<crate::trees::Trees>,
 }
 
 impl Sessions {
@@ -173,12 +177,14 @@ impl Sessions {
         mcp: Arc<McpServers>,
         window: Arc<Window>,
         uploads: Arc<Uploads>,
+        trees: Arc<crate::trees::Trees>,
     ) -> Self {
         Self {
             store,
             config,
             tenancy,
             uploads,
+            trees,
             mcp,
             window,
         }
@@ -373,13 +379,24 @@ impl Sessions {
         let rules = check_rules(req.allow_rules.clone(), req.deny_rules.clone())?;
         let sandbox = self.check_sandbox(&req, &tenant)?;
         let id = keyed.as_ref().map_or_else(SessionId::new, |(id, _)| *id);
-        let (allowed, origin) = match req.upload {
-            Some(upload) => {
-                let (allowed, upload) = self.uploaded(upload, &req, &tenant, id).await?;
-                (allowed, Some(upload.origin()))
+        let (allowed, origin, workspace, files, _layer) = match req.upload {
+            Some(_) if req.workspace.is_some() => {
+                return Err(invalid(
+                    "a session works in a workspace directory or an upload, not both".into(),
+                ));
             }
-            None => (
-                workspaces::allow(
+            Some(upload) => {
+                let made = self.trees.make(&tenant, upload, id, sandbox.mode).await?;
+                (
+                    made.allowed,
+                    Some(made.upload.origin()),
+                    made.workspace,
+                    made.files,
+                    made.layer,
+                )
+            }
+            None => {
+                let allowed = workspaces::allow(
                     &cfg.workspaces,
                     self.store.as_ref(),
                     workspaces::Asked {
@@ -388,14 +405,16 @@ impl Sessions {
                         session: id,
                     },
                 )
-                .await?,
-                None,
-            ),
+                .await?;
+                let path = allowed.path.clone();
+                (allowed, None, path.clone(), path, None)
+            }
         };
         let checked = Checked {
             id,
             tenant,
-            workspace: allowed.path.clone(),
+            workspace,
+            files,
             model,
             max_tokens,
             thinking,
@@ -412,34 +431,6 @@ impl Sessions {
         created
     }
 
-    /// A fresh workspace for session `id` holding `tenant`'s upload (removed again if it
-    /// cannot be written whole).
-    async fn uploaded(
-        &self,
-        upload: forkd_core::UploadId,
-        req: &NewSession,
-        tenant: &str,
-        id: SessionId,
-    ) -> Result<(workspaces::Allowed, forkd_core::upload::Upload)> {
-        if req.workspace.is_some() {
-            return Err(invalid(
-                "a session works in a workspace directory or an upload, not both".into(),
-            ));
-        }
-        let allowed = workspaces::fresh(&self.config.workspaces, id)?;
-        match self
-            .uploads
-            .materialize(tenant, upload, &allowed.path)
-            .await
-        {
-            Ok(upload) => Ok((allowed, upload)),
-            Err(e) => {
-                allowed.discard();
-                Err(e)
-            }
-        }
-    }
-
     /// The rest of [`Sessions::new_session`], once the request is checked and its workspace
     /// allowed (and perhaps made).
     async fn store_new(
@@ -453,6 +444,7 @@ impl Sessions {
             id,
             tenant,
             workspace,
+            files,
             model,
             max_tokens,
             thinking,
@@ -463,7 +455,7 @@ impl Sessions {
         let mut mcp = self.mcp.session_tools(&req.mcp, &tenant).await?;
         self.mcp.seal_own_servers(id, &mut mcp)?;
         // The types the Agent tool lists, as they are now: fixed with the session's tools.
-        let types = agent_types::for_workspace(&cfg.agent_dirs, &workspace);
+        let types = agent_types::for_workspace(&cfg.agent_dirs, &files);
         let listed: Vec<AgentTypeListing<'_>> = types
             .iter()
             .map(|t| AgentTypeListing {

@@ -149,7 +149,7 @@ impl Uploads {
     }
 
     /// `tenant`'s upload `id`; another tenant's is not found.
-    async fn get(&self, tenant: &str, id: UploadId) -> Result<Upload> {
+    pub(crate) async fn get(&self, tenant: &str, id: UploadId) -> Result<Upload> {
         self.store
             .get_upload(tenant, id)
             .await?
@@ -204,11 +204,13 @@ impl Uploads {
 }
 
 impl Uploads {
-    /// What `session`'s workspace (made from an upload of `tenant`'s) changed since the upload.
+    /// What `session`'s workspace (made from an upload of `tenant`'s, its files reached at
+    /// `files`) changed since the upload.
     pub(crate) async fn session_changes(
         &self,
         tenant: &str,
         session: &forkd_core::session::Session,
+        files: &Path,
     ) -> Result<(UploadId, forkd_tools::isolation::Changes)> {
         use forkd_core::isolation::ChangeKind;
         use forkd_tools::isolation::changes::{Side, content_change};
@@ -234,7 +236,7 @@ impl Uploads {
                     origin.upload_id, session.id
                 ))
             })?;
-        let (ws, manifest) = (session.workspace.clone(), upload.manifest.clone());
+        let (ws, manifest) = (files.to_path_buf(), upload.manifest.clone());
         let changed = tokio::task::spawn_blocking(move || {
             forkd_tools::isolation::tree::changed_paths(&ws, &manifest)
         })
@@ -269,7 +271,7 @@ impl Uploads {
             };
             let new = match kind {
                 ChangeKind::Deleted => None,
-                _ => match Side::read_beneath(&session.workspace, &path) {
+                _ => match Side::read_beneath(files, &path) {
                     Ok(Some(side)) => Some(side),
                     Ok(None) => None,
                     // Neither a file nor a link (a FIFO), or unreadable: said, not diffed.

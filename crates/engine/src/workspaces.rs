@@ -17,6 +17,7 @@ use forkd_core::session::{LOCAL_TENANT, SandboxMode};
 use forkd_core::store::Store;
 use forkd_tools::SandboxSpec;
 use forkd_tools::sandbox::SandboxPaths;
+use forkd_tools::sandbox::layer::VIEW_ROOT;
 
 use crate::config::WorkspacesConfig;
 use crate::error::{EngineError, Result, clip};
@@ -164,6 +165,9 @@ fn never(config: &WorkspacesConfig, canonical: &Path, shown: &str, tenant: bool)
     if canonical.parent().is_none() {
         return refuse("the root directory");
     }
+    if canonical.starts_with(VIEW_ROOT) {
+        return refuse("where sessions made from uploads are seen (/forkd/workspaces)");
+    }
     if let Some(home) = &config.home {
         if canonical.starts_with(home) {
             return refuse("forkd's home (FORKD_HOME) or inside it");
@@ -221,6 +225,15 @@ pub(crate) async fn here(
     store: &dyn Store,
     session: &forkd_core::session::Session,
 ) -> Result<bool> {
+    if session.workspace.starts_with(VIEW_ROOT) {
+        // A layer over a kept tree: its edits are in the directory of the session that made
+        // it (a branch works in its origin's), in this daemon's workspaces_dir.
+        return Ok(config
+            .dir
+            .as_ref()
+            .zip(session.workspace.file_name())
+            .is_some_and(|(dir, maker)| dir.join(maker).join("upper").is_dir()));
+    }
     if !session.workspace.is_dir() {
         return Ok(false);
     }
@@ -327,6 +340,7 @@ mod tests {
             home: Some(base.join("home")),
             dir: Some(base.join("workspaces")),
             roots: [("ci".to_owned(), vec![base.join("srv/ci")])].into(),
+            view_root: None,
         }
     }
 

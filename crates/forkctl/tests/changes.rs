@@ -257,6 +257,18 @@ fn committed_checkout(files: &[(&str, &str)]) -> (tempfile::TempDir, std::path::
 }
 
 /// `session create --upload CHECKOUT --json` whose tools need no approval: what it printed.
+/// Where a test reads the files of a session just made from an upload (`forkctl --json session
+/// get`'s object): the tree the daemon keeps, for a session working in a layer over it (seen at
+/// `/forkd/workspaces/ID`, a path only its views have); else its own copy, at its workspace.
+fn session_files(daemon: &TestDaemon, session: &Value) -> std::path::PathBuf {
+    let ws = Path::new(session["workspace"].as_str().unwrap());
+    if !ws.starts_with("/forkd/workspaces") {
+        return ws.to_path_buf();
+    }
+    let upload = session["upload"]["upload_id"].as_str().unwrap();
+    daemon.home_path().join("trees").join(upload)
+}
+
 async fn upload_session(
     daemon: &TestDaemon,
     runner: &tempfile::TempDir,
@@ -301,7 +313,7 @@ async fn an_uploaded_checkout_s_children_come_back_to_a_fresh_clone() {
     // Changed on the runner after the upload: the session keeps the uploaded tree.
     std::fs::write(checkout.join("b.txt"), "changed after\n").unwrap();
     let got = forkctl(&daemon, &["--json", "session", "get", &sid]).await;
-    let ws = std::path::PathBuf::from(first_json(&got)["workspace"].as_str().unwrap());
+    let ws = session_files(&daemon, &first_json(&got));
     assert_eq!(
         std::fs::read_to_string(ws.join("b.txt")).unwrap(),
         "as committed\n"

@@ -121,6 +121,10 @@ pub struct DaemonConfig {
     /// Where a token tenant that names no workspace gets a fresh empty one; hidden from every
     /// other session. `None`: [`default_workspaces_dir`], beside the home. Never inside the home.
     pub workspaces_dir: Option<PathBuf>,
+    /// Sessions made from uploads work in layers over trees kept read-only, seen at
+    /// `/forkd/workspaces/SESSION_ID` (made at start when the daemon runs as root; where it is
+    /// missing, each such session gets a copy of its tree). `false`: always copies.
+    pub layered_uploads: bool,
     pub provider: ProviderKind,
     /// The `anthropic` provider's settings; read from `ANTHROPIC_*` when unset.
     pub anthropic: Option<AnthropicConfig>,
@@ -146,6 +150,7 @@ impl DaemonConfig {
             tls: None,
             secret_key_file: None,
             workspaces_dir: None,
+            layered_uploads: true,
             provider: ProviderKind::Sim,
             anthropic: None,
             openai: None,
@@ -249,6 +254,29 @@ fn prepare_workspaces_dir(config: &DaemonConfig, home: &Path) -> anyhow::Result<
         );
     }
     Ok(dir)
+}
+
+/// `/forkd/workspaces`, where sessions made from uploads are seen, when it is a directory here:
+/// made now when the daemon runs as root. Where it is missing, such sessions get copies.
+fn view_root() -> Option<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let root = Path::new(forkd_tools::sandbox::layer::VIEW_ROOT);
+    if !root.is_dir()
+        && nix::unistd::geteuid().is_root()
+        && let Err(e) = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(root)
+    {
+        tracing::warn!(path = %root.display(), error = %e, "Cannot make the directory sessions made from uploads are seen in");
+    }
+    if root.is_dir() {
+        tracing::info!(path = %root.display(), "Sessions made from uploads work in layers over trees kept read-only");
+        Some(root.to_path_buf())
+    } else {
+        tracing::info!(path = %root.display(), "Sessions made from uploads get a copy of their tree each: make this directory (empty) to share trees read-only");
+        None
+    }
 }
 
 /// Creates the home (mode 0700) if it is missing; warns when an existing one is open to others.
@@ -543,6 +571,7 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     engine_config.sandbox.hidden.push(workspaces_dir.clone());
     engine_config.workspaces.home = Some(home);
     engine_config.workspaces.dir = Some(workspaces_dir);
+    engine_config.workspaces.view_root = config.layered_uploads.then(view_root).flatten();
     engine_config.mcp.servers = operator_mcp_servers(&config.home)?;
     engine_config.mcp.secret_key = Some(Arc::new(secret_key(&config)?));
     log_sandbox(&engine_config.sandbox).await;

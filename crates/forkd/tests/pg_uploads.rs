@@ -83,11 +83,20 @@ async fn upload_across_daemons(url: String) {
     .await
     .unwrap();
     let ws = std::path::Path::new(&session.workspace);
-    assert!(
-        ws.starts_with(format!("{}-workspaces", home_b.path().display())),
-        "{ws:?}"
-    );
-    assert_eq!(std::fs::read(ws.join("src/a.txt")).unwrap(), content);
+    let b_workspaces = format!("{}-workspaces", home_b.path().display());
+    if ws.starts_with("/forkd/workspaces") {
+        // A layer over the tree B keeps; its edits go in B's workspaces_dir.
+        let upload = session.upload_origin.as_ref().unwrap().upload_id.clone();
+        let kept = home_b.path().join("trees").join(upload);
+        assert_eq!(std::fs::read(kept.join("src/a.txt")).unwrap(), content);
+        let upper = std::path::Path::new(&b_workspaces)
+            .join(&session.session_id)
+            .join("upper");
+        assert!(upper.is_dir(), "{upper:?}");
+    } else {
+        assert!(ws.starts_with(&b_workspaces), "{ws:?}");
+        assert_eq!(std::fs::read(ws.join("src/a.txt")).unwrap(), content);
+    }
 
     // A batch forked through A, which lacks the session's files, runs on B, which holds them.
     let sid = session.session_id.clone();

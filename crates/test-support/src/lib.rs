@@ -19,6 +19,7 @@ pub use tonic_health::pb::health_check_response::ServingStatus;
 
 mod eventually;
 pub mod otlp;
+mod turns;
 pub use eventually::{Condition, POLL_INTERVAL, eventually};
 
 /// A daemon on a temporary home. Dropping it without [`TestDaemon::stop`] leaves the runtime to
@@ -183,7 +184,8 @@ pub fn use_anthropic(config: &mut DaemonConfig, base_url: &str, api_key: &str) {
 #[derive(Clone)]
 pub struct Caller {
     pub client: ForkdClient<Channel>,
-    authorization: tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
+    /// `None`: the local user, over the Unix socket.
+    authorization: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 }
 
 impl Caller {
@@ -195,7 +197,15 @@ impl Caller {
             .context("the daemon does not listen on TCP")?;
         Ok(Caller {
             client: connect(&format!("http://127.0.0.1:{}", addr.port())).await?,
-            authorization: format!("Bearer {secret}").parse()?,
+            authorization: Some(format!("Bearer {secret}").parse()?),
+        })
+    }
+
+    /// Connects to `daemon`'s Unix socket as its local user (no token).
+    pub async fn local(daemon: &TestDaemon) -> anyhow::Result<Self> {
+        Ok(Caller {
+            client: daemon.client().await?,
+            authorization: None,
         })
     }
 
@@ -216,9 +226,11 @@ impl Caller {
     /// `message` as a request with the tenant's token.
     pub fn req<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
-        request
-            .metadata_mut()
-            .insert("authorization", self.authorization.clone());
+        if let Some(authorization) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", authorization.clone());
+        }
         request
     }
 }

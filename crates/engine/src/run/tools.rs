@@ -174,7 +174,11 @@ impl Runs {
         // turn, whose file tools work in the layer its view mounts.
         let snapshot = self.copies.snapshot_of(turn.agent).await?;
         let isolated = snapshot.is_some();
+        // A session made from an upload works in a layer only its views and its descriptor
+        // reach: every turn's tools go through it.
+        let layered = crate::trees::is_layered(turn.session);
         let spec = if isolated
+            || layered
             || assistant
                 .tool_uses()
                 .any(|(_, name, _)| forkd_tools::touches_files(name))
@@ -190,6 +194,7 @@ impl Runs {
                     .workspace(turn.agent, snapshot, turn.session, spec.as_ref())
                     .await?
             }
+            None if layered => Workspace::layered(self.trees.layer(turn.session).await?),
             None => Workspace::pinned(&turn.session.workspace).map_err(EngineError::Workspace)?,
         };
         let workspace = match &spec {
@@ -321,7 +326,8 @@ impl Runs {
     /// Why a writing tool of an isolated child may not run: its copy is at its disk cap.
     async fn over_disk_cap(&self, name: &str, ctx: &ToolContext) -> Option<String> {
         let cap = self.config.isolation.disk_cap?;
-        let layer = ctx.workspace.layer()?;
+        // An isolated child's copy; a session's own layer is its workspace, with no cap.
+        let layer = ctx.workspace.layer().filter(|l| !l.is_shared())?;
         if forkd_tools::is_read_only(name) {
             return None;
         }

@@ -92,7 +92,8 @@ impl Runs {
             )));
         }
         let session = self.sessions.get(session_id).await?;
-        let types = agent_types::for_workspace(&self.config.agent_dirs, &session.workspace);
+        let files = self.trees.files(&session).await?;
+        let types = agent_types::for_workspace(&self.config.agent_dirs, &files.path);
         let ty = agent_types::find_type(&types, subagent_type).ok_or_else(|| {
             let names: Vec<&str> = types.iter().map(|t| t.name.as_str()).collect();
             EngineError::InvalidRequest(format!(

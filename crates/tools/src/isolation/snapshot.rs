@@ -65,8 +65,27 @@ pub fn take(
     name: &str,
     hidden: &[PathBuf],
 ) -> Result<Snapshot, IsolationError> {
+    take_as(repo.workspace, Some((repo, name)), dir, hidden)
+}
+
+/// Snapshots the files at `workspace` into `dir` as [`take`] does, without a git commit even
+/// where the tree holds a repository: for a workspace forkd's git cannot reach in a view of its
+/// own (a session's layer, reached through its descriptor).
+pub fn take_files(
+    workspace: &Path,
+    dir: &Path,
+    hidden: &[PathBuf],
+) -> Result<Snapshot, IsolationError> {
+    take_as(workspace, None, dir, hidden)
+}
+
+fn take_as(
+    workspace: &Path,
+    repo: Option<(Repo<'_>, &str)>,
+    dir: &Path,
+    hidden: &[PathBuf],
+) -> Result<Snapshot, IsolationError> {
     let started = Instant::now();
-    let workspace = repo.workspace;
     if let Some(parent) = dir.parent() {
         std::fs::create_dir_all(parent)
             .map_err(|e| IsolationError::io(format!("cannot create {}", parent.display()), e))?;
@@ -93,16 +112,15 @@ pub fn take(
         }
     }
     // The commit records the copy, so that it and the merge base are one state.
-    let git = if is_git(workspace) {
-        match commit(repo, dir, name) {
+    let git = match repo.filter(|_| is_git(workspace)) {
+        Some((repo, name)) => match commit(repo, dir, name) {
             Ok(git) => Some(git),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(dir);
                 return Err(e);
             }
-        }
-    } else {
-        None
+        },
+        None => None,
     };
     let (files, bytes) = size(dir);
     Ok(Snapshot {

@@ -49,7 +49,9 @@ pub fn changed_paths(
             changed.push((entry.path.clone(), ChangeKind::Modified));
         }
     }
-    let walk = ignore::WalkBuilder::new(ws)
+    // With a trailing slash: a root reached through a link (a session's layer, at
+    // `/proc/PID/fd/N`) is walked as the directory it leads to.
+    let walk = ignore::WalkBuilder::new(ws.join(""))
         .hidden(false)
         .require_git(false)
         .parents(false)

@@ -162,7 +162,8 @@ impl Mount {
 pub struct LayerView {
     pub(crate) held: Arc<held::Held>,
     root: OwnedFd,
-    /// `/proc/self/fd/N` for `root`: a path that leads into the layer from the daemon.
+    /// `/proc/PID/fd/N` for `root`: a path that leads into the layer from the daemon and the
+    /// processes it starts.
     through: PathBuf,
     /// The workspace's path, where the layer is mounted in the view.
     workspace: PathBuf,
@@ -240,7 +241,13 @@ impl LayerView {
         let (held, root) = held::hold(setup, Some(&workspace))?;
         let root = root
             .ok_or_else(|| SandboxError::Prepare("the layer's root was not opened".to_owned()))?;
-        let through = PathBuf::from(format!("/proc/self/fd/{}", root.as_raw_fd()));
+        // By the daemon's pid, not `self`: the processes it starts (`cp`, `git merge-file`)
+        // reach the layer by the same path.
+        let through = PathBuf::from(format!(
+            "/proc/{}/fd/{}",
+            std::process::id(),
+            root.as_raw_fd()
+        ));
         Ok(LayerView {
             held: Arc::new(held),
             root,
@@ -261,7 +268,7 @@ impl LayerView {
         self.shared
     }
 
-    /// A path that leads into the layer's root from the daemon (`/proc/self/fd/N`).
+    /// A path that leads into the layer's root from the daemon (`/proc/PID/fd/N`).
     pub fn through(&self) -> &Path {
         &self.through
     }
