@@ -2,7 +2,6 @@
 //! parent ends its turn. A reply that calls the `Agent` tool without `subagent_type` is a fork
 //! batch, built through the same code path as a client's batch.
 
-use forkd_core::request::Conversation;
 use forkd_core::session::Session;
 use std::sync::Arc;
 
@@ -12,7 +11,6 @@ use forkd_core::store::{Lease, NewNotification, Store, StoreError};
 use forkd_core::{
     Agent, AgentId, AgentKind, AgentState, Block, Message, NotificationStatus, SessionId, Usage,
 };
-use forkd_provider::{Completion, StreamEvent};
 use futures::stream::BoxStream;
 use tokio::sync::{OwnedMutexGuard, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
@@ -21,12 +19,12 @@ use tokio_util::sync::CancellationToken;
 use crate::attach::Attach;
 use crate::batch::{Batches, SubmittedBatch, TurnStarts};
 use crate::clock::now_ms;
-use crate::compact::{Compacting, Compactor, ParentView};
+use crate::compact::Compactor;
 use crate::config::EngineConfig;
 use crate::error::{EngineError, Result};
 use crate::handoff::Handoff;
 use crate::locks::LockMap;
-use crate::model::{ModelCall, ModelCalls, PrefixEnd};
+use crate::model::ModelCalls;
 use crate::notify::Notifications;
 use crate::run::Runs;
 use crate::session::Sessions;
@@ -36,6 +34,7 @@ use message::Stored;
 
 mod merge;
 mod message;
+mod request;
 mod tools;
 
 pub use merge::Merged;
@@ -702,125 +701,6 @@ impl Turns {
             }
         }
         Err(EngineError::TurnLimit(self.config.parent_max_turns()))
-    }
-
-    /// One model request of the parent on its transcript (from its latest compaction boundary),
-    /// streaming text to the client; compacting the transcript first when the request would
-    /// pass the compaction threshold.
-    async fn parent_request(
-        self: &Arc<Self>,
-        session: &Session,
-        parent: &Agent,
-        lease: &Lease,
-        turn: u32,
-        events: &Events,
-    ) -> Result<Completion> {
-        let mut main_loop = MainLoop {
-            turns: self,
-            session,
-            parent,
-            lease,
-            turn,
-            events,
-            view: None,
-        };
-        self.compaction.request_compacting(&mut main_loop).await
-    }
-
-    /// Sends one parent request on `messages`, streaming its text to the client.
-    async fn parent_call(
-        self: &Arc<Self>,
-        session: &Session,
-        parent: &Agent,
-        turn: u32,
-        messages: Vec<Message>,
-        input_tokens: u64,
-        events: &Events,
-    ) -> Result<Completion> {
-        let call = ModelCall {
-            agent: parent,
-            turn,
-            params: &session.params,
-            conversation: &Conversation::main_loop(messages, session.reply_breakpoint),
-            prefix: PrefixEnd::LastBlock,
-            input_tokens: Some(input_tokens),
-            prefix_writer: None,
-        };
-        let tx = events.clone();
-        let answer = self
-            .calls
-            .call(call, &mut |event| {
-                if let StreamEvent::TextDelta { text, .. } = event {
-                    // A full queue means a slow reader: it misses a delta, never the turn.
-                    let _ = tx.try_send(Ok(ParentEvent::TextDelta(text.clone())));
-                }
-            })
-            .await?;
-        Ok(answer.completion)
-    }
-}
-
-/// A parent request, as [`Compactor::request_compacting`] makes it: the transcript is read once
-/// per attempt — by the count, whose view the request then sends, or again after a compaction.
-struct MainLoop<'a> {
-    turns: &'a Arc<Turns>,
-    session: &'a Session,
-    parent: &'a Agent,
-    lease: &'a Lease,
-    turn: u32,
-    events: &'a Events,
-    /// The transcript as the last count read it: the next request's, unless a compaction came
-    /// in between.
-    view: Option<ParentView>,
-}
-
-impl Compacting for MainLoop<'_> {
-    type Answer = Completion;
-    const WHAT: &'static str = "the transcript";
-
-    fn params(&self) -> &forkd_core::session::CacheSafeParams {
-        &self.session.params
-    }
-
-    async fn tokens(&mut self) -> Result<u64> {
-        let compaction = &self.turns.compaction;
-        let view = compaction.parent_view(self.session).await?;
-        // The main loop's request is the session's transcript: its counts are kept.
-        let tokens = compaction.view_tokens(self.session, &view).await?;
-        self.view = Some(view);
-        Ok(tokens)
-    }
-
-    async fn compact(&mut self) -> Result<()> {
-        self.view = None;
-        let (session, parent, lease) = (self.session, self.parent, self.lease);
-        self.turns
-            .compaction
-            .compact(session, parent, lease, self.turn, None)
-            .await
-            .map(drop)
-    }
-
-    async fn request(&mut self, counted: u64) -> Result<Completion> {
-        let turns = self.turns;
-        let (view, input_tokens) = match self.view.take() {
-            Some(view) => (view, counted),
-            None => {
-                let view = turns.compaction.parent_view(self.session).await?;
-                let tokens = turns.compaction.view_tokens(self.session, &view).await?;
-                (view, tokens)
-            }
-        };
-        turns
-            .parent_call(
-                self.session,
-                self.parent,
-                self.turn,
-                view.messages,
-                input_tokens,
-                self.events,
-            )
-            .await
     }
 }
 
