@@ -470,8 +470,33 @@ fn upsert(types: &mut Vec<AgentType>, new: AgentType) {
 /// is opened beneath the pinned workspace (no symlink or `..` leads out of it), and read through
 /// that descriptor.
 pub fn for_workspace(agent_dirs: &[PathBuf], workspace: &Path) -> Vec<AgentType> {
-    let opened = forkd_tools::Workspace::pinned(workspace)
-        .and_then(|ws| ws.open_dir(Path::new(".forkd/agents")));
+    types_in(
+        agent_dirs,
+        forkd_tools::Workspace::pinned(workspace),
+        workspace,
+    )
+}
+
+/// [`for_workspace`] for a session working in a layer (made from an upload): its folder is
+/// opened beneath the layer's root, and its definitions named at the path its agents see.
+pub fn for_layer(
+    agent_dirs: &[PathBuf],
+    layer: std::sync::Arc<forkd_tools::sandbox::layer::LayerView>,
+) -> Vec<AgentType> {
+    let named = layer.workspace().to_path_buf();
+    types_in(
+        agent_dirs,
+        Ok(forkd_tools::Workspace::layered(layer)),
+        &named,
+    )
+}
+
+fn types_in(
+    agent_dirs: &[PathBuf],
+    workspace: Result<forkd_tools::Workspace, forkd_tools::ToolError>,
+    named_root: &Path,
+) -> Vec<AgentType> {
+    let opened = workspace.and_then(|ws| ws.open_dir(Path::new(".forkd/agents")));
     let held = match opened {
         Ok(held) => held,
         Err(e) => {
@@ -496,7 +521,7 @@ pub fn for_workspace(agent_dirs: &[PathBuf], workspace: &Path) -> Vec<AgentType>
     }
     // A workspace's definitions were read through the descriptor; they are named where they are.
     if let Some(through) = &local {
-        let named = workspace.join(".forkd/agents");
+        let named = named_root.join(".forkd/agents");
         for t in &mut types {
             if let AgentTypeSource::File(path) = &mut t.source
                 && let Ok(rel) = path.strip_prefix(through)

@@ -148,8 +148,8 @@ struct Checked {
     tenant: String,
     /// The workspace's path, as stored and as its agents see it.
     workspace: PathBuf,
-    /// Where the daemon reads its files now (for a layered session, the kept tree).
-    files: PathBuf,
+    /// A layered session's layer, through which its files are read.
+    layer: Option<std::sync::Arc<forkd_tools::sandbox::layer::LayerView>>,
     model: String,
     max_tokens: u32,
     thinking: Option<ThinkingConfig>,
@@ -379,7 +379,7 @@ impl Sessions {
         let rules = check_rules(req.allow_rules.clone(), req.deny_rules.clone())?;
         let sandbox = self.check_sandbox(&req, &tenant)?;
         let id = keyed.as_ref().map_or_else(SessionId::new, |(id, _)| *id);
-        let (allowed, origin, workspace, files, _layer) = match req.upload {
+        let (allowed, origin, workspace, layer) = match req.upload {
             Some(_) if req.workspace.is_some() => {
                 return Err(invalid(
                     "a session works in a workspace directory or an upload, not both".into(),
@@ -391,7 +391,6 @@ impl Sessions {
                     made.allowed,
                     Some(made.upload.origin()),
                     made.workspace,
-                    made.files,
                     made.layer,
                 )
             }
@@ -407,20 +406,21 @@ impl Sessions {
                 )
                 .await?;
                 let path = allowed.path.clone();
-                (allowed, None, path.clone(), path, None)
+                (allowed, None, path, None)
             }
         };
         let checked = Checked {
             id,
             tenant,
             workspace,
-            files,
+            layer,
             model,
             max_tokens,
             thinking,
             rules,
             sandbox,
         };
+        // The layer, which `checked` holds, is let go before a fresh workspace is removed.
         let created = self.store_new(req, checked, keyed).await;
         if created.is_err() {
             allowed.discard();
@@ -444,7 +444,7 @@ impl Sessions {
             id,
             tenant,
             workspace,
-            files,
+            layer,
             model,
             max_tokens,
             thinking,
@@ -455,7 +455,10 @@ impl Sessions {
         let mut mcp = self.mcp.session_tools(&req.mcp, &tenant).await?;
         self.mcp.seal_own_servers(id, &mut mcp)?;
         // The types the Agent tool lists, as they are now: fixed with the session's tools.
-        let types = agent_types::for_workspace(&cfg.agent_dirs, &files);
+        let types = match layer {
+            Some(layer) => agent_types::for_layer(&cfg.agent_dirs, layer),
+            None => agent_types::for_workspace(&cfg.agent_dirs, &workspace),
+        };
         let listed: Vec<AgentTypeListing<'_>> = types
             .iter()
             .map(|t| AgentTypeListing {

@@ -53,9 +53,8 @@ pub(crate) struct Made {
     pub upload: Upload,
     /// The workspace's path, as the session stores it and its agents see it.
     pub workspace: PathBuf,
-    /// Where the daemon reads the new workspace's files now.
-    pub files: PathBuf,
-    /// A layered session's layer, kept mounted while `files` is read.
+    /// A layered session's layer (mounted once at creation: where none can be, the session
+    /// gets a copy).
     pub layer: Option<Arc<LayerView>>,
 }
 
@@ -85,6 +84,13 @@ async fn blocking<T: Send + 'static>(job: impl FnOnce() -> T + Send + 'static) -
 
 fn io_error(what: &str, path: &Path, e: std::io::Error) -> EngineError {
     EngineError::Isolation(format!("{what} {}: {e}", path.display()))
+}
+
+/// Whether what is at `path` was last changed more than `age` ago.
+fn aged(path: &Path, age: std::time::Duration) -> bool {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .is_ok_and(|t| t.elapsed().is_ok_and(|a| a > age))
 }
 
 /// Whether `session` works in a layer over a kept tree (its workspace beneath [`VIEW_ROOT`]).
@@ -139,7 +145,6 @@ impl Trees {
         {
             Ok(made) => Ok(Made {
                 workspace: allowed.path.clone(),
-                files: allowed.path.clone(),
                 allowed,
                 upload: made,
                 layer: None,
@@ -172,15 +177,14 @@ impl Trees {
             upper: dir.join("upper"),
             work: dir.join("work"),
         };
-        let seen = workspace.clone();
-        let mounted = blocking(move || -> std::result::Result<LayerView, String> {
-            std::fs::write(dir.join(TREE_FILE), upload.to_string())
-                .map_err(|e| format!("cannot write {}: {e}", dir.display()))?;
-            LayerView::session(&seen, &dirs).map_err(|e| e.to_string())
-        })
-        .await?;
+        let tree_file = dir.join(TREE_FILE);
+        let written = blocking(move || std::fs::write(&tree_file, upload.to_string())).await?;
+        let mounted = match written {
+            Ok(()) => self.mounted(&workspace, || Ok(dirs)).await?,
+            Err(e) => Err(format!("cannot write in {}: {e}", allowed.path.display())),
+        };
         let layer = match mounted {
-            Ok(layer) => Arc::new(layer),
+            Ok(layer) => layer,
             Err(why) => {
                 allowed.discard();
                 return Ok(Err(why));
@@ -190,7 +194,6 @@ impl Trees {
             allowed,
             upload: made,
             workspace,
-            files: layer.through().to_path_buf(),
             layer: Some(layer),
         }))
     }
@@ -206,7 +209,14 @@ impl Trees {
         let tree = trees.join(upload.to_string());
         if tree.is_dir() {
             // Another tenant's id is not found here either: the tree is never reached by id.
-            return Ok((self.uploads.get(tenant, upload).await?, tree));
+            let made = self.uploads.get(tenant, upload).await?;
+            // Used now: the sweep counts a tree's age from its last use.
+            if let Err(e) = std::fs::File::open(&tree)
+                .and_then(|dir| dir.set_modified(std::time::SystemTime::now()))
+            {
+                tracing::debug!(path = %tree.display(), error = %e, "Cannot mark a kept tree used");
+            }
+            return Ok((made, tree));
         }
         let partial = trees.join(format!(".{upload}.{}", std::process::id()));
         if partial.exists() {
@@ -271,32 +281,44 @@ impl Trees {
 
     /// A layered session's layer: the one mounted now, or a new one.
     pub(crate) async fn layer(&self, session: &Session) -> Result<Arc<LayerView>> {
-        let alive = |trees: &Self| {
-            trees
-                .layers
+        self.mounted(&session.workspace, || self.dirs(session))
+            .await?
+            .map_err(|e| EngineError::Isolation(format!("the session's workspace: {e}")))
+    }
+
+    /// The layer at `workspace`: the one mounted now, or a new one over `dirs`' directories.
+    /// The only place a layer is mounted: under the workspace's lock, registered before the lock
+    /// is let go, so two overlays of one upper directory are never mounted by this daemon.
+    async fn mounted(
+        &self,
+        workspace: &Path,
+        dirs: impl FnOnce() -> Result<LayerDirs>,
+    ) -> Result<std::result::Result<Arc<LayerView>, String>> {
+        let alive = || {
+            self.layers
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .get(&session.workspace)
+                .get(workspace)
                 .and_then(Weak::upgrade)
         };
-        if let Some(layer) = alive(self) {
-            return Ok(layer);
+        if let Some(layer) = alive() {
+            return Ok(Ok(layer));
         }
-        let lock = self.making.get(session.workspace.clone());
+        let lock = self.making.get(workspace.to_path_buf());
         let _making = lock.lock().await;
-        if let Some(layer) = alive(self) {
-            return Ok(layer);
+        if let Some(layer) = alive() {
+            return Ok(Ok(layer));
         }
-        let dirs = self.dirs(session)?;
-        let workspace = session.workspace.clone();
-        let layer = blocking(move || LayerView::session(&workspace, &dirs))
-            .await?
-            .map_err(|e| EngineError::Isolation(format!("the session's workspace: {e}")))?;
-        let layer = Arc::new(layer);
+        let dirs = dirs()?;
+        let seen = workspace.to_path_buf();
+        let layer = match blocking(move || LayerView::session(&seen, &dirs)).await? {
+            Ok(layer) => Arc::new(layer),
+            Err(e) => return Ok(Err(e.to_string())),
+        };
         let mut layers = self.layers.lock().unwrap_or_else(|p| p.into_inner());
         layers.retain(|_, l| l.strong_count() > 0);
-        layers.insert(session.workspace.clone(), Arc::downgrade(&layer));
-        Ok(layer)
+        layers.insert(workspace.to_path_buf(), Arc::downgrade(&layer));
+        Ok(Ok(layer))
     }
 
     /// Where the daemon reaches `session`'s files: through its layer for a layered session,
@@ -313,6 +335,24 @@ impl Trees {
             path: layer.through().to_path_buf(),
             layer: Some(layer),
         })
+    }
+
+    /// Whether a session here works over `upload`'s kept tree (its directory's `tree` file names
+    /// it).
+    async fn names(&self, upload: UploadId) -> Result<bool> {
+        let Some((_, dir)) = self.places() else {
+            return Ok(false);
+        };
+        let (dir, name) = (dir.to_path_buf(), upload.to_string());
+        blocking(move || {
+            std::fs::read_dir(&dir).is_ok_and(|entries| {
+                entries.flatten().any(|e| {
+                    std::fs::read_to_string(e.path().join(TREE_FILE))
+                        .is_ok_and(|s| s.trim() == name)
+                })
+            })
+        })
+        .await
     }
 
     /// Removes kept trees that no session here works over, once older than the uploads'
@@ -347,10 +387,7 @@ impl Trees {
         let mut removed = 0;
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let old = entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > retention));
+            let old = aged(&entry.path(), retention);
             // A tree cut short by a crash: named `.ID.UUID`.
             let partial = name.starts_with('.');
             let Ok(upload) = name
@@ -364,7 +401,14 @@ impl Trees {
             };
             let lock = self.writing.get(upload);
             let _writing = lock.lock().await;
-            if old && (partial || !used.contains(&name)) {
+            // Looked at again under the tree's lock: a session made from it meanwhile (while
+            // the sweep waited for the lock) names it now, and its use renewed its age.
+            let (used_now, old_now) = if partial || !old || used.contains(&name) {
+                (used.contains(&name), old)
+            } else {
+                (self.names(upload).await?, aged(&entry.path(), retention))
+            };
+            if old_now && (partial || !used_now) {
                 let path = entry.path();
                 blocking(move || std::fs::remove_dir_all(path)).await?.ok();
                 removed += 1;

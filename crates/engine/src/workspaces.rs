@@ -227,12 +227,18 @@ pub(crate) async fn here(
 ) -> Result<bool> {
     if session.workspace.starts_with(VIEW_ROOT) {
         // A layer over a kept tree: its edits are in the directory of the session that made
-        // it (a branch works in its origin's), in this daemon's workspaces_dir.
-        return Ok(config
-            .dir
-            .as_ref()
-            .zip(session.workspace.file_name())
-            .is_some_and(|(dir, maker)| dir.join(maker).join("upper").is_dir()));
+        // it (a branch works in its origin's), in this daemon's workspaces_dir, and the tree
+        // in this daemon's home (a daemon sharing the directory but not the home has none).
+        let (Some(dir), Some(home), Some(maker)) =
+            (&config.dir, &config.home, session.workspace.file_name())
+        else {
+            return Ok(false);
+        };
+        let made = dir.join(maker);
+        let tree = std::fs::read_to_string(made.join("tree")).unwrap_or_default();
+        return Ok(made.join("upper").is_dir()
+            && !tree.trim().is_empty()
+            && home.join("trees").join(tree.trim()).is_dir());
     }
     if !session.workspace.is_dir() {
         return Ok(false);

@@ -256,12 +256,13 @@ fn prepare_workspaces_dir(config: &DaemonConfig, home: &Path) -> anyhow::Result<
     Ok(dir)
 }
 
-/// `/forkd/workspaces`, where sessions made from uploads are seen, when it is a directory here:
-/// made now when the daemon runs as root. Where it is missing, such sessions get copies.
+/// `/forkd/workspaces`, where sessions made from uploads are seen, when it is a directory here
+/// that no one else may change: made now when the daemon runs as root. Where it is missing or
+/// open to others, such sessions get copies.
 fn view_root() -> Option<PathBuf> {
-    use std::os::unix::fs::DirBuilderExt;
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let root = Path::new(forkd_tools::sandbox::layer::VIEW_ROOT);
-    if !root.is_dir()
+    if std::fs::symlink_metadata(root).is_err()
         && nix::unistd::geteuid().is_root()
         && let Err(e) = std::fs::DirBuilder::new()
             .recursive(true)
@@ -270,12 +271,28 @@ fn view_root() -> Option<PathBuf> {
     {
         tracing::warn!(path = %root.display(), error = %e, "Cannot make the directory sessions made from uploads are seen in");
     }
-    if root.is_dir() {
-        tracing::info!(path = %root.display(), "Sessions made from uploads work in layers over trees kept read-only");
-        Some(root.to_path_buf())
-    } else {
-        tracing::info!(path = %root.display(), "Sessions made from uploads get a copy of their tree each: make this directory (empty) to share trees read-only");
-        None
+    // Each of `/forkd` and `/forkd/workspaces`: a real directory (no link), the daemon's user's
+    // or root's, that nobody else may write in.
+    let uid = nix::unistd::geteuid().as_raw();
+    let unsafe_reason = root.ancestors().take(2).find_map(|dir| {
+        let why = match std::fs::symlink_metadata(dir) {
+            Err(e) => e.to_string(),
+            Ok(m) if !m.file_type().is_dir() => "not a directory".into(),
+            Ok(m) if m.uid() != 0 && m.uid() != uid => format!("owned by uid {}", m.uid()),
+            Ok(m) if m.mode() & 0o022 != 0 => "writable by others".into(),
+            Ok(_) => return None,
+        };
+        Some(format!("{}: {why}", dir.display()))
+    });
+    match unsafe_reason {
+        None => {
+            tracing::info!(path = %root.display(), "Sessions made from uploads work in layers over trees kept read-only");
+            Some(root.to_path_buf())
+        }
+        Some(why) => {
+            tracing::info!(path = %root.display(), reason = %why, "Sessions made from uploads get a copy of their tree each: make this directory (root's, 0755) to share trees read-only");
+            None
+        }
     }
 }
 

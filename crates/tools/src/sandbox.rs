@@ -275,8 +275,14 @@ impl Prepared {
         }
         make_private(&paths.tmp)?;
         let tmp = canonical(&paths.tmp)?;
-        let in_view = layer.is_some_and(|l| !l.workspace().exists());
-        let workspace = seen_path(workspace)?;
+        // A session's layer, or a copy at a path only views have: its path as the layer has
+        // it, never looked up here.
+        let (workspace, in_view) = match layer {
+            Some(l) if l.is_shared() || layer::in_view_root(l.workspace()) => {
+                (l.workspace().to_path_buf(), true)
+            }
+            _ => (canonical(workspace)?, false),
+        };
         // Landlock judges a write by the inode it reaches: in a layer, the layer's root, which
         // the daemon reaches through its descriptor.
         let writable_workspace = layer.map_or(workspace.as_path(), |l| l.through());
@@ -463,25 +469,25 @@ pub(crate) fn make_private(dir: &Path) -> Result<(), SandboxError> {
         .map_err(|e| SandboxError::Prepare(format!("cannot create {}: {e}", dir.display())))
 }
 
-/// The workspace's path as commands see it: canonical where it exists here; a path only views
-/// have (a session's beneath [`layer::VIEW_ROOT`]) as it is, absolute and plain.
+/// The workspace's path as commands see it: canonical, but beneath [`layer::VIEW_ROOT`], where
+/// a path is only views' (and never looked up here): as it is, absolute and plain.
 fn seen_path(path: &Path) -> Result<PathBuf, SandboxError> {
-    match std::fs::symlink_metadata(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let plain = path.is_absolute()
-                && path.components().all(|c| {
-                    matches!(
-                        c,
-                        std::path::Component::RootDir | std::path::Component::Normal(_)
-                    )
-                });
-            if plain {
-                Ok(path.to_path_buf())
-            } else {
-                Err(SandboxError::Prepare(format!("{}: {e}", path.display())))
-            }
-        }
-        _ => canonical(path),
+    if !layer::in_view_root(path) {
+        return canonical(path);
+    }
+    let plain = path.components().all(|c| {
+        matches!(
+            c,
+            std::path::Component::RootDir | std::path::Component::Normal(_)
+        )
+    });
+    if plain {
+        Ok(path.to_path_buf())
+    } else {
+        Err(SandboxError::Prepare(format!(
+            "{} is not a plain path",
+            path.display()
+        )))
     }
 }
 

@@ -121,11 +121,18 @@ impl Workspace {
         let how = OpenHow::new()
             .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
             .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
-        let root = fs::File::open(&self.root).map_err(|source| ToolError::BadRoot {
-            root: self.root.clone(),
-            source,
-        })?;
-        match openat2(&root, rel, how) {
+        let opened = match &self.layer {
+            // A layer's root is reached through its descriptor, not by the path views see.
+            Some(layer) => openat2(layer.root_fd(), rel, how),
+            None => {
+                let root = fs::File::open(&self.root).map_err(|source| ToolError::BadRoot {
+                    root: self.root.clone(),
+                    source,
+                })?;
+                openat2(&root, rel, how)
+            }
+        };
+        match opened {
             Ok(fd) => Ok(Some(fd)),
             Err(Errno::ENOENT) => Ok(None),
             Err(Errno::EXDEV) => Err(ToolError::OutsideWorkspace {
@@ -353,7 +360,9 @@ impl Workspace {
                 source: std::io::Error::other("its place in the child's copy cannot be named"),
             })?;
         let rel: PathBuf = real.components().chain(missing.iter().copied()).collect();
+        // (A session's own layer has its `.git/` as any workspace does.)
         if intent == Access::Write
+            && !layer.is_shared()
             && rel.components().next() == Some(Component::Normal(std::ffi::OsStr::new(".git")))
         {
             return Err(ToolError::rejected(format!(

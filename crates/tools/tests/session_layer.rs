@@ -175,9 +175,26 @@ async fn two_sessions_over_one_tree_keep_their_edits_apart() {
 }
 
 #[tokio::test]
-async fn a_layer_over_a_path_that_exists_here_is_refused() {
+async fn a_link_planted_at_the_session_s_path_here_leads_nowhere() {
     let daemon = Daemon::new(&[("a.txt", "tree\n")]);
-    std::fs::create_dir_all(daemon.views.join("s1")).unwrap();
-    let err = LayerView::session(&daemon.views.join("s1"), &daemon.dirs("s1")).unwrap_err();
-    assert!(err.to_string().contains("must not exist here"), "{err}");
+    std::fs::write(daemon.home.join("secret.key"), "the daemon's").unwrap();
+    // Someone who may write the views' directory here points the session's path at the home.
+    let ws = daemon.views.join("s1");
+    std::os::unix::fs::symlink(&daemon.home, &ws).unwrap();
+    let layer = daemon.layer("s1");
+    let agent = daemon.agent(&layer, "agent");
+    // The layer is where the session's path is in its views; the link is never followed.
+    assert_eq!(
+        bash(&agent, "pwd; cat a.txt; ls -A").await,
+        format!("{}\ntree\na.txt\n", ws.display())
+    );
+    let out = run_tool(
+        "Bash",
+        &json!({"command": format!("cat {}/secret.key", daemon.home.display())}),
+        &agent,
+    )
+    .await;
+    assert!(!out.content.contains("the daemon's"), "{}", out.content);
+    let read = run_tool("Read", &json!({"file_path": "secret.key"}), &agent).await;
+    assert!(read.is_error, "{}", read.content);
 }

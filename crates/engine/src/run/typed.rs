@@ -92,8 +92,10 @@ impl Runs {
             )));
         }
         let session = self.sessions.get(session_id).await?;
-        let files = self.trees.files(&session).await?;
-        let types = agent_types::for_workspace(&self.config.agent_dirs, &files.path);
+        let types = match self.trees.files(&session).await?.layer {
+            Some(layer) => agent_types::for_layer(&self.config.agent_dirs, layer),
+            None => agent_types::for_workspace(&self.config.agent_dirs, &session.workspace),
+        };
         let ty = agent_types::find_type(&types, subagent_type).ok_or_else(|| {
             let names: Vec<&str> = types.iter().map(|t| t.name.as_str()).collect();
             EngineError::InvalidRequest(format!(

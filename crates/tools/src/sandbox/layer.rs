@@ -20,7 +20,7 @@
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 use super::{
@@ -65,14 +65,21 @@ pub(crate) struct Mount {
     place: Option<(CString, CString)>,
 }
 
-/// Whether `workspace` is one only views have: missing here, in a directory that exists.
-fn made_in_view(workspace: &Path) -> bool {
-    matches!(std::fs::symlink_metadata(workspace), Err(e) if e.kind() == io::ErrorKind::NotFound)
-        && workspace.parent().is_some_and(Path::is_dir)
+/// Whether `workspace` lies beneath [`VIEW_ROOT`]: a path only views have, never looked up
+/// here (whatever is at it on this machine, a link planted there included, is covered).
+pub(crate) fn in_view_root(workspace: &Path) -> bool {
+    workspace.starts_with(VIEW_ROOT)
 }
 
 impl Mount {
-    fn new(dirs: &LayerDirs, workspace: &Path) -> Result<Mount, SandboxError> {
+    /// The layer of `dirs` at `workspace`; `place`: the directory its views cover with a
+    /// tmpfs to make the mountpoint in (the workspace's parent), for a workspace that exists
+    /// only in views.
+    fn new(
+        dirs: &LayerDirs,
+        workspace: &Path,
+        place: Option<&Path>,
+    ) -> Result<Mount, SandboxError> {
         // No inode index: a second mount of the same upper directory (a leftover command of a
         // crashed daemon still holding the last one) is refused by the index where it is on.
         let mut options = String::from("userxattr,index=off");
@@ -99,11 +106,9 @@ impl Mount {
         } else {
             None
         };
-        let place = match workspace.parent() {
-            Some(parent) if made_in_view(workspace) => {
-                Some((c_path(parent)?, c_str("mode=0755,size=16k,nr_inodes=16")?))
-            }
-            _ => None,
+        let place = match place {
+            Some(parent) => Some((c_path(parent)?, c_str("mode=0755,size=16k,nr_inodes=16")?)),
+            None => None,
         };
         Ok(Mount {
             overlay: c_str("overlay")?,
@@ -207,28 +212,39 @@ impl LayerView {
         // sibling in every child's view. Landlock still lets it write in its own alone.
         let session_tmp = tmp.parent().unwrap_or(&tmp).to_path_buf();
         let mut setup = Setup::new(sandbox, paths, &workspace, &session_tmp, None)?;
-        setup.overlay = Some(Mount::new(dirs, &workspace)?);
+        // A child of a session made from an upload: its copy at the session's path, which
+        // exists only in views.
+        let place = in_view_root(&workspace)
+            .then(|| workspace.parent())
+            .flatten();
+        setup.overlay = Some(Mount::new(dirs, &workspace, place)?);
         Self::hold(setup, workspace, dirs, false)
     }
 
     /// Makes a session's layer over `dirs` (its lower directory: the tree this daemon keeps
-    /// read-only) at `workspace`, a path beneath [`VIEW_ROOT`] (or another directory that
-    /// exists, empty, here) that the views make: in namespaces of its own, with nothing covered,
-    /// which each view of the session enters before it covers what it hides. Dropped with its
-    /// last view and workspace, the mount goes with it; a later one mounts it again.
+    /// read-only) at `workspace`, in a directory that exists here (its parent: [`VIEW_ROOT`],
+    /// or a test's) and that the layer's namespaces cover with a private tmpfs holding only the
+    /// mountpoint, so nothing at `workspace` here (a link planted there) is ever looked at. The
+    /// layer is alone in namespaces of its own, with nothing covered; each view of the session
+    /// enters them before it covers what it hides. Dropped with its last view and workspace, the
+    /// mount goes with it; a later one mounts it again.
     pub fn session(workspace: &Path, dirs: &LayerDirs) -> Result<LayerView, SandboxError> {
-        if !made_in_view(workspace) {
+        let plain = workspace.is_absolute()
+            && workspace
+                .components()
+                .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+        let parent = workspace.parent().filter(|p| plain && p.parent().is_some());
+        let Some(parent) = parent else {
             return Err(SandboxError::Prepare(format!(
-                "a session's layer is mounted where only its views have a directory: {} must \
-                 not exist here, and its parent must",
+                "a session's layer needs a plain absolute path in a directory: {}",
                 workspace.display()
             )));
-        }
+        };
         dirs.create().map_err(|e| {
             SandboxError::Prepare(format!("cannot create {}: {e}", dirs.upper.display()))
         })?;
         let mut setup = Setup::layer_only()?;
-        setup.overlay = Some(Mount::new(dirs, workspace)?);
+        setup.overlay = Some(Mount::new(dirs, workspace, Some(parent))?);
         Self::hold(setup, workspace.to_path_buf(), dirs, true)
     }
 
