@@ -30,7 +30,7 @@ async fn edit(input: &Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError>
         ));
     }
     let path = ctx.workspace.resolve(file_path, Access::Read)?;
-    let text = read_text(&path, file_path).await?;
+    let text = read_text(&ctx.workspace, &path, file_path).await?;
     let found = text.matches(old).count();
     if found == 0 {
         return Err(ToolError::rejected(format!(
@@ -49,7 +49,7 @@ async fn edit(input: &Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError>
     } else {
         text.replacen(old, new, 1)
     };
-    write_file(&path, file_path, updated.as_bytes()).await?;
+    write_file(&ctx.workspace, &path, file_path, updated.as_bytes()).await?;
     let rel = ctx.workspace.relative(&path);
     let noun = if found == 1 {
         "occurrence"
@@ -64,7 +64,11 @@ async fn edit(input: &Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError>
 }
 
 /// The whole file as UTF-8; Edit refuses anything else rather than corrupt it.
-async fn read_text(path: &std::path::Path, file_path: &str) -> Result<String, ToolError> {
+async fn read_text(
+    ws: &crate::Workspace,
+    path: &std::path::Path,
+    file_path: &str,
+) -> Result<String, ToolError> {
     match tokio::fs::metadata(path).await {
         Ok(meta) if meta.is_dir() => {
             return Err(ToolError::rejected(format!(
@@ -79,7 +83,7 @@ async fn read_text(path: &std::path::Path, file_path: &str) -> Result<String, To
         }
         _ => {}
     }
-    let mut file = open_read(path, file_path).await?;
+    let mut file = open_read(ws, path, file_path).await?;
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)
         .await

@@ -33,7 +33,7 @@ async fn read(input: &Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError>
             "{file_path} is not a regular file"
         )));
     }
-    let file = open_read(&path, file_path).await?;
+    let file = open_read(&ctx.workspace, &path, file_path).await?;
     let mut reader = BufReader::with_capacity(SNIFF_BYTES, file);
     let head = reader
         .fill_buf()

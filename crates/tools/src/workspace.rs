@@ -6,11 +6,14 @@
 //! A path that does not exist yet is checked through its deepest existing ancestor; the missing
 //! components below it must be plain names (a `..` there cannot be checked, so it is refused).
 //!
-//! TOCTOU caveat: the check and the later open are two system calls. A process that swaps a
-//! checked directory for a symlink in between can still redirect the open. Tools narrow the
-//! window where it is cheap: writes open the final component with `O_NOFOLLOW` (see
-//! `fsutil::write_file`), and Write re-checks freshly created parent directories. A workspace
-//! shared with a hostile concurrent process needs OS-level isolation, not this module.
+//! The check and the later open are two system calls, and a process sharing the workspace (a
+//! command of the session) may swap a checked directory for a symlink in between. So the tools
+//! open what was resolved beneath the root's descriptor with `openat2(RESOLVE_BENEATH |
+//! RESOLVE_NO_SYMLINKS)` ([`Workspace::open_beneath`]; the resolved path has no link on it) and
+//! make missing directories one `mkdirat` at a time beneath it
+//! ([`Workspace::create_dirs_beneath`]): a swap fails the call instead of leading it out.
+//! Glob and Grep still walk and read by path: a swap racing them could make them read through
+//! a link (not write).
 
 use std::fs;
 use std::path::{Component, Path, PathBuf};
@@ -386,6 +389,98 @@ impl Workspace {
             Err(_) => path.to_string_lossy().into_owned(),
         }
     }
+}
+
+impl Workspace {
+    /// The root as the daemon reaches it: the layer's descriptor, or the root opened now
+    /// without following a link anywhere on its path.
+    fn root_dir(&self) -> Result<RootDir<'_>, Errno> {
+        match &self.layer {
+            Some(layer) => Ok(RootDir::Layer(layer.root_fd())),
+            None => {
+                let how = OpenHow::new()
+                    .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+                    .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+                openat2(nix::fcntl::AT_FDCWD, &self.root, how).map(RootDir::Opened)
+            }
+        }
+    }
+
+    /// `path` (as [`Workspace::resolve`] returned it) relative to the root as the daemon
+    /// reaches it.
+    fn beneath<'p>(&self, path: &'p Path) -> Result<&'p Path, Errno> {
+        let base = match &self.layer {
+            Some(layer) => layer.through(),
+            None => self.root.as_path(),
+        };
+        path.strip_prefix(base).map_err(|_| Errno::EXDEV)
+    }
+
+    /// Opens `path` (as [`Workspace::resolve`] returned it: canonical, no link on it) beneath
+    /// the root, following no link on the way: a directory swapped for a link since it was
+    /// resolved fails the open (`ELOOP`) instead of leading the daemon out of the workspace.
+    pub(crate) fn open_beneath(
+        &self,
+        path: &Path,
+        flags: OFlag,
+    ) -> Result<std::os::fd::OwnedFd, Errno> {
+        let rel = self.beneath(path)?;
+        let rel = if rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            rel
+        };
+        let mut how = OpenHow::new().flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW);
+        if flags.contains(OFlag::O_CREAT) {
+            // openat2 takes a mode only with O_CREAT.
+            how = how.mode(nix::sys::stat::Mode::from_bits_truncate(0o644));
+        }
+        let how = how.resolve(
+            ResolveFlag::RESOLVE_BENEATH
+                | ResolveFlag::RESOLVE_NO_SYMLINKS
+                | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+        );
+        match self.root_dir()? {
+            RootDir::Layer(fd) => openat2(fd, rel, how),
+            RootDir::Opened(fd) => openat2(&fd, rel, how),
+        }
+    }
+
+    /// Makes the directories of `dir` (as [`Workspace::resolve`] returned it) that are missing,
+    /// one at a time beneath the root, following no link: what exists must be a directory.
+    pub(crate) fn create_dirs_beneath(&self, dir: &Path) -> Result<(), Errno> {
+        use nix::sys::stat::{Mode, mkdirat};
+        let rel = self.beneath(dir)?;
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
+            .resolve(
+                ResolveFlag::RESOLVE_BENEATH
+                    | ResolveFlag::RESOLVE_NO_SYMLINKS
+                    | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+            );
+        let root = self.root_dir()?;
+        let mut current = match &root {
+            RootDir::Layer(fd) => openat2(*fd, ".", how)?,
+            RootDir::Opened(fd) => openat2(fd, ".", how)?,
+        };
+        for part in rel.components() {
+            let Component::Normal(name) = part else {
+                return Err(Errno::EINVAL);
+            };
+            match mkdirat(&current, name, Mode::from_bits_truncate(0o755)) {
+                Ok(()) | Err(Errno::EEXIST) => {}
+                Err(e) => return Err(e),
+            }
+            current = openat2(&current, name, how)?;
+        }
+        Ok(())
+    }
+}
+
+/// The root a tool opens beneath.
+enum RootDir<'a> {
+    Layer(std::os::fd::BorrowedFd<'a>),
+    Opened(std::os::fd::OwnedFd),
 }
 
 /// Splits `path` into its deepest ancestor that exists (as an entry, possibly a dangling

@@ -35,7 +35,7 @@ async fn write(input: &Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError
     if let Some(parent) = path.parent() {
         create_parents(&ctx.workspace, parent, file_path).await?;
     }
-    write_file(&path, file_path, content.as_bytes()).await?;
+    write_file(&ctx.workspace, &path, file_path, content.as_bytes()).await?;
     let rel = ctx.workspace.relative(&path);
     let verb = if existed { "Overwrote" } else { "Created" };
     let unit = if content.len() == 1 { "byte" } else { "bytes" };
@@ -46,22 +46,26 @@ async fn write(input: &Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError
     })
 }
 
-/// Creates the missing parents, then checks that the directory we are about to write into is
-/// still the one that was checked: a concurrent process swapping a component for a symlink in
-/// the meantime would make it resolve elsewhere.
+/// Creates the missing parents beneath the workspace's root, one at a time and following no
+/// link ([`crate::Workspace::create_dirs_beneath`]): a directory swapped for a link meanwhile
+/// stops it instead of leading it elsewhere.
 async fn create_parents(
     workspace: &crate::Workspace,
     parent: &std::path::Path,
     file_path: &str,
 ) -> Result<(), ToolError> {
-    tokio::fs::create_dir_all(parent)
+    let (ws, dir) = (workspace.clone(), parent.to_path_buf());
+    let made = tokio::task::spawn_blocking(move || ws.create_dirs_beneath(&dir))
         .await
-        .map_err(|e| ToolError::io(file_path, e))?;
-    let now = workspace.resolve(&workspace.relative(parent), Access::Read);
-    if now.ok().as_deref() != Some(parent) {
-        return Err(ToolError::rejected(format!(
-            "the directory of {file_path} changed while it was being created; refusing to write"
-        )));
+        .map_err(|e| ToolError::io(file_path, std::io::Error::other(e.to_string())))?;
+    match made {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::ELOOP | nix::errno::Errno::ENOTDIR | nix::errno::Errno::EXDEV) => {
+            Err(ToolError::rejected(format!(
+                "the directory of {file_path} changed while it was being created; refusing to \
+                 write"
+            )))
+        }
+        Err(errno) => Err(ToolError::io(file_path, std::io::Error::from(errno))),
     }
-    Ok(())
 }
