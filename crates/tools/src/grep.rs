@@ -1,7 +1,6 @@
 //! The Grep tool: search workspace files with a regular expression.
 
 use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use regex::Regex;
@@ -112,7 +111,9 @@ impl Search {
         if !self.selected(path) {
             return;
         }
-        let Some(text) = read_text(path) else { return };
+        let Some(text) = read_text(&self.workspace, path) else {
+            return;
+        };
         let rel = self.workspace.relative(path);
         match self.mode {
             Mode::Files => {
@@ -152,18 +153,42 @@ impl Search {
     }
 }
 
-/// A file's text, or `None` for unreadable or binary files. Opened with `O_NOFOLLOW` because
-/// the walk saw a regular file there and a symlink swapped in since must not be followed out.
-fn read_text(path: &Path) -> Option<String> {
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
+/// A file's text, or `None` for unreadable or binary files. Opened beneath the workspace's
+/// root following no link ([`crate::Workspace::open_beneath`]): the walk saw a regular file
+/// there, and a directory or the file swapped for a link since must not lead the read out.
+fn read_text(workspace: &crate::Workspace, path: &Path) -> Option<String> {
+    let fd = workspace
+        .open_beneath(path, nix::fcntl::OFlag::O_RDONLY)
         .ok()?;
+    let mut file = std::fs::File::from(fd);
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes).ok()?;
     if looks_binary(&bytes) {
         return None;
     }
     Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A file the walk listed whose directory is swapped for a link out of the workspace before
+    /// it is read: nothing is read through the link.
+    #[test]
+    fn a_directory_swapped_for_a_link_after_the_walk_is_not_read_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ws_dir, outside) = (dir.path().join("ws"), dir.path().join("outside"));
+        std::fs::create_dir_all(ws_dir.join("sub")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(ws_dir.join("sub/a.txt"), "mine").unwrap();
+        let ws = crate::Workspace::new(&ws_dir).unwrap();
+        let listed = ws.resolve("sub/a.txt", Access::Read).unwrap();
+        assert_eq!(read_text(&ws, &listed).as_deref(), Some("mine"));
+        std::fs::rename(ws_dir.join("sub"), ws_dir.join("moved")).unwrap();
+        std::os::unix::fs::symlink(&outside, ws_dir.join("sub")).unwrap();
+        std::fs::write(outside.join("a.txt"), "secret").unwrap();
+        assert_eq!(read_text(&ws, &listed), None);
+    }
 }

@@ -12,8 +12,8 @@
 //! RESOLVE_NO_SYMLINKS)` ([`Workspace::open_beneath`]; the resolved path has no link on it) and
 //! make missing directories one `mkdirat` at a time beneath it
 //! ([`Workspace::create_dirs_beneath`]): a swap fails the call instead of leading it out.
-//! Glob and Grep still walk and read by path: a swap racing them could make them read through
-//! a link (not write).
+//! Grep reads each file its walk lists the same way. Glob only lists names: a swap racing its
+//! walk could make it list a directory elsewhere (names, never contents).
 
 use std::fs;
 use std::path::{Component, Path, PathBuf};
