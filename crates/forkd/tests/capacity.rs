@@ -10,7 +10,9 @@ use std::time::Duration;
 use forkd_proto::v1 as pb;
 use forkd_server::TokenStore;
 use forkd_store::Budget;
-use forkd_test_support::{Caller, directives, eventually, session_request, spawn_daemon_with};
+use forkd_test_support::{
+    Caller, TestDaemon, directives, eventually, session_request, spawn_daemon_with,
+};
 
 const LOOPBACK: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
@@ -42,25 +44,7 @@ async fn listed(c: &mut Caller, batch_id: &str) -> (usize, usize) {
 
 #[tokio::test]
 async fn capacity_shows_the_slots_the_caller_s_queue_and_its_budget() {
-    let mut secrets = Vec::new();
-    let daemon = spawn_daemon_with(|c| {
-        c.listen = Some(LOOPBACK);
-        c.engine.max_running_agents = Some(2);
-        c.engine.tenant_budgets.insert(
-            "alpha".into(),
-            Budget {
-                usd: Some(5.0),
-                tokens: None,
-            },
-        );
-        let tokens = TokenStore::in_home(&c.home);
-        secrets.push(tokens.create("alpha").unwrap());
-        secrets.push(tokens.create("beta").unwrap());
-    })
-    .await
-    .unwrap();
-    let mut alpha = Caller::new(&daemon, secrets[0].expose()).await.unwrap();
-    let mut beta = Caller::new(&daemon, secrets[1].expose()).await.unwrap();
+    let (daemon, mut alpha, mut beta) = alpha_and_beta(2, 5.0).await;
 
     // Nothing runs yet: every slot is free.
     let idle = capacity(&mut alpha).await;
@@ -272,83 +256,45 @@ async fn a_dry_run_forks_nothing_and_prices_the_first_requests() {
     assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
 }
 
-/// Sends `text` to the session and waits for its turn to end; the turn's final text.
-async fn turn(c: &mut Caller, session_id: &str, text: &str) -> String {
-    let request = c.req(pb::SendMessageRequest {
-        session_id: session_id.to_owned(),
-        text: text.into(),
-        ..Default::default()
-    });
-    let mut stream = c.client.send_message(request).await.unwrap().into_inner();
-    let mut events = Vec::new();
-    while let Some(event) = stream.message().await.unwrap() {
-        events.extend(event.event);
-    }
-    forkd_test_support::turn_text(&events).unwrap().to_owned()
-}
-
-/// The `tool_result` of the session's first `Capacity` call, parsed.
+/// The result of the session's first `Capacity` call, parsed (a refusal stays text), and
+/// whether it was an error.
 async fn capacity_result(c: &mut Caller, session_id: &str) -> (serde_json::Value, bool) {
-    let request = c.req(pb::ListAgentsRequest {
-        session_id: session_id.to_owned(),
-        include_ended: true,
-        ..Default::default()
-    });
-    let agents = c
-        .client
-        .list_agents(request)
-        .await
-        .unwrap()
-        .into_inner()
-        .agents;
-    let parent = agents.into_iter().find(|a| a.kind == "parent").unwrap();
-    let request = c.req(pb::GetTranscriptRequest {
-        agent_id: parent.agent_id,
-        include_shared_prefix: true,
-    });
-    let transcript = c
-        .client
-        .get_transcript(request)
-        .await
-        .unwrap()
-        .into_inner()
-        .messages;
-    let result = transcript
-        .iter()
-        .flat_map(|m| serde_json::from_str::<Vec<serde_json::Value>>(&m.content_json).unwrap())
-        .find(|b| b["type"] == "tool_result")
-        .expect("the call has its result");
-    let text = result["content"]
-        .as_str()
-        .map(str::to_owned)
-        .or_else(|| result["content"][0]["text"].as_str().map(str::to_owned))
-        .unwrap();
-    let is_error = result["is_error"].as_bool().unwrap_or(false);
+    let results = c.tool_results(session_id).await.unwrap();
+    let (text, is_error) = results.first().cloned().expect("the call has its result");
     (
         serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
         is_error,
     )
 }
 
-#[tokio::test]
-async fn a_session_s_model_may_ask_for_capacity_only_when_the_session_has_the_tool() {
+/// A daemon on TCP with `max_running_agents` `slots` and a budget of `budget_usd` for token
+/// tenant alpha, and callers for alpha and beta.
+async fn alpha_and_beta(slots: usize, budget_usd: f64) -> (TestDaemon, Caller, Caller) {
     let mut secrets = Vec::new();
     let daemon = spawn_daemon_with(|c| {
         c.listen = Some(LOOPBACK);
-        c.engine.max_running_agents = Some(3);
+        c.engine.max_running_agents = Some(slots);
         c.engine.tenant_budgets.insert(
             "alpha".into(),
             Budget {
-                usd: Some(2.5),
+                usd: Some(budget_usd),
                 tokens: None,
             },
         );
         let tokens = TokenStore::in_home(&c.home);
         secrets.push(tokens.create("alpha").unwrap());
+        secrets.push(tokens.create("beta").unwrap());
     })
     .await
     .unwrap();
-    let mut alpha = Caller::new(&daemon, secrets[0].expose()).await.unwrap();
+    let alpha = Caller::new(&daemon, secrets[0].expose()).await.unwrap();
+    let beta = Caller::new(&daemon, secrets[1].expose()).await.unwrap();
+    (daemon, alpha, beta)
+}
+
+#[tokio::test]
+async fn a_session_s_model_may_ask_for_capacity_only_when_the_session_has_the_tool() {
+    let (daemon, mut alpha, _) = alpha_and_beta(3, 2.5).await;
     let workspace = daemon.tenant_workspace("alpha");
     let ask = "How busy is it?\n@sim tool Capacity {\"children\": 4}\n@sim say sized";
 
@@ -358,7 +304,7 @@ async fn a_session_s_model_may_ask_for_capacity_only_when_the_session_has_the_to
         .await
         .unwrap();
     assert!(!plain.tool_names.iter().any(|t| t == "Capacity"));
-    turn(&mut alpha, &plain.session_id, ask).await;
+    alpha.turn(&plain.session_id, ask).await.unwrap();
     let (refused, is_error) = capacity_result(&mut alpha, &plain.session_id).await;
     assert!(is_error, "{refused}");
     assert!(
@@ -378,7 +324,7 @@ async fn a_session_s_model_may_ask_for_capacity_only_when_the_session_has_the_to
         .await
         .unwrap();
     assert!(sized.tool_names.iter().any(|t| t == "Capacity"));
-    let said = turn(&mut alpha, &sized.session_id, ask).await;
+    let said = alpha.turn(&sized.session_id, ask).await.unwrap();
     assert!(said.contains("Result: sized"), "{said}");
     let (answer, is_error) = capacity_result(&mut alpha, &sized.session_id).await;
     assert!(!is_error, "{answer}");
