@@ -21,7 +21,7 @@ use forkd_tools::{SandboxSpec, Workspace};
 
 use crate::clock::now_ms;
 use crate::config::EngineConfig;
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, Result, blocking};
 use crate::locks::LockMap;
 
 /// Isolated batches' snapshots and their children's copies.
@@ -50,13 +50,6 @@ pub struct Applied {
 
 fn isolation_error(err: IsolationError) -> EngineError {
     EngineError::Isolation(err.to_string())
-}
-
-/// Runs blocking file work off the runtime's worker threads.
-async fn blocking<T: Send + 'static>(job: impl FnOnce() -> T + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(job)
-        .await
-        .map_err(|e| EngineError::Invariant(format!("a file task failed: {e}")))
 }
 
 impl Copies {

@@ -136,6 +136,16 @@ pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 /// At most `max` characters of a client's value, for error messages: a huge bogus value echoed
 /// whole would not fit in the status trailer.
+/// Runs blocking file work (a copy, a mount's holder, a walk) off the runtime's worker threads;
+/// a panic in it is an invariant broken.
+pub(crate) async fn blocking<T: Send + 'static>(
+    job: impl FnOnce() -> T + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(job)
+        .await
+        .map_err(|e| EngineError::Invariant(format!("a file task failed: {e}")))
+}
+
 pub(crate) fn clip(value: &str, max: usize) -> String {
     match value.char_indices().nth(max) {
         Some((cut, _)) => format!("{}…", &value[..cut]),

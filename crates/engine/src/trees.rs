@@ -31,7 +31,7 @@ use forkd_tools::sandbox::layer::{LayerDirs, LayerView};
 pub use forkd_tools::sandbox::layer::VIEW_ROOT;
 
 use crate::config::EngineConfig;
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, Result, blocking};
 use crate::locks::LockMap;
 use crate::uploads::Uploads;
 use crate::workspaces::{self, Allowed};
@@ -75,12 +75,6 @@ pub(crate) struct Trees {
 
 /// How often kept trees are swept.
 const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
-
-async fn blocking<T: Send + 'static>(job: impl FnOnce() -> T + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(job)
-        .await
-        .map_err(|e| EngineError::Invariant(format!("a file task failed: {e}")))
-}
 
 fn io_error(what: &str, path: &Path, e: std::io::Error) -> EngineError {
     EngineError::Isolation(format!("{what} {}: {e}", path.display()))

@@ -175,10 +175,9 @@ impl Runs {
         let snapshot = self.copies.snapshot_of(turn.agent).await?;
         let isolated = snapshot.is_some();
         // A session made from an upload works in a layer only its views and its descriptor
-        // reach: every turn's tools go through it.
+        // reach: every turn's tools go through it (its view is needed only as any other's).
         let layered = crate::trees::is_layered(turn.session);
         let spec = if isolated
-            || layered
             || assistant
                 .tool_uses()
                 .any(|(_, name, _)| forkd_tools::touches_files(name))
