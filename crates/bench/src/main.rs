@@ -26,6 +26,7 @@ mod scaleout;
 mod schemas;
 mod traces;
 mod uploads;
+mod webhooks;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -56,6 +57,7 @@ enum Figure {
     Faults,
     Uploads,
     Sandboxload,
+    Webhooks,
 }
 
 /// forkd's benchmark suite.
@@ -128,6 +130,7 @@ async fn run_figure(figure: Figure, ctx: &common::Ctx) -> anyhow::Result<Section
         Figure::Faults => faults::run(ctx).await,
         Figure::Uploads => uploads::run(ctx).await,
         Figure::Sandboxload => sandbox_load::run(ctx).await,
+        Figure::Webhooks => webhooks::run(ctx).await,
     }
 }
 

@@ -107,6 +107,17 @@ id_type!(
     "upload"
 );
 id_type!(
+    /// A registered webhook: a tenant's endpoint that notifications are delivered to.
+    WebhookId,
+    "webhook"
+);
+id_type!(
+    /// One delivery of one event to one webhook: its id is the `webhook-id` header every
+    /// attempt carries, so that a receiver drops repeats.
+    DeliveryId,
+    "delivery"
+);
+id_type!(
     /// A permission prompt: a tool call waiting for a person's answer.
     PromptId,
     "permission prompt"

@@ -29,12 +29,15 @@ pub mod tenant;
 pub mod tools;
 pub mod upload;
 pub mod usage;
+pub mod webhook;
 
 pub use agent::{
     Agent, AgentKind, AgentState, Directive, Notification, NotificationKind, NotificationStatus,
     ReportTo,
 };
-pub use ids::{AgentId, BatchId, DaemonId, PromptId, RequestId, SessionId, UploadId};
+pub use ids::{
+    AgentId, BatchId, DaemonId, DeliveryId, PromptId, RequestId, SessionId, UploadId, WebhookId,
+};
 pub use json::RawJson;
 pub use limits::{Limit, Limits};
 pub use message::{Block, BlockKind, Message, Role};

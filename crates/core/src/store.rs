@@ -158,6 +158,9 @@ pub struct BatchExtras<'a> {
     /// The children are stored held by no daemon, for the one that holds the session's
     /// workspace to adopt; otherwise the daemon that stores them holds them until it runs them.
     pub unheld: bool,
+    /// The webhook the batch named: it receives the batch's notifications whatever its filter
+    /// says (one of the session's tenant's, else `NotFound`).
+    pub webhook: Option<crate::WebhookId>,
 }
 
 /// A run's claim on an agent: the agent's generation when the run claimed it.
@@ -364,7 +367,7 @@ pub struct BatchStats {
 
 /// forkd's durable state. Every method is one transaction; a write is durable when it returns.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: crate::webhook::WebhookStore + Send + Sync + 'static {
     /// Stores a new session and its first messages (seq 0..), and the idempotency key it was
     /// created with (`Conflict` if the key is taken).
     async fn create_session(

@@ -1,6 +1,7 @@
 //! Fork batches: one assistant message of `Agent` tool_uses, N children, and warm-up gating.
 
 mod dry_run;
+mod key;
 
 pub use dry_run::DryRun;
 
@@ -57,6 +58,8 @@ pub struct BatchOptions {
     /// Each child's own limits over the batch's, by directive (shorter than the directives, or
     /// empty: the rest have none of their own).
     pub child_limits: Vec<forkd_core::Limits>,
+    /// The webhook the batch's notifications go to (one of the tenant's).
+    pub webhook: Option<forkd_core::WebhookId>,
 }
 
 /// A submitted batch: its id and its children in directive order.
@@ -98,6 +101,8 @@ pub(crate) struct BatchStart {
     /// Whether this daemon starts the children: `false` when the session's workspace is on
     /// another daemon's machine, whose heartbeat adopts them ([`crate::workspaces::here`]).
     pub start_here: bool,
+    /// The webhook a client's batch named.
+    pub webhook: Option<forkd_core::WebhookId>,
 }
 
 /// Fork batches: a client's through the fork plan, checked against the window at submission;
@@ -202,51 +207,6 @@ pub(crate) struct Checked {
     pub gating: bool,
     /// Whether this daemon starts the children ([`crate::workspaces::here`]).
     pub start_here: bool,
-}
-
-/// The digest of a batch's parameters its idempotency key is stored with: a retry with other
-/// parameters is refused.
-fn digest(session_id: SessionId, directives: &[Directive], options: &BatchOptions) -> String {
-    let mut canonical = serde_json::json!([
-        session_id.to_string(),
-        directives
-            .iter()
-            .map(|d| (&d.description, &d.prompt))
-            .collect::<Vec<_>>(),
-        options.warmup_gating,
-        options.budget.usd,
-        options.budget.tokens,
-    ]);
-    // Only where set, so that keys stored before isolation existed keep their digest.
-    if options.isolation != Isolation::None
-        && let Some(parts) = canonical.as_array_mut()
-    {
-        parts.push(options.isolation.as_str().into());
-    }
-    if let Some(k) = options.at_turn
-        && let Some(parts) = canonical.as_array_mut()
-    {
-        parts.push(serde_json::json!({ "at_turn": k }));
-    }
-    if let Some(earlier) = options.fork_point_of
-        && let Some(parts) = canonical.as_array_mut()
-    {
-        parts.push(serde_json::json!({ "fork_point_of": earlier.to_string() }));
-    }
-    if let Some(schema) = &options.output_schema
-        && let Some(parts) = canonical.as_array_mut()
-    {
-        parts.push(serde_json::json!({ "output_schema": schema.as_str() }));
-    }
-    if (!options.limits.is_empty() || options.child_limits.iter().any(|l| !l.is_empty()))
-        && let Some(parts) = canonical.as_array_mut()
-    {
-        parts.push(serde_json::json!({
-            "limits": options.limits,
-            "child_limits": options.child_limits,
-        }));
-    }
-    forkd_core::request::fingerprint(canonical.to_string().as_bytes())
 }
 
 fn invalid_fork(err: ForkError) -> EngineError {
@@ -434,7 +394,7 @@ impl Batches {
         let key = options.idempotency_key.clone().filter(|k| !k.is_empty());
         let digest = key
             .as_ref()
-            .map(|_| digest(session_id, &directives, &options));
+            .map(|_| key::digest(session_id, &directives, &options));
         let tenant = session.tenant;
         let n = forks.len();
         // Storing and starting happen in a task of their own: if the caller goes away (a client
@@ -464,6 +424,7 @@ impl Batches {
                             })
                             .collect(),
                         start_here,
+                        webhook: options.webhook,
                     };
                     let (Some(key), Some(digest)) = (key, digest) else {
                         return batches.commit_and_start(start).await;
@@ -668,6 +629,7 @@ impl Batches {
             output_schema,
             limits,
             start_here,
+            webhook,
         } = start;
         // Known before the commit: once it is stored, nothing may keep the children from starting.
         let tenant = self.tenancy.session_owner(session_id).await?;
@@ -753,6 +715,7 @@ impl Batches {
                     budget,
                     snapshot: snapshot.as_ref(),
                     unheld: !start_here,
+                    webhook,
                 },
             )
             .await;

@@ -76,6 +76,8 @@ pub struct EngineConfig {
     /// Below this much free space on the filesystem holding the database, new sessions,
     /// messages and batches are refused (docs/operations.md, "Disk and database faults").
     pub min_free_disk: MinFreeDisk,
+    /// Webhooks: where deliveries may go, how long they are retried.
+    pub webhooks: WebhookConfig,
 }
 
 impl Default for EngineConfig {
@@ -105,6 +107,7 @@ impl Default for EngineConfig {
             isolation: IsolationConfig::default(),
             uploads: forkd_core::upload::UploadLimits::default(),
             mcp: McpConfig::default(),
+            webhooks: WebhookConfig::default(),
             max_running_agents: Some(256),
             trace_content: false,
             min_free_disk: MinFreeDisk::Default,
@@ -252,6 +255,46 @@ impl McpConfig {
             .iter()
             .map(|(name, def)| Ok((name.clone(), def.resolve(name, Origin::Operator, env)?)))
             .collect()
+    }
+}
+
+/// Webhooks (`[webhooks]` in `config.toml`; docs/operations.md, "Webhooks and schedules").
+#[derive(Debug, Clone, PartialEq)]
+pub struct WebhookConfig {
+    /// Allow loopback, private, link-local and CGNAT addresses (tests, private networks); cloud
+    /// metadata addresses stay refused.
+    pub allow_private: bool,
+    /// One attempt's limit, connection to last byte.
+    pub timeout: Duration,
+    /// How long deliveries are retried, when a failing endpoint is disabled.
+    pub retry: forkd_core::webhook::RetryPolicy,
+    /// How long a rotated-out secret still signs.
+    pub rotation_overlap: Duration,
+    /// Attempts in flight at once on this daemon.
+    pub concurrency: usize,
+}
+
+impl WebhookConfig {
+    /// A client under this address policy (`allow_private`), each request cut off after
+    /// `timeout` when one is given.
+    pub(crate) fn egress(&self, timeout: Option<Duration>) -> forkd_egress::Egress {
+        let policy = forkd_egress::Policy {
+            allow_private: self.allow_private,
+        };
+        forkd_egress::Egress::new(policy, timeout)
+            .unwrap_or_else(|e| panic!("an HTTP client cannot be built here: {e}"))
+    }
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        Self {
+            allow_private: false,
+            timeout: Duration::from_secs(10),
+            retry: forkd_core::webhook::RetryPolicy::default(),
+            rotation_overlap: Duration::from_secs(24 * 3600),
+            concurrency: 64,
+        }
     }
 }
 

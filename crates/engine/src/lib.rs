@@ -42,6 +42,7 @@ mod tenancy;
 pub mod trace;
 mod trees;
 mod uploads;
+mod webhooks;
 mod window;
 mod workspaces;
 
@@ -64,7 +65,7 @@ pub use batch::{BatchOptions, DryRun, SubmittedBatch};
 pub use branch::NewBranch;
 pub use config::{
     AdmissionConfig, EngineConfig, IsolationConfig, McpConfig, MinFreeDisk, SandboxConfig,
-    WorkspacesConfig,
+    WebhookConfig, WorkspacesConfig,
 };
 pub use copies::Applied;
 pub use diagnose::CacheExplanation;
@@ -83,6 +84,7 @@ pub use session::{ContextFile, NewSession, context_block};
 pub use stats::{CacheStats, StatsScope};
 pub use supervisor::{RunTime, Slots};
 pub use uploads::{MAX_HASHES_PER_CALL, Received, Receiver};
+pub use webhooks::NewWebhook;
 
 /// The running engine. Cheap to clone; all clones share one state.
 #[derive(Clone)]
@@ -132,6 +134,8 @@ struct Inner {
     faults: Arc<faults::Faults>,
     /// Model calls, and the provider limiter they pass through.
     calls: Arc<model::ModelCalls>,
+    /// Tenants' webhooks and the loop that delivers to them.
+    webhooks: Arc<webhooks::Webhooks>,
     /// Cancelled when shutdown begins: runs finish the call in flight and start no other.
     draining: CancellationToken,
     shutdown: CancellationToken,
@@ -157,6 +161,7 @@ impl Engine {
             store.clone(),
             config.mcp.clone(),
             config.sandbox.clone(),
+            config.webhooks.egress(None),
         ));
         let supervisor = Arc::new(supervisor::Supervisor::new(
             config.max_running_agents,
@@ -175,6 +180,11 @@ impl Engine {
             draining: draining.clone(),
             trace_content: config.trace_content,
         }));
+        let webhooks = Arc::new(webhooks::Webhooks::new(
+            store.clone(),
+            config.webhooks.clone(),
+            config.mcp.secret_key.clone(),
+        ));
         let notifications = Arc::new(notify::Notifications::new(
             store.clone(),
             tenancy.clone(),
@@ -297,10 +307,19 @@ impl Engine {
                 copies,
                 faults,
                 calls,
+                webhooks,
                 draining,
                 shutdown,
             }),
         }
+    }
+
+    /// Starts delivering webhooks: the loop claims due deliveries, woken by every notification
+    /// and once a second, until shutdown.
+    pub fn start_webhooks(&self) {
+        self.inner
+            .webhooks
+            .start(self.inner.notifications.live(), self.inner.shutdown.clone());
     }
 
     pub fn config(&self) -> &EngineConfig {

@@ -56,17 +56,26 @@ pub(crate) struct McpServers {
     sandbox: SandboxConfig,
     /// The servers this daemon started (one per tenant and definition).
     pool: Pool,
+    /// Checks sessions' own HTTP servers' URLs when a session defines them.
+    egress: forkd_egress::Egress,
     /// Sessions' own server definitions: in memory only, since they may hold secrets.
     own: Mutex<HashMap<SessionId, Vec<ServerSpec>>>,
 }
 
 impl McpServers {
-    pub(crate) fn new(store: Arc<dyn Store>, config: McpConfig, sandbox: SandboxConfig) -> Self {
+    /// `egress` reaches sessions' own HTTP servers, whose URLs are checked as webhooks' are.
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        config: McpConfig,
+        sandbox: SandboxConfig,
+        egress: forkd_egress::Egress,
+    ) -> Self {
         Self {
             store,
             config,
             sandbox,
-            pool: Pool::default(),
+            pool: Pool::with_egress(egress.clone()),
+            egress,
             own: Mutex::default(),
         }
     }
@@ -145,6 +154,11 @@ impl McpServers {
                 let spec = def
                     .resolve(name, Origin::Session, &|_| None)
                     .map_err(|e| invalid(e.to_string()))?;
+                if let forkd_mcp::Transport::Http { url, .. } = &spec.transport {
+                    self.egress.check_url(url).await.map_err(|e| {
+                        invalid(format!("MCP server {name:?}: its URL is refused: {e}"))
+                    })?;
+                }
                 if let forkd_mcp::Transport::Stdio { sandbox, .. } = &spec.transport {
                     let full = sandbox.mode == forkd_core::session::SandboxMode::FullAccess;
                     let allowed =

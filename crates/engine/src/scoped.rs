@@ -4,6 +4,8 @@
 //! The server holds no other way in: it builds a [`TenantEngine`] per call from the tenant the
 //! authentication layer established, so a handler cannot forget the check.
 
+mod webhooks;
+
 use forkd_core::fork::ForkBatch;
 use forkd_core::query::{AgentFilter, NotificationFilter, RequestFilter, RequestRecord};
 use forkd_core::session::Session;
@@ -274,6 +276,9 @@ impl TenantEngine<'_> {
     ) -> Result<SubmittedBatch> {
         let session = self.own_session(id).await?;
         self.engine.inner.faults.check_space()?;
+        if let Some(webhook) = options.webhook {
+            self.webhook(webhook).await?;
+        }
         self.engine
             .inner
             .batches
@@ -290,6 +295,9 @@ impl TenantEngine<'_> {
         options: BatchOptions,
     ) -> Result<crate::DryRun> {
         let session = self.own_session(id).await?;
+        if let Some(webhook) = options.webhook {
+            self.webhook(webhook).await?;
+        }
         let keys = self.engine.capacity();
         let limiter = keys.iter().find(|k| k.model == session.params.model);
         self.engine

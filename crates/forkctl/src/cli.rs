@@ -4,7 +4,7 @@ use clap::{Parser, Subcommand};
 
 use crate::commands::{
     attach, cache, calc, capacity, changes, fork, kill, logs, ps, run, session, stats, top, ui,
-    upload, watch,
+    upload, watch, webhook,
 };
 
 /// forkctl: a thin client of the forkd daemon.
@@ -81,6 +81,9 @@ pub enum Command {
     /// Print a one-time link that signs your browser in to the daemon's web view as its own
     /// user (tenant `local`). Over the Unix socket only; valid for 60 seconds, once.
     Ui(ui::UiArgs),
+    /// Your webhooks: URLs your notifications are posted to, signed (Standard Webhooks), retried
+    /// until taken.
+    Webhook(webhook::WebhookArgs),
 }
 
 #[cfg(test)]

@@ -93,6 +93,7 @@ async fn dispatch(
         Command::Calc(args) => commands::calc::run(args, client, out).await,
         Command::Capacity(args) => commands::capacity::run(args, client, out).await,
         Command::Ui(args) => commands::ui::run(args, client, out).await,
+        Command::Webhook(args) => commands::webhook::run(args, client, out).await,
     }
 }
 

@@ -496,3 +496,46 @@ fn fork_sends_its_output_schema_checked_and_compact() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn webhook_add_prints_the_secret_once_and_test_exits_1_when_not_taken() -> anyhow::Result<()> {
+    let daemon = FakeDaemon::start(Script::default())?;
+    let add = [
+        "webhook",
+        "add",
+        "https://example.com/hook",
+        "--kinds",
+        "fork,typed",
+    ];
+    let run = forkctl(&daemon.addr(), Some(TOKEN), &add)?;
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(
+        run.stdout
+            .starts_with("W1  https://example.com/hook  kinds: fork,typed\n"),
+        "{run:?}"
+    );
+    assert!(run.stdout.contains("secret: whsec_c2VjcmV0"), "{run:?}");
+
+    let json_add = [&["--json"], &add[..]].concat();
+    let run = forkctl(&daemon.addr(), Some(TOKEN), &json_add)?;
+    let line = &json_lines(&run.stdout)?[0];
+    assert_eq!(line["secret"], "whsec_c2VjcmV0");
+    assert_eq!(
+        line["webhook"]["kinds"],
+        serde_json::json!(["fork", "typed"])
+    );
+    assert_eq!(line["webhook"]["session_id"], Value::Null);
+    assert_eq!(line["webhook"]["disabled"], Value::Null);
+
+    let run = forkctl(&daemon.addr(), Some(TOKEN), &["webhook", "test", "W1"])?;
+    assert_eq!(run.code, Some(1), "not taken: {run:?}");
+    assert!(
+        run.stdout
+            .contains("ping  attempt 1  HTTP 503  12 ms  failed: HTTP 503"),
+        "{run:?}"
+    );
+
+    let run = forkctl(&daemon.addr(), Some(TOKEN), &["webhook", "get", "W9"])?;
+    assert_eq!(run.code, Some(3), "NOT_FOUND: {run:?}");
+    Ok(())
+}

@@ -617,6 +617,7 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
         tracing::info!(resumed, "Resumed agents no live daemon holds");
     }
     engine.start_heartbeat();
+    engine.start_webhooks();
     engine.start_recovery();
 
     let (tcp, tcp_addr) = match config.listen {

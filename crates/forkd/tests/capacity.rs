@@ -4,18 +4,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use forkd_proto::v1 as pb;
-use forkd_server::TokenStore;
 use forkd_store::Budget;
 use forkd_test_support::{
-    Caller, TestDaemon, directives, eventually, session_request, spawn_daemon_with,
+    Caller, TestDaemon, directives, eventually, session_request, spawn_tenants,
 };
-
-const LOOPBACK: SocketAddr =
-    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
 
 async fn capacity(c: &mut Caller) -> pb::GetCapacityResponse {
     let request = c.req(pb::GetCapacityRequest {});
@@ -270,9 +265,7 @@ async fn capacity_result(c: &mut Caller, session_id: &str) -> (serde_json::Value
 /// A daemon on TCP with `max_running_agents` `slots` and a budget of `budget_usd` for token
 /// tenant alpha, and callers for alpha and beta.
 async fn alpha_and_beta(slots: usize, budget_usd: f64) -> (TestDaemon, Caller, Caller) {
-    let mut secrets = Vec::new();
-    let daemon = spawn_daemon_with(|c| {
-        c.listen = Some(LOOPBACK);
+    let (daemon, mut callers) = spawn_tenants(&["alpha", "beta"], |c| {
         c.engine.max_running_agents = Some(slots);
         c.engine.tenant_budgets.insert(
             "alpha".into(),
@@ -281,14 +274,11 @@ async fn alpha_and_beta(slots: usize, budget_usd: f64) -> (TestDaemon, Caller, C
                 tokens: None,
             },
         );
-        let tokens = TokenStore::in_home(&c.home);
-        secrets.push(tokens.create("alpha").unwrap());
-        secrets.push(tokens.create("beta").unwrap());
     })
     .await
     .unwrap();
-    let alpha = Caller::new(&daemon, secrets[0].expose()).await.unwrap();
-    let beta = Caller::new(&daemon, secrets[1].expose()).await.unwrap();
+    let (beta, _) = callers.pop().unwrap();
+    let (alpha, _) = callers.pop().unwrap();
     (daemon, alpha, beta)
 }
 

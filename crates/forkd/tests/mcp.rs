@@ -16,7 +16,7 @@ use forkd_server::TokenStore;
 use forkd_store::RequestFilter;
 use forkd_test_support::{
     connect, create_session, eventually, fork, mcp_fixture, mcp_python, session_request,
-    spawn_daemon_with, transcript_text, wait_for_batch,
+    spawn_daemon, spawn_daemon_with, transcript_text, wait_for_batch,
 };
 use serde_json::json;
 use tonic::{Code, Request};
@@ -660,4 +660,46 @@ async fn a_restarted_server_hides_the_workspaces_made_since_it_first_started() {
         "the restarted server ran the call: {read}"
     );
     assert!(!read.contains(SECRET), "{read}");
+}
+
+/// A session's own HTTP server is a tenant's URL: checked as a webhook's is (loopback, private,
+/// metadata addresses refused unless the operator allows private ones; metadata never).
+#[tokio::test]
+async fn a_session_s_own_http_server_on_an_address_it_must_not_reach_is_refused() {
+    let own =
+        |url: &str| json!({"mcpServers": {"inside": {"type": "http", "url": url}}}).to_string();
+    let strict = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = strict.client().await.unwrap();
+    for url in [
+        "http://127.0.0.1:9/mcp",
+        "http://localhost:9/mcp",
+        "http://10.0.0.1/mcp",
+    ] {
+        let err = client
+            .create_session(pb::CreateSessionRequest {
+                mcp_config_json: own(url),
+                ..session_request(ws.path())
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{url}: {err:?}");
+        assert!(
+            err.message().contains("refused"),
+            "{url}: {}",
+            err.message()
+        );
+    }
+    let open = spawn_daemon_with(|c| c.engine.webhooks.allow_private = true)
+        .await
+        .unwrap();
+    let mut client = open.client().await.unwrap();
+    let err = client
+        .create_session(pb::CreateSessionRequest {
+            mcp_config_json: own("http://169.254.169.254/mcp"),
+            ..session_request(ws.path())
+        })
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("metadata"), "{}", err.message());
 }

@@ -71,9 +71,20 @@ type ServerKey = (String, String);
 #[derive(Clone, Default)]
 pub struct Pool {
     servers: Arc<StdMutex<HashMap<ServerKey, Arc<Server>>>>,
+    /// How sessions' own HTTP servers are reached: their URLs are a tenant's, checked against
+    /// the daemon's address policy as webhooks' are. `None`: as the operator's, unchecked.
+    egress: Option<forkd_egress::Egress>,
 }
 
 impl Pool {
+    /// A pool whose sessions' own HTTP servers are reached through `egress` only.
+    pub fn with_egress(egress: forkd_egress::Egress) -> Self {
+        Self {
+            egress: Some(egress),
+            ..Self::default()
+        }
+    }
+
     /// The server for `tenant` and `spec`, created (not started) if it is new. `paths` are
     /// what hides and lends things now: an existing server's next start (a restart after a
     /// crash or an idle stop) makes its view from them, so a workspace created since it first
@@ -86,7 +97,12 @@ impl Pool {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let server = servers
             .entry(key)
-            .or_insert_with(|| Arc::new(Server::new(tenant, spec.clone(), paths)))
+            .or_insert_with(|| {
+                let egress = (spec.origin == crate::Origin::Session)
+                    .then(|| self.egress.clone())
+                    .flatten();
+                Arc::new(Server::new(tenant, spec.clone(), paths, egress))
+            })
             .clone();
         *server
             .paths
@@ -201,16 +217,24 @@ pub struct Server {
     /// idle when none is in flight and the last use is long enough ago.
     in_flight: AtomicU32,
     last_used: StdMutex<Option<Instant>>,
+    /// A session's own HTTP server is reached through this, its address checked.
+    egress: Option<forkd_egress::Egress>,
 }
 
 impl Server {
-    fn new(tenant: &str, spec: ServerSpec, paths: &PoolPaths) -> Server {
+    fn new(
+        tenant: &str,
+        spec: ServerSpec,
+        paths: &PoolPaths,
+        egress: Option<forkd_egress::Egress>,
+    ) -> Server {
         let tenant_digest = hex::encode(&Sha256::digest(tenant.as_bytes())[..6]);
         let dir = paths
             .root
             .join(format!("mcp-{tenant_digest}-{}", spec.digest()));
         Server {
             spec,
+            egress,
             dir,
             paths: StdMutex::new(paths.clone()),
             state: Mutex::new(State::default()),
@@ -384,8 +408,17 @@ impl Server {
                 }
                 let config =
                     StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(map);
-                let transport =
-                    StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+                let client = match &self.egress {
+                    Some(egress) => {
+                        let parsed = forkd_egress::parse_url(url).map_err(|e| e.to_string())?;
+                        egress
+                            .check_literal(&parsed)
+                            .map_err(|e| format!("at {url} refused: {e}"))?;
+                        egress.client().clone()
+                    }
+                    None => reqwest::Client::new(),
+                };
+                let transport = StreamableHttpClientTransport::with_client(client, config);
                 let service =
                     ().serve(transport)
                         .await

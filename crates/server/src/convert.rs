@@ -366,6 +366,13 @@ pub(crate) fn batch_options(req: &pb::ForkBatchRequest) -> Result<BatchOptions, 
             .iter()
             .map(|d| limits_from(d.limits.as_ref()))
             .collect(),
+        webhook: Some(req.webhook_id.trim())
+            .filter(|id| !id.is_empty())
+            .map(|id| {
+                id.parse()
+                    .map_err(|e| format!("webhook_id is not a webhook id: {e}"))
+            })
+            .transpose()?,
     })
 }
 

@@ -22,3 +22,4 @@ pub(crate) mod requests;
 pub(crate) mod sessions;
 pub(crate) mod stats;
 pub(crate) mod tool_calls;
+pub(crate) mod webhooks;

@@ -314,12 +314,18 @@ impl PageLimit {
     }
 }
 
-/// Ends every lease and removes every permission prompt: a SQLite database is one daemon's, so
-/// whoever held its agents before this daemon opened it is gone, and the waits its prompts
-/// belonged to ended with it.
+/// Ends every lease and every webhook delivery's claim, and removes every permission prompt: a
+/// SQLite database is one daemon's, so whoever held its agents and attempted its deliveries
+/// before this daemon opened it is gone, and the waits its prompts belonged to ended with it.
 async fn forget_the_last_daemon(conn: &mut SqliteConnection) -> Result<()> {
     sqlx::query(
         "UPDATE agents SET lease_expires_at_ms = NULL WHERE lease_expires_at_ms IS NOT NULL",
+    )
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "UPDATE webhook_deliveries SET claimed_by = NULL, claim_until_ms = NULL \
+         WHERE claimed_by IS NOT NULL",
     )
     .execute(&mut *conn)
     .await?;

@@ -19,6 +19,7 @@ pub use tonic_health::pb::health_check_response::ServingStatus;
 
 mod eventually;
 pub mod otlp;
+pub mod receiver;
 mod turns;
 pub use eventually::{Condition, POLL_INTERVAL, eventually};
 
@@ -259,6 +260,34 @@ pub async fn spawn_daemon_with(
         files,
         daemon: Some(daemon),
     })
+}
+
+/// A daemon that also listens on loopback TCP, with a token for each of `tenants` (after
+/// `tweak` adjusts its settings): each tenant's caller and token, in order.
+pub async fn spawn_tenants(
+    tenants: &[&str],
+    tweak: impl FnOnce(&mut DaemonConfig),
+) -> anyhow::Result<(TestDaemon, Vec<(Caller, String)>)> {
+    let mut secrets = Vec::new();
+    let mut made = Ok(());
+    let daemon = spawn_daemon_with(|c| {
+        c.listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+        tweak(c);
+        let tokens = forkd_server::TokenStore::in_home(&c.home);
+        for name in tenants {
+            match tokens.create(name) {
+                Ok(secret) => secrets.push(secret.expose().to_owned()),
+                Err(e) => made = Err(anyhow::anyhow!("a token for {name}: {e}")),
+            }
+        }
+    })
+    .await?;
+    made?;
+    let mut callers = Vec::new();
+    for secret in secrets {
+        callers.push((Caller::new(&daemon, &secret).await?, secret));
+    }
+    Ok((daemon, callers))
 }
 
 /// A session request with a small context, ready for forks.

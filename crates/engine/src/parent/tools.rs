@@ -175,6 +175,7 @@ impl Turns {
                 output_schema: None,
                 // A parent turn runs only where its session's files are.
                 start_here: true,
+                webhook: None,
             })
             .await?;
         send(events, ParentEvent::ForkLaunched(submitted.clone())).await;

@@ -35,6 +35,11 @@ pub struct ForkArgs {
     #[arg(long, value_name = "copy|none", value_parser = parse_isolation)]
     pub isolation: Option<String>,
 
+    /// Post the batch's notifications to this webhook (`forkctl webhook add`), whatever its
+    /// own filter says.
+    #[arg(long, value_name = "WEBHOOK_ID")]
+    pub webhook: Option<String>,
+
     /// Fork after turn K (`forkctl session get` lists the turns) instead of the last finished
     /// turn: the children inherit the history up to there.
     #[arg(long, value_name = "K")]
@@ -125,6 +130,7 @@ pub async fn run(args: ForkArgs, client: &mut Client, out: &Printer) -> anyhow::
         output_schema,
         limits: args.limits.limits(),
         dry_run: args.dry_run,
+        webhook_id: args.webhook.unwrap_or_default(),
         ..Default::default()
     };
     let batch = client.fork_batch(request).await?.into_inner();

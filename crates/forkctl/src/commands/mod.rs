@@ -18,6 +18,7 @@ pub mod tree;
 pub mod ui;
 pub mod upload;
 pub mod watch;
+pub mod webhook;
 
 use crate::client::Client;
 

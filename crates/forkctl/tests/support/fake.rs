@@ -435,4 +435,75 @@ impl Forkd for Fake {
             expires_at: Some(expires.into()),
         }))
     }
+
+    async fn create_webhook(
+        &self,
+        request: Request<CreateWebhookRequest>,
+    ) -> Result<Response<CreateWebhookResponse>, Status> {
+        let request = request.into_inner();
+        Ok(Response::new(CreateWebhookResponse {
+            webhook: Some(Webhook {
+                webhook_id: "W1".into(),
+                url: request.url,
+                kinds: request.kinds,
+                named_only: request.named_only,
+                ..Default::default()
+            }),
+            secret: "whsec_c2VjcmV0".into(),
+        }))
+    }
+
+    async fn list_webhooks(
+        &self,
+        _: Request<ListWebhooksRequest>,
+    ) -> Result<Response<ListWebhooksResponse>, Status> {
+        Err(Status::unimplemented("the fake daemon lists no webhooks"))
+    }
+
+    async fn get_webhook(
+        &self,
+        _: Request<GetWebhookRequest>,
+    ) -> Result<Response<GetWebhookResponse>, Status> {
+        Err(Status::not_found("webhook W9 not found"))
+    }
+
+    async fn delete_webhook(
+        &self,
+        _: Request<DeleteWebhookRequest>,
+    ) -> Result<Response<DeleteWebhookResponse>, Status> {
+        Err(Status::not_found("webhook W9 not found"))
+    }
+
+    async fn rotate_webhook_secret(
+        &self,
+        _: Request<RotateWebhookSecretRequest>,
+    ) -> Result<Response<CreateWebhookResponse>, Status> {
+        Err(Status::not_found("webhook W9 not found"))
+    }
+
+    /// A receiver that answers 503.
+    async fn test_webhook(
+        &self,
+        _: Request<TestWebhookRequest>,
+    ) -> Result<Response<TestWebhookResponse>, Status> {
+        Ok(Response::new(TestWebhookResponse {
+            attempt: Some(WebhookAttempt {
+                delivery_id: "D1".into(),
+                number: 1,
+                status: 503,
+                error: "HTTP 503 Service Unavailable: later".into(),
+                latency_ms: 12,
+                event: "ping".into(),
+                state: "failed".into(),
+                ..Default::default()
+            }),
+        }))
+    }
+
+    async fn list_webhook_attempts(
+        &self,
+        _: Request<ListWebhookAttemptsRequest>,
+    ) -> Result<Response<ListWebhookAttemptsResponse>, Status> {
+        Err(Status::unimplemented("the fake daemon lists no attempts"))
+    }
 }

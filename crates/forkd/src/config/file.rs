@@ -96,6 +96,8 @@ pub struct FileConfig {
     pub sandbox_limits: Option<LimitsSection>,
     /// Isolated children's copies: `[isolation]`.
     pub isolation: Option<IsolationSection>,
+    /// Webhooks' deliveries: `[webhooks]`.
+    pub webhooks: Option<super::webhooks::WebhooksSection>,
     /// `[tracing]`: OTLP export of traces (the `OTEL_*` variables win).
     pub tracing: Option<TracingSection>,
     /// The daemon's limits on each child's and typed agent's run: `[agent_limits]`.

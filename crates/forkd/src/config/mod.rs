@@ -21,6 +21,7 @@ mod layers;
 mod settings;
 #[cfg(test)]
 mod tests;
+mod webhooks;
 
 pub use file::{AnthropicSection, CONFIG_FILE, FileConfig, OpenAiSection, TenantSection};
 pub use flags::{ServeFlags, humantime_duration, with_default};

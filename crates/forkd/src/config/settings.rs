@@ -69,6 +69,8 @@ pub struct Settings {
     pub sandbox: forkd_engine::SandboxConfig,
     /// Isolated children's copies (their root is set in the home by the daemon).
     pub isolation: forkd_engine::IsolationConfig,
+    /// Webhooks' deliveries (`[webhooks]`).
+    pub webhooks: forkd_engine::WebhookConfig,
     /// The tenants that may define their own MCP servers (the servers are read from
     /// `$FORKD_HOME/mcp.json` when the daemon starts).
     pub mcp_config_tenants: std::collections::BTreeSet<String>,
@@ -133,6 +135,7 @@ impl Default for Settings {
             upload_quotas: BTreeMap::new(),
             sandbox: engine.sandbox,
             isolation: engine.isolation,
+            webhooks: engine.webhooks,
             mcp_config_tenants: Default::default(),
             models: engine.models,
             tracing: None,
@@ -284,6 +287,9 @@ impl Settings {
         }
         self.sandbox.limits = file.sandbox_limits(self.sandbox.limits);
         self.isolation = file.isolation(self.isolation.clone())?;
+        if let Some(section) = &file.webhooks {
+            self.webhooks = section.apply(self.webhooks.clone())?;
+        }
         self.sandbox.full_access_tenants = file.full_access_tenants().into_iter().collect();
         self.sandbox.unix_socket_tenants = file.unix_socket_tenants().into_iter().collect();
         self.sandbox.network_tenants = file.network_tenants().into_iter().collect();
@@ -433,6 +439,7 @@ impl Settings {
         config.engine.models = self.models.clone();
         config.engine.sandbox = self.sandbox.clone();
         config.engine.isolation = self.isolation.clone();
+        config.engine.webhooks = self.webhooks.clone();
         // Uploads are kept as long as isolated copies (`[isolation] retention`).
         config.engine.uploads.retention = self.isolation.retention;
         config.engine.mcp.config_tenants = self.mcp_config_tenants.iter().cloned().collect();

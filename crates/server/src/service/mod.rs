@@ -8,6 +8,7 @@ mod permissions;
 mod sessions;
 mod sign_in;
 mod uploads;
+mod webhooks;
 
 pub(crate) use sign_in::SignInLinkError;
 
@@ -300,5 +301,54 @@ impl Forkd for ForkdService {
         req: Request<pb::CreateSignInLinkRequest>,
     ) -> Reply<pb::CreateSignInLinkResponse> {
         reply(self.create_sign_in_link_rpc(tenant(&req)?, &req))
+    }
+
+    async fn create_webhook(
+        &self,
+        req: Request<pb::CreateWebhookRequest>,
+    ) -> Reply<pb::CreateWebhookResponse> {
+        reply(webhooks::create(&self.engine, tenant(&req)?, req.into_inner()).await)
+    }
+
+    async fn list_webhooks(
+        &self,
+        req: Request<pb::ListWebhooksRequest>,
+    ) -> Reply<pb::ListWebhooksResponse> {
+        reply(webhooks::list(&self.engine, tenant(&req)?).await)
+    }
+
+    async fn get_webhook(
+        &self,
+        req: Request<pb::GetWebhookRequest>,
+    ) -> Reply<pb::GetWebhookResponse> {
+        reply(webhooks::get(&self.engine, tenant(&req)?, req.into_inner()).await)
+    }
+
+    async fn delete_webhook(
+        &self,
+        req: Request<pb::DeleteWebhookRequest>,
+    ) -> Reply<pb::DeleteWebhookResponse> {
+        reply(webhooks::delete(&self.engine, tenant(&req)?, req.into_inner()).await)
+    }
+
+    async fn rotate_webhook_secret(
+        &self,
+        req: Request<pb::RotateWebhookSecretRequest>,
+    ) -> Reply<pb::CreateWebhookResponse> {
+        reply(webhooks::rotate(&self.engine, tenant(&req)?, req.into_inner()).await)
+    }
+
+    async fn test_webhook(
+        &self,
+        req: Request<pb::TestWebhookRequest>,
+    ) -> Reply<pb::TestWebhookResponse> {
+        reply(webhooks::test(&self.engine, tenant(&req)?, req.into_inner()).await)
+    }
+
+    async fn list_webhook_attempts(
+        &self,
+        req: Request<pb::ListWebhookAttemptsRequest>,
+    ) -> Reply<pb::ListWebhookAttemptsResponse> {
+        reply(webhooks::attempts(&self.engine, tenant(&req)?, req.into_inner()).await)
     }
 }

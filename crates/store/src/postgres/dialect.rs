@@ -26,6 +26,9 @@ pub(super) const FOR_UPDATE: &str = " FOR NO KEY UPDATE";
 /// another transaction holds (a daemon taking or claiming them) are skipped, not waited for.
 pub(super) const SKIP_LOCKED: &str = " FOR NO KEY UPDATE OF a SKIP LOCKED";
 
+/// Appended to the `SELECT` of the webhook deliveries a daemon claims: rows another daemon is claiming are skipped, not waited for.
+pub(super) const CLAIM_SKIP_LOCKED: &str = " FOR UPDATE SKIP LOCKED";
+
 /// Milliseconds since the Unix epoch on the database's clock, as SQL: leases are written and
 /// compared on it, so daemons on machines whose clocks differ agree on when one expires.
 macro_rules! now_ms {

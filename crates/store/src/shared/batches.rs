@@ -64,6 +64,9 @@ pub(crate) async fn create(
         .execute(&mut *conn)
         .await
         .map_err(|e| conflict_if_duplicate(e, || format!("batch {} already exists", values.id)))?;
+    if let Some(webhook) = extras.webhook {
+        name_webhook(conn, &values.id, webhook).await?;
+    }
 
     for child in children {
         agents::insert(conn, &child.agent, Some(&child.directive_block)).await?;
@@ -96,4 +99,25 @@ pub(crate) async fn budget(pool: &Pool, id: BatchId) -> Result<Budget> {
         })
     })?;
     stored_budget(usd, tokens)
+}
+
+/// Names the webhook a batch's notifications go to: one of its session's tenant's (else
+/// `NotFound`, as for a webhook deleted since the caller looked).
+async fn name_webhook(conn: &mut Conn, batch: &str, webhook: forkd_core::WebhookId) -> Result<()> {
+    let named = sqlx::query(
+        "UPDATE batches SET webhook_id = $2 WHERE id = $1 AND EXISTS (SELECT 1 FROM webhooks w \
+         JOIN sessions s ON s.tenant = w.tenant WHERE w.id = $2 AND s.id = batches.session_id)",
+    )
+    .bind(batch)
+    .bind(webhook.to_string())
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if named == 0 {
+        return Err(DbError::Store(crate::StoreError::NotFound {
+            kind: "webhook",
+            id: webhook.to_string(),
+        }));
+    }
+    Ok(())
 }

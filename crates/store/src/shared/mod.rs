@@ -20,6 +20,8 @@
 //! N-th argument), upserts are `ON CONFLICT`, casts are `CAST(… AS …)`, booleans `TRUE`/`FALSE`.
 //! A statement that takes a dialect item is built with `format!` and [`sql`].
 
+#[macro_use]
+mod tx;
 pub(super) mod agent_params;
 pub(super) mod agents;
 pub(super) mod batches;
@@ -36,6 +38,7 @@ pub(super) mod stats;
 mod store;
 pub(super) mod tool_calls;
 pub(super) mod uploads;
+mod webhooks;
 
 use super::dialect;
 use sqlx::AssertSqlSafe;

@@ -145,9 +145,12 @@ async fn insert(
     .fetch_one(&mut *conn)
     .await
     .map_err(|e| conflict_if_duplicate(e, || values.duplicate()))?;
+    let notification = stored(n, kind, (seq, tenant_seq))?;
+    // The webhooks' outbox, in the notification's own transaction: both commit or neither.
+    super::webhooks::enqueue(conn, &notification, &tenant).await?;
     // A wake-up, not the row.
     dialect::notify(conn, CHANNEL, "").await?;
-    stored(n, kind, (seq, tenant_seq))
+    Ok(notification)
 }
 
 /// Locks a batch's row until the transaction ends and reads its shape.

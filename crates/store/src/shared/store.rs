@@ -19,86 +19,16 @@ use super::{
     agent_params, agents, batches, compactions, idempotency, isolation, notifications, pending,
     probes, prompts, requests, sessions, stats, tool_calls, uploads,
 };
-use crate::error::Result;
 use crate::rows::agents::NewAgents;
 use crate::rows::convert::{from_i64, now_ms};
 use crate::rows::sessions::not_found as session_not_found;
 use crate::{
     AgentFilter, AgentParams, BatchExtras, Budget, IdempotencyRecord, Lease, NewChild,
     NewNotification, NotificationFilter, ProcessGroup, RequestFilter, RequestRecord, Spend,
-    SpendScope, Stats, Store, StoreError, StoredMessage, ToolCall,
+    SpendScope, Stats, Store, StoredMessage, ToolCall,
 };
 
-type StoreResult<T> = std::result::Result<T, StoreError>;
-
-/// A store operation's outcome at the interface: the driver's errors become [`StoreError`].
-fn db<T>(outcome: Result<T>) -> StoreResult<T> {
-    crate::error::counted(outcome)
-}
-
-/// Runs `$body` (which uses the transaction as `$tx`) in a write transaction of `$store`, and
-/// commits it if `$body` succeeds; dropping it uncommitted rolls it back. A write that failed
-/// leaves its connection settled before the error returns (see [`settle`]), and the error
-/// explained by the store (a full disk says how much space is left).
-macro_rules! write_tx {
-    ($store:expr, |$tx:ident| $body:expr) => {
-        async move {
-            let mut conn = $store
-                .write_connection()
-                .await
-                .map_err(|e| failed(&$store, e))?;
-            let outcome: Result<_> = async {
-                let mut $tx = DriverStore::begin_write(&mut conn).await?;
-                let out = $body;
-                $tx.commit().await?;
-                Ok(out)
-            }
-            .await;
-            match outcome {
-                Ok(out) => Ok(out),
-                Err(e) => {
-                    settle(conn).await;
-                    Err(failed(&$store, e))
-                }
-            }
-        }
-        .await
-    };
-}
-
-/// A failed write's error as the store explains it (see `explain`), counted.
-fn failed(store: &DriverStore, err: crate::DbError) -> StoreError {
-    let err = store.explain(err);
-    crate::error::count(&err);
-    store.faults.record(&err);
-    err
-}
-
-/// A connection whose write failed, made safe to use again: the failed transaction's rollback
-/// (queued when it was dropped) runs now, and a connection that it did not leave outside every
-/// transaction is closed instead of going back to the pool.
-///
-/// A fault can end a transaction by itself: SQLite rolls the whole transaction back on some
-/// `SQLITE_FULL`s, and the queued `ROLLBACK` then fails ("no transaction is active"). sqlx's count
-/// of open transactions stays at one, and the next `BEGIN` on that connection would fail ("at
-/// non-zero transaction depth") for as long as the daemon runs. Closed, the pool opens a fresh
-/// connection for the next write instead.
-async fn settle(mut conn: sqlx::pool::PoolConnection<dialect::Db>) {
-    use sqlx::Connection as _;
-    match conn.ping().await {
-        Ok(()) if !conn.is_in_transaction() => {}
-        // Debug: the fault behind it is logged where it is met, and a failing probe meets it
-        // every half second.
-        Ok(()) => {
-            tracing::debug!("A failed write left its connection inside a transaction; closing it");
-            conn.close_on_drop();
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "A failed write left its connection broken; closing it");
-            conn.close_on_drop();
-        }
-    }
-}
+use super::tx::{StoreResult, db};
 
 #[async_trait]
 impl Store for DriverStore {

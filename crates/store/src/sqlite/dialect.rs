@@ -22,6 +22,9 @@ pub(super) const FOR_UPDATE: &str = "";
 /// Appended to the `SELECT` of the pending children a daemon takes: nothing to skip either.
 pub(super) const SKIP_LOCKED: &str = "";
 
+/// Appended to the `SELECT` of the webhook deliveries a daemon claims: nothing to skip, the writer is alone.
+pub(super) const CLAIM_SKIP_LOCKED: &str = "";
+
 /// Milliseconds since the Unix epoch, as SQL: SQLite's reading of the system clock.
 pub(super) const NOW_MS: &str = "CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER)";
 

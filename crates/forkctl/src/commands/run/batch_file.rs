@@ -27,6 +27,8 @@
 //! budget_tokens: 2000000
 //! isolation: copy                 # optional: each child in its own copy of the workspace
 //! output_schema: verdict.json     # optional: a JSON Schema file, or the schema inline (a map)
+//! webhook: 0193…                  # optional: a webhook's id (`forkctl webhook add`) for its
+//!                                 #   notifications
 //! timeout: 10m                    # optional limits on each child; past one it ends `timed_out`
 //! idle_timeout: 2m                #   no model output and no tool call for this long
 //! max_turns: 30                   #   model requests
@@ -70,6 +72,8 @@ struct Spec {
     at_turn: Option<u32>,
     /// A schema file's path (a string), or the schema itself (a map).
     output_schema: Option<serde_json::Value>,
+    /// A registered webhook's id: the batch's notifications are posted to it.
+    webhook: Option<String>,
     timeout: Option<FileDuration>,
     idle_timeout: Option<FileDuration>,
     max_turns: Option<u32>,
@@ -418,6 +422,7 @@ impl Spec {
             fork_point_of: String::new(),
             limits,
             dry_run: false,
+            webhook_id: self.webhook.unwrap_or_default(),
         };
         Ok(BatchFile {
             key: self.key,
