@@ -15,6 +15,10 @@ Before submitting, `client.capacity()` tells the daemon's free slots, the caller
 and its budget left; `session.dry_run([...])` what a batch would cost, checked as `fork` would
 check it, with nothing stored or started.
 
+Webhooks: `client.create_webhook(url)` registers a URL that the tenant's notifications are posted
+to, signed to the Standard Webhooks specification (its secret answered once);
+`session.fork([...], webhook=ID)` sends a batch's there whatever the webhook's filter says.
+
 `forkd.AsyncClient` is the same with `await` and `async for`.
 """
 
@@ -44,6 +48,7 @@ from forkd._types import (
     Usage,
 )
 from forkd._upload import Upload
+from forkd._webhooks import CreatedWebhook, Webhook, WebhookAttempt
 from forkd.errors import (
     FailedPrecondition,
     ForkdError,
@@ -70,6 +75,7 @@ __all__ = [
     "BudgetLeft",
     "Capacity",
     "Client",
+    "CreatedWebhook",
     "DryRun",
     "Event",
     "FailedPrecondition",
@@ -91,4 +97,6 @@ __all__ = [
     "Unavailable",
     "Upload",
     "Usage",
+    "Webhook",
+    "WebhookAttempt",
 ]

@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from forkd import _apply, _config, _requests, _upload
+from forkd import _apply, _config, _requests, _upload, _webhooks
 from forkd._apply import Applied
 from forkd._proto.forkd.v1 import forkd_pb2 as pb
 from forkd._proto.forkd.v1 import forkd_pb2_grpc as pb_grpc
@@ -21,6 +21,7 @@ from forkd._requests import ContextItem, Directive
 from forkd._streams import DEFAULT_RECONNECT_FOR, Backoff, afollow, aretried, is_lost, remaining
 from forkd._types import AgentInfo, Capacity, DryRun, Event, Limits, Message, Notification
 from forkd._upload import Upload
+from forkd._webhooks import CreatedWebhook, Webhook, WebhookAttempt, WebhookRef
 from forkd.errors import details_of, from_rpc_error
 
 
@@ -88,6 +89,50 @@ class AsyncClient:
     async def capacity(self) -> Capacity:
         """[`forkd.Client.capacity`]."""
         return Capacity.of(await self._call("GetCapacity", pb.GetCapacityRequest()))
+
+    async def create_webhook(
+        self,
+        url: str,
+        *,
+        kinds: Sequence[str] | None = None,
+        session_id: str | None = None,
+        named_only: bool = False,
+    ) -> CreatedWebhook:
+        """[`forkd.Client.create_webhook`]."""
+        request = _webhooks.create(url, kinds, session_id, named_only)
+        return CreatedWebhook.of(await self._call("CreateWebhook", request))
+
+    async def list_webhooks(self) -> list[Webhook]:
+        """[`forkd.Client.list_webhooks`]."""
+        reply = await self._call("ListWebhooks", pb.ListWebhooksRequest())
+        return [Webhook.of(w) for w in reply.webhooks]
+
+    async def get_webhook(self, webhook_id: str) -> Webhook:
+        """[`forkd.Client.get_webhook`]."""
+        reply = await self._call("GetWebhook", pb.GetWebhookRequest(webhook_id=webhook_id))
+        return Webhook.of(reply.webhook)
+
+    async def delete_webhook(self, webhook_id: str) -> None:
+        """[`forkd.Client.delete_webhook`]."""
+        await self._call("DeleteWebhook", pb.DeleteWebhookRequest(webhook_id=webhook_id))
+
+    async def rotate_webhook_secret(self, webhook_id: str) -> CreatedWebhook:
+        """[`forkd.Client.rotate_webhook_secret`]."""
+        request = pb.RotateWebhookSecretRequest(webhook_id=webhook_id)
+        return CreatedWebhook.of(await self._call("RotateWebhookSecret", request))
+
+    async def test_webhook(self, webhook_id: str) -> WebhookAttempt:
+        """[`forkd.Client.test_webhook`]."""
+        reply = await self._call("TestWebhook", pb.TestWebhookRequest(webhook_id=webhook_id))
+        return WebhookAttempt.of(reply.attempt)
+
+    async def webhook_attempts(
+        self, webhook_id: str, limit: int | None = None
+    ) -> list[WebhookAttempt]:
+        """[`forkd.Client.webhook_attempts`]."""
+        request = _webhooks.attempts(webhook_id, limit)
+        reply = await self._call("ListWebhookAttempts", request)
+        return [WebhookAttempt.of(a) for a in reply.attempts]
 
     async def notifications(
         self,
@@ -186,6 +231,7 @@ class AsyncSession:
         max_turns: int | None = None,
         max_output_tokens: int | None = None,
         timeout_excludes_throttle: bool | None = None,
+        webhook: WebhookRef | None = None,
         idempotency_key: str | None = None,
     ) -> AsyncBatch:
         """[`forkd.Session.fork`]."""
@@ -201,6 +247,7 @@ class AsyncSession:
             warmup_gating,
             idempotency_key,
             Limits(timeout, idle_timeout, max_turns, max_output_tokens, timeout_excludes_throttle),
+            webhook_id=_webhooks.webhook_id(webhook),
         )
         reply = await self._client._call("ForkBatch", request, idempotent=True)
         return AsyncBatch(self._client, reply.batch_id, list(reply.agent_ids), output_model)
@@ -221,6 +268,7 @@ class AsyncSession:
         max_turns: int | None = None,
         max_output_tokens: int | None = None,
         timeout_excludes_throttle: bool | None = None,
+        webhook: WebhookRef | None = None,
         idempotency_key: str | None = None,
     ) -> DryRun:
         """[`forkd.Session.dry_run`]."""
@@ -237,6 +285,7 @@ class AsyncSession:
             idempotency_key,
             Limits(timeout, idle_timeout, max_turns, max_output_tokens, timeout_excludes_throttle),
             dry_run=True,
+            webhook_id=_webhooks.webhook_id(webhook),
         )
         reply = await self._client._call("ForkBatch", request, idempotent=True)
         return DryRun.of(reply.dry_run)

@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from forkd import _apply, _config, _requests, _upload
+from forkd import _apply, _config, _requests, _upload, _webhooks
 from forkd._apply import Applied
 from forkd._proto.forkd.v1 import forkd_pb2 as pb
 from forkd._proto.forkd.v1 import forkd_pb2_grpc as pb_grpc
@@ -19,6 +19,7 @@ from forkd._requests import ContextItem, Directive
 from forkd._streams import DEFAULT_RECONNECT_FOR, Backoff, follow, is_lost, remaining, retried
 from forkd._types import AgentInfo, Capacity, DryRun, Event, Limits, Message, Notification
 from forkd._upload import Upload
+from forkd._webhooks import CreatedWebhook, Webhook, WebhookAttempt, WebhookRef
 from forkd.errors import details_of, from_rpc_error
 
 
@@ -92,6 +93,55 @@ class Client:
         total), the caller's own runs waiting for one, what the tenant's budget has left (`None`
         without one), and the provider limiter per key and model."""
         return Capacity.of(self._call("GetCapacity", pb.GetCapacityRequest()))
+
+    def create_webhook(
+        self,
+        url: str,
+        *,
+        kinds: Sequence[str] | None = None,
+        session_id: str | None = None,
+        named_only: bool = False,
+    ) -> CreatedWebhook:
+        """Registers `url` (http:// or https://) as a webhook of the caller's tenant: its task
+        notifications are posted there, signed to the Standard Webhooks specification. `kinds`
+        (`fork`, `typed`, `turn`; all by default) and `session_id` filter them; a `named_only`
+        one receives only the batches that name it (`fork(..., webhook=ID)`). Answers the
+        webhook and its signing secret (`whsec_…`), shown this once. `InvalidArgument` for a URL
+        whose address the daemon does not reach (loopback, private, link-local, metadata)."""
+        request = _webhooks.create(url, kinds, session_id, named_only)
+        return CreatedWebhook.of(self._call("CreateWebhook", request))
+
+    def list_webhooks(self) -> list[Webhook]:
+        """The caller's tenant's webhooks."""
+        reply = self._call("ListWebhooks", pb.ListWebhooksRequest())
+        return [Webhook.of(w) for w in reply.webhooks]
+
+    def get_webhook(self, webhook_id: str) -> Webhook:
+        """One webhook of the caller's tenant (`NotFound` for another tenant's)."""
+        reply = self._call("GetWebhook", pb.GetWebhookRequest(webhook_id=webhook_id))
+        return Webhook.of(reply.webhook)
+
+    def delete_webhook(self, webhook_id: str) -> None:
+        """Deletes a webhook: nothing more is sent to it."""
+        self._call("DeleteWebhook", pb.DeleteWebhookRequest(webhook_id=webhook_id))
+
+    def rotate_webhook_secret(self, webhook_id: str) -> CreatedWebhook:
+        """A new signing secret for the webhook, shown this once. The one it replaces signs too
+        until `webhook.previous_secret_until` (the daemon's overlap, 24 hours by default), so a
+        receiver verifies either while it switches."""
+        request = pb.RotateWebhookSecretRequest(webhook_id=webhook_id)
+        return CreatedWebhook.of(self._call("RotateWebhookSecret", request))
+
+    def test_webhook(self, webhook_id: str) -> WebhookAttempt:
+        """Sends the webhook a `ping` now, once, and answers how it went (`.status`, `.error`,
+        `.latency_ms`)."""
+        reply = self._call("TestWebhook", pb.TestWebhookRequest(webhook_id=webhook_id))
+        return WebhookAttempt.of(reply.attempt)
+
+    def webhook_attempts(self, webhook_id: str, limit: int | None = None) -> list[WebhookAttempt]:
+        """The webhook's latest attempts, newest first (`limit`: the daemon's 50 by default)."""
+        request = _webhooks.attempts(webhook_id, limit)
+        return [WebhookAttempt.of(a) for a in self._call("ListWebhookAttempts", request).attempts]
 
     def notifications(
         self,
@@ -194,6 +244,7 @@ class Session:
         max_turns: int | None = None,
         max_output_tokens: int | None = None,
         timeout_excludes_throttle: bool | None = None,
+        webhook: WebhookRef | None = None,
         idempotency_key: str | None = None,
     ) -> Batch:
         """Forks one child per directive (a prompt, `(description, prompt)`, or `(description,
@@ -205,7 +256,11 @@ class Session:
         The children's limits (`forkd.Limits` tells each; a directive's own win): `timeout` and
         `idle_timeout` (seconds or a `timedelta`), `max_turns`, `max_output_tokens`,
         `timeout_excludes_throttle`. A child past one ends `timed_out`, a failure, with a partial
-        report. A value that is not positive raises `ValueError` before anything is sent."""
+        report. A value that is not positive raises `ValueError` before anything is sent.
+
+        `webhook` (a webhook's id, or the `forkd.Webhook`): the batch's notifications are also
+        posted to that webhook of the caller's tenant, whatever its own filter says (`NotFound`
+        for another tenant's or a missing one)."""
         request = _requests.fork(
             self.id,
             directives,
@@ -218,6 +273,7 @@ class Session:
             warmup_gating,
             idempotency_key,
             Limits(timeout, idle_timeout, max_turns, max_output_tokens, timeout_excludes_throttle),
+            webhook_id=_webhooks.webhook_id(webhook),
         )
         reply = self._client._call("ForkBatch", request, idempotent=True)
         return Batch(self._client, reply.batch_id, list(reply.agent_ids), output_model)
@@ -238,6 +294,7 @@ class Session:
         max_turns: int | None = None,
         max_output_tokens: int | None = None,
         timeout_excludes_throttle: bool | None = None,
+        webhook: WebhookRef | None = None,
         idempotency_key: str | None = None,
     ) -> DryRun:
         """Asks the daemon what `fork` with the same arguments would do, without doing it: the
@@ -259,6 +316,7 @@ class Session:
             idempotency_key,
             Limits(timeout, idle_timeout, max_turns, max_output_tokens, timeout_excludes_throttle),
             dry_run=True,
+            webhook_id=_webhooks.webhook_id(webhook),
         )
         reply = self._client._call("ForkBatch", request, idempotent=True)
         return DryRun.of(reply.dry_run)

@@ -73,6 +73,7 @@ def fork(
     idempotency_key: str | None,
     limits: Limits | None = None,
     dry_run: bool = False,
+    webhook_id: str = "",
 ) -> pb.ForkBatchRequest:
     """A fork batch's request; with `dry_run`, the same request asking the daemon only to check
     it and tell what the batch would be (`session.dry_run`): both are built here, so that a dry
@@ -89,6 +90,7 @@ def fork(
         budget_tokens=budget_tokens,
         idempotency_key=key(idempotency_key),
         dry_run=dry_run,
+        webhook_id=webhook_id,
     )
     if at_turn is not None:
         request.at_turn = at_turn

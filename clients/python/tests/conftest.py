@@ -107,21 +107,29 @@ def _binary() -> str:
     return binary
 
 
-@pytest.fixture(scope="module")
-def daemon() -> Iterator[Daemon]:
+def running_daemon(prefix: str, speed: str, config: str | None = None) -> Iterator[Daemon]:
+    """A started daemon on a fresh home and workspace (`config` its config.toml), stopped and
+    removed when the generator is closed: the body of a fixture."""
     # Not under the system's temp dir's forkd home: a short path, as a socket needs.
-    root = Path(tempfile.mkdtemp(prefix="forkd-py-"))
+    root = Path(tempfile.mkdtemp(prefix=prefix))
     home, workspace = root / "home", root / "ws"
     home.mkdir()
     workspace.mkdir()
     (workspace / "README.md").write_text("# A project\n")
-    d = Daemon(_binary(), home, workspace, speed="1")
+    if config is not None:
+        (home / "config.toml").write_text(config)
+    d = Daemon(_binary(), home, workspace, speed=speed)
     d.start()
     try:
         yield d
     finally:
         d.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    yield from running_daemon("forkd-py-", speed="1")
 
 
 def _free_port() -> int:

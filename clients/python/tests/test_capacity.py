@@ -72,6 +72,7 @@ _OPTIONS: dict[str, Any] = {
     "max_turns": 40,
     "max_output_tokens": 20_000,
     "timeout_excludes_throttle": True,
+    "webhook": "w",
     "idempotency_key": "k",
 }
 _DIRECTIVES: list[Directive] = [
@@ -173,6 +174,7 @@ def test_a_dry_runs_request_is_the_forks_with_dry_run_set() -> None:
         timeout_excludes_throttle=True,
     )
     assert forked.directives[1].limits == pb.Limits(max_turns=5)
+    assert forked.webhook_id == "w"
     # Refused here as the fork's are, before anything is sent.
     with pytest.raises(ValueError, match="max_turns must be positive"):
         session.dry_run(["x"], max_turns=0)

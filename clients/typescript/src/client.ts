@@ -12,9 +12,12 @@ import { fromServiceError, isServiceError } from "./errors.js";
 import { type Applied, applyTo, listTree, uploadRequests } from "./files.js";
 import * as pb from "./gen/forkd/v1/forkd.js";
 import { Backoff, DEFAULT_RECONNECT_FOR_MS, follow, isLost, retried, sleep } from "./streams.js";
+import * as hooks from "./webhooks.js";
+import type { CreateWebhookOptions, CreatedWebhook, Webhook, WebhookAttempt, WebhookRef } from "./webhooks.js";
 
 export type { Applied } from "./files.js";
 export type { BudgetLeft, Capacity, DryRun, PacedLimit, ProviderCapacity, RunSlots } from "./capacity.js";
+export type { CreatedWebhook, CreateWebhookOptions, Webhook, WebhookAttempt, WebhookRef } from "./webhooks.js";
 
 /** An upload the daemon stored: sessions start from it (`uploadId`). */
 export interface Upload {
@@ -266,6 +269,51 @@ export class Client {
   }
 
   /**
+   * Registers `url` (http:// or https://) as a webhook of the caller's tenant: its task
+   * notifications are posted there, signed to the Standard Webhooks specification. `kinds` and
+   * `sessionId` filter them; a `namedOnly` one receives only the batches that name it
+   * (`fork(..., { webhook })`). Answers the webhook and its signing secret (`whsec_…`), shown
+   * this once. `InvalidArgument` for a URL whose address the daemon does not reach (loopback,
+   * private, link-local, metadata).
+   */
+  createWebhook(url: string, options: CreateWebhookOptions = {}): Promise<CreatedWebhook> {
+    return hooks.createWebhook(this, url, options);
+  }
+
+  /** The caller's tenant's webhooks. */
+  listWebhooks(options: CallSignal = {}): Promise<Webhook[]> {
+    return hooks.listWebhooks(this, options);
+  }
+
+  /** One webhook of the caller's tenant (`NotFound` for another tenant's). */
+  getWebhook(webhookId: string, options: CallSignal = {}): Promise<Webhook> {
+    return hooks.getWebhook(this, webhookId, options);
+  }
+
+  /** Deletes a webhook: nothing more is sent to it. */
+  deleteWebhook(webhookId: string, options: CallSignal = {}): Promise<void> {
+    return hooks.deleteWebhook(this, webhookId, options);
+  }
+
+  /**
+   * A new signing secret, shown this once; the one it replaces signs too until
+   * `webhook.previousSecretUntil` (24 hours by default), so a receiver verifies either meanwhile.
+   */
+  rotateWebhookSecret(webhookId: string, options: CallSignal = {}): Promise<CreatedWebhook> {
+    return hooks.rotateWebhookSecret(this, webhookId, options);
+  }
+
+  /** Sends the webhook a `ping` now, once, and answers how it went. */
+  testWebhook(webhookId: string, options: CallSignal = {}): Promise<WebhookAttempt> {
+    return hooks.testWebhook(this, webhookId, options);
+  }
+
+  /** The webhook's latest attempts, newest first (`limit`: the daemon's 50 by default). */
+  webhookAttempts(webhookId: string, options: CallSignal & { limit?: number } = {}): Promise<WebhookAttempt[]> {
+    return hooks.webhookAttempts(this, webhookId, options);
+  }
+
+  /**
    * This tenant's task notifications after `since`: the stored ones, then live ones (unless
    * `follow` is false), resumed after the last one yielded across a daemon restart.
    */
@@ -374,6 +422,11 @@ export interface ForkOptions extends CallSignal, Limits {
   budgetTokens?: number;
   atTurn?: number;
   warmupGating?: boolean;
+  /**
+   * A webhook of the caller's tenant (its id, or the webhook) that receives this batch's
+   * notifications, whatever its own filter says (`NotFound` for another tenant's or a missing one).
+   */
+  webhook?: WebhookRef;
   idempotencyKey?: string;
 }
 
@@ -416,6 +469,7 @@ function forkRequest(
     limits: limitsRequest(options),
     idempotencyKey: options.idempotencyKey ?? randomUUID(),
     dryRun,
+    webhookId: hooks.webhookIdOf(options.webhook),
   });
   return { request, model };
 }

@@ -13,7 +13,9 @@ export {
   Client,
   type ClientOptions,
   type ContextItem,
+  type CreatedWebhook,
   type CreateSessionOptions,
+  type CreateWebhookOptions,
   type Directive,
   type DryRun,
   type ForkOptions,
@@ -27,6 +29,9 @@ export {
   type Status,
   type TaskNotification,
   type Upload,
+  type Webhook,
+  type WebhookAttempt,
+  type WebhookRef,
 } from "./client.js";
 export {
   FailedPrecondition,

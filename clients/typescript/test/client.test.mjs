@@ -1,13 +1,17 @@
 // The client against a real daemon: every call, errors by meaning, an aborted wait, a batch
 // followed across a SIGKILL and restart, TCP with tokens, a 1000-child wait's memory, capacity
-// and a dry run; and, on requests caught before they leave, limits as a batch's request carries
-// them, `timed_out` read back, and capacity and dry runs mapped.
+// and a dry run, webhooks (deliveries verified here with the Standard Webhooks library); and, on
+// requests caught before they leave, limits as a batch's request carries them, `timed_out` read
+// back, capacity and dry runs mapped, and a batch's webhook in its request.
 
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import { writeFileSync } from "node:fs";
+import { createServer } from "node:http";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
+
+import { Webhook, WebhookVerificationError } from "standardwebhooks";
 
 import * as pb from "../dist/gen/forkd/v1/forkd.js";
 import * as forkd from "../dist/index.js";
@@ -452,6 +456,7 @@ test("capacity and a dry run are mapped from the daemon's answers, a dry run's r
     maxTurns: 40,
     maxOutputTokens: 20_000,
     timeoutExcludesThrottle: true,
+    webhook: "w",
     idempotencyKey: "k",
   };
   assert.deepEqual(await session.dryRun(directives, options), DRY);
@@ -463,11 +468,19 @@ test("capacity and a dry run are mapped from the daemon's answers, a dry run's r
   assert.deepEqual({ ...asked, dryRun: false }, forked);
   assert.equal(forked.limits.maxTurns, 40);
   assert.equal(forked.directives[1].limits.maxTurns, 5);
+  assert.equal(forked.webhookId, "w");
   // On the wire as the daemon reads it.
   assert.equal(pb.ForkBatchRequest.decode(pb.ForkBatchRequest.encode(asked).finish()).dryRun, true);
   // Refused here as the fork's are, before anything is sent.
   await assert.rejects(session.dryRun(["x"], { maxTurns: 0 }), RangeError);
   assert.equal(sent.length, 2);
+  // A webhook by its record; none: empty; anything else: refused before sending.
+  await session.fork(["x"], { webhook: { webhookId: "w2", url: "http://x/", kinds: [], namedOnly: false } });
+  assert.equal(sent.at(-1).webhookId, "w2");
+  await session.fork(["x"]);
+  assert.equal(sent.at(-1).webhookId, "");
+  await assert.rejects(session.fork(["x"], { webhook: 7 }), TypeError);
+  assert.equal(sent.length, 4);
   c.close();
 });
 
@@ -541,4 +554,216 @@ test("capacity of a fresh daemon, and a dry run that forks nothing and leaves it
     c.close();
     fresh.stop();
   }
+});
+
+/** An HTTP server on loopback that takes a POST a secret it knows signed (200), and refuses any other (401). */
+async function receiver() {
+  const r = { secrets: [], verified: [], refused: [] };
+  const server = createServer((req, res) => {
+    const chunks = [];
+    req.on("data", (chunk) => chunks.push(chunk));
+    req.on("end", () => {
+      const body = Buffer.concat(chunks);
+      for (const secret of r.secrets) {
+        try {
+          const payload = new Webhook(secret).verify(body, req.headers);
+          r.verified.push({ path: req.url, id: req.headers["webhook-id"], headers: req.headers, body, payload });
+          res.writeHead(200).end();
+          return;
+        } catch (e) {
+          if (!(e instanceof WebhookVerificationError)) throw e;
+        }
+      }
+      r.refused.push(req.headers["webhook-id"]);
+      res.writeHead(401).end();
+    });
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  r.url = (path) => `http://127.0.0.1:${server.address().port}${path}`;
+  r.close = () => new Promise((resolve) => server.close(resolve));
+  return r;
+}
+
+async function eventually(check, within = 30_000) {
+  const deadline = Date.now() + within;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error("not within the time");
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+const MISSING = "01a00000-0000-7000-8000-000000000000";
+
+test("webhooks: a batch's notifications arrive signed once per child, pings, rotation, named batches", async () => {
+  const hooked = new Daemon({ speed: "0", config: "[webhooks]\nallow_private = true\n" });
+  await hooked.start();
+  const r = await receiver();
+  const c = new forkd.Client({ addr: hooked.addr });
+  try {
+    await assert.rejects(c.createWebhook("http://169.254.169.254/"), forkd.InvalidArgument);
+    await assert.rejects(c.createWebhook(r.url("/"), { kinds: ["nope"] }), forkd.InvalidArgument);
+    const created = await c.createWebhook(r.url("/all"), { kinds: ["fork"] });
+    r.secrets.push(created.secret);
+    const hook = created.webhook;
+    assert.match(created.secret, /^whsec_/);
+    assert.equal(hook.url, r.url("/all"));
+    assert.deepEqual(hook.kinds, ["fork"]);
+    assert.equal(hook.sessionId, undefined);
+    assert.equal(hook.namedOnly, false);
+    assert.ok(hook.createdAt instanceof Date && hook.createdAt <= new Date());
+    assert.equal(hook.failingSince, undefined);
+    assert.equal(hook.disabledReason, undefined);
+    assert.deepEqual(await c.getWebhook(hook.webhookId), hook);
+    assert.deepEqual(await c.listWebhooks(), [hook]);
+
+    const session = await c.sessions.create({ system: "s", workspace: hooked.workspace });
+    const batch = await session.fork(["One.\n@sim say one", "Two.\n@sim say two", "Three.\n@sim say 3"]);
+    const done = new Map((await batch.wait({ signal: AbortSignal.timeout(60_000) })).map((n) => [n.agentId, n]));
+    const mine = () => r.verified.filter((d) => d.payload.type === "notification" && d.payload.data.batch_id === batch.id);
+    await eventually(() => mine().length >= batch.agentIds.length);
+    await new Promise((resolve) => setTimeout(resolve, 300)); // nothing more comes: one per child
+    const arrived = mine();
+    assert.equal(arrived.length, batch.agentIds.length);
+    assert.equal(new Set(arrived.map((d) => d.id)).size, arrived.length);
+    assert.deepEqual(r.refused, []);
+    for (const d of arrived) {
+      assert.equal(d.path, "/all");
+      assert.match(d.headers["content-type"], /^application\/json/);
+      assert.match(d.payload.timestamp, /Z$/);
+      const data = d.payload.data;
+      const n = done.get(data.agent_id);
+      assert.equal(data.seq, n.seq);
+      assert.equal(data.session_id, session.id);
+      assert.equal(data.kind, "fork");
+      assert.equal(data.status, "completed");
+      assert.equal(data.report.result, n.report.result);
+      assert.ok("input_tokens" in data.usage && "output_tokens" in data.usage);
+    }
+
+    // The attempts as the daemon recorded them: each delivered, at its first try.
+    const delivered = async () => (await c.webhookAttempts(hook.webhookId)).filter((a) => a.state === "delivered");
+    await eventually(async () => (await delivered()).length === batch.agentIds.length);
+    const attempts = await delivered();
+    assert.deepEqual(new Set(attempts.map((a) => a.deliveryId)), new Set(arrived.map((d) => d.id)));
+    assert.deepEqual(new Set(attempts.map((a) => a.notificationSeq)), new Set([...done.values()].map((n) => n.seq)));
+    for (const a of attempts) {
+      assert.equal(a.number, 1);
+      assert.equal(a.status, 200);
+      assert.equal(a.error, undefined);
+      assert.equal(a.event, "notification");
+      assert.ok(a.at instanceof Date);
+    }
+    assert.equal((await c.webhookAttempts(hook.webhookId, { limit: 1 })).length, 1);
+    await assert.rejects(c.webhookAttempts(hook.webhookId, { limit: 0 }), RangeError);
+
+    // A ping, taken now; then a rotated secret, the old one signing beside it.
+    const ping = await c.testWebhook(hook.webhookId);
+    assert.equal(ping.event, "ping");
+    assert.equal(ping.status, 200);
+    assert.equal(ping.error, undefined);
+    assert.equal(ping.notificationSeq, undefined);
+    assert.equal(ping.state, "delivered");
+    const pinged = r.verified.find((d) => d.id === ping.deliveryId);
+    assert.equal(pinged.payload.type, "ping");
+    assert.deepEqual(pinged.payload.data, { webhook_id: hook.webhookId });
+    const rotated = await c.rotateWebhookSecret(hook.webhookId);
+    assert.match(rotated.secret, /^whsec_/);
+    assert.notEqual(rotated.secret, created.secret);
+    assert.equal(rotated.webhook.webhookId, hook.webhookId);
+    assert.ok(rotated.webhook.previousSecretUntil instanceof Date);
+    r.secrets.splice(0, r.secrets.length, rotated.secret);
+    const again = await c.testWebhook(hook.webhookId);
+    assert.equal(again.status, 200);
+    const signed = r.verified.find((d) => d.id === again.deliveryId);
+    new Webhook(created.secret).verify(signed.body, signed.headers);
+    await c.deleteWebhook(hook.webhookId);
+    await assert.rejects(c.getWebhook(hook.webhookId), forkd.NotFound);
+    assert.deepEqual(await c.listWebhooks(), []);
+
+    // A named_only webhook gets only the batches that name it.
+    const named = await c.createWebhook(r.url("/named"), { namedOnly: true });
+    r.secrets.push(named.secret);
+    assert.equal(named.webhook.namedOnly, true);
+    await (await session.fork(["Quiet.\n@sim say quiet"])).wait({ signal: AbortSignal.timeout(60_000) });
+    assert.equal((await session.dryRun(["One."], { webhook: named.webhook })).children, 1);
+    const naming = await session.fork(["One.\n@sim say one", "Two.\n@sim say two"], { webhook: named.webhook.webhookId });
+    await naming.wait({ signal: AbortSignal.timeout(60_000) });
+    const at = () => r.verified.filter((d) => d.path === "/named");
+    await eventually(() => at().length >= 2);
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    assert.deepEqual(at().map((d) => d.payload.data.agent_id).sort(), [...naming.agentIds].sort());
+
+    // Missing ids are NotFound in every call, and as a batch's webhook.
+    for (const call of [
+      () => c.getWebhook(MISSING),
+      () => c.deleteWebhook(MISSING),
+      () => c.rotateWebhookSecret(MISSING),
+      () => c.testWebhook(MISSING),
+      () => c.webhookAttempts(MISSING),
+      () => session.fork(["x"], { webhook: MISSING }),
+    ]) {
+      await assert.rejects(call(), forkd.NotFound);
+    }
+  } finally {
+    c.close();
+    await r.close();
+    hooked.stop();
+  }
+});
+
+test("webhooks and attempts are mapped from the daemon's answers, and their requests built here", async () => {
+  const c = new forkd.Client({ addr: "unix:/nonexistent/forkd.sock", reconnectForMs: 100 });
+  const sent = [];
+  const answer = (reply) => (request, _metadata, _options, callback) => {
+    sent.push(request);
+    callback(null, reply);
+    return { cancel() {} };
+  };
+  const at = (s) => new Date(s * 1000);
+  const full = pb.Webhook.fromPartial({
+    webhookId: "w",
+    url: "https://ci.example.com/forkd",
+    kinds: ["fork", "typed"],
+    sessionId: "s",
+    namedOnly: true,
+    createdAt: at(1_700_000_000),
+    failingSince: at(1_700_000_100),
+    disabledReason: "failed every attempt for 5 days",
+    disabledAt: at(1_700_000_200),
+    previousSecretUntil: at(1_700_000_300),
+  });
+  c.stub.getWebhook = answer(pb.GetWebhookResponse.fromPartial({ webhook: full }));
+  assert.deepEqual(await c.getWebhook("w"), {
+    webhookId: "w",
+    url: "https://ci.example.com/forkd",
+    kinds: ["fork", "typed"],
+    sessionId: "s",
+    namedOnly: true,
+    createdAt: at(1_700_000_000),
+    failingSince: at(1_700_000_100),
+    disabledReason: "failed every attempt for 5 days",
+    disabledAt: at(1_700_000_200),
+    previousSecretUntil: at(1_700_000_300),
+  });
+  c.stub.createWebhook = answer(
+    pb.CreateWebhookResponse.fromPartial({ webhook: { webhookId: "w", url: "http://x/" }, secret: "whsec_x" }),
+  );
+  assert.deepEqual(await c.createWebhook("https://x/", { kinds: ["fork", "turn"], sessionId: "s", namedOnly: true }), {
+    webhook: { webhookId: "w", url: "http://x/", kinds: [], namedOnly: false },
+    secret: "whsec_x",
+  });
+  const request = { url: "https://x/", kinds: ["fork", "turn"], sessionId: "s", namedOnly: true };
+  assert.deepEqual(sent.at(-1), pb.CreateWebhookRequest.fromPartial(request));
+  await assert.rejects(c.createWebhook("https://x/", { kinds: "fork" }), TypeError);
+  const taken = { deliveryId: "d", number: 2, at: at(1_700_000_000), status: 204, latencyMs: 12 };
+  const delivered = { ...taken, event: "notification", notificationSeq: 7, state: "delivered" };
+  const lost = { deliveryId: "p", number: 1, error: "connection refused", event: "ping", state: "failed" };
+  c.stub.listWebhookAttempts = answer(pb.ListWebhookAttemptsResponse.fromPartial({ attempts: [delivered, lost] }));
+  // No answer: no status; a ping: no seq.
+  assert.deepEqual(await c.webhookAttempts("w", { limit: 5 }), [delivered, { ...lost, latencyMs: 0 }]);
+  assert.equal(sent.at(-1).limit, 5);
+  await c.webhookAttempts("w");
+  assert.equal(sent.at(-1).limit, 0);
+  await assert.rejects(c.webhookAttempts("w", { limit: 1.5 }), RangeError);
+  c.close();
 });

@@ -3,7 +3,7 @@
 // test.
 
 import { spawn, spawnSync } from "node:child_process";
-import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -24,13 +24,15 @@ export async function freePort() {
 }
 
 export class Daemon {
-  constructor({ speed = "1", listen } = {}) {
+  // `config`: its config.toml (written before it starts), e.g. `[webhooks]` settings.
+  constructor({ speed = "1", listen, config } = {}) {
     this.root = mkdtempSync(join(tmpdir(), "forkd-ts-"));
     this.home = join(this.root, "home");
     // Beside the home, never in it: the home is never a workspace.
     this.workspace = join(this.root, "ws");
     mkdirSync(this.home);
     mkdirSync(this.workspace);
+    if (config) writeFileSync(join(this.home, "config.toml"), config);
     this.speed = speed;
     this.listen = listen;
     this.process = undefined;

@@ -957,6 +957,7 @@ class ForkBatchRequest(_message.Message):
     FORK_POINT_OF_FIELD_NUMBER: _builtins.int
     LIMITS_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
+    WEBHOOK_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     warmup_gating: _builtins.bool
     """Send child 1 first and release its siblings when its response starts. Unset: the daemon's
@@ -999,6 +1000,10 @@ class ForkBatchRequest(_message.Message):
     refused) and answer with ForkBatchResponse.dry_run: nothing is stored or started, and the
     idempotency key is not recorded.
     """
+    webhook_id: _builtins.str
+    """A webhook of the caller's tenant (its id) that receives this batch's notifications, whatever
+    its own filter says. NOT_FOUND for another tenant's or a missing one.
+    """
     @_builtins.property
     def directives(self) -> _containers.RepeatedCompositeFieldContainer[Global___Directive]: ...
     @_builtins.property
@@ -1020,10 +1025,11 @@ class ForkBatchRequest(_message.Message):
         fork_point_of: _builtins.str = ...,
         limits: Global___Limits | None = ...,
         dry_run: _builtins.bool = ...,
+        webhook_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_at_turn", b"_at_turn", "_warmup_gating", b"_warmup_gating", "at_turn", b"at_turn", "limits", b"limits", "warmup_gating", b"warmup_gating"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_at_turn", b"_at_turn", "_warmup_gating", b"_warmup_gating", "at_turn", b"at_turn", "budget_tokens", b"budget_tokens", "budget_usd", b"budget_usd", "directives", b"directives", "dry_run", b"dry_run", "fork_point_of", b"fork_point_of", "idempotency_key", b"idempotency_key", "isolation", b"isolation", "limits", b"limits", "output_schema", b"output_schema", "session_id", b"session_id", "warmup_gating", b"warmup_gating"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_at_turn", b"_at_turn", "_warmup_gating", b"_warmup_gating", "at_turn", b"at_turn", "budget_tokens", b"budget_tokens", "budget_usd", b"budget_usd", "directives", b"directives", "dry_run", b"dry_run", "fork_point_of", b"fork_point_of", "idempotency_key", b"idempotency_key", "isolation", b"isolation", "limits", b"limits", "output_schema", b"output_schema", "session_id", b"session_id", "warmup_gating", b"warmup_gating", "webhook_id", b"webhook_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__at_turn: _TypeAlias = _typing.Literal["at_turn"]  # noqa: Y015
     _WhichOneofArgType__at_turn: _TypeAlias = _typing.Literal["_at_turn", b"_at_turn"]  # noqa: Y015
@@ -3080,3 +3086,381 @@ class GetSessionChangesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetSessionChangesResponse: _TypeAlias = GetSessionChangesResponse  # noqa: Y015
+
+@_typing.final
+class Webhook(_message.Message):
+    """A registered webhook. Its secret is never part of it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WEBHOOK_ID_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    KINDS_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    NAMED_ONLY_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    FAILING_SINCE_FIELD_NUMBER: _builtins.int
+    DISABLED_REASON_FIELD_NUMBER: _builtins.int
+    DISABLED_AT_FIELD_NUMBER: _builtins.int
+    PREVIOUS_SECRET_UNTIL_FIELD_NUMBER: _builtins.int
+    webhook_id: _builtins.str
+    url: _builtins.str
+    session_id: _builtins.str
+    """The one session whose notifications it receives; empty for all the tenant's."""
+    named_only: _builtins.bool
+    """Receives only the batches that name it (ForkBatchRequest.webhook_id)."""
+    disabled_reason: _builtins.str
+    """Set once it failed every attempt for too long (5 days by default): nothing more is sent."""
+    @_builtins.property
+    def kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Notification kinds it receives ("fork", "typed", "turn"); empty for all."""
+
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def failing_since(self) -> _timestamp_pb2.Timestamp:
+        """When its current run of failed attempts began; unset since its latest success."""
+
+    @_builtins.property
+    def disabled_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def previous_secret_until(self) -> _timestamp_pb2.Timestamp:
+        """Until when the secret before the latest rotation still signs."""
+
+    def __init__(
+        self,
+        *,
+        webhook_id: _builtins.str = ...,
+        url: _builtins.str = ...,
+        kinds: _abc.Iterable[_builtins.str] | None = ...,
+        session_id: _builtins.str = ...,
+        named_only: _builtins.bool = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        failing_since: _timestamp_pb2.Timestamp | None = ...,
+        disabled_reason: _builtins.str = ...,
+        disabled_at: _timestamp_pb2.Timestamp | None = ...,
+        previous_secret_until: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "disabled_at", b"disabled_at", "failing_since", b"failing_since", "previous_secret_until", b"previous_secret_until"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "disabled_at", b"disabled_at", "disabled_reason", b"disabled_reason", "failing_since", b"failing_since", "kinds", b"kinds", "named_only", b"named_only", "previous_secret_until", b"previous_secret_until", "session_id", b"session_id", "url", b"url", "webhook_id", b"webhook_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Webhook: _TypeAlias = Webhook  # noqa: Y015
+
+@_typing.final
+class CreateWebhookRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URL_FIELD_NUMBER: _builtins.int
+    KINDS_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    NAMED_ONLY_FIELD_NUMBER: _builtins.int
+    url: _builtins.str
+    """http:// or https://; its host's addresses are checked now and at each delivery."""
+    session_id: _builtins.str
+    named_only: _builtins.bool
+    @_builtins.property
+    def kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        url: _builtins.str = ...,
+        kinds: _abc.Iterable[_builtins.str] | None = ...,
+        session_id: _builtins.str = ...,
+        named_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["kinds", b"kinds", "named_only", b"named_only", "session_id", b"session_id", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateWebhookRequest: _TypeAlias = CreateWebhookRequest  # noqa: Y015
+
+@_typing.final
+class CreateWebhookResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WEBHOOK_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
+    secret: _builtins.str
+    """The signing secret, `whsec_` and base64: shown once."""
+    @_builtins.property
+    def webhook(self) -> Global___Webhook: ...
+    def __init__(
+        self,
+        *,
+        webhook: Global___Webhook | None = ...,
+        secret: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["webhook", b"webhook"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["secret", b"secret", "webhook", b"webhook"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateWebhookResponse: _TypeAlias = CreateWebhookResponse  # noqa: Y015
+
+@_typing.final
+class ListWebhooksRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWebhooksRequest: _TypeAlias = ListWebhooksRequest  # noqa: Y015
+
+@_typing.final
+class ListWebhooksResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WEBHOOKS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def webhooks(self) -> _containers.RepeatedCompositeFieldContainer[Global___Webhook]: ...
+    def __init__(
+        self,
+        *,
+        webhooks: _abc.Iterable[Global___Webhook] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["webhooks", b"webhooks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWebhooksResponse: _TypeAlias = ListWebhooksResponse  # noqa: Y015
+
+@_typing.final
+class GetWebhookRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WEBHOOK_ID_FIELD_NUMBER: _builtins.int
+    webhook_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        webhook_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["webhook_id", b"webhook_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetWebhookRequest: _TypeAlias = GetWebhookRequest  # noqa: Y015
+
+@_typing.final
+class GetWebhookResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WEBHOOK_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def webhook(self) -> Global___Webhook: ...
+    def __init__(
+        self,
+        *,
+        webhook: Global___Webhook | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["webhook", b"webhook"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["webhook", b"webhook"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetWebhookResponse: _TypeAlias = GetWebhookResponse  # noqa: Y015
+
+@_typing.final
+class DeleteWebhookRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WEBHOOK_ID_FIELD_NUMBER: _builtins.int
+    webhook_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        webhook_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["webhook_id", b"webhook_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteWebhookRequest: _TypeAlias = DeleteWebhookRequest  # noqa: Y015
+
+@_typing.final
+class DeleteWebhookResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteWebhookResponse: _TypeAlias = DeleteWebhookResponse  # noqa: Y015
+
+@_typing.final
+class RotateWebhookSecretRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WEBHOOK_ID_FIELD_NUMBER: _builtins.int
+    webhook_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        webhook_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["webhook_id", b"webhook_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RotateWebhookSecretRequest: _TypeAlias = RotateWebhookSecretRequest  # noqa: Y015
+
+@_typing.final
+class TestWebhookRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WEBHOOK_ID_FIELD_NUMBER: _builtins.int
+    webhook_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        webhook_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["webhook_id", b"webhook_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TestWebhookRequest: _TypeAlias = TestWebhookRequest  # noqa: Y015
+
+@_typing.final
+class TestWebhookResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def attempt(self) -> Global___WebhookAttempt: ...
+    def __init__(
+        self,
+        *,
+        attempt: Global___WebhookAttempt | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TestWebhookResponse: _TypeAlias = TestWebhookResponse  # noqa: Y015
+
+@_typing.final
+class WebhookAttempt(_message.Message):
+    """One attempt at one delivery."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELIVERY_ID_FIELD_NUMBER: _builtins.int
+    NUMBER_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    LATENCY_MS_FIELD_NUMBER: _builtins.int
+    EVENT_FIELD_NUMBER: _builtins.int
+    NOTIFICATION_SEQ_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    delivery_id: _builtins.str
+    """The delivery's id: the `webhook-id` header of each of its attempts."""
+    number: _builtins.int
+    """1 for a delivery's first attempt."""
+    status: _builtins.int
+    """The receiver's HTTP status; 0 when it did not answer."""
+    error: _builtins.str
+    """Why it failed; empty when the receiver took it (2xx)."""
+    latency_ms: _builtins.int
+    event: _builtins.str
+    """"notification" or "ping"."""
+    notification_seq: _builtins.int
+    """The notification's seq (the tenant's own), for a notification's delivery."""
+    state: _builtins.str
+    """The delivery's state now: "pending" (retried later), "delivered" or "failed"."""
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        delivery_id: _builtins.str = ...,
+        number: _builtins.int = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+        status: _builtins.int = ...,
+        error: _builtins.str = ...,
+        latency_ms: _builtins.int = ...,
+        event: _builtins.str = ...,
+        notification_seq: _builtins.int = ...,
+        state: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "delivery_id", b"delivery_id", "error", b"error", "event", b"event", "latency_ms", b"latency_ms", "notification_seq", b"notification_seq", "number", b"number", "state", b"state", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WebhookAttempt: _TypeAlias = WebhookAttempt  # noqa: Y015
+
+@_typing.final
+class ListWebhookAttemptsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WEBHOOK_ID_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    webhook_id: _builtins.str
+    limit: _builtins.int
+    """0: the latest 50."""
+    def __init__(
+        self,
+        *,
+        webhook_id: _builtins.str = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "webhook_id", b"webhook_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWebhookAttemptsRequest: _TypeAlias = ListWebhookAttemptsRequest  # noqa: Y015
+
+@_typing.final
+class ListWebhookAttemptsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def attempts(self) -> _containers.RepeatedCompositeFieldContainer[Global___WebhookAttempt]: ...
+    def __init__(
+        self,
+        *,
+        attempts: _abc.Iterable[Global___WebhookAttempt] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWebhookAttemptsResponse: _TypeAlias = ListWebhookAttemptsResponse  # noqa: Y015

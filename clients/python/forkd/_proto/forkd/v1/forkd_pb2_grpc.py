@@ -184,6 +184,41 @@ class ForkdStub:
                 request_serializer=forkd_dot_v1_dot_forkd__pb2.CreateSignInLinkRequest.SerializeToString,
                 response_deserializer=forkd_dot_v1_dot_forkd__pb2.CreateSignInLinkResponse.FromString,
                 _registered_method=True)
+        self.CreateWebhook = channel.unary_unary(
+                '/forkd.v1.Forkd/CreateWebhook',
+                request_serializer=forkd_dot_v1_dot_forkd__pb2.CreateWebhookRequest.SerializeToString,
+                response_deserializer=forkd_dot_v1_dot_forkd__pb2.CreateWebhookResponse.FromString,
+                _registered_method=True)
+        self.ListWebhooks = channel.unary_unary(
+                '/forkd.v1.Forkd/ListWebhooks',
+                request_serializer=forkd_dot_v1_dot_forkd__pb2.ListWebhooksRequest.SerializeToString,
+                response_deserializer=forkd_dot_v1_dot_forkd__pb2.ListWebhooksResponse.FromString,
+                _registered_method=True)
+        self.GetWebhook = channel.unary_unary(
+                '/forkd.v1.Forkd/GetWebhook',
+                request_serializer=forkd_dot_v1_dot_forkd__pb2.GetWebhookRequest.SerializeToString,
+                response_deserializer=forkd_dot_v1_dot_forkd__pb2.GetWebhookResponse.FromString,
+                _registered_method=True)
+        self.DeleteWebhook = channel.unary_unary(
+                '/forkd.v1.Forkd/DeleteWebhook',
+                request_serializer=forkd_dot_v1_dot_forkd__pb2.DeleteWebhookRequest.SerializeToString,
+                response_deserializer=forkd_dot_v1_dot_forkd__pb2.DeleteWebhookResponse.FromString,
+                _registered_method=True)
+        self.RotateWebhookSecret = channel.unary_unary(
+                '/forkd.v1.Forkd/RotateWebhookSecret',
+                request_serializer=forkd_dot_v1_dot_forkd__pb2.RotateWebhookSecretRequest.SerializeToString,
+                response_deserializer=forkd_dot_v1_dot_forkd__pb2.CreateWebhookResponse.FromString,
+                _registered_method=True)
+        self.TestWebhook = channel.unary_unary(
+                '/forkd.v1.Forkd/TestWebhook',
+                request_serializer=forkd_dot_v1_dot_forkd__pb2.TestWebhookRequest.SerializeToString,
+                response_deserializer=forkd_dot_v1_dot_forkd__pb2.TestWebhookResponse.FromString,
+                _registered_method=True)
+        self.ListWebhookAttempts = channel.unary_unary(
+                '/forkd.v1.Forkd/ListWebhookAttempts',
+                request_serializer=forkd_dot_v1_dot_forkd__pb2.ListWebhookAttemptsRequest.SerializeToString,
+                response_deserializer=forkd_dot_v1_dot_forkd__pb2.ListWebhookAttemptsResponse.FromString,
+                _registered_method=True)
 
 
 class ForkdServicer:
@@ -417,6 +452,57 @@ class ForkdServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateWebhook(self, request, context):
+        """Webhooks (docs/operations.md, "Webhooks and schedules"): the caller's tenant's endpoints,
+        which its notifications are posted to, signed to the Standard Webhooks specification.
+        Another tenant's webhook is NOT_FOUND. CreateWebhook and RotateWebhookSecret answer the
+        signing secret (`whsec_…`), which is never shown again; INVALID_ARGUMENT for a URL whose
+        address forkd does not reach (loopback, private, link-local, CGNAT, metadata).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWebhooks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetWebhook(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteWebhook(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RotateWebhookSecret(self, request, context):
+        """A new secret; the one it replaces signs too for the daemon's overlap (24 hours by default),
+        so a receiver verifies either while it switches.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TestWebhook(self, request, context):
+        """Sends a `ping` event now, once, and answers how it went.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWebhookAttempts(self, request, context):
+        """The webhook's latest attempts, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ForkdServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -569,6 +655,41 @@ def add_ForkdServicer_to_server(servicer, server):
                     servicer.CreateSignInLink,
                     request_deserializer=forkd_dot_v1_dot_forkd__pb2.CreateSignInLinkRequest.FromString,
                     response_serializer=forkd_dot_v1_dot_forkd__pb2.CreateSignInLinkResponse.SerializeToString,
+            ),
+            'CreateWebhook': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateWebhook,
+                    request_deserializer=forkd_dot_v1_dot_forkd__pb2.CreateWebhookRequest.FromString,
+                    response_serializer=forkd_dot_v1_dot_forkd__pb2.CreateWebhookResponse.SerializeToString,
+            ),
+            'ListWebhooks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWebhooks,
+                    request_deserializer=forkd_dot_v1_dot_forkd__pb2.ListWebhooksRequest.FromString,
+                    response_serializer=forkd_dot_v1_dot_forkd__pb2.ListWebhooksResponse.SerializeToString,
+            ),
+            'GetWebhook': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWebhook,
+                    request_deserializer=forkd_dot_v1_dot_forkd__pb2.GetWebhookRequest.FromString,
+                    response_serializer=forkd_dot_v1_dot_forkd__pb2.GetWebhookResponse.SerializeToString,
+            ),
+            'DeleteWebhook': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteWebhook,
+                    request_deserializer=forkd_dot_v1_dot_forkd__pb2.DeleteWebhookRequest.FromString,
+                    response_serializer=forkd_dot_v1_dot_forkd__pb2.DeleteWebhookResponse.SerializeToString,
+            ),
+            'RotateWebhookSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateWebhookSecret,
+                    request_deserializer=forkd_dot_v1_dot_forkd__pb2.RotateWebhookSecretRequest.FromString,
+                    response_serializer=forkd_dot_v1_dot_forkd__pb2.CreateWebhookResponse.SerializeToString,
+            ),
+            'TestWebhook': grpc.unary_unary_rpc_method_handler(
+                    servicer.TestWebhook,
+                    request_deserializer=forkd_dot_v1_dot_forkd__pb2.TestWebhookRequest.FromString,
+                    response_serializer=forkd_dot_v1_dot_forkd__pb2.TestWebhookResponse.SerializeToString,
+            ),
+            'ListWebhookAttempts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWebhookAttempts,
+                    request_deserializer=forkd_dot_v1_dot_forkd__pb2.ListWebhookAttemptsRequest.FromString,
+                    response_serializer=forkd_dot_v1_dot_forkd__pb2.ListWebhookAttemptsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1381,6 +1502,195 @@ class Forkd:
             '/forkd.v1.Forkd/CreateSignInLink',
             forkd_dot_v1_dot_forkd__pb2.CreateSignInLinkRequest.SerializeToString,
             forkd_dot_v1_dot_forkd__pb2.CreateSignInLinkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateWebhook(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forkd.v1.Forkd/CreateWebhook',
+            forkd_dot_v1_dot_forkd__pb2.CreateWebhookRequest.SerializeToString,
+            forkd_dot_v1_dot_forkd__pb2.CreateWebhookResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWebhooks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forkd.v1.Forkd/ListWebhooks',
+            forkd_dot_v1_dot_forkd__pb2.ListWebhooksRequest.SerializeToString,
+            forkd_dot_v1_dot_forkd__pb2.ListWebhooksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetWebhook(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forkd.v1.Forkd/GetWebhook',
+            forkd_dot_v1_dot_forkd__pb2.GetWebhookRequest.SerializeToString,
+            forkd_dot_v1_dot_forkd__pb2.GetWebhookResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteWebhook(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forkd.v1.Forkd/DeleteWebhook',
+            forkd_dot_v1_dot_forkd__pb2.DeleteWebhookRequest.SerializeToString,
+            forkd_dot_v1_dot_forkd__pb2.DeleteWebhookResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateWebhookSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forkd.v1.Forkd/RotateWebhookSecret',
+            forkd_dot_v1_dot_forkd__pb2.RotateWebhookSecretRequest.SerializeToString,
+            forkd_dot_v1_dot_forkd__pb2.CreateWebhookResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TestWebhook(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forkd.v1.Forkd/TestWebhook',
+            forkd_dot_v1_dot_forkd__pb2.TestWebhookRequest.SerializeToString,
+            forkd_dot_v1_dot_forkd__pb2.TestWebhookResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWebhookAttempts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forkd.v1.Forkd/ListWebhookAttempts',
+            forkd_dot_v1_dot_forkd__pb2.ListWebhookAttemptsRequest.SerializeToString,
+            forkd_dot_v1_dot_forkd__pb2.ListWebhookAttemptsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -123,6 +123,24 @@ class ForkdStub:
     `local`), for 60 seconds and one use (`forkctl ui`). Only over the Unix socket without a
     token (PERMISSION_DENIED otherwise); FAILED_PRECONDITION when the daemon serves no web view.
     """
+    CreateWebhook: _grpc.UnaryUnaryMultiCallable[_forkd_pb2.CreateWebhookRequest, _forkd_pb2.CreateWebhookResponse]
+    """Webhooks (docs/operations.md, "Webhooks and schedules"): the caller's tenant's endpoints,
+    which its notifications are posted to, signed to the Standard Webhooks specification.
+    Another tenant's webhook is NOT_FOUND. CreateWebhook and RotateWebhookSecret answer the
+    signing secret (`whsec_…`), which is never shown again; INVALID_ARGUMENT for a URL whose
+    address forkd does not reach (loopback, private, link-local, CGNAT, metadata).
+    """
+    ListWebhooks: _grpc.UnaryUnaryMultiCallable[_forkd_pb2.ListWebhooksRequest, _forkd_pb2.ListWebhooksResponse]
+    GetWebhook: _grpc.UnaryUnaryMultiCallable[_forkd_pb2.GetWebhookRequest, _forkd_pb2.GetWebhookResponse]
+    DeleteWebhook: _grpc.UnaryUnaryMultiCallable[_forkd_pb2.DeleteWebhookRequest, _forkd_pb2.DeleteWebhookResponse]
+    RotateWebhookSecret: _grpc.UnaryUnaryMultiCallable[_forkd_pb2.RotateWebhookSecretRequest, _forkd_pb2.CreateWebhookResponse]
+    """A new secret; the one it replaces signs too for the daemon's overlap (24 hours by default),
+    so a receiver verifies either while it switches.
+    """
+    TestWebhook: _grpc.UnaryUnaryMultiCallable[_forkd_pb2.TestWebhookRequest, _forkd_pb2.TestWebhookResponse]
+    """Sends a `ping` event now, once, and answers how it went."""
+    ListWebhookAttempts: _grpc.UnaryUnaryMultiCallable[_forkd_pb2.ListWebhookAttemptsRequest, _forkd_pb2.ListWebhookAttemptsResponse]
+    """The webhook's latest attempts, newest first."""
 
 @_typing.type_check_only
 class ForkdAsyncStub(ForkdStub):
@@ -219,6 +237,24 @@ class ForkdAsyncStub(ForkdStub):
     `local`), for 60 seconds and one use (`forkctl ui`). Only over the Unix socket without a
     token (PERMISSION_DENIED otherwise); FAILED_PRECONDITION when the daemon serves no web view.
     """
+    CreateWebhook: _aio.UnaryUnaryMultiCallable[_forkd_pb2.CreateWebhookRequest, _forkd_pb2.CreateWebhookResponse]  # type: ignore[assignment]
+    """Webhooks (docs/operations.md, "Webhooks and schedules"): the caller's tenant's endpoints,
+    which its notifications are posted to, signed to the Standard Webhooks specification.
+    Another tenant's webhook is NOT_FOUND. CreateWebhook and RotateWebhookSecret answer the
+    signing secret (`whsec_…`), which is never shown again; INVALID_ARGUMENT for a URL whose
+    address forkd does not reach (loopback, private, link-local, CGNAT, metadata).
+    """
+    ListWebhooks: _aio.UnaryUnaryMultiCallable[_forkd_pb2.ListWebhooksRequest, _forkd_pb2.ListWebhooksResponse]  # type: ignore[assignment]
+    GetWebhook: _aio.UnaryUnaryMultiCallable[_forkd_pb2.GetWebhookRequest, _forkd_pb2.GetWebhookResponse]  # type: ignore[assignment]
+    DeleteWebhook: _aio.UnaryUnaryMultiCallable[_forkd_pb2.DeleteWebhookRequest, _forkd_pb2.DeleteWebhookResponse]  # type: ignore[assignment]
+    RotateWebhookSecret: _aio.UnaryUnaryMultiCallable[_forkd_pb2.RotateWebhookSecretRequest, _forkd_pb2.CreateWebhookResponse]  # type: ignore[assignment]
+    """A new secret; the one it replaces signs too for the daemon's overlap (24 hours by default),
+    so a receiver verifies either while it switches.
+    """
+    TestWebhook: _aio.UnaryUnaryMultiCallable[_forkd_pb2.TestWebhookRequest, _forkd_pb2.TestWebhookResponse]  # type: ignore[assignment]
+    """Sends a `ping` event now, once, and answers how it went."""
+    ListWebhookAttempts: _aio.UnaryUnaryMultiCallable[_forkd_pb2.ListWebhookAttemptsRequest, _forkd_pb2.ListWebhookAttemptsResponse]  # type: ignore[assignment]
+    """The webhook's latest attempts, newest first."""
 
 class ForkdServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -492,5 +528,65 @@ class ForkdServicer(metaclass=_abc_1.ABCMeta):
         `local`), for 60 seconds and one use (`forkctl ui`). Only over the Unix socket without a
         token (PERMISSION_DENIED otherwise); FAILED_PRECONDITION when the daemon serves no web view.
         """
+
+    @_abc_1.abstractmethod
+    def CreateWebhook(
+        self,
+        request: _forkd_pb2.CreateWebhookRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_forkd_pb2.CreateWebhookResponse, _abc.Awaitable[_forkd_pb2.CreateWebhookResponse]]:
+        """Webhooks (docs/operations.md, "Webhooks and schedules"): the caller's tenant's endpoints,
+        which its notifications are posted to, signed to the Standard Webhooks specification.
+        Another tenant's webhook is NOT_FOUND. CreateWebhook and RotateWebhookSecret answer the
+        signing secret (`whsec_…`), which is never shown again; INVALID_ARGUMENT for a URL whose
+        address forkd does not reach (loopback, private, link-local, CGNAT, metadata).
+        """
+
+    @_abc_1.abstractmethod
+    def ListWebhooks(
+        self,
+        request: _forkd_pb2.ListWebhooksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_forkd_pb2.ListWebhooksResponse, _abc.Awaitable[_forkd_pb2.ListWebhooksResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetWebhook(
+        self,
+        request: _forkd_pb2.GetWebhookRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_forkd_pb2.GetWebhookResponse, _abc.Awaitable[_forkd_pb2.GetWebhookResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteWebhook(
+        self,
+        request: _forkd_pb2.DeleteWebhookRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_forkd_pb2.DeleteWebhookResponse, _abc.Awaitable[_forkd_pb2.DeleteWebhookResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RotateWebhookSecret(
+        self,
+        request: _forkd_pb2.RotateWebhookSecretRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_forkd_pb2.CreateWebhookResponse, _abc.Awaitable[_forkd_pb2.CreateWebhookResponse]]:
+        """A new secret; the one it replaces signs too for the daemon's overlap (24 hours by default),
+        so a receiver verifies either while it switches.
+        """
+
+    @_abc_1.abstractmethod
+    def TestWebhook(
+        self,
+        request: _forkd_pb2.TestWebhookRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_forkd_pb2.TestWebhookResponse, _abc.Awaitable[_forkd_pb2.TestWebhookResponse]]:
+        """Sends a `ping` event now, once, and answers how it went."""
+
+    @_abc_1.abstractmethod
+    def ListWebhookAttempts(
+        self,
+        request: _forkd_pb2.ListWebhookAttemptsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_forkd_pb2.ListWebhookAttemptsResponse, _abc.Awaitable[_forkd_pb2.ListWebhookAttemptsResponse]]:
+        """The webhook's latest attempts, newest first."""
 
 def add_ForkdServicer_to_server(servicer: ForkdServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -579,6 +579,11 @@ export interface ForkBatchRequest {
    * idempotency key is not recorded.
    */
   dryRun: boolean;
+  /**
+   * A webhook of the caller's tenant (its id) that receives this batch's notifications, whatever
+   * its own filter says. NOT_FOUND for another tenant's or a missing one.
+   */
+  webhookId: string;
 }
 
 /** What a batch would be, had it been submitted (ForkBatchRequest.dry_run). */
@@ -1218,6 +1223,114 @@ export interface GetSessionChangesResponse {
   files: FileChange[];
   /** git's patch format, as GetChangesResponse.diff. */
   diff: string;
+}
+
+/** A registered webhook. Its secret is never part of it. */
+export interface Webhook {
+  webhookId: string;
+  url: string;
+  /** Notification kinds it receives ("fork", "typed", "turn"); empty for all. */
+  kinds: string[];
+  /** The one session whose notifications it receives; empty for all the tenant's. */
+  sessionId: string;
+  /** Receives only the batches that name it (ForkBatchRequest.webhook_id). */
+  namedOnly: boolean;
+  createdAt?:
+    | Date
+    | undefined;
+  /** When its current run of failed attempts began; unset since its latest success. */
+  failingSince?:
+    | Date
+    | undefined;
+  /** Set once it failed every attempt for too long (5 days by default): nothing more is sent. */
+  disabledReason: string;
+  disabledAt?:
+    | Date
+    | undefined;
+  /** Until when the secret before the latest rotation still signs. */
+  previousSecretUntil?: Date | undefined;
+}
+
+export interface CreateWebhookRequest {
+  /** http:// or https://; its host's addresses are checked now and at each delivery. */
+  url: string;
+  kinds: string[];
+  sessionId: string;
+  namedOnly: boolean;
+}
+
+export interface CreateWebhookResponse {
+  webhook?:
+    | Webhook
+    | undefined;
+  /** The signing secret, `whsec_` and base64: shown once. */
+  secret: string;
+}
+
+export interface ListWebhooksRequest {
+}
+
+export interface ListWebhooksResponse {
+  webhooks: Webhook[];
+}
+
+export interface GetWebhookRequest {
+  webhookId: string;
+}
+
+export interface GetWebhookResponse {
+  webhook?: Webhook | undefined;
+}
+
+export interface DeleteWebhookRequest {
+  webhookId: string;
+}
+
+export interface DeleteWebhookResponse {
+}
+
+export interface RotateWebhookSecretRequest {
+  webhookId: string;
+}
+
+export interface TestWebhookRequest {
+  webhookId: string;
+}
+
+export interface TestWebhookResponse {
+  attempt?: WebhookAttempt | undefined;
+}
+
+/** One attempt at one delivery. */
+export interface WebhookAttempt {
+  /** The delivery's id: the `webhook-id` header of each of its attempts. */
+  deliveryId: string;
+  /** 1 for a delivery's first attempt. */
+  number: number;
+  at?:
+    | Date
+    | undefined;
+  /** The receiver's HTTP status; 0 when it did not answer. */
+  status: number;
+  /** Why it failed; empty when the receiver took it (2xx). */
+  error: string;
+  latencyMs: number;
+  /** "notification" or "ping". */
+  event: string;
+  /** The notification's seq (the tenant's own), for a notification's delivery. */
+  notificationSeq: number;
+  /** The delivery's state now: "pending" (retried later), "delivered" or "failed". */
+  state: string;
+}
+
+export interface ListWebhookAttemptsRequest {
+  webhookId: string;
+  /** 0: the latest 50. */
+  limit: number;
+}
+
+export interface ListWebhookAttemptsResponse {
+  attempts: WebhookAttempt[];
 }
 
 function createBaseContextFile(): ContextFile {
@@ -4508,6 +4621,7 @@ function createBaseForkBatchRequest(): ForkBatchRequest {
     forkPointOf: "",
     limits: undefined,
     dryRun: false,
+    webhookId: "",
   };
 }
 
@@ -4548,6 +4662,9 @@ export const ForkBatchRequest: MessageFns<ForkBatchRequest> = {
     }
     if (message.dryRun !== false) {
       writer.uint32(96).bool(message.dryRun);
+    }
+    if (message.webhookId !== "") {
+      writer.uint32(106).string(message.webhookId);
     }
     return writer;
   },
@@ -4661,6 +4778,14 @@ export const ForkBatchRequest: MessageFns<ForkBatchRequest> = {
             message.dryRun = reader.bool();
             continue;
           }
+          case 13: {
+            if (tag !== 106) {
+              break;
+            }
+
+            message.webhookId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4725,6 +4850,11 @@ export const ForkBatchRequest: MessageFns<ForkBatchRequest> = {
         : isSet(object.dry_run)
         ? globalThis.Boolean(object.dry_run)
         : false,
+      webhookId: isSet(object.webhookId)
+        ? globalThis.String(object.webhookId)
+        : isSet(object.webhook_id)
+        ? globalThis.String(object.webhook_id)
+        : "",
     };
   },
 
@@ -4766,6 +4896,9 @@ export const ForkBatchRequest: MessageFns<ForkBatchRequest> = {
     if (message.dryRun !== false) {
       obj.dryRun = message.dryRun;
     }
+    if (message.webhookId !== "") {
+      obj.webhookId = message.webhookId;
+    }
     return obj;
   },
 
@@ -4788,6 +4921,7 @@ export const ForkBatchRequest: MessageFns<ForkBatchRequest> = {
       ? Limits.fromPartial(object.limits)
       : undefined;
     message.dryRun = object.dryRun ?? false;
+    message.webhookId = object.webhookId ?? "";
     return message;
   },
 };
@@ -12909,6 +13043,1456 @@ export const GetSessionChangesResponse: MessageFns<GetSessionChangesResponse> = 
   },
 };
 
+function createBaseWebhook(): Webhook {
+  return {
+    webhookId: "",
+    url: "",
+    kinds: [],
+    sessionId: "",
+    namedOnly: false,
+    createdAt: undefined,
+    failingSince: undefined,
+    disabledReason: "",
+    disabledAt: undefined,
+    previousSecretUntil: undefined,
+  };
+}
+
+export const Webhook: MessageFns<Webhook> = {
+  encode(message: Webhook, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.webhookId !== "") {
+      writer.uint32(10).string(message.webhookId);
+    }
+    if (message.url !== "") {
+      writer.uint32(18).string(message.url);
+    }
+    for (const v of message.kinds) {
+      writer.uint32(26).string(v!);
+    }
+    if (message.sessionId !== "") {
+      writer.uint32(34).string(message.sessionId);
+    }
+    if (message.namedOnly !== false) {
+      writer.uint32(40).bool(message.namedOnly);
+    }
+    if (message.createdAt !== undefined) {
+      Timestamp.encode(toTimestamp(message.createdAt), writer.uint32(50).fork()).join();
+    }
+    if (message.failingSince !== undefined) {
+      Timestamp.encode(toTimestamp(message.failingSince), writer.uint32(58).fork()).join();
+    }
+    if (message.disabledReason !== "") {
+      writer.uint32(66).string(message.disabledReason);
+    }
+    if (message.disabledAt !== undefined) {
+      Timestamp.encode(toTimestamp(message.disabledAt), writer.uint32(74).fork()).join();
+    }
+    if (message.previousSecretUntil !== undefined) {
+      Timestamp.encode(toTimestamp(message.previousSecretUntil), writer.uint32(82).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): Webhook {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseWebhook();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.webhookId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.url = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.kinds.push(reader.string());
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.sessionId = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.namedOnly = reader.bool();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.createdAt = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.failingSince = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.disabledReason = reader.string();
+            continue;
+          }
+          case 9: {
+            if (tag !== 74) {
+              break;
+            }
+
+            message.disabledAt = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 10: {
+            if (tag !== 82) {
+              break;
+            }
+
+            message.previousSecretUntil = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): Webhook {
+    return {
+      webhookId: isSet(object.webhookId)
+        ? globalThis.String(object.webhookId)
+        : isSet(object.webhook_id)
+        ? globalThis.String(object.webhook_id)
+        : "",
+      url: isSet(object.url) ? globalThis.String(object.url) : "",
+      kinds: globalThis.Array.isArray(object?.kinds) ? object.kinds.map((e: any) => globalThis.String(e)) : [],
+      sessionId: isSet(object.sessionId)
+        ? globalThis.String(object.sessionId)
+        : isSet(object.session_id)
+        ? globalThis.String(object.session_id)
+        : "",
+      namedOnly: isSet(object.namedOnly)
+        ? globalThis.Boolean(object.namedOnly)
+        : isSet(object.named_only)
+        ? globalThis.Boolean(object.named_only)
+        : false,
+      createdAt: isSet(object.createdAt)
+        ? fromJsonTimestamp(object.createdAt)
+        : isSet(object.created_at)
+        ? fromJsonTimestamp(object.created_at)
+        : undefined,
+      failingSince: isSet(object.failingSince)
+        ? fromJsonTimestamp(object.failingSince)
+        : isSet(object.failing_since)
+        ? fromJsonTimestamp(object.failing_since)
+        : undefined,
+      disabledReason: isSet(object.disabledReason)
+        ? globalThis.String(object.disabledReason)
+        : isSet(object.disabled_reason)
+        ? globalThis.String(object.disabled_reason)
+        : "",
+      disabledAt: isSet(object.disabledAt)
+        ? fromJsonTimestamp(object.disabledAt)
+        : isSet(object.disabled_at)
+        ? fromJsonTimestamp(object.disabled_at)
+        : undefined,
+      previousSecretUntil: isSet(object.previousSecretUntil)
+        ? fromJsonTimestamp(object.previousSecretUntil)
+        : isSet(object.previous_secret_until)
+        ? fromJsonTimestamp(object.previous_secret_until)
+        : undefined,
+    };
+  },
+
+  toJSON(message: Webhook): unknown {
+    const obj: any = {};
+    if (message.webhookId !== "") {
+      obj.webhookId = message.webhookId;
+    }
+    if (message.url !== "") {
+      obj.url = message.url;
+    }
+    if (message.kinds?.length) {
+      obj.kinds = message.kinds;
+    }
+    if (message.sessionId !== "") {
+      obj.sessionId = message.sessionId;
+    }
+    if (message.namedOnly !== false) {
+      obj.namedOnly = message.namedOnly;
+    }
+    if (message.createdAt !== undefined) {
+      obj.createdAt = message.createdAt.toISOString();
+    }
+    if (message.failingSince !== undefined) {
+      obj.failingSince = message.failingSince.toISOString();
+    }
+    if (message.disabledReason !== "") {
+      obj.disabledReason = message.disabledReason;
+    }
+    if (message.disabledAt !== undefined) {
+      obj.disabledAt = message.disabledAt.toISOString();
+    }
+    if (message.previousSecretUntil !== undefined) {
+      obj.previousSecretUntil = message.previousSecretUntil.toISOString();
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<Webhook>, I>>(base?: I): Webhook {
+    return Webhook.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<Webhook>, I>>(object: I): Webhook {
+    const message = createBaseWebhook();
+    message.webhookId = object.webhookId ?? "";
+    message.url = object.url ?? "";
+    message.kinds = object.kinds?.map((e) => e) || [];
+    message.sessionId = object.sessionId ?? "";
+    message.namedOnly = object.namedOnly ?? false;
+    message.createdAt = object.createdAt ?? undefined;
+    message.failingSince = object.failingSince ?? undefined;
+    message.disabledReason = object.disabledReason ?? "";
+    message.disabledAt = object.disabledAt ?? undefined;
+    message.previousSecretUntil = object.previousSecretUntil ?? undefined;
+    return message;
+  },
+};
+
+function createBaseCreateWebhookRequest(): CreateWebhookRequest {
+  return { url: "", kinds: [], sessionId: "", namedOnly: false };
+}
+
+export const CreateWebhookRequest: MessageFns<CreateWebhookRequest> = {
+  encode(message: CreateWebhookRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.url !== "") {
+      writer.uint32(10).string(message.url);
+    }
+    for (const v of message.kinds) {
+      writer.uint32(18).string(v!);
+    }
+    if (message.sessionId !== "") {
+      writer.uint32(26).string(message.sessionId);
+    }
+    if (message.namedOnly !== false) {
+      writer.uint32(32).bool(message.namedOnly);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): CreateWebhookRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseCreateWebhookRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.url = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.kinds.push(reader.string());
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.sessionId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.namedOnly = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): CreateWebhookRequest {
+    return {
+      url: isSet(object.url) ? globalThis.String(object.url) : "",
+      kinds: globalThis.Array.isArray(object?.kinds) ? object.kinds.map((e: any) => globalThis.String(e)) : [],
+      sessionId: isSet(object.sessionId)
+        ? globalThis.String(object.sessionId)
+        : isSet(object.session_id)
+        ? globalThis.String(object.session_id)
+        : "",
+      namedOnly: isSet(object.namedOnly)
+        ? globalThis.Boolean(object.namedOnly)
+        : isSet(object.named_only)
+        ? globalThis.Boolean(object.named_only)
+        : false,
+    };
+  },
+
+  toJSON(message: CreateWebhookRequest): unknown {
+    const obj: any = {};
+    if (message.url !== "") {
+      obj.url = message.url;
+    }
+    if (message.kinds?.length) {
+      obj.kinds = message.kinds;
+    }
+    if (message.sessionId !== "") {
+      obj.sessionId = message.sessionId;
+    }
+    if (message.namedOnly !== false) {
+      obj.namedOnly = message.namedOnly;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<CreateWebhookRequest>, I>>(base?: I): CreateWebhookRequest {
+    return CreateWebhookRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<CreateWebhookRequest>, I>>(object: I): CreateWebhookRequest {
+    const message = createBaseCreateWebhookRequest();
+    message.url = object.url ?? "";
+    message.kinds = object.kinds?.map((e) => e) || [];
+    message.sessionId = object.sessionId ?? "";
+    message.namedOnly = object.namedOnly ?? false;
+    return message;
+  },
+};
+
+function createBaseCreateWebhookResponse(): CreateWebhookResponse {
+  return { webhook: undefined, secret: "" };
+}
+
+export const CreateWebhookResponse: MessageFns<CreateWebhookResponse> = {
+  encode(message: CreateWebhookResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.webhook !== undefined) {
+      Webhook.encode(message.webhook, writer.uint32(10).fork()).join();
+    }
+    if (message.secret !== "") {
+      writer.uint32(18).string(message.secret);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): CreateWebhookResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseCreateWebhookResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.webhook = Webhook.decode(reader, reader.uint32());
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.secret = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): CreateWebhookResponse {
+    return {
+      webhook: isSet(object.webhook) ? Webhook.fromJSON(object.webhook) : undefined,
+      secret: isSet(object.secret) ? globalThis.String(object.secret) : "",
+    };
+  },
+
+  toJSON(message: CreateWebhookResponse): unknown {
+    const obj: any = {};
+    if (message.webhook !== undefined) {
+      obj.webhook = Webhook.toJSON(message.webhook);
+    }
+    if (message.secret !== "") {
+      obj.secret = message.secret;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<CreateWebhookResponse>, I>>(base?: I): CreateWebhookResponse {
+    return CreateWebhookResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<CreateWebhookResponse>, I>>(object: I): CreateWebhookResponse {
+    const message = createBaseCreateWebhookResponse();
+    message.webhook = (object.webhook !== undefined && object.webhook !== null)
+      ? Webhook.fromPartial(object.webhook)
+      : undefined;
+    message.secret = object.secret ?? "";
+    return message;
+  },
+};
+
+function createBaseListWebhooksRequest(): ListWebhooksRequest {
+  return {};
+}
+
+export const ListWebhooksRequest: MessageFns<ListWebhooksRequest> = {
+  encode(_: ListWebhooksRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListWebhooksRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListWebhooksRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(_: any): ListWebhooksRequest {
+    return {};
+  },
+
+  toJSON(_: ListWebhooksRequest): unknown {
+    const obj: any = {};
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListWebhooksRequest>, I>>(base?: I): ListWebhooksRequest {
+    return ListWebhooksRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListWebhooksRequest>, I>>(_: I): ListWebhooksRequest {
+    const message = createBaseListWebhooksRequest();
+    return message;
+  },
+};
+
+function createBaseListWebhooksResponse(): ListWebhooksResponse {
+  return { webhooks: [] };
+}
+
+export const ListWebhooksResponse: MessageFns<ListWebhooksResponse> = {
+  encode(message: ListWebhooksResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.webhooks) {
+      Webhook.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListWebhooksResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListWebhooksResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.webhooks.push(Webhook.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListWebhooksResponse {
+    return {
+      webhooks: globalThis.Array.isArray(object?.webhooks) ? object.webhooks.map((e: any) => Webhook.fromJSON(e)) : [],
+    };
+  },
+
+  toJSON(message: ListWebhooksResponse): unknown {
+    const obj: any = {};
+    if (message.webhooks?.length) {
+      obj.webhooks = message.webhooks.map((e) => Webhook.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListWebhooksResponse>, I>>(base?: I): ListWebhooksResponse {
+    return ListWebhooksResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListWebhooksResponse>, I>>(object: I): ListWebhooksResponse {
+    const message = createBaseListWebhooksResponse();
+    message.webhooks = object.webhooks?.map((e) => Webhook.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseGetWebhookRequest(): GetWebhookRequest {
+  return { webhookId: "" };
+}
+
+export const GetWebhookRequest: MessageFns<GetWebhookRequest> = {
+  encode(message: GetWebhookRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.webhookId !== "") {
+      writer.uint32(10).string(message.webhookId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GetWebhookRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGetWebhookRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.webhookId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GetWebhookRequest {
+    return {
+      webhookId: isSet(object.webhookId)
+        ? globalThis.String(object.webhookId)
+        : isSet(object.webhook_id)
+        ? globalThis.String(object.webhook_id)
+        : "",
+    };
+  },
+
+  toJSON(message: GetWebhookRequest): unknown {
+    const obj: any = {};
+    if (message.webhookId !== "") {
+      obj.webhookId = message.webhookId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<GetWebhookRequest>, I>>(base?: I): GetWebhookRequest {
+    return GetWebhookRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<GetWebhookRequest>, I>>(object: I): GetWebhookRequest {
+    const message = createBaseGetWebhookRequest();
+    message.webhookId = object.webhookId ?? "";
+    return message;
+  },
+};
+
+function createBaseGetWebhookResponse(): GetWebhookResponse {
+  return { webhook: undefined };
+}
+
+export const GetWebhookResponse: MessageFns<GetWebhookResponse> = {
+  encode(message: GetWebhookResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.webhook !== undefined) {
+      Webhook.encode(message.webhook, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GetWebhookResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGetWebhookResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.webhook = Webhook.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GetWebhookResponse {
+    return { webhook: isSet(object.webhook) ? Webhook.fromJSON(object.webhook) : undefined };
+  },
+
+  toJSON(message: GetWebhookResponse): unknown {
+    const obj: any = {};
+    if (message.webhook !== undefined) {
+      obj.webhook = Webhook.toJSON(message.webhook);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<GetWebhookResponse>, I>>(base?: I): GetWebhookResponse {
+    return GetWebhookResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<GetWebhookResponse>, I>>(object: I): GetWebhookResponse {
+    const message = createBaseGetWebhookResponse();
+    message.webhook = (object.webhook !== undefined && object.webhook !== null)
+      ? Webhook.fromPartial(object.webhook)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseDeleteWebhookRequest(): DeleteWebhookRequest {
+  return { webhookId: "" };
+}
+
+export const DeleteWebhookRequest: MessageFns<DeleteWebhookRequest> = {
+  encode(message: DeleteWebhookRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.webhookId !== "") {
+      writer.uint32(10).string(message.webhookId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DeleteWebhookRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDeleteWebhookRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.webhookId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DeleteWebhookRequest {
+    return {
+      webhookId: isSet(object.webhookId)
+        ? globalThis.String(object.webhookId)
+        : isSet(object.webhook_id)
+        ? globalThis.String(object.webhook_id)
+        : "",
+    };
+  },
+
+  toJSON(message: DeleteWebhookRequest): unknown {
+    const obj: any = {};
+    if (message.webhookId !== "") {
+      obj.webhookId = message.webhookId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DeleteWebhookRequest>, I>>(base?: I): DeleteWebhookRequest {
+    return DeleteWebhookRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DeleteWebhookRequest>, I>>(object: I): DeleteWebhookRequest {
+    const message = createBaseDeleteWebhookRequest();
+    message.webhookId = object.webhookId ?? "";
+    return message;
+  },
+};
+
+function createBaseDeleteWebhookResponse(): DeleteWebhookResponse {
+  return {};
+}
+
+export const DeleteWebhookResponse: MessageFns<DeleteWebhookResponse> = {
+  encode(_: DeleteWebhookResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DeleteWebhookResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDeleteWebhookResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(_: any): DeleteWebhookResponse {
+    return {};
+  },
+
+  toJSON(_: DeleteWebhookResponse): unknown {
+    const obj: any = {};
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DeleteWebhookResponse>, I>>(base?: I): DeleteWebhookResponse {
+    return DeleteWebhookResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DeleteWebhookResponse>, I>>(_: I): DeleteWebhookResponse {
+    const message = createBaseDeleteWebhookResponse();
+    return message;
+  },
+};
+
+function createBaseRotateWebhookSecretRequest(): RotateWebhookSecretRequest {
+  return { webhookId: "" };
+}
+
+export const RotateWebhookSecretRequest: MessageFns<RotateWebhookSecretRequest> = {
+  encode(message: RotateWebhookSecretRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.webhookId !== "") {
+      writer.uint32(10).string(message.webhookId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RotateWebhookSecretRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRotateWebhookSecretRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.webhookId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RotateWebhookSecretRequest {
+    return {
+      webhookId: isSet(object.webhookId)
+        ? globalThis.String(object.webhookId)
+        : isSet(object.webhook_id)
+        ? globalThis.String(object.webhook_id)
+        : "",
+    };
+  },
+
+  toJSON(message: RotateWebhookSecretRequest): unknown {
+    const obj: any = {};
+    if (message.webhookId !== "") {
+      obj.webhookId = message.webhookId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RotateWebhookSecretRequest>, I>>(base?: I): RotateWebhookSecretRequest {
+    return RotateWebhookSecretRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RotateWebhookSecretRequest>, I>>(object: I): RotateWebhookSecretRequest {
+    const message = createBaseRotateWebhookSecretRequest();
+    message.webhookId = object.webhookId ?? "";
+    return message;
+  },
+};
+
+function createBaseTestWebhookRequest(): TestWebhookRequest {
+  return { webhookId: "" };
+}
+
+export const TestWebhookRequest: MessageFns<TestWebhookRequest> = {
+  encode(message: TestWebhookRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.webhookId !== "") {
+      writer.uint32(10).string(message.webhookId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): TestWebhookRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseTestWebhookRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.webhookId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): TestWebhookRequest {
+    return {
+      webhookId: isSet(object.webhookId)
+        ? globalThis.String(object.webhookId)
+        : isSet(object.webhook_id)
+        ? globalThis.String(object.webhook_id)
+        : "",
+    };
+  },
+
+  toJSON(message: TestWebhookRequest): unknown {
+    const obj: any = {};
+    if (message.webhookId !== "") {
+      obj.webhookId = message.webhookId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<TestWebhookRequest>, I>>(base?: I): TestWebhookRequest {
+    return TestWebhookRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<TestWebhookRequest>, I>>(object: I): TestWebhookRequest {
+    const message = createBaseTestWebhookRequest();
+    message.webhookId = object.webhookId ?? "";
+    return message;
+  },
+};
+
+function createBaseTestWebhookResponse(): TestWebhookResponse {
+  return { attempt: undefined };
+}
+
+export const TestWebhookResponse: MessageFns<TestWebhookResponse> = {
+  encode(message: TestWebhookResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.attempt !== undefined) {
+      WebhookAttempt.encode(message.attempt, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): TestWebhookResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseTestWebhookResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.attempt = WebhookAttempt.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): TestWebhookResponse {
+    return { attempt: isSet(object.attempt) ? WebhookAttempt.fromJSON(object.attempt) : undefined };
+  },
+
+  toJSON(message: TestWebhookResponse): unknown {
+    const obj: any = {};
+    if (message.attempt !== undefined) {
+      obj.attempt = WebhookAttempt.toJSON(message.attempt);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<TestWebhookResponse>, I>>(base?: I): TestWebhookResponse {
+    return TestWebhookResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<TestWebhookResponse>, I>>(object: I): TestWebhookResponse {
+    const message = createBaseTestWebhookResponse();
+    message.attempt = (object.attempt !== undefined && object.attempt !== null)
+      ? WebhookAttempt.fromPartial(object.attempt)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseWebhookAttempt(): WebhookAttempt {
+  return {
+    deliveryId: "",
+    number: 0,
+    at: undefined,
+    status: 0,
+    error: "",
+    latencyMs: 0,
+    event: "",
+    notificationSeq: 0,
+    state: "",
+  };
+}
+
+export const WebhookAttempt: MessageFns<WebhookAttempt> = {
+  encode(message: WebhookAttempt, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.deliveryId !== "") {
+      writer.uint32(10).string(message.deliveryId);
+    }
+    if (message.number !== 0) {
+      writer.uint32(16).uint32(message.number);
+    }
+    if (message.at !== undefined) {
+      Timestamp.encode(toTimestamp(message.at), writer.uint32(26).fork()).join();
+    }
+    if (message.status !== 0) {
+      writer.uint32(32).uint32(message.status);
+    }
+    if (message.error !== "") {
+      writer.uint32(42).string(message.error);
+    }
+    if (message.latencyMs !== 0) {
+      writer.uint32(48).uint64(message.latencyMs);
+    }
+    if (message.event !== "") {
+      writer.uint32(58).string(message.event);
+    }
+    if (message.notificationSeq !== 0) {
+      writer.uint32(64).uint64(message.notificationSeq);
+    }
+    if (message.state !== "") {
+      writer.uint32(74).string(message.state);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): WebhookAttempt {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseWebhookAttempt();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.deliveryId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.number = reader.uint32();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.at = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.status = reader.uint32();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.error = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.latencyMs = longToNumber(reader.uint64());
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.event = reader.string();
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.notificationSeq = longToNumber(reader.uint64());
+            continue;
+          }
+          case 9: {
+            if (tag !== 74) {
+              break;
+            }
+
+            message.state = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): WebhookAttempt {
+    return {
+      deliveryId: isSet(object.deliveryId)
+        ? globalThis.String(object.deliveryId)
+        : isSet(object.delivery_id)
+        ? globalThis.String(object.delivery_id)
+        : "",
+      number: isSet(object.number) ? globalThis.Number(object.number) : 0,
+      at: isSet(object.at) ? fromJsonTimestamp(object.at) : undefined,
+      status: isSet(object.status) ? globalThis.Number(object.status) : 0,
+      error: isSet(object.error) ? globalThis.String(object.error) : "",
+      latencyMs: isSet(object.latencyMs)
+        ? globalThis.Number(object.latencyMs)
+        : isSet(object.latency_ms)
+        ? globalThis.Number(object.latency_ms)
+        : 0,
+      event: isSet(object.event) ? globalThis.String(object.event) : "",
+      notificationSeq: isSet(object.notificationSeq)
+        ? globalThis.Number(object.notificationSeq)
+        : isSet(object.notification_seq)
+        ? globalThis.Number(object.notification_seq)
+        : 0,
+      state: isSet(object.state) ? globalThis.String(object.state) : "",
+    };
+  },
+
+  toJSON(message: WebhookAttempt): unknown {
+    const obj: any = {};
+    if (message.deliveryId !== "") {
+      obj.deliveryId = message.deliveryId;
+    }
+    if (message.number !== 0) {
+      obj.number = Math.round(message.number);
+    }
+    if (message.at !== undefined) {
+      obj.at = message.at.toISOString();
+    }
+    if (message.status !== 0) {
+      obj.status = Math.round(message.status);
+    }
+    if (message.error !== "") {
+      obj.error = message.error;
+    }
+    if (message.latencyMs !== 0) {
+      obj.latencyMs = Math.round(message.latencyMs);
+    }
+    if (message.event !== "") {
+      obj.event = message.event;
+    }
+    if (message.notificationSeq !== 0) {
+      obj.notificationSeq = Math.round(message.notificationSeq);
+    }
+    if (message.state !== "") {
+      obj.state = message.state;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<WebhookAttempt>, I>>(base?: I): WebhookAttempt {
+    return WebhookAttempt.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<WebhookAttempt>, I>>(object: I): WebhookAttempt {
+    const message = createBaseWebhookAttempt();
+    message.deliveryId = object.deliveryId ?? "";
+    message.number = object.number ?? 0;
+    message.at = object.at ?? undefined;
+    message.status = object.status ?? 0;
+    message.error = object.error ?? "";
+    message.latencyMs = object.latencyMs ?? 0;
+    message.event = object.event ?? "";
+    message.notificationSeq = object.notificationSeq ?? 0;
+    message.state = object.state ?? "";
+    return message;
+  },
+};
+
+function createBaseListWebhookAttemptsRequest(): ListWebhookAttemptsRequest {
+  return { webhookId: "", limit: 0 };
+}
+
+export const ListWebhookAttemptsRequest: MessageFns<ListWebhookAttemptsRequest> = {
+  encode(message: ListWebhookAttemptsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.webhookId !== "") {
+      writer.uint32(10).string(message.webhookId);
+    }
+    if (message.limit !== 0) {
+      writer.uint32(16).uint32(message.limit);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListWebhookAttemptsRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListWebhookAttemptsRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.webhookId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.limit = reader.uint32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListWebhookAttemptsRequest {
+    return {
+      webhookId: isSet(object.webhookId)
+        ? globalThis.String(object.webhookId)
+        : isSet(object.webhook_id)
+        ? globalThis.String(object.webhook_id)
+        : "",
+      limit: isSet(object.limit) ? globalThis.Number(object.limit) : 0,
+    };
+  },
+
+  toJSON(message: ListWebhookAttemptsRequest): unknown {
+    const obj: any = {};
+    if (message.webhookId !== "") {
+      obj.webhookId = message.webhookId;
+    }
+    if (message.limit !== 0) {
+      obj.limit = Math.round(message.limit);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListWebhookAttemptsRequest>, I>>(base?: I): ListWebhookAttemptsRequest {
+    return ListWebhookAttemptsRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListWebhookAttemptsRequest>, I>>(object: I): ListWebhookAttemptsRequest {
+    const message = createBaseListWebhookAttemptsRequest();
+    message.webhookId = object.webhookId ?? "";
+    message.limit = object.limit ?? 0;
+    return message;
+  },
+};
+
+function createBaseListWebhookAttemptsResponse(): ListWebhookAttemptsResponse {
+  return { attempts: [] };
+}
+
+export const ListWebhookAttemptsResponse: MessageFns<ListWebhookAttemptsResponse> = {
+  encode(message: ListWebhookAttemptsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.attempts) {
+      WebhookAttempt.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListWebhookAttemptsResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListWebhookAttemptsResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.attempts.push(WebhookAttempt.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListWebhookAttemptsResponse {
+    return {
+      attempts: globalThis.Array.isArray(object?.attempts)
+        ? object.attempts.map((e: any) => WebhookAttempt.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: ListWebhookAttemptsResponse): unknown {
+    const obj: any = {};
+    if (message.attempts?.length) {
+      obj.attempts = message.attempts.map((e) => WebhookAttempt.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListWebhookAttemptsResponse>, I>>(base?: I): ListWebhookAttemptsResponse {
+    return ListWebhookAttemptsResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListWebhookAttemptsResponse>, I>>(object: I): ListWebhookAttemptsResponse {
+    const message = createBaseListWebhookAttemptsResponse();
+    message.attempts = object.attempts?.map((e) => WebhookAttempt.fromPartial(e)) || [];
+    return message;
+  },
+};
+
 export type ForkdService = typeof ForkdService;
 export const ForkdService = {
   /** Sessions: parent conversations whose context children inherit. */
@@ -13283,6 +14867,89 @@ export const ForkdService = {
       Buffer.from(CreateSignInLinkResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): CreateSignInLinkResponse => CreateSignInLinkResponse.decode(value),
   },
+  /**
+   * Webhooks (docs/operations.md, "Webhooks and schedules"): the caller's tenant's endpoints,
+   * which its notifications are posted to, signed to the Standard Webhooks specification.
+   * Another tenant's webhook is NOT_FOUND. CreateWebhook and RotateWebhookSecret answer the
+   * signing secret (`whsec_…`), which is never shown again; INVALID_ARGUMENT for a URL whose
+   * address forkd does not reach (loopback, private, link-local, CGNAT, metadata).
+   */
+  createWebhook: {
+    path: "/forkd.v1.Forkd/CreateWebhook" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: CreateWebhookRequest): Buffer => Buffer.from(CreateWebhookRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): CreateWebhookRequest => CreateWebhookRequest.decode(value),
+    responseSerialize: (value: CreateWebhookResponse): Buffer =>
+      Buffer.from(CreateWebhookResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): CreateWebhookResponse => CreateWebhookResponse.decode(value),
+  },
+  listWebhooks: {
+    path: "/forkd.v1.Forkd/ListWebhooks" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ListWebhooksRequest): Buffer => Buffer.from(ListWebhooksRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ListWebhooksRequest => ListWebhooksRequest.decode(value),
+    responseSerialize: (value: ListWebhooksResponse): Buffer =>
+      Buffer.from(ListWebhooksResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ListWebhooksResponse => ListWebhooksResponse.decode(value),
+  },
+  getWebhook: {
+    path: "/forkd.v1.Forkd/GetWebhook" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: GetWebhookRequest): Buffer => Buffer.from(GetWebhookRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): GetWebhookRequest => GetWebhookRequest.decode(value),
+    responseSerialize: (value: GetWebhookResponse): Buffer => Buffer.from(GetWebhookResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): GetWebhookResponse => GetWebhookResponse.decode(value),
+  },
+  deleteWebhook: {
+    path: "/forkd.v1.Forkd/DeleteWebhook" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: DeleteWebhookRequest): Buffer => Buffer.from(DeleteWebhookRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): DeleteWebhookRequest => DeleteWebhookRequest.decode(value),
+    responseSerialize: (value: DeleteWebhookResponse): Buffer =>
+      Buffer.from(DeleteWebhookResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): DeleteWebhookResponse => DeleteWebhookResponse.decode(value),
+  },
+  /**
+   * A new secret; the one it replaces signs too for the daemon's overlap (24 hours by default),
+   * so a receiver verifies either while it switches.
+   */
+  rotateWebhookSecret: {
+    path: "/forkd.v1.Forkd/RotateWebhookSecret" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: RotateWebhookSecretRequest): Buffer =>
+      Buffer.from(RotateWebhookSecretRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): RotateWebhookSecretRequest => RotateWebhookSecretRequest.decode(value),
+    responseSerialize: (value: CreateWebhookResponse): Buffer =>
+      Buffer.from(CreateWebhookResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): CreateWebhookResponse => CreateWebhookResponse.decode(value),
+  },
+  /** Sends a `ping` event now, once, and answers how it went. */
+  testWebhook: {
+    path: "/forkd.v1.Forkd/TestWebhook" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: TestWebhookRequest): Buffer => Buffer.from(TestWebhookRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): TestWebhookRequest => TestWebhookRequest.decode(value),
+    responseSerialize: (value: TestWebhookResponse): Buffer => Buffer.from(TestWebhookResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): TestWebhookResponse => TestWebhookResponse.decode(value),
+  },
+  /** The webhook's latest attempts, newest first. */
+  listWebhookAttempts: {
+    path: "/forkd.v1.Forkd/ListWebhookAttempts" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ListWebhookAttemptsRequest): Buffer =>
+      Buffer.from(ListWebhookAttemptsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ListWebhookAttemptsRequest => ListWebhookAttemptsRequest.decode(value),
+    responseSerialize: (value: ListWebhookAttemptsResponse): Buffer =>
+      Buffer.from(ListWebhookAttemptsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ListWebhookAttemptsResponse => ListWebhookAttemptsResponse.decode(value),
+  },
 } as const;
 
 export interface ForkdServer extends UntypedServiceImplementation {
@@ -13392,6 +15059,26 @@ export interface ForkdServer extends UntypedServiceImplementation {
    * token (PERMISSION_DENIED otherwise); FAILED_PRECONDITION when the daemon serves no web view.
    */
   createSignInLink: handleUnaryCall<CreateSignInLinkRequest, CreateSignInLinkResponse>;
+  /**
+   * Webhooks (docs/operations.md, "Webhooks and schedules"): the caller's tenant's endpoints,
+   * which its notifications are posted to, signed to the Standard Webhooks specification.
+   * Another tenant's webhook is NOT_FOUND. CreateWebhook and RotateWebhookSecret answer the
+   * signing secret (`whsec_…`), which is never shown again; INVALID_ARGUMENT for a URL whose
+   * address forkd does not reach (loopback, private, link-local, CGNAT, metadata).
+   */
+  createWebhook: handleUnaryCall<CreateWebhookRequest, CreateWebhookResponse>;
+  listWebhooks: handleUnaryCall<ListWebhooksRequest, ListWebhooksResponse>;
+  getWebhook: handleUnaryCall<GetWebhookRequest, GetWebhookResponse>;
+  deleteWebhook: handleUnaryCall<DeleteWebhookRequest, DeleteWebhookResponse>;
+  /**
+   * A new secret; the one it replaces signs too for the daemon's overlap (24 hours by default),
+   * so a receiver verifies either while it switches.
+   */
+  rotateWebhookSecret: handleUnaryCall<RotateWebhookSecretRequest, CreateWebhookResponse>;
+  /** Sends a `ping` event now, once, and answers how it went. */
+  testWebhook: handleUnaryCall<TestWebhookRequest, TestWebhookResponse>;
+  /** The webhook's latest attempts, newest first. */
+  listWebhookAttempts: handleUnaryCall<ListWebhookAttemptsRequest, ListWebhookAttemptsResponse>;
 }
 
 export interface ForkdClient extends Client {
@@ -13884,6 +15571,124 @@ export interface ForkdClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: CreateSignInLinkResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Webhooks (docs/operations.md, "Webhooks and schedules"): the caller's tenant's endpoints,
+   * which its notifications are posted to, signed to the Standard Webhooks specification.
+   * Another tenant's webhook is NOT_FOUND. CreateWebhook and RotateWebhookSecret answer the
+   * signing secret (`whsec_…`), which is never shown again; INVALID_ARGUMENT for a URL whose
+   * address forkd does not reach (loopback, private, link-local, CGNAT, metadata).
+   */
+  createWebhook(
+    request: CreateWebhookRequest,
+    callback: (error: ServiceError | null, response: CreateWebhookResponse) => void,
+  ): ClientUnaryCall;
+  createWebhook(
+    request: CreateWebhookRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: CreateWebhookResponse) => void,
+  ): ClientUnaryCall;
+  createWebhook(
+    request: CreateWebhookRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: CreateWebhookResponse) => void,
+  ): ClientUnaryCall;
+  listWebhooks(
+    request: ListWebhooksRequest,
+    callback: (error: ServiceError | null, response: ListWebhooksResponse) => void,
+  ): ClientUnaryCall;
+  listWebhooks(
+    request: ListWebhooksRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ListWebhooksResponse) => void,
+  ): ClientUnaryCall;
+  listWebhooks(
+    request: ListWebhooksRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ListWebhooksResponse) => void,
+  ): ClientUnaryCall;
+  getWebhook(
+    request: GetWebhookRequest,
+    callback: (error: ServiceError | null, response: GetWebhookResponse) => void,
+  ): ClientUnaryCall;
+  getWebhook(
+    request: GetWebhookRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: GetWebhookResponse) => void,
+  ): ClientUnaryCall;
+  getWebhook(
+    request: GetWebhookRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: GetWebhookResponse) => void,
+  ): ClientUnaryCall;
+  deleteWebhook(
+    request: DeleteWebhookRequest,
+    callback: (error: ServiceError | null, response: DeleteWebhookResponse) => void,
+  ): ClientUnaryCall;
+  deleteWebhook(
+    request: DeleteWebhookRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: DeleteWebhookResponse) => void,
+  ): ClientUnaryCall;
+  deleteWebhook(
+    request: DeleteWebhookRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: DeleteWebhookResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * A new secret; the one it replaces signs too for the daemon's overlap (24 hours by default),
+   * so a receiver verifies either while it switches.
+   */
+  rotateWebhookSecret(
+    request: RotateWebhookSecretRequest,
+    callback: (error: ServiceError | null, response: CreateWebhookResponse) => void,
+  ): ClientUnaryCall;
+  rotateWebhookSecret(
+    request: RotateWebhookSecretRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: CreateWebhookResponse) => void,
+  ): ClientUnaryCall;
+  rotateWebhookSecret(
+    request: RotateWebhookSecretRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: CreateWebhookResponse) => void,
+  ): ClientUnaryCall;
+  /** Sends a `ping` event now, once, and answers how it went. */
+  testWebhook(
+    request: TestWebhookRequest,
+    callback: (error: ServiceError | null, response: TestWebhookResponse) => void,
+  ): ClientUnaryCall;
+  testWebhook(
+    request: TestWebhookRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: TestWebhookResponse) => void,
+  ): ClientUnaryCall;
+  testWebhook(
+    request: TestWebhookRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: TestWebhookResponse) => void,
+  ): ClientUnaryCall;
+  /** The webhook's latest attempts, newest first. */
+  listWebhookAttempts(
+    request: ListWebhookAttemptsRequest,
+    callback: (error: ServiceError | null, response: ListWebhookAttemptsResponse) => void,
+  ): ClientUnaryCall;
+  listWebhookAttempts(
+    request: ListWebhookAttemptsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ListWebhookAttemptsResponse) => void,
+  ): ClientUnaryCall;
+  listWebhookAttempts(
+    request: ListWebhookAttemptsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ListWebhookAttemptsResponse) => void,
   ): ClientUnaryCall;
 }
 
