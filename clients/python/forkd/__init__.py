@@ -19,6 +19,10 @@ Webhooks: `client.create_webhook(url)` registers a URL that the tenant's notific
 to, signed to the Standard Webhooks specification (its secret answered once);
 `session.fork([...], webhook=ID)` sends a batch's there whatever the webhook's filter says.
 
+Schedules: `client.create_schedule(name, cron="0 3 * * 1-5", session={...}, directives=[...])`
+forks a batch on a clock, each firing in a session of its own; `get_schedule(name)` tells its
+next firing times and latest firings with their batches' results.
+
 `forkd.AsyncClient` is the same with `await` and `async for`.
 """
 
@@ -32,6 +36,7 @@ from forkd._aio import (
 )
 from forkd._apply import Applied
 from forkd._client import Agent, Agents, Batch, Client, Session, Sessions
+from forkd._schedules import Schedule, ScheduleFiring, SessionSpec
 from forkd._types import (
     AgentInfo,
     BudgetLeft,
@@ -91,7 +96,10 @@ __all__ = [
     "Report",
     "ResourceExhausted",
     "RunSlots",
+    "Schedule",
+    "ScheduleFiring",
     "Session",
+    "SessionSpec",
     "Sessions",
     "Unauthenticated",
     "Unavailable",

@@ -13,11 +13,12 @@ from typing import Any
 
 import grpc
 
-from forkd import _apply, _config, _requests, _upload, _webhooks
+from forkd import _apply, _config, _requests, _schedules, _upload, _webhooks
 from forkd._apply import Applied
 from forkd._proto.forkd.v1 import forkd_pb2 as pb
 from forkd._proto.forkd.v1 import forkd_pb2_grpc as pb_grpc
 from forkd._requests import ContextItem, Directive
+from forkd._schedules import Schedule, ScheduleFiring, SessionSpec
 from forkd._streams import DEFAULT_RECONNECT_FOR, Backoff, afollow, aretried, is_lost, remaining
 from forkd._types import AgentInfo, Capacity, DryRun, Event, Limits, Message, Notification
 from forkd._upload import Upload
@@ -133,6 +134,76 @@ class AsyncClient:
         request = _webhooks.attempts(webhook_id, limit)
         reply = await self._call("ListWebhookAttempts", request)
         return [WebhookAttempt.of(a) for a in reply.attempts]
+
+    async def create_schedule(
+        self,
+        name: str,
+        *,
+        cron: str,
+        directives: Iterable[Directive],
+        session: SessionSpec | None = None,
+        timezone: str | None = None,
+        overlap: str | None = None,
+        catch_up: str | None = None,
+        isolation: str = "",
+        output_schema: dict[str, Any] | None = None,
+        output_model: Any = None,
+        budget_usd: float = 0.0,
+        budget_tokens: int = 0,
+        warmup_gating: bool | None = None,
+        timeout: float | timedelta | None = None,
+        idle_timeout: float | timedelta | None = None,
+        max_turns: int | None = None,
+        max_output_tokens: int | None = None,
+        timeout_excludes_throttle: bool | None = None,
+        webhook: WebhookRef | None = None,
+    ) -> Schedule:
+        """[`forkd.Client.create_schedule`]."""
+        session_request, upload = _schedules.session_spec(session)
+        batch = _schedules.batch_spec(
+            directives,
+            isolation,
+            output_schema,
+            output_model,
+            budget_usd,
+            budget_tokens,
+            warmup_gating,
+            Limits(timeout, idle_timeout, max_turns, max_output_tokens, timeout_excludes_throttle),
+            webhook,
+        )
+        if upload is not None:
+            session_request.upload_id = (await self.upload(upload)).upload_id
+        request = _schedules.create(name, cron, timezone, overlap, catch_up, session_request, batch)
+        return Schedule.of((await self._call("CreateSchedule", request)).schedule)
+
+    async def list_schedules(self) -> list[Schedule]:
+        """[`forkd.Client.list_schedules`]."""
+        reply = await self._call("ListSchedules", pb.ListSchedulesRequest())
+        return [Schedule.of(s) for s in reply.schedules]
+
+    async def get_schedule(self, name: str) -> Schedule:
+        """[`forkd.Client.get_schedule`]."""
+        reply = await self._call("GetSchedule", _schedules.named(name))
+        return Schedule.of(reply.schedule)
+
+    async def pause_schedule(self, name: str) -> Schedule:
+        """[`forkd.Client.pause_schedule`]."""
+        reply = await self._call("PauseSchedule", _schedules.named(name))
+        return Schedule.of(reply.schedule)
+
+    async def resume_schedule(self, name: str) -> Schedule:
+        """[`forkd.Client.resume_schedule`]."""
+        reply = await self._call("ResumeSchedule", _schedules.named(name))
+        return Schedule.of(reply.schedule)
+
+    async def delete_schedule(self, name: str) -> None:
+        """[`forkd.Client.delete_schedule`]."""
+        await self._call("DeleteSchedule", _schedules.named(name))
+
+    async def trigger_schedule(self, name: str) -> ScheduleFiring:
+        """[`forkd.Client.trigger_schedule`]."""
+        reply = await self._call("TriggerSchedule", _schedules.named(name))
+        return ScheduleFiring.of(reply.firing)
 
     async def notifications(
         self,

@@ -11,11 +11,12 @@ from typing import Any
 
 import grpc
 
-from forkd import _apply, _config, _requests, _upload, _webhooks
+from forkd import _apply, _config, _requests, _schedules, _upload, _webhooks
 from forkd._apply import Applied
 from forkd._proto.forkd.v1 import forkd_pb2 as pb
 from forkd._proto.forkd.v1 import forkd_pb2_grpc as pb_grpc
 from forkd._requests import ContextItem, Directive
+from forkd._schedules import Schedule, ScheduleFiring, SessionSpec
 from forkd._streams import DEFAULT_RECONNECT_FOR, Backoff, follow, is_lost, remaining, retried
 from forkd._types import AgentInfo, Capacity, DryRun, Event, Limits, Message, Notification
 from forkd._upload import Upload
@@ -142,6 +143,85 @@ class Client:
         """The webhook's latest attempts, newest first (`limit`: the daemon's 50 by default)."""
         request = _webhooks.attempts(webhook_id, limit)
         return [WebhookAttempt.of(a) for a in self._call("ListWebhookAttempts", request).attempts]
+
+    def create_schedule(
+        self,
+        name: str,
+        *,
+        cron: str,
+        directives: Iterable[Directive],
+        session: SessionSpec | None = None,
+        timezone: str | None = None,
+        overlap: str | None = None,
+        catch_up: str | None = None,
+        isolation: str = "",
+        output_schema: dict[str, Any] | None = None,
+        output_model: Any = None,
+        budget_usd: float = 0.0,
+        budget_tokens: int = 0,
+        warmup_gating: bool | None = None,
+        timeout: float | timedelta | None = None,
+        idle_timeout: float | timedelta | None = None,
+        max_turns: int | None = None,
+        max_output_tokens: int | None = None,
+        timeout_excludes_throttle: bool | None = None,
+        webhook: WebhookRef | None = None,
+    ) -> Schedule:
+        """Forks a batch on a clock: each firing creates a session of its own (`session`:
+        `sessions.create`'s keyword arguments, e.g. `{"system": ..., "workspace": ...}`; an
+        `upload` directory is uploaded now, once) and forks `directives` on it with `fork`'s
+        options. `cron` is 5 fields (minute hour day-of-month month day-of-week) or 6 with
+        seconds first, read in `timezone` (IANA; UTC by default). `overlap`: `skip` (default: a
+        firing while the previous firing's batch runs is recorded as skipped) or `allow`;
+        `catch_up`: `once` (default: after downtime the latest missed firing runs once) or
+        `none`. `name` (letters, digits, `.`, `_`, `-`) is unique in the tenant: a name taken is
+        `FailedPrecondition`; a cron expression or time zone that does not parse, or a spec that
+        would not fork, `InvalidArgument`."""
+        session_request, upload = _schedules.session_spec(session)
+        batch = _schedules.batch_spec(
+            directives,
+            isolation,
+            output_schema,
+            output_model,
+            budget_usd,
+            budget_tokens,
+            warmup_gating,
+            Limits(timeout, idle_timeout, max_turns, max_output_tokens, timeout_excludes_throttle),
+            webhook,
+        )
+        if upload is not None:
+            session_request.upload_id = self.upload(upload).upload_id
+        request = _schedules.create(name, cron, timezone, overlap, catch_up, session_request, batch)
+        return Schedule.of(self._call("CreateSchedule", request).schedule)
+
+    def list_schedules(self) -> list[Schedule]:
+        """The caller's tenant's schedules (without their next firing times and firings)."""
+        reply = self._call("ListSchedules", pb.ListSchedulesRequest())
+        return [Schedule.of(s) for s in reply.schedules]
+
+    def get_schedule(self, name: str) -> Schedule:
+        """A schedule with its next firing times and its latest firings, newest first, with
+        their batches' results so far (`NotFound` for another tenant's)."""
+        return Schedule.of(self._call("GetSchedule", _schedules.named(name)).schedule)
+
+    def pause_schedule(self, name: str) -> Schedule:
+        """Stops the schedule firing until it is resumed (a trigger still fires it)."""
+        return Schedule.of(self._call("PauseSchedule", _schedules.named(name)).schedule)
+
+    def resume_schedule(self, name: str) -> Schedule:
+        """Fires the schedule again from now: what was due while it was paused is not caught
+        up."""
+        return Schedule.of(self._call("ResumeSchedule", _schedules.named(name)).schedule)
+
+    def delete_schedule(self, name: str) -> None:
+        """Deletes the schedule and its record of firings (their sessions and batches stay)."""
+        self._call("DeleteSchedule", _schedules.named(name))
+
+    def trigger_schedule(self, name: str) -> ScheduleFiring:
+        """Fires the schedule now, outside its clock (a paused one too), and answers the firing:
+        `fired` with its `session_id` and `batch_id`, or `failed` with its `reason`."""
+        reply = self._call("TriggerSchedule", _schedules.named(name))
+        return ScheduleFiring.of(reply.firing)
 
     def notifications(
         self,

@@ -184,6 +184,8 @@ class Notification:
     report: Report
     usage: Usage
     cost_usd: float
+    # The schedule whose firing forked the batch, if one did.
+    schedule: str | None = None
 
     @staticmethod
     def of(n: pb.Notification, model: Any = None) -> Notification:
@@ -198,6 +200,7 @@ class Notification:
             Report.of(n.report, model),
             Usage.of(n.usage),
             n.cost_usd,
+            n.schedule or None,
         )
 
 

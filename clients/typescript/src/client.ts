@@ -2,21 +2,24 @@
 // where the languages allow.
 
 import { randomUUID } from "node:crypto";
-import { readFileSync } from "node:fs";
 
 import type { CallOptions, ClientReadableStream, ClientUnaryCall, Metadata, ServiceError } from "@grpc/grpc-js";
 
 import { type Capacity, type DryRun, capacityOf, dryRunOf } from "./capacity.js";
-import { channel, defaultAddr, metadata, parseAddr, zod } from "./config.js";
+import { channel, defaultAddr, metadata, parseAddr } from "./config.js";
 import { fromServiceError, isServiceError } from "./errors.js";
 import { type Applied, applyTo, listTree, uploadRequests } from "./files.js";
 import * as pb from "./gen/forkd/v1/forkd.js";
+import { type ZodLike, forkRequest, sessionRequest } from "./requests.js";
+import * as sched from "./schedules.js";
+import type { CreateScheduleOptions, Schedule, ScheduleFiring } from "./schedules.js";
 import { Backoff, DEFAULT_RECONNECT_FOR_MS, follow, isLost, retried, sleep } from "./streams.js";
 import * as hooks from "./webhooks.js";
 import type { CreateWebhookOptions, CreatedWebhook, Webhook, WebhookAttempt, WebhookRef } from "./webhooks.js";
 
 export type { Applied } from "./files.js";
 export type { BudgetLeft, Capacity, DryRun, PacedLimit, ProviderCapacity, RunSlots } from "./capacity.js";
+export type { CreateScheduleOptions, Schedule, ScheduleFiring, SessionSpec } from "./schedules.js";
 export type { CreatedWebhook, CreateWebhookOptions, Webhook, WebhookAttempt, WebhookRef } from "./webhooks.js";
 
 /** An upload the daemon stored: sessions start from it (`uploadId`). */
@@ -28,16 +31,6 @@ export interface Upload {
   /** What this upload carried: the rest the tenant had already. */
   blobsReceived: number;
   bytesReceived: number;
-}
-
-/** A zod schema (zod 4), as far as this client uses one. */
-interface ZodLike {
-  safeParse(value: unknown): unknown;
-  parse(value: unknown): unknown;
-}
-
-function isZod(schema: unknown): schema is ZodLike {
-  return typeof (schema as Partial<ZodLike> | undefined)?.safeParse === "function";
 }
 
 export interface ClientOptions {
@@ -84,6 +77,8 @@ export interface TaskNotification {
   report: Report;
   usage: pb.Usage | undefined;
   costUsd: number;
+  /** The schedule whose firing forked the batch, if one did. */
+  schedule?: string;
 }
 
 const STATUS: Record<number, Status> = {
@@ -112,35 +107,6 @@ export interface Limits {
   timeoutExcludesThrottle?: boolean;
 }
 
-const U32 = 2 ** 32 - 1;
-
-function positive(name: string, value: unknown, most: number): number | undefined {
-  if (value === undefined) return undefined;
-  if (typeof value !== "number") throw new TypeError(`${name} is a number, not ${typeof value}`);
-  if (!Number.isInteger(value) || value <= 0) {
-    throw new RangeError(`${name} must be a positive whole number, not ${value} (leave it out for no limit here)`);
-  }
-  if (value > most) throw new RangeError(`${name} is too large: ${value} (at most ${most})`);
-  return value;
-}
-
-/** The wire's `Limits` for `limits` (validated), or `undefined` when none is set. */
-function limitsRequest(limits: Limits): pb.Limits | undefined {
-  const throttle: unknown = limits.timeoutExcludesThrottle;
-  if (throttle !== undefined && typeof throttle !== "boolean") {
-    throw new TypeError(`timeoutExcludesThrottle is a boolean, not ${typeof throttle}`);
-  }
-  const out = {
-    timeoutMs: positive("timeoutMs", limits.timeoutMs, Number.MAX_SAFE_INTEGER),
-    idleTimeoutMs: positive("idleTimeoutMs", limits.idleTimeoutMs, Number.MAX_SAFE_INTEGER),
-    maxTurns: positive("maxTurns", limits.maxTurns, U32),
-    maxOutputTokens: positive("maxOutputTokens", limits.maxOutputTokens, Number.MAX_SAFE_INTEGER),
-    timeoutExcludesThrottle: throttle,
-  };
-  if (Object.values(out).every((v) => v === undefined)) return undefined;
-  return pb.Limits.fromPartial(out);
-}
-
 function notificationOf(n: pb.Notification, schema?: ZodLike): TaskNotification {
   const r = n.report;
   const structured: unknown = r?.structuredJson ? JSON.parse(r.structuredJson) : undefined;
@@ -162,6 +128,7 @@ function notificationOf(n: pb.Notification, schema?: ZodLike): TaskNotification 
     },
     usage: n.usage,
     costUsd: n.costUsd,
+    ...(n.schedule ? { schedule: n.schedule } : {}),
   };
 }
 
@@ -314,6 +281,47 @@ export class Client {
   }
 
   /**
+   * Forks a batch on a clock: each firing creates a session of its own (`session`:
+   * `sessions.create`'s options; an `upload` directory is uploaded now, once) and forks
+   * `directives` on it with `fork`'s options. `cron` is 5 fields, or 6 with seconds first, read in
+   * `timezone` (IANA; UTC by default). A name taken is `FailedPrecondition`; a cron expression or
+   * time zone that does not parse, or a spec that would not fork, `InvalidArgument`.
+   */
+  createSchedule(name: string, options: CreateScheduleOptions): Promise<Schedule> {
+    return sched.createSchedule(this, name, options);
+  }
+
+  /** The caller's tenant's schedules (without their next firing times and firings). */
+  listSchedules(options: CallSignal = {}): Promise<Schedule[]> {
+    return sched.listSchedules(this, options);
+  }
+
+  /** A schedule with its next firing times and its latest firings, newest first (`NotFound` for another tenant's). */
+  getSchedule(name: string, options: CallSignal = {}): Promise<Schedule> {
+    return sched.getSchedule(this, name, options);
+  }
+
+  /** Stops the schedule firing until it is resumed (a trigger still fires it). */
+  pauseSchedule(name: string, options: CallSignal = {}): Promise<Schedule> {
+    return sched.pauseSchedule(this, name, options);
+  }
+
+  /** Fires the schedule again from now: what was due while it was paused is not caught up. */
+  resumeSchedule(name: string, options: CallSignal = {}): Promise<Schedule> {
+    return sched.resumeSchedule(this, name, options);
+  }
+
+  /** Deletes the schedule and its record of firings (their sessions and batches stay). */
+  deleteSchedule(name: string, options: CallSignal = {}): Promise<void> {
+    return sched.deleteSchedule(this, name, options);
+  }
+
+  /** Fires the schedule now, outside its clock (a paused one too), and answers the firing. */
+  triggerSchedule(name: string, options: CallSignal = {}): Promise<ScheduleFiring> {
+    return sched.triggerSchedule(this, name, options);
+  }
+
+  /**
    * This tenant's task notifications after `since`: the stored ones, then live ones (unless
    * `follow` is false), resumed after the last one yielded across a daemon restart.
    */
@@ -376,23 +384,7 @@ export class Sessions {
       }
       uploadId = (await this.client.upload(options.upload, options)).uploadId;
     }
-    const request = pb.CreateSessionRequest.fromPartial({
-      systemPrompt: options.system ?? "",
-      contextFiles: (options.context ?? []).map((item) =>
-        typeof item === "string"
-          ? { path: item, content: readFileSync(item, "utf8") }
-          : { path: item[0], content: item[1] },
-      ),
-      workspace: options.workspace ?? "",
-      uploadId: uploadId ?? "",
-      model: options.model ?? "",
-      permissionMode: options.permissionMode ?? "",
-      sandbox: options.sandbox ?? "",
-      allowRules: options.allow ?? [],
-      denyRules: options.deny ?? [],
-      capacityTool: options.capacityTool ?? false,
-      idempotencyKey: options.idempotencyKey ?? randomUUID(),
-    });
+    const request = sessionRequest(options, uploadId);
     const reply = await this.client.call(this.client.stub.createSession, request, {
       idempotent: true,
       signal: options.signal,
@@ -428,50 +420,6 @@ export interface ForkOptions extends CallSignal, Limits {
    */
   webhook?: WebhookRef;
   idempotencyKey?: string;
-}
-
-function directiveRequest(d: Directive): pb.Directive {
-  if (typeof d === "string") {
-    return pb.Directive.fromPartial({ description: (d.split("\n")[0] ?? "").slice(0, 80), prompt: d });
-  }
-  const [description, prompt, limits] = d;
-  if (limits !== undefined && (typeof limits !== "object" || limits === null)) {
-    throw new TypeError(`a directive's third item is its limits (an object), not ${typeof limits}`);
-  }
-  return pb.Directive.fromPartial({ description, prompt, limits: limits && limitsRequest(limits) });
-}
-
-/**
- * A batch's request (and the zod schema its results are parsed with, if one was given): built
- * here for `fork` and `dryRun` alike, so that a dry run checks exactly what the fork would send.
- */
-function forkRequest(
-  sessionId: string,
-  directives: Directive[],
-  options: ForkOptions,
-  dryRun: boolean,
-): { request: pb.ForkBatchRequest; model: ZodLike | undefined } {
-  let schema: object | undefined = options.outputSchema;
-  const model = isZod(schema) ? schema : undefined;
-  if (model) {
-    if (!zod) throw new TypeError("a zod schema as outputSchema needs zod 4 installed");
-    schema = zod.toJSONSchema(model) as object;
-  }
-  const request = pb.ForkBatchRequest.fromPartial({
-    sessionId,
-    directives: directives.map(directiveRequest),
-    isolation: options.isolation ?? "",
-    outputSchema: schema ? JSON.stringify(schema) : "",
-    budgetUsd: options.budgetUsd ?? 0,
-    budgetTokens: options.budgetTokens ?? 0,
-    atTurn: options.atTurn,
-    warmupGating: options.warmupGating,
-    limits: limitsRequest(options),
-    idempotencyKey: options.idempotencyKey ?? randomUUID(),
-    dryRun,
-    webhookId: hooks.webhookIdOf(options.webhook),
-  });
-  return { request, model };
 }
 
 /** A parent session: fork children from it, send it turns, branch it. */

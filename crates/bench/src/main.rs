@@ -23,6 +23,7 @@ mod sandbox;
 mod sandbox_load;
 mod scale;
 mod scaleout;
+mod schedules;
 mod schemas;
 mod traces;
 mod uploads;
@@ -58,6 +59,7 @@ enum Figure {
     Uploads,
     Sandboxload,
     Webhooks,
+    Schedules,
 }
 
 /// forkd's benchmark suite.
@@ -131,6 +133,7 @@ async fn run_figure(figure: Figure, ctx: &common::Ctx) -> anyhow::Result<Section
         Figure::Uploads => uploads::run(ctx).await,
         Figure::Sandboxload => sandbox_load::run(ctx).await,
         Figure::Webhooks => webhooks::run(ctx).await,
+        Figure::Schedules => schedules::run(ctx).await,
     }
 }
 

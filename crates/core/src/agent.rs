@@ -317,6 +317,8 @@ pub struct Notification {
     pub usage: Usage,
     pub cost_usd: f64,
     pub created_at_ms: i64,
+    /// The schedule whose firing forked its batch, if one did.
+    pub schedule: Option<String>,
 }
 
 impl Notification {

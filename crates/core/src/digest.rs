@@ -193,6 +193,7 @@ mod tests {
             usage: Usage::default(),
             cost_usd: 0.01,
             created_at_ms: 0,
+            schedule: None,
         }
     }
 

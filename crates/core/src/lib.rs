@@ -23,6 +23,7 @@ pub mod prompt;
 pub mod query;
 pub mod report;
 pub mod request;
+pub mod schedule;
 pub mod session;
 pub mod store;
 pub mod tenant;

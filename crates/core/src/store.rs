@@ -161,6 +161,8 @@ pub struct BatchExtras<'a> {
     /// The webhook the batch named: it receives the batch's notifications whatever its filter
     /// says (one of the session's tenant's, else `NotFound`).
     pub webhook: Option<crate::WebhookId>,
+    /// The schedule whose firing forks the batch: its notifications carry the name.
+    pub schedule: Option<&'a str>,
 }
 
 /// A run's claim on an agent: the agent's generation when the run claimed it.
@@ -367,7 +369,9 @@ pub struct BatchStats {
 
 /// forkd's durable state. Every method is one transaction; a write is durable when it returns.
 #[async_trait]
-pub trait Store: crate::webhook::WebhookStore + Send + Sync + 'static {
+pub trait Store:
+    crate::webhook::WebhookStore + crate::schedule::ScheduleStore + Send + Sync + 'static
+{
     /// Stores a new session and its first messages (seq 0..), and the idempotency key it was
     /// created with (`Conflict` if the key is taken).
     async fn create_session(

@@ -60,6 +60,9 @@ pub struct BatchOptions {
     pub child_limits: Vec<forkd_core::Limits>,
     /// The webhook the batch's notifications go to (one of the tenant's).
     pub webhook: Option<forkd_core::WebhookId>,
+    /// The schedule whose firing forks it (set by the schedules' clock, never by a caller): its
+    /// notifications carry the name.
+    pub schedule: Option<String>,
 }
 
 /// A submitted batch: its id and its children in directive order.
@@ -103,6 +106,8 @@ pub(crate) struct BatchStart {
     pub start_here: bool,
     /// The webhook a client's batch named.
     pub webhook: Option<forkd_core::WebhookId>,
+    /// The schedule that forks it.
+    pub schedule: Option<String>,
 }
 
 /// Fork batches: a client's through the fork plan, checked against the window at submission;
@@ -425,6 +430,7 @@ impl Batches {
                             .collect(),
                         start_here,
                         webhook: options.webhook,
+                        schedule: options.schedule,
                     };
                     let (Some(key), Some(digest)) = (key, digest) else {
                         return batches.commit_and_start(start).await;
@@ -630,6 +636,7 @@ impl Batches {
             limits,
             start_here,
             webhook,
+            schedule,
         } = start;
         // Known before the commit: once it is stored, nothing may keep the children from starting.
         let tenant = self.tenancy.session_owner(session_id).await?;
@@ -716,6 +723,7 @@ impl Batches {
                     snapshot: snapshot.as_ref(),
                     unheld: !start_here,
                     webhook,
+                    schedule: schedule.as_deref(),
                 },
             )
             .await;

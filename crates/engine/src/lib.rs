@@ -322,6 +322,12 @@ impl Engine {
             .start(self.inner.notifications.live(), self.inner.shutdown.clone());
     }
 
+    /// Cancelled when the daemon's drain begins: background work that starts new runs (the
+    /// schedules' clock) stops then.
+    pub fn drain_token(&self) -> CancellationToken {
+        self.inner.draining.clone()
+    }
+
     pub fn config(&self) -> &EngineConfig {
         &self.inner.config
     }

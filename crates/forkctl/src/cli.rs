@@ -3,8 +3,8 @@
 use clap::{Parser, Subcommand};
 
 use crate::commands::{
-    attach, cache, calc, capacity, changes, fork, kill, logs, ps, run, session, stats, top, ui,
-    upload, watch, webhook,
+    attach, cache, calc, capacity, changes, fork, kill, logs, ps, run, schedule, session, stats,
+    top, ui, upload, watch, webhook,
 };
 
 /// forkctl: a thin client of the forkd daemon.
@@ -84,6 +84,9 @@ pub enum Command {
     /// Your webhooks: URLs your notifications are posted to, signed (Standard Webhooks), retried
     /// until taken.
     Webhook(webhook::WebhookArgs),
+    /// Your schedules: a run file's batch forked on a clock (cron, in a time zone), each firing
+    /// in a session of its own.
+    Schedule(schedule::ScheduleArgs),
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@ use tonic::Code;
 pub const OK: u8 = 0;
 /// `fork --wait`, `run --wait`: at least one child failed, was killed or timed out.
 pub const CHILD_FAILED: u8 = 1;
-/// `webhook test`: the receiver did not take the ping (no answer, or not 2xx).
+/// `webhook test`: the receiver did not take the ping (no answer, or not 2xx); `schedule
+/// trigger`: the firing failed.
 pub const NOT_DELIVERED: u8 = 1;
 // 2 is clap's own exit code for usage errors; it is never produced here.
 /// The daemon does not know the id (gRPC NOT_FOUND).

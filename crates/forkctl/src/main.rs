@@ -94,6 +94,7 @@ async fn dispatch(
         Command::Capacity(args) => commands::capacity::run(args, client, out).await,
         Command::Ui(args) => commands::ui::run(args, client, out).await,
         Command::Webhook(args) => commands::webhook::run(args, client, out).await,
+        Command::Schedule(args) => commands::schedule::run(args, client, out).await,
     }
 }
 

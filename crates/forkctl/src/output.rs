@@ -160,6 +160,7 @@ pub fn notification_json(n: &Notification) -> Value {
         "report": report_json(n.report.as_ref()),
         "usage": usage_json(n.usage.as_ref()),
         "cost_usd": n.cost_usd,
+        "schedule": (!n.schedule.is_empty()).then_some(&n.schedule),
     })
 }
 

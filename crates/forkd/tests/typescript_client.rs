@@ -24,7 +24,7 @@ fn the_typescript_client_passes_its_tests_against_the_daemon() {
         "clients/typescript is not built: run `npm run build` there"
     );
     let status = Command::new("node")
-        .args(["--test", "test/client.test.mjs"])
+        .args(["--test", "test/client.test.mjs", "test/schedules.test.mjs"])
         .current_dir(&package)
         .env("FORKD_BIN", env!("CARGO_BIN_EXE_forkd"))
         .env_remove("FORKD_ADDR")

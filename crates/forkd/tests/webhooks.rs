@@ -33,6 +33,7 @@ async fn daemon_with_secret(
     tweak: impl FnOnce(&mut forkd_engine::WebhookConfig),
 ) -> (TestDaemon, Caller, Caller, String) {
     let (daemon, mut callers) = spawn_tenants(&["alpha", "beta"], |c| {
+        c.ui_listen = Some(LOOPBACK);
         c.engine.webhooks.allow_private = true;
         c.engine.webhooks.timeout = Duration::from_secs(2);
         c.engine.webhooks.retry.max_backoff = Duration::from_secs(1);
@@ -43,6 +44,33 @@ async fn daemon_with_secret(
     let (beta, _) = callers.pop().unwrap();
     let (alpha, token) = callers.pop().unwrap();
     (daemon, alpha, beta, token)
+}
+
+/// The web view's `/api/automations`, signed in with `token`.
+async fn automations_page(daemon: &TestDaemon, token: &str) -> serde_json::Value {
+    let base = format!("http://{}", daemon.daemon().unwrap().ui_addr.unwrap());
+    let http = reqwest::Client::new();
+    let signed = http
+        .post(format!("{base}/api/signin"))
+        .json(&serde_json::json!({ "token": token }))
+        .send()
+        .await
+        .unwrap();
+    let cookie = signed.headers()[reqwest::header::SET_COOKIE]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    http.get(format!("{base}/api/automations"))
+        .header(reqwest::header::COOKIE, cookie)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 async fn add(c: &mut Caller, req: pb::CreateWebhookRequest) -> pb::CreateWebhookResponse {
@@ -174,6 +202,15 @@ async fn each_notification_arrives_signed_once_with_the_json_watch_prints() {
             "no delivery carries {printed}"
         );
     }
+    // The web view lists the attempts too.
+    let page = automations_page(&daemon, &token).await;
+    let shown = page["webhooks"][0]["attempts"].as_array().unwrap();
+    assert_eq!(shown.len(), 3, "{page}");
+    assert!(
+        shown
+            .iter()
+            .all(|a| a["status"] == 200 && a["latency_ms"].is_u64())
+    );
     // Listed, each taken at its first attempt.
     let listed = attempts(&mut alpha, &created.webhook.unwrap().webhook_id).await;
     assert_eq!(listed.len(), 3, "{listed:?}");

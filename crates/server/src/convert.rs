@@ -211,6 +211,7 @@ pub(crate) fn notification(n: &Notification) -> pb::Notification {
         usage: Some(usage(&n.usage)),
         cost_usd: n.cost_usd,
         created_at: Some(timestamp(n.created_at_ms)),
+        schedule: n.schedule.clone().unwrap_or_default(),
     }
 }
 
@@ -373,6 +374,7 @@ pub(crate) fn batch_options(req: &pb::ForkBatchRequest) -> Result<BatchOptions, 
                     .map_err(|e| format!("webhook_id is not a webhook id: {e}"))
             })
             .transpose()?,
+        schedule: None,
     })
 }
 

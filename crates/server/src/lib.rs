@@ -7,6 +7,7 @@
 
 pub mod auth;
 mod convert;
+mod schedules;
 mod service;
 mod status;
 mod tls;
@@ -24,6 +25,7 @@ use tower::util::MapResponseLayer;
 use crate::auth::{AuthLayer, RevocationLayer, Transport};
 
 pub use auth::{SignInCodes, TOKEN_CHECK_EVERY, Tenant, TokenStore, WebView, tenant};
+pub use schedules::start_schedules;
 pub use service::ForkdService;
 pub use status::Meaning;
 pub use tls::{TlsConfig, TlsError};

@@ -19,6 +19,7 @@ pub(crate) mod idempotency;
 pub(crate) mod notifications;
 pub(crate) mod prompts;
 pub(crate) mod requests;
+pub(crate) mod schedules;
 pub(crate) mod sessions;
 pub(crate) mod stats;
 pub(crate) mod tool_calls;

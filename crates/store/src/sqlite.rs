@@ -314,9 +314,10 @@ impl PageLimit {
     }
 }
 
-/// Ends every lease and every webhook delivery's claim, and removes every permission prompt: a
-/// SQLite database is one daemon's, so whoever held its agents and attempted its deliveries
-/// before this daemon opened it is gone, and the waits its prompts belonged to ended with it.
+/// Ends every lease, every webhook delivery's and schedule firing's claim, and removes every
+/// permission prompt: a SQLite database is one daemon's, so whoever held its agents, attempted
+/// its deliveries and fired its schedules before this daemon opened it is gone, and the waits its
+/// prompts belonged to ended with it.
 async fn forget_the_last_daemon(conn: &mut SqliteConnection) -> Result<()> {
     sqlx::query(
         "UPDATE agents SET lease_expires_at_ms = NULL WHERE lease_expires_at_ms IS NOT NULL",
@@ -326,6 +327,12 @@ async fn forget_the_last_daemon(conn: &mut SqliteConnection) -> Result<()> {
     sqlx::query(
         "UPDATE webhook_deliveries SET claimed_by = NULL, claim_until_ms = NULL \
          WHERE claimed_by IS NOT NULL",
+    )
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "UPDATE schedule_firings SET claimed_by = NULL, claim_until_ms = 0 \
+         WHERE state = 'firing'",
     )
     .execute(&mut *conn)
     .await?;

@@ -12,6 +12,7 @@ use support::{TestResult, TestStore, conformance};
 conformance!(
     an_upload_is_stored_only_once_its_blobs_are_its_tenant_s,
     expired_uploads_and_orphaned_blobs_are_swept,
+    an_upload_a_schedule_names_is_kept_past_its_retention,
     blobs_past_a_quota_are_not_stored_even_by_two_writers_at_once,
 );
 
@@ -94,6 +95,27 @@ async fn expired_uploads_and_orphaned_blobs_are_swept(store: TestStore) -> TestR
     assert_eq!(store.expire_uploads(later, later).await?, (1, 1));
     assert_eq!(store.get_upload("alice", tree.id).await?, None);
     assert_eq!(store.blob_bytes("alice").await?, 0);
+    Ok(())
+}
+
+async fn an_upload_a_schedule_names_is_kept_past_its_retention(store: TestStore) -> TestResult {
+    let content: &[u8] = b"the tree each firing starts from";
+    store
+        .put_blob("alice", &blob_hash(content), content)
+        .await?;
+    let tree = upload("alice", &[content], 1_000);
+    store.create_upload(&tree).await?;
+    let schedule = forkd_core::schedule::Schedule {
+        upload_id: Some(tree.id),
+        ..support::nightly(2_000)
+    };
+    store.create_schedule(&schedule).await?;
+    let later = i64::MAX / 2;
+    assert_eq!(store.expire_uploads(later, later).await?, (0, 0));
+    assert!(store.get_upload("alice", tree.id).await?.is_some());
+    assert!(store.delete_schedule("alice", "nightly").await?);
+    assert_eq!(store.expire_uploads(later, later).await?, (1, 1));
+    assert_eq!(store.get_upload("alice", tree.id).await?, None);
     Ok(())
 }
 

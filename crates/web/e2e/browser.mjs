@@ -73,6 +73,13 @@ try {
   assert.ok(!cookie.value.includes(TOKEN_A.slice(4)), 'the cookie never holds the token');
   assert.ok(!(await page.content()).includes(TOKEN_A.slice(4)), 'the page never shows the token');
 
+  step('the webhooks and schedules page opens from the sessions page, and leads back');
+  await page.click('#automations-link');
+  await page.waitForSelector('#no-webhooks', WAIT);
+  await page.waitForSelector('#no-schedules', WAIT);
+  await page.click('#crumbs a');
+  await page.waitForSelector('#sessions[data-loaded]', WAIT);
+
   step('a batch submitted with forkctl appears, and its children complete without a reload');
   writeFileSync(`${WORK}/system.md`, 'You are a careful reviewer.');
   writeFileSync(`${WORK}/context.md`, 'forkd forks agents so that they share a cached prefix. '.repeat(200));

@@ -8,6 +8,8 @@ use axum::response::{IntoResponse, Response};
 
 const INDEX: &str = include_str!("../assets/index.html");
 const SCRIPT: &str = include_str!("../assets/app.js");
+const UI: &str = include_str!("../assets/ui.js");
+const AUTOMATIONS: &str = include_str!("../assets/automations.js");
 const STYLE: &str = include_str!("../assets/style.css");
 
 pub(crate) async fn index() -> impl IntoResponse {
@@ -15,9 +17,23 @@ pub(crate) async fn index() -> impl IntoResponse {
 }
 
 pub(crate) async fn script() -> impl IntoResponse {
+    javascript(SCRIPT)
+}
+
+/// The helpers the page's modules share.
+pub(crate) async fn ui() -> impl IntoResponse {
+    javascript(UI)
+}
+
+/// The webhooks and schedules page.
+pub(crate) async fn automations() -> impl IntoResponse {
+    javascript(AUTOMATIONS)
+}
+
+fn javascript(text: &'static str) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
-        SCRIPT,
+        text,
     )
 }
 

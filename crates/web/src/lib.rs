@@ -11,6 +11,7 @@
 mod api;
 mod assets;
 mod auth;
+mod automations;
 mod error;
 mod live;
 mod summaries;
@@ -178,6 +179,8 @@ fn router(state: AppState) -> Router {
     Router::new()
         .route("/", get(assets::index))
         .route("/app.js", get(assets::script))
+        .route("/ui.js", get(assets::ui))
+        .route("/automations.js", get(assets::automations))
         .route("/style.css", get(assets::style))
         .route("/signin", get(auth::sign_in_link))
         .route("/api/me", get(auth::me))
@@ -188,6 +191,7 @@ fn router(state: AppState) -> Router {
         .route("/api/batches/{id}", get(api::batch))
         .route("/api/agents/{id}", get(api::agent))
         .route("/api/explain", get(api::explain))
+        .route("/api/automations", get(automations::automations))
         .route("/api/agents/{id}/kill", post(api::kill))
         .route("/api/agents/{id}/background", post(api::background))
         .route("/api/prompts/{id}", post(api::answer_prompt))

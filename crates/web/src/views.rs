@@ -259,6 +259,7 @@ mod tests {
             usage: Usage::default(),
             cost_usd: 0.0,
             created_at_ms: 5_000,
+            schedule: None,
         };
         let view = serde_json::to_value(NotificationView::from(&n)).unwrap_or_default();
         assert_eq!(view["status"], "timed_out");

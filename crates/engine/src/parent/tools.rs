@@ -176,6 +176,7 @@ impl Turns {
                 // A parent turn runs only where its session's files are.
                 start_here: true,
                 webhook: None,
+                schedule: None,
             })
             .await?;
         send(events, ParentEvent::ForkLaunched(submitted.clone())).await;

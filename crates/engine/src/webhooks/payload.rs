@@ -45,6 +45,7 @@ pub(crate) fn notification_json(n: &Notification) -> Value {
         "report": report_json(&n.report),
         "usage": usage_json(&n.usage),
         "cost_usd": n.cost_usd,
+        "schedule": n.schedule,
     })
 }
 

@@ -11,6 +11,7 @@ pub mod kill;
 pub mod logs;
 pub mod ps;
 pub mod run;
+pub mod schedule;
 pub mod session;
 pub mod stats;
 pub mod top;

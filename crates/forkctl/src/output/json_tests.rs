@@ -47,6 +47,7 @@ fn notification() {
         usage: Some(usage()),
         cost_usd: 0.25,
         created_at: None,
+        schedule: String::new(),
     };
     assert_eq!(
         notification_json(&n),
@@ -67,8 +68,14 @@ fn notification() {
             },
             "usage": usage_value(),
             "cost_usd": 0.25,
+            "schedule": null,
         })
     );
+    let scheduled = Notification {
+        schedule: "nightly".into(),
+        ..n.clone()
+    };
+    assert_eq!(notification_json(&scheduled)["schedule"], "nightly");
 
     // Under an output schema the report carries its object, as JSON, not text.
     let shaped = Notification {

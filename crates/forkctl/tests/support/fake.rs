@@ -506,4 +506,53 @@ impl Forkd for Fake {
     ) -> Result<Response<ListWebhookAttemptsResponse>, Status> {
         Err(Status::unimplemented("the fake daemon lists no attempts"))
     }
+
+    async fn create_schedule(
+        &self,
+        _: Request<CreateScheduleRequest>,
+    ) -> Result<Response<ScheduleResponse>, Status> {
+        Err(Status::unimplemented("the fake daemon keeps no schedules"))
+    }
+
+    async fn list_schedules(
+        &self,
+        _: Request<ListSchedulesRequest>,
+    ) -> Result<Response<ListSchedulesResponse>, Status> {
+        Err(Status::unimplemented("the fake daemon keeps no schedules"))
+    }
+
+    async fn get_schedule(
+        &self,
+        _: Request<ScheduleNameRequest>,
+    ) -> Result<Response<ScheduleResponse>, Status> {
+        Err(Status::not_found("schedule nightly not found"))
+    }
+
+    async fn pause_schedule(
+        &self,
+        _: Request<ScheduleNameRequest>,
+    ) -> Result<Response<ScheduleResponse>, Status> {
+        Err(Status::not_found("schedule nightly not found"))
+    }
+
+    async fn resume_schedule(
+        &self,
+        _: Request<ScheduleNameRequest>,
+    ) -> Result<Response<ScheduleResponse>, Status> {
+        Err(Status::not_found("schedule nightly not found"))
+    }
+
+    async fn delete_schedule(
+        &self,
+        _: Request<ScheduleNameRequest>,
+    ) -> Result<Response<DeleteScheduleResponse>, Status> {
+        Err(Status::not_found("schedule nightly not found"))
+    }
+
+    async fn trigger_schedule(
+        &self,
+        _: Request<ScheduleNameRequest>,
+    ) -> Result<Response<TriggerScheduleResponse>, Status> {
+        Err(Status::not_found("schedule nightly not found"))
+    }
 }

@@ -5,6 +5,7 @@ mod agents;
 mod cache;
 mod notifications;
 mod permissions;
+mod schedules;
 mod sessions;
 mod sign_in;
 mod uploads;
@@ -350,5 +351,54 @@ impl Forkd for ForkdService {
         req: Request<pb::ListWebhookAttemptsRequest>,
     ) -> Reply<pb::ListWebhookAttemptsResponse> {
         reply(webhooks::attempts(&self.engine, tenant(&req)?, req.into_inner()).await)
+    }
+
+    async fn create_schedule(
+        &self,
+        req: Request<pb::CreateScheduleRequest>,
+    ) -> Reply<pb::ScheduleResponse> {
+        reply(schedules::create(&self.engine, tenant(&req)?, req.into_inner()).await)
+    }
+
+    async fn list_schedules(
+        &self,
+        req: Request<pb::ListSchedulesRequest>,
+    ) -> Reply<pb::ListSchedulesResponse> {
+        reply(schedules::list(&self.engine, tenant(&req)?).await)
+    }
+
+    async fn get_schedule(
+        &self,
+        req: Request<pb::ScheduleNameRequest>,
+    ) -> Reply<pb::ScheduleResponse> {
+        reply(schedules::get(&self.engine, tenant(&req)?, req.into_inner()).await)
+    }
+
+    async fn pause_schedule(
+        &self,
+        req: Request<pb::ScheduleNameRequest>,
+    ) -> Reply<pb::ScheduleResponse> {
+        reply(schedules::set_paused(&self.engine, tenant(&req)?, req.into_inner(), true).await)
+    }
+
+    async fn resume_schedule(
+        &self,
+        req: Request<pb::ScheduleNameRequest>,
+    ) -> Reply<pb::ScheduleResponse> {
+        reply(schedules::set_paused(&self.engine, tenant(&req)?, req.into_inner(), false).await)
+    }
+
+    async fn delete_schedule(
+        &self,
+        req: Request<pb::ScheduleNameRequest>,
+    ) -> Reply<pb::DeleteScheduleResponse> {
+        reply(schedules::delete(&self.engine, tenant(&req)?, req.into_inner()).await)
+    }
+
+    async fn trigger_schedule(
+        &self,
+        req: Request<pb::ScheduleNameRequest>,
+    ) -> Reply<pb::TriggerScheduleResponse> {
+        reply(schedules::trigger(&self.engine, tenant(&req)?, req.into_inner()).await)
     }
 }

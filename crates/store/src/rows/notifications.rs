@@ -24,6 +24,7 @@ pub(crate) struct NotificationRow {
     usage: UsageRow,
     cost_usd: f64,
     created_at_ms: i64,
+    schedule: Option<String>,
 }
 
 impl TryFrom<NotificationRow> for Notification {
@@ -51,6 +52,7 @@ impl TryFrom<NotificationRow> for Notification {
             usage: row.usage.into_usage()?,
             cost_usd: row.cost_usd,
             created_at_ms: row.created_at_ms,
+            schedule: row.schedule,
         })
     }
 }
@@ -69,7 +71,7 @@ macro_rules! notification_columns {
     () => {
         "seq, tenant_seq, session_id, batch_id, agent_id, kind, status, summary, report_json, input_tokens, \
          cache_creation_input_tokens, cache_read_input_tokens, output_tokens, cost_usd, \
-         created_at_ms"
+         created_at_ms, schedule"
     };
 }
 pub(crate) use notification_columns;
@@ -153,6 +155,7 @@ pub(crate) fn stored(
     n: &NewNotification,
     kind: NotificationKind,
     (seq, tenant_seq): (i64, i64),
+    schedule: Option<String>,
 ) -> Result<Notification> {
     Ok(Notification {
         seq: from_i64(seq, "notification seq")?,
@@ -167,6 +170,7 @@ pub(crate) fn stored(
         usage: n.usage,
         cost_usd: n.cost_usd,
         created_at_ms: n.created_at_ms,
+        schedule,
     })
 }
 

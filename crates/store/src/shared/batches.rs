@@ -67,6 +67,13 @@ pub(crate) async fn create(
     if let Some(webhook) = extras.webhook {
         name_webhook(conn, &values.id, webhook).await?;
     }
+    if let Some(schedule) = extras.schedule {
+        sqlx::query("UPDATE batches SET schedule = $2 WHERE id = $1")
+            .bind(&values.id)
+            .bind(schedule)
+            .execute(&mut *conn)
+            .await?;
+    }
 
     for child in children {
         agents::insert(conn, &child.agent, Some(&child.directive_block)).await?;

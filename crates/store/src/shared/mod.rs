@@ -33,6 +33,7 @@ pub(super) mod pending;
 pub(super) mod probes;
 pub(super) mod prompts;
 pub(super) mod requests;
+mod schedules;
 pub(super) mod sessions;
 pub(super) mod stats;
 mod store;

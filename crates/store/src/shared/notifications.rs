@@ -130,12 +130,14 @@ async fn insert(
     .bind(&tenant)
     .fetch_one(&mut *conn)
     .await?;
-    let seq: i64 = bind_notification!(
-        sqlx::query_scalar(concat!(
+    // The schedule its batch was forked by, copied from the batch ($2 is the batch's id).
+    let (seq, schedule): (i64, Option<String>) = bind_notification!(
+        sqlx::query_as(concat!(
             "INSERT INTO notifications (",
             new_notification_columns!(),
-            ", seq, tenant, tenant_seq) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, \
-             $12, $13, $14, $15, $16) RETURNING seq"
+            ", seq, tenant, tenant_seq, schedule) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, \
+             $10, $11, $12, $13, $14, $15, $16, (SELECT schedule FROM batches WHERE id = $2)) \
+             RETURNING seq, schedule"
         )),
         &values
     )
@@ -145,7 +147,7 @@ async fn insert(
     .fetch_one(&mut *conn)
     .await
     .map_err(|e| conflict_if_duplicate(e, || values.duplicate()))?;
-    let notification = stored(n, kind, (seq, tenant_seq))?;
+    let notification = stored(n, kind, (seq, tenant_seq), schedule)?;
     // The webhooks' outbox, in the notification's own transaction: both commit or neither.
     super::webhooks::enqueue(conn, &notification, &tenant).await?;
     // A wake-up, not the row.

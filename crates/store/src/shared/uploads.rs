@@ -206,16 +206,21 @@ pub(crate) async fn expire(
 ) -> Result<(u64, u64)> {
     sqlx::query(
         "DELETE FROM upload_blobs WHERE upload_id IN \
-         (SELECT id FROM uploads WHERE created_at_ms < $1)",
+         (SELECT id FROM uploads WHERE created_at_ms < $1 AND id NOT IN \
+          (SELECT upload_id FROM schedules WHERE upload_id IS NOT NULL))",
     )
     .bind(uploads_before_ms)
     .execute(&mut *conn)
     .await?;
-    let uploads = sqlx::query("DELETE FROM uploads WHERE created_at_ms < $1")
-        .bind(uploads_before_ms)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
+    // A schedule's firings start from its upload: kept while the schedule names it.
+    let uploads = sqlx::query(
+        "DELETE FROM uploads WHERE created_at_ms < $1 AND id NOT IN \
+         (SELECT upload_id FROM schedules WHERE upload_id IS NOT NULL)",
+    )
+    .bind(uploads_before_ms)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
     let blobs = sqlx::query(
         "DELETE FROM blobs WHERE created_at_ms < $1 AND NOT EXISTS \
          (SELECT 1 FROM upload_blobs u WHERE u.tenant = blobs.tenant AND u.sha256 = blobs.sha256)",

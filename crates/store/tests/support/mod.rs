@@ -542,3 +542,20 @@ pub fn typed(session: &Session, report_to: forkd_core::ReportTo) -> Agent {
         )
     }
 }
+
+/// Tenant `alice`'s schedule `nightly`, due next at `next_fire_at_ms`.
+pub fn nightly(next_fire_at_ms: i64) -> forkd_core::schedule::Schedule {
+    forkd_core::schedule::Schedule {
+        tenant: "alice".into(),
+        name: "nightly".into(),
+        cron: "0 3 * * *".into(),
+        timezone: "UTC".into(),
+        overlap: Default::default(),
+        catch_up: Default::default(),
+        paused: false,
+        spec: vec![7],
+        created_at_ms: 1,
+        next_fire_at_ms: Some(next_fire_at_ms),
+        upload_id: None,
+    }
+}

@@ -2068,6 +2068,7 @@ class Notification(_message.Message):
     COST_USD_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
+    SCHEDULE_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     session_id: _builtins.str
     batch_id: _builtins.str
@@ -2079,6 +2080,8 @@ class Notification(_message.Message):
     """fork | typed | turn (a parent turn that was handed to the background has ended; the
     main-loop agent goes on, idle).
     """
+    schedule: _builtins.str
+    """The schedule whose firing forked its batch; empty otherwise."""
     @_builtins.property
     def report(self) -> Global___Report: ...
     @_builtins.property
@@ -2099,10 +2102,11 @@ class Notification(_message.Message):
         cost_usd: _builtins.float = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         kind: _builtins.str = ...,
+        schedule: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "report", b"report", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "batch_id", b"batch_id", "cost_usd", b"cost_usd", "created_at", b"created_at", "kind", b"kind", "report", b"report", "seq", b"seq", "session_id", b"session_id", "status", b"status", "summary", b"summary", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "batch_id", b"batch_id", "cost_usd", b"cost_usd", "created_at", b"created_at", "kind", b"kind", "report", b"report", "schedule", b"schedule", "seq", b"seq", "session_id", b"session_id", "status", b"status", "summary", b"summary", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -3464,3 +3468,292 @@ class ListWebhookAttemptsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListWebhookAttemptsResponse: _TypeAlias = ListWebhookAttemptsResponse  # noqa: Y015
+
+@_typing.final
+class ScheduleSpec(_message.Message):
+    """What each firing of a schedule creates: a session (as CreateSession would, its idempotency key
+    replaced by the firing's) and a batch on it (as ForkBatch would; session_id and
+    idempotency_key are the firing's).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> Global___CreateSessionRequest: ...
+    @_builtins.property
+    def batch(self) -> Global___ForkBatchRequest: ...
+    def __init__(
+        self,
+        *,
+        session: Global___CreateSessionRequest | None = ...,
+        batch: Global___ForkBatchRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScheduleSpec: _TypeAlias = ScheduleSpec  # noqa: Y015
+
+@_typing.final
+class CreateScheduleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    CRON_FIELD_NUMBER: _builtins.int
+    TIMEZONE_FIELD_NUMBER: _builtins.int
+    OVERLAP_FIELD_NUMBER: _builtins.int
+    CATCH_UP_FIELD_NUMBER: _builtins.int
+    SPEC_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Letters, digits, `.`, `_` and `-`; unique within the tenant."""
+    cron: _builtins.str
+    """Standard 5 fields (minute hour day-of-month month day-of-week), or 6 with seconds first."""
+    timezone: _builtins.str
+    """An IANA time zone; empty: UTC."""
+    overlap: _builtins.str
+    """"skip" (default: a firing while the previous firing's batch runs is recorded as skipped) or
+    "allow".
+    """
+    catch_up: _builtins.str
+    """"once" (default: after downtime, the latest missed firing runs once) or "none"."""
+    @_builtins.property
+    def spec(self) -> Global___ScheduleSpec: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        cron: _builtins.str = ...,
+        timezone: _builtins.str = ...,
+        overlap: _builtins.str = ...,
+        catch_up: _builtins.str = ...,
+        spec: Global___ScheduleSpec | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catch_up", b"catch_up", "cron", b"cron", "name", b"name", "overlap", b"overlap", "spec", b"spec", "timezone", b"timezone"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateScheduleRequest: _TypeAlias = CreateScheduleRequest  # noqa: Y015
+
+@_typing.final
+class ScheduleNameRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScheduleNameRequest: _TypeAlias = ScheduleNameRequest  # noqa: Y015
+
+@_typing.final
+class ListSchedulesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSchedulesRequest: _TypeAlias = ListSchedulesRequest  # noqa: Y015
+
+@_typing.final
+class ListSchedulesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def schedules(self) -> _containers.RepeatedCompositeFieldContainer[Global___Schedule]: ...
+    def __init__(
+        self,
+        *,
+        schedules: _abc.Iterable[Global___Schedule] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedules", b"schedules"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSchedulesResponse: _TypeAlias = ListSchedulesResponse  # noqa: Y015
+
+@_typing.final
+class DeleteScheduleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteScheduleResponse: _TypeAlias = DeleteScheduleResponse  # noqa: Y015
+
+@_typing.final
+class ScheduleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def schedule(self) -> Global___Schedule: ...
+    def __init__(
+        self,
+        *,
+        schedule: Global___Schedule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScheduleResponse: _TypeAlias = ScheduleResponse  # noqa: Y015
+
+@_typing.final
+class TriggerScheduleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FIRING_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def firing(self) -> Global___ScheduleFiring: ...
+    def __init__(
+        self,
+        *,
+        firing: Global___ScheduleFiring | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["firing", b"firing"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["firing", b"firing"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TriggerScheduleResponse: _TypeAlias = TriggerScheduleResponse  # noqa: Y015
+
+@_typing.final
+class Schedule(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    CRON_FIELD_NUMBER: _builtins.int
+    TIMEZONE_FIELD_NUMBER: _builtins.int
+    OVERLAP_FIELD_NUMBER: _builtins.int
+    CATCH_UP_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    NEXT_FIRES_FIELD_NUMBER: _builtins.int
+    FIRINGS_FIELD_NUMBER: _builtins.int
+    DIRECTIVES_FIELD_NUMBER: _builtins.int
+    WEBHOOK_ID_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    cron: _builtins.str
+    timezone: _builtins.str
+    overlap: _builtins.str
+    catch_up: _builtins.str
+    paused: _builtins.bool
+    directives: _builtins.int
+    """How many directives each firing's batch has, and the webhook it names (if any)."""
+    webhook_id: _builtins.str
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def next_fires(self) -> _containers.RepeatedCompositeFieldContainer[_timestamp_pb2.Timestamp]:
+        """The next firing times (up to 5; GetSchedule only); none while paused."""
+
+    @_builtins.property
+    def firings(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScheduleFiring]:
+        """The latest firings, newest first (GetSchedule only)."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        cron: _builtins.str = ...,
+        timezone: _builtins.str = ...,
+        overlap: _builtins.str = ...,
+        catch_up: _builtins.str = ...,
+        paused: _builtins.bool = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        next_fires: _abc.Iterable[_timestamp_pb2.Timestamp] | None = ...,
+        firings: _abc.Iterable[Global___ScheduleFiring] | None = ...,
+        directives: _builtins.int = ...,
+        webhook_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catch_up", b"catch_up", "created_at", b"created_at", "cron", b"cron", "directives", b"directives", "firings", b"firings", "name", b"name", "next_fires", b"next_fires", "overlap", b"overlap", "paused", b"paused", "timezone", b"timezone", "webhook_id", b"webhook_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Schedule: _TypeAlias = Schedule  # noqa: Y015
+
+@_typing.final
+class ScheduleFiring(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FIRE_TIME_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    MANUAL_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    BATCH_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    CHILDREN_FIELD_NUMBER: _builtins.int
+    COMPLETED_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    COST_USD_FIELD_NUMBER: _builtins.int
+    state: _builtins.str
+    """"firing" (its batch being created), "fired", "skipped" or "failed"."""
+    manual: _builtins.bool
+    session_id: _builtins.str
+    batch_id: _builtins.str
+    reason: _builtins.str
+    """Why it was skipped or failed."""
+    children: _builtins.int
+    """Its batch's children, and how many ended each way so far (GetSchedule only)."""
+    completed: _builtins.int
+    failed: _builtins.int
+    cost_usd: _builtins.float
+    @_builtins.property
+    def fire_time(self) -> _timestamp_pb2.Timestamp:
+        """When it was due (its key's time); a trigger's is when it was asked."""
+
+    def __init__(
+        self,
+        *,
+        fire_time: _timestamp_pb2.Timestamp | None = ...,
+        state: _builtins.str = ...,
+        manual: _builtins.bool = ...,
+        session_id: _builtins.str = ...,
+        batch_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        children: _builtins.int = ...,
+        completed: _builtins.int = ...,
+        failed: _builtins.int = ...,
+        cost_usd: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["fire_time", b"fire_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "children", b"children", "completed", b"completed", "cost_usd", b"cost_usd", "failed", b"failed", "fire_time", b"fire_time", "manual", b"manual", "reason", b"reason", "session_id", b"session_id", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScheduleFiring: _TypeAlias = ScheduleFiring  # noqa: Y015

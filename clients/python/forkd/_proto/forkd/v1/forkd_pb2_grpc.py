@@ -219,6 +219,41 @@ class ForkdStub:
                 request_serializer=forkd_dot_v1_dot_forkd__pb2.ListWebhookAttemptsRequest.SerializeToString,
                 response_deserializer=forkd_dot_v1_dot_forkd__pb2.ListWebhookAttemptsResponse.FromString,
                 _registered_method=True)
+        self.CreateSchedule = channel.unary_unary(
+                '/forkd.v1.Forkd/CreateSchedule',
+                request_serializer=forkd_dot_v1_dot_forkd__pb2.CreateScheduleRequest.SerializeToString,
+                response_deserializer=forkd_dot_v1_dot_forkd__pb2.ScheduleResponse.FromString,
+                _registered_method=True)
+        self.ListSchedules = channel.unary_unary(
+                '/forkd.v1.Forkd/ListSchedules',
+                request_serializer=forkd_dot_v1_dot_forkd__pb2.ListSchedulesRequest.SerializeToString,
+                response_deserializer=forkd_dot_v1_dot_forkd__pb2.ListSchedulesResponse.FromString,
+                _registered_method=True)
+        self.GetSchedule = channel.unary_unary(
+                '/forkd.v1.Forkd/GetSchedule',
+                request_serializer=forkd_dot_v1_dot_forkd__pb2.ScheduleNameRequest.SerializeToString,
+                response_deserializer=forkd_dot_v1_dot_forkd__pb2.ScheduleResponse.FromString,
+                _registered_method=True)
+        self.PauseSchedule = channel.unary_unary(
+                '/forkd.v1.Forkd/PauseSchedule',
+                request_serializer=forkd_dot_v1_dot_forkd__pb2.ScheduleNameRequest.SerializeToString,
+                response_deserializer=forkd_dot_v1_dot_forkd__pb2.ScheduleResponse.FromString,
+                _registered_method=True)
+        self.ResumeSchedule = channel.unary_unary(
+                '/forkd.v1.Forkd/ResumeSchedule',
+                request_serializer=forkd_dot_v1_dot_forkd__pb2.ScheduleNameRequest.SerializeToString,
+                response_deserializer=forkd_dot_v1_dot_forkd__pb2.ScheduleResponse.FromString,
+                _registered_method=True)
+        self.DeleteSchedule = channel.unary_unary(
+                '/forkd.v1.Forkd/DeleteSchedule',
+                request_serializer=forkd_dot_v1_dot_forkd__pb2.ScheduleNameRequest.SerializeToString,
+                response_deserializer=forkd_dot_v1_dot_forkd__pb2.DeleteScheduleResponse.FromString,
+                _registered_method=True)
+        self.TriggerSchedule = channel.unary_unary(
+                '/forkd.v1.Forkd/TriggerSchedule',
+                request_serializer=forkd_dot_v1_dot_forkd__pb2.ScheduleNameRequest.SerializeToString,
+                response_deserializer=forkd_dot_v1_dot_forkd__pb2.TriggerScheduleResponse.FromString,
+                _registered_method=True)
 
 
 class ForkdServicer:
@@ -503,6 +538,57 @@ class ForkdServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateSchedule(self, request, context):
+        """Schedules (docs/operations.md, "Webhooks and schedules"): the caller's tenant's batches on a
+        clock. Each firing creates its own session and batch from the stored spec, under the
+        idempotency keys `schedule/NAME/<fire time>/session` and `schedule/NAME/<fire time>`, so a
+        firing forks once however daemons crash or race. Another tenant's schedule is NOT_FOUND; a
+        name taken is FAILED_PRECONDITION; a cron expression or time zone that does not parse, or a
+        spec that would not fork, is INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSchedules(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSchedule(self, request, context):
+        """The schedule with its next firing times and its latest firings.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeSchedule(self, request, context):
+        """Resumes from now: the firings due while it was paused are not caught up.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSchedule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TriggerSchedule(self, request, context):
+        """Fires now, outside the clock (a paused schedule too), and answers the firing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ForkdServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -690,6 +776,41 @@ def add_ForkdServicer_to_server(servicer, server):
                     servicer.ListWebhookAttempts,
                     request_deserializer=forkd_dot_v1_dot_forkd__pb2.ListWebhookAttemptsRequest.FromString,
                     response_serializer=forkd_dot_v1_dot_forkd__pb2.ListWebhookAttemptsResponse.SerializeToString,
+            ),
+            'CreateSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSchedule,
+                    request_deserializer=forkd_dot_v1_dot_forkd__pb2.CreateScheduleRequest.FromString,
+                    response_serializer=forkd_dot_v1_dot_forkd__pb2.ScheduleResponse.SerializeToString,
+            ),
+            'ListSchedules': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSchedules,
+                    request_deserializer=forkd_dot_v1_dot_forkd__pb2.ListSchedulesRequest.FromString,
+                    response_serializer=forkd_dot_v1_dot_forkd__pb2.ListSchedulesResponse.SerializeToString,
+            ),
+            'GetSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSchedule,
+                    request_deserializer=forkd_dot_v1_dot_forkd__pb2.ScheduleNameRequest.FromString,
+                    response_serializer=forkd_dot_v1_dot_forkd__pb2.ScheduleResponse.SerializeToString,
+            ),
+            'PauseSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseSchedule,
+                    request_deserializer=forkd_dot_v1_dot_forkd__pb2.ScheduleNameRequest.FromString,
+                    response_serializer=forkd_dot_v1_dot_forkd__pb2.ScheduleResponse.SerializeToString,
+            ),
+            'ResumeSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeSchedule,
+                    request_deserializer=forkd_dot_v1_dot_forkd__pb2.ScheduleNameRequest.FromString,
+                    response_serializer=forkd_dot_v1_dot_forkd__pb2.ScheduleResponse.SerializeToString,
+            ),
+            'DeleteSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSchedule,
+                    request_deserializer=forkd_dot_v1_dot_forkd__pb2.ScheduleNameRequest.FromString,
+                    response_serializer=forkd_dot_v1_dot_forkd__pb2.DeleteScheduleResponse.SerializeToString,
+            ),
+            'TriggerSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.TriggerSchedule,
+                    request_deserializer=forkd_dot_v1_dot_forkd__pb2.ScheduleNameRequest.FromString,
+                    response_serializer=forkd_dot_v1_dot_forkd__pb2.TriggerScheduleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1691,6 +1812,195 @@ class Forkd:
             '/forkd.v1.Forkd/ListWebhookAttempts',
             forkd_dot_v1_dot_forkd__pb2.ListWebhookAttemptsRequest.SerializeToString,
             forkd_dot_v1_dot_forkd__pb2.ListWebhookAttemptsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forkd.v1.Forkd/CreateSchedule',
+            forkd_dot_v1_dot_forkd__pb2.CreateScheduleRequest.SerializeToString,
+            forkd_dot_v1_dot_forkd__pb2.ScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSchedules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forkd.v1.Forkd/ListSchedules',
+            forkd_dot_v1_dot_forkd__pb2.ListSchedulesRequest.SerializeToString,
+            forkd_dot_v1_dot_forkd__pb2.ListSchedulesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forkd.v1.Forkd/GetSchedule',
+            forkd_dot_v1_dot_forkd__pb2.ScheduleNameRequest.SerializeToString,
+            forkd_dot_v1_dot_forkd__pb2.ScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forkd.v1.Forkd/PauseSchedule',
+            forkd_dot_v1_dot_forkd__pb2.ScheduleNameRequest.SerializeToString,
+            forkd_dot_v1_dot_forkd__pb2.ScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forkd.v1.Forkd/ResumeSchedule',
+            forkd_dot_v1_dot_forkd__pb2.ScheduleNameRequest.SerializeToString,
+            forkd_dot_v1_dot_forkd__pb2.ScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forkd.v1.Forkd/DeleteSchedule',
+            forkd_dot_v1_dot_forkd__pb2.ScheduleNameRequest.SerializeToString,
+            forkd_dot_v1_dot_forkd__pb2.DeleteScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TriggerSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forkd.v1.Forkd/TriggerSchedule',
+            forkd_dot_v1_dot_forkd__pb2.ScheduleNameRequest.SerializeToString,
+            forkd_dot_v1_dot_forkd__pb2.TriggerScheduleResponse.FromString,
             options,
             channel_credentials,
             insecure,

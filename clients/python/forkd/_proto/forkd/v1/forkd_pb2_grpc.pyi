@@ -141,6 +141,23 @@ class ForkdStub:
     """Sends a `ping` event now, once, and answers how it went."""
     ListWebhookAttempts: _grpc.UnaryUnaryMultiCallable[_forkd_pb2.ListWebhookAttemptsRequest, _forkd_pb2.ListWebhookAttemptsResponse]
     """The webhook's latest attempts, newest first."""
+    CreateSchedule: _grpc.UnaryUnaryMultiCallable[_forkd_pb2.CreateScheduleRequest, _forkd_pb2.ScheduleResponse]
+    """Schedules (docs/operations.md, "Webhooks and schedules"): the caller's tenant's batches on a
+    clock. Each firing creates its own session and batch from the stored spec, under the
+    idempotency keys `schedule/NAME/<fire time>/session` and `schedule/NAME/<fire time>`, so a
+    firing forks once however daemons crash or race. Another tenant's schedule is NOT_FOUND; a
+    name taken is FAILED_PRECONDITION; a cron expression or time zone that does not parse, or a
+    spec that would not fork, is INVALID_ARGUMENT.
+    """
+    ListSchedules: _grpc.UnaryUnaryMultiCallable[_forkd_pb2.ListSchedulesRequest, _forkd_pb2.ListSchedulesResponse]
+    GetSchedule: _grpc.UnaryUnaryMultiCallable[_forkd_pb2.ScheduleNameRequest, _forkd_pb2.ScheduleResponse]
+    """The schedule with its next firing times and its latest firings."""
+    PauseSchedule: _grpc.UnaryUnaryMultiCallable[_forkd_pb2.ScheduleNameRequest, _forkd_pb2.ScheduleResponse]
+    ResumeSchedule: _grpc.UnaryUnaryMultiCallable[_forkd_pb2.ScheduleNameRequest, _forkd_pb2.ScheduleResponse]
+    """Resumes from now: the firings due while it was paused are not caught up."""
+    DeleteSchedule: _grpc.UnaryUnaryMultiCallable[_forkd_pb2.ScheduleNameRequest, _forkd_pb2.DeleteScheduleResponse]
+    TriggerSchedule: _grpc.UnaryUnaryMultiCallable[_forkd_pb2.ScheduleNameRequest, _forkd_pb2.TriggerScheduleResponse]
+    """Fires now, outside the clock (a paused schedule too), and answers the firing."""
 
 @_typing.type_check_only
 class ForkdAsyncStub(ForkdStub):
@@ -255,6 +272,23 @@ class ForkdAsyncStub(ForkdStub):
     """Sends a `ping` event now, once, and answers how it went."""
     ListWebhookAttempts: _aio.UnaryUnaryMultiCallable[_forkd_pb2.ListWebhookAttemptsRequest, _forkd_pb2.ListWebhookAttemptsResponse]  # type: ignore[assignment]
     """The webhook's latest attempts, newest first."""
+    CreateSchedule: _aio.UnaryUnaryMultiCallable[_forkd_pb2.CreateScheduleRequest, _forkd_pb2.ScheduleResponse]  # type: ignore[assignment]
+    """Schedules (docs/operations.md, "Webhooks and schedules"): the caller's tenant's batches on a
+    clock. Each firing creates its own session and batch from the stored spec, under the
+    idempotency keys `schedule/NAME/<fire time>/session` and `schedule/NAME/<fire time>`, so a
+    firing forks once however daemons crash or race. Another tenant's schedule is NOT_FOUND; a
+    name taken is FAILED_PRECONDITION; a cron expression or time zone that does not parse, or a
+    spec that would not fork, is INVALID_ARGUMENT.
+    """
+    ListSchedules: _aio.UnaryUnaryMultiCallable[_forkd_pb2.ListSchedulesRequest, _forkd_pb2.ListSchedulesResponse]  # type: ignore[assignment]
+    GetSchedule: _aio.UnaryUnaryMultiCallable[_forkd_pb2.ScheduleNameRequest, _forkd_pb2.ScheduleResponse]  # type: ignore[assignment]
+    """The schedule with its next firing times and its latest firings."""
+    PauseSchedule: _aio.UnaryUnaryMultiCallable[_forkd_pb2.ScheduleNameRequest, _forkd_pb2.ScheduleResponse]  # type: ignore[assignment]
+    ResumeSchedule: _aio.UnaryUnaryMultiCallable[_forkd_pb2.ScheduleNameRequest, _forkd_pb2.ScheduleResponse]  # type: ignore[assignment]
+    """Resumes from now: the firings due while it was paused are not caught up."""
+    DeleteSchedule: _aio.UnaryUnaryMultiCallable[_forkd_pb2.ScheduleNameRequest, _forkd_pb2.DeleteScheduleResponse]  # type: ignore[assignment]
+    TriggerSchedule: _aio.UnaryUnaryMultiCallable[_forkd_pb2.ScheduleNameRequest, _forkd_pb2.TriggerScheduleResponse]  # type: ignore[assignment]
+    """Fires now, outside the clock (a paused schedule too), and answers the firing."""
 
 class ForkdServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -588,5 +622,64 @@ class ForkdServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_forkd_pb2.ListWebhookAttemptsResponse, _abc.Awaitable[_forkd_pb2.ListWebhookAttemptsResponse]]:
         """The webhook's latest attempts, newest first."""
+
+    @_abc_1.abstractmethod
+    def CreateSchedule(
+        self,
+        request: _forkd_pb2.CreateScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_forkd_pb2.ScheduleResponse, _abc.Awaitable[_forkd_pb2.ScheduleResponse]]:
+        """Schedules (docs/operations.md, "Webhooks and schedules"): the caller's tenant's batches on a
+        clock. Each firing creates its own session and batch from the stored spec, under the
+        idempotency keys `schedule/NAME/<fire time>/session` and `schedule/NAME/<fire time>`, so a
+        firing forks once however daemons crash or race. Another tenant's schedule is NOT_FOUND; a
+        name taken is FAILED_PRECONDITION; a cron expression or time zone that does not parse, or a
+        spec that would not fork, is INVALID_ARGUMENT.
+        """
+
+    @_abc_1.abstractmethod
+    def ListSchedules(
+        self,
+        request: _forkd_pb2.ListSchedulesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_forkd_pb2.ListSchedulesResponse, _abc.Awaitable[_forkd_pb2.ListSchedulesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetSchedule(
+        self,
+        request: _forkd_pb2.ScheduleNameRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_forkd_pb2.ScheduleResponse, _abc.Awaitable[_forkd_pb2.ScheduleResponse]]:
+        """The schedule with its next firing times and its latest firings."""
+
+    @_abc_1.abstractmethod
+    def PauseSchedule(
+        self,
+        request: _forkd_pb2.ScheduleNameRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_forkd_pb2.ScheduleResponse, _abc.Awaitable[_forkd_pb2.ScheduleResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ResumeSchedule(
+        self,
+        request: _forkd_pb2.ScheduleNameRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_forkd_pb2.ScheduleResponse, _abc.Awaitable[_forkd_pb2.ScheduleResponse]]:
+        """Resumes from now: the firings due while it was paused are not caught up."""
+
+    @_abc_1.abstractmethod
+    def DeleteSchedule(
+        self,
+        request: _forkd_pb2.ScheduleNameRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_forkd_pb2.DeleteScheduleResponse, _abc.Awaitable[_forkd_pb2.DeleteScheduleResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def TriggerSchedule(
+        self,
+        request: _forkd_pb2.ScheduleNameRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_forkd_pb2.TriggerScheduleResponse, _abc.Awaitable[_forkd_pb2.TriggerScheduleResponse]]:
+        """Fires now, outside the clock (a paused schedule too), and answers the firing."""
 
 def add_ForkdServicer_to_server(servicer: ForkdServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

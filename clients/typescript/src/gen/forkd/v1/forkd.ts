@@ -925,6 +925,8 @@ export interface Notification {
    * main-loop agent goes on, idle).
    */
   kind: string;
+  /** The schedule whose firing forked its batch; empty otherwise. */
+  schedule: string;
 }
 
 export interface SubscribeNotificationsRequest {
@@ -1331,6 +1333,93 @@ export interface ListWebhookAttemptsRequest {
 
 export interface ListWebhookAttemptsResponse {
   attempts: WebhookAttempt[];
+}
+
+/**
+ * What each firing of a schedule creates: a session (as CreateSession would, its idempotency key
+ * replaced by the firing's) and a batch on it (as ForkBatch would; session_id and
+ * idempotency_key are the firing's).
+ */
+export interface ScheduleSpec {
+  session?: CreateSessionRequest | undefined;
+  batch?: ForkBatchRequest | undefined;
+}
+
+export interface CreateScheduleRequest {
+  /** Letters, digits, `.`, `_` and `-`; unique within the tenant. */
+  name: string;
+  /** Standard 5 fields (minute hour day-of-month month day-of-week), or 6 with seconds first. */
+  cron: string;
+  /** An IANA time zone; empty: UTC. */
+  timezone: string;
+  /**
+   * "skip" (default: a firing while the previous firing's batch runs is recorded as skipped) or
+   * "allow".
+   */
+  overlap: string;
+  /** "once" (default: after downtime, the latest missed firing runs once) or "none". */
+  catchUp: string;
+  spec?: ScheduleSpec | undefined;
+}
+
+export interface ScheduleNameRequest {
+  name: string;
+}
+
+export interface ListSchedulesRequest {
+}
+
+export interface ListSchedulesResponse {
+  schedules: Schedule[];
+}
+
+export interface DeleteScheduleResponse {
+}
+
+export interface ScheduleResponse {
+  schedule?: Schedule | undefined;
+}
+
+export interface TriggerScheduleResponse {
+  firing?: ScheduleFiring | undefined;
+}
+
+export interface Schedule {
+  name: string;
+  cron: string;
+  timezone: string;
+  overlap: string;
+  catchUp: string;
+  paused: boolean;
+  createdAt?:
+    | Date
+    | undefined;
+  /** The next firing times (up to 5; GetSchedule only); none while paused. */
+  nextFires: Date[];
+  /** The latest firings, newest first (GetSchedule only). */
+  firings: ScheduleFiring[];
+  /** How many directives each firing's batch has, and the webhook it names (if any). */
+  directives: number;
+  webhookId: string;
+}
+
+export interface ScheduleFiring {
+  /** When it was due (its key's time); a trigger's is when it was asked. */
+  fireTime?:
+    | Date
+    | undefined;
+  /** "firing" (its batch being created), "fired", "skipped" or "failed". */
+  state: string;
+  manual: boolean;
+  sessionId: string;
+  batchId: string;
+  /** Why it was skipped or failed. */
+  reason: string;
+  /** Its batch's children, and how many ended each way so far (GetSchedule only). */
+  children: number;
+  completed: number;
+  failed: number;
+  costUsd: number;
 }
 
 function createBaseContextFile(): ContextFile {
@@ -8860,6 +8949,7 @@ function createBaseNotification(): Notification {
     costUsd: 0,
     createdAt: undefined,
     kind: "",
+    schedule: "",
   };
 }
 
@@ -8897,6 +8987,9 @@ export const Notification: MessageFns<Notification> = {
     }
     if (message.kind !== "") {
       writer.uint32(90).string(message.kind);
+    }
+    if (message.schedule !== "") {
+      writer.uint32(98).string(message.schedule);
     }
     return writer;
   },
@@ -9002,6 +9095,14 @@ export const Notification: MessageFns<Notification> = {
             message.kind = reader.string();
             continue;
           }
+          case 12: {
+            if (tag !== 98) {
+              break;
+            }
+
+            message.schedule = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -9047,6 +9148,7 @@ export const Notification: MessageFns<Notification> = {
         ? fromJsonTimestamp(object.created_at)
         : undefined,
       kind: isSet(object.kind) ? globalThis.String(object.kind) : "",
+      schedule: isSet(object.schedule) ? globalThis.String(object.schedule) : "",
     };
   },
 
@@ -9085,6 +9187,9 @@ export const Notification: MessageFns<Notification> = {
     if (message.kind !== "") {
       obj.kind = message.kind;
     }
+    if (message.schedule !== "") {
+      obj.schedule = message.schedule;
+    }
     return obj;
   },
 
@@ -9106,6 +9211,7 @@ export const Notification: MessageFns<Notification> = {
     message.costUsd = object.costUsd ?? 0;
     message.createdAt = object.createdAt ?? undefined;
     message.kind = object.kind ?? "";
+    message.schedule = object.schedule ?? "";
     return message;
   },
 };
@@ -14493,6 +14599,1129 @@ export const ListWebhookAttemptsResponse: MessageFns<ListWebhookAttemptsResponse
   },
 };
 
+function createBaseScheduleSpec(): ScheduleSpec {
+  return { session: undefined, batch: undefined };
+}
+
+export const ScheduleSpec: MessageFns<ScheduleSpec> = {
+  encode(message: ScheduleSpec, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.session !== undefined) {
+      CreateSessionRequest.encode(message.session, writer.uint32(10).fork()).join();
+    }
+    if (message.batch !== undefined) {
+      ForkBatchRequest.encode(message.batch, writer.uint32(18).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ScheduleSpec {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseScheduleSpec();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.session = CreateSessionRequest.decode(reader, reader.uint32());
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.batch = ForkBatchRequest.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ScheduleSpec {
+    return {
+      session: isSet(object.session) ? CreateSessionRequest.fromJSON(object.session) : undefined,
+      batch: isSet(object.batch) ? ForkBatchRequest.fromJSON(object.batch) : undefined,
+    };
+  },
+
+  toJSON(message: ScheduleSpec): unknown {
+    const obj: any = {};
+    if (message.session !== undefined) {
+      obj.session = CreateSessionRequest.toJSON(message.session);
+    }
+    if (message.batch !== undefined) {
+      obj.batch = ForkBatchRequest.toJSON(message.batch);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ScheduleSpec>, I>>(base?: I): ScheduleSpec {
+    return ScheduleSpec.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ScheduleSpec>, I>>(object: I): ScheduleSpec {
+    const message = createBaseScheduleSpec();
+    message.session = (object.session !== undefined && object.session !== null)
+      ? CreateSessionRequest.fromPartial(object.session)
+      : undefined;
+    message.batch = (object.batch !== undefined && object.batch !== null)
+      ? ForkBatchRequest.fromPartial(object.batch)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseCreateScheduleRequest(): CreateScheduleRequest {
+  return { name: "", cron: "", timezone: "", overlap: "", catchUp: "", spec: undefined };
+}
+
+export const CreateScheduleRequest: MessageFns<CreateScheduleRequest> = {
+  encode(message: CreateScheduleRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.name !== "") {
+      writer.uint32(10).string(message.name);
+    }
+    if (message.cron !== "") {
+      writer.uint32(18).string(message.cron);
+    }
+    if (message.timezone !== "") {
+      writer.uint32(26).string(message.timezone);
+    }
+    if (message.overlap !== "") {
+      writer.uint32(34).string(message.overlap);
+    }
+    if (message.catchUp !== "") {
+      writer.uint32(42).string(message.catchUp);
+    }
+    if (message.spec !== undefined) {
+      ScheduleSpec.encode(message.spec, writer.uint32(50).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): CreateScheduleRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseCreateScheduleRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.name = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.cron = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.timezone = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.overlap = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.catchUp = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.spec = ScheduleSpec.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): CreateScheduleRequest {
+    return {
+      name: isSet(object.name) ? globalThis.String(object.name) : "",
+      cron: isSet(object.cron) ? globalThis.String(object.cron) : "",
+      timezone: isSet(object.timezone) ? globalThis.String(object.timezone) : "",
+      overlap: isSet(object.overlap) ? globalThis.String(object.overlap) : "",
+      catchUp: isSet(object.catchUp)
+        ? globalThis.String(object.catchUp)
+        : isSet(object.catch_up)
+        ? globalThis.String(object.catch_up)
+        : "",
+      spec: isSet(object.spec) ? ScheduleSpec.fromJSON(object.spec) : undefined,
+    };
+  },
+
+  toJSON(message: CreateScheduleRequest): unknown {
+    const obj: any = {};
+    if (message.name !== "") {
+      obj.name = message.name;
+    }
+    if (message.cron !== "") {
+      obj.cron = message.cron;
+    }
+    if (message.timezone !== "") {
+      obj.timezone = message.timezone;
+    }
+    if (message.overlap !== "") {
+      obj.overlap = message.overlap;
+    }
+    if (message.catchUp !== "") {
+      obj.catchUp = message.catchUp;
+    }
+    if (message.spec !== undefined) {
+      obj.spec = ScheduleSpec.toJSON(message.spec);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<CreateScheduleRequest>, I>>(base?: I): CreateScheduleRequest {
+    return CreateScheduleRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<CreateScheduleRequest>, I>>(object: I): CreateScheduleRequest {
+    const message = createBaseCreateScheduleRequest();
+    message.name = object.name ?? "";
+    message.cron = object.cron ?? "";
+    message.timezone = object.timezone ?? "";
+    message.overlap = object.overlap ?? "";
+    message.catchUp = object.catchUp ?? "";
+    message.spec = (object.spec !== undefined && object.spec !== null)
+      ? ScheduleSpec.fromPartial(object.spec)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseScheduleNameRequest(): ScheduleNameRequest {
+  return { name: "" };
+}
+
+export const ScheduleNameRequest: MessageFns<ScheduleNameRequest> = {
+  encode(message: ScheduleNameRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.name !== "") {
+      writer.uint32(10).string(message.name);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ScheduleNameRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseScheduleNameRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.name = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ScheduleNameRequest {
+    return { name: isSet(object.name) ? globalThis.String(object.name) : "" };
+  },
+
+  toJSON(message: ScheduleNameRequest): unknown {
+    const obj: any = {};
+    if (message.name !== "") {
+      obj.name = message.name;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ScheduleNameRequest>, I>>(base?: I): ScheduleNameRequest {
+    return ScheduleNameRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ScheduleNameRequest>, I>>(object: I): ScheduleNameRequest {
+    const message = createBaseScheduleNameRequest();
+    message.name = object.name ?? "";
+    return message;
+  },
+};
+
+function createBaseListSchedulesRequest(): ListSchedulesRequest {
+  return {};
+}
+
+export const ListSchedulesRequest: MessageFns<ListSchedulesRequest> = {
+  encode(_: ListSchedulesRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListSchedulesRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListSchedulesRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(_: any): ListSchedulesRequest {
+    return {};
+  },
+
+  toJSON(_: ListSchedulesRequest): unknown {
+    const obj: any = {};
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListSchedulesRequest>, I>>(base?: I): ListSchedulesRequest {
+    return ListSchedulesRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListSchedulesRequest>, I>>(_: I): ListSchedulesRequest {
+    const message = createBaseListSchedulesRequest();
+    return message;
+  },
+};
+
+function createBaseListSchedulesResponse(): ListSchedulesResponse {
+  return { schedules: [] };
+}
+
+export const ListSchedulesResponse: MessageFns<ListSchedulesResponse> = {
+  encode(message: ListSchedulesResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.schedules) {
+      Schedule.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListSchedulesResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListSchedulesResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.schedules.push(Schedule.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListSchedulesResponse {
+    return {
+      schedules: globalThis.Array.isArray(object?.schedules)
+        ? object.schedules.map((e: any) => Schedule.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: ListSchedulesResponse): unknown {
+    const obj: any = {};
+    if (message.schedules?.length) {
+      obj.schedules = message.schedules.map((e) => Schedule.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListSchedulesResponse>, I>>(base?: I): ListSchedulesResponse {
+    return ListSchedulesResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListSchedulesResponse>, I>>(object: I): ListSchedulesResponse {
+    const message = createBaseListSchedulesResponse();
+    message.schedules = object.schedules?.map((e) => Schedule.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseDeleteScheduleResponse(): DeleteScheduleResponse {
+  return {};
+}
+
+export const DeleteScheduleResponse: MessageFns<DeleteScheduleResponse> = {
+  encode(_: DeleteScheduleResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DeleteScheduleResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDeleteScheduleResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(_: any): DeleteScheduleResponse {
+    return {};
+  },
+
+  toJSON(_: DeleteScheduleResponse): unknown {
+    const obj: any = {};
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DeleteScheduleResponse>, I>>(base?: I): DeleteScheduleResponse {
+    return DeleteScheduleResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DeleteScheduleResponse>, I>>(_: I): DeleteScheduleResponse {
+    const message = createBaseDeleteScheduleResponse();
+    return message;
+  },
+};
+
+function createBaseScheduleResponse(): ScheduleResponse {
+  return { schedule: undefined };
+}
+
+export const ScheduleResponse: MessageFns<ScheduleResponse> = {
+  encode(message: ScheduleResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.schedule !== undefined) {
+      Schedule.encode(message.schedule, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ScheduleResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseScheduleResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.schedule = Schedule.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ScheduleResponse {
+    return { schedule: isSet(object.schedule) ? Schedule.fromJSON(object.schedule) : undefined };
+  },
+
+  toJSON(message: ScheduleResponse): unknown {
+    const obj: any = {};
+    if (message.schedule !== undefined) {
+      obj.schedule = Schedule.toJSON(message.schedule);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ScheduleResponse>, I>>(base?: I): ScheduleResponse {
+    return ScheduleResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ScheduleResponse>, I>>(object: I): ScheduleResponse {
+    const message = createBaseScheduleResponse();
+    message.schedule = (object.schedule !== undefined && object.schedule !== null)
+      ? Schedule.fromPartial(object.schedule)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseTriggerScheduleResponse(): TriggerScheduleResponse {
+  return { firing: undefined };
+}
+
+export const TriggerScheduleResponse: MessageFns<TriggerScheduleResponse> = {
+  encode(message: TriggerScheduleResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.firing !== undefined) {
+      ScheduleFiring.encode(message.firing, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): TriggerScheduleResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseTriggerScheduleResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.firing = ScheduleFiring.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): TriggerScheduleResponse {
+    return { firing: isSet(object.firing) ? ScheduleFiring.fromJSON(object.firing) : undefined };
+  },
+
+  toJSON(message: TriggerScheduleResponse): unknown {
+    const obj: any = {};
+    if (message.firing !== undefined) {
+      obj.firing = ScheduleFiring.toJSON(message.firing);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<TriggerScheduleResponse>, I>>(base?: I): TriggerScheduleResponse {
+    return TriggerScheduleResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<TriggerScheduleResponse>, I>>(object: I): TriggerScheduleResponse {
+    const message = createBaseTriggerScheduleResponse();
+    message.firing = (object.firing !== undefined && object.firing !== null)
+      ? ScheduleFiring.fromPartial(object.firing)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseSchedule(): Schedule {
+  return {
+    name: "",
+    cron: "",
+    timezone: "",
+    overlap: "",
+    catchUp: "",
+    paused: false,
+    createdAt: undefined,
+    nextFires: [],
+    firings: [],
+    directives: 0,
+    webhookId: "",
+  };
+}
+
+export const Schedule: MessageFns<Schedule> = {
+  encode(message: Schedule, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.name !== "") {
+      writer.uint32(10).string(message.name);
+    }
+    if (message.cron !== "") {
+      writer.uint32(18).string(message.cron);
+    }
+    if (message.timezone !== "") {
+      writer.uint32(26).string(message.timezone);
+    }
+    if (message.overlap !== "") {
+      writer.uint32(34).string(message.overlap);
+    }
+    if (message.catchUp !== "") {
+      writer.uint32(42).string(message.catchUp);
+    }
+    if (message.paused !== false) {
+      writer.uint32(48).bool(message.paused);
+    }
+    if (message.createdAt !== undefined) {
+      Timestamp.encode(toTimestamp(message.createdAt), writer.uint32(58).fork()).join();
+    }
+    for (const v of message.nextFires) {
+      Timestamp.encode(toTimestamp(v!), writer.uint32(66).fork()).join();
+    }
+    for (const v of message.firings) {
+      ScheduleFiring.encode(v!, writer.uint32(74).fork()).join();
+    }
+    if (message.directives !== 0) {
+      writer.uint32(80).uint32(message.directives);
+    }
+    if (message.webhookId !== "") {
+      writer.uint32(90).string(message.webhookId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): Schedule {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSchedule();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.name = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.cron = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.timezone = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.overlap = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.catchUp = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.paused = reader.bool();
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.createdAt = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.nextFires.push(fromTimestamp(Timestamp.decode(reader, reader.uint32())));
+            continue;
+          }
+          case 9: {
+            if (tag !== 74) {
+              break;
+            }
+
+            message.firings.push(ScheduleFiring.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 10: {
+            if (tag !== 80) {
+              break;
+            }
+
+            message.directives = reader.uint32();
+            continue;
+          }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.webhookId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): Schedule {
+    return {
+      name: isSet(object.name) ? globalThis.String(object.name) : "",
+      cron: isSet(object.cron) ? globalThis.String(object.cron) : "",
+      timezone: isSet(object.timezone) ? globalThis.String(object.timezone) : "",
+      overlap: isSet(object.overlap) ? globalThis.String(object.overlap) : "",
+      catchUp: isSet(object.catchUp)
+        ? globalThis.String(object.catchUp)
+        : isSet(object.catch_up)
+        ? globalThis.String(object.catch_up)
+        : "",
+      paused: isSet(object.paused) ? globalThis.Boolean(object.paused) : false,
+      createdAt: isSet(object.createdAt)
+        ? fromJsonTimestamp(object.createdAt)
+        : isSet(object.created_at)
+        ? fromJsonTimestamp(object.created_at)
+        : undefined,
+      nextFires: globalThis.Array.isArray(object?.nextFires)
+        ? object.nextFires.map((e: any) => fromJsonTimestamp(e))
+        : globalThis.Array.isArray(object?.next_fires)
+        ? object.next_fires.map((e: any) => fromJsonTimestamp(e))
+        : [],
+      firings: globalThis.Array.isArray(object?.firings)
+        ? object.firings.map((e: any) => ScheduleFiring.fromJSON(e))
+        : [],
+      directives: isSet(object.directives) ? globalThis.Number(object.directives) : 0,
+      webhookId: isSet(object.webhookId)
+        ? globalThis.String(object.webhookId)
+        : isSet(object.webhook_id)
+        ? globalThis.String(object.webhook_id)
+        : "",
+    };
+  },
+
+  toJSON(message: Schedule): unknown {
+    const obj: any = {};
+    if (message.name !== "") {
+      obj.name = message.name;
+    }
+    if (message.cron !== "") {
+      obj.cron = message.cron;
+    }
+    if (message.timezone !== "") {
+      obj.timezone = message.timezone;
+    }
+    if (message.overlap !== "") {
+      obj.overlap = message.overlap;
+    }
+    if (message.catchUp !== "") {
+      obj.catchUp = message.catchUp;
+    }
+    if (message.paused !== false) {
+      obj.paused = message.paused;
+    }
+    if (message.createdAt !== undefined) {
+      obj.createdAt = message.createdAt.toISOString();
+    }
+    if (message.nextFires?.length) {
+      obj.nextFires = message.nextFires.map((e) => e.toISOString());
+    }
+    if (message.firings?.length) {
+      obj.firings = message.firings.map((e) => ScheduleFiring.toJSON(e));
+    }
+    if (message.directives !== 0) {
+      obj.directives = Math.round(message.directives);
+    }
+    if (message.webhookId !== "") {
+      obj.webhookId = message.webhookId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<Schedule>, I>>(base?: I): Schedule {
+    return Schedule.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<Schedule>, I>>(object: I): Schedule {
+    const message = createBaseSchedule();
+    message.name = object.name ?? "";
+    message.cron = object.cron ?? "";
+    message.timezone = object.timezone ?? "";
+    message.overlap = object.overlap ?? "";
+    message.catchUp = object.catchUp ?? "";
+    message.paused = object.paused ?? false;
+    message.createdAt = object.createdAt ?? undefined;
+    message.nextFires = object.nextFires?.map((e) => e) || [];
+    message.firings = object.firings?.map((e) => ScheduleFiring.fromPartial(e)) || [];
+    message.directives = object.directives ?? 0;
+    message.webhookId = object.webhookId ?? "";
+    return message;
+  },
+};
+
+function createBaseScheduleFiring(): ScheduleFiring {
+  return {
+    fireTime: undefined,
+    state: "",
+    manual: false,
+    sessionId: "",
+    batchId: "",
+    reason: "",
+    children: 0,
+    completed: 0,
+    failed: 0,
+    costUsd: 0,
+  };
+}
+
+export const ScheduleFiring: MessageFns<ScheduleFiring> = {
+  encode(message: ScheduleFiring, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.fireTime !== undefined) {
+      Timestamp.encode(toTimestamp(message.fireTime), writer.uint32(10).fork()).join();
+    }
+    if (message.state !== "") {
+      writer.uint32(18).string(message.state);
+    }
+    if (message.manual !== false) {
+      writer.uint32(24).bool(message.manual);
+    }
+    if (message.sessionId !== "") {
+      writer.uint32(34).string(message.sessionId);
+    }
+    if (message.batchId !== "") {
+      writer.uint32(42).string(message.batchId);
+    }
+    if (message.reason !== "") {
+      writer.uint32(50).string(message.reason);
+    }
+    if (message.children !== 0) {
+      writer.uint32(56).uint32(message.children);
+    }
+    if (message.completed !== 0) {
+      writer.uint32(64).uint32(message.completed);
+    }
+    if (message.failed !== 0) {
+      writer.uint32(72).uint32(message.failed);
+    }
+    if (message.costUsd !== 0) {
+      writer.uint32(81).double(message.costUsd);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ScheduleFiring {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseScheduleFiring();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.fireTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.state = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.manual = reader.bool();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.sessionId = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.batchId = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.children = reader.uint32();
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.completed = reader.uint32();
+            continue;
+          }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.failed = reader.uint32();
+            continue;
+          }
+          case 10: {
+            if (tag !== 81) {
+              break;
+            }
+
+            message.costUsd = reader.double();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ScheduleFiring {
+    return {
+      fireTime: isSet(object.fireTime)
+        ? fromJsonTimestamp(object.fireTime)
+        : isSet(object.fire_time)
+        ? fromJsonTimestamp(object.fire_time)
+        : undefined,
+      state: isSet(object.state) ? globalThis.String(object.state) : "",
+      manual: isSet(object.manual) ? globalThis.Boolean(object.manual) : false,
+      sessionId: isSet(object.sessionId)
+        ? globalThis.String(object.sessionId)
+        : isSet(object.session_id)
+        ? globalThis.String(object.session_id)
+        : "",
+      batchId: isSet(object.batchId)
+        ? globalThis.String(object.batchId)
+        : isSet(object.batch_id)
+        ? globalThis.String(object.batch_id)
+        : "",
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+      children: isSet(object.children) ? globalThis.Number(object.children) : 0,
+      completed: isSet(object.completed) ? globalThis.Number(object.completed) : 0,
+      failed: isSet(object.failed) ? globalThis.Number(object.failed) : 0,
+      costUsd: isSet(object.costUsd)
+        ? globalThis.Number(object.costUsd)
+        : isSet(object.cost_usd)
+        ? globalThis.Number(object.cost_usd)
+        : 0,
+    };
+  },
+
+  toJSON(message: ScheduleFiring): unknown {
+    const obj: any = {};
+    if (message.fireTime !== undefined) {
+      obj.fireTime = message.fireTime.toISOString();
+    }
+    if (message.state !== "") {
+      obj.state = message.state;
+    }
+    if (message.manual !== false) {
+      obj.manual = message.manual;
+    }
+    if (message.sessionId !== "") {
+      obj.sessionId = message.sessionId;
+    }
+    if (message.batchId !== "") {
+      obj.batchId = message.batchId;
+    }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    if (message.children !== 0) {
+      obj.children = Math.round(message.children);
+    }
+    if (message.completed !== 0) {
+      obj.completed = Math.round(message.completed);
+    }
+    if (message.failed !== 0) {
+      obj.failed = Math.round(message.failed);
+    }
+    if (message.costUsd !== 0) {
+      obj.costUsd = floatToJson(message.costUsd);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ScheduleFiring>, I>>(base?: I): ScheduleFiring {
+    return ScheduleFiring.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ScheduleFiring>, I>>(object: I): ScheduleFiring {
+    const message = createBaseScheduleFiring();
+    message.fireTime = object.fireTime ?? undefined;
+    message.state = object.state ?? "";
+    message.manual = object.manual ?? false;
+    message.sessionId = object.sessionId ?? "";
+    message.batchId = object.batchId ?? "";
+    message.reason = object.reason ?? "";
+    message.children = object.children ?? 0;
+    message.completed = object.completed ?? 0;
+    message.failed = object.failed ?? 0;
+    message.costUsd = object.costUsd ?? 0;
+    return message;
+  },
+};
+
 export type ForkdService = typeof ForkdService;
 export const ForkdService = {
   /** Sessions: parent conversations whose context children inherit. */
@@ -14950,6 +16179,84 @@ export const ForkdService = {
       Buffer.from(ListWebhookAttemptsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ListWebhookAttemptsResponse => ListWebhookAttemptsResponse.decode(value),
   },
+  /**
+   * Schedules (docs/operations.md, "Webhooks and schedules"): the caller's tenant's batches on a
+   * clock. Each firing creates its own session and batch from the stored spec, under the
+   * idempotency keys `schedule/NAME/<fire time>/session` and `schedule/NAME/<fire time>`, so a
+   * firing forks once however daemons crash or race. Another tenant's schedule is NOT_FOUND; a
+   * name taken is FAILED_PRECONDITION; a cron expression or time zone that does not parse, or a
+   * spec that would not fork, is INVALID_ARGUMENT.
+   */
+  createSchedule: {
+    path: "/forkd.v1.Forkd/CreateSchedule" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: CreateScheduleRequest): Buffer =>
+      Buffer.from(CreateScheduleRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): CreateScheduleRequest => CreateScheduleRequest.decode(value),
+    responseSerialize: (value: ScheduleResponse): Buffer => Buffer.from(ScheduleResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ScheduleResponse => ScheduleResponse.decode(value),
+  },
+  listSchedules: {
+    path: "/forkd.v1.Forkd/ListSchedules" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ListSchedulesRequest): Buffer => Buffer.from(ListSchedulesRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ListSchedulesRequest => ListSchedulesRequest.decode(value),
+    responseSerialize: (value: ListSchedulesResponse): Buffer =>
+      Buffer.from(ListSchedulesResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ListSchedulesResponse => ListSchedulesResponse.decode(value),
+  },
+  /** The schedule with its next firing times and its latest firings. */
+  getSchedule: {
+    path: "/forkd.v1.Forkd/GetSchedule" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ScheduleNameRequest): Buffer => Buffer.from(ScheduleNameRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ScheduleNameRequest => ScheduleNameRequest.decode(value),
+    responseSerialize: (value: ScheduleResponse): Buffer => Buffer.from(ScheduleResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ScheduleResponse => ScheduleResponse.decode(value),
+  },
+  pauseSchedule: {
+    path: "/forkd.v1.Forkd/PauseSchedule" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ScheduleNameRequest): Buffer => Buffer.from(ScheduleNameRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ScheduleNameRequest => ScheduleNameRequest.decode(value),
+    responseSerialize: (value: ScheduleResponse): Buffer => Buffer.from(ScheduleResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ScheduleResponse => ScheduleResponse.decode(value),
+  },
+  /** Resumes from now: the firings due while it was paused are not caught up. */
+  resumeSchedule: {
+    path: "/forkd.v1.Forkd/ResumeSchedule" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ScheduleNameRequest): Buffer => Buffer.from(ScheduleNameRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ScheduleNameRequest => ScheduleNameRequest.decode(value),
+    responseSerialize: (value: ScheduleResponse): Buffer => Buffer.from(ScheduleResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ScheduleResponse => ScheduleResponse.decode(value),
+  },
+  deleteSchedule: {
+    path: "/forkd.v1.Forkd/DeleteSchedule" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ScheduleNameRequest): Buffer => Buffer.from(ScheduleNameRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ScheduleNameRequest => ScheduleNameRequest.decode(value),
+    responseSerialize: (value: DeleteScheduleResponse): Buffer =>
+      Buffer.from(DeleteScheduleResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): DeleteScheduleResponse => DeleteScheduleResponse.decode(value),
+  },
+  /** Fires now, outside the clock (a paused schedule too), and answers the firing. */
+  triggerSchedule: {
+    path: "/forkd.v1.Forkd/TriggerSchedule" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ScheduleNameRequest): Buffer => Buffer.from(ScheduleNameRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ScheduleNameRequest => ScheduleNameRequest.decode(value),
+    responseSerialize: (value: TriggerScheduleResponse): Buffer =>
+      Buffer.from(TriggerScheduleResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): TriggerScheduleResponse => TriggerScheduleResponse.decode(value),
+  },
 } as const;
 
 export interface ForkdServer extends UntypedServiceImplementation {
@@ -15079,6 +16386,24 @@ export interface ForkdServer extends UntypedServiceImplementation {
   testWebhook: handleUnaryCall<TestWebhookRequest, TestWebhookResponse>;
   /** The webhook's latest attempts, newest first. */
   listWebhookAttempts: handleUnaryCall<ListWebhookAttemptsRequest, ListWebhookAttemptsResponse>;
+  /**
+   * Schedules (docs/operations.md, "Webhooks and schedules"): the caller's tenant's batches on a
+   * clock. Each firing creates its own session and batch from the stored spec, under the
+   * idempotency keys `schedule/NAME/<fire time>/session` and `schedule/NAME/<fire time>`, so a
+   * firing forks once however daemons crash or race. Another tenant's schedule is NOT_FOUND; a
+   * name taken is FAILED_PRECONDITION; a cron expression or time zone that does not parse, or a
+   * spec that would not fork, is INVALID_ARGUMENT.
+   */
+  createSchedule: handleUnaryCall<CreateScheduleRequest, ScheduleResponse>;
+  listSchedules: handleUnaryCall<ListSchedulesRequest, ListSchedulesResponse>;
+  /** The schedule with its next firing times and its latest firings. */
+  getSchedule: handleUnaryCall<ScheduleNameRequest, ScheduleResponse>;
+  pauseSchedule: handleUnaryCall<ScheduleNameRequest, ScheduleResponse>;
+  /** Resumes from now: the firings due while it was paused are not caught up. */
+  resumeSchedule: handleUnaryCall<ScheduleNameRequest, ScheduleResponse>;
+  deleteSchedule: handleUnaryCall<ScheduleNameRequest, DeleteScheduleResponse>;
+  /** Fires now, outside the clock (a paused schedule too), and answers the firing. */
+  triggerSchedule: handleUnaryCall<ScheduleNameRequest, TriggerScheduleResponse>;
 }
 
 export interface ForkdClient extends Client {
@@ -15689,6 +17014,122 @@ export interface ForkdClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListWebhookAttemptsResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Schedules (docs/operations.md, "Webhooks and schedules"): the caller's tenant's batches on a
+   * clock. Each firing creates its own session and batch from the stored spec, under the
+   * idempotency keys `schedule/NAME/<fire time>/session` and `schedule/NAME/<fire time>`, so a
+   * firing forks once however daemons crash or race. Another tenant's schedule is NOT_FOUND; a
+   * name taken is FAILED_PRECONDITION; a cron expression or time zone that does not parse, or a
+   * spec that would not fork, is INVALID_ARGUMENT.
+   */
+  createSchedule(
+    request: CreateScheduleRequest,
+    callback: (error: ServiceError | null, response: ScheduleResponse) => void,
+  ): ClientUnaryCall;
+  createSchedule(
+    request: CreateScheduleRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ScheduleResponse) => void,
+  ): ClientUnaryCall;
+  createSchedule(
+    request: CreateScheduleRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ScheduleResponse) => void,
+  ): ClientUnaryCall;
+  listSchedules(
+    request: ListSchedulesRequest,
+    callback: (error: ServiceError | null, response: ListSchedulesResponse) => void,
+  ): ClientUnaryCall;
+  listSchedules(
+    request: ListSchedulesRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ListSchedulesResponse) => void,
+  ): ClientUnaryCall;
+  listSchedules(
+    request: ListSchedulesRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ListSchedulesResponse) => void,
+  ): ClientUnaryCall;
+  /** The schedule with its next firing times and its latest firings. */
+  getSchedule(
+    request: ScheduleNameRequest,
+    callback: (error: ServiceError | null, response: ScheduleResponse) => void,
+  ): ClientUnaryCall;
+  getSchedule(
+    request: ScheduleNameRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ScheduleResponse) => void,
+  ): ClientUnaryCall;
+  getSchedule(
+    request: ScheduleNameRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ScheduleResponse) => void,
+  ): ClientUnaryCall;
+  pauseSchedule(
+    request: ScheduleNameRequest,
+    callback: (error: ServiceError | null, response: ScheduleResponse) => void,
+  ): ClientUnaryCall;
+  pauseSchedule(
+    request: ScheduleNameRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ScheduleResponse) => void,
+  ): ClientUnaryCall;
+  pauseSchedule(
+    request: ScheduleNameRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ScheduleResponse) => void,
+  ): ClientUnaryCall;
+  /** Resumes from now: the firings due while it was paused are not caught up. */
+  resumeSchedule(
+    request: ScheduleNameRequest,
+    callback: (error: ServiceError | null, response: ScheduleResponse) => void,
+  ): ClientUnaryCall;
+  resumeSchedule(
+    request: ScheduleNameRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ScheduleResponse) => void,
+  ): ClientUnaryCall;
+  resumeSchedule(
+    request: ScheduleNameRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ScheduleResponse) => void,
+  ): ClientUnaryCall;
+  deleteSchedule(
+    request: ScheduleNameRequest,
+    callback: (error: ServiceError | null, response: DeleteScheduleResponse) => void,
+  ): ClientUnaryCall;
+  deleteSchedule(
+    request: ScheduleNameRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: DeleteScheduleResponse) => void,
+  ): ClientUnaryCall;
+  deleteSchedule(
+    request: ScheduleNameRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: DeleteScheduleResponse) => void,
+  ): ClientUnaryCall;
+  /** Fires now, outside the clock (a paused schedule too), and answers the firing. */
+  triggerSchedule(
+    request: ScheduleNameRequest,
+    callback: (error: ServiceError | null, response: TriggerScheduleResponse) => void,
+  ): ClientUnaryCall;
+  triggerSchedule(
+    request: ScheduleNameRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: TriggerScheduleResponse) => void,
+  ): ClientUnaryCall;
+  triggerSchedule(
+    request: ScheduleNameRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: TriggerScheduleResponse) => void,
   ): ClientUnaryCall;
 }
 

@@ -1,0 +1,261 @@
+//! The schedules' clock (docs/operations.md, "Webhooks and schedules"): a loop that finds the
+//! schedules due, claims each firing in the store (the claim moves the schedule's next firing on
+//! in the same transaction, so of several daemons one claims it), and fires it as the schedule's
+//! tenant through the same conversions and engine calls as `CreateSession` and `ForkBatch`,
+//! under the firing's idempotency keys: a firing fired twice (its daemon died mid-way, and the
+//! claim lapsed) forks once.
+//!
+//! It lives here, beside the service, because a schedule's spec is the wire's requests.
+
+use std::time::Duration;
+
+use forkd_core::Tenant;
+use forkd_core::query::AgentFilter;
+use forkd_core::schedule::{
+    CatchUp, Cron, Firing, FiringClaim, FiringOutcome, FiringState, Overlap, Schedule,
+};
+use forkd_engine::Engine;
+use forkd_proto::v1 as pb;
+use prost::Message as _;
+use tokio_util::sync::CancellationToken;
+
+use crate::convert;
+use crate::status::ApiError;
+
+/// How often the clock looks for due schedules.
+const TICK: Duration = Duration::from_millis(100);
+
+/// A firing this late is missed (the daemon was down or stalled), not on time.
+const ON_TIME: Duration = Duration::from_secs(2);
+
+/// How long a daemon's claim on a firing lasts: its session and batch are created well within.
+const CLAIM: Duration = Duration::from_secs(60);
+
+/// Starts the clock; it stops when `stop` is cancelled (the daemon's drain).
+pub fn start_schedules(engine: Engine, stop: CancellationToken) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if let Err(e) = tick_once(&engine).await {
+                tracing::warn!(error = %e, "The schedules' clock could not read the store");
+            }
+        }
+    });
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, millis)
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+async fn tick_once(engine: &Engine) -> Result<(), forkd_core::store::StoreError> {
+    let store = engine.store();
+    let daemon = store.holder().daemon;
+    let now = now_ms();
+    for schedule in store.due_schedules(now).await? {
+        let Some(claim) = plan(&schedule, now) else {
+            continue;
+        };
+        let tenant = schedule.tenant.clone();
+        let (fire, missed) = claim;
+        // The first claim moves the schedule on; whoever makes it fires.
+        let (first, second) = match fire {
+            Some(fire) => (fire, missed),
+            None => match missed {
+                Some(missed) => (missed, None),
+                None => continue,
+            },
+        };
+        if !store.claim_firing(&tenant, &first, daemon).await? {
+            continue;
+        }
+        if let Some(missed) = second {
+            store.claim_firing(&tenant, &missed, daemon).await?;
+        }
+        if first.decided.is_none() {
+            spawn_firing(engine.clone(), schedule, first.fire_at_ms, false);
+        }
+    }
+    for (tenant, firing) in store.stale_firings(now).await? {
+        let until = now + millis(CLAIM);
+        let name = firing.name.clone();
+        if !store
+            .reclaim_firing(&tenant, &name, firing.fire_at_ms, daemon, until)
+            .await?
+        {
+            continue;
+        }
+        if let Some(schedule) = store.schedule(&tenant, &name).await? {
+            spawn_firing(engine.clone(), schedule, firing.fire_at_ms, firing.manual);
+        }
+    }
+    Ok(())
+}
+
+/// What a due schedule's claim is: the firing to fire, and the row recording the firings missed
+/// (while no daemon ran), per its catch-up rule.
+fn plan(schedule: &Schedule, now: i64) -> Option<(Option<FiringClaim>, Option<FiringClaim>)> {
+    let due = schedule.next_fire_at_ms?;
+    let cron = match Cron::parse(&schedule.cron, &schedule.timezone) {
+        Ok(cron) => cron,
+        Err(e) => {
+            tracing::warn!(schedule = %schedule.name, error = %e, "A stored schedule does not parse");
+            return None;
+        }
+    };
+    let (later, more) = cron.between(due, now, 1);
+    let latest = later.last().copied().unwrap_or(due);
+    let count = 1 + more;
+    let next = cron.next_after(now.max(latest));
+    let advance = Some((Some(due), next));
+    let on_time = now - latest <= millis(ON_TIME);
+    let fire_at = (on_time || schedule.catch_up == CatchUp::Once).then_some(latest);
+    let missed = count - usize::from(fire_at.is_some());
+    let fire = fire_at.map(|at| FiringClaim {
+        name: schedule.name.clone(),
+        fire_at_ms: at,
+        manual: false,
+        claim_until_ms: now + millis(CLAIM),
+        advance,
+        decided: None,
+    });
+    // Past one firing, `latest` differs from `due`: the missed row has a time of its own.
+    let missed = (missed > 0).then(|| {
+        let rule = match schedule.catch_up {
+            CatchUp::Once => "caught up by one firing",
+            CatchUp::None => "catch-up: none",
+        };
+        FiringClaim {
+            name: schedule.name.clone(),
+            fire_at_ms: due,
+            manual: false,
+            claim_until_ms: now,
+            advance: if fire.is_some() { None } else { advance },
+            decided: Some(FiringOutcome {
+                state: FiringState::Skipped,
+                session_id: None,
+                batch_id: None,
+                reason: Some(format!(
+                    "{missed} firing{} missed while no daemon ran ({rule})",
+                    if missed == 1 { "" } else { "s" }
+                )),
+            }),
+        }
+    });
+    Some((fire, missed))
+}
+
+fn spawn_firing(engine: Engine, schedule: Schedule, fire_at_ms: i64, manual: bool) {
+    tokio::spawn(async move {
+        let outcome = fire(&engine, &schedule, fire_at_ms, manual).await;
+        if let Err(e) = engine
+            .store()
+            .finish_firing(&schedule.tenant, &schedule.name, fire_at_ms, &outcome)
+            .await
+        {
+            // Its claim lapses and it is fired again, under the same keys.
+            tracing::warn!(schedule = %schedule.name, error = %e, "A firing's outcome was not recorded");
+        }
+    });
+}
+
+/// Fires one firing: its session and batch, from the spec, under the firing's keys; or why not.
+pub(crate) async fn fire(
+    engine: &Engine,
+    schedule: &Schedule,
+    fire_at_ms: i64,
+    manual: bool,
+) -> FiringOutcome {
+    let outcome = fire_spec(engine, schedule, fire_at_ms, manual).await;
+    let outcome = outcome.unwrap_or_else(|e| FiringOutcome {
+        state: FiringState::Failed,
+        session_id: None,
+        batch_id: None,
+        reason: Some(tonic::Status::from(e).message().to_owned()),
+    });
+    tracing::info!(
+        schedule = %schedule.name,
+        tenant = %schedule.tenant,
+        state = outcome.state.as_str(),
+        batch.id = outcome.batch_id.map(|b| b.to_string()).unwrap_or_default(),
+        "Schedule fired"
+    );
+    outcome
+}
+
+async fn fire_spec(
+    engine: &Engine,
+    schedule: &Schedule,
+    fire_at_ms: i64,
+    manual: bool,
+) -> Result<FiringOutcome, ApiError> {
+    let spec = pb::ScheduleSpec::decode(schedule.spec.as_slice())
+        .map_err(|e| ApiError::BadRequest(format!("the stored spec does not decode: {e}")))?;
+    let tenant = Tenant::new(&schedule.tenant)
+        .map_err(|e| ApiError::BadRequest(format!("the schedule's tenant: {e}")))?;
+    let scoped = engine.for_tenant(tenant);
+    if !manual && schedule.overlap == Overlap::Skip {
+        let earlier = engine
+            .store()
+            .firings(&schedule.tenant, &schedule.name, 16)
+            .await
+            .map_err(forkd_engine::EngineError::from)?;
+        let previous = earlier
+            .iter()
+            .filter(|f| f.fire_at_ms != fire_at_ms)
+            .find_map(|f| f.batch_id);
+        if let Some(batch) = previous {
+            let live = scoped
+                .list_agents(AgentFilter {
+                    batch_id: Some(batch),
+                    ..AgentFilter::default()
+                })
+                .await?;
+            if !live.is_empty() {
+                return Ok(FiringOutcome {
+                    state: FiringState::Skipped,
+                    session_id: None,
+                    batch_id: None,
+                    reason: Some(format!(
+                        "the previous firing's batch {batch} still runs (overlap: skip)"
+                    )),
+                });
+            }
+        }
+    }
+    let key = Firing::key(&schedule.name, fire_at_ms);
+    let mut session = spec.session.unwrap_or_default();
+    session.idempotency_key = format!("{key}/session");
+    let view = scoped
+        .create_session(convert::new_session(session)?)
+        .await?;
+    let mut batch = spec.batch.unwrap_or_default();
+    batch.session_id = view.session.id.to_string();
+    batch.idempotency_key = key;
+    let mut options = convert::batch_options(&batch).map_err(ApiError::BadRequest)?;
+    options.schedule = Some(schedule.name.clone());
+    let directives = batch
+        .directives
+        .into_iter()
+        .map(convert::directive)
+        .collect();
+    let submitted = scoped
+        .fork_batch(view.session.id, directives, options)
+        .await?;
+    Ok(FiringOutcome {
+        state: FiringState::Fired,
+        session_id: Some(view.session.id),
+        batch_id: Some(submitted.batch_id),
+        reason: None,
+    })
+}
