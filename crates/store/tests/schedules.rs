@@ -44,7 +44,10 @@ async fn a_firing_is_claimed_once_and_moves_the_schedule_on(store: TestStore) ->
             .claim_firing("alice", &claim(1_000, 2_000, 9_000), b)
             .await?
     );
-    let s = store.schedule("alice", "nightly").await?.ok_or("not stored")?;
+    let s = store
+        .schedule("alice", "nightly")
+        .await?
+        .ok_or("not stored")?;
     assert_eq!(s.next_fire_at_ms, Some(2_000));
     assert_eq!(store.due_schedules(1_500).await?.len(), 0);
     let outcome = FiringOutcome {
