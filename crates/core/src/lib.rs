@@ -10,6 +10,7 @@ pub mod calc;
 pub mod compaction;
 pub mod digest;
 pub mod fork;
+pub mod hooks;
 pub mod ids;
 pub mod isolation;
 pub mod json;

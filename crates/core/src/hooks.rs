@@ -1,0 +1,577 @@
+//! Hooks: the policies and automations users wrote for Claude Code, in its format and with its
+//! semantics (docs/contracts.md, "Hooks"). What is here is pure: the `hooks` block of a
+//! `settings.json` parsed ([`HookSet`]), which commands an event runs ([`HookSet::commands`]),
+//! what one command's run says ([`HookOutput::of`]: its exit code, stderr and JSON output) and
+//! what several say together about one tool call ([`pre_tool_verdict`]: deny over ask over
+//! allow; two different `updatedInput`s deny the call, naming both hooks). Running them is the
+//! engine's.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// The events a hook may be registered for, by Claude Code's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum HookEvent {
+    PreToolUse,
+    PostToolUse,
+    UserPromptSubmit,
+    Stop,
+    SubagentStop,
+    PreCompact,
+    Notification,
+    SessionStart,
+}
+
+impl HookEvent {
+    pub const ALL: [HookEvent; 8] = [
+        HookEvent::PreToolUse,
+        HookEvent::PostToolUse,
+        HookEvent::UserPromptSubmit,
+        HookEvent::Stop,
+        HookEvent::SubagentStop,
+        HookEvent::PreCompact,
+        HookEvent::Notification,
+        HookEvent::SessionStart,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HookEvent::PreToolUse => "PreToolUse",
+            HookEvent::PostToolUse => "PostToolUse",
+            HookEvent::UserPromptSubmit => "UserPromptSubmit",
+            HookEvent::Stop => "Stop",
+            HookEvent::SubagentStop => "SubagentStop",
+            HookEvent::PreCompact => "PreCompact",
+            HookEvent::Notification => "Notification",
+            HookEvent::SessionStart => "SessionStart",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|e| e.as_str() == name)
+    }
+
+    /// Whether its matcher is read against a tool's name (for the others it is ignored).
+    fn matches_tools(self) -> bool {
+        matches!(self, HookEvent::PreToolUse | HookEvent::PostToolUse)
+    }
+}
+
+/// How long a hook command may run unless it says (Claude Code's default).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One hook command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookCommand {
+    /// Run by `bash -c`.
+    pub command: String,
+    pub timeout: Duration,
+    /// Run in the session's sandbox view, as its Bash commands are. Only the operator's hooks may
+    /// run outside it (`"sandbox": false`).
+    pub sandboxed: bool,
+}
+
+/// A matcher: a regular expression over a tool's name (`Bash|Write`, `mcp__github__.*`), anchored
+/// at both ends as Claude Code's are; empty or `*` matches every tool.
+#[derive(Debug, Clone)]
+struct Matcher {
+    regex: Option<regex::Regex>,
+}
+
+impl Matcher {
+    fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if text.is_empty() || text == "*" {
+            return Ok(Self { regex: None });
+        }
+        regex::Regex::new(&format!("^(?:{text})$"))
+            .map(|regex| Self { regex: Some(regex) })
+            .map_err(|e| format!("matcher {text:?} is not a regular expression: {e}"))
+    }
+
+    fn matches(&self, tool: &str) -> bool {
+        self.regex.as_ref().is_none_or(|r| r.is_match(tool))
+    }
+}
+
+/// The hooks of one `settings.json`'s `hooks` block, by event.
+#[derive(Debug, Clone, Default)]
+pub struct HookSet {
+    events: BTreeMap<HookEvent, Vec<(Matcher, Vec<HookCommand>)>>,
+}
+
+impl HookSet {
+    /// Parses `{"hooks": {EVENT: [{"matcher": "…", "hooks": [{"type": "command", "command": "…",
+    /// "timeout": 60}]}]}}` (a whole `settings.json`: other keys are ignored). `operator`: the
+    /// daemon's own hooks, which may set `"sandbox": false`.
+    pub fn parse(text: &str, operator: bool) -> Result<Self, String> {
+        let settings: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+        let Some(hooks) = settings.get("hooks") else {
+            return Ok(Self::default());
+        };
+        let hooks = hooks.as_object().ok_or("`hooks` is an object of events")?;
+        let mut set = Self::default();
+        for (name, groups) in hooks {
+            let event = HookEvent::parse(name).ok_or_else(|| {
+                format!(
+                    "{name:?} is not a hook event ({})",
+                    HookEvent::ALL.map(HookEvent::as_str).join(", ")
+                )
+            })?;
+            let groups = groups
+                .as_array()
+                .ok_or_else(|| format!("{name}: a list of matchers and their hooks"))?;
+            for group in groups {
+                let matcher = match group.get("matcher") {
+                    None => Matcher::parse("")?,
+                    Some(Value::String(m)) => Matcher::parse(m)?,
+                    Some(_) => return Err(format!("{name}: `matcher` is a string")),
+                };
+                let commands = group
+                    .get("hooks")
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| format!("{name}: each matcher has a list of `hooks`"))?
+                    .iter()
+                    .map(|h| command(name, h, operator))
+                    .collect::<Result<Vec<_>, _>>()?;
+                set.events
+                    .entry(event)
+                    .or_default()
+                    .push((matcher, commands));
+            }
+        }
+        Ok(set)
+    }
+
+    /// Another set's hooks after this one's (the operator's, then the session's).
+    pub fn merged(mut self, other: &HookSet) -> HookSet {
+        for (event, groups) in &other.events {
+            self.events
+                .entry(*event)
+                .or_default()
+                .extend(groups.iter().cloned());
+        }
+        self
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events.values().all(Vec::is_empty)
+    }
+
+    /// The commands `event` runs, for `tool` where the event is about one: every matching group's,
+    /// in order, each command once.
+    pub fn commands(&self, event: HookEvent, tool: Option<&str>) -> Vec<&HookCommand> {
+        let mut out: Vec<&HookCommand> = Vec::new();
+        for (matcher, commands) in self.events.get(&event).into_iter().flatten() {
+            let applies = !event.matches_tools() || tool.is_some_and(|t| matcher.matches(t));
+            if applies {
+                for c in commands {
+                    if !out.contains(&c) {
+                        out.push(c);
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+fn command(event: &str, hook: &Value, operator: bool) -> Result<HookCommand, String> {
+    match hook.get("type").and_then(Value::as_str) {
+        Some("command") => {}
+        other => {
+            return Err(format!(
+                "{event}: hook type {other:?} is not supported (only \"command\")"
+            ));
+        }
+    }
+    let command = hook
+        .get("command")
+        .and_then(Value::as_str)
+        .filter(|c| !c.trim().is_empty())
+        .ok_or_else(|| format!("{event}: a command hook has a `command`"))?;
+    let timeout = match hook.get("timeout") {
+        None => DEFAULT_TIMEOUT,
+        Some(t) => t
+            .as_f64()
+            .filter(|t| *t > 0.0 && t.is_finite())
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| format!("{event}: `timeout` is a positive number of seconds"))?,
+    };
+    let sandboxed = match hook.get("sandbox") {
+        None => true,
+        Some(Value::Bool(false)) if operator => false,
+        Some(Value::Bool(false)) => {
+            return Err(format!(
+                "{event}: only the operator's hooks may run outside the sandbox"
+            ));
+        }
+        Some(Value::Bool(true)) => true,
+        Some(_) => return Err(format!("{event}: `sandbox` is true or false")),
+    };
+    Ok(HookCommand {
+        command: command.to_owned(),
+        timeout,
+        sandboxed,
+    })
+}
+
+/// How one hook command's run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookRun {
+    /// Its exit code; `None` when it was killed (its timeout) or never ran.
+    pub exit: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    /// Why it did not finish, when it did not (a timeout, a sandbox that refused it).
+    pub failure: Option<String>,
+}
+
+/// A tool call's permission, as a PreToolUse hook decides it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Permission {
+    Allow,
+    Ask,
+    Deny,
+}
+
+/// What one hook's run says, Claude Code's way: exit 0 (its JSON output, if stdout is JSON),
+/// exit 2 (block: stderr goes to the model), any other (a non-blocking error, told to the user).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HookOutput {
+    /// `continue: false`: the agent stops after this hook (with `stop_reason`).
+    pub stop: Option<String>,
+    pub suppress_output: bool,
+    /// Shown to the user (the log, the web view), never to the model.
+    pub system_message: Option<String>,
+    /// Blocks what the event is about (exit 2, `decision: "block"`, PreToolUse's `deny`), with
+    /// the reason the model reads.
+    pub block: Option<String>,
+    /// PreToolUse's `permissionDecision`.
+    pub permission: Option<Permission>,
+    pub permission_reason: Option<String>,
+    /// PreToolUse's replacement input.
+    pub updated_input: Option<Value>,
+    /// Context for the model (PostToolUse, UserPromptSubmit, SessionStart).
+    pub additional_context: Option<String>,
+    /// A non-blocking error (another exit code, a timeout): told to the user.
+    pub error: Option<String>,
+}
+
+impl HookOutput {
+    /// Reads a run of a hook for `event`.
+    pub fn of(event: HookEvent, run: &HookRun) -> HookOutput {
+        if let Some(failure) = &run.failure {
+            return HookOutput {
+                error: Some(failure.clone()),
+                ..HookOutput::default()
+            };
+        }
+        match run.exit {
+            Some(0) => {}
+            Some(2) => {
+                return HookOutput {
+                    block: Some(run.stderr.trim().to_owned()),
+                    permission: (event == HookEvent::PreToolUse).then_some(Permission::Deny),
+                    ..HookOutput::default()
+                };
+            }
+            code => {
+                let code = code.map_or("no exit code".to_owned(), |c| format!("exit code {c}"));
+                return HookOutput {
+                    error: Some(format!("{code}: {}", run.stderr.trim())),
+                    ..HookOutput::default()
+                };
+            }
+        }
+        let Ok(Value::Object(json)) = serde_json::from_str::<Value>(run.stdout.trim()) else {
+            // Plain stdout: context for the events whose stdout Claude Code hands the model.
+            let context = matches!(event, HookEvent::UserPromptSubmit | HookEvent::SessionStart)
+                .then(|| run.stdout.trim().to_owned())
+                .filter(|s| !s.is_empty());
+            return HookOutput {
+                additional_context: context,
+                ..HookOutput::default()
+            };
+        };
+        let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_owned);
+        let specific = json.get("hookSpecificOutput").and_then(Value::as_object);
+        let from_specific = |key: &str| specific.and_then(|s| s.get(key));
+        let mut out = HookOutput {
+            stop: (json.get("continue") == Some(&Value::Bool(false))).then(|| {
+                text(json.get("stopReason")).unwrap_or_else(|| "a hook stopped the agent".into())
+            }),
+            suppress_output: json.get("suppressOutput") == Some(&Value::Bool(true)),
+            system_message: text(json.get("systemMessage")),
+            additional_context: text(from_specific("additionalContext")),
+            updated_input: from_specific("updatedInput").cloned(),
+            permission_reason: text(from_specific("permissionDecisionReason")),
+            ..HookOutput::default()
+        };
+        out.permission = match text(from_specific("permissionDecision")).as_deref() {
+            Some("allow") => Some(Permission::Allow),
+            Some("ask") => Some(Permission::Ask),
+            Some("deny") => Some(Permission::Deny),
+            _ => None,
+        };
+        let reason = text(json.get("reason"));
+        match text(json.get("decision")).as_deref() {
+            Some("block") => {
+                out.block = Some(reason.unwrap_or_else(|| "blocked by a hook".into()));
+                if event == HookEvent::PreToolUse && out.permission.is_none() {
+                    out.permission = Some(Permission::Deny);
+                }
+            }
+            // The older spelling of PreToolUse's allow.
+            Some("approve") if event == HookEvent::PreToolUse && out.permission.is_none() => {
+                out.permission = Some(Permission::Allow);
+            }
+            _ => {}
+        }
+        if out.permission == Some(Permission::Deny) && out.block.is_none() {
+            out.block = Some(
+                out.permission_reason
+                    .clone()
+                    .unwrap_or_else(|| "denied by a hook".into()),
+            );
+        }
+        out
+    }
+}
+
+/// What a tool call's PreToolUse hooks decide together.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreToolVerdict {
+    /// `None`: no hook decided; the permission rules decide as without hooks.
+    pub permission: Option<Permission>,
+    /// Why (the model reads a denial's).
+    pub reason: Option<String>,
+    /// The input the call runs with, when a hook replaced it.
+    pub updated_input: Option<Value>,
+}
+
+/// Combines the PreToolUse outputs of one call (each with its hook's command, to name it): deny
+/// over ask over allow; two different `updatedInput`s deny the call, naming both hooks.
+pub fn pre_tool_verdict(outputs: &[(&HookCommand, HookOutput)]) -> PreToolVerdict {
+    let mut updated: Option<(&str, &Value)> = None;
+    for (hook, out) in outputs {
+        if let Some(input) = &out.updated_input {
+            match updated {
+                Some((other, earlier)) if earlier != input => {
+                    return PreToolVerdict {
+                        permission: Some(Permission::Deny),
+                        reason: Some(format!(
+                            "two hooks changed this call's input differently ({other:?} and \
+                             {:?}); it does not run",
+                            hook.command
+                        )),
+                        updated_input: None,
+                    };
+                }
+                Some(_) => {}
+                None => updated = Some((&hook.command, input)),
+            }
+        }
+    }
+    let strongest = outputs
+        .iter()
+        .filter_map(|(_, out)| out.permission.map(|p| (p, out)))
+        .max_by_key(|(p, _)| *p);
+    let reason = strongest.and_then(|(p, out)| match p {
+        Permission::Deny => out.block.clone(),
+        _ => out.permission_reason.clone(),
+    });
+    PreToolVerdict {
+        permission: strongest.map(|(p, _)| p),
+        reason,
+        updated_input: updated.map(|(_, input)| input.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn run(exit: i32, stdout: &str, stderr: &str) -> HookRun {
+        HookRun {
+            exit: Some(exit),
+            stdout: stdout.into(),
+            stderr: stderr.into(),
+            failure: None,
+        }
+    }
+
+    /// The shape of Claude Code's documentation's examples.
+    const SETTINGS: &str = r#"{
+        "permissions": {"allow": ["Bash(ls:*)"]},
+        "hooks": {
+            "PreToolUse": [
+                {"matcher": "Bash", "hooks": [{"type": "command", "command": "validate.py"}]},
+                {"matcher": "Edit|Write", "hooks": [{"type": "command", "command": "guard.sh", "timeout": 5}]}
+            ],
+            "PostToolUse": [
+                {"matcher": "Write|Edit|MultiEdit", "hooks": [{"type": "command", "command": "fmt.sh"}]}
+            ],
+            "UserPromptSubmit": [{"hooks": [{"type": "command", "command": "context.sh"}]}],
+            "Stop": [{"hooks": [{"type": "command", "command": "tests-pass.sh"}]}]
+        }
+    }"#;
+
+    #[test]
+    fn settings_parse_and_matchers_choose_by_tool_name() {
+        let set = HookSet::parse(SETTINGS, false).unwrap();
+        let names = |event, tool| {
+            set.commands(event, tool)
+                .iter()
+                .map(|c| c.command.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(HookEvent::PreToolUse, Some("Bash")), ["validate.py"]);
+        assert_eq!(names(HookEvent::PreToolUse, Some("Write")), ["guard.sh"]);
+        assert!(
+            names(HookEvent::PreToolUse, Some("BashOutput")).is_empty(),
+            "anchored"
+        );
+        assert_eq!(names(HookEvent::PostToolUse, Some("Edit")), ["fmt.sh"]);
+        assert_eq!(names(HookEvent::UserPromptSubmit, None), ["context.sh"]);
+        assert_eq!(
+            set.commands(HookEvent::PreToolUse, Some("Write"))[0].timeout,
+            Duration::from_secs(5)
+        );
+        let mcp = HookSet::parse(
+            r#"{"hooks": {"PreToolUse": [{"matcher": "mcp__github__.*", "hooks": [{"type": "command", "command": "x"}]}]}}"#,
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            mcp.commands(HookEvent::PreToolUse, Some("mcp__github__search"))
+                .len(),
+            1
+        );
+        assert!(
+            mcp.commands(HookEvent::PreToolUse, Some("mcp__gitlab__search"))
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn bad_settings_say_what_is_wrong() {
+        let err = |text| HookSet::parse(text, false).unwrap_err();
+        assert!(err(r#"{"hooks": {"BeforeTool": []}}"#).contains("not a hook event"));
+        assert!(
+            err(r#"{"hooks": {"Stop": [{"hooks": [{"type": "prompt", "prompt": "x"}]}]}}"#)
+                .contains("only \"command\"")
+        );
+        assert!(
+            err(r#"{"hooks": {"PreToolUse": [{"matcher": "(", "hooks": []}]}}"#)
+                .contains("regular expression")
+        );
+        let outside = r#"{"hooks": {"Stop": [{"hooks": [{"type": "command", "command": "x", "sandbox": false}]}]}}"#;
+        assert!(err(outside).contains("only the operator's"));
+        assert!(
+            !HookSet::parse(outside, true)
+                .unwrap()
+                .commands(HookEvent::Stop, None)[0]
+                .sandboxed
+        );
+    }
+
+    #[test]
+    fn exit_codes_and_json_mean_what_they_mean_in_claude_code() {
+        let blocked = HookOutput::of(HookEvent::PreToolUse, &run(2, "", "no rm -rf\n"));
+        assert_eq!(blocked.block.as_deref(), Some("no rm -rf"));
+        assert_eq!(blocked.permission, Some(Permission::Deny));
+        let failed = HookOutput::of(HookEvent::PreToolUse, &run(1, "", "oops"));
+        assert_eq!(failed.permission, None);
+        assert!(failed.error.unwrap().contains("exit code 1"));
+        let context = HookOutput::of(HookEvent::UserPromptSubmit, &run(0, "It is Monday.\n", ""));
+        assert_eq!(context.additional_context.as_deref(), Some("It is Monday."));
+        let json = json!({
+            "continue": true,
+            "systemMessage": "checked",
+            "hookSpecificOutput": {
+                "hookEventName": "PreToolUse",
+                "permissionDecision": "allow",
+                "permissionDecisionReason": "safe",
+                "updatedInput": {"command": "ls -la"}
+            }
+        });
+        let allowed = HookOutput::of(HookEvent::PreToolUse, &run(0, &json.to_string(), ""));
+        assert_eq!(allowed.permission, Some(Permission::Allow));
+        assert_eq!(allowed.updated_input, Some(json!({"command": "ls -la"})));
+        assert_eq!(allowed.system_message.as_deref(), Some("checked"));
+        let stop = json!({"continue": false, "stopReason": "enough"});
+        let stopped = HookOutput::of(HookEvent::PostToolUse, &run(0, &stop.to_string(), ""));
+        assert_eq!(stopped.stop.as_deref(), Some("enough"));
+        let block = json!({"decision": "block", "reason": "format it"});
+        let post = HookOutput::of(HookEvent::PostToolUse, &run(0, &block.to_string(), ""));
+        assert_eq!(post.block.as_deref(), Some("format it"));
+        assert_eq!(post.permission, None);
+    }
+
+    #[test]
+    fn deny_beats_ask_beats_allow_and_two_inputs_deny() {
+        let (a, b) = (
+            HookCommand {
+                command: "a".into(),
+                timeout: DEFAULT_TIMEOUT,
+                sandboxed: true,
+            },
+            HookCommand {
+                command: "b".into(),
+                timeout: DEFAULT_TIMEOUT,
+                sandboxed: true,
+            },
+        );
+        let decided = |p, input: Option<Value>| HookOutput {
+            permission: Some(p),
+            block: (p == Permission::Deny).then(|| "no".to_owned()),
+            updated_input: input,
+            ..HookOutput::default()
+        };
+        let v = pre_tool_verdict(&[
+            (&a, decided(Permission::Allow, None)),
+            (&b, decided(Permission::Ask, None)),
+        ]);
+        assert_eq!(v.permission, Some(Permission::Ask));
+        let v = pre_tool_verdict(&[
+            (&a, decided(Permission::Deny, None)),
+            (&b, decided(Permission::Allow, None)),
+        ]);
+        assert_eq!(
+            (v.permission, v.reason.as_deref()),
+            (Some(Permission::Deny), Some("no"))
+        );
+        let v = pre_tool_verdict(&[
+            (
+                &a,
+                decided(Permission::Allow, Some(json!({"command": "ls"}))),
+            ),
+            (
+                &b,
+                decided(Permission::Allow, Some(json!({"command": "pwd"}))),
+            ),
+        ]);
+        assert_eq!(v.permission, Some(Permission::Deny));
+        let why = v.reason.unwrap();
+        assert!(why.contains("\"a\"") && why.contains("\"b\""), "{why}");
+        let same = pre_tool_verdict(&[
+            (
+                &a,
+                decided(Permission::Allow, Some(json!({"command": "ls"}))),
+            ),
+            (
+                &b,
+                decided(Permission::Allow, Some(json!({"command": "ls"}))),
+            ),
+        ]);
+        assert_eq!(same.updated_input, Some(json!({"command": "ls"})));
+        assert_eq!(pre_tool_verdict(&[]).permission, None);
+    }
+}
