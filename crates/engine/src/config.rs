@@ -78,6 +78,8 @@ pub struct EngineConfig {
     pub min_free_disk: MinFreeDisk,
     /// Webhooks: where deliveries may go, how long they are retried.
     pub webhooks: WebhookConfig,
+    /// The operator's hooks (`$FORKD_HOME/hooks.json`).
+    pub hooks: HooksConfig,
 }
 
 impl Default for EngineConfig {
@@ -108,6 +110,7 @@ impl Default for EngineConfig {
             uploads: forkd_core::upload::UploadLimits::default(),
             mcp: McpConfig::default(),
             webhooks: WebhookConfig::default(),
+            hooks: HooksConfig::default(),
             max_running_agents: Some(256),
             trace_content: false,
             min_free_disk: MinFreeDisk::Default,
@@ -255,6 +258,46 @@ impl McpConfig {
             .iter()
             .map(|(name, def)| Ok((name.clone(), def.resolve(name, Origin::Operator, env)?)))
             .collect()
+    }
+}
+
+/// The operator's hooks (`$FORKD_HOME/hooks.json`, docs/contracts.md "Hooks"): Claude Code's
+/// `hooks` block for every tenant, and under `tenants.NAME` for one.
+#[derive(Debug, Clone, Default)]
+pub struct HooksConfig {
+    pub every_tenant: forkd_core::hooks::HookSet,
+    pub tenants: HashMap<String, forkd_core::hooks::HookSet>,
+}
+
+impl HooksConfig {
+    /// Reads `hooks.json`: `{"hooks": {…}, "tenants": {"NAME": {"hooks": {…}}}}`.
+    pub fn from_file(text: &str) -> std::result::Result<Self, String> {
+        let every_tenant = forkd_core::hooks::HookSet::parse(text, true)?;
+        let doc: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+        let mut tenants = HashMap::new();
+        if let Some(map) = doc.get("tenants") {
+            let map = map
+                .as_object()
+                .ok_or("`tenants` is an object of tenants' names")?;
+            for (name, settings) in map {
+                let set = forkd_core::hooks::HookSet::parse(&settings.to_string(), true)
+                    .map_err(|e| format!("tenants.{name}: {e}"))?;
+                tenants.insert(name.clone(), set);
+            }
+        }
+        Ok(Self {
+            every_tenant,
+            tenants,
+        })
+    }
+
+    /// The hooks that run for `tenant`'s sessions: every tenant's, then its own.
+    pub fn for_tenant(&self, tenant: &str) -> forkd_core::hooks::HookSet {
+        match self.tenants.get(tenant) {
+            Some(own) => self.every_tenant.clone().merged(own),
+            None => self.every_tenant.clone(),
+        }
     }
 }
 

@@ -64,8 +64,8 @@ pub use attach::{AgentEvent, AgentEventStream, auto_background};
 pub use batch::{BatchOptions, DryRun, SubmittedBatch};
 pub use branch::NewBranch;
 pub use config::{
-    AdmissionConfig, EngineConfig, IsolationConfig, McpConfig, MinFreeDisk, SandboxConfig,
-    WebhookConfig, WorkspacesConfig,
+    AdmissionConfig, EngineConfig, HooksConfig, IsolationConfig, McpConfig, MinFreeDisk,
+    SandboxConfig, WebhookConfig, WorkspacesConfig,
 };
 pub use copies::Applied;
 pub use diagnose::CacheExplanation;

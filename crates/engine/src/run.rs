@@ -7,6 +7,7 @@
 mod capacity;
 mod compact;
 mod gate;
+mod hooks;
 mod lifecycle;
 mod limits;
 mod load;

@@ -487,10 +487,8 @@ fn operator_mcp_servers(
     home: &Path,
 ) -> anyhow::Result<std::collections::HashMap<String, forkd_mcp::ServerSpec>> {
     let path = home.join("mcp.json");
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Default::default()),
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    let Some(text) = operator_file(&path)? else {
+        return Ok(Default::default());
     };
     let servers = forkd_engine::McpConfig::from_file(&text, &|name| std::env::var(name).ok())
         .with_context(|| format!("{} is not usable", path.display()))?;
@@ -500,6 +498,28 @@ fn operator_mcp_servers(
         tracing::info!(servers = %names.join(", "), "MCP servers defined");
     }
     Ok(servers)
+}
+
+/// An operator's file in the home, `None` when it is missing.
+fn operator_file(path: &Path) -> anyhow::Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+/// The operator's hooks, from `home/hooks.json` (none when it is missing). A broken file stops
+/// the start, naming what is wrong.
+fn operator_hooks(home: &Path) -> anyhow::Result<forkd_engine::HooksConfig> {
+    let path = home.join("hooks.json");
+    let Some(text) = operator_file(&path)? else {
+        return Ok(Default::default());
+    };
+    let hooks = forkd_engine::HooksConfig::from_file(&text)
+        .map_err(|e| anyhow::anyhow!("{} is not usable: {e}", path.display()))?;
+    tracing::info!(tenants = hooks.tenants.len(), "Hooks defined");
+    Ok(hooks)
 }
 
 /// Starts a daemon: opens the store, builds the engine, binds the listeners and serves.
@@ -590,6 +610,7 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     engine_config.workspaces.dir = Some(workspaces_dir);
     engine_config.workspaces.view_root = config.layered_uploads.then(view_root).flatten();
     engine_config.mcp.servers = operator_mcp_servers(&config.home)?;
+    engine_config.hooks = operator_hooks(&config.home)?;
     engine_config.mcp.secret_key = Some(Arc::new(secret_key(&config)?));
     log_sandbox(&engine_config.sandbox).await;
     raise_open_files();

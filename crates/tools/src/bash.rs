@@ -61,6 +61,23 @@ const LAUNCHER: &str = "exec 3<&0 </dev/null; \
     (trap '' HUP INT QUIT TERM; read -r _ <&3; kill -KILL 0) >/dev/null 2>&1 & \
     exec bash -c \"$1\" 3<&-";
 
+/// [`LAUNCHER`] for a command that reads a file as its stdin (`$2`): a hook's event.
+const LAUNCHER_WITH_INPUT: &str = "exec 3<&0 <\"$2\"; \
+    (trap '' HUP INT QUIT TERM; read -r _ <&3; kill -KILL 0) >/dev/null 2>&1 & \
+    exec bash -c \"$1\" 3<&-";
+
+/// What a command gets besides its workspace and sandbox: the Bash tool's commands get nothing
+/// ([`Io::default`]); a hook gets its event on stdin, variables of its own, and its stderr apart.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Io {
+    /// Written to a private file in the command's temporary directory, read as its stdin.
+    pub input: Option<Vec<u8>>,
+    /// Set in its environment, after the ones every command gets.
+    pub env: Vec<(String, String)>,
+    /// Its stderr on a pipe of its own (otherwise one pipe carries both, as a terminal shows).
+    pub split: bool,
+}
+
 /// Runs Bash `{command, timeout?}`.
 pub async fn run(input: &Value, ctx: &ToolContext) -> ToolOutput {
     let prepared = required_str(input, "command")
@@ -109,15 +126,24 @@ async fn execute(command: &str, limit: Duration, ctx: &ToolContext) -> std::io::
         let command = command.to_owned();
         let root = ctx.workspace.root().to_path_buf();
         let (spec, layer) = (ctx.sandbox.clone(), ctx.workspace.layer().cloned());
-        tokio::task::spawn_blocking(move || start(&command, &root, spec.as_ref(), layer.as_ref()))
-            .await
-            .map_err(std::io::Error::other)??
+        tokio::task::spawn_blocking(move || {
+            start(
+                &command,
+                &root,
+                spec.as_ref(),
+                layer.as_ref(),
+                Io::default(),
+            )
+        })
+        .await
+        .map_err(std::io::Error::other)??
     };
     let Spawned {
         child,
         output: mut pipe,
         lifeline,
         cgroup,
+        ..
     } = match started {
         Started::Spawned(spawned) => *spawned,
         Started::Refused(why) => return Ok(ToolOutput::error(why)),
@@ -150,19 +176,20 @@ async fn execute(command: &str, limit: Duration, ctx: &ToolContext) -> std::io::
 }
 
 /// What starting a command came to.
-enum Started {
+pub(crate) enum Started {
     Spawned(Box<Spawned>),
     /// It did not run, and why (for the model).
     Refused(String),
 }
 
-/// Prepares `spec`'s sandbox (over an isolated child's `layer`) and starts `command` in it.
-/// Blocking: called off the runtime's workers.
-fn start(
+/// Prepares `spec`'s sandbox (over an isolated child's `layer`) and starts `command` in it,
+/// with `io`. Blocking: called off the runtime's workers.
+pub(crate) fn start(
     command: &str,
     root: &Path,
     spec: Option<&SandboxSpec>,
     layer: Option<&std::sync::Arc<LayerView>>,
+    io: Io,
 ) -> std::io::Result<Started> {
     let prepared = match spec {
         Some(spec) => match Prepared::new(spec.sandbox, &spec.paths, root, layer) {
@@ -179,7 +206,16 @@ fn start(
                 .into(),
         ));
     }
-    match spawn(command, root, prepared) {
+    let input = match &io.input {
+        Some(bytes) => {
+            let dir = prepared
+                .as_ref()
+                .map_or_else(std::env::temp_dir, |p| p.tmp.clone());
+            Some(InputFile::write(&dir, bytes)?)
+        }
+        None => None,
+    };
+    match spawn(command, root, prepared, &io, input) {
         Ok(spawned) => Ok(Started::Spawned(Box::new(spawned))),
         Err(e) if spec.is_some() => Ok(Started::Refused(format!(
             "the command could not enter its sandbox: {}; the command did not run. A session \
@@ -191,33 +227,74 @@ fn start(
 }
 
 /// A command just started.
-struct Spawned {
+pub(crate) struct Spawned {
     /// The command's shell: the leader of its process group.
-    child: Child,
-    /// Its stdout and stderr.
-    output: pipe::Receiver,
+    pub child: Child,
+    /// Its stdout, and its stderr unless [`Io::split`].
+    pub output: pipe::Receiver,
+    /// Its stderr, with [`Io::split`].
+    pub errors: Option<pipe::Receiver>,
     /// The daemon's end of the sentinel's pipe: when it closes, the sentinel kills the group.
-    lifeline: PipeWriter,
+    pub lifeline: PipeWriter,
     /// The command's place in its session's cgroup, held until it has been reaped.
-    cgroup: Option<crate::sandbox::cgroup::Membership>,
+    pub cgroup: Option<crate::sandbox::cgroup::Membership>,
+    /// Its stdin's file, removed when dropped.
+    pub input: Option<InputFile>,
+}
+
+/// A command's stdin as a private file (mode 0600) in its temporary directory (its sandbox's
+/// `TMPDIR`, which its view shows at the same path), removed when dropped.
+pub(crate) struct InputFile(tempfile::NamedTempFile);
+
+impl InputFile {
+    fn write(dir: &Path, bytes: &[u8]) -> std::io::Result<InputFile> {
+        use std::io::Write as _;
+        std::fs::create_dir_all(dir)?;
+        let mut file = tempfile::Builder::new()
+            .prefix("forkd-input-")
+            .tempfile_in(dir)?;
+        file.write_all(bytes)?;
+        Ok(InputFile(file))
+    }
+
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
 }
 
 /// Starts `bash -c command` (behind [`LAUNCHER`]'s sentinel) in a new process group with stdout
 /// and stderr on one pipe, so the model sees them interleaved as a terminal would show them.
-fn spawn(command: &str, root: &Path, sandbox: Option<Prepared>) -> std::io::Result<Spawned> {
+fn spawn(
+    command: &str,
+    root: &Path,
+    sandbox: Option<Prepared>,
+    io: &Io,
+    input: Option<InputFile>,
+) -> std::io::Result<Spawned> {
     let (reader, writer) = std::io::pipe()?;
-    let writer_err = writer.try_clone()?;
+    let (errors, writer_err) = if io.split {
+        let (r, w) = std::io::pipe()?;
+        (Some(r), w)
+    } else {
+        (None, writer.try_clone()?)
+    };
     // Both ends are close-on-exec: only the shell's stdin (a copy made for it alone) survives
     // into the group, and the write end stays the daemon's.
     let (lifeline_reader, lifeline) = std::io::pipe()?;
     let mut cmd = Command::new("bash");
-    cmd.arg("-c")
-        .arg(LAUNCHER)
-        .arg("forkd-bash")
-        .arg(command)
-        .current_dir(root)
+    let launcher = if input.is_some() {
+        LAUNCHER_WITH_INPUT
+    } else {
+        LAUNCHER
+    };
+    cmd.arg("-c").arg(launcher).arg("forkd-bash").arg(command);
+    if let Some(input) = &input {
+        cmd.arg(input.path());
+    }
+    cmd.current_dir(root)
         .env_clear()
         .envs(child_env(|name| std::env::var_os(name), root))
+        .envs(io.env.iter().map(|(k, v)| (k, v)))
         .stdin(lifeline_reader)
         .stdout(writer)
         .stderr(writer_err)
@@ -229,11 +306,16 @@ fn spawn(command: &str, root: &Path, sandbox: Option<Prepared>) -> std::io::Resu
     // and of the lifeline's read end.
     drop(cmd);
     let output = pipe::Receiver::from_owned_fd(OwnedFd::from(reader))?;
+    let errors = errors
+        .map(|r| pipe::Receiver::from_owned_fd(OwnedFd::from(r)))
+        .transpose()?;
     Ok(Spawned {
         child,
         output,
+        errors,
         lifeline,
         cgroup,
+        input,
     })
 }
 
@@ -263,7 +345,7 @@ async fn drive(
 }
 
 /// Reads what is left in the pipe once the group is dead, for at most `DRAIN_GRACE`.
-async fn drain(pipe: &mut pipe::Receiver, output: &mut HeadTail) {
+pub(crate) async fn drain(pipe: &mut pipe::Receiver, output: &mut HeadTail) {
     let deadline = Instant::now() + DRAIN_GRACE;
     let mut buf = vec![0u8; 16 * 1024];
     while let Ok(Ok(n)) = timeout_at(deadline, pipe.read(&mut buf)).await {
@@ -301,14 +383,14 @@ fn render(ending: Ending, output: HeadTail, limit: Duration) -> ToolOutput {
 
 /// Kills the command's process group when dropped, so even an abandoned tool call (its future
 /// dropped mid-run) leaves no processes behind; holds the lifeline until then.
-struct GroupGuard {
+pub(crate) struct GroupGuard {
     group: Pid,
     /// Closed only after the group is killed: fields are dropped after [`Drop::drop`] runs.
     _lifeline: PipeWriter,
 }
 
 impl GroupGuard {
-    fn new(leader: Option<u32>, lifeline: PipeWriter) -> std::io::Result<GroupGuard> {
+    pub(crate) fn new(leader: Option<u32>, lifeline: PipeWriter) -> std::io::Result<GroupGuard> {
         let pid =
             leader.ok_or_else(|| std::io::Error::other("bash exited before its pid was read"))?;
         let pid = i32::try_from(pid).map_err(std::io::Error::other)?;
@@ -324,7 +406,7 @@ impl GroupGuard {
         self.group.as_raw().unsigned_abs()
     }
 
-    fn kill(self) {
+    pub(crate) fn kill(self) {
         drop(self);
     }
 }
@@ -356,7 +438,7 @@ mod tests {
     /// Starts `command` as the tool does, but with no guard: nothing kills its group except the
     /// sentinel. Returns once the command printed `started`.
     async fn started(command: &str, root: &Path) -> Spawned {
-        let mut spawned = spawn(command, root, None).unwrap();
+        let mut spawned = spawn(command, root, None, &Io::default(), None).unwrap();
         let mut seen = Vec::new();
         let mut buf = [0u8; 1024];
         while !String::from_utf8_lossy(&seen).contains("started") {

@@ -15,6 +15,7 @@ mod error;
 mod fsutil;
 pub mod glob;
 pub mod grep;
+pub mod hook;
 mod input;
 pub mod isolation;
 mod pattern;

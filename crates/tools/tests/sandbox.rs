@@ -649,3 +649,47 @@ async fn a_fork_bomb_and_a_memory_hog_end_in_tool_errors() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&left.stdout).trim(), "0");
 }
+
+/// A hook command runs as the session's Bash commands do — the same walls — and gets its event
+/// on stdin, its variables, its stderr apart and its exit code; one that hangs is killed at its
+/// timeout, and one that prints without end is capped.
+#[tokio::test]
+async fn a_hook_runs_behind_the_same_walls_with_its_event_on_stdin() {
+    use forkd_tools::hook::{HookCall, run};
+    let world = World::new();
+    sandbox_works(&world).await;
+    let ctx = world.ctx(SandboxMode::WorkspaceWrite, false);
+    let call = |command: &str, timeout: u64| HookCall {
+        command: command.to_owned(),
+        input: br#"{"tool_name":"Bash","tool_input":{"command":"rm -rf /"}}"#.to_vec(),
+        env: vec![("FORKD_WORKSPACE".into(), path(ctx.workspace.root()))],
+        timeout: std::time::Duration::from_secs(timeout),
+        sandboxed: true,
+    };
+    let blocked = run(
+        call(
+            "input=$(cat); case \"$input\" in *'rm -rf'*) echo \"no rm -rf in $FORKD_WORKSPACE\" >&2; exit 2;; esac",
+            10,
+        ),
+        &ctx,
+    )
+    .await;
+    assert_eq!(blocked.exit, Some(2), "{blocked:?}");
+    assert_eq!(
+        blocked.stderr.trim(),
+        format!("no rm -rf in {}", path(ctx.workspace.root()))
+    );
+    assert!(blocked.stdout.is_empty());
+    let hidden = run(call(&format!("ls {}", path(&world.home)), 10), &ctx).await;
+    assert!(!hidden.stdout.contains("forkd.db"), "{hidden:?}");
+    let hung = run(call("sleep 60", 1), &ctx).await;
+    assert_eq!(hung.exit, None);
+    assert!(hung.failure.unwrap().contains("did not end"));
+    let flood = run(call("head -c 100000000 /dev/zero | tr '\\0' x", 60), &ctx).await;
+    assert_eq!(flood.exit, Some(0), "{:?}", flood.failure);
+    assert!(
+        flood.stdout.len() < 100_000,
+        "capped: {}",
+        flood.stdout.len()
+    );
+}

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use forkd_core::hooks::{HookEvent, Permission};
 use forkd_core::plan::{Calls, ForkLimits, Forker, plan};
 use forkd_core::session::SandboxMode;
 use forkd_core::session::{PermissionMode, PermissionRules, Session};
@@ -154,6 +155,14 @@ fn shorten(content: &str) -> (String, Option<String>) {
     (text, Some(content.to_owned()))
 }
 
+/// What every call of a turn is answered with: its tools' context, the permission rules, the
+/// session's hooks.
+struct Means<'a> {
+    ctx: &'a ToolContext,
+    policy: &'a Policy,
+    hooks: &'a forkd_core::hooks::HookSet,
+}
+
 impl Runs {
     /// Answers every tool_use of `assistant`, in order, with one tool_result each.
     pub(crate) async fn run_tools(
@@ -177,10 +186,18 @@ impl Runs {
         // A session made from an upload works in a layer only its views and its descriptor
         // reach: every turn's tools go through it (its view is needed only as any other's).
         let layered = crate::trees::is_layered(turn.session);
+        // Hooks run in the sandbox view too: a turn with a call they apply to builds it.
+        let hooks = self.hooks_of(turn);
+        let hooked = |name: &str| {
+            !hooks.commands(HookEvent::PreToolUse, Some(name)).is_empty()
+                || !hooks
+                    .commands(HookEvent::PostToolUse, Some(name))
+                    .is_empty()
+        };
         let spec = if isolated
             || assistant
                 .tool_uses()
-                .any(|(_, name, _)| forkd_tools::touches_files(name))
+                .any(|(_, name, _)| forkd_tools::touches_files(name) || hooked(name))
         {
             self.sandbox_spec(turn.session, isolated.then_some(turn.agent.id))
                 .await?
@@ -204,7 +221,11 @@ impl Runs {
         if let Some(spec) = spec {
             ctx = ctx.with_sandbox(spec);
         }
-        let policy = policy(turn.permission_mode, turn.session);
+        let means = Means {
+            ctx: &ctx,
+            policy: &policy(turn.permission_mode, turn.session),
+            hooks: &hooks,
+        };
         let mut results = Vec::new();
         for (id, name, block) in assistant.tool_uses() {
             if self.supervisor.draining() {
@@ -230,7 +251,7 @@ impl Runs {
                 _ => {
                     let span = tool_span(id, name, turn.session.sandbox.mode);
                     let result = self
-                        .call(turn, id, name, &input, &ctx, &policy)
+                        .call(turn, id, name, &input, &means)
                         .instrument(span.clone())
                         .await?;
                     mark_error(&span, &result);
@@ -242,18 +263,24 @@ impl Runs {
         Ok(Message::user(results))
     }
 
-    /// Stores the intent, runs the call, stores the result; returns what the model sees.
+    /// Asks the call's PreToolUse hooks, stores the intent (with the input a hook gave it), runs
+    /// the call as the hooks and the permission rules decide, asks its PostToolUse hooks, stores
+    /// the result; returns what the model sees.
     async fn call(
         self: &Arc<Self>,
         turn: &ToolTurn<'_>,
         id: &str,
         name: &str,
         input: &Value,
-        ctx: &ToolContext,
-        policy: &Policy,
+        means: &Means<'_>,
     ) -> Result<Block> {
+        let (ctx, policy) = (means.ctx, means.policy);
         let store = &self.store;
         let mcp = turn.session.mcp.tool(name);
+        let verdict = self
+            .pre_tool_hooks(means.hooks, turn, name, input, ctx)
+            .await;
+        let input = verdict.updated_input.as_ref().unwrap_or(input);
         store
             .begin_tool_call(
                 turn.lease,
@@ -292,7 +319,20 @@ impl Runs {
             // Read-only, and of the tenant's own: no permission asked.
             Ran::Builtin(self.capacity_tool(turn, input).await)
         } else {
-            let allowed = match policy.decide(name, input, &ctx.workspace) {
+            let decision = match verdict.permission {
+                // A hook's allow skips the rules and the prompt, as in Claude Code.
+                Some(Permission::Allow) => Decision::Allow,
+                Some(Permission::Deny) => Decision::Deny(format!(
+                    "a hook denied it: {}",
+                    verdict.reason.as_deref().unwrap_or("no reason given")
+                )),
+                Some(Permission::Ask) => Decision::Ask(format!(
+                    "{name}: {}",
+                    verdict.reason.as_deref().unwrap_or("a hook asks")
+                )),
+                None => policy.decide(name, input, &ctx.workspace),
+            };
+            let allowed = match decision {
                 Decision::Allow => Ok(()),
                 Decision::Deny(reason) => Err(format!("Permission denied: {reason}")),
                 Decision::Ask(what) => self.ask_person(turn, name, input, what).await,
@@ -308,6 +348,32 @@ impl Runs {
                 },
             }
         };
+        let mut output = output;
+        let response = match &output {
+            Ran::Builtin(o) => o.content.clone(),
+            Ran::Mcp(o) => o.text.clone(),
+        };
+        let context = match verdict.permission {
+            // A call a hook denied did not run: nothing to say after it.
+            Some(Permission::Deny) => None,
+            _ => verdict
+                .reason
+                .clone()
+                .filter(|_| verdict.permission.is_none()),
+        };
+        let after = self
+            .post_tool_hooks(means.hooks, turn, name, input, &response, ctx)
+            .await;
+        if let Some(text) = [context, after]
+            .into_iter()
+            .flatten()
+            .reduce(|a, b| a + "\n" + &b)
+        {
+            match &mut output {
+                Ran::Builtin(o) => o.content = format!("{}\n\n{text}", o.content),
+                Ran::Mcp(o) => o.text = format!("{}\n\n{text}", o.text),
+            }
+        }
         let (result, full) = match &output {
             Ran::Builtin(output) => shown(id, output),
             Ran::Mcp(output) => shown_mcp(id, output),

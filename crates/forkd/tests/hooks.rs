@@ -1,0 +1,178 @@
+//! Hooks around tool calls (docs/contracts.md, "Hooks"): the operator's `hooks.json` in Claude
+//! Code's format, its PreToolUse and PostToolUse hooks run unchanged in the session's sandbox
+//! view — a Bash validator that exits 2, a formatter after writes, JSON decisions (deny with a
+//! reason, allow past the rules, `updatedInput`), and hostile hooks (one that hangs, one that
+//! reads the daemon's home).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use forkd_proto::v1 as pb;
+use forkd_test_support::{
+    TestDaemon, create_session, fork, session_request, spawn_daemon_with, transcript_text,
+    wait_for_batch,
+};
+use serde_json::json;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hooks")
+        .join(name)
+}
+
+/// A daemon with `hooks` as its operator's `hooks.json`.
+async fn daemon_with_hooks(hooks: serde_json::Value) -> TestDaemon {
+    spawn_daemon_with(|c| {
+        std::fs::write(c.home.join("hooks.json"), hooks.to_string()).unwrap();
+    })
+    .await
+    .unwrap()
+}
+
+fn command(event: &str, matcher: &str, command: &str) -> serde_json::Value {
+    json!({ event: [{ "matcher": matcher, "hooks": [{ "type": "command", "command": command }] }] })
+}
+
+/// Runs one child with `script` on a session of `mode`; its transcript's text.
+async fn child(daemon: &TestDaemon, ws: &Path, mode: &str, script: &str) -> String {
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
+            permission_mode: mode.into(),
+            ..session_request(ws)
+        },
+    )
+    .await
+    .unwrap();
+    let batch = fork(&mut client, &session.session_id, &[script], None)
+        .await
+        .unwrap();
+    wait_for_batch(&mut client, &batch.batch_id, 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    transcript_text(&mut client, &batch.agent_ids[0])
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_bash_validator_that_exits_2_blocks_the_call_and_the_model_reads_why() {
+    let validator = format!("python3 {}", fixture("bash_command_validator.py").display());
+    let daemon =
+        daemon_with_hooks(json!({ "hooks": command("PreToolUse", "Bash", &validator) })).await;
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("notes.txt"), "needle\n").unwrap();
+    let text = child(
+        &daemon,
+        ws.path(),
+        "bypassPermissions",
+        "Look.\n@sim tool Bash {\"command\":\"grep needle notes.txt\"}\n\
+         @sim tool Bash {\"command\":\"rg -c needle notes.txt || cat notes.txt\"}\n@sim say looked",
+    )
+    .await;
+    assert!(
+        text.contains("Use 'rg' (ripgrep) instead of 'grep'"),
+        "the validator's reason reaches the model: {text}"
+    );
+    // The second command breaks no rule: it ran.
+    assert_eq!(text.matches("Use 'rg' (ripgrep)").count(), 1, "{text}");
+    assert_eq!(text.matches("\"is_error\":true").count(), 1, "{text}");
+}
+
+#[tokio::test]
+async fn json_decisions_deny_allow_past_the_rules_and_change_the_input() {
+    let decide = |decision: serde_json::Value| format!("cat >/dev/null; echo '{}'", decision);
+    let deny = decide(json!({"hookSpecificOutput": {
+        "hookEventName": "PreToolUse",
+        "permissionDecision": "deny",
+        "permissionDecisionReason": "writes to secrets/ are not allowed"
+    }}));
+    let allow = decide(json!({"hookSpecificOutput": {
+        "hookEventName": "PreToolUse",
+        "permissionDecision": "allow",
+        "permissionDecisionReason": "echo is harmless",
+        "updatedInput": {"command": "echo changed by the hook"}
+    }}));
+    let hooks = json!({ "hooks": { "PreToolUse": [
+        { "matcher": "Write", "hooks": [{ "type": "command", "command": deny }] },
+        { "matcher": "Bash", "hooks": [{ "type": "command", "command": allow }] }
+    ]}});
+    let daemon = daemon_with_hooks(hooks).await;
+    let ws = tempfile::tempdir().unwrap();
+    // `dontAsk` refuses Bash; the hook's allow runs it, with the input it gave.
+    let text = child(
+        &daemon,
+        ws.path(),
+        "dontAsk",
+        "Go.\n@sim tool Write {\"file_path\":\"secrets/key\",\"content\":\"x\"}\n\
+         @sim tool Bash {\"command\":\"echo as the model wrote it\"}\n@sim say done",
+    )
+    .await;
+    assert!(
+        text.contains("writes to secrets/ are not allowed"),
+        "{text}"
+    );
+    assert!(!ws.path().join("secrets/key").exists());
+    assert!(text.contains("changed by the hook"), "{text}");
+    // The model's own message is as it wrote it; what ran is what the hook gave.
+    assert!(text.contains("echo as the model wrote it"), "{text}");
+    assert!(!text.contains("Permission denied: Bash"), "{text}");
+}
+
+#[tokio::test]
+async fn a_formatter_runs_after_each_write_and_tells_the_model() {
+    let formatter = format!("python3 {}", fixture("format_after_write.py").display());
+    let daemon = daemon_with_hooks(json!({
+        "hooks": command("PostToolUse", "Write|Edit", &formatter)
+    }))
+    .await;
+    let ws = tempfile::tempdir().unwrap();
+    let text = child(
+        &daemon,
+        ws.path(),
+        "bypassPermissions",
+        "Write.\n@sim tool Write {\"file_path\":\"a.txt\",\"content\":\"one   \\ntwo  \"}\n@sim say wrote",
+    )
+    .await;
+    assert!(text.contains("formatted a.txt"), "{text}");
+    assert_eq!(
+        std::fs::read_to_string(ws.path().join("a.txt")).unwrap(),
+        "one\ntwo"
+    );
+}
+
+#[tokio::test]
+async fn a_hook_that_hangs_is_cut_off_and_one_that_reads_the_home_sees_nothing() {
+    let daemon = spawn_daemon_with(|c| {
+        let home = c.home.display().to_string();
+        let hooks = json!({ "hooks": { "PreToolUse": [{ "matcher": "Bash", "hooks": [
+            { "type": "command", "command": "sleep 600", "timeout": 1 },
+            { "type": "command", "command": format!("echo \"saw: $(ls -A {home} 2>&1)\" >&2; exit 2") }
+        ]}]}});
+        std::fs::write(c.home.join("hooks.json"), hooks.to_string()).unwrap();
+    })
+    .await
+    .unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let text = child(
+        &daemon,
+        ws.path(),
+        "bypassPermissions",
+        "Run.\n@sim tool Bash {\"command\":\"echo ran\"}\n@sim say done",
+    )
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the hang was cut off"
+    );
+    // The second hook blocked with what it saw of the home: nothing (it is hidden).
+    assert!(text.contains("a hook denied it: saw:"), "{text}");
+    assert!(
+        !text.contains("forkd.db") && !text.contains("hooks.json"),
+        "{text}"
+    );
+}
