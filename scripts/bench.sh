@@ -8,7 +8,7 @@
 #   --json FILE      also write every figure and raw measurement as one JSON object
 #   --only FIGURES   comma-separated: cache,overhead,memory,durability,notifications,scale,sandbox,
 #                    compaction,scaleout,limits,isolation,branches,schemas,traces,faults,
-#                    uploads,sandboxload,webhooks,schedules
+#                    uploads,sandboxload,webhooks,schedules,hooks
 #
 # The scale-out figure runs its PostgreSQL rows when FORKD_BENCH_DATABASE_URL names a server
 # (postgres://user:password@host:5432/postgres, a role that may create databases).

@@ -12,6 +12,7 @@ mod common;
 mod compaction;
 mod durability;
 mod faults;
+mod hooks;
 mod isolation;
 mod limit_matrix;
 mod limits;
@@ -60,6 +61,7 @@ enum Figure {
     Sandboxload,
     Webhooks,
     Schedules,
+    Hooks,
 }
 
 /// forkd's benchmark suite.
@@ -134,6 +136,7 @@ async fn run_figure(figure: Figure, ctx: &common::Ctx) -> anyhow::Result<Section
         Figure::Sandboxload => sandbox_load::run(ctx).await,
         Figure::Webhooks => webhooks::run(ctx).await,
         Figure::Schedules => schedules::run(ctx).await,
+        Figure::Hooks => hooks::run(ctx).await,
     }
 }
 
