@@ -227,6 +227,8 @@ pub struct HookRun {
     pub stderr: String,
     /// Why it did not finish, when it did not (a timeout, a sandbox that refused it).
     pub failure: Option<String>,
+    /// Whether it started at all.
+    pub started: bool,
 }
 
 /// A tool call's permission, as a PreToolUse hook decides it.
@@ -264,6 +266,17 @@ impl HookOutput {
     /// Reads a run of a hook for `event`.
     pub fn of(event: HookEvent, run: &HookRun) -> HookOutput {
         if let Some(failure) = &run.failure {
+            // A PreToolUse hook that could not even start fails closed: the call it guards does
+            // not run unchecked (one that ran and timed out is a non-blocking error, as in Claude
+            // Code).
+            if !run.started && event == HookEvent::PreToolUse {
+                return HookOutput {
+                    block: Some(failure.clone()),
+                    permission: Some(Permission::Deny),
+                    error: Some(failure.clone()),
+                    ..HookOutput::default()
+                };
+            }
             return HookOutput {
                 error: Some(failure.clone()),
                 ..HookOutput::default()
@@ -404,6 +417,7 @@ mod tests {
             stdout: stdout.into(),
             stderr: stderr.into(),
             failure: None,
+            started: true,
         }
     }
 

@@ -148,6 +148,9 @@ pub struct Cron {
     tz: Tz,
 }
 
+/// How many firings [`Cron::between`] counts at most.
+pub const MAX_COUNTED: usize = 10_000;
+
 /// How far ahead a search for the next firing looks before it gives up (an expression such as
 /// `0 0 30 2 *` never fires).
 const SEARCH_STEPS: usize = 10_000;
@@ -197,7 +200,9 @@ impl Cron {
     }
 
     /// The firings in `(after_ms, until_ms]`, at most `limit` (the latest kept when there are
-    /// more), and how many there were.
+    /// more), and how many there were, counted up to [`MAX_COUNTED`] (past it the count stops
+    /// there and the latest is found directly: a schedule every second after a day down would
+    /// be 86,400 steps).
     pub fn between(&self, after_ms: i64, until_ms: i64, limit: usize) -> (Vec<i64>, usize) {
         let mut times = std::collections::VecDeque::new();
         let mut count = 0;
@@ -208,9 +213,38 @@ impl Cron {
             if times.len() > limit {
                 times.pop_front();
             }
+            if count == MAX_COUNTED {
+                if let Some(last) = self.last_until(until_ms).filter(|l| *l > next) {
+                    times.push_back(last);
+                    if times.len() > limit {
+                        times.pop_front();
+                    }
+                }
+                break;
+            }
             at = next;
         }
         (times.into(), count)
+    }
+
+    /// The latest firing at or before `until_ms`, if any.
+    fn last_until(&self, until_ms: i64) -> Option<i64> {
+        let mut cursor = self
+            .tz
+            .from_utc_datetime(&DateTime::<Utc>::from_timestamp_millis(until_ms)?.naive_utc());
+        let mut inclusive = true;
+        for _ in 0..SEARCH_STEPS {
+            let previous = self
+                .cron
+                .find_previous_occurrence(&cursor, inclusive)
+                .ok()?;
+            if self.is_real(&previous) {
+                return Some(previous.timestamp_millis());
+            }
+            cursor = previous;
+            inclusive = false;
+        }
+        None
     }
 
     /// Whether `t` is a time the expression names as the local clock shows it: not a time the
@@ -374,6 +408,15 @@ mod tests {
             Firing::key("nightly", 1_765_000_000_000),
             "schedule/nightly/2025-12-06T05:46:40.000Z"
         );
+    }
+
+    #[test]
+    fn a_long_backlog_is_counted_up_to_a_cap_and_its_latest_found() {
+        let cron = Cron::parse("* * * * * *", "").unwrap();
+        let day = 86_400_000;
+        let (times, count) = cron.between(0, day, 1);
+        assert_eq!(count, MAX_COUNTED);
+        assert_eq!(times, vec![day], "the latest, found directly");
     }
 
     #[test]

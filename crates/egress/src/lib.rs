@@ -29,7 +29,7 @@ pub struct Policy {
 /// Why a URL or an address is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
-    #[error("{0} is a cloud metadata address, never reachable from forkd")]
+    #[error("{0} is a link-local or cloud metadata address, never reachable from forkd")]
     Metadata(IpAddr),
     #[error(
         "{addr} is {what}, which forkd does not reach for a tenant (an operator may allow \
@@ -42,9 +42,15 @@ pub enum Refusal {
     Resolve { host: String, reason: String },
 }
 
-/// The addresses a tenant's URL may never lead to, even with `allow_private`.
-const METADATA_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
-const METADATA_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x0ec2, 0, 0, 0, 0, 0, 0x0254);
+/// The blocks a tenant's URL may never lead to, even with `allow_private`: link-local (where
+/// clouds serve instance metadata and credentials: 169.254.169.254, ECS's 169.254.170.2, EKS's
+/// 169.254.170.23) and the other metadata services (AWS's IPv6 `fd00:ec2::/32`, Alibaba's
+/// 100.100.100.200, Oracle's 192.0.0.192).
+const METADATA_V4: &[&str] = &["169.254.0.0/16", "100.100.100.200/32", "192.0.0.192/32"];
+const METADATA_V6: &[&str] = &["fe80::/10", "fd00:ec2::/32"];
+
+/// How long a name may take to resolve.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// IPv4 blocks refused unless `allow_private`, with what each is.
 const BLOCKED_V4: &[(&str, &str)] = &[
@@ -52,7 +58,6 @@ const BLOCKED_V4: &[(&str, &str)] = &[
     ("10.0.0.0/8", "a private address"),
     ("100.64.0.0/10", "a carrier-grade NAT address"),
     ("127.0.0.0/8", "a loopback address"),
-    ("169.254.0.0/16", "a link-local address"),
     ("172.16.0.0/12", "a private address"),
     ("192.0.0.0/24", "an IETF protocol address"),
     ("192.168.0.0/16", "a private address"),
@@ -66,8 +71,9 @@ const BLOCKED_V6: &[(&str, &str)] = &[
     ("::/128", "an unspecified address"),
     ("::1/128", "a loopback address"),
     ("fc00::/7", "a unique local (private) address"),
-    ("fe80::/10", "a link-local address"),
     ("ff00::/8", "a multicast address"),
+    ("::ffff:0:0/96", "an IPv4-mapped address"),
+    ("64:ff9b:1::/48", "a local NAT64 address"),
 ];
 
 impl Policy {
@@ -77,7 +83,10 @@ impl Policy {
         match addr {
             IpAddr::V4(v4) => self.check_v4(v4, addr),
             IpAddr::V6(v6) => {
-                if v6 == METADATA_V6 {
+                let metadata = METADATA_V6
+                    .iter()
+                    .any(|net| net.parse::<Ipv6Net>().is_ok_and(|n| n.contains(&v6)));
+                if metadata {
                     return Err(Refusal::Metadata(addr));
                 }
                 if let Some(v4) = embedded_v4(v6) {
@@ -91,7 +100,10 @@ impl Policy {
     }
 
     fn check_v4(&self, v4: Ipv4Addr, shown: IpAddr) -> Result<(), Refusal> {
-        if v4 == METADATA_V4 {
+        let metadata = METADATA_V4
+            .iter()
+            .any(|net| net.parse::<Ipv4Net>().is_ok_and(|n| n.contains(&v4)));
+        if metadata {
             return Err(Refusal::Metadata(shown));
         }
         self.check_blocks(shown, BLOCKED_V4, |net| {
@@ -228,8 +240,13 @@ pub fn refusal<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a Ref
 
 /// Resolves `name` once and checks every address.
 async fn resolve_checked(policy: Policy, name: &str) -> Result<Vec<SocketAddr>, Refusal> {
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((name, 0))
+    let lookup = tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((name, 0)))
         .await
+        .map_err(|_| Refusal::Resolve {
+            host: name.to_owned(),
+            reason: format!("no answer within {RESOLVE_TIMEOUT:?}"),
+        })?;
+    let addrs: Vec<SocketAddr> = lookup
         .map_err(|e| Refusal::Resolve {
             host: name.to_owned(),
             reason: e.to_string(),
@@ -310,8 +327,18 @@ mod tests {
             allow_private: true,
         };
         assert!(!refused(open, "127.0.0.1"));
-        assert!(!refused(open, "169.254.1.1"));
-        for addr in ["169.254.169.254", "fd00:ec2::254", "::ffff:169.254.169.254"] {
+        assert!(!refused(open, "10.0.0.1"));
+        for addr in [
+            "169.254.169.254",
+            "169.254.170.2",
+            "169.254.1.1",
+            "fe80::1",
+            "fd00:ec2::254",
+            "fd00:ec2::23",
+            "100.100.100.200",
+            "192.0.0.192",
+            "::ffff:169.254.169.254",
+        ] {
             let err = open.check(addr.parse().expect("an address"));
             assert!(matches!(err, Err(Refusal::Metadata(_))), "{addr}: {err:?}");
         }

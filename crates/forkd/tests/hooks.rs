@@ -176,3 +176,47 @@ async fn a_hook_that_hangs_is_cut_off_and_one_that_reads_the_home_sees_nothing()
         "{text}"
     );
 }
+
+/// A hook's `allow` skips the question, never a deny rule; a hook's deny holds for an `Agent`
+/// call too (no typed agent starts).
+#[tokio::test]
+async fn a_hooks_allow_never_beats_a_deny_rule_and_its_deny_stops_agent_calls() {
+    let allow = "cat >/dev/null; echo '{\"hookSpecificOutput\": {\"hookEventName\": \"PreToolUse\", \"permissionDecision\": \"allow\"}}'";
+    let deny = "cat >/dev/null; echo 'no agents here' >&2; exit 2";
+    let hooks = json!({ "hooks": { "PreToolUse": [
+        { "matcher": "Bash", "hooks": [{ "type": "command", "command": allow }] },
+        { "matcher": "Agent", "hooks": [{ "type": "command", "command": deny }] }
+    ]}});
+    let daemon = daemon_with_hooks(hooks).await;
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
+            permission_mode: "dontAsk".into(),
+            deny_rules: vec!["Bash(rm:*)".into()],
+            ..session_request(ws.path())
+        },
+    )
+    .await
+    .unwrap();
+    let script = "Go.\n@sim tool Bash {\"command\":\"rm -f nothing\"}\n\
+                  @sim tool Bash {\"command\":\"echo allowed by the hook\"}\n\
+                  @sim tool Agent {\"description\":\"look\",\"prompt\":\"Look.\",\"subagent_type\":\"Explore\"}\n\
+                  @sim say done";
+    let batch = fork(&mut client, &session.session_id, &[script], None)
+        .await
+        .unwrap();
+    wait_for_batch(&mut client, &batch.batch_id, 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let text = transcript_text(&mut client, &batch.agent_ids[0])
+        .await
+        .unwrap();
+    assert!(
+        text.contains("denied by the permission rule `Bash(rm:*)`"),
+        "{text}"
+    );
+    assert!(text.contains("allowed by the hook\\n"), "{text}");
+    assert!(text.contains("a hook denied it: no agents here"), "{text}");
+}

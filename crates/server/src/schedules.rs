@@ -146,7 +146,12 @@ fn plan(schedule: &Schedule, now: i64) -> Option<(Option<FiringClaim>, Option<Fi
                 session_id: None,
                 batch_id: None,
                 reason: Some(format!(
-                    "{missed} firing{} missed while no daemon ran ({rule})",
+                    "{}{missed} firing{} missed while no daemon ran ({rule})",
+                    if count >= forkd_core::schedule::MAX_COUNTED {
+                        "at least "
+                    } else {
+                        ""
+                    },
                     if missed == 1 { "" } else { "s" }
                 )),
             }),

@@ -61,17 +61,21 @@ const LAUNCHER: &str = "exec 3<&0 </dev/null; \
     (trap '' HUP INT QUIT TERM; read -r _ <&3; kill -KILL 0) >/dev/null 2>&1 & \
     exec bash -c \"$1\" 3<&-";
 
-/// [`LAUNCHER`] for a command that reads a file as its stdin (`$2`): a hook's event.
-const LAUNCHER_WITH_INPUT: &str = "exec 3<&0 <\"$2\"; \
+/// [`LAUNCHER`] for a command that reads its input as stdin: a pipe the daemon passes as fd 4
+/// (no file any other process could swap), the lifeline still on fd 0.
+const LAUNCHER_WITH_INPUT: &str = "exec 3<&0 <&4 4<&-; \
     (trap '' HUP INT QUIT TERM; read -r _ <&3; kill -KILL 0) >/dev/null 2>&1 & \
     exec bash -c \"$1\" 3<&-";
+
+/// The descriptor a command's input pipe is passed on (see [`LAUNCHER_WITH_INPUT`]).
+const INPUT_FD: libc::c_int = 4;
 
 /// What a command gets besides its workspace and sandbox: the Bash tool's commands get nothing
 /// ([`Io::default`]); a hook gets its event on stdin, variables of its own, and its stderr apart.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Io {
-    /// Written to a private file in the command's temporary directory, read as its stdin.
-    pub input: Option<Vec<u8>>,
+    /// Its stdin, through a pipe: the caller writes it (see [`Spawned::input`]).
+    pub input: bool,
     /// Set in its environment, after the ones every command gets.
     pub env: Vec<(String, String)>,
     /// Its stderr on a pipe of its own (otherwise one pipe carries both, as a terminal shows).
@@ -206,16 +210,7 @@ pub(crate) fn start(
                 .into(),
         ));
     }
-    let input = match &io.input {
-        Some(bytes) => {
-            let dir = prepared
-                .as_ref()
-                .map_or_else(std::env::temp_dir, |p| p.tmp.clone());
-            Some(InputFile::write(&dir, bytes)?)
-        }
-        None => None,
-    };
-    match spawn(command, root, prepared, &io, input) {
+    match spawn(command, root, prepared, &io) {
         Ok(spawned) => Ok(Started::Spawned(Box::new(spawned))),
         Err(e) if spec.is_some() => Ok(Started::Refused(format!(
             "the command could not enter its sandbox: {}; the command did not run. A session \
@@ -238,28 +233,9 @@ pub(crate) struct Spawned {
     pub lifeline: PipeWriter,
     /// The command's place in its session's cgroup, held until it has been reaped.
     pub cgroup: Option<crate::sandbox::cgroup::Membership>,
-    /// Its stdin's file, removed when dropped.
-    pub input: Option<InputFile>,
-}
-
-/// A command's stdin as a private file (mode 0600) in its temporary directory (its sandbox's
-/// `TMPDIR`, which its view shows at the same path), removed when dropped.
-pub(crate) struct InputFile(tempfile::NamedTempFile);
-
-impl InputFile {
-    fn write(dir: &Path, bytes: &[u8]) -> std::io::Result<InputFile> {
-        use std::io::Write as _;
-        std::fs::create_dir_all(dir)?;
-        let mut file = tempfile::Builder::new()
-            .prefix("forkd-input-")
-            .tempfile_in(dir)?;
-        file.write_all(bytes)?;
-        Ok(InputFile(file))
-    }
-
-    fn path(&self) -> &Path {
-        self.0.path()
-    }
+    /// The write end of its stdin, with [`Io::input`]: the caller writes the input and drops
+    /// it.
+    pub input: Option<pipe::Sender>,
 }
 
 /// Starts `bash -c command` (behind [`LAUNCHER`]'s sentinel) in a new process group with stdout
@@ -269,7 +245,6 @@ fn spawn(
     root: &Path,
     sandbox: Option<Prepared>,
     io: &Io,
-    input: Option<InputFile>,
 ) -> std::io::Result<Spawned> {
     let (reader, writer) = std::io::pipe()?;
     let (errors, writer_err) = if io.split {
@@ -282,16 +257,16 @@ fn spawn(
     // into the group, and the write end stays the daemon's.
     let (lifeline_reader, lifeline) = std::io::pipe()?;
     let mut cmd = Command::new("bash");
-    let launcher = if input.is_some() {
+    let launcher = if io.input {
         LAUNCHER_WITH_INPUT
     } else {
         LAUNCHER
     };
-    cmd.arg("-c").arg(launcher).arg("forkd-bash").arg(command);
-    if let Some(input) = &input {
-        cmd.arg(input.path());
-    }
-    cmd.current_dir(root)
+    cmd.arg("-c")
+        .arg(launcher)
+        .arg("forkd-bash")
+        .arg(command)
+        .current_dir(root)
         .env_clear()
         .envs(child_env(|name| std::env::var_os(name), root))
         .envs(io.env.iter().map(|(k, v)| (k, v)))
@@ -300,6 +275,16 @@ fn spawn(
         .stderr(writer_err)
         .process_group(0)
         .kill_on_drop(true);
+    // The input's read end goes to the command as fd 4, set before the sandbox is entered (a
+    // closure registered first runs first), so that the command two forks down inherits it.
+    let input = if io.input {
+        let (reader, writer) = std::io::pipe()?;
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&reader);
+        process::pass_descriptor(cmd.as_std_mut(), raw, INPUT_FD);
+        Some((reader, writer))
+    } else {
+        None
+    };
     let cgroup = sandbox.and_then(|sandbox| sandbox.apply(cmd.as_std_mut()));
     let child = cmd.spawn()?;
     // `cmd` holds our copies of the output pipe's write end (until they close, EOF never comes)
@@ -308,6 +293,13 @@ fn spawn(
     let output = pipe::Receiver::from_owned_fd(OwnedFd::from(reader))?;
     let errors = errors
         .map(|r| pipe::Receiver::from_owned_fd(OwnedFd::from(r)))
+        .transpose()?;
+    // Our copy of the read end goes now: the command holds its own.
+    let input = input
+        .map(|(reader, writer)| {
+            drop(reader);
+            pipe::Sender::from_owned_fd(OwnedFd::from(writer))
+        })
         .transpose()?;
     Ok(Spawned {
         child,
@@ -438,7 +430,7 @@ mod tests {
     /// Starts `command` as the tool does, but with no guard: nothing kills its group except the
     /// sentinel. Returns once the command printed `started`.
     async fn started(command: &str, root: &Path) -> Spawned {
-        let mut spawned = spawn(command, root, None, &Io::default(), None).unwrap();
+        let mut spawned = spawn(command, root, None, &Io::default()).unwrap();
         let mut seen = Vec::new();
         let mut buf = [0u8; 1024];
         while !String::from_utf8_lossy(&seen).contains("started") {

@@ -37,6 +37,7 @@ pub async fn run(call: HookCall, ctx: &ToolContext) -> HookRun {
         stdout: String::new(),
         stderr: String::new(),
         failure: Some(why),
+        started: false,
     };
     let started = {
         let command = call.command;
@@ -46,9 +47,15 @@ pub async fn run(call: HookCall, ctx: &ToolContext) -> HookRun {
         } else {
             None
         };
-        let layer = ctx.workspace.layer().cloned();
+        // Outside the sandbox there is no view to mount a layer in: the command works where the
+        // daemon reaches the workspace.
+        let layer = if call.sandboxed {
+            ctx.workspace.layer().cloned()
+        } else {
+            None
+        };
         let io = Io {
-            input: Some(call.input),
+            input: true,
             env: call.env,
             split: true,
         };
@@ -59,26 +66,38 @@ pub async fn run(call: HookCall, ctx: &ToolContext) -> HookRun {
     };
     let spawned = match started {
         Ok(Ok(Started::Spawned(spawned))) => *spawned,
-        Ok(Ok(Started::Refused(why))) => return failed(why),
+        Ok(Ok(Started::Refused(why))) => return failed(format!("could not run the hook: {why}")),
         Ok(Err(e)) => return failed(format!("could not run the hook: {e}")),
         Err(e) => return failed(format!("could not run the hook: {e}")),
     };
-    match drive(spawned, call.timeout, ctx).await {
+    match drive(spawned, call.input, call.timeout, ctx).await {
         Ok(run) => run,
         Err(e) => failed(format!("the hook's process failed: {e}")),
     }
 }
 
-async fn drive(spawned: Spawned, limit: Duration, ctx: &ToolContext) -> std::io::Result<HookRun> {
+async fn drive(
+    spawned: Spawned,
+    input: Vec<u8>,
+    limit: Duration,
+    ctx: &ToolContext,
+) -> std::io::Result<HookRun> {
     let Spawned {
         child,
         output: mut out_pipe,
         errors,
         lifeline,
         cgroup,
-        input,
+        input: input_pipe,
     } = spawned;
     let mut err_pipe = errors.ok_or_else(|| std::io::Error::other("no stderr pipe"))?;
+    // The input is written while the outputs are read (a hook may answer before it reads all
+    // of it, or never read it: the write then ends with the pipe).
+    if let Some(mut sender) = input_pipe {
+        tokio::spawn(async move {
+            let _ = tokio::io::AsyncWriteExt::write_all(&mut sender, &input).await;
+        });
+    }
     let mut leader = process::Leader::new(child);
     let group = GroupGuard::new(leader.id(), lifeline)?;
     let (mut stdout, mut stderr) = (
@@ -110,7 +129,6 @@ async fn drive(spawned: Spawned, limit: Duration, ctx: &ToolContext) -> std::io:
     drain(&mut out_pipe, &mut stdout).await;
     drain(&mut err_pipe, &mut stderr).await;
     drop(cgroup);
-    drop(input);
     let text = |h: HeadTail| {
         if h.is_empty() {
             String::new()
@@ -123,6 +141,7 @@ async fn drive(spawned: Spawned, limit: Duration, ctx: &ToolContext) -> std::io:
         stdout: text(stdout),
         stderr: text(stderr),
         failure: timed_out.then(|| format!("the hook did not end within {limit:?}; it was killed")),
+        started: true,
     })
 }
 

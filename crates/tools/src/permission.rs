@@ -77,6 +77,24 @@ impl Policy {
         self.by_mode(tool, &subject)
     }
 
+    /// Why the call is refused whatever a hook or a person allows: a deny rule, plan mode, or a
+    /// path the call may not name. A hook's `allow` skips the question, never these.
+    pub fn refusal(&self, tool: &str, input: &Value, workspace: &Workspace) -> Option<String> {
+        match self.decide(tool, input, workspace) {
+            Decision::Deny(reason) => {
+                let subject = subject(tool, input, workspace);
+                let by_rule = self
+                    .deny
+                    .iter()
+                    .any(|rule| rule.matches(tool, &subject, Purpose::Deny));
+                let by_plan = self.mode == PermissionMode::Plan && !self.never_asks(tool);
+                let by_path = matches!(subject, Subject::Path(Err(_)));
+                (by_rule || by_plan || by_path).then_some(reason)
+            }
+            Decision::Allow | Decision::Ask(_) => None,
+        }
+    }
+
     /// Tools every mode allows: the read-only ones, and Agent (a child runs under its own mode).
     fn never_asks(&self, tool: &str) -> bool {
         crate::is_read_only(tool) || tool == AGENT_TOOL || self.read_only.iter().any(|t| t == tool)

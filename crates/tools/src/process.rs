@@ -221,6 +221,31 @@ impl Leader {
     }
 }
 
+/// Makes `cmd`'s process hold `fd` as descriptor `target` across its exec (a copy that is not
+/// close-on-exec), set first between fork and exec: closures registered after it (the
+/// sandbox's) run after, so a process they fork inherits it too.
+#[allow(
+    unsafe_code,
+    reason = "passing a descriptor to a child takes dup2 between fork and exec"
+)]
+pub(crate) fn pass_descriptor(
+    cmd: &mut std::process::Command,
+    fd: std::os::fd::RawFd,
+    target: std::os::fd::RawFd,
+) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: dup2 is async-signal-safe and allocates nothing; `fd` is held by the caller until
+    // the spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, target) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// A pidfd for `pid`, registered with the runtime; `None` where the kernel has none.
 #[allow(
     unsafe_code,

@@ -306,11 +306,29 @@ impl Runs {
             .await?;
         // A call starting and finishing is progress for the idle timeout.
         crate::progress::touch();
+        // What the call's PreToolUse hooks decided, for every tool: a denial, or a person's
+        // answer to their question.
+        let gate = match verdict.permission {
+            Some(Permission::Deny) => Some(Err(format!(
+                "Permission denied: a hook denied it: {}",
+                verdict.reason.as_deref().unwrap_or("no reason given")
+            ))),
+            Some(Permission::Ask) => {
+                let what = format!(
+                    "{name}: {}",
+                    verdict.reason.as_deref().unwrap_or("a hook asks")
+                );
+                Some(self.ask_person(turn, name, input, what).await)
+            }
+            Some(Permission::Allow) | None => None,
+        };
         let output = if !turn.offered.iter().any(|t| t == name) {
             Ran::Builtin(ToolOutput::error(format!(
                 "Tool {name} is not available to this agent; its tools are: {}.",
                 turn.offered.join(", ")
             )))
+        } else if let Some(Err(refused)) = &gate {
+            Ran::Builtin(ToolOutput::error(refused.clone()))
         } else if name == AGENT_TOOL {
             // Waiting on a typed agent, which has limits of its own, is not idling.
             let _waiting = crate::progress::waiting();
@@ -319,23 +337,20 @@ impl Runs {
             // Read-only, and of the tenant's own: no permission asked.
             Ran::Builtin(self.capacity_tool(turn, input).await)
         } else {
-            let decision = match verdict.permission {
-                // A hook's allow skips the rules and the prompt, as in Claude Code.
-                Some(Permission::Allow) => Decision::Allow,
-                Some(Permission::Deny) => Decision::Deny(format!(
-                    "a hook denied it: {}",
-                    verdict.reason.as_deref().unwrap_or("no reason given")
-                )),
-                Some(Permission::Ask) => Decision::Ask(format!(
-                    "{name}: {}",
-                    verdict.reason.as_deref().unwrap_or("a hook asks")
-                )),
-                None => policy.decide(name, input, &ctx.workspace),
-            };
-            let allowed = match decision {
-                Decision::Allow => Ok(()),
-                Decision::Deny(reason) => Err(format!("Permission denied: {reason}")),
-                Decision::Ask(what) => self.ask_person(turn, name, input, what).await,
+            // A hook's allow (or a person's yes to a hook's question) skips the prompt, never a
+            // deny rule nor plan mode: those still refuse, as in Claude Code.
+            let decided = verdict.permission == Some(Permission::Allow) || gate.is_some();
+            let allowed = if decided {
+                match policy.refusal(name, input, &ctx.workspace) {
+                    Some(reason) => Err(format!("Permission denied: {reason}")),
+                    None => Ok(()),
+                }
+            } else {
+                match policy.decide(name, input, &ctx.workspace) {
+                    Decision::Deny(reason) => Err(format!("Permission denied: {reason}")),
+                    Decision::Allow => Ok(()),
+                    Decision::Ask(what) => self.ask_person(turn, name, input, what).await,
+                }
             };
             match (allowed, mcp) {
                 (Err(denied), _) => Ran::Builtin(ToolOutput::error(denied)),

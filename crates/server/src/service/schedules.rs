@@ -87,6 +87,14 @@ pub(super) async fn create(
         .session
         .clone()
         .ok_or_else(|| ApiError::BadRequest("spec.session is required".into()))?;
+    if !session.mcp_config_json.trim().is_empty() {
+        // They may hold secrets, which a session keeps sealed and a stored spec would not.
+        return Err(ApiError::BadRequest(
+            "a schedule's session cannot define its own MCP servers (mcp_config_json); name \
+             the operator's (mcp_servers) instead"
+                .into(),
+        ));
+    }
     let upload_id = convert::new_session(session)?.upload;
     if let Some(upload) = upload_id {
         // Kept while the schedule names it: the tenant's own, and there now.

@@ -21,6 +21,9 @@ use crate::rows::webhooks::{
     kinds_column,
 };
 
+/// How long the daemon that creates a delivery (a ping it sends at once) holds it.
+const CREATED_CLAIM_MS: i64 = 60_000;
+
 /// Runs inside a notification's transaction: one delivery for each enabled webhook of the
 /// session's tenant that receives it — its kind and session match and it is not `named_only`,
 /// or its batch named it.
@@ -284,8 +287,8 @@ impl WebhookStore for DriverStore {
         write_tx!(self, |tx| {
             sqlx::query(
                 "INSERT INTO webhook_deliveries (id, webhook_id, event, notification_seq, state, \
-                 attempts, created_at_ms, next_attempt_at_ms, claimed_by) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                 attempts, created_at_ms, next_attempt_at_ms, claimed_by, claim_until_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
             )
             .bind(d.id.to_string())
             .bind(d.webhook_id.to_string())
@@ -296,6 +299,8 @@ impl WebhookStore for DriverStore {
             .bind(d.created_at_ms)
             .bind(d.next_attempt_at_ms)
             .bind(daemon.to_string())
+            // Held by its caller while it attempts it (the loop must not attempt it too).
+            .bind(d.next_attempt_at_ms.saturating_add(CREATED_CLAIM_MS))
             .execute(&mut *tx)
             .await?;
         })
