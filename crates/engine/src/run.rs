@@ -301,26 +301,14 @@ impl Runs {
                 && last.tool_uses().next().is_none()
             {
                 let text = last.text();
-                let Some(schema) = run.output_schema() else {
-                    return Ok(Final {
-                        text,
-                        structured: None,
-                    });
-                };
-                match schema.check(&text) {
-                    Ok(object) => {
-                        return Ok(Final {
-                            text,
-                            structured: Some(object),
-                        });
-                    }
+                match run.output_schema().map(|schema| schema.check(&text)) {
                     // Checked again on every start from the stored transcript, so a restart
                     // decides as this run did: one follow-up, then failed.
-                    Err(violations) if run.own.iter().any(output::is_follow_up) => {
+                    Some(Err(violations)) if run.own.iter().any(output::is_follow_up) => {
                         crate::metrics::schema_mismatch("failed");
                         return Err(RunFailure::Schema(violations));
                     }
-                    Err(violations) => {
+                    Some(Err(violations)) => {
                         tracing::info!(
                             violations = violations.len(),
                             "The final reply does not match the output schema; asking once more"
@@ -329,6 +317,32 @@ impl Runs {
                         let follow_up = output::follow_up(&violations);
                         self.attach.append_own(lease, &follow_up).await?;
                         run.own.push(follow_up);
+                    }
+                    checked => {
+                        let structured = checked.and_then(Result::ok);
+                        // Its SubagentStop hooks may keep it going (their reasons its next
+                        // message); a restart sees the note and knows a stop hook is active.
+                        let active = run
+                            .own
+                            .iter()
+                            .rev()
+                            .find(|m| m.role == Role::User)
+                            .is_some_and(hooks::is_stop_hook_note);
+                        let blocked = self
+                            .subagent_stop_hooks(
+                                &run.agent,
+                                &run.session,
+                                run.permission_mode,
+                                active,
+                                cancel,
+                            )
+                            .await?;
+                        let Some(reasons) = blocked else {
+                            return Ok(Final { text, structured });
+                        };
+                        let note = hooks::stop_hook_note(&reasons);
+                        self.attach.append_own(lease, &note).await?;
+                        run.own.push(note);
                     }
                 }
             }

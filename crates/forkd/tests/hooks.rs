@@ -220,3 +220,48 @@ async fn a_hooks_allow_never_beats_a_deny_rule_and_its_deny_stops_agent_calls() 
     assert!(text.contains("allowed by the hook\\n"), "{text}");
     assert!(text.contains("a hook denied it: no agents here"), "{text}");
 }
+
+/// A SubagentStop hook that blocks once: the child goes on with the hook's reason as its next
+/// message, and ends when the hook, told `stop_hook_active`, lets it.
+#[tokio::test]
+async fn a_subagent_stop_hook_that_blocks_once_keeps_the_child_going_once() {
+    let once = "input=$(cat); case \"$input\" in *'\"stop_hook_active\":true'*) exit 0;; esac; \
+                echo 'run the tests first' >&2; exit 2";
+    let daemon = daemon_with_hooks(json!({ "hooks": { "SubagentStop": [
+        { "hooks": [{ "type": "command", "command": once }] }
+    ]}}))
+    .await;
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(&mut client, session_request(ws.path()))
+        .await
+        .unwrap();
+    let batch = fork(
+        &mut client,
+        &session.session_id,
+        &["Answer.\n@sim say first answer"],
+        None,
+    )
+    .await
+    .unwrap();
+    let done = wait_for_batch(&mut client, &batch.batch_id, 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(done[0].status, pb::NotificationStatus::Completed as i32);
+    let text = transcript_text(&mut client, &batch.agent_ids[0])
+        .await
+        .unwrap();
+    assert_eq!(
+        text.matches("A hook kept you from ending here:\\nrun the tests first")
+            .count(),
+        1,
+        "{text}"
+    );
+    // Two final replies: the one the hook stopped, and the one after its note.
+    assert_eq!(text.matches("Scope: Answer.").count(), 2, "{text}");
+    let note = text.find("A hook kept you from ending here").unwrap();
+    assert!(
+        text[note..].contains("Scope: "),
+        "a reply follows the note: {text}"
+    );
+}

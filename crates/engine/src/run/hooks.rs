@@ -41,7 +41,8 @@ impl Runs {
             };
         }
         let payload = event(turn, HookEvent::PreToolUse, name, input, None);
-        let outputs = run_all(&commands, HookEvent::PreToolUse, &payload, turn, ctx).await;
+        let workspace = turn.session.workspace.display().to_string();
+        let outputs = run_all(&commands, HookEvent::PreToolUse, &payload, &workspace, ctx).await;
         let mut verdict = pre_tool_verdict(&outputs);
         if verdict.updated_input.is_some() && name == forkd_core::tools::AGENT_TOOL {
             verdict = PreToolVerdict {
@@ -78,8 +79,79 @@ impl Runs {
             return None;
         }
         let payload = event(turn, HookEvent::PostToolUse, name, input, Some(response));
-        let outputs = run_all(&commands, HookEvent::PostToolUse, &payload, turn, ctx).await;
+        let workspace = turn.session.workspace.display().to_string();
+        let outputs = run_all(&commands, HookEvent::PostToolUse, &payload, &workspace, ctx).await;
         feedback(&outputs, true)
+    }
+}
+
+/// The tag of the message a blocking SubagentStop hook adds: what the agent goes on with, and
+/// how a later run (a restart) knows that a stop hook is active.
+const STOP_HOOK_TAG: &str = "forkd-stop-hook";
+
+/// Whether `message` is the note a blocking stop hook added.
+pub(super) fn is_stop_hook_note(message: &forkd_core::Message) -> bool {
+    message.role == forkd_core::Role::User
+        && message.text().starts_with(&format!("<{STOP_HOOK_TAG}>"))
+}
+
+/// The note the agent goes on with when its stop hooks block: their reasons.
+pub(super) fn stop_hook_note(reasons: &str) -> forkd_core::Message {
+    forkd_core::Message::user(vec![forkd_core::Block::text(&format!(
+        "<{STOP_HOOK_TAG}>\nA hook kept you from ending here:\n{reasons}\n</{STOP_HOOK_TAG}>"
+    ))])
+}
+
+impl Runs {
+    /// A child's or typed agent's SubagentStop hooks, as it ends its last turn: the reasons to
+    /// go on when one blocks (exit 2, `decision: "block"`), `None` when it may end.
+    /// `stop_hook_active` says whether it goes on already because of one.
+    pub(super) async fn subagent_stop_hooks(
+        self: &std::sync::Arc<Self>,
+        agent: &forkd_core::Agent,
+        session: &forkd_core::session::Session,
+        permission_mode: forkd_core::session::PermissionMode,
+        active: bool,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> crate::error::Result<Option<String>> {
+        let hooks = self.config.hooks.for_tenant(&session.tenant);
+        let commands = hooks.commands(HookEvent::SubagentStop, None);
+        if commands.is_empty() {
+            return Ok(None);
+        }
+        let ctx = self.tool_context(agent, session, cancel, true).await?;
+        let payload = json!({
+            "session_id": session.id.to_string(),
+            "transcript_path": Value::Null,
+            "cwd": session.workspace.display().to_string(),
+            "hook_event_name": HookEvent::SubagentStop.as_str(),
+            "permission_mode": permission_mode.as_str(),
+            "stop_hook_active": active,
+            "agent_id": agent.id.to_string(),
+            "batch_id": agent.batch_id.map(|b| b.to_string()),
+        });
+        let workspace = session.workspace.display().to_string();
+        let outputs = run_all(
+            &commands,
+            HookEvent::SubagentStop,
+            &payload,
+            &workspace,
+            &ctx,
+        )
+        .await;
+        let reasons: Vec<String> = outputs
+            .iter()
+            .filter_map(|(_, out)| out.block.clone())
+            .filter(|r| !r.trim().is_empty())
+            .collect();
+        let blocked = outputs.iter().any(|(_, out)| out.block.is_some());
+        Ok(blocked.then(|| {
+            if reasons.is_empty() {
+                "(no reason given)".to_owned()
+            } else {
+                reasons.join("\n")
+            }
+        }))
     }
 }
 
@@ -114,10 +186,10 @@ async fn run_all<'h>(
     commands: &[&'h HookCommand],
     event: HookEvent,
     payload: &Value,
-    turn: &ToolTurn<'_>,
+    workspace: &str,
     ctx: &ToolContext,
 ) -> Vec<(&'h HookCommand, HookOutput)> {
-    let workspace = turn.session.workspace.display().to_string();
+    let workspace = workspace.to_owned();
     let input = payload.to_string().into_bytes();
     let runs = commands.iter().map(|hook| {
         let call = HookCall {

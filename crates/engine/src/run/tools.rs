@@ -155,6 +155,50 @@ fn shorten(content: &str) -> (String, Option<String>) {
     (text, Some(content.to_owned()))
 }
 
+impl Runs {
+    /// The context an agent's tools (and hooks) run in: its workspace (an isolated child's copy,
+    /// a session's layer, or the pinned directory) behind its sandbox's wall. The sandbox's spec
+    /// (every session's workspace, read from the store) is built when `sandboxed` asks for it,
+    /// and for an isolated child always, whose file tools work in the layer its view mounts.
+    pub(super) async fn tool_context(
+        self: &Arc<Self>,
+        agent: &Agent,
+        session: &Session,
+        cancel: &CancellationToken,
+        sandboxed: bool,
+    ) -> Result<ToolContext> {
+        let snapshot = self.copies.snapshot_of(agent).await?;
+        let isolated = snapshot.is_some();
+        // A session made from an upload works in a layer only its views and its descriptor
+        // reach: every turn's tools go through it (its view is needed only as any other's).
+        let layered = crate::trees::is_layered(session);
+        let spec = if isolated || sandboxed {
+            self.sandbox_spec(session, isolated.then_some(agent.id))
+                .await?
+        } else {
+            None
+        };
+        let workspace = match &snapshot {
+            Some(snapshot) => {
+                self.copies
+                    .workspace(agent, snapshot, session, spec.as_ref())
+                    .await?
+            }
+            None if layered => Workspace::layered(self.trees.layer(session).await?),
+            None => Workspace::pinned(&session.workspace).map_err(EngineError::Workspace)?,
+        };
+        let workspace = match &spec {
+            Some(spec) => workspace.walled(Wall::new(&spec.paths, &session.workspace)),
+            None => workspace,
+        };
+        let mut ctx = ToolContext::new(workspace, cancel.clone());
+        if let Some(spec) = spec {
+            ctx = ctx.with_sandbox(spec);
+        }
+        Ok(ctx)
+    }
+}
+
 /// What every call of a turn is answered with: its tools' context, the permission rules, the
 /// session's hooks.
 struct Means<'a> {
@@ -181,11 +225,6 @@ impl Runs {
         // they do not reach): the spec (every session's workspace, read from the store) is
         // built for the turns that call a built-in tool, and for an isolated child's every
         // turn, whose file tools work in the layer its view mounts.
-        let snapshot = self.copies.snapshot_of(turn.agent).await?;
-        let isolated = snapshot.is_some();
-        // A session made from an upload works in a layer only its views and its descriptor
-        // reach: every turn's tools go through it (its view is needed only as any other's).
-        let layered = crate::trees::is_layered(turn.session);
         // Hooks run in the sandbox view too: a turn with a call they apply to builds it.
         let hooks = self.hooks_of(turn);
         let hooked = |name: &str| {
@@ -194,33 +233,12 @@ impl Runs {
                     .commands(HookEvent::PostToolUse, Some(name))
                     .is_empty()
         };
-        let spec = if isolated
-            || assistant
-                .tool_uses()
-                .any(|(_, name, _)| forkd_tools::touches_files(name) || hooked(name))
-        {
-            self.sandbox_spec(turn.session, isolated.then_some(turn.agent.id))
-                .await?
-        } else {
-            None
-        };
-        let workspace = match &snapshot {
-            Some(snapshot) => {
-                self.copies
-                    .workspace(turn.agent, snapshot, turn.session, spec.as_ref())
-                    .await?
-            }
-            None if layered => Workspace::layered(self.trees.layer(turn.session).await?),
-            None => Workspace::pinned(&turn.session.workspace).map_err(EngineError::Workspace)?,
-        };
-        let workspace = match &spec {
-            Some(spec) => workspace.walled(Wall::new(&spec.paths, &turn.session.workspace)),
-            None => workspace,
-        };
-        let mut ctx = ToolContext::new(workspace, turn.cancel.clone());
-        if let Some(spec) = spec {
-            ctx = ctx.with_sandbox(spec);
-        }
+        let sandboxed = assistant
+            .tool_uses()
+            .any(|(_, name, _)| forkd_tools::touches_files(name) || hooked(name));
+        let ctx = self
+            .tool_context(turn.agent, turn.session, &turn.cancel, sandboxed)
+            .await?;
         let means = Means {
             ctx: &ctx,
             policy: &policy(turn.permission_mode, turn.session),
