@@ -28,6 +28,10 @@ const TICK: Duration = Duration::from_millis(100);
 /// A firing this late is missed (the daemon was down or stalled), not on time.
 const ON_TIME: Duration = Duration::from_secs(2);
 
+/// Every how many ticks firings whose claim lapsed are looked for (once a second): a daemon
+/// dies rarely, and an idle one need not read the table ten times a second.
+const STALE_EVERY: u32 = 10;
+
 /// How long a daemon's claim on a firing lasts: its session and batch are created well within.
 const CLAIM: Duration = Duration::from_secs(60);
 
@@ -36,19 +40,22 @@ pub fn start_schedules(engine: Engine, stop: CancellationToken) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticks: u32 = 0;
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            if let Err(e) = tick_once(&engine).await {
+            ticks = ticks.wrapping_add(1);
+            if let Err(e) = tick_once(&engine, ticks % STALE_EVERY == 1).await {
                 tracing::warn!(error = %e, "The schedules' clock could not read the store");
             }
         }
     });
 }
 
-fn now_ms() -> i64 {
+/// Milliseconds since the epoch, as schedules' times are kept.
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, millis)
@@ -58,7 +65,8 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-async fn tick_once(engine: &Engine) -> Result<(), forkd_core::store::StoreError> {
+/// Claims and fires what is due; with `stale`, also fires again what a dead daemon left.
+async fn tick_once(engine: &Engine, stale: bool) -> Result<(), forkd_core::store::StoreError> {
     let store = engine.store();
     let daemon = store.holder().daemon;
     let now = now_ms();
@@ -85,6 +93,9 @@ async fn tick_once(engine: &Engine) -> Result<(), forkd_core::store::StoreError>
         if first.decided.is_none() {
             spawn_firing(engine.clone(), schedule, first.fire_at_ms, false);
         }
+    }
+    if !stale {
+        return Ok(());
     }
     for (tenant, firing) in store.stale_firings(now).await? {
         let until = now + millis(CLAIM);

@@ -14,6 +14,7 @@ use prost::Message as _;
 
 use crate::auth::Tenant;
 use crate::convert::{self, timestamp};
+use crate::schedules::now_ms;
 use crate::status::ApiError;
 
 /// Next firing times `GetSchedule` shows, and latest firings.
@@ -22,12 +23,6 @@ const FIRINGS_SHOWN: u32 = 10;
 
 /// The longest name.
 const MAX_NAME: usize = 64;
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
 
 fn check_name(name: &str) -> Result<(), ApiError> {
     let ok = !name.is_empty()
