@@ -17,7 +17,7 @@ from forkd import _apply, _config, _requests, _schedules, _upload, _webhooks
 from forkd._apply import Applied
 from forkd._proto.forkd.v1 import forkd_pb2 as pb
 from forkd._proto.forkd.v1 import forkd_pb2_grpc as pb_grpc
-from forkd._requests import ContextItem, Directive
+from forkd._requests import ContextItem, Directive, Hooks
 from forkd._schedules import Schedule, ScheduleFiring, SessionSpec
 from forkd._streams import DEFAULT_RECONNECT_FOR, Backoff, afollow, aretried, is_lost, remaining
 from forkd._types import AgentInfo, Capacity, DryRun, Event, Limits, Message, Notification
@@ -246,6 +246,7 @@ class AsyncSessions:
         allow: Sequence[str] = (),
         deny: Sequence[str] = (),
         capacity_tool: bool = False,
+        hooks: Hooks | None = None,
         idempotency_key: str | None = None,
     ) -> AsyncSession:
         """[`forkd.Sessions.create`]."""
@@ -265,6 +266,7 @@ class AsyncSessions:
             deny,
             capacity_tool,
             idempotency_key,
+            hooks=hooks,
         )
         reply = await self._client._call("CreateSession", request, idempotent=True)
         return AsyncSession(self._client, reply.session)
@@ -285,6 +287,11 @@ class AsyncSession:
 
     def __repr__(self) -> str:
         return f"AsyncSession({self.id!r})"
+
+    @property
+    def hook_events(self) -> list[str]:
+        """[`forkd.Session.hook_events`]."""
+        return list(self.info.hook_events)
 
     async def fork(
         self,

@@ -15,7 +15,7 @@ from forkd import _apply, _config, _requests, _schedules, _upload, _webhooks
 from forkd._apply import Applied
 from forkd._proto.forkd.v1 import forkd_pb2 as pb
 from forkd._proto.forkd.v1 import forkd_pb2_grpc as pb_grpc
-from forkd._requests import ContextItem, Directive
+from forkd._requests import ContextItem, Directive, Hooks
 from forkd._schedules import Schedule, ScheduleFiring, SessionSpec
 from forkd._streams import DEFAULT_RECONNECT_FOR, Backoff, follow, is_lost, remaining, retried
 from forkd._types import AgentInfo, Capacity, DryRun, Event, Limits, Message, Notification
@@ -265,13 +265,19 @@ class Sessions:
         allow: Sequence[str] = (),
         deny: Sequence[str] = (),
         capacity_tool: bool = False,
+        hooks: Hooks | None = None,
         idempotency_key: str | None = None,
     ) -> Session:
         """A new parent session: its system prompt and context files (paths read here, or
         `(name, text)`), in `workspace` (a directory on the daemon's machine), or in a tree sent
         from here: `upload` (a directory, uploaded first) or `upload_id` (an upload's id).
         `capacity_tool` gives its model the read-only `Capacity` tool (how busy the daemon is,
-        to size its fan-out). Retried across a daemon restart under one idempotency key."""
+        to size its fan-out). `hooks`: the session's own hooks, a Claude Code settings dict
+        (`{"hooks": {"PreToolUse": [...]}}`, JSON-encoded here) or its JSON text, run after the
+        operator's, in the session's sandbox, for it, its children and its branches
+        (`InvalidArgument` if it does not parse or a hook asks for `"sandbox": false`);
+        `session.hook_events` tells which events they are for. Retried across a daemon restart
+        under one idempotency key."""
         if upload is not None:
             if workspace is not None or upload_id is not None:
                 raise ValueError("upload= is exclusive with workspace= and upload_id=")
@@ -288,6 +294,7 @@ class Sessions:
             deny,
             capacity_tool,
             idempotency_key,
+            hooks=hooks,
         )
         reply = self._client._call("CreateSession", request, idempotent=True)
         return Session(self._client, reply.session)
@@ -307,6 +314,12 @@ class Session:
 
     def __repr__(self) -> str:
         return f"Session({self.id!r})"
+
+    @property
+    def hook_events(self) -> list[str]:
+        """The events its own hooks (`hooks=` at creation) are for, e.g. `["PreToolUse"]`; their
+        commands are never shown."""
+        return list(self.info.hook_events)
 
     def fork(
         self,

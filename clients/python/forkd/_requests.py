@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,10 @@ ContextItem = str | Path | tuple[str, str]
 Directive = str | tuple[str, str] | tuple[str, str, Limits]
 """A child's directive: its prompt (described by its first line), `(description, prompt)`, or
 `(description, prompt, forkd.Limits(...))`: that child's own limits, over the batch's."""
+
+Hooks = Mapping[str, Any] | str
+"""A session's own hooks: a Claude Code settings object (`{"hooks": {"PreToolUse": [...]}}`,
+JSON-encoded here) or its JSON text (sent as is)."""
 
 
 def key(given: str | None) -> str:
@@ -37,6 +41,7 @@ def create_session(
     deny: Sequence[str],
     capacity_tool: bool,
     idempotency_key: str | None,
+    hooks: Hooks | None = None,
 ) -> pb.CreateSessionRequest:
     files = []
     for item in context:
@@ -56,8 +61,21 @@ def create_session(
         deny_rules=list(deny),
         upload_id=upload_id or "",
         capacity_tool=capacity_tool,
+        hooks_json=hooks_json(hooks),
         idempotency_key=key(idempotency_key),
     )
+
+
+def hooks_json(hooks: Hooks | None) -> str:
+    """A session's own hooks as the wire carries them: a settings object JSON-encoded, a string
+    as is, none as the empty string."""
+    if hooks is None:
+        return ""
+    if isinstance(hooks, str):
+        return hooks
+    if isinstance(hooks, Mapping):
+        return json.dumps(dict(hooks))
+    raise TypeError(f"hooks is a settings dict or its JSON text, not {type(hooks).__name__}")
 
 
 def fork(

@@ -26,8 +26,9 @@ def _time(t: timestamp_pb2.Timestamp) -> dt.datetime:
 
 class SessionSpec(TypedDict, total=False):
     """The session each firing creates: `sessions.create`'s keyword arguments (but the
-    idempotency key, which each firing's is). `upload` (a directory here) is uploaded once, when
-    the schedule is created; every firing's session starts from that upload."""
+    idempotency key, which each firing's is, and `hooks`: a schedule's session cannot bring its
+    own, the operator's run for it). `upload` (a directory here) is uploaded once, when the
+    schedule is created; every firing's session starts from that upload."""
 
     system: str
     context: Sequence[ContextItem]

@@ -369,6 +369,13 @@ export interface CreateSessionOptions extends CallSignal {
   deny?: string[];
   /** Give the model the read-only `Capacity` tool (how busy the daemon is, to size its fan-out). */
   capacityTool?: boolean;
+  /**
+   * The session's own hooks: a Claude Code settings object (`{ hooks: { PreToolUse: [...] } }`,
+   * JSON-encoded here) or its JSON text (sent as is). Its `hooks` block runs after the operator's,
+   * each command in the session's sandbox, for the session, its children and its branches;
+   * `InvalidArgument` if it does not parse or a hook asks for `"sandbox": false`.
+   */
+  hooks?: object | string;
   idempotencyKey?: string;
 }
 
@@ -431,6 +438,11 @@ export class Session {
     readonly info: pb.Session,
   ) {
     this.id = info.sessionId;
+  }
+
+  /** The events its own hooks (`hooks` at creation) are for, e.g. `["PreToolUse"]`; their commands are never shown. */
+  get hookEvents(): string[] {
+    return [...this.info.hookEvents];
   }
 
   /**

@@ -109,6 +109,17 @@ export function sessionRequest(options: CreateSessionOptions, uploadId: string |
     allowRules: options.allow ?? [],
     denyRules: options.deny ?? [],
     capacityTool: options.capacityTool ?? false,
+    hooksJson: hooksJson(options.hooks),
     idempotencyKey: options.idempotencyKey ?? randomUUID(),
   });
+}
+
+/** A session's own hooks as the wire carries them: an object JSON-encoded, a string as is. */
+function hooksJson(hooks: object | string | undefined): string {
+  if (hooks === undefined || hooks === null) return "";
+  if (typeof hooks === "string") return hooks;
+  if (typeof hooks !== "object" || Array.isArray(hooks)) {
+    throw new TypeError(`hooks is a settings object or its JSON text, not ${Array.isArray(hooks) ? "an array" : typeof hooks}`);
+  }
+  return JSON.stringify(hooks);
 }

@@ -55,9 +55,10 @@ export interface Schedule {
 
 /**
  * The session each firing creates: `sessions.create`'s options but its idempotency key (each
- * firing's is its own). An `upload` directory is uploaded once, when the schedule is created.
+ * firing's is its own) and `hooks` (a schedule's session cannot bring its own; the operator's run
+ * for it). An `upload` directory is uploaded once, when the schedule is created.
  */
-export type SessionSpec = Omit<CreateSessionOptions, "idempotencyKey" | "signal">;
+export type SessionSpec = Omit<CreateSessionOptions, "idempotencyKey" | "signal" | "hooks">;
 
 const SESSION_KEYS = new Set([
   "system",

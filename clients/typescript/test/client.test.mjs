@@ -2,7 +2,9 @@
 // followed across a SIGKILL and restart, TCP with tokens, a 1000-child wait's memory, capacity
 // and a dry run, webhooks (deliveries verified here with the Standard Webhooks library); and, on
 // requests caught before they leave, limits as a batch's request carries them, `timed_out` read
-// back, capacity and dry runs mapped, and a batch's webhook in its request.
+// back, capacity and dry runs mapped, and a batch's webhook in its request; a session's own hooks
+// (sent as the settings text, their events read back, run for its children, refused outside the
+// sandbox).
 
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
@@ -765,5 +767,65 @@ test("webhooks and attempts are mapped from the daemon's answers, and their requ
   await c.webhookAttempts("w");
   assert.equal(sent.at(-1).limit, 0);
   await assert.rejects(c.webhookAttempts("w", { limit: 1.5 }), RangeError);
+  c.close();
+});
+
+const BLOCK = { type: "command", command: "echo blocked-by-hook >&2; exit 2" };
+const HOOKS = { hooks: { PreToolUse: [{ matcher: "Bash", hooks: [BLOCK] }] } };
+const OUTSIDE = { hooks: { Stop: [{ hooks: [{ type: "command", command: "true", sandbox: false }] }] } };
+
+test("a session's own hooks run for its children, and one outside the sandbox is refused", async () => {
+  const c = client();
+  const session = await c.sessions.create({
+    system: "s",
+    workspace: daemon.workspace,
+    permissionMode: "bypassPermissions",
+    hooks: HOOKS,
+  });
+  assert.deepEqual(session.hookEvents, ["PreToolUse"]);
+  assert.deepEqual((await c.sessions.get(session.id)).hookEvents, ["PreToolUse"]);
+  const plain = await c.sessions.create({ system: "s", workspace: daemon.workspace });
+  assert.deepEqual(plain.hookEvents, []);
+  // The JSON text is sent as is.
+  const text = await c.sessions.create({ system: "s", workspace: daemon.workspace, hooks: JSON.stringify(HOOKS) });
+  assert.deepEqual(text.hookEvents, ["PreToolUse"]);
+
+  const batch = await session.fork(['Go.\n@sim tool Bash {"command":"echo hi"}\n@sim say done']);
+  const [n] = await batch.wait({ signal: AbortSignal.timeout(60_000) });
+  assert.equal(n.status, "completed");
+  const transcript = await (await c.agents.get(batch.agentIds[0])).transcript();
+  const said = transcript.map((m) => m.contentJson).join("\n");
+  assert.ok(said.includes("blocked-by-hook"), said);
+
+  const refused = await c.sessions
+    .create({ system: "s", workspace: daemon.workspace, hooks: OUTSIDE })
+    .then(() => undefined, (e) => e);
+  assert.ok(refused instanceof forkd.InvalidArgument, String(refused));
+  assert.match(refused.message, /sandbox/);
+  await assert.rejects(c.sessions.create({ system: "s", workspace: daemon.workspace, hooks: "{not json" }), forkd.InvalidArgument);
+  c.close();
+});
+
+test("hooks go in a session's request as the settings text, and a schedule's session has none", async () => {
+  const c = new forkd.Client({ addr: "unix:/nonexistent/forkd.sock", reconnectForMs: 100 });
+  const sent = [];
+  c.stub.createSession = (request, _metadata, _options, callback) => {
+    sent.push(request);
+    callback(null, { session: pb.Session.fromPartial({ sessionId: "s", hookEvents: ["PreToolUse"] }) });
+    return { cancel() {} };
+  };
+  const session = await c.sessions.create({ system: "s", hooks: HOOKS });
+  assert.deepEqual(JSON.parse(sent.at(-1).hooksJson), HOOKS);
+  assert.deepEqual(session.hookEvents, ["PreToolUse"]);
+  await c.sessions.create({ system: "s", hooks: '{"hooks": {}}' });
+  assert.equal(sent.at(-1).hooksJson, '{"hooks": {}}');
+  await c.sessions.create({ system: "s" });
+  assert.equal(sent.at(-1).hooksJson, "");
+  await assert.rejects(c.sessions.create({ system: "s", hooks: [HOOKS] }), TypeError);
+  await assert.rejects(c.sessions.create({ system: "s", hooks: 1 }), TypeError);
+  await assert.rejects(
+    c.createSchedule("n", { cron: "* * * * *", directives: ["x"], session: { hooks: HOOKS } }),
+    /session has no hooks/,
+  );
   c.close();
 });

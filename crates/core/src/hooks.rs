@@ -160,6 +160,15 @@ impl HookSet {
         self.events.values().all(Vec::is_empty)
     }
 
+    /// The events that have at least one command, in [`HookEvent::ALL`]'s order.
+    pub fn events(&self) -> Vec<HookEvent> {
+        self.events
+            .iter()
+            .filter(|(_, groups)| groups.iter().any(|(_, commands)| !commands.is_empty()))
+            .map(|(event, _)| *event)
+            .collect()
+    }
+
     /// The commands `event` runs, for `tool` where the event is about one: every matching group's,
     /// in order, each command once.
     pub fn commands(&self, event: HookEvent, tool: Option<&str>) -> Vec<&HookCommand> {
@@ -363,6 +372,8 @@ pub struct PreToolVerdict {
     pub reason: Option<String>,
     /// The input the call runs with, when a hook replaced it.
     pub updated_input: Option<Value>,
+    /// `continue: false`: the call does not run and the agent stops, for this reason.
+    pub stop: Option<String>,
 }
 
 /// Combines the PreToolUse outputs of one call (each with its hook's command, to name it): deny
@@ -381,6 +392,7 @@ pub fn pre_tool_verdict(outputs: &[(&HookCommand, HookOutput)]) -> PreToolVerdic
                             hook.command
                         )),
                         updated_input: None,
+                        stop: stopped(outputs),
                     };
                 }
                 Some(_) => {}
@@ -396,11 +408,65 @@ pub fn pre_tool_verdict(outputs: &[(&HookCommand, HookOutput)]) -> PreToolVerdic
         Permission::Deny => out.block.clone(),
         _ => out.permission_reason.clone(),
     });
+    if let Some(stop) = stopped(outputs) {
+        // `continue: false` comes before any decision: the call does not run.
+        return PreToolVerdict {
+            permission: Some(Permission::Deny),
+            reason: Some(stop.clone()),
+            updated_input: None,
+            stop: Some(stop),
+        };
+    }
     PreToolVerdict {
         permission: strongest.map(|(p, _)| p),
         reason,
         updated_input: updated.map(|(_, input)| input.clone()),
+        stop: None,
     }
+}
+
+/// Why an event's hooks block what it is about (exit 2, `decision: "block"`): their reasons,
+/// one per line; `None` when none blocks.
+pub fn blocked(outputs: &[(&HookCommand, HookOutput)]) -> Option<String> {
+    said(outputs, |out| out.block.as_deref(), "(no reason given)")
+}
+
+/// Why an event's hooks stop the agent (`continue: false`, whose `stopReason` the user reads);
+/// `None` when none does.
+pub fn stopped(outputs: &[(&HookCommand, HookOutput)]) -> Option<String> {
+    said(
+        outputs,
+        |out| out.stop.as_deref(),
+        "a hook stopped the agent",
+    )
+}
+
+/// What an event's hooks add for the model (`additionalContext`, and the plain stdout of the
+/// events whose stdout is context), one per line.
+pub fn context(outputs: &[(&HookCommand, HookOutput)]) -> Option<String> {
+    let lines: Vec<&str> = outputs
+        .iter()
+        .filter_map(|(_, out)| out.additional_context.as_deref())
+        .filter(|c| !c.trim().is_empty())
+        .collect();
+    (!lines.is_empty()).then(|| lines.join("\n"))
+}
+
+fn said(
+    outputs: &[(&HookCommand, HookOutput)],
+    what: impl Fn(&HookOutput) -> Option<&str>,
+    otherwise: &str,
+) -> Option<String> {
+    let all: Vec<&str> = outputs.iter().filter_map(|(_, out)| what(out)).collect();
+    if all.is_empty() {
+        return None;
+    }
+    let reasons: Vec<&str> = all.into_iter().filter(|r| !r.trim().is_empty()).collect();
+    Some(if reasons.is_empty() {
+        otherwise.to_owned()
+    } else {
+        reasons.join("\n")
+    })
 }
 
 #[cfg(test)]

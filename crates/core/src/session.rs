@@ -349,6 +349,8 @@ pub struct Session {
     pub sandbox: Sandbox,
     /// The MCP servers it uses and the tools it got from them, fixed at creation.
     pub mcp: SessionMcp,
+    /// Its own hooks (`forkctl session create --hooks`), run beside the operator's.
+    pub hooks: Option<SessionHooks>,
     pub created_at_ms: i64,
     /// Where a branch starts in its origin's transcript; `None` for a session created afresh.
     pub branch: Option<crate::branch::Branch>,
@@ -357,6 +359,18 @@ pub struct Session {
     /// that reply reads it from the cache. Set for sessions created since branches came; earlier
     /// sessions keep the bytes their requests always had.
     pub reply_breakpoint: bool,
+}
+
+/// A session's own hooks (docs/contracts.md, "Hooks"): the `hooks` block of a `settings.json`
+/// its client sent, sealed with the daemon's secret key for this session (a command may hold a
+/// secret), so never in the clear in the database; inherited by its children and sealed again
+/// for each branch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionHooks {
+    /// The events they are for, by Claude Code's names (what a reader of the session sees).
+    pub events: Vec<String>,
+    /// The settings text, sealed for this session.
+    pub sealed: String,
 }
 
 /// Who defined one of a session's MCP servers.

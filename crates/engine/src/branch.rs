@@ -162,11 +162,13 @@ impl Branches {
         };
         let mut mcp = origin.mcp.clone();
         mcp.sealed_config = self.mcp.reseal_for_branch(&origin, id)?;
+        let hooks = self.sessions.hooks().reseal_for_branch(&origin, id)?;
         let session = Session {
             id,
             params,
             workspace,
             mcp,
+            hooks,
             created_at_ms: now_ms(),
             branch: Some(Branch {
                 origin: origin.id,

@@ -84,6 +84,13 @@ pub enum EngineError {
     /// file system refused: no space, no overlayfs, a path it cannot take).
     #[error("isolation: {0}")]
     Isolation(String),
+    /// A hook refused what it was asked about (a UserPromptSubmit hook blocking a message); the
+    /// hook's reason.
+    #[error("a hook blocked it: {0}")]
+    HookBlocked(String),
+    /// A hook's `continue: false` stopped the agent; its `stopReason`.
+    #[error("a hook stopped the agent: {0}")]
+    HookStopped(String),
     /// The operation was stopped by a client (a parent turn cancelled with `Kill`).
     #[error("{0}")]
     Cancelled(String),

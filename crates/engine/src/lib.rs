@@ -21,6 +21,7 @@ mod eta;
 mod fair_queue;
 mod faults;
 mod handoff;
+mod hooks;
 mod leases;
 mod locks;
 mod lookup;

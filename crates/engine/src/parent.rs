@@ -9,7 +9,7 @@ use forkd_core::compaction::Compaction;
 use forkd_core::report::Report;
 use forkd_core::store::{Lease, NewNotification, Store, StoreError};
 use forkd_core::{
-    Agent, AgentId, AgentKind, AgentState, Block, Message, NotificationStatus, SessionId, Usage,
+    Agent, AgentId, AgentKind, AgentState, Message, NotificationStatus, SessionId, Usage,
 };
 use futures::stream::BoxStream;
 use tokio::sync::{OwnedMutexGuard, mpsc};
@@ -32,6 +32,7 @@ use crate::supervisor::{Raced, Supervisor};
 use crate::tenancy::Tenancy;
 use message::Stored;
 
+mod hooks;
 mod merge;
 mod message;
 mod request;
@@ -245,9 +246,11 @@ impl Turns {
         let parent_id = parent.id;
         let lease = self.claim_main_loop(&parent).await?;
         let backgrounds = self.attach.backgrounds();
-        let message = Message::user(vec![Block::text(&text)]);
+        // Its UserPromptSubmit hooks run once, when the message is stored for the first time
+        // (a retry under its key finds it stored).
+        let prepared = || self.prompt_message(&session, &parent, &text);
         let stored = self
-            .store_message(&session, &lease, message, idempotency_key)
+            .store_message(&session, &lease, &text, prepared, idempotency_key)
             .await;
         // Where this turn begins: its message, stored now or by an earlier call with its key.
         let start = match stored {
@@ -626,6 +629,8 @@ impl Turns {
     ) -> Result<ParentEvent> {
         let (session, parent) = (&turn.session, &turn.parent);
         let (mut usage, mut cost) = (Usage::default(), 0.0);
+        // Whether the turn goes on because a Stop hook blocked its end.
+        let mut stop_active = false;
         for request in 0..self.config.parent_max_turns() {
             if self.supervisor.draining() {
                 return Err(EngineError::Draining);
@@ -662,9 +667,17 @@ impl Turns {
                 .await;
             }
             if reply.tool_uses().next().is_none() {
+                let text = reply.text();
                 // An empty reply is not stored: the API refuses empty assistant content anywhere
                 // but at the end, so it would break every later turn.
                 if !reply.blocks.is_empty() {
+                    // Its Stop hooks may keep it going, their reasons its next message.
+                    if let Some(reasons) = self.stop_hooks(turn, stop_active, cancel).await? {
+                        let note = crate::run::hooks::stop_hook_note(&reasons);
+                        self.append_to_session(turn, &[reply, note], &[]).await?;
+                        stop_active = true;
+                        continue;
+                    }
                     self.append_to_session(turn, std::slice::from_ref(&reply), &[])
                         .await?;
                 }
@@ -672,7 +685,7 @@ impl Turns {
                     stop_reason,
                     usage,
                     cost_usd: cost,
-                    text: reply.text(),
+                    text,
                 });
             }
             // Stored before any of its calls runs: a turn cut off from here on answers this same

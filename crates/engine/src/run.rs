@@ -7,7 +7,7 @@
 mod capacity;
 mod compact;
 mod gate;
-mod hooks;
+pub(crate) mod hooks;
 mod lifecycle;
 mod limits;
 mod load;
@@ -362,8 +362,12 @@ impl Runs {
                     cancel: cancel.clone(),
                 };
                 let results = self.run_tools(&tool_turn, last).await?;
-                self.attach.append_own(lease, &results).await?;
-                run.own.push(results);
+                self.attach.append_own(lease, &results.message).await?;
+                run.own.push(results.message);
+                if let Some(reason) = results.stopped {
+                    // A hook's `continue: false`: the agent ends here, its calls answered.
+                    return Err(RunFailure::Error(EngineError::HookStopped(reason)));
+                }
             }
             if let Some(limit) = limits::before_request(limits, turn, output_tokens) {
                 return Err(RunFailure::Limit(limit));

@@ -21,6 +21,7 @@ use crate::agent_types;
 use crate::clock::{now_ms, today};
 use crate::config::EngineConfig;
 use crate::error::{EngineError, Result, clip};
+use crate::hooks::Hooks;
 use crate::mcp::McpServers;
 use crate::tenancy::{Idempotent, Tenancy};
 use crate::uploads::Uploads;
@@ -66,6 +67,9 @@ pub struct NewSession {
     pub upload: Option<forkd_core::UploadId>,
     /// Its model gets the read-only `Capacity` tool (how busy the daemon is).
     pub capacity_tool: bool,
+    /// Its own hooks: the `hooks` block of a Claude Code `settings.json` (docs/contracts.md,
+    /// "Hooks"), run beside the operator's in its sandbox view.
+    pub hooks_json: Option<String>,
 }
 
 impl NewSession {
@@ -99,10 +103,13 @@ impl NewSession {
         ]);
         // Added only when asked for, so that the digests of keys recorded before the option
         // came stay what they were.
-        if self.capacity_tool
-            && let Some(parts) = canonical.as_array_mut()
-        {
-            parts.push(serde_json::json!({"capacity_tool": true}));
+        if let Some(parts) = canonical.as_array_mut() {
+            if self.capacity_tool {
+                parts.push(serde_json::json!({"capacity_tool": true}));
+            }
+            if let Some(hooks) = &self.hooks_json {
+                parts.push(serde_json::json!({"hooks": hooks}));
+            }
         }
         forkd_core::request::fingerprint(canonical.to_string().as_bytes())
     }
@@ -167,6 +174,8 @@ pub(crate) struct Sessions {
     window: Arc<Window>,
     uploads: Arc<Uploads>,
     trees: Arc<crate::trees::Trees>,
+    /// Which hooks run for each session: the operator's, and sessions' own (sealed).
+    hooks: Arc<Hooks>,
 }
 
 impl Sessions {
@@ -180,6 +189,7 @@ impl Sessions {
         trees: Arc<crate::trees::Trees>,
     ) -> Self {
         Self {
+            hooks: Arc::new(Hooks::new(&config.hooks, config.mcp.secret_key.clone())),
             store,
             config,
             tenancy,
@@ -284,6 +294,7 @@ fn session_bytes(req: &NewSession) -> usize {
             .map(|f| f.path.len() + f.content.len())
             .sum::<usize>()
         + req.mcp.config_json.as_ref().map_or(0, String::len)
+        + req.hooks_json.as_ref().map_or(0, String::len)
 }
 
 fn template(req: &NewSession, workspace: &Path, model: &str) -> SystemTemplate {
@@ -451,6 +462,17 @@ impl Sessions {
             rules,
             sandbox,
         } = checked;
+        let hooks = match req.hooks_json.as_deref().filter(|h| !h.trim().is_empty()) {
+            Some(text) => {
+                let set = self.hooks.check_own(text)?;
+                // A settings file without hooks is a session without hooks of its own.
+                match set.is_empty() {
+                    true => None,
+                    false => Some(self.hooks.seal_own(id, text, &set)?),
+                }
+            }
+            None => None,
+        };
         // Last of the checks, as it starts processes: every server's tools, listed once now.
         let mut mcp = self.mcp.session_tools(&req.mcp, &tenant).await?;
         self.mcp.seal_own_servers(id, &mut mcp)?;
@@ -483,6 +505,7 @@ impl Sessions {
             rules,
             sandbox,
             mcp: mcp.mcp,
+            hooks,
             created_at_ms: now_ms(),
             branch: None,
             reply_breakpoint: true,
@@ -501,6 +524,11 @@ impl Sessions {
             tracing::debug!(error = %e, "Cannot count the session's first message");
         }
         Ok(session)
+    }
+
+    /// Which hooks run for each session.
+    pub(crate) fn hooks(&self) -> &Arc<Hooks> {
+        &self.hooks
     }
 
     /// Where workspaces may be: what a branch given another workspace is checked against too.

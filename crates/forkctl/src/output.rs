@@ -199,6 +199,7 @@ pub fn session_json(s: &Session) -> Value {
         "unix_sockets": s.unix_sockets,
         "sandbox_layers": s.sandbox_layers,
         "mcp_servers": s.mcp_servers,
+        "hook_events": s.hook_events,
         "thinking_budget_tokens": s.thinking_budget_tokens,
         "tool_names": s.tool_names,
         "system_prompt_bytes": s.system_prompt_bytes,

@@ -70,6 +70,11 @@ pub(crate) fn session_view(view: &SessionView) -> pb::Session {
             bytes: o.bytes,
             git_commit: o.git_commit.clone().unwrap_or_default(),
         }),
+        hook_events: s
+            .hooks
+            .as_ref()
+            .map(|h| h.events.clone())
+            .unwrap_or_default(),
     }
 }
 
@@ -330,6 +335,7 @@ pub(crate) fn new_session(req: pb::CreateSessionRequest) -> Result<NewSession, A
         allow_network: req.allow_network,
         unix_sockets: req.unix_sockets,
         capacity_tool: req.capacity_tool,
+        hooks_json: Some(req.hooks_json).filter(|h| !h.trim().is_empty()),
         upload: match req.upload_id.as_str() {
             "" => None,
             id => Some(id.parse().map_err(|_| {

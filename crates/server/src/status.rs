@@ -122,7 +122,7 @@ impl Meaning {
         match err {
             E::InvalidRequest(_) => Meaning::BadRequest,
             E::NotFound { .. } => Meaning::NotFound,
-            E::Forbidden(_) => Meaning::Forbidden,
+            E::Forbidden(_) | E::HookBlocked(_) => Meaning::Forbidden,
             E::ForkRefused(refusal) if !refusal.is_state() => Meaning::BadRequest,
             E::WrongState(_)
             | E::ForkRefused(_)
@@ -140,7 +140,7 @@ impl Meaning {
                 FailureKind::Rejected => Meaning::Internal,
             },
             E::TimedOut { .. } | E::TurnOverLimit(_) => Meaning::TimedOut,
-            E::Cancelled(_) => Meaning::Cancelled,
+            E::Cancelled(_) | E::HookStopped(_) => Meaning::Cancelled,
             E::Draining => Meaning::Unavailable,
             E::LowDisk { .. } | E::Store(StoreError::DiskFull { .. }) => Meaning::DiskFull,
             E::Store(StoreError::Unreachable { .. }) => Meaning::Unavailable,
@@ -337,6 +337,16 @@ mod tests {
             (key_reused(), Code::FailedPrecondition, None),
             (budget_spent(), Code::ResourceExhausted, None),
             (EngineError::TurnLimit(64), Code::ResourceExhausted, None),
+            (
+                EngineError::HookBlocked("no".into()),
+                Code::PermissionDenied,
+                None,
+            ),
+            (
+                EngineError::HookStopped("done".into()),
+                Code::Cancelled,
+                None,
+            ),
             (window_overflow(), Code::FailedPrecondition, None),
             (
                 provider(429, Some(Duration::from_secs(3))),

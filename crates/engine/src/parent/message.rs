@@ -22,21 +22,28 @@ pub(super) enum Stored {
 }
 
 impl Turns {
-    /// Appends the user's message to the transcript (with its idempotency key, if any).
     /// Stores the user's message of a turn: once per idempotency key when the client gave one.
-    pub(super) async fn store_message(
+    /// `prepare` makes the message from `text` (its hooks run there), only when it is stored
+    /// now; the key's digest is of `text` alone, whatever the hooks add.
+    pub(super) async fn store_message<F, Fut>(
         self: &Arc<Self>,
         session: &Session,
         lease: &Lease,
-        message: Message,
+        text: &str,
+        prepare: F,
         idempotency_key: Option<String>,
-    ) -> Result<Stored> {
+    ) -> Result<Stored>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Message>>,
+    {
         match idempotency_key.filter(|k| !k.is_empty()) {
             None => {
+                let message = prepare().await?;
                 let seq = self.append_user(session, lease, &message, None).await?;
                 Ok(Stored::New { seq })
             }
-            Some(key) => self.append_keyed(session, lease, message, &key).await,
+            Some(key) => self.append_keyed(session, lease, text, prepare, &key).await,
         }
     }
 
@@ -69,14 +76,22 @@ impl Turns {
 
     /// Stores the user's message under its idempotency key, or finds the message an earlier
     /// call with the key stored (and its turn's reply, if that turn has ended).
-    async fn append_keyed(
+    async fn append_keyed<F, Fut>(
         self: &Arc<Self>,
         session: &Session,
         lease: &Lease,
-        message: Message,
+        text: &str,
+        prepare: F,
         key: &str,
-    ) -> Result<Stored> {
-        let canonical = serde_json::json!([session.id.to_string(), message.content_json()]);
+    ) -> Result<Stored>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Message>>,
+    {
+        // The user's message as the client sent it (what keys recorded before hooks came were
+        // digests of).
+        let sent = Message::user(vec![forkd_core::Block::text(text)]);
+        let canonical = serde_json::json!([session.id.to_string(), sent.content_json()]);
         let digest = fingerprint(canonical.to_string().as_bytes());
         let outcome = self
             .tenancy
@@ -87,6 +102,7 @@ impl Turns {
                 digest,
                 String::new(),
                 |mut record| async move {
+                    let message = prepare().await?;
                     self.append_user(session, lease, &message, Some(&mut record))
                         .await
                 },

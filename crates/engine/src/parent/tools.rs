@@ -132,13 +132,17 @@ impl Turns {
             // The reply is stored only with its results, in one step under the session lock: a
             // notification landing between a tool_use and its tool_result (or a reply left
             // without results by a crash) would make every later request invalid.
-            let results = self
+            let (results, stopped) = self
                 .run_parent_tools(turn, &reply, &plan.answered, cancel)
                 .await?;
             self.append_to_session(turn, &[reply, results.clone()], &delivered)
                 .await?;
             self.report_later(turn, &later).await?;
-            return Ok(results);
+            return match stopped {
+                // A hook's `continue: false`: the turn ends here, its calls answered.
+                Some(reason) => Err(EngineError::HookStopped(reason)),
+                None => Ok(results),
+            };
         }
         let mut others = plan.answered;
         let non_agent = Message::assistant(
@@ -149,7 +153,7 @@ impl Turns {
                 .cloned()
                 .collect(),
         );
-        let ran = self.run_parent_tools(turn, &non_agent, &[], cancel).await?;
+        let (ran, stopped) = self.run_parent_tools(turn, &non_agent, &[], cancel).await?;
         for block in ran.blocks {
             if let forkd_core::BlockKind::ToolResult { tool_use_id, .. } = block.kind() {
                 others.push((tool_use_id.clone(), block.clone()));
@@ -181,6 +185,10 @@ impl Turns {
             .await?;
         send(events, ParentEvent::ForkLaunched(submitted.clone())).await;
         self.report_later(turn, &later).await?;
+        if let Some(reason) = stopped {
+            // The fork is stored with the reply; the turn ends without waiting for it.
+            return Err(EngineError::HookStopped(reason));
+        }
         if !self.config.fork_always_async {
             // The children's notifications reach the transcript whether or not the wait is
             // handed to the background; the turn just goes on sooner when it is.
@@ -217,7 +225,7 @@ impl Turns {
         reply: &Message,
         refused: &[(String, Block)],
         cancel: &CancellationToken,
-    ) -> Result<Message> {
+    ) -> Result<(Message, Option<String>)> {
         let runnable = Message::assistant(
             reply
                 .blocks
@@ -251,13 +259,13 @@ impl Turns {
                     .find(|(r, _)| r == id)
                     .map(|(_, b)| b.clone())
                     .or_else(|| {
-                        ran.blocks.iter().find(|b| {
+                        ran.message.blocks.iter().find(|b| {
                             matches!(b.kind(), forkd_core::BlockKind::ToolResult { tool_use_id, .. } if tool_use_id == id)
                         }).cloned()
                     })
             })
             .collect();
-        Ok(Message::user(blocks))
+        Ok((Message::user(blocks), ran.stopped))
     }
 
     /// What the parent's reply forks, by the one fork plan: a session's own turn is never a

@@ -5,6 +5,8 @@
 //! Hooks of one event run in parallel, each in the session's sandbox view as its Bash commands
 //! run, with Claude Code's JSON on stdin.
 
+use std::sync::Arc;
+
 use forkd_core::hooks::{
     HookCommand, HookEvent, HookOutput, HookSet, Permission, PreToolVerdict, pre_tool_verdict,
 };
@@ -16,10 +18,10 @@ use super::Runs;
 use super::tools::ToolTurn;
 
 impl Runs {
-    /// The hooks that run for `turn`'s session: the operator's for every tenant, then its
-    /// tenant's.
-    pub(super) fn hooks_of(&self, turn: &ToolTurn<'_>) -> HookSet {
-        self.config.hooks.for_tenant(&turn.session.tenant)
+    /// The hooks that run for `turn`'s session: the operator's for every tenant, its tenant's,
+    /// then its own.
+    pub(super) fn hooks_of(&self, turn: &ToolTurn<'_>) -> crate::error::Result<Arc<HookSet>> {
+        self.sessions.hooks().for_session(turn.session)
     }
 
     /// What the call's PreToolUse hooks decide; `updated_input` is refused for an `Agent` call,
@@ -38,6 +40,7 @@ impl Runs {
                 permission: None,
                 reason: None,
                 updated_input: None,
+                stop: None,
             };
         }
         let payload = event(turn, HookEvent::PreToolUse, name, input, None);
@@ -49,6 +52,7 @@ impl Runs {
                 permission: Some(Permission::Deny),
                 reason: Some("a hook may not change an Agent call's input".into()),
                 updated_input: None,
+                stop: verdict.stop,
             };
         }
         let context = feedback(&outputs, false);
@@ -63,8 +67,9 @@ impl Runs {
         verdict
     }
 
-    /// The call's PostToolUse hooks' feedback for the model (a block's reason, exit 2's stderr,
-    /// additional context), to follow its result; `None` when they had nothing to say.
+    /// What the call's PostToolUse hooks say once it ran: feedback for the model (a block's
+    /// reason, exit 2's stderr, additional context) to follow its result, and whether one
+    /// stops the agent.
     pub(super) async fn post_tool_hooks(
         &self,
         hooks: &HookSet,
@@ -73,16 +78,28 @@ impl Runs {
         input: &Value,
         response: &str,
         ctx: &ToolContext,
-    ) -> Option<String> {
+    ) -> AfterCall {
         let commands = hooks.commands(HookEvent::PostToolUse, Some(name));
         if commands.is_empty() {
-            return None;
+            return AfterCall::default();
         }
         let payload = event(turn, HookEvent::PostToolUse, name, input, Some(response));
         let workspace = turn.session.workspace.display().to_string();
         let outputs = run_all(&commands, HookEvent::PostToolUse, &payload, &workspace, ctx).await;
-        feedback(&outputs, true)
+        AfterCall {
+            feedback: feedback(&outputs, true),
+            stop: forkd_core::hooks::stopped(&outputs),
+        }
     }
+}
+
+/// What a call's PostToolUse hooks say.
+#[derive(Debug, Default)]
+pub(super) struct AfterCall {
+    /// For the model, after the call's result.
+    pub feedback: Option<String>,
+    /// `continue: false`: the agent stops once the call's result is stored.
+    pub stop: Option<String>,
 }
 
 /// The tag of the message a blocking SubagentStop hook adds: what the agent goes on with, and
@@ -90,69 +107,88 @@ impl Runs {
 const STOP_HOOK_TAG: &str = "forkd-stop-hook";
 
 /// Whether `message` is the note a blocking stop hook added.
-pub(super) fn is_stop_hook_note(message: &forkd_core::Message) -> bool {
+pub(crate) fn is_stop_hook_note(message: &forkd_core::Message) -> bool {
     message.role == forkd_core::Role::User
         && message.text().starts_with(&format!("<{STOP_HOOK_TAG}>"))
 }
 
 /// The note the agent goes on with when its stop hooks block: their reasons.
-pub(super) fn stop_hook_note(reasons: &str) -> forkd_core::Message {
+pub(crate) fn stop_hook_note(reasons: &str) -> forkd_core::Message {
     forkd_core::Message::user(vec![forkd_core::Block::text(&format!(
         "<{STOP_HOOK_TAG}>\nA hook kept you from ending here:\n{reasons}\n</{STOP_HOOK_TAG}>"
     ))])
 }
 
 impl Runs {
+    /// Runs `event`'s hooks for `agent` outside a tool call (a stop, a prompt, a compaction, a
+    /// notification), in its session's sandbox view; `fields` join Claude Code's common input.
+    /// Nothing runs, and nothing is built, when the event has no hooks.
+    pub(crate) async fn event_hooks(
+        self: &Arc<Self>,
+        agent: &forkd_core::Agent,
+        session: &forkd_core::session::Session,
+        event: HookEvent,
+        fields: Value,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> crate::error::Result<EventHooks> {
+        let hooks = self.sessions.hooks().for_session(session)?;
+        let commands = hooks.commands(event, None);
+        if commands.is_empty() {
+            return Ok(EventHooks::default());
+        }
+        let ctx = self.tool_context(agent, session, cancel, true).await?;
+        let mut payload = json!({
+            "session_id": session.id.to_string(),
+            "transcript_path": Value::Null,
+            "cwd": session.workspace.display().to_string(),
+            "hook_event_name": event.as_str(),
+            "permission_mode": session.permission_mode.as_str(),
+            "agent_id": agent.id.to_string(),
+            "batch_id": agent.batch_id.map(|b| b.to_string()),
+        });
+        if let (Some(map), Value::Object(fields)) = (payload.as_object_mut(), fields) {
+            map.extend(fields);
+        }
+        let workspace = session.workspace.display().to_string();
+        let outputs = run_all(&commands, event, &payload, &workspace, &ctx).await;
+        Ok(EventHooks {
+            blocked: forkd_core::hooks::blocked(&outputs),
+            stopped: forkd_core::hooks::stopped(&outputs),
+            context: forkd_core::hooks::context(&outputs),
+        })
+    }
+
     /// A child's or typed agent's SubagentStop hooks, as it ends its last turn: the reasons to
-    /// go on when one blocks (exit 2, `decision: "block"`), `None` when it may end.
-    /// `stop_hook_active` says whether it goes on already because of one.
+    /// go on when one blocks (exit 2, `decision: "block"`), `None` when it may end (`continue:
+    /// false` ends it whatever blocks). `active`: it goes on already because of one.
     pub(super) async fn subagent_stop_hooks(
-        self: &std::sync::Arc<Self>,
+        self: &Arc<Self>,
         agent: &forkd_core::Agent,
         session: &forkd_core::session::Session,
         permission_mode: forkd_core::session::PermissionMode,
         active: bool,
         cancel: &tokio_util::sync::CancellationToken,
     ) -> crate::error::Result<Option<String>> {
-        let hooks = self.config.hooks.for_tenant(&session.tenant);
-        let commands = hooks.commands(HookEvent::SubagentStop, None);
-        if commands.is_empty() {
-            return Ok(None);
-        }
-        let ctx = self.tool_context(agent, session, cancel, true).await?;
-        let payload = json!({
-            "session_id": session.id.to_string(),
-            "transcript_path": Value::Null,
-            "cwd": session.workspace.display().to_string(),
-            "hook_event_name": HookEvent::SubagentStop.as_str(),
+        let fields = json!({
             "permission_mode": permission_mode.as_str(),
             "stop_hook_active": active,
-            "agent_id": agent.id.to_string(),
-            "batch_id": agent.batch_id.map(|b| b.to_string()),
         });
-        let workspace = session.workspace.display().to_string();
-        let outputs = run_all(
-            &commands,
-            HookEvent::SubagentStop,
-            &payload,
-            &workspace,
-            &ctx,
-        )
-        .await;
-        let reasons: Vec<String> = outputs
-            .iter()
-            .filter_map(|(_, out)| out.block.clone())
-            .filter(|r| !r.trim().is_empty())
-            .collect();
-        let blocked = outputs.iter().any(|(_, out)| out.block.is_some());
-        Ok(blocked.then(|| {
-            if reasons.is_empty() {
-                "(no reason given)".to_owned()
-            } else {
-                reasons.join("\n")
-            }
-        }))
+        let said = self
+            .event_hooks(agent, session, HookEvent::SubagentStop, fields, cancel)
+            .await?;
+        Ok(said.blocked.filter(|_| said.stopped.is_none()))
     }
+}
+
+/// What one event's hooks said together.
+#[derive(Debug, Default)]
+pub(crate) struct EventHooks {
+    /// Why they block what the event is about (a prompt, a stop).
+    pub blocked: Option<String>,
+    /// Why they stop the agent (`continue: false`).
+    pub stopped: Option<String>,
+    /// What they add for the model.
+    pub context: Option<String>,
 }
 
 /// Claude Code's hook input, with forkd's ids beside it.
@@ -207,7 +243,8 @@ async fn run_all<'h>(
             let output = HookOutput::of(event, &run);
             tracing::info!(
                 hook.event = event.as_str(),
-                hook.command = %hook.command,
+                // Its program only: a session's own command may hold a secret.
+                hook.program = program(&hook.command),
                 hook.exit = ?run.exit,
                 hook.blocked = output.block.is_some(),
                 hook.error = output.error.as_deref().unwrap_or(""),
@@ -237,4 +274,13 @@ fn feedback(outputs: &[(&HookCommand, HookOutput)], blocks: bool) -> Option<Stri
         .filter(|l| !l.trim().is_empty())
         .collect();
     (!lines.is_empty()).then(|| lines.join("\n"))
+}
+
+/// A hook command's program (its first word, clipped), for the log.
+fn program(command: &str) -> &str {
+    let word = command.split_whitespace().next().unwrap_or("");
+    match word.char_indices().nth(64) {
+        Some((end, _)) => &word[..end],
+        None => word,
+    }
 }

@@ -199,6 +199,15 @@ impl Runs {
     }
 }
 
+/// A turn's tool results, and why a hook stopped the agent if one did (`continue: false`).
+pub(crate) struct ToolResults {
+    pub message: Message,
+    pub stopped: Option<String>,
+}
+
+/// What a call after one whose hook stopped the agent is answered with.
+const NOT_RUN_STOPPED: &str = "Not run: a hook stopped the agent before this call.";
+
 /// What every call of a turn is answered with: its tools' context, the permission rules, the
 /// session's hooks.
 struct Means<'a> {
@@ -213,7 +222,7 @@ impl Runs {
         self: &Arc<Self>,
         turn: &ToolTurn<'_>,
         assistant: &Message,
-    ) -> Result<Message> {
+    ) -> Result<ToolResults> {
         let store = &self.store;
         let done: HashMap<String, ToolCall> = store
             .tool_calls(turn.agent.id)
@@ -226,7 +235,7 @@ impl Runs {
         // built for the turns that call a built-in tool, and for an isolated child's every
         // turn, whose file tools work in the layer its view mounts.
         // Hooks run in the sandbox view too: a turn with a call they apply to builds it.
-        let hooks = self.hooks_of(turn);
+        let hooks = self.hooks_of(turn)?;
         let hooked = |name: &str| {
             !hooks.commands(HookEvent::PreToolUse, Some(name)).is_empty()
                 || !hooks
@@ -244,7 +253,7 @@ impl Runs {
             policy: &policy(turn.permission_mode, turn.session),
             hooks: &hooks,
         };
-        let mut results = Vec::new();
+        let (mut results, mut stopped) = (Vec::new(), None);
         for (id, name, block) in assistant.tool_uses() {
             if self.supervisor.draining() {
                 // Shutting down: the calls not started yet run at the next start.
@@ -266,24 +275,30 @@ impl Runs {
                         .await?;
                     result
                 }
+                // Once a hook stopped the agent, the calls after are not run.
+                _ if stopped.is_some() => Block::tool_result(id, NOT_RUN_STOPPED, true),
                 _ => {
                     let span = tool_span(id, name, turn.session.sandbox.mode);
-                    let result = self
+                    let (result, stop) = self
                         .call(turn, id, name, &input, &means)
                         .instrument(span.clone())
                         .await?;
                     mark_error(&span, &result);
+                    stopped = stopped.or(stop);
                     result
                 }
             };
             results.push(result);
         }
-        Ok(Message::user(results))
+        Ok(ToolResults {
+            message: Message::user(results),
+            stopped,
+        })
     }
 
     /// Asks the call's PreToolUse hooks, stores the intent (with the input a hook gave it), runs
     /// the call as the hooks and the permission rules decide, asks its PostToolUse hooks, stores
-    /// the result; returns what the model sees.
+    /// the result; returns what the model sees, and why a hook stops the agent if one does.
     async fn call(
         self: &Arc<Self>,
         turn: &ToolTurn<'_>,
@@ -291,7 +306,7 @@ impl Runs {
         name: &str,
         input: &Value,
         means: &Means<'_>,
-    ) -> Result<Block> {
+    ) -> Result<(Block, Option<String>)> {
         let (ctx, policy) = (means.ctx, means.policy);
         let store = &self.store;
         let mcp = turn.session.mcp.tool(name);
@@ -394,10 +409,15 @@ impl Runs {
                 .clone()
                 .filter(|_| verdict.permission.is_none()),
         };
-        let after = self
-            .post_tool_hooks(means.hooks, turn, name, input, &response, ctx)
-            .await;
-        if let Some(text) = [context, after]
+        let after = match verdict.stop {
+            // Stopped before it ran: no PostToolUse either.
+            Some(_) => super::hooks::AfterCall::default(),
+            None => {
+                self.post_tool_hooks(means.hooks, turn, name, input, &response, ctx)
+                    .await
+            }
+        };
+        if let Some(text) = [context, after.feedback]
             .into_iter()
             .flatten()
             .reduce(|a, b| a + "\n" + &b)
@@ -416,7 +436,7 @@ impl Runs {
         store
             .finish_tool_call(turn.lease, id, &result, full.as_deref(), now_ms())
             .await?;
-        Ok(result)
+        Ok((result, verdict.stop.or(after.stop)))
     }
 }
 

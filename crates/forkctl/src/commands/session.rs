@@ -199,6 +199,11 @@ pub struct CreateArgs {
     #[arg(long, value_name = "FILE")]
     pub mcp_config: Option<PathBuf>,
 
+    /// The session's own hooks: a Claude Code settings.json whose "hooks" block runs after the
+    /// operator's, each command in the session's sandbox (docs/contracts.md, "Hooks").
+    #[arg(long, value_name = "FILE")]
+    pub hooks: Option<PathBuf>,
+
     /// Extended-thinking budget in tokens; 0 disables thinking.
     #[arg(long, value_name = "TOKENS", default_value_t = 0)]
     pub thinking_budget: u32,
@@ -524,6 +529,10 @@ fn create_request(args: CreateArgs, over_socket: bool) -> Result<CreateSessionRe
             Some(path) => read_text(path, "MCP configuration")?,
             None => String::new(),
         },
+        hooks_json: match &args.hooks {
+            Some(path) => read_text(path, "hooks settings")?,
+            None => String::new(),
+        },
         thinking_budget_tokens: args.thinking_budget,
         max_tokens: args.max_tokens.unwrap_or_default(),
         allow_rules: args.allow_rules,
@@ -614,6 +623,7 @@ mod tests {
             allow_unix_sockets: false,
             mcp: Vec::new(),
             mcp_config: None,
+            hooks: None,
             thinking_budget: 0,
             max_tokens: None,
             allow_rules: Vec::new(),

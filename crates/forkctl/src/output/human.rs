@@ -241,6 +241,14 @@ pub fn session_table(s: &Session) -> String {
                     s.mcp_servers.join(", ")
                 },
             ),
+            (
+                "own hooks",
+                if s.hook_events.is_empty() {
+                    "none".to_owned()
+                } else {
+                    s.hook_events.join(", ")
+                },
+            ),
             ("coordinator", s.coordinator.to_string()),
             ("interactive", s.interactive.to_string()),
             (

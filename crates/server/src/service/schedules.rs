@@ -90,6 +90,14 @@ pub(super) async fn create(
                 .into(),
         ));
     }
+    if !session.hooks_json.trim().is_empty() {
+        // The same: a session's own hooks are stored only sealed.
+        return Err(ApiError::BadRequest(
+            "a schedule's session cannot bring its own hooks (hooks_json); the operator's \
+             hooks.json runs for every session of the tenant"
+                .into(),
+        ));
+    }
     let upload_id = convert::new_session(session)?.upload;
     if let Some(upload) = upload_id {
         // Kept while the schedule names it: the tenant's own, and there now.

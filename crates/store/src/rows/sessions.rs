@@ -16,7 +16,7 @@ macro_rules! session_columns {
         "id, model, system_prompt, tools_json, thinking_budget, max_tokens, workspace, \
          coordinator, interactive, permission_mode, created_at_ms, allow_rules, deny_rules, tenant, \
          sandbox, allow_network, mcp_json, unix_sockets, branch_of, branch_point, \
-         branch_compacted_to, params_of, reply_breakpoint"
+         branch_compacted_to, params_of, reply_breakpoint, hooks_json"
     };
 }
 
@@ -28,8 +28,8 @@ macro_rules! select_sessions {
          COALESCE(p.tools_json, s.tools_json) AS tools_json, s.thinking_budget, s.max_tokens, \
          s.workspace, s.coordinator, s.interactive, s.permission_mode, s.created_at_ms, \
          s.allow_rules, s.deny_rules, s.tenant, s.sandbox, s.allow_network, s.mcp_json, \
-         s.unix_sockets, s.branch_of, s.branch_point, s.branch_compacted_to, s.reply_breakpoint \
-         FROM sessions s LEFT JOIN sessions p ON p.id = s.params_of"
+         s.unix_sockets, s.branch_of, s.branch_point, s.branch_compacted_to, s.reply_breakpoint, \
+         s.hooks_json FROM sessions s LEFT JOIN sessions p ON p.id = s.params_of"
     };
 }
 pub(crate) use select_sessions;
@@ -39,7 +39,7 @@ pub(crate) const INSERT_SESSION: &str = concat!(
     "INSERT INTO sessions (",
     session_columns!(),
     ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, \
-     $19, $20, $21, $22, $23)"
+     $19, $20, $21, $22, $23, $24)"
 );
 
 #[derive(sqlx::FromRow)]
@@ -66,6 +66,7 @@ pub(crate) struct SessionRow {
     branch_point: Option<i64>,
     branch_compacted_to: Option<i64>,
     reply_breakpoint: bool,
+    hooks_json: Option<String>,
 }
 
 impl TryFrom<SessionRow> for Session {
@@ -130,6 +131,10 @@ impl TryFrom<SessionRow> for Session {
                 unix_sockets: row.unix_sockets,
             },
             mcp: serde_json::from_str(&row.mcp_json).map_err(|e| corrupt("mcp_json", e))?,
+            hooks: row
+                .hooks_json
+                .map(|h| serde_json::from_str(&h).map_err(|e| corrupt("hooks_json", e)))
+                .transpose()?,
             created_at_ms: row.created_at_ms,
             branch,
             reply_breakpoint: row.reply_breakpoint,
@@ -163,6 +168,8 @@ pub(crate) struct SessionValues<'a> {
     /// The session whose system prompt and tools this row uses (its own columns hold '').
     pub params_of: Option<String>,
     pub reply_breakpoint: bool,
+    /// The session's own hooks, sealed (`SessionHooks` as JSON); `None` for none.
+    pub hooks_json: Option<String>,
 }
 
 impl<'a> SessionValues<'a> {
@@ -211,6 +218,12 @@ impl<'a> SessionValues<'a> {
                 .transpose()?,
             params_of: None,
             reply_breakpoint: session.reply_breakpoint,
+            hooks_json: session
+                .hooks
+                .as_ref()
+                .map(serde_json::to_string)
+                .transpose()
+                .map_err(|e| DbError::Database(sqlx::Error::Encode(e.into())))?,
         })
     }
 
@@ -250,6 +263,7 @@ macro_rules! bind_session {
             .bind(v.branch_compacted_to)
             .bind(&v.params_of)
             .bind(v.reply_breakpoint)
+            .bind(&v.hooks_json)
     }};
 }
 pub(crate) use bind_session;

@@ -342,6 +342,10 @@ pub fn session() -> TestResult<Session> {
             }],
             sealed_config: Some("v1:0011223344556677:00ff".into()),
         },
+        hooks: Some(forkd_core::session::SessionHooks {
+            events: vec!["PreToolUse".into(), "Stop".into()],
+            sealed: "v1:8899aabbccddeeff:00ff".into(),
+        }),
         created_at_ms: 1_700_000_000_000,
         branch: None,
         reply_breakpoint: true,

@@ -147,6 +147,7 @@ class CreateSessionRequest(_message.Message):
     UNIX_SOCKETS_FIELD_NUMBER: _builtins.int
     UPLOAD_ID_FIELD_NUMBER: _builtins.int
     CAPACITY_TOOL_FIELD_NUMBER: _builtins.int
+    HOOKS_JSON_FIELD_NUMBER: _builtins.int
     system_prompt: _builtins.str
     """The client's system prompt; forkd renders it once with the session's environment."""
     model: _builtins.str
@@ -194,6 +195,13 @@ class CreateSessionRequest(_message.Message):
     queue and budget left, the limiter for its model, the latest runs' wall time) and, given a
     number of children, when a fork of that many would start and finish. Off by default; part
     of the session's tools (its children's requests carry it too), so it is fixed at creation.
+    """
+    hooks_json: _builtins.str
+    """The session's own hooks: a Claude Code settings.json text whose "hooks" block forkd runs
+    (docs/contracts.md, "Hooks") after the operator's, each command in the session's sandbox
+    view. Stored only sealed with the daemon's secret key; inherited by its children and
+    branches; never read from files in the workspace. A block that does not parse, or a hook
+    asking to run outside the sandbox, is INVALID_ARGUMENT.
     """
     @_builtins.property
     def context_files(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContextFile]:
@@ -244,10 +252,11 @@ class CreateSessionRequest(_message.Message):
         unix_sockets: _builtins.bool = ...,
         upload_id: _builtins.str = ...,
         capacity_tool: _builtins.bool = ...,
+        hooks_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_network", b"allow_network", "allow_rules", b"allow_rules", "capacity_tool", b"capacity_tool", "context_files", b"context_files", "coordinator", b"coordinator", "deny_rules", b"deny_rules", "external_tools_json", b"external_tools_json", "idempotency_key", b"idempotency_key", "interactive", b"interactive", "max_tokens", b"max_tokens", "mcp_config_json", b"mcp_config_json", "mcp_servers", b"mcp_servers", "model", b"model", "permission_mode", b"permission_mode", "sandbox", b"sandbox", "system_prompt", b"system_prompt", "thinking_budget_tokens", b"thinking_budget_tokens", "unix_sockets", b"unix_sockets", "upload_id", b"upload_id", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_network", b"allow_network", "allow_rules", b"allow_rules", "capacity_tool", b"capacity_tool", "context_files", b"context_files", "coordinator", b"coordinator", "deny_rules", b"deny_rules", "external_tools_json", b"external_tools_json", "hooks_json", b"hooks_json", "idempotency_key", b"idempotency_key", "interactive", b"interactive", "max_tokens", b"max_tokens", "mcp_config_json", b"mcp_config_json", "mcp_servers", b"mcp_servers", "model", b"model", "permission_mode", b"permission_mode", "sandbox", b"sandbox", "system_prompt", b"system_prompt", "thinking_budget_tokens", b"thinking_budget_tokens", "unix_sockets", b"unix_sockets", "upload_id", b"upload_id", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -302,6 +311,7 @@ class Session(_message.Message):
     BRANCH_TURN_FIELD_NUMBER: _builtins.int
     BRANCHES_FIELD_NUMBER: _builtins.int
     UPLOAD_ORIGIN_FIELD_NUMBER: _builtins.int
+    HOOK_EVENTS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     model: _builtins.str
     workspace: _builtins.str
@@ -355,6 +365,12 @@ class Session(_message.Message):
         from. Unset otherwise.
         """
 
+    @_builtins.property
+    def hook_events(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The events its own hooks (CreateSessionRequest.hooks_json) are for; their commands are
+        never shown (they may hold secrets).
+        """
+
     def __init__(
         self,
         *,
@@ -383,10 +399,11 @@ class Session(_message.Message):
         branch_turn: _builtins.int = ...,
         branches: _abc.Iterable[_builtins.str] | None = ...,
         upload_origin: Global___UploadOrigin | None = ...,
+        hook_events: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_upload_origin", b"_upload_origin", "created_at", b"created_at", "upload_origin", b"upload_origin"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_upload_origin", b"_upload_origin", "allow_network", b"allow_network", "allow_rules", b"allow_rules", "branch_of", b"branch_of", "branch_point", b"branch_point", "branch_turn", b"branch_turn", "branches", b"branches", "coordinator", b"coordinator", "created_at", b"created_at", "deny_rules", b"deny_rules", "finished_turns", b"finished_turns", "interactive", b"interactive", "mcp_servers", b"mcp_servers", "message_count", b"message_count", "model", b"model", "permission_mode", b"permission_mode", "sandbox", b"sandbox", "sandbox_layers", b"sandbox_layers", "session_id", b"session_id", "system_prompt_bytes", b"system_prompt_bytes", "thinking_budget_tokens", b"thinking_budget_tokens", "tool_names", b"tool_names", "turn_seqs", b"turn_seqs", "unix_sockets", b"unix_sockets", "upload_origin", b"upload_origin", "workspace", b"workspace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_upload_origin", b"_upload_origin", "allow_network", b"allow_network", "allow_rules", b"allow_rules", "branch_of", b"branch_of", "branch_point", b"branch_point", "branch_turn", b"branch_turn", "branches", b"branches", "coordinator", b"coordinator", "created_at", b"created_at", "deny_rules", b"deny_rules", "finished_turns", b"finished_turns", "hook_events", b"hook_events", "interactive", b"interactive", "mcp_servers", b"mcp_servers", "message_count", b"message_count", "model", b"model", "permission_mode", b"permission_mode", "sandbox", b"sandbox", "sandbox_layers", b"sandbox_layers", "session_id", b"session_id", "system_prompt_bytes", b"system_prompt_bytes", "thinking_budget_tokens", b"thinking_budget_tokens", "tool_names", b"tool_names", "turn_seqs", b"turn_seqs", "unix_sockets", b"unix_sockets", "upload_origin", b"upload_origin", "workspace", b"workspace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__upload_origin: _TypeAlias = _typing.Literal["upload_origin"]  # noqa: Y015
     _WhichOneofArgType__upload_origin: _TypeAlias = _typing.Literal["_upload_origin", b"_upload_origin"]  # noqa: Y015

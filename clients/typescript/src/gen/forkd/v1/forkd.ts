@@ -281,6 +281,14 @@ export interface CreateSessionRequest {
    * of the session's tools (its children's requests carry it too), so it is fixed at creation.
    */
   capacityTool: boolean;
+  /**
+   * The session's own hooks: a Claude Code settings.json text whose "hooks" block forkd runs
+   * (docs/contracts.md, "Hooks") after the operator's, each command in the session's sandbox
+   * view. Stored only sealed with the daemon's secret key; inherited by its children and
+   * branches; never read from files in the workspace. A block that does not parse, or a hook
+   * asking to run outside the sandbox, is INVALID_ARGUMENT.
+   */
+  hooksJson: string;
 }
 
 export interface CreateSessionResponse {
@@ -332,7 +340,14 @@ export interface Session {
    * For a session made from an upload (CreateSessionRequest.upload_id): where its files came
    * from. Unset otherwise.
    */
-  uploadOrigin?: UploadOrigin | undefined;
+  uploadOrigin?:
+    | UploadOrigin
+    | undefined;
+  /**
+   * The events its own hooks (CreateSessionRequest.hooks_json) are for; their commands are
+   * never shown (they may hold secrets).
+   */
+  hookEvents: string[];
 }
 
 export interface UploadOrigin {
@@ -1529,6 +1544,7 @@ function createBaseCreateSessionRequest(): CreateSessionRequest {
     unixSockets: false,
     uploadId: "",
     capacityTool: false,
+    hooksJson: "",
   };
 }
 
@@ -1593,6 +1609,9 @@ export const CreateSessionRequest: MessageFns<CreateSessionRequest> = {
     }
     if (message.capacityTool !== false) {
       writer.uint32(160).bool(message.capacityTool);
+    }
+    if (message.hooksJson !== "") {
+      writer.uint32(170).string(message.hooksJson);
     }
     return writer;
   },
@@ -1770,6 +1789,14 @@ export const CreateSessionRequest: MessageFns<CreateSessionRequest> = {
             message.capacityTool = reader.bool();
             continue;
           }
+          case 21: {
+            if (tag !== 170) {
+              break;
+            }
+
+            message.hooksJson = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1864,6 +1891,11 @@ export const CreateSessionRequest: MessageFns<CreateSessionRequest> = {
         : isSet(object.capacity_tool)
         ? globalThis.Boolean(object.capacity_tool)
         : false,
+      hooksJson: isSet(object.hooksJson)
+        ? globalThis.String(object.hooksJson)
+        : isSet(object.hooks_json)
+        ? globalThis.String(object.hooks_json)
+        : "",
     };
   },
 
@@ -1929,6 +1961,9 @@ export const CreateSessionRequest: MessageFns<CreateSessionRequest> = {
     if (message.capacityTool !== false) {
       obj.capacityTool = message.capacityTool;
     }
+    if (message.hooksJson !== "") {
+      obj.hooksJson = message.hooksJson;
+    }
     return obj;
   },
 
@@ -1957,6 +1992,7 @@ export const CreateSessionRequest: MessageFns<CreateSessionRequest> = {
     message.unixSockets = object.unixSockets ?? false;
     message.uploadId = object.uploadId ?? "";
     message.capacityTool = object.capacityTool ?? false;
+    message.hooksJson = object.hooksJson ?? "";
     return message;
   },
 };
@@ -2057,6 +2093,7 @@ function createBaseSession(): Session {
     branchTurn: 0,
     branches: [],
     uploadOrigin: undefined,
+    hookEvents: [],
   };
 }
 
@@ -2140,6 +2177,9 @@ export const Session: MessageFns<Session> = {
     }
     if (message.uploadOrigin !== undefined) {
       UploadOrigin.encode(message.uploadOrigin, writer.uint32(202).fork()).join();
+    }
+    for (const v of message.hookEvents) {
+      writer.uint32(210).string(v!);
     }
     return writer;
   },
@@ -2367,6 +2407,14 @@ export const Session: MessageFns<Session> = {
             message.uploadOrigin = UploadOrigin.decode(reader, reader.uint32());
             continue;
           }
+          case 26: {
+            if (tag !== 210) {
+              break;
+            }
+
+            message.hookEvents.push(reader.string());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2484,6 +2532,11 @@ export const Session: MessageFns<Session> = {
         : isSet(object.upload_origin)
         ? UploadOrigin.fromJSON(object.upload_origin)
         : undefined,
+      hookEvents: globalThis.Array.isArray(object?.hookEvents)
+        ? object.hookEvents.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.hook_events)
+        ? object.hook_events.map((e: any) => globalThis.String(e))
+        : [],
     };
   },
 
@@ -2564,6 +2617,9 @@ export const Session: MessageFns<Session> = {
     if (message.uploadOrigin !== undefined) {
       obj.uploadOrigin = UploadOrigin.toJSON(message.uploadOrigin);
     }
+    if (message.hookEvents?.length) {
+      obj.hookEvents = message.hookEvents;
+    }
     return obj;
   },
 
@@ -2599,6 +2655,7 @@ export const Session: MessageFns<Session> = {
     message.uploadOrigin = (object.uploadOrigin !== undefined && object.uploadOrigin !== null)
       ? UploadOrigin.fromPartial(object.uploadOrigin)
       : undefined;
+    message.hookEvents = object.hookEvents?.map((e) => e) || [];
     return message;
   },
 };

@@ -1,0 +1,70 @@
+//! A parent turn's hooks (docs/contracts.md, "Hooks"): `UserPromptSubmit` before the user's
+//! message is stored — it may block the message (the client is told why, nothing is stored) or
+//! add context to it, inside the user message being submitted — and `Stop` as the parent ends
+//! its turn, which may keep it going with the hooks' reasons as its next message.
+
+use std::sync::Arc;
+
+use forkd_core::hooks::HookEvent;
+use forkd_core::session::Session;
+use forkd_core::{Agent, Block, Message};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::{Turn, Turns};
+use crate::error::{EngineError, Result};
+
+/// The tag around what UserPromptSubmit hooks add to a message (as Claude Code tags it).
+const PROMPT_HOOK_TAG: &str = "user-prompt-submit-hook";
+
+impl Turns {
+    /// The turn's user message: `text`, and what its UserPromptSubmit hooks add. A hook that
+    /// blocks it (exit 2, `decision: "block"`, `continue: false`) refuses the message.
+    pub(super) async fn prompt_message(
+        self: &Arc<Self>,
+        session: &Session,
+        parent: &Agent,
+        text: &str,
+    ) -> Result<Message> {
+        let fields = json!({ "prompt": text });
+        // Not yet a turn a client could cancel: the hooks' own timeouts bound them.
+        let cancel = self.shutdown.child_token();
+        let said = self
+            .runs
+            .event_hooks(
+                parent,
+                session,
+                HookEvent::UserPromptSubmit,
+                fields,
+                &cancel,
+            )
+            .await?;
+        if let Some(reason) = said.stopped.or(said.blocked) {
+            return Err(EngineError::HookBlocked(reason));
+        }
+        let mut blocks = vec![Block::text(text)];
+        if let Some(context) = said.context {
+            blocks.push(Block::text(&format!(
+                "<{PROMPT_HOOK_TAG}>\n{context}\n</{PROMPT_HOOK_TAG}>"
+            )));
+        }
+        Ok(Message::user(blocks))
+    }
+
+    /// The parent's Stop hooks as it ends its turn: the reasons to go on when one blocks,
+    /// `None` when the turn may end (`continue: false` ends it whatever blocks). `active`: it
+    /// goes on already because of one.
+    pub(super) async fn stop_hooks(
+        self: &Arc<Self>,
+        turn: &Turn,
+        active: bool,
+        cancel: &CancellationToken,
+    ) -> Result<Option<String>> {
+        let fields = json!({ "stop_hook_active": active });
+        let said = self
+            .runs
+            .event_hooks(&turn.parent, &turn.session, HookEvent::Stop, fields, cancel)
+            .await?;
+        Ok(said.blocked.filter(|_| said.stopped.is_none()))
+    }
+}

@@ -1,0 +1,197 @@
+//! Hooks on a parent turn and `continue: false` (docs/contracts.md, "Hooks"): UserPromptSubmit
+//! adds context to the message being submitted or blocks it (nothing stored, the client told
+//! why; run once per idempotency key), Stop keeps a turn going once with its reason, and a
+//! hook's `continue: false` stops a child and a turn after the call's result is stored.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use forkd_proto::v1 as pb;
+use forkd_test_support::{
+    create_session, fork, get_agent, run_turn, session_request, session_transcript, spawn_daemon,
+    transcript_text, turn_text, wait_for_batch,
+};
+use serde_json::json;
+
+type Client = forkd_proto::v1::forkd_client::ForkdClient<tonic::transport::Channel>;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hooks")
+        .join(name)
+}
+
+fn python(name: &str) -> String {
+    format!("python3 {}", fixture(name).display())
+}
+
+/// A session request whose own hooks are `hooks` (a `hooks` block).
+fn hooked(ws: &Path, hooks: serde_json::Value) -> pb::CreateSessionRequest {
+    pb::CreateSessionRequest {
+        permission_mode: "bypassPermissions".into(),
+        hooks_json: json!({ "hooks": hooks }).to_string(),
+        ..session_request(ws)
+    }
+}
+
+fn on(event: &str, matcher: &str, command: &str) -> serde_json::Value {
+    json!({ event: [{ "matcher": matcher, "hooks": [{ "type": "command", "command": command }] }] })
+}
+
+fn message(session: &str, text: &str, key: &str) -> pb::SendMessageRequest {
+    pb::SendMessageRequest {
+        session_id: session.into(),
+        text: text.into(),
+        idempotency_key: key.into(),
+    }
+}
+
+/// The text of a session's transcript, every message's content.
+async fn session_text(client: &mut Client, session: &str) -> String {
+    session_transcript(client, session)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.content_json)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn user_prompt_submit_adds_context_or_blocks_the_message_once_per_key() {
+    let daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let hooks = on("UserPromptSubmit", "", &python("prompt_context.py"));
+    let session = create_session(&mut client, hooked(ws.path(), hooks))
+        .await
+        .unwrap();
+    let id = &session.session_id;
+
+    let events = run_turn(&mut client, message(id, "Say hi.\n@sim say hi", "k1"))
+        .await
+        .unwrap();
+    assert!(
+        turn_text(&events).unwrap().contains("Result: hi"),
+        "{events:?}"
+    );
+    let text = session_text(&mut client, id).await;
+    assert!(
+        text.contains(
+            "<user-prompt-submit-hook>\\nProject context from a hook: the prompt has 5 words."
+        ),
+        "the context is in the user message submitted: {text}"
+    );
+    // A retry under the key stores nothing and runs no hook again.
+    let events = run_turn(&mut client, message(id, "Say hi.\n@sim say hi", "k1"))
+        .await
+        .unwrap();
+    assert!(
+        turn_text(&events).unwrap().contains("Result: hi"),
+        "{events:?}"
+    );
+    let log = std::fs::read_to_string(ws.path().join("prompt-hook.log")).unwrap();
+    assert_eq!(log, "UserPromptSubmit\n", "one run for the key");
+
+    // A blocked message is refused, with the hook's reason, and not stored.
+    let before = session_transcript(&mut client, id).await.unwrap().len();
+    let refused = run_turn(&mut client, message(id, "My password is hunter2", ""))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("Security policy violation"),
+        "{refused:?}"
+    );
+    let after = session_transcript(&mut client, id).await.unwrap();
+    assert_eq!(after.len(), before, "nothing stored");
+    // The session takes its next message.
+    let events = run_turn(&mut client, message(id, "Again.\n@sim say again", ""))
+        .await
+        .unwrap();
+    assert!(
+        turn_text(&events).unwrap().contains("Result: again"),
+        "{events:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_stop_hook_keeps_a_turn_going_once_with_its_reason() {
+    let daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(
+        &mut client,
+        hooked(ws.path(), on("Stop", "", &python("stop_until_checked.py"))),
+    )
+    .await
+    .unwrap();
+    let id = &session.session_id;
+    let events = run_turn(&mut client, message(id, "Finish.\n@sim say first", ""))
+        .await
+        .unwrap();
+    assert!(turn_text(&events).is_some(), "{events:?}");
+    let log = std::fs::read_to_string(ws.path().join("stop-hook.log")).unwrap();
+    assert_eq!(log, "Stop False\nStop True\n");
+    let text = session_text(&mut client, id).await;
+    assert!(text.contains("Run the checks before you stop."), "{text}");
+    assert!(text.contains("first"), "the first reply is kept: {text}");
+}
+
+#[tokio::test]
+async fn continue_false_stops_a_child_and_a_turn_after_the_calls_result() {
+    let daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let stop = format!(
+        "cat >/dev/null; echo '{}'",
+        json!({"continue": false, "stopReason": "the hook has seen enough"})
+    );
+    let session = create_session(
+        &mut client,
+        hooked(ws.path(), on("PostToolUse", "Bash", &stop)),
+    )
+    .await
+    .unwrap();
+    let id = &session.session_id;
+    let script = "Go.\n@sim tool Bash {\"command\":\"echo one >> ran.txt\"}\n\
+                  @sim tool Bash {\"command\":\"echo two >> ran.txt\"}\n@sim say done";
+    let batch = fork(&mut client, id, &[script], None).await.unwrap();
+    wait_for_batch(&mut client, &batch.batch_id, 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let child = get_agent(&mut client, &batch.agent_ids[0]).await;
+    assert_eq!(child.state, pb::AgentState::Failed as i32, "{child:?}");
+    assert!(
+        child.error.contains("the hook has seen enough"),
+        "{child:?}"
+    );
+    let ran = std::fs::read_to_string(ws.path().join("ran.txt")).unwrap();
+    assert_eq!(ran, "one\n", "the call after the stop did not run");
+    let text = transcript_text(&mut client, &batch.agent_ids[0])
+        .await
+        .unwrap();
+    assert!(!text.contains("\"done\""), "{text}");
+
+    // A parent turn ends with the reason, its call's result stored.
+    let refused = run_turn(&mut client, message(id, script, ""))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Cancelled, "{refused:?}");
+    assert!(
+        refused.message().contains("the hook has seen enough"),
+        "{refused:?}"
+    );
+    let ran = std::fs::read_to_string(ws.path().join("ran.txt")).unwrap();
+    assert_eq!(ran, "one\none\n");
+    // The session takes its next message: its transcript is whole.
+    let events = run_turn(&mut client, message(id, "Again.\n@sim say again", ""))
+        .await
+        .unwrap();
+    assert!(
+        turn_text(&events).unwrap().contains("Result: again"),
+        "{events:?}"
+    );
+}
