@@ -53,9 +53,16 @@ impl HookEvent {
         Self::ALL.into_iter().find(|e| e.as_str() == name)
     }
 
-    /// Whether its matcher is read against a tool's name (for the others it is ignored).
-    fn matches_tools(self) -> bool {
-        matches!(self, HookEvent::PreToolUse | HookEvent::PostToolUse)
+    /// Whether its matcher is read (against a tool's name; PreCompact's trigger, `manual` or
+    /// `auto`; SessionStart's source, `startup`); for the others it is ignored.
+    fn has_matcher(self) -> bool {
+        matches!(
+            self,
+            HookEvent::PreToolUse
+                | HookEvent::PostToolUse
+                | HookEvent::PreCompact
+                | HookEvent::SessionStart
+        )
     }
 }
 
@@ -174,7 +181,7 @@ impl HookSet {
     pub fn commands(&self, event: HookEvent, tool: Option<&str>) -> Vec<&HookCommand> {
         let mut out: Vec<&HookCommand> = Vec::new();
         for (matcher, commands) in self.events.get(&event).into_iter().flatten() {
-            let applies = !event.matches_tools() || tool.is_some_and(|t| matcher.matches(t));
+            let applies = !event.has_matcher() || tool.is_some_and(|t| matcher.matches(t));
             if applies {
                 for c in commands {
                     if !out.contains(&c) {
@@ -374,6 +381,9 @@ pub struct PreToolVerdict {
     pub updated_input: Option<Value>,
     /// `continue: false`: the call does not run and the agent stops, for this reason.
     pub stop: Option<String>,
+    /// The hooks' `additionalContext`, for the model: after the call's result when it runs,
+    /// with the reason when it is denied.
+    pub context: Option<String>,
 }
 
 /// Combines the PreToolUse outputs of one call (each with its hook's command, to name it): deny
@@ -393,6 +403,7 @@ pub fn pre_tool_verdict(outputs: &[(&HookCommand, HookOutput)]) -> PreToolVerdic
                         )),
                         updated_input: None,
                         stop: stopped(outputs),
+                        context: None,
                     };
                 }
                 Some(_) => {}
@@ -415,6 +426,7 @@ pub fn pre_tool_verdict(outputs: &[(&HookCommand, HookOutput)]) -> PreToolVerdic
             reason: Some(stop.clone()),
             updated_input: None,
             stop: Some(stop),
+            context: None,
         };
     }
     PreToolVerdict {
@@ -422,6 +434,7 @@ pub fn pre_tool_verdict(outputs: &[(&HookCommand, HookOutput)]) -> PreToolVerdic
         reason,
         updated_input: updated.map(|(_, input)| input.clone()),
         stop: None,
+        context: None,
     }
 }
 

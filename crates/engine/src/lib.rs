@@ -347,7 +347,7 @@ impl Engine {
     /// retry returns the session the key first created.
     pub async fn create_session(&self, req: NewSession) -> Result<Session, EngineError> {
         self.inner.faults.check_space()?;
-        self.inner.sessions.create(req).await
+        self.inner.sessions.create(req, &self.inner.runs).await
     }
 
     pub async fn get_session(&self, id: SessionId) -> Result<Session, EngineError> {

@@ -301,6 +301,15 @@ impl Turns {
         })?;
         let parent = self.parent_agent(&session).await?;
         let lease = self.claim_main_loop(&parent).await?;
+        self.runs
+            .pre_compact_hooks(
+                &parent,
+                &session,
+                "manual",
+                instructions.as_deref(),
+                &self.shutdown.child_token(),
+            )
+            .await;
         // Like a run, it stops where it stands when the daemon stops: no boundary is stored
         // unless the summary came back whole.
         let shutdown = self.shutdown.clone();

@@ -499,6 +499,11 @@ impl Compacting for OwnTranscript<'_> {
     }
 
     async fn compact(&mut self) -> Result<(), EngineError> {
+        let (agent, session) = (&self.run.agent, &self.run.session);
+        let cancel = tokio_util::sync::CancellationToken::new();
+        self.runs
+            .pre_compact_hooks(agent, session, "auto", None, &cancel)
+            .await;
         let mut on_event = opens(self.gate);
         self.runs
             .compact_agent(self.run, self.lease, self.turn, &mut on_event)

@@ -149,6 +149,18 @@ fn first_message(files: &[ContextFile]) -> Message {
     Message::user(files.iter().map(context_block).collect())
 }
 
+/// The tag around what SessionStart hooks add to a session's first message.
+const SESSION_START_TAG: &str = "session-start-hook";
+
+/// A new session's SessionStart hooks, run before it is stored (by the runs' service: they run
+/// as its agents' tools do); what they add for the model.
+pub(crate) trait SessionStart: Send + Sync {
+    fn context<'a>(
+        &'a self,
+        session: &'a Session,
+    ) -> futures::future::BoxFuture<'a, Result<Option<String>>>;
+}
+
 /// What a new session's request came to once checked.
 struct Checked {
     id: SessionId,
@@ -315,14 +327,18 @@ impl Sessions {
     /// Creates a session: validates the request, renders the system prompt and assembles the tool
     /// pool once, and stores them with the session's first message. With an idempotency key, a
     /// retry returns the session the key first created.
-    pub(crate) async fn create(&self, req: NewSession) -> Result<Session> {
+    pub(crate) async fn create(
+        &self,
+        req: NewSession,
+        start: &dyn SessionStart,
+    ) -> Result<Session> {
         let tenant = if req.tenant.is_empty() {
             LOCAL_TENANT.to_owned()
         } else {
             req.tenant.clone()
         };
         let Some(key) = req.idempotency_key.clone().filter(|k| !k.is_empty()) else {
-            return self.new_session(req, tenant, None).await;
+            return self.new_session(req, tenant, None, start).await;
         };
         let id = SessionId::new();
         let tree = match req.upload {
@@ -337,7 +353,7 @@ impl Sessions {
                 IdempotentCall::CreateSession,
                 req.digest(tree.as_deref()),
                 id.to_string(),
-                |record| self.new_session(req, tenant.clone(), Some((id, record))),
+                |record| self.new_session(req, tenant.clone(), Some((id, record)), start),
             )
             .await?;
         match outcome {
@@ -359,6 +375,7 @@ impl Sessions {
         req: NewSession,
         tenant: String,
         keyed: Option<(SessionId, IdempotencyRecord)>,
+        start: &dyn SessionStart,
     ) -> Result<Session> {
         let cfg = &self.config;
         let size = session_bytes(&req);
@@ -432,7 +449,7 @@ impl Sessions {
             sandbox,
         };
         // The layer, which `checked` holds, is let go before a fresh workspace is removed.
-        let created = self.store_new(req, checked, keyed).await;
+        let created = self.store_new(req, checked, keyed, start).await;
         if created.is_err() {
             allowed.discard();
         }
@@ -449,6 +466,7 @@ impl Sessions {
         req: NewSession,
         checked: Checked,
         keyed: Option<(SessionId, IdempotencyRecord)>,
+        start: &dyn SessionStart,
     ) -> Result<Session> {
         let cfg = &self.config;
         let Checked {
@@ -510,12 +528,16 @@ impl Sessions {
             branch: None,
             reply_breakpoint: true,
         };
+        // Its SessionStart hooks run once, now: what they add is in its first message, which
+        // every turn, branch and child reads as it is.
+        let mut first = first_message(&req.context_files);
+        if let Some(context) = start.context(&session).await? {
+            first.blocks.push(Block::text(&format!(
+                "<{SESSION_START_TAG}>\n{context}\n</{SESSION_START_TAG}>"
+            )));
+        }
         self.store
-            .create_session(
-                &session,
-                &[first_message(&req.context_files)],
-                keyed.as_ref().map(|(_, record)| record),
-            )
+            .create_session(&session, &[first], keyed.as_ref().map(|(_, record)| record))
             .await?;
         self.mcp.keep_own_servers(session.id, mcp.own);
         tracing::info!(session.id = %session.id, model = %session.params.model, "Session created");

@@ -195,3 +195,194 @@ async fn continue_false_stops_a_child_and_a_turn_after_the_calls_result() {
         "{events:?}"
     );
 }
+
+#[tokio::test]
+async fn session_start_runs_once_and_its_context_is_in_the_first_message() {
+    let daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let start = "echo started >> \"$CLAUDE_PROJECT_DIR/start.log\"; \
+                 echo 'Loaded the team conventions.'";
+    let session = create_session(
+        &mut client,
+        hooked(ws.path(), on("SessionStart", "", start)),
+    )
+    .await
+    .unwrap();
+    let id = &session.session_id;
+    // Never per child or branch.
+    let batch = fork(&mut client, id, &["Look.\n@sim say ok"], None)
+        .await
+        .unwrap();
+    wait_for_batch(&mut client, &batch.batch_id, 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    client
+        .branch_session(pb::BranchSessionRequest {
+            session_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let child = transcript_text(&mut client, &batch.agent_ids[0])
+        .await
+        .unwrap();
+    assert_eq!(
+        child.matches("Loaded the team conventions.").count(),
+        1,
+        "{child}"
+    );
+    let log = std::fs::read_to_string(ws.path().join("start.log")).unwrap();
+    assert_eq!(log, "started\n");
+}
+
+#[tokio::test]
+async fn a_hooks_ask_reaches_the_subscribed_client_and_notification_hooks_hear_it() {
+    let daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let ask = format!(
+        "cat >/dev/null; echo '{}'",
+        json!({"hookSpecificOutput": {"hookEventName": "PreToolUse",
+            "permissionDecision": "ask", "permissionDecisionReason": "a person checks commands"}})
+    );
+    let mut hooks = on("PreToolUse", "Bash", &ask);
+    hooks["Notification"] = on(
+        "Notification",
+        "",
+        "cat > \"$CLAUDE_PROJECT_DIR/notified.json\"",
+    )["Notification"]
+        .clone();
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
+            interactive: true,
+            ..hooked(ws.path(), hooks)
+        },
+    )
+    .await
+    .unwrap();
+    let mut prompts = client
+        .subscribe_permissions(pb::SubscribePermissionsRequest {
+            session_id: session.session_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let script = "Run.\n@sim tool Bash {\"command\":\"echo yes > asked.txt\"}\n@sim say done";
+    let batch = fork(&mut client, &session.session_id, &[script], None)
+        .await
+        .unwrap();
+    // bypassPermissions would run it without asking: the hook's ask reaches the client.
+    let prompt = tokio::time::timeout(Duration::from_secs(30), prompts.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(prompt.tool_name, "Bash");
+    assert!(
+        prompt.question.contains("a person checks commands"),
+        "{prompt:?}"
+    );
+    forkd_test_support::wait_for_path(&ws.path().join("notified.json")).await;
+    client
+        .answer_permission(pb::AnswerPermissionRequest {
+            prompt_id: prompt.prompt_id,
+            decision: pb::PermissionDecision::AllowOnce as i32,
+            reason: String::new(),
+        })
+        .await
+        .unwrap();
+    wait_for_batch(&mut client, &batch.batch_id, 1, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(ws.path().join("asked.txt").exists());
+    let heard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(ws.path().join("notified.json")).unwrap())
+            .unwrap();
+    assert_eq!(heard["hook_event_name"], "Notification");
+    assert_eq!(heard["agent_id"], batch.agent_ids[0].as_str());
+    assert!(
+        heard["message"]
+            .as_str()
+            .unwrap()
+            .contains("permission to use Bash"),
+        "{heard}"
+    );
+}
+
+#[tokio::test]
+async fn a_parents_agent_call_is_gated_by_pre_tool_use_hooks() {
+    let daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let deny = "echo 'no forks today' >&2; exit 2";
+    let session = create_session(
+        &mut client,
+        hooked(ws.path(), on("PreToolUse", "Agent", deny)),
+    )
+    .await
+    .unwrap();
+    let id = &session.session_id;
+    let script = "Fork.\n@sim agent {\"prompt\":\"Look around.\",\"description\":\"look\"}\n\
+                  @sim say done";
+    let events = run_turn(&mut client, message(id, script, ""))
+        .await
+        .unwrap();
+    let refused = events.iter().any(|e| {
+        matches!(e, pb::session_event::Event::ToolResult(r)
+            if r.is_error && r.content.contains("no forks today"))
+    });
+    assert!(refused, "{events:?}");
+    let agents = client
+        .list_agents(pb::ListAgentsRequest {
+            session_id: id.clone(),
+            include_ended: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .agents;
+    assert!(
+        agents.iter().all(|a| a.kind == "parent"),
+        "nothing forked: {agents:?}"
+    );
+}
+
+#[tokio::test]
+async fn pre_compact_hooks_hear_a_manual_compaction_by_its_trigger() {
+    let daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let hooks = json!({ "PreCompact": [
+        { "matcher": "manual", "hooks": [{ "type": "command",
+            "command": "cat > \"$CLAUDE_PROJECT_DIR/manual.json\"" }] },
+        { "matcher": "auto", "hooks": [{ "type": "command",
+            "command": "touch \"$CLAUDE_PROJECT_DIR/auto\"" }] }
+    ]});
+    let session = create_session(&mut client, hooked(ws.path(), hooks))
+        .await
+        .unwrap();
+    let id = &session.session_id;
+    run_turn(&mut client, message(id, "Hello.\n@sim say hello", ""))
+        .await
+        .unwrap();
+    client
+        .compact_session(pb::CompactSessionRequest {
+            session_id: id.clone(),
+            instructions: "keep the names".into(),
+        })
+        .await
+        .unwrap();
+    let heard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(ws.path().join("manual.json")).unwrap())
+            .unwrap();
+    assert_eq!(heard["hook_event_name"], "PreCompact");
+    assert_eq!(heard["trigger"], "manual");
+    assert_eq!(heard["custom_instructions"], "keep the names");
+    assert!(
+        !ws.path().join("auto").exists(),
+        "the auto matcher did not run"
+    );
+}

@@ -7,12 +7,14 @@ use std::sync::Arc;
 
 use forkd_core::hooks::HookEvent;
 use forkd_core::session::Session;
+use forkd_core::tools::AGENT_TOOL;
 use forkd_core::{Agent, Block, Message};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::{Turn, Turns};
 use crate::error::{EngineError, Result};
+use crate::run::tools::ToolTurn;
 
 /// The tag around what UserPromptSubmit hooks add to a message (as Claude Code tags it).
 const PROMPT_HOOK_TAG: &str = "user-prompt-submit-hook";
@@ -49,6 +51,39 @@ impl Turns {
             )));
         }
         Ok(Message::user(blocks))
+    }
+
+    /// The PreToolUse hooks of the reply's `Agent` calls: the calls they refuse, each with its
+    /// result, and why they stop the turn if one does.
+    pub(super) async fn gate_agent_calls(
+        self: &Arc<Self>,
+        turn: &Turn,
+        reply: &Message,
+        cancel: &CancellationToken,
+    ) -> Result<(Vec<(String, Block)>, Option<String>)> {
+        let conversation = [reply.clone()];
+        let tool_turn = ToolTurn {
+            agent: &turn.parent,
+            lease: &turn.lease,
+            session: &turn.session,
+            permission_mode: turn.session.permission_mode,
+            offered: turn.session.params.tools.names(),
+            conversation: &conversation,
+            cancel: cancel.clone(),
+        };
+        let (mut refused, mut stopped) = (Vec::new(), None);
+        for (id, name, block) in reply.tool_uses() {
+            if name != AGENT_TOOL {
+                continue;
+            }
+            let input = block.tool_input().unwrap_or(serde_json::Value::Null);
+            let (refusal, stop) = self.runs.agent_call_hooks(&tool_turn, &input).await?;
+            if let Some(refusal) = refusal {
+                refused.push((id.to_owned(), Block::tool_result(id, &refusal, true)));
+            }
+            stopped = stopped.or(stop);
+        }
+        Ok((refused, stopped))
     }
 
     /// The parent's Stop hooks as it ends its turn: the reasons to go on when one blocks,

@@ -106,6 +106,11 @@ impl Compacting for MainLoop<'_> {
     async fn compact(&mut self) -> Result<()> {
         self.view = None;
         let (session, parent, lease) = (self.session, self.parent, self.lease);
+        let cancel = self.turns.shutdown.child_token();
+        self.turns
+            .runs
+            .pre_compact_hooks(parent, session, "auto", None, &cancel)
+            .await;
         self.turns
             .compaction
             .compact(session, parent, lease, self.turn, None)

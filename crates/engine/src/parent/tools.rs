@@ -35,6 +35,22 @@ struct ForkPlan {
     answered: Vec<(String, Block)>,
 }
 
+impl ForkPlan {
+    /// The plan with `refused` (calls hooks refused, each with its result) answered instead.
+    fn refusing(mut self, refused: Vec<(String, Block)>) -> Self {
+        for (id, _) in &refused {
+            if let Some(i) = self.forks.iter().position(|(f, _)| f == id) {
+                self.forks.remove(i);
+                self.isolated.remove(i);
+                self.limits.remove(i);
+            }
+            self.typed.retain(|(t, _, _)| t != id);
+        }
+        self.answered.extend(refused);
+        self
+    }
+}
+
 impl Turns {
     /// Appends the turn's messages to the transcript in one transaction, with nothing in
     /// between (a reply and its tool results must be adjacent); `delivered` are the typed agents
@@ -107,7 +123,9 @@ impl Turns {
         cancel: &CancellationToken,
     ) -> Result<Message> {
         let session = &turn.session;
-        let mut plan = self.fork_plan(session, &reply);
+        // The Agent calls' PreToolUse hooks first: a call they refuse forks nothing.
+        let (refused, stopped_early) = self.gate_agent_calls(turn, &reply, cancel).await?;
+        let mut plan = self.fork_plan(session, &reply).refusing(refused);
         // Typed agents whose reports these results carry, and those whose reports will follow.
         let (mut delivered, mut later) = (Vec::new(), Vec::new());
         for (id, ty, directive) in std::mem::take(&mut plan.typed) {
@@ -135,6 +153,7 @@ impl Turns {
             let (results, stopped) = self
                 .run_parent_tools(turn, &reply, &plan.answered, cancel)
                 .await?;
+            let stopped = stopped_early.or(stopped);
             self.append_to_session(turn, &[reply, results.clone()], &delivered)
                 .await?;
             self.report_later(turn, &later).await?;
@@ -154,6 +173,7 @@ impl Turns {
                 .collect(),
         );
         let (ran, stopped) = self.run_parent_tools(turn, &non_agent, &[], cancel).await?;
+        let stopped = stopped_early.or(stopped);
         for block in ran.blocks {
             if let forkd_core::BlockKind::ToolResult { tool_use_id, .. } = block.kind() {
                 others.push((tool_use_id.clone(), block.clone()));

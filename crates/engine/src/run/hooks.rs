@@ -41,6 +41,7 @@ impl Runs {
                 reason: None,
                 updated_input: None,
                 stop: None,
+                context: None,
             };
         }
         let payload = event(turn, HookEvent::PreToolUse, name, input, None);
@@ -53,15 +54,17 @@ impl Runs {
                 reason: Some("a hook may not change an Agent call's input".into()),
                 updated_input: None,
                 stop: verdict.stop,
+                context: None,
             };
         }
-        let context = feedback(&outputs, false);
-        if let Some(context) = context {
+        verdict.context = feedback(&outputs, false);
+        if verdict.permission == Some(Permission::Deny)
+            && let Some(context) = verdict.context.take()
+        {
+            // A denied call's result is its refusal: the context goes with the reason.
             verdict.reason = Some(match verdict.reason {
-                Some(reason) if verdict.permission == Some(Permission::Deny) => {
-                    format!("{reason}\n{context}")
-                }
-                _ => context,
+                Some(reason) => format!("{reason}\n{context}"),
+                None => context,
             });
         }
         verdict
@@ -89,6 +92,119 @@ impl Runs {
         AfterCall {
             feedback: feedback(&outputs, true),
             stop: forkd_core::hooks::stopped(&outputs),
+        }
+    }
+}
+
+impl Runs {
+    /// The Notification hooks of `turn`'s session, as a permission prompt waits: what they say
+    /// is logged, never the model's.
+    pub(super) async fn notification_hooks(self: &Arc<Self>, turn: &ToolTurn<'_>, message: &str) {
+        let fields =
+            json!({ "message": message, "permission_mode": turn.permission_mode.as_str() });
+        let ran = self
+            .event_hooks(
+                turn.agent,
+                turn.session,
+                HookEvent::Notification,
+                fields,
+                &turn.cancel,
+            )
+            .await;
+        if let Err(e) = ran {
+            tracing::warn!(error = %e, "Notification hooks did not run");
+        }
+    }
+
+    /// A parent's `Agent` call's PreToolUse hooks, before the call forks or starts an agent
+    /// (`run/tools.rs`'s `call` asks them for everyone else's calls): the refusal its result
+    /// reads when they deny it (or a person, asked, does), and why they stop the turn if one
+    /// does. A hook may not change its input: every child's request copies the call.
+    pub(crate) async fn agent_call_hooks(
+        self: &Arc<Self>,
+        turn: &ToolTurn<'_>,
+        input: &Value,
+    ) -> crate::error::Result<(Option<String>, Option<String>)> {
+        let name = forkd_core::tools::AGENT_TOOL;
+        let hooks = self.hooks_of(turn)?;
+        if hooks.commands(HookEvent::PreToolUse, Some(name)).is_empty() {
+            return Ok((None, None));
+        }
+        let ctx = self
+            .tool_context(turn.agent, turn.session, &turn.cancel, true)
+            .await?;
+        let verdict = self.pre_tool_hooks(&hooks, turn, name, input, &ctx).await;
+        let refused = match verdict.permission {
+            Some(Permission::Deny) => Some(format!(
+                "Permission denied: a hook denied it: {}",
+                verdict.reason.as_deref().unwrap_or("no reason given")
+            )),
+            Some(Permission::Ask) => {
+                let what = format!(
+                    "{name}: {}",
+                    verdict.reason.as_deref().unwrap_or("a hook asks")
+                );
+                self.ask_person(turn, name, input, what).await.err()
+            }
+            Some(Permission::Allow) | None => None,
+        };
+        Ok((refused, verdict.stop))
+    }
+}
+
+impl crate::session::SessionStart for Arc<Runs> {
+    /// A new session's SessionStart hooks (`source: "startup"`), before it is stored: what
+    /// they add for the model. They cannot block; the session has no agent yet.
+    fn context<'a>(
+        &'a self,
+        session: &'a forkd_core::session::Session,
+    ) -> futures::future::BoxFuture<'a, crate::error::Result<Option<String>>> {
+        Box::pin(async move {
+            let hooks = self.sessions.hooks().for_session(session)?;
+            if hooks
+                .commands(HookEvent::SessionStart, Some("startup"))
+                .is_empty()
+            {
+                return Ok(None);
+            }
+            // Its sandbox view is made for an agent: one that is never stored.
+            let agent = forkd_core::Agent::new(
+                forkd_core::AgentId::new(),
+                session.id,
+                forkd_core::AgentKind::Parent,
+                forkd_core::AgentState::Idle,
+                session.created_at_ms,
+            );
+            let fields = json!({ "source": "startup", "agent_id": Value::Null });
+            let cancel = tokio_util::sync::CancellationToken::new();
+            let said = self
+                .event_hooks(&agent, session, HookEvent::SessionStart, fields, &cancel)
+                .await?;
+            Ok(said.context)
+        })
+    }
+}
+
+impl Runs {
+    /// The PreCompact hooks of `agent`'s session, before its transcript compacts (`trigger`:
+    /// `manual` or `auto`): what they say is logged; they cannot stop a compaction.
+    pub(crate) async fn pre_compact_hooks(
+        self: &Arc<Self>,
+        agent: &forkd_core::Agent,
+        session: &forkd_core::session::Session,
+        trigger: &str,
+        instructions: Option<&str>,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) {
+        let fields = json!({
+            "trigger": trigger,
+            "custom_instructions": instructions.unwrap_or(""),
+        });
+        let ran = self
+            .event_hooks(agent, session, HookEvent::PreCompact, fields, cancel)
+            .await;
+        if let Err(e) = ran {
+            tracing::warn!(error = %e, "PreCompact hooks did not run");
         }
     }
 }
@@ -132,7 +248,13 @@ impl Runs {
         cancel: &tokio_util::sync::CancellationToken,
     ) -> crate::error::Result<EventHooks> {
         let hooks = self.sessions.hooks().for_session(session)?;
-        let commands = hooks.commands(event, None);
+        // What a matcher is read against, for the events that have one besides tools'.
+        let subject = match event {
+            HookEvent::PreCompact => fields.get("trigger").and_then(Value::as_str),
+            HookEvent::SessionStart => fields.get("source").and_then(Value::as_str),
+            _ => None,
+        };
+        let commands = hooks.commands(event, subject);
         if commands.is_empty() {
             return Ok(EventHooks::default());
         }

@@ -401,14 +401,8 @@ impl Runs {
             Ran::Builtin(o) => o.content.clone(),
             Ran::Mcp(o) => o.text.clone(),
         };
-        let context = match verdict.permission {
-            // A call a hook denied did not run: nothing to say after it.
-            Some(Permission::Deny) => None,
-            _ => verdict
-                .reason
-                .clone()
-                .filter(|_| verdict.permission.is_none()),
-        };
+        // Their context follows the result of a call that was not denied (a denial carries it).
+        let context = verdict.context.clone();
         let after = match verdict.stop {
             // Stopped before it ran: no PostToolUse either.
             Some(_) => super::hooks::AfterCall::default(),
@@ -632,7 +626,7 @@ impl Runs {
 
     /// A call that needs a person's approval: in an interactive session it is put to the
     /// session's clients and the agent waits; otherwise it is denied with a clear error.
-    async fn ask_person(
+    pub(super) async fn ask_person(
         self: &Arc<Self>,
         turn: &ToolTurn<'_>,
         name: &str,
@@ -664,7 +658,13 @@ impl Runs {
             input_json: input.to_string(),
             question: what,
         };
-        match self.permissions.ask(turn.lease, prompt, &turn.cancel).await {
+        // Its Notification hooks hear that a prompt waits, while it waits.
+        let message = format!("forkd needs your permission to use {name}");
+        let (answer, ()) = tokio::join!(
+            self.permissions.ask(turn.lease, prompt, &turn.cancel),
+            self.notification_hooks(turn, &message)
+        );
+        match answer {
             Ok(Some(PermissionAnswer::AllowOnce | PermissionAnswer::AllowAlways)) => Ok(()),
             Ok(Some(PermissionAnswer::Deny(reason))) => Err(format!(
                 "Permission denied by the user{}. Do not retry this call; work without it.",
