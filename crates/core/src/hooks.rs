@@ -6,6 +6,8 @@
 //! allow; two different `updatedInput`s deny the call, naming both hooks). Running them is the
 //! engine's.
 
+pub mod runs;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 

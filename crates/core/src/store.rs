@@ -370,7 +370,12 @@ pub struct BatchStats {
 /// forkd's durable state. Every method is one transaction; a write is durable when it returns.
 #[async_trait]
 pub trait Store:
-    crate::webhook::WebhookStore + crate::schedule::ScheduleStore + Send + Sync + 'static
+    crate::webhook::WebhookStore
+    + crate::schedule::ScheduleStore
+    + crate::hooks::runs::HookRunStore
+    + Send
+    + Sync
+    + 'static
 {
     /// Stores a new session and its first messages (seq 0..), and the idempotency key it was
     /// created with (`Conflict` if the key is taken).

@@ -341,6 +341,15 @@ impl TenantEngine<'_> {
         self.engine.transcript(id, include_shared).await
     }
 
+    /// An agent's hooks' runs (what each decided and said), in the order they ended.
+    pub async fn hook_runs(
+        &self,
+        id: AgentId,
+    ) -> Result<Vec<forkd_core::hooks::runs::HookRunRecord>> {
+        self.own_agent(id).await?;
+        Ok(self.engine.store().hook_runs(id).await?)
+    }
+
     pub async fn attach(&self, id: AgentId, since_seq: u64) -> Result<AgentEventStream> {
         self.own_agent(id).await?;
         self.engine.attach(id, since_seq).await

@@ -273,5 +273,20 @@ pub fn message_json(m: &TranscriptMessage) -> Value {
     })
 }
 
+/// One hook's run, as `logs --json` prints it beside the messages (told apart by `hook`).
+pub fn hook_run_json(h: &forkd_proto::v1::HookRun) -> Value {
+    json!({
+        "hook": h.event,
+        "tool_use_id": (!h.tool_use_id.is_empty()).then_some(&h.tool_use_id),
+        "tool_name": (!h.tool_name.is_empty()).then_some(&h.tool_name),
+        "program": h.program,
+        "exit_code": h.exit_code,
+        "decision": h.decision,
+        "output": h.output,
+        "started_at": h.started_at.map(|t| t.to_string()),
+        "duration_ms": h.duration_ms,
+    })
+}
+
 #[cfg(test)]
 mod json_tests;

@@ -174,6 +174,29 @@ async fn continue_false_stops_a_child_and_a_turn_after_the_calls_result() {
         .await
         .unwrap();
     assert!(!text.contains("\"done\""), "{text}");
+    // What the hook decided is kept with the agent (forkctl logs, the web view).
+    let runs = client
+        .get_transcript(pb::GetTranscriptRequest {
+            agent_id: batch.agent_ids[0].clone(),
+            include_shared_prefix: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .hook_runs;
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let run = &runs[0];
+    assert_eq!(
+        (
+            run.event.as_str(),
+            run.tool_name.as_str(),
+            run.program.as_str()
+        ),
+        ("PostToolUse", "Bash", "cat")
+    );
+    assert_eq!((run.decision.as_str(), run.exit_code), ("stop", Some(0)));
+    assert_eq!(run.output, "the hook has seen enough");
+    assert!(run.tool_use_id.starts_with("toolu_"), "{run:?}");
 
     // A parent turn ends with the reason, its call's result stored.
     let refused = run_turn(&mut client, message(id, script, ""))

@@ -78,6 +78,21 @@ pub(crate) fn session_view(view: &SessionView) -> pb::Session {
     }
 }
 
+/// One hook command's run.
+pub(crate) fn hook_run(run: &forkd_core::hooks::runs::HookRunRecord) -> pb::HookRun {
+    pb::HookRun {
+        event: run.event.as_str().to_owned(),
+        tool_use_id: run.tool_use_id.clone().unwrap_or_default(),
+        tool_name: run.tool_name.clone().unwrap_or_default(),
+        program: run.program.clone(),
+        exit_code: run.exit_code,
+        decision: run.decision.as_str().to_owned(),
+        output: run.output.clone(),
+        started_at: Some(timestamp(run.started_at_ms)),
+        duration_ms: u64::try_from(run.finished_at_ms - run.started_at_ms).unwrap_or(0),
+    }
+}
+
 fn agent_state(s: AgentState) -> pb::AgentState {
     match s {
         AgentState::Pending => pb::AgentState::Pending,

@@ -10,6 +10,7 @@ conformance!(
     intents_then_results_in_order_and_results_are_final,
     a_running_call_records_its_process_group,
     output_with_nul_bytes_is_kept_as_it_was,
+    hooks_runs_are_kept_in_order_per_agent,
 );
 
 fn intent(agent: forkd_core::AgentId, id: &str, read_only: bool, at: i64) -> ToolCall {
@@ -126,5 +127,40 @@ async fn output_with_nul_bytes_is_kept_as_it_was(store: TestStore) -> TestResult
     let calls = store.tool_calls(agent).await?;
     assert_eq!(calls[0].result.as_ref(), Some(&result));
     assert_eq!(calls[0].full_output.as_deref(), Some(output));
+    Ok(())
+}
+
+async fn hooks_runs_are_kept_in_order_per_agent(store: TestStore) -> TestResult {
+    use forkd_core::hooks::HookEvent;
+    use forkd_core::hooks::runs::{HookDecision, HookRunRecord};
+    let (_session, fx) = seeded(&*store, 2).await?;
+    let (a, b) = (fx.children[0].agent.id, fx.children[1].agent.id);
+    let run = |agent, event, decision, output: &str| HookRunRecord {
+        agent_id: agent,
+        event,
+        tool_use_id: (event == HookEvent::PreToolUse).then(|| "toolu_1".to_owned()),
+        tool_name: (event == HookEvent::PreToolUse).then(|| "Bash".to_owned()),
+        program: "python3".into(),
+        exit_code: Some(2),
+        decision,
+        output: output.into(),
+        started_at_ms: 10,
+        finished_at_ms: 12,
+    };
+    let first = [
+        run(a, HookEvent::PreToolUse, HookDecision::Deny, "no grep — ✓"),
+        run(b, HookEvent::SubagentStop, HookDecision::Block, "tests"),
+    ];
+    store.record_hook_runs(&first).await?;
+    let later = run(a, HookEvent::SubagentStop, HookDecision::None, "");
+    store.record_hook_runs(std::slice::from_ref(&later)).await?;
+    assert_eq!(store.hook_runs(a).await?, [first[0].clone(), later]);
+    assert_eq!(store.hook_runs(b).await?, [first[1].clone()]);
+    assert!(
+        store
+            .hook_runs(forkd_core::AgentId::new())
+            .await?
+            .is_empty()
+    );
     Ok(())
 }

@@ -574,6 +574,7 @@ async function agentView(id) {
     h('table', { id: 'requests' }, h('thead', {}, h('tr', {}, ['', 'request', 'turn', 'in', 'written', 'read', 'out', 'read share', 'first token', 'prefix', 'cost', '']
       .map((t) => h('th', {}, t)))), requests),
     explainOut,
+    hooksView(data.hooks),
     h('h2', {}, 'Transcript'), transcript);
 
   const es = live('/api/live/agents/' + id + '?from=' + data.next_seq, {
@@ -590,6 +591,21 @@ async function agentView(id) {
     resumed: () => { indicator.textContent = '● live'; indicator.className = 'live'; },
   }, indicator);
   const refreshAgent = async () => { try { a = (await api('/api/agents/' + id)).agent; drawHead(); } catch (e) { /* shown on next load */ } };
+}
+
+// What the agent's hooks decided, one row per command run (docs/contracts.md, "Hooks").
+function hooksView(runs) {
+  if (!runs || !runs.length) return '';
+  return h('div', { id: 'hooks' }, h('h2', {}, 'Hooks'),
+    h('table', {}, h('thead', {}, h('tr', {}, ['event', 'tool', 'program', 'decision', 'exit', 'time', 'said'].map((t) => h('th', {}, t)))),
+      h('tbody', {}, ...runs.map((r) => h('tr', { class: 'hook-' + r.decision },
+        h('td', {}, r.event),
+        h('td', { class: 'mono' }, r.tool_name ? r.tool_name + ' ' + short(r.tool_use_id) : ''),
+        h('td', { class: 'mono' }, r.program),
+        h('td', { class: 'decision' }, r.decision),
+        h('td', { class: 'num' }, r.exit_code === null ? '—' : String(r.exit_code)),
+        h('td', { class: 'num' }, r.duration_ms + ' ms'),
+        h('td', {}, h('pre', { class: 'text' }, r.output)))))));
 }
 
 // A file name as git quotes it (core.quotePath): a name holding a newline, a quote, a control

@@ -232,6 +232,25 @@ pub(crate) async fn agent(
         .iter()
         .map(RequestView::from)
         .collect();
+    // What its hooks decided (docs/contracts.md, "Hooks").
+    let hooks: Vec<_> = scoped
+        .hook_runs(id)
+        .await?
+        .iter()
+        .map(|r| {
+            json!({
+                "event": r.event.as_str(),
+                "tool_use_id": r.tool_use_id,
+                "tool_name": r.tool_name,
+                "program": r.program,
+                "exit_code": r.exit_code,
+                "decision": r.decision.as_str(),
+                "output": r.output,
+                "started_at_ms": r.started_at_ms,
+                "duration_ms": r.finished_at_ms - r.started_at_ms,
+            })
+        })
+        .collect();
     // The trace its work is in: its batch's.
     let trace_parent = match agent.batch_id {
         Some(batch) => scoped.batch(batch).await?.trace_parent,
@@ -259,6 +278,7 @@ pub(crate) async fn agent(
         "transcript": transcript,
         "next_seq": own,
         "requests": requests,
+        "hooks": hooks,
         "trace": trace(state.trace_url_template.as_deref(), trace_parent.as_deref()),
     })))
 }

@@ -77,7 +77,7 @@ impl Turns {
                 continue;
             }
             let input = block.tool_input().unwrap_or(serde_json::Value::Null);
-            let (refusal, stop) = self.runs.agent_call_hooks(&tool_turn, &input).await?;
+            let (refusal, stop) = self.runs.agent_call_hooks(&tool_turn, id, &input).await?;
             if let Some(refusal) = refusal {
                 refused.push((id.to_owned(), Block::tool_result(id, &refusal, true)));
             }

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use forkd_core::hooks::runs::{HookDecision, HookRunRecord, said};
 use forkd_core::hooks::{
     HookCommand, HookEvent, HookOutput, HookSet, Permission, PreToolVerdict, pre_tool_verdict,
 };
@@ -30,10 +31,10 @@ impl Runs {
         &self,
         hooks: &HookSet,
         turn: &ToolTurn<'_>,
-        name: &str,
-        input: &Value,
+        call: CallRef<'_>,
         ctx: &ToolContext,
     ) -> PreToolVerdict {
+        let name = call.name;
         let commands = hooks.commands(HookEvent::PreToolUse, Some(name));
         if commands.is_empty() {
             return PreToolVerdict {
@@ -44,9 +45,11 @@ impl Runs {
                 context: None,
             };
         }
-        let payload = event(turn, HookEvent::PreToolUse, name, input, None);
-        let workspace = turn.session.workspace.display().to_string();
-        let outputs = run_all(&commands, HookEvent::PreToolUse, &payload, &workspace, ctx).await;
+        let payload = event(turn, HookEvent::PreToolUse, &call, None);
+        let about = About::call(turn, &call);
+        let outputs = self
+            .run_all(&commands, HookEvent::PreToolUse, &payload, about, ctx)
+            .await;
         let mut verdict = pre_tool_verdict(&outputs);
         if verdict.updated_input.is_some() && name == forkd_core::tools::AGENT_TOOL {
             verdict = PreToolVerdict {
@@ -77,18 +80,19 @@ impl Runs {
         &self,
         hooks: &HookSet,
         turn: &ToolTurn<'_>,
-        name: &str,
-        input: &Value,
+        call: CallRef<'_>,
         response: &str,
         ctx: &ToolContext,
     ) -> AfterCall {
-        let commands = hooks.commands(HookEvent::PostToolUse, Some(name));
+        let commands = hooks.commands(HookEvent::PostToolUse, Some(call.name));
         if commands.is_empty() {
             return AfterCall::default();
         }
-        let payload = event(turn, HookEvent::PostToolUse, name, input, Some(response));
-        let workspace = turn.session.workspace.display().to_string();
-        let outputs = run_all(&commands, HookEvent::PostToolUse, &payload, &workspace, ctx).await;
+        let payload = event(turn, HookEvent::PostToolUse, &call, Some(response));
+        let about = About::call(turn, &call);
+        let outputs = self
+            .run_all(&commands, HookEvent::PostToolUse, &payload, about, ctx)
+            .await;
         AfterCall {
             feedback: feedback(&outputs, true),
             stop: forkd_core::hooks::stopped(&outputs),
@@ -123,6 +127,7 @@ impl Runs {
     pub(crate) async fn agent_call_hooks(
         self: &Arc<Self>,
         turn: &ToolTurn<'_>,
+        id: &str,
         input: &Value,
     ) -> crate::error::Result<(Option<String>, Option<String>)> {
         let name = forkd_core::tools::AGENT_TOOL;
@@ -133,7 +138,8 @@ impl Runs {
         let ctx = self
             .tool_context(turn.agent, turn.session, &turn.cancel, true)
             .await?;
-        let verdict = self.pre_tool_hooks(&hooks, turn, name, input, &ctx).await;
+        let call = CallRef { id, name, input };
+        let verdict = self.pre_tool_hooks(&hooks, turn, call, &ctx).await;
         let refused = match verdict.permission {
             Some(Permission::Deny) => Some(format!(
                 "Permission denied: a hook denied it: {}",
@@ -271,8 +277,14 @@ impl Runs {
         if let (Some(map), Value::Object(fields)) = (payload.as_object_mut(), fields) {
             map.extend(fields);
         }
-        let workspace = session.workspace.display().to_string();
-        let outputs = run_all(&commands, event, &payload, &workspace, &ctx).await;
+        let about = About {
+            agent: agent.id,
+            workspace: session.workspace.display().to_string(),
+            tool: None,
+            // A new session's SessionStart runs for an agent that is not stored.
+            keep: event != HookEvent::SessionStart,
+        };
+        let outputs = self.run_all(&commands, event, &payload, about, &ctx).await;
         Ok(EventHooks {
             blocked: forkd_core::hooks::blocked(&outputs),
             stopped: forkd_core::hooks::stopped(&outputs),
@@ -313,14 +325,42 @@ pub(crate) struct EventHooks {
     pub context: Option<String>,
 }
 
+/// The tool call hooks are about.
+pub(super) struct CallRef<'a> {
+    pub id: &'a str,
+    pub name: &'a str,
+    pub input: &'a Value,
+}
+
+/// Whom one event's hooks run for: where, and how their runs are kept.
+struct About {
+    agent: forkd_core::AgentId,
+    workspace: String,
+    /// The tool call they are about: its id and name.
+    tool: Option<(String, String)>,
+    /// Their runs are kept (for `forkctl logs` and the web view).
+    keep: bool,
+}
+
+impl About {
+    fn call(turn: &ToolTurn<'_>, call: &CallRef<'_>) -> Self {
+        About {
+            agent: turn.agent.id,
+            workspace: turn.session.workspace.display().to_string(),
+            tool: Some((call.id.to_owned(), call.name.to_owned())),
+            keep: true,
+        }
+    }
+}
+
 /// Claude Code's hook input, with forkd's ids beside it.
 fn event(
     turn: &ToolTurn<'_>,
     event: HookEvent,
-    name: &str,
-    input: &Value,
+    call: &CallRef<'_>,
     response: Option<&str>,
 ) -> Value {
+    let CallRef { id, name, input } = call;
     let mut payload = json!({
         "session_id": turn.session.id.to_string(),
         "transcript_path": Value::Null,
@@ -330,6 +370,7 @@ fn event(
         "permission_mode": turn.permission_mode.as_str(),
         "tool_name": name,
         "tool_input": input,
+        "tool_use_id": id,
         "agent_id": turn.agent.id.to_string(),
         "batch_id": turn.agent.batch_id.map(|b| b.to_string()),
     });
@@ -339,44 +380,69 @@ fn event(
     payload
 }
 
-/// Runs every command of one event at once; their outputs in the commands' order.
-async fn run_all<'h>(
-    commands: &[&'h HookCommand],
-    event: HookEvent,
-    payload: &Value,
-    workspace: &str,
-    ctx: &ToolContext,
-) -> Vec<(&'h HookCommand, HookOutput)> {
-    let workspace = workspace.to_owned();
-    let input = payload.to_string().into_bytes();
-    let runs = commands.iter().map(|hook| {
-        let call = HookCall {
-            command: hook.command.clone(),
-            input: input.clone(),
-            env: vec![
-                ("CLAUDE_PROJECT_DIR".into(), workspace.clone()),
-                ("FORKD_WORKSPACE".into(), workspace.clone()),
-            ],
-            timeout: hook.timeout,
-            sandboxed: hook.sandboxed,
-        };
-        async move {
-            let run = forkd_tools::hook::run(call, ctx).await;
-            let output = HookOutput::of(event, &run);
-            tracing::info!(
-                hook.event = event.as_str(),
-                // Its program only: a session's own command may hold a secret.
-                hook.program = program(&hook.command),
-                hook.exit = ?run.exit,
-                hook.blocked = output.block.is_some(),
-                hook.error = output.error.as_deref().unwrap_or(""),
-                hook.message = output.system_message.as_deref().unwrap_or(""),
-                "Hook ran"
-            );
-            (*hook, output)
+impl Runs {
+    /// Runs every command of one event at once; their outputs in the commands' order. Each
+    /// run is logged and, when `about` says so, kept with its decision and what it said.
+    async fn run_all<'h>(
+        &self,
+        commands: &[&'h HookCommand],
+        event: HookEvent,
+        payload: &Value,
+        about: About,
+        ctx: &ToolContext,
+    ) -> Vec<(&'h HookCommand, HookOutput)> {
+        let workspace = about.workspace.clone();
+        let input = payload.to_string().into_bytes();
+        let about = &about;
+        let runs = commands.iter().map(|hook| {
+            let call = HookCall {
+                command: hook.command.clone(),
+                input: input.clone(),
+                env: vec![
+                    ("CLAUDE_PROJECT_DIR".into(), workspace.clone()),
+                    ("FORKD_WORKSPACE".into(), workspace.clone()),
+                ],
+                timeout: hook.timeout,
+                sandboxed: hook.sandboxed,
+            };
+            async move {
+                let started = crate::clock::now_ms();
+                let run = forkd_tools::hook::run(call, ctx).await;
+                let output = HookOutput::of(event, &run);
+                tracing::info!(
+                    hook.event = event.as_str(),
+                    // Its program only: a session's own command may hold a secret.
+                    hook.program = program(&hook.command),
+                    hook.exit = ?run.exit,
+                    hook.blocked = output.block.is_some(),
+                    hook.error = output.error.as_deref().unwrap_or(""),
+                    hook.message = output.system_message.as_deref().unwrap_or(""),
+                    "Hook ran"
+                );
+                let record = HookRunRecord {
+                    agent_id: about.agent,
+                    event,
+                    tool_use_id: about.tool.as_ref().map(|(id, _)| id.clone()),
+                    tool_name: about.tool.as_ref().map(|(_, name)| name.clone()),
+                    program: program(&hook.command).to_owned(),
+                    exit_code: run.exit,
+                    decision: HookDecision::of(&output),
+                    output: said(&output),
+                    started_at_ms: started,
+                    finished_at_ms: crate::clock::now_ms(),
+                };
+                ((*hook, output), record)
+            }
+        });
+        let (outputs, records): (Vec<_>, Vec<_>) =
+            futures::future::join_all(runs).await.into_iter().unzip();
+        if about.keep
+            && let Err(e) = self.store.record_hook_runs(&records).await
+        {
+            tracing::warn!(error = %e, "Cannot keep the hooks' runs");
         }
-    });
-    futures::future::join_all(runs).await
+        outputs
+    }
 }
 
 /// What the model reads of hooks' outputs: a block's reason (when `blocks` count, as after a
@@ -389,7 +455,7 @@ fn feedback(outputs: &[(&HookCommand, HookOutput)], blocks: bool) -> Option<Stri
                 .block
                 .as_ref()
                 .filter(|_| blocks)
-                .map(|b| format!("{} hook ({}) says: {b}", "PostToolUse", hook.command));
+                .map(|b| format!("PostToolUse hook ({}) says: {b}", program(&hook.command)));
             let context = out.additional_context.clone();
             block.into_iter().chain(context)
         })

@@ -311,7 +311,7 @@ impl Runs {
         let store = &self.store;
         let mcp = turn.session.mcp.tool(name);
         let verdict = self
-            .pre_tool_hooks(means.hooks, turn, name, input, ctx)
+            .pre_tool_hooks(means.hooks, turn, CallRef { id, name, input }, ctx)
             .await;
         let input = verdict.updated_input.as_ref().unwrap_or(input);
         store
@@ -403,11 +403,13 @@ impl Runs {
         };
         // Their context follows the result of a call that was not denied (a denial carries it).
         let context = verdict.context.clone();
+        use super::hooks::CallRef;
         let after = match verdict.stop {
             // Stopped before it ran: no PostToolUse either.
             Some(_) => super::hooks::AfterCall::default(),
             None => {
-                self.post_tool_hooks(means.hooks, turn, name, input, &response, ctx)
+                let call = CallRef { id, name, input };
+                self.post_tool_hooks(means.hooks, turn, call, &response, ctx)
                     .await
             }
         };

@@ -1,12 +1,12 @@
 //! `forkctl logs`: an agent's transcript, rendered for reading or as one JSON object per message.
 
 use clap::Args;
-use forkd_proto::v1::{GetAgentRequest, GetTranscriptRequest, TranscriptMessage};
+use forkd_proto::v1::{GetAgentRequest, GetTranscriptRequest, HookRun, TranscriptMessage};
 use serde_json::Value;
 
 use crate::client::Client;
 use crate::exit;
-use crate::output::{Printer, message_json};
+use crate::output::{Printer, hook_run_json, message_json};
 use crate::reconnect::ReconnectArgs;
 
 #[derive(Debug, Args)]
@@ -43,6 +43,14 @@ pub async fn run(args: LogsArgs, client: &mut Client, out: &Printer) -> anyhow::
             out.line(render_message(message))?;
         }
     }
+    // What its hooks decided, after its messages.
+    for run in &transcript.hook_runs {
+        if out.is_json() {
+            out.value(&hook_run_json(run))?;
+        } else {
+            out.line(render_hook_run(run))?;
+        }
+    }
     if !args.follow {
         // An isolated child's copy, on the human form's last line (`forkctl diff` shows it).
         if !out.is_json() {
@@ -68,6 +76,27 @@ pub async fn run(args: LogsArgs, client: &mut Client, out: &Printer) -> anyhow::
         reconnect: args.reconnect,
     };
     super::attach::run(attach, client, out).await
+}
+
+/// `hook EVENT [TOOL toolu_…] PROGRAM: DECISION (exit N, N ms)`, then what it said, indented.
+pub(crate) fn render_hook_run(run: &HookRun) -> String {
+    let tool = if run.tool_name.is_empty() {
+        String::new()
+    } else {
+        format!(" {} {}", run.tool_name, run.tool_use_id)
+    };
+    let exit = run
+        .exit_code
+        .map_or_else(|| "no exit code".to_owned(), |c| format!("exit {c}"));
+    let mut text = format!(
+        "hook {}{tool} {}: {} ({exit}, {} ms)",
+        run.event, run.program, run.decision, run.duration_ms
+    );
+    for line in run.output.lines() {
+        text.push_str("\n    ");
+        text.push_str(line);
+    }
+    text
 }
 
 /// `role:` (marked when inherited, and when the message is one of forkd's notes: by the flag
@@ -160,6 +189,35 @@ mod tests {
             compaction: false,
             ..TranscriptMessage::default()
         }
+    }
+
+    #[test]
+    fn a_hooks_run_reads_as_one_line_and_what_it_said() {
+        let run = HookRun {
+            event: "PreToolUse".into(),
+            tool_use_id: "toolu_1".into(),
+            tool_name: "Bash".into(),
+            program: "python3".into(),
+            exit_code: Some(2),
+            decision: "deny".into(),
+            output: "Use rg\nnot grep".into(),
+            duration_ms: 31,
+            ..HookRun::default()
+        };
+        assert_eq!(
+            render_hook_run(&run),
+            "hook PreToolUse Bash toolu_1 python3: deny (exit 2, 31 ms)\n    Use rg\n    not grep"
+        );
+        let stop = HookRun {
+            event: "Stop".into(),
+            program: "sleep".into(),
+            decision: "error".into(),
+            ..HookRun::default()
+        };
+        assert_eq!(
+            render_hook_run(&stop),
+            "hook Stop sleep: error (no exit code, 0 ms)"
+        );
     }
 
     #[test]

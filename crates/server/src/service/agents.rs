@@ -263,17 +263,16 @@ impl ForkdService {
         req: pb::GetTranscriptRequest,
     ) -> Result<pb::GetTranscriptResponse, ApiError> {
         let id = parse_agent_id(&req.agent_id)?;
-        let entries = self
-            .engine
-            .for_tenant(tenant)
-            .transcript(id, req.include_shared_prefix)
-            .await?;
+        let scoped = self.engine.for_tenant(tenant);
+        let entries = scoped.transcript(id, req.include_shared_prefix).await?;
+        let hook_runs = scoped.hook_runs(id).await?;
         Ok(pb::GetTranscriptResponse {
             agent_id: id.to_string(),
             messages: entries
                 .into_iter()
                 .map(convert::transcript_message)
                 .collect(),
+            hook_runs: hook_runs.iter().map(convert::hook_run).collect(),
         })
     }
 }

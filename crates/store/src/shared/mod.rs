@@ -26,6 +26,7 @@ pub(super) mod agent_params;
 pub(super) mod agents;
 pub(super) mod batches;
 pub(super) mod compactions;
+mod hook_runs;
 pub(super) mod idempotency;
 pub(super) mod isolation;
 pub(super) mod notifications;

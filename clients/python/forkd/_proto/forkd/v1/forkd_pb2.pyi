@@ -2014,22 +2014,84 @@ class GetTranscriptResponse(_message.Message):
 
     AGENT_ID_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
+    HOOK_RUNS_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___TranscriptMessage]: ...
+    @_builtins.property
+    def hook_runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___HookRun]:
+        """Its hooks' runs (docs/contracts.md, "Hooks"), in the order they ended."""
+
     def __init__(
         self,
         *,
         agent_id: _builtins.str = ...,
         messages: _abc.Iterable[Global___TranscriptMessage] | None = ...,
+        hook_runs: _abc.Iterable[Global___HookRun] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "messages", b"messages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "hook_runs", b"hook_runs", "messages", b"messages"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetTranscriptResponse: _TypeAlias = GetTranscriptResponse  # noqa: Y015
+
+@_typing.final
+class HookRun(_message.Message):
+    """One hook command's run: what it decided and said."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_FIELD_NUMBER: _builtins.int
+    TOOL_USE_ID_FIELD_NUMBER: _builtins.int
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
+    PROGRAM_FIELD_NUMBER: _builtins.int
+    EXIT_CODE_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
+    DURATION_MS_FIELD_NUMBER: _builtins.int
+    event: _builtins.str
+    """PreToolUse | PostToolUse | UserPromptSubmit | Stop | SubagentStop | PreCompact |
+    Notification.
+    """
+    tool_use_id: _builtins.str
+    """The tool call it was about; empty for the other events."""
+    tool_name: _builtins.str
+    program: _builtins.str
+    """The command's first word (never the whole command: it may hold a secret)."""
+    exit_code: _builtins.int
+    """Unset when it was killed (its timeout) or never started."""
+    decision: _builtins.str
+    """stop | deny | block | ask | allow | error | none."""
+    output: _builtins.str
+    """What it said: its reason, its context, its systemMessage, an error (at most 2,000 bytes)."""
+    duration_ms: _builtins.int
+    @_builtins.property
+    def started_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        event: _builtins.str = ...,
+        tool_use_id: _builtins.str = ...,
+        tool_name: _builtins.str = ...,
+        program: _builtins.str = ...,
+        exit_code: _builtins.int | None = ...,
+        decision: _builtins.str = ...,
+        output: _builtins.str = ...,
+        started_at: _timestamp_pb2.Timestamp | None = ...,
+        duration_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "exit_code", b"exit_code", "started_at", b"started_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code", "decision", b"decision", "duration_ms", b"duration_ms", "event", b"event", "exit_code", b"exit_code", "output", b"output", "program", b"program", "started_at", b"started_at", "tool_name", b"tool_name", "tool_use_id", b"tool_use_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__exit_code: _TypeAlias = _typing.Literal["exit_code"]  # noqa: Y015
+    _WhichOneofArgType__exit_code: _TypeAlias = _typing.Literal["_exit_code", b"_exit_code"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__exit_code) -> _WhichOneofReturnType__exit_code | None: ...
+
+Global___HookRun: _TypeAlias = HookRun  # noqa: Y015
 
 @_typing.final
 class Report(_message.Message):

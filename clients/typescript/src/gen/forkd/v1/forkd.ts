@@ -907,6 +907,32 @@ export interface TranscriptMessage {
 export interface GetTranscriptResponse {
   agentId: string;
   messages: TranscriptMessage[];
+  /** Its hooks' runs (docs/contracts.md, "Hooks"), in the order they ended. */
+  hookRuns: HookRun[];
+}
+
+/** One hook command's run: what it decided and said. */
+export interface HookRun {
+  /**
+   * PreToolUse | PostToolUse | UserPromptSubmit | Stop | SubagentStop | PreCompact |
+   * Notification.
+   */
+  event: string;
+  /** The tool call it was about; empty for the other events. */
+  toolUseId: string;
+  toolName: string;
+  /** The command's first word (never the whole command: it may hold a secret). */
+  program: string;
+  /** Unset when it was killed (its timeout) or never started. */
+  exitCode?:
+    | number
+    | undefined;
+  /** stop | deny | block | ask | allow | error | none. */
+  decision: string;
+  /** What it said: its reason, its context, its systemMessage, an error (at most 2,000 bytes). */
+  output: string;
+  startedAt?: Date | undefined;
+  durationMs: number;
 }
 
 export interface Report {
@@ -8742,7 +8768,7 @@ export const TranscriptMessage: MessageFns<TranscriptMessage> = {
 };
 
 function createBaseGetTranscriptResponse(): GetTranscriptResponse {
-  return { agentId: "", messages: [] };
+  return { agentId: "", messages: [], hookRuns: [] };
 }
 
 export const GetTranscriptResponse: MessageFns<GetTranscriptResponse> = {
@@ -8752,6 +8778,9 @@ export const GetTranscriptResponse: MessageFns<GetTranscriptResponse> = {
     }
     for (const v of message.messages) {
       TranscriptMessage.encode(v!, writer.uint32(18).fork()).join();
+    }
+    for (const v of message.hookRuns) {
+      HookRun.encode(v!, writer.uint32(26).fork()).join();
     }
     return writer;
   },
@@ -8785,6 +8814,14 @@ export const GetTranscriptResponse: MessageFns<GetTranscriptResponse> = {
             message.messages.push(TranscriptMessage.decode(reader, reader.uint32()));
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.hookRuns.push(HookRun.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -8807,6 +8844,11 @@ export const GetTranscriptResponse: MessageFns<GetTranscriptResponse> = {
       messages: globalThis.Array.isArray(object?.messages)
         ? object.messages.map((e: any) => TranscriptMessage.fromJSON(e))
         : [],
+      hookRuns: globalThis.Array.isArray(object?.hookRuns)
+        ? object.hookRuns.map((e: any) => HookRun.fromJSON(e))
+        : globalThis.Array.isArray(object?.hook_runs)
+        ? object.hook_runs.map((e: any) => HookRun.fromJSON(e))
+        : [],
     };
   },
 
@@ -8818,6 +8860,9 @@ export const GetTranscriptResponse: MessageFns<GetTranscriptResponse> = {
     if (message.messages?.length) {
       obj.messages = message.messages.map((e) => TranscriptMessage.toJSON(e));
     }
+    if (message.hookRuns?.length) {
+      obj.hookRuns = message.hookRuns.map((e) => HookRun.toJSON(e));
+    }
     return obj;
   },
 
@@ -8828,6 +8873,234 @@ export const GetTranscriptResponse: MessageFns<GetTranscriptResponse> = {
     const message = createBaseGetTranscriptResponse();
     message.agentId = object.agentId ?? "";
     message.messages = object.messages?.map((e) => TranscriptMessage.fromPartial(e)) || [];
+    message.hookRuns = object.hookRuns?.map((e) => HookRun.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseHookRun(): HookRun {
+  return {
+    event: "",
+    toolUseId: "",
+    toolName: "",
+    program: "",
+    exitCode: undefined,
+    decision: "",
+    output: "",
+    startedAt: undefined,
+    durationMs: 0,
+  };
+}
+
+export const HookRun: MessageFns<HookRun> = {
+  encode(message: HookRun, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.event !== "") {
+      writer.uint32(10).string(message.event);
+    }
+    if (message.toolUseId !== "") {
+      writer.uint32(18).string(message.toolUseId);
+    }
+    if (message.toolName !== "") {
+      writer.uint32(26).string(message.toolName);
+    }
+    if (message.program !== "") {
+      writer.uint32(34).string(message.program);
+    }
+    if (message.exitCode !== undefined) {
+      writer.uint32(40).int32(message.exitCode);
+    }
+    if (message.decision !== "") {
+      writer.uint32(50).string(message.decision);
+    }
+    if (message.output !== "") {
+      writer.uint32(58).string(message.output);
+    }
+    if (message.startedAt !== undefined) {
+      Timestamp.encode(toTimestamp(message.startedAt), writer.uint32(66).fork()).join();
+    }
+    if (message.durationMs !== 0) {
+      writer.uint32(72).uint64(message.durationMs);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): HookRun {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseHookRun();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.event = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.toolUseId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.toolName = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.program = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.exitCode = reader.int32();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.decision = reader.string();
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.output = reader.string();
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.startedAt = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.durationMs = longToNumber(reader.uint64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): HookRun {
+    return {
+      event: isSet(object.event) ? globalThis.String(object.event) : "",
+      toolUseId: isSet(object.toolUseId)
+        ? globalThis.String(object.toolUseId)
+        : isSet(object.tool_use_id)
+        ? globalThis.String(object.tool_use_id)
+        : "",
+      toolName: isSet(object.toolName)
+        ? globalThis.String(object.toolName)
+        : isSet(object.tool_name)
+        ? globalThis.String(object.tool_name)
+        : "",
+      program: isSet(object.program) ? globalThis.String(object.program) : "",
+      exitCode: isSet(object.exitCode)
+        ? globalThis.Number(object.exitCode)
+        : isSet(object.exit_code)
+        ? globalThis.Number(object.exit_code)
+        : undefined,
+      decision: isSet(object.decision) ? globalThis.String(object.decision) : "",
+      output: isSet(object.output) ? globalThis.String(object.output) : "",
+      startedAt: isSet(object.startedAt)
+        ? fromJsonTimestamp(object.startedAt)
+        : isSet(object.started_at)
+        ? fromJsonTimestamp(object.started_at)
+        : undefined,
+      durationMs: isSet(object.durationMs)
+        ? globalThis.Number(object.durationMs)
+        : isSet(object.duration_ms)
+        ? globalThis.Number(object.duration_ms)
+        : 0,
+    };
+  },
+
+  toJSON(message: HookRun): unknown {
+    const obj: any = {};
+    if (message.event !== "") {
+      obj.event = message.event;
+    }
+    if (message.toolUseId !== "") {
+      obj.toolUseId = message.toolUseId;
+    }
+    if (message.toolName !== "") {
+      obj.toolName = message.toolName;
+    }
+    if (message.program !== "") {
+      obj.program = message.program;
+    }
+    if (message.exitCode !== undefined) {
+      obj.exitCode = Math.round(message.exitCode);
+    }
+    if (message.decision !== "") {
+      obj.decision = message.decision;
+    }
+    if (message.output !== "") {
+      obj.output = message.output;
+    }
+    if (message.startedAt !== undefined) {
+      obj.startedAt = message.startedAt.toISOString();
+    }
+    if (message.durationMs !== 0) {
+      obj.durationMs = Math.round(message.durationMs);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<HookRun>, I>>(base?: I): HookRun {
+    return HookRun.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<HookRun>, I>>(object: I): HookRun {
+    const message = createBaseHookRun();
+    message.event = object.event ?? "";
+    message.toolUseId = object.toolUseId ?? "";
+    message.toolName = object.toolName ?? "";
+    message.program = object.program ?? "";
+    message.exitCode = object.exitCode ?? undefined;
+    message.decision = object.decision ?? "";
+    message.output = object.output ?? "";
+    message.startedAt = object.startedAt ?? undefined;
+    message.durationMs = object.durationMs ?? 0;
     return message;
   },
 };
