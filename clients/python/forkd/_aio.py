@@ -20,7 +20,7 @@ from forkd._proto.forkd.v1 import forkd_pb2_grpc as pb_grpc
 from forkd._requests import ContextItem, Directive, Hooks
 from forkd._schedules import Schedule, ScheduleFiring, SessionSpec
 from forkd._streams import DEFAULT_RECONNECT_FOR, Backoff, afollow, aretried, is_lost, remaining
-from forkd._types import AgentInfo, Capacity, DryRun, Event, Limits, Message, Notification
+from forkd._types import AgentInfo, Capacity, DryRun, Event, HookRun, Limits, Message, Notification
 from forkd._upload import Upload
 from forkd._webhooks import CreatedWebhook, Webhook, WebhookAttempt, WebhookRef
 from forkd.errors import details_of, from_rpc_error
@@ -522,3 +522,9 @@ class AsyncAgent:
         request = pb.GetTranscriptRequest(agent_id=self.id, include_shared_prefix=include_shared)
         reply = await self._client._call("GetTranscript", request)
         return [Message.of(m) for m in reply.messages]
+
+    async def hook_runs(self) -> list[HookRun]:
+        """[`forkd.Agent.hook_runs`]."""
+        request = pb.GetTranscriptRequest(agent_id=self.id)
+        reply = await self._client._call("GetTranscript", request)
+        return [HookRun.of(h) for h in reply.hook_runs]

@@ -18,7 +18,7 @@ from forkd._proto.forkd.v1 import forkd_pb2_grpc as pb_grpc
 from forkd._requests import ContextItem, Directive, Hooks
 from forkd._schedules import Schedule, ScheduleFiring, SessionSpec
 from forkd._streams import DEFAULT_RECONNECT_FOR, Backoff, follow, is_lost, remaining, retried
-from forkd._types import AgentInfo, Capacity, DryRun, Event, Limits, Message, Notification
+from forkd._types import AgentInfo, Capacity, DryRun, Event, HookRun, Limits, Message, Notification
 from forkd._upload import Upload
 from forkd._webhooks import CreatedWebhook, Webhook, WebhookAttempt, WebhookRef
 from forkd.errors import details_of, from_rpc_error
@@ -535,7 +535,8 @@ class Agents:
 
 
 class Agent:
-    """One agent: follow it, hand it to the background, stop it, read its transcript."""
+    """One agent: follow it, hand it to the background, stop it, read its transcript and its
+    hooks' runs."""
 
     def __init__(self, client: Client, info: AgentInfo) -> None:
         self._client = client
@@ -576,3 +577,10 @@ class Agent:
         request = pb.GetTranscriptRequest(agent_id=self.id, include_shared_prefix=include_shared)
         reply = self._client._call("GetTranscript", request)
         return [Message.of(m) for m in reply.messages]
+
+    def hook_runs(self) -> list[HookRun]:
+        """Each hook command's run for the agent (the operator's hooks and the session's own), in
+        the order they ended: what it was about, what it decided and said, when and how long."""
+        request = pb.GetTranscriptRequest(agent_id=self.id)
+        reply = self._client._call("GetTranscript", request)
+        return [HookRun.of(h) for h in reply.hook_runs]

@@ -259,6 +259,40 @@ class Message:
 
 
 @dataclass(frozen=True)
+class HookRun:
+    """One hook command's run for an agent: `event` (`PreToolUse`, `PostToolUse`,
+    `UserPromptSubmit`, `Stop`, `SubagentStop`, `PreCompact`, `Notification`), the tool call it
+    was about (`tool_use_id` and `tool_name`, `None` for the other events), `program` (the
+    command's first word, never the whole command), `exit_code` (`None` when it was killed or
+    never started), `decision` (`stop`, `deny`, `block`, `ask`, `allow`, `error` or `none`),
+    `output` (what it said, at most 2,000 bytes), `started_at` and `duration_ms`."""
+
+    event: str
+    tool_use_id: str | None
+    tool_name: str | None
+    program: str
+    exit_code: int | None
+    decision: str
+    output: str
+    started_at: datetime | None
+    duration_ms: int
+
+    @staticmethod
+    def of(h: pb.HookRun) -> HookRun:
+        return HookRun(
+            h.event,
+            h.tool_use_id or None,
+            h.tool_name or None,
+            h.program,
+            h.exit_code if h.HasField("exit_code") else None,
+            h.decision,
+            h.output,
+            h.started_at.ToDatetime(tzinfo=timezone.utc) if h.HasField("started_at") else None,
+            h.duration_ms,
+        )
+
+
+@dataclass(frozen=True)
 class Event:
     """One event of a parent turn (`session.send`) or of an attached agent (`agent.attach`):
     `kind` is the event's name (`text_delta`, `tool_call`, `tool_result`, `fork_launched`,

@@ -107,6 +107,40 @@ export interface Limits {
   timeoutExcludesThrottle?: boolean;
 }
 
+/** One hook command's run for an agent: what it was about, what it decided and said. */
+export interface HookRun {
+  /** `PreToolUse`, `PostToolUse`, `UserPromptSubmit`, `Stop`, `SubagentStop`, `PreCompact` or `Notification`. */
+  event: string;
+  /** The tool call it was about; `undefined` for the other events. */
+  toolUseId?: string;
+  toolName?: string;
+  /** The command's first word (never the whole command). */
+  program: string;
+  /** `undefined` when it was killed (its timeout) or never started. */
+  exitCode?: number;
+  /** `stop`, `deny`, `block`, `ask`, `allow`, `error` or `none`. */
+  decision: string;
+  /** What it said: its reason, its context, its `systemMessage`, an error (at most 2,000 bytes). */
+  output: string;
+  startedAt?: Date;
+  durationMs: number;
+}
+
+function hookRunOf(h: pb.HookRun): HookRun {
+  const out: HookRun = {
+    event: h.event,
+    program: h.program,
+    decision: h.decision,
+    output: h.output,
+    durationMs: h.durationMs,
+  };
+  if (h.toolUseId) out.toolUseId = h.toolUseId;
+  if (h.toolName) out.toolName = h.toolName;
+  if (h.exitCode !== undefined) out.exitCode = h.exitCode;
+  if (h.startedAt) out.startedAt = h.startedAt;
+  return out;
+}
+
 function notificationOf(n: pb.Notification, schema?: ZodLike): TaskNotification {
   const r = n.report;
   const structured: unknown = r?.structuredJson ? JSON.parse(r.structuredJson) : undefined;
@@ -631,8 +665,8 @@ const STATE: Record<number, AgentState> = {
 };
 
 /**
- * One agent: stop it, hand it to the background, read its transcript. `info` is the daemon's
- * record as it was read (`client.agents.get` reads it again).
+ * One agent: stop it, hand it to the background, read its transcript and its hooks' runs. `info`
+ * is the daemon's record as it was read (`client.agents.get` reads it again).
  */
 export class Agent {
   readonly id: string;
@@ -705,5 +739,18 @@ export class Agent {
       options,
     );
     return reply.messages;
+  }
+
+  /**
+   * Each hook command's run for the agent (the operator's hooks and the session's own), in the
+   * order they ended: what it was about, what it decided and said, when and how long.
+   */
+  async hookRuns(options: CallSignal = {}): Promise<HookRun[]> {
+    const reply = await this.client.call(
+      this.client.stub.getTranscript,
+      pb.GetTranscriptRequest.fromPartial({ agentId: this.id }),
+      options,
+    );
+    return reply.hookRuns.map(hookRunOf);
   }
 }

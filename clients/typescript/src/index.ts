@@ -20,6 +20,7 @@ export {
   type Directive,
   type DryRun,
   type ForkOptions,
+  type HookRun,
   type Limits,
   type PacedLimit,
   type ProviderCapacity,

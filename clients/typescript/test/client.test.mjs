@@ -3,8 +3,8 @@
 // and a dry run, webhooks (deliveries verified here with the Standard Webhooks library); and, on
 // requests caught before they leave, limits as a batch's request carries them, `timed_out` read
 // back, capacity and dry runs mapped, and a batch's webhook in its request; a session's own hooks
-// (sent as the settings text, their events read back, run for its children, refused outside the
-// sandbox).
+// (sent as the settings text, their events read back, run for its children with each run read
+// back as `agent.hookRuns()`, refused outside the sandbox).
 
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
@@ -774,6 +774,21 @@ const BLOCK = { type: "command", command: "echo blocked-by-hook >&2; exit 2" };
 const HOOKS = { hooks: { PreToolUse: [{ matcher: "Bash", hooks: [BLOCK] }] } };
 const OUTSIDE = { hooks: { Stop: [{ hooks: [{ type: "command", command: "true", sandbox: false }] }] } };
 
+/** The one run of BLOCK for the child's Bash call: denied, with what it wrote. */
+function blocked(runs) {
+  assert.equal(runs.length, 1, JSON.stringify(runs));
+  const [run] = runs;
+  assert.equal(run.event, "PreToolUse");
+  assert.equal(run.toolName, "Bash");
+  assert.ok(run.toolUseId?.startsWith("toolu_"), JSON.stringify(run));
+  assert.equal(run.program, "echo");
+  assert.equal(run.decision, "deny");
+  assert.equal(run.exitCode, 2);
+  assert.equal(run.output, "blocked-by-hook");
+  assert.ok(run.startedAt instanceof Date && run.startedAt <= new Date(), String(run.startedAt));
+  assert.ok(Number.isInteger(run.durationMs) && run.durationMs >= 0);
+}
+
 test("a session's own hooks run for its children, and one outside the sandbox is refused", async () => {
   const c = client();
   const session = await c.sessions.create({
@@ -796,6 +811,14 @@ test("a session's own hooks run for its children, and one outside the sandbox is
   const transcript = await (await c.agents.get(batch.agentIds[0])).transcript();
   const said = transcript.map((m) => m.contentJson).join("\n");
   assert.ok(said.includes("blocked-by-hook"), said);
+  blocked(await (await c.agents.get(batch.agentIds[0])).hookRuns());
+  // A session without hooks of its own: its child's runs are the operator's (none here).
+  const bare = await c.sessions.create({ system: "s", workspace: daemon.workspace, permissionMode: "bypassPermissions" });
+  const [quiet] = await (await bare.fork(['Go.\n@sim tool Bash {"command":"echo hi"}\n@sim say done'])).wait({
+    signal: AbortSignal.timeout(60_000),
+  });
+  assert.equal(quiet.status, "completed");
+  assert.deepEqual(await (await c.agents.get(quiet.agentId)).hookRuns(), []);
 
   const refused = await c.sessions
     .create({ system: "s", workspace: daemon.workspace, hooks: OUTSIDE })
@@ -827,5 +850,53 @@ test("hooks go in a session's request as the settings text, and a schedule's ses
     c.createSchedule("n", { cron: "* * * * *", directives: ["x"], session: { hooks: HOOKS } }),
     /session has no hooks/,
   );
+  c.close();
+});
+
+test("hook runs are mapped from the daemon's answer", async () => {
+  const c = new forkd.Client({ addr: "unix:/nonexistent/forkd.sock", reconnectForMs: 100 });
+  const sent = [];
+  const at = new Date(1_700_000_000_005);
+  c.stub.getTranscript = (request, _metadata, _options, callback) => {
+    sent.push(request);
+    callback(
+      null,
+      pb.GetTranscriptResponse.fromPartial({
+        agentId: "a",
+        hookRuns: [
+          {
+            event: "PreToolUse",
+            toolUseId: "toolu_1",
+            toolName: "Bash",
+            program: "python3",
+            exitCode: 0,
+            decision: "allow",
+            output: "ok",
+            startedAt: at,
+            durationMs: 31,
+          },
+          // Not about a tool call, killed before it exited: no tool, no exit code (0 is one).
+          { event: "Stop", program: "sh", decision: "error" },
+        ],
+      }),
+    );
+    return { cancel() {} };
+  };
+  const agent = new forkd.Agent(c, pb.Agent.fromPartial({ agentId: "a" }));
+  assert.deepEqual(await agent.hookRuns(), [
+    {
+      event: "PreToolUse",
+      toolUseId: "toolu_1",
+      toolName: "Bash",
+      program: "python3",
+      exitCode: 0,
+      decision: "allow",
+      output: "ok",
+      startedAt: at,
+      durationMs: 31,
+    },
+    { event: "Stop", program: "sh", decision: "error", output: "", durationMs: 0 },
+  ]);
+  assert.deepEqual(sent.at(-1), pb.GetTranscriptRequest.fromPartial({ agentId: "a" }));
   c.close();
 });

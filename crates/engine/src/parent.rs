@@ -639,7 +639,7 @@ impl Turns {
         let (session, parent) = (&turn.session, &turn.parent);
         let (mut usage, mut cost) = (Usage::default(), 0.0);
         // Whether the turn goes on because a Stop hook blocked its end.
-        let mut stop_active = false;
+        let mut stop_active = self.stop_hook_was_active(session).await?;
         for request in 0..self.config.parent_max_turns() {
             if self.supervisor.draining() {
                 return Err(EngineError::Draining);

@@ -12,6 +12,7 @@ mod lifecycle;
 mod limits;
 mod load;
 pub(crate) mod tools;
+mod transcript_file;
 pub(crate) mod typed;
 
 use std::collections::HashMap;

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use forkd_proto::v1 as pb;
@@ -15,17 +15,9 @@ use forkd_test_support::{
 };
 use serde_json::json;
 
-type Client = forkd_proto::v1::forkd_client::ForkdClient<tonic::transport::Channel>;
+use hooks_support::{Client, on, one_child, python};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/hooks")
-        .join(name)
-}
-
-fn python(name: &str) -> String {
-    format!("python3 {}", fixture(name).display())
-}
+mod hooks_support;
 
 /// A session request whose own hooks are `hooks` (a `hooks` block).
 fn hooked(ws: &Path, hooks: serde_json::Value) -> pb::CreateSessionRequest {
@@ -34,10 +26,6 @@ fn hooked(ws: &Path, hooks: serde_json::Value) -> pb::CreateSessionRequest {
         hooks_json: json!({ "hooks": hooks }).to_string(),
         ..session_request(ws)
     }
-}
-
-fn on(event: &str, matcher: &str, command: &str) -> serde_json::Value {
-    json!({ event: [{ "matcher": matcher, "hooks": [{ "type": "command", "command": command }] }] })
 }
 
 fn message(session: &str, text: &str, key: &str) -> pb::SendMessageRequest {
@@ -158,11 +146,8 @@ async fn continue_false_stops_a_child_and_a_turn_after_the_calls_result() {
     let id = &session.session_id;
     let script = "Go.\n@sim tool Bash {\"command\":\"echo one >> ran.txt\"}\n\
                   @sim tool Bash {\"command\":\"echo two >> ran.txt\"}\n@sim say done";
-    let batch = fork(&mut client, id, &[script], None).await.unwrap();
-    wait_for_batch(&mut client, &batch.batch_id, 1, Duration::from_secs(60))
-        .await
-        .unwrap();
-    let child = get_agent(&mut client, &batch.agent_ids[0]).await;
+    let agent = one_child(&mut client, id, script).await;
+    let child = get_agent(&mut client, &agent).await;
     assert_eq!(child.state, pb::AgentState::Failed as i32, "{child:?}");
     assert!(
         child.error.contains("the hook has seen enough"),
@@ -170,14 +155,12 @@ async fn continue_false_stops_a_child_and_a_turn_after_the_calls_result() {
     );
     let ran = std::fs::read_to_string(ws.path().join("ran.txt")).unwrap();
     assert_eq!(ran, "one\n", "the call after the stop did not run");
-    let text = transcript_text(&mut client, &batch.agent_ids[0])
-        .await
-        .unwrap();
+    let text = transcript_text(&mut client, &agent).await.unwrap();
     assert!(!text.contains("\"done\""), "{text}");
     // What the hook decided is kept with the agent (forkctl logs, the web view).
     let runs = client
         .get_transcript(pb::GetTranscriptRequest {
-            agent_id: batch.agent_ids[0].clone(),
+            agent_id: agent.clone(),
             include_shared_prefix: false,
         })
         .await
@@ -234,12 +217,7 @@ async fn session_start_runs_once_and_its_context_is_in_the_first_message() {
     .unwrap();
     let id = &session.session_id;
     // Never per child or branch.
-    let batch = fork(&mut client, id, &["Look.\n@sim say ok"], None)
-        .await
-        .unwrap();
-    wait_for_batch(&mut client, &batch.batch_id, 1, Duration::from_secs(60))
-        .await
-        .unwrap();
+    let agent = one_child(&mut client, id, "Look.\n@sim say ok").await;
     client
         .branch_session(pb::BranchSessionRequest {
             session_id: id.clone(),
@@ -247,9 +225,7 @@ async fn session_start_runs_once_and_its_context_is_in_the_first_message() {
         })
         .await
         .unwrap();
-    let child = transcript_text(&mut client, &batch.agent_ids[0])
-        .await
-        .unwrap();
+    let child = transcript_text(&mut client, &agent).await.unwrap();
     assert_eq!(
         child.matches("Loaded the team conventions.").count(),
         1,
@@ -408,4 +384,53 @@ async fn pre_compact_hooks_hear_a_manual_compaction_by_its_trigger() {
         !ws.path().join("auto").exists(),
         "the auto matcher did not run"
     );
+}
+
+#[tokio::test]
+async fn transcript_path_is_claude_codes_jsonl_appended_per_event() {
+    let daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    // Each run copies the transcript it was given into the workspace, numbered.
+    let copy = "python3 -c 'import glob, json, os, shutil, sys; e = json.load(sys.stdin); \
+                d = os.environ[\"CLAUDE_PROJECT_DIR\"]; \
+                shutil.copy(e[\"transcript_path\"], \"%s/copy-%d.jsonl\" % (d, len(glob.glob(d + \"/copy-*\"))))'";
+    let session = create_session(
+        &mut client,
+        hooked(ws.path(), on("PostToolUse", "Bash", copy)),
+    )
+    .await
+    .unwrap();
+    // Two turns (a thought between the calls), so the second call's hook sees more stored.
+    let script = "Twice.\n@sim tool Bash {\"command\":\"echo first-call\"}\n@sim think then\n\
+                  @sim tool Bash {\"command\":\"echo second-call\"}\n@sim say done";
+    let agent = one_child(&mut client, &session.session_id, script).await;
+    let read = |n: usize| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(ws.path().join(format!("copy-{n}.jsonl")))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let (first, second) = (read(0), read(1));
+    // The directive, then the model's first call (its result not stored yet).
+    assert_eq!(first[0]["type"], "user");
+    assert!(
+        first[0]["message"]["content"]
+            .to_string()
+            .contains("Twice.")
+    );
+    assert_eq!(first.last().unwrap()["type"], "assistant");
+    assert_eq!(first[0]["agentId"], agent.as_str());
+    assert_eq!(first[0]["isSidechain"], true);
+    // Appended to, never rewritten: the second holds the first, then the call's result and the
+    // next call.
+    assert_eq!(second[..first.len()], first[..]);
+    assert!(second.len() > first.len());
+    let added = serde_json::Value::Array(second[first.len()..].to_vec()).to_string();
+    assert!(
+        added.contains("first-call") && added.contains("tool_result"),
+        "{added}"
+    );
+    assert_eq!(second[1]["parentUuid"], second[0]["uuid"]);
 }

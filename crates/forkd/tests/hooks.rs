@@ -6,21 +6,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use forkd_proto::v1 as pb;
 use forkd_test_support::{
-    TestDaemon, create_session, fork, session_request, spawn_daemon_with, transcript_text,
-    wait_for_batch,
+    TestDaemon, create_session, session_request, spawn_daemon_with, transcript_text,
 };
+use hooks_support::{fixture, on as command, one_child};
 use serde_json::json;
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/hooks")
-        .join(name)
-}
+mod hooks_support;
 
 /// A daemon with `hooks` as its operator's `hooks.json`.
 async fn daemon_with_hooks(hooks: serde_json::Value) -> TestDaemon {
@@ -29,10 +25,6 @@ async fn daemon_with_hooks(hooks: serde_json::Value) -> TestDaemon {
     })
     .await
     .unwrap()
-}
-
-fn command(event: &str, matcher: &str, command: &str) -> serde_json::Value {
-    json!({ event: [{ "matcher": matcher, "hooks": [{ "type": "command", "command": command }] }] })
 }
 
 /// Runs one child with `script` on a session of `mode`; its transcript's text.
@@ -47,15 +39,8 @@ async fn child(daemon: &TestDaemon, ws: &Path, mode: &str, script: &str) -> Stri
     )
     .await
     .unwrap();
-    let batch = fork(&mut client, &session.session_id, &[script], None)
-        .await
-        .unwrap();
-    wait_for_batch(&mut client, &batch.batch_id, 1, Duration::from_secs(60))
-        .await
-        .unwrap();
-    transcript_text(&mut client, &batch.agent_ids[0])
-        .await
-        .unwrap()
+    let child = one_child(&mut client, &session.session_id, script).await;
+    transcript_text(&mut client, &child).await.unwrap()
 }
 
 #[tokio::test]
@@ -204,15 +189,8 @@ async fn a_hooks_allow_never_beats_a_deny_rule_and_its_deny_stops_agent_calls() 
                   @sim tool Bash {\"command\":\"echo allowed by the hook\"}\n\
                   @sim tool Agent {\"description\":\"look\",\"prompt\":\"Look.\",\"subagent_type\":\"Explore\"}\n\
                   @sim say done";
-    let batch = fork(&mut client, &session.session_id, &[script], None)
-        .await
-        .unwrap();
-    wait_for_batch(&mut client, &batch.batch_id, 1, Duration::from_secs(60))
-        .await
-        .unwrap();
-    let text = transcript_text(&mut client, &batch.agent_ids[0])
-        .await
-        .unwrap();
+    let child = one_child(&mut client, &session.session_id, script).await;
+    let text = transcript_text(&mut client, &child).await.unwrap();
     assert!(
         text.contains("denied by the permission rule `Bash(rm:*)`"),
         "{text}"
@@ -236,21 +214,15 @@ async fn a_subagent_stop_hook_that_blocks_once_keeps_the_child_going_once() {
     let session = create_session(&mut client, session_request(ws.path()))
         .await
         .unwrap();
-    let batch = fork(
+    let child = one_child(
         &mut client,
         &session.session_id,
-        &["Answer.\n@sim say first answer"],
-        None,
+        "Answer.\n@sim say first answer",
     )
-    .await
-    .unwrap();
-    let done = wait_for_batch(&mut client, &batch.batch_id, 1, Duration::from_secs(60))
-        .await
-        .unwrap();
-    assert_eq!(done[0].status, pb::NotificationStatus::Completed as i32);
-    let text = transcript_text(&mut client, &batch.agent_ids[0])
-        .await
-        .unwrap();
+    .await;
+    let agent = forkd_test_support::get_agent(&mut client, &child).await;
+    assert_eq!(agent.state, pb::AgentState::Completed as i32);
+    let text = transcript_text(&mut client, &child).await.unwrap();
     assert_eq!(
         text.matches("A hook kept you from ending here:\\nrun the tests first")
             .count(),

@@ -5,14 +5,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use forkd_proto::v1 as pb;
 use forkd_test_support::{
-    TestDaemon, create_session, fork, session_request, spawn_daemon, transcript_text,
-    wait_for_batch,
+    TestDaemon, create_session, session_request, spawn_daemon, transcript_text,
 };
+use hooks_support::{one_child, python};
 use serde_json::json;
+
+mod hooks_support;
 
 /// What the validator says when it blocks `grep`.
 const BLOCKED: &str = "Use 'rg' (ripgrep) instead of 'grep'";
@@ -21,9 +22,7 @@ const BLOCKED: &str = "Use 'rg' (ripgrep) instead of 'grep'";
 const MARKER: &str = "own-hook-marker-7f3a";
 
 fn validator_settings() -> String {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/hooks/bash_command_validator.py");
-    let command = format!("python3 {} # {MARKER}", script.display());
+    let command = format!("{} # {MARKER}", python("bash_command_validator.py"));
     json!({
         "permissions": {"allow": ["Bash"]},
         "hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": command}]}]}
@@ -34,20 +33,9 @@ fn validator_settings() -> String {
 /// Forks one child of `session` that runs `grep`; its transcript's text.
 async fn grep_child(daemon: &TestDaemon, session: &str) -> String {
     let mut client = daemon.client().await.unwrap();
-    let batch = fork(
-        &mut client,
-        session,
-        &["Look.\n@sim tool Bash {\"command\":\"grep needle notes.txt\"}\n@sim say looked"],
-        None,
-    )
-    .await
-    .unwrap();
-    wait_for_batch(&mut client, &batch.batch_id, 1, Duration::from_secs(60))
-        .await
-        .unwrap();
-    transcript_text(&mut client, &batch.agent_ids[0])
-        .await
-        .unwrap()
+    let script = "Look.\n@sim tool Bash {\"command\":\"grep needle notes.txt\"}\n@sim say looked";
+    let child = one_child(&mut client, session, script).await;
+    transcript_text(&mut client, &child).await.unwrap()
 }
 
 fn workspace() -> tempfile::TempDir {

@@ -86,6 +86,26 @@ impl Turns {
         Ok((refused, stopped))
     }
 
+    /// Whether the turn goes on because a Stop hook blocked its end already: the session's last
+    /// message is a stop hook's note (a turn resumed after a restart reads it there).
+    pub(super) async fn stop_hook_was_active(&self, session: &Session) -> Result<bool> {
+        let hooks = self.sessions.hooks().for_session(session)?;
+        if hooks.commands(HookEvent::Stop, None).is_empty() {
+            return Ok(false);
+        }
+        let count = self.store.session_message_count(session.id).await?;
+        let Some(last) = count.checked_sub(1) else {
+            return Ok(false);
+        };
+        let tail = self
+            .store
+            .session_messages_from(session.id, last, None)
+            .await?;
+        Ok(tail
+            .last()
+            .is_some_and(|m| crate::run::hooks::is_stop_hook_note(&m.message)))
+    }
+
     /// The parent's Stop hooks as it ends its turn: the reasons to go on when one blocks,
     /// `None` when the turn may end (`continue: false` ends it whatever blocks). `active`: it
     /// goes on already because of one.

@@ -140,21 +140,36 @@ impl Runs {
             .await?;
         let call = CallRef { id, name, input };
         let verdict = self.pre_tool_hooks(&hooks, turn, call, &ctx).await;
-        let refused = match verdict.permission {
-            Some(Permission::Deny) => Some(format!(
+        let refused = self
+            .hook_gate(turn, name, input, &verdict)
+            .await
+            .and_then(Result::err);
+        Ok((refused, verdict.stop))
+    }
+
+    /// What a call's PreToolUse verdict decides before the permission rules: its denial, or a
+    /// person's answer to its question; `None` when the hooks allowed it or said nothing.
+    pub(super) async fn hook_gate(
+        self: &Arc<Self>,
+        turn: &ToolTurn<'_>,
+        name: &str,
+        input: &Value,
+        verdict: &PreToolVerdict,
+    ) -> Option<Result<(), String>> {
+        match verdict.permission {
+            Some(Permission::Deny) => Some(Err(format!(
                 "Permission denied: a hook denied it: {}",
                 verdict.reason.as_deref().unwrap_or("no reason given")
-            )),
+            ))),
             Some(Permission::Ask) => {
-                let what = format!(
-                    "{name}: {}",
-                    verdict.reason.as_deref().unwrap_or("a hook asks")
-                );
-                self.ask_person(turn, name, input, what).await.err()
+                let why = verdict.reason.as_deref().unwrap_or("a hook asks");
+                Some(
+                    self.ask_person(turn, name, input, format!("{name}: {why}"))
+                        .await,
+                )
             }
             Some(Permission::Allow) | None => None,
-        };
-        Ok((refused, verdict.stop))
+        }
     }
 }
 
@@ -279,6 +294,8 @@ impl Runs {
         }
         let about = About {
             agent: agent.id,
+            kind: agent.kind,
+            session: session.id,
             workspace: session.workspace.display().to_string(),
             tool: None,
             // A new session's SessionStart runs for an agent that is not stored.
@@ -335,6 +352,8 @@ pub(super) struct CallRef<'a> {
 /// Whom one event's hooks run for: where, and how their runs are kept.
 struct About {
     agent: forkd_core::AgentId,
+    kind: forkd_core::AgentKind,
+    session: forkd_core::SessionId,
     workspace: String,
     /// The tool call they are about: its id and name.
     tool: Option<(String, String)>,
@@ -346,6 +365,8 @@ impl About {
     fn call(turn: &ToolTurn<'_>, call: &CallRef<'_>) -> Self {
         About {
             agent: turn.agent.id,
+            kind: turn.agent.kind,
+            session: turn.session.id,
             workspace: turn.session.workspace.display().to_string(),
             tool: Some((call.id.to_owned(), call.name.to_owned())),
             keep: true,
@@ -392,6 +413,24 @@ impl Runs {
         ctx: &ToolContext,
     ) -> Vec<(&'h HookCommand, HookOutput)> {
         let workspace = about.workspace.clone();
+        let mut payload = payload.clone();
+        if about.keep {
+            // The agent's transcript as Claude Code writes it, brought up to date in the view.
+            let owner = super::transcript_file::Owner {
+                agent: about.agent,
+                kind: about.kind,
+                session: about.session,
+                workspace: &about.workspace,
+            };
+            match self.transcript_file(&owner, ctx).await {
+                Ok(path) => {
+                    if let Some(map) = payload.as_object_mut() {
+                        map.insert("transcript_path".into(), json!(path.display().to_string()));
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "No transcript file for the hooks"),
+            }
+        }
         let input = payload.to_string().into_bytes();
         let about = &about;
         let runs = commands.iter().map(|hook| {

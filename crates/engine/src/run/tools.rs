@@ -341,20 +341,7 @@ impl Runs {
         crate::progress::touch();
         // What the call's PreToolUse hooks decided, for every tool: a denial, or a person's
         // answer to their question.
-        let gate = match verdict.permission {
-            Some(Permission::Deny) => Some(Err(format!(
-                "Permission denied: a hook denied it: {}",
-                verdict.reason.as_deref().unwrap_or("no reason given")
-            ))),
-            Some(Permission::Ask) => {
-                let what = format!(
-                    "{name}: {}",
-                    verdict.reason.as_deref().unwrap_or("a hook asks")
-                );
-                Some(self.ask_person(turn, name, input, what).await)
-            }
-            Some(Permission::Allow) | None => None,
-        };
+        let gate = self.hook_gate(turn, name, input, &verdict).await;
         let output = if !turn.offered.iter().any(|t| t == name) {
             Ran::Builtin(ToolOutput::error(format!(
                 "Tool {name} is not available to this agent; its tools are: {}.",

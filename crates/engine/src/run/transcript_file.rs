@@ -1,0 +1,168 @@
+//! An agent's transcript as hooks read it (`transcript_path`, docs/contracts.md "Hooks"): a
+//! JSONL file in Claude Code's line format, in the hook's view (its sandbox's private
+//! `TMPDIR`), written only for events that have hooks and appended to — each event adds the
+//! messages stored since the last one — never rewritten.
+
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use forkd_core::{AgentId, AgentKind, Block, Message, SessionId};
+use forkd_tools::ToolContext;
+use serde_json::{Value, json};
+
+use super::Runs;
+use crate::error::{EngineError, Result};
+
+/// Whose transcript it is.
+pub(super) struct Owner<'a> {
+    pub agent: AgentId,
+    pub kind: AgentKind,
+    pub session: SessionId,
+    pub workspace: &'a str,
+}
+
+impl Runs {
+    /// Brings `owner`'s transcript file up to date in `ctx`'s view; its path.
+    pub(super) async fn transcript_file(
+        &self,
+        owner: &Owner<'_>,
+        ctx: &ToolContext,
+    ) -> Result<PathBuf> {
+        let dir = match &ctx.sandbox {
+            Some(spec) => spec.paths.tmp.clone(),
+            // A session whose commands run unconfined: its place under the sandboxes' root.
+            None => self.config.sandbox.tmp_root.join(owner.session.to_string()),
+        }
+        .join("forkd-transcripts");
+        let path = dir.join(format!("{}.jsonl", owner.agent));
+        let messages = self.transcript_messages(owner).await?;
+        let lines: Vec<String> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, (message, at_ms))| line(owner, i, message, *at_ms).to_string())
+            .collect();
+        let write = {
+            let path = path.clone();
+            move || append_new(&dir, &path, &lines)
+        };
+        tokio::task::spawn_blocking(write)
+            .await
+            .map_err(|e| EngineError::Invariant(format!("the transcript's writer: {e}")))?
+            .map_err(|e| {
+                EngineError::Sandbox(format!("cannot write the hook's transcript: {e}"))
+            })?;
+        Ok(path)
+    }
+
+    /// The agent's messages with when each was stored: a main loop's session transcript; a fork
+    /// child's directive, then its own messages; a typed agent's own messages.
+    async fn transcript_messages(&self, owner: &Owner<'_>) -> Result<Vec<(Message, i64)>> {
+        if owner.kind == AgentKind::Parent {
+            let all = self.store.session_messages(owner.session, None).await?;
+            return Ok(all
+                .into_iter()
+                .map(|m| (m.message, m.created_at_ms))
+                .collect());
+        }
+        let own = self.store.agent_messages(owner.agent).await?;
+        let mut out = Vec::with_capacity(own.len() + 1);
+        if owner.kind == AgentKind::Fork
+            && let Some(directive) = self.store.agent_directive_block(owner.agent).await?
+        {
+            let at = own.first().map_or(0, |m| m.created_at_ms);
+            out.push((Message::user(vec![directive]), at));
+        }
+        out.extend(own.into_iter().map(|m| (m.message, m.created_at_ms)));
+        Ok(out)
+    }
+}
+
+/// One message as Claude Code's transcript writes it.
+fn line(owner: &Owner<'_>, i: usize, message: &Message, at_ms: i64) -> Value {
+    let uuid = |i: usize| format!("{}-{i}", owner.agent);
+    let content: Vec<Value> = message
+        .blocks
+        .iter()
+        .map(|b: &Block| serde_json::from_str(b.raw().as_str()).unwrap_or(Value::Null))
+        .collect();
+    let role = message.role.as_str();
+    json!({
+        "type": role,
+        "uuid": uuid(i),
+        "parentUuid": i.checked_sub(1).map(uuid),
+        "sessionId": owner.session.to_string(),
+        "agentId": owner.agent.to_string(),
+        "isSidechain": owner.kind != AgentKind::Parent,
+        "cwd": owner.workspace,
+        "timestamp": chrono::DateTime::from_timestamp_millis(at_ms)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+        "message": { "role": role, "content": content },
+    })
+}
+
+/// Appends the lines past those the file holds (created, its directory private, when new).
+fn append_new(dir: &Path, path: &Path, lines: &[String]) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let held = match std::fs::read(path) {
+        Ok(bytes) => bytes.iter().filter(|b| **b == b'\n').count(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(e) => return Err(e),
+    };
+    if held >= lines.len() {
+        return Ok(());
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    let mut text = String::new();
+    for line in &lines[held..] {
+        text.push_str(line);
+        text.push('\n');
+    }
+    file.write_all(text.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn lines_are_appended_never_rewritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t/a.jsonl");
+        let lines: Vec<String> = (0..3).map(|i| format!("{{\"n\":{i}}}")).collect();
+        append_new(&dir.path().join("t"), &path, &lines[..2]).unwrap();
+        append_new(&dir.path().join("t"), &path, &lines).unwrap();
+        append_new(&dir.path().join("t"), &path, &lines).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text, "{\"n\":0}\n{\"n\":1}\n{\"n\":2}\n");
+    }
+
+    #[test]
+    fn a_line_is_claude_codes_shape() {
+        let owner = Owner {
+            agent: AgentId::new(),
+            kind: AgentKind::Fork,
+            session: SessionId::new(),
+            workspace: "/w",
+        };
+        let message = Message::user(vec![Block::text("hi")]);
+        let first = line(&owner, 0, &message, 1_700_000_000_000);
+        assert_eq!(first["type"], "user");
+        assert_eq!(first["parentUuid"], Value::Null);
+        assert_eq!(first["isSidechain"], true);
+        assert_eq!(first["message"]["content"][0]["text"], "hi");
+        assert_eq!(first["timestamp"], "2023-11-14T22:13:20.000Z");
+        let second = line(&owner, 1, &message, 0);
+        assert_eq!(second["parentUuid"], first["uuid"]);
+    }
+}
