@@ -28,6 +28,42 @@ fn hooked(ws: &Path, hooks: serde_json::Value) -> pb::CreateSessionRequest {
     }
 }
 
+/// A daemon, a workspace, a client and a session whose own hooks are `hooks`.
+struct Hooked {
+    /// Kept while the test runs: the daemon stops when it is dropped.
+    _daemon: forkd_test_support::TestDaemon,
+    ws: tempfile::TempDir,
+    client: Client,
+    session: String,
+}
+
+async fn start(hooks: serde_json::Value) -> Hooked {
+    let daemon = spawn_daemon().await.unwrap();
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(&mut client, hooked(ws.path(), hooks))
+        .await
+        .unwrap()
+        .session_id;
+    Hooked {
+        _daemon: daemon,
+        ws,
+        client,
+        session,
+    }
+}
+
+/// The session takes its next message and ends its turn: its transcript is whole.
+async fn takes_next_message(client: &mut Client, session: &str) {
+    let events = run_turn(client, message(session, "Again.\n@sim say again", ""))
+        .await
+        .unwrap();
+    assert!(
+        turn_text(&events).unwrap().contains("Result: again"),
+        "{events:?}"
+    );
+}
+
 fn message(session: &str, text: &str, key: &str) -> pb::SendMessageRequest {
     pb::SendMessageRequest {
         session_id: session.into(),
@@ -49,14 +85,14 @@ async fn session_text(client: &mut Client, session: &str) -> String {
 
 #[tokio::test]
 async fn user_prompt_submit_adds_context_or_blocks_the_message_once_per_key() {
-    let daemon = spawn_daemon().await.unwrap();
-    let ws = tempfile::tempdir().unwrap();
-    let mut client = daemon.client().await.unwrap();
     let hooks = on("UserPromptSubmit", "", &python("prompt_context.py"));
-    let session = create_session(&mut client, hooked(ws.path(), hooks))
-        .await
-        .unwrap();
-    let id = &session.session_id;
+    let Hooked {
+        ws,
+        mut client,
+        session,
+        _daemon,
+    } = start(hooks).await;
+    let id = &session;
 
     let events = run_turn(&mut client, message(id, "Say hi.\n@sim say hi", "k1"))
         .await
@@ -96,27 +132,18 @@ async fn user_prompt_submit_adds_context_or_blocks_the_message_once_per_key() {
     let after = session_transcript(&mut client, id).await.unwrap();
     assert_eq!(after.len(), before, "nothing stored");
     // The session takes its next message.
-    let events = run_turn(&mut client, message(id, "Again.\n@sim say again", ""))
-        .await
-        .unwrap();
-    assert!(
-        turn_text(&events).unwrap().contains("Result: again"),
-        "{events:?}"
-    );
+    takes_next_message(&mut client, id).await;
 }
 
 #[tokio::test]
 async fn a_stop_hook_keeps_a_turn_going_once_with_its_reason() {
-    let daemon = spawn_daemon().await.unwrap();
-    let ws = tempfile::tempdir().unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let session = create_session(
-        &mut client,
-        hooked(ws.path(), on("Stop", "", &python("stop_until_checked.py"))),
-    )
-    .await
-    .unwrap();
-    let id = &session.session_id;
+    let Hooked {
+        ws,
+        mut client,
+        session,
+        _daemon,
+    } = start(on("Stop", "", &python("stop_until_checked.py"))).await;
+    let id = &session;
     let events = run_turn(&mut client, message(id, "Finish.\n@sim say first", ""))
         .await
         .unwrap();
@@ -130,20 +157,17 @@ async fn a_stop_hook_keeps_a_turn_going_once_with_its_reason() {
 
 #[tokio::test]
 async fn continue_false_stops_a_child_and_a_turn_after_the_calls_result() {
-    let daemon = spawn_daemon().await.unwrap();
-    let ws = tempfile::tempdir().unwrap();
-    let mut client = daemon.client().await.unwrap();
     let stop = format!(
         "cat >/dev/null; echo '{}'",
         json!({"continue": false, "stopReason": "the hook has seen enough"})
     );
-    let session = create_session(
-        &mut client,
-        hooked(ws.path(), on("PostToolUse", "Bash", &stop)),
-    )
-    .await
-    .unwrap();
-    let id = &session.session_id;
+    let Hooked {
+        ws,
+        mut client,
+        session,
+        _daemon,
+    } = start(on("PostToolUse", "Bash", &stop)).await;
+    let id = &session;
     let script = "Go.\n@sim tool Bash {\"command\":\"echo one >> ran.txt\"}\n\
                   @sim tool Bash {\"command\":\"echo two >> ran.txt\"}\n@sim say done";
     let agent = one_child(&mut client, id, script).await;
@@ -193,29 +217,20 @@ async fn continue_false_stops_a_child_and_a_turn_after_the_calls_result() {
     let ran = std::fs::read_to_string(ws.path().join("ran.txt")).unwrap();
     assert_eq!(ran, "one\none\n");
     // The session takes its next message: its transcript is whole.
-    let events = run_turn(&mut client, message(id, "Again.\n@sim say again", ""))
-        .await
-        .unwrap();
-    assert!(
-        turn_text(&events).unwrap().contains("Result: again"),
-        "{events:?}"
-    );
+    takes_next_message(&mut client, id).await;
 }
 
 #[tokio::test]
 async fn session_start_runs_once_and_its_context_is_in_the_first_message() {
-    let daemon = spawn_daemon().await.unwrap();
-    let ws = tempfile::tempdir().unwrap();
-    let mut client = daemon.client().await.unwrap();
-    let start = "echo started >> \"$CLAUDE_PROJECT_DIR/start.log\"; \
+    let started = "echo started >> \"$CLAUDE_PROJECT_DIR/start.log\"; \
                  echo 'Loaded the team conventions.'";
-    let session = create_session(
-        &mut client,
-        hooked(ws.path(), on("SessionStart", "", start)),
-    )
-    .await
-    .unwrap();
-    let id = &session.session_id;
+    let Hooked {
+        ws,
+        mut client,
+        session,
+        _daemon,
+    } = start(on("SessionStart", "", started)).await;
+    let id = &session;
     // Never per child or branch.
     let agent = one_child(&mut client, id, "Look.\n@sim say ok").await;
     client
@@ -312,17 +327,14 @@ async fn a_hooks_ask_reaches_the_subscribed_client_and_notification_hooks_hear_i
 
 #[tokio::test]
 async fn a_parents_agent_call_is_gated_by_pre_tool_use_hooks() {
-    let daemon = spawn_daemon().await.unwrap();
-    let ws = tempfile::tempdir().unwrap();
-    let mut client = daemon.client().await.unwrap();
     let deny = "echo 'no forks today' >&2; exit 2";
-    let session = create_session(
-        &mut client,
-        hooked(ws.path(), on("PreToolUse", "Agent", deny)),
-    )
-    .await
-    .unwrap();
-    let id = &session.session_id;
+    let Hooked {
+        ws: _ws,
+        mut client,
+        session,
+        _daemon,
+    } = start(on("PreToolUse", "Agent", deny)).await;
+    let id = &session;
     let script = "Fork.\n@sim agent {\"prompt\":\"Look around.\",\"description\":\"look\"}\n\
                   @sim say done";
     let events = run_turn(&mut client, message(id, script, ""))
@@ -351,19 +363,19 @@ async fn a_parents_agent_call_is_gated_by_pre_tool_use_hooks() {
 
 #[tokio::test]
 async fn pre_compact_hooks_hear_a_manual_compaction_by_its_trigger() {
-    let daemon = spawn_daemon().await.unwrap();
-    let ws = tempfile::tempdir().unwrap();
-    let mut client = daemon.client().await.unwrap();
     let hooks = json!({ "PreCompact": [
         { "matcher": "manual", "hooks": [{ "type": "command",
             "command": "cat > \"$CLAUDE_PROJECT_DIR/manual.json\"" }] },
         { "matcher": "auto", "hooks": [{ "type": "command",
             "command": "touch \"$CLAUDE_PROJECT_DIR/auto\"" }] }
     ]});
-    let session = create_session(&mut client, hooked(ws.path(), hooks))
-        .await
-        .unwrap();
-    let id = &session.session_id;
+    let Hooked {
+        ws,
+        mut client,
+        session,
+        _daemon,
+    } = start(hooks).await;
+    let id = &session;
     run_turn(&mut client, message(id, "Hello.\n@sim say hello", ""))
         .await
         .unwrap();
