@@ -4,7 +4,7 @@
 //! messages stored since the last one — never rewritten.
 
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use forkd_core::{AgentId, AgentKind, Block, Message, SessionId};
@@ -29,22 +29,25 @@ impl Runs {
         owner: &Owner<'_>,
         ctx: &ToolContext,
     ) -> Result<PathBuf> {
-        let dir = match &ctx.sandbox {
+        let tmp = match &ctx.sandbox {
             Some(spec) => spec.paths.tmp.clone(),
             // A session whose commands run unconfined: its place under the sandboxes' root.
             None => self.config.sandbox.tmp_root.join(owner.session.to_string()),
-        }
-        .join("forkd-transcripts");
-        let path = dir.join(format!("{}.jsonl", owner.agent));
+        };
+        let name = format!("{}.jsonl", owner.agent);
+        let path = tmp.join(DIR).join(&name);
         let messages = self.transcript_messages(owner).await?;
         let lines: Vec<String> = messages
             .iter()
             .enumerate()
             .map(|(i, (message, at_ms))| line(owner, i, message, *at_ms).to_string())
             .collect();
-        let write = {
-            let path = path.clone();
-            move || append_new(&dir, &path, &lines)
+        let write = move || {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&tmp)?;
+            append_new(&tmp, &name, &lines)
         };
         tokio::task::spawn_blocking(write)
             .await
@@ -101,26 +104,35 @@ fn line(owner: &Owner<'_>, i: usize, message: &Message, at_ms: i64) -> Value {
     })
 }
 
-/// Appends the lines past those the file holds (created, its directory private, when new).
-fn append_new(dir: &Path, path: &Path, lines: &[String]) -> std::io::Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
-    let held = match std::fs::read(path) {
-        Ok(bytes) => bytes.iter().filter(|b| **b == b'\n').count(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-        Err(e) => return Err(e),
-    };
+/// Appends the lines past those the file holds, in `tmp`'s `forkd-transcripts` (created
+/// private when new). The sandboxed commands of the session can write in `tmp`, so nothing there
+/// is followed: the directory and the file are opened beneath `tmp`'s descriptor without
+/// following a link, and a file with other links is refused — a command cannot point the
+/// daemon's write elsewhere.
+fn append_new(tmp: &Path, name: &str, lines: &[String]) -> std::io::Result<()> {
+    use rustix::fs::{CWD, Mode, OFlags, mkdirat, openat};
+    use std::io::Read;
+    let dir_flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY;
+    let tmp = openat(CWD, tmp, dir_flags, Mode::empty())?;
+    match mkdirat(&tmp, DIR, Mode::from_raw_mode(0o700)) {
+        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let dir = openat(&tmp, DIR, dir_flags, Mode::empty())?;
+    let flags = OFlags::RDWR | OFlags::APPEND | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mut file = std::fs::File::from(openat(&dir, name, flags, Mode::from_raw_mode(0o600))?);
+    let meta = file.metadata()?;
+    if !meta.is_file() || std::os::unix::fs::MetadataExt::nlink(&meta) != 1 {
+        return Err(std::io::Error::other(
+            "the transcript file is not a plain file of its own",
+        ));
+    }
+    let mut held = Vec::new();
+    file.read_to_end(&mut held)?;
+    let held = held.iter().filter(|b| **b == b'\n').count();
     if held >= lines.len() {
         return Ok(());
     }
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)?;
     let mut text = String::new();
     for line in &lines[held..] {
         text.push_str(line);
@@ -128,6 +140,9 @@ fn append_new(dir: &Path, path: &Path, lines: &[String]) -> std::io::Result<()> 
     }
     file.write_all(text.as_bytes())
 }
+
+/// The folder of transcripts in a sandbox's `TMPDIR`.
+const DIR: &str = "forkd-transcripts";
 
 #[cfg(test)]
 mod tests {
@@ -137,14 +152,35 @@ mod tests {
 
     #[test]
     fn lines_are_appended_never_rewritten() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t/a.jsonl");
+        let tmp = tempfile::tempdir().unwrap();
         let lines: Vec<String> = (0..3).map(|i| format!("{{\"n\":{i}}}")).collect();
-        append_new(&dir.path().join("t"), &path, &lines[..2]).unwrap();
-        append_new(&dir.path().join("t"), &path, &lines).unwrap();
-        append_new(&dir.path().join("t"), &path, &lines).unwrap();
-        let text = std::fs::read_to_string(&path).unwrap();
+        append_new(tmp.path(), "a.jsonl", &lines[..2]).unwrap();
+        append_new(tmp.path(), "a.jsonl", &lines).unwrap();
+        append_new(tmp.path(), "a.jsonl", &lines).unwrap();
+        let text = std::fs::read_to_string(tmp.path().join(DIR).join("a.jsonl")).unwrap();
         assert_eq!(text, "{\"n\":0}\n{\"n\":1}\n{\"n\":2}\n");
+    }
+
+    #[test]
+    fn links_a_command_left_are_not_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let lines = vec!["{}".to_owned()];
+        // The folder a link elsewhere: refused, nothing written there.
+        std::os::unix::fs::symlink(elsewhere.path(), tmp.path().join(DIR)).unwrap();
+        assert!(append_new(tmp.path(), "a.jsonl", &lines).is_err());
+        assert!(!elsewhere.path().join("a.jsonl").exists());
+        // The file a link, or a hard link, to a file elsewhere: refused, the file unchanged.
+        std::fs::remove_file(tmp.path().join(DIR)).unwrap();
+        std::fs::create_dir(tmp.path().join(DIR)).unwrap();
+        let target = elsewhere.path().join("secret");
+        std::fs::write(&target, "keep").unwrap();
+        std::os::unix::fs::symlink(&target, tmp.path().join(DIR).join("a.jsonl")).unwrap();
+        assert!(append_new(tmp.path(), "a.jsonl", &lines).is_err());
+        std::fs::remove_file(tmp.path().join(DIR).join("a.jsonl")).unwrap();
+        std::fs::hard_link(&target, tmp.path().join(DIR).join("a.jsonl")).unwrap();
+        assert!(append_new(tmp.path(), "a.jsonl", &lines).is_err());
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
     }
 
     #[test]
