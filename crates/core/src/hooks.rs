@@ -71,6 +71,18 @@ impl HookEvent {
 /// How long a hook command may run unless it says (Claude Code's default).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The longest `timeout` a hook may ask for.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The most matcher groups, and commands, one event may have in one settings file: a hook set is
+/// parsed on every daemon that runs the session, and each command starts a sandboxed process.
+pub const MAX_GROUPS: usize = 32;
+pub const MAX_COMMANDS: usize = 32;
+
+/// The longest matcher, and what its regular expression may compile to.
+const MAX_MATCHER_CHARS: usize = 256;
+const MATCHER_SIZE_LIMIT: usize = 64 * 1024;
+
 /// One hook command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HookCommand {
@@ -80,6 +92,24 @@ pub struct HookCommand {
     /// Run in the session's sandbox view, as its Bash commands are. Only the operator's hooks may
     /// run outside it (`"sandbox": false`).
     pub sandboxed: bool,
+    /// The operator's (`hooks.json`), not a session's own.
+    pub operator: bool,
+    /// Its place among its settings file's commands for its event, from 1: how it is named
+    /// where its command must not be shown (it may hold a secret).
+    pub position: usize,
+}
+
+impl HookCommand {
+    /// How the hook is named to a session: by where it comes from and its place, never by its
+    /// command.
+    pub fn label(&self) -> String {
+        let whose = if self.operator {
+            "the operator's"
+        } else {
+            "the session's"
+        };
+        format!("{whose} hook #{}", self.position)
+    }
 }
 
 /// A matcher: a regular expression over a tool's name (`Bash|Write`, `mcp__github__.*`), anchored
@@ -95,7 +125,15 @@ impl Matcher {
         if text.is_empty() || text == "*" {
             return Ok(Self { regex: None });
         }
-        regex::Regex::new(&format!("^(?:{text})$"))
+        if text.chars().count() > MAX_MATCHER_CHARS {
+            return Err(format!(
+                "a matcher is at most {MAX_MATCHER_CHARS} characters"
+            ));
+        }
+        regex::RegexBuilder::new(&format!("^(?:{text})$"))
+            .size_limit(MATCHER_SIZE_LIMIT)
+            .dfa_size_limit(4 * MATCHER_SIZE_LIMIT)
+            .build()
             .map(|regex| Self { regex: Some(regex) })
             .map_err(|e| format!("matcher {text:?} is not a regular expression: {e}"))
     }
@@ -132,6 +170,10 @@ impl HookSet {
             let groups = groups
                 .as_array()
                 .ok_or_else(|| format!("{name}: a list of matchers and their hooks"))?;
+            if groups.len() > MAX_GROUPS {
+                return Err(format!("{name}: at most {MAX_GROUPS} matchers"));
+            }
+            let mut position = 0;
             for group in groups {
                 let matcher = match group.get("matcher") {
                     None => Matcher::parse("")?,
@@ -143,8 +185,14 @@ impl HookSet {
                     .and_then(Value::as_array)
                     .ok_or_else(|| format!("{name}: each matcher has a list of `hooks`"))?
                     .iter()
-                    .map(|h| command(name, h, operator))
+                    .map(|h| {
+                        position += 1;
+                        command(name, h, operator, position)
+                    })
                     .collect::<Result<Vec<_>, _>>()?;
+                if position > MAX_COMMANDS {
+                    return Err(format!("{name}: at most {MAX_COMMANDS} hook commands"));
+                }
                 set.events
                     .entry(event)
                     .or_default()
@@ -186,7 +234,11 @@ impl HookSet {
             let applies = !event.has_matcher() || tool.is_some_and(|t| matcher.matches(t));
             if applies {
                 for c in commands {
-                    if !out.contains(&c) {
+                    // A command set twice runs once (as in Claude Code).
+                    if !out
+                        .iter()
+                        .any(|o| o.command == c.command && o.operator == c.operator)
+                    {
                         out.push(c);
                     }
                 }
@@ -196,7 +248,12 @@ impl HookSet {
     }
 }
 
-fn command(event: &str, hook: &Value, operator: bool) -> Result<HookCommand, String> {
+fn command(
+    event: &str,
+    hook: &Value,
+    operator: bool,
+    position: usize,
+) -> Result<HookCommand, String> {
     match hook.get("type").and_then(Value::as_str) {
         Some("command") => {}
         other => {
@@ -214,9 +271,15 @@ fn command(event: &str, hook: &Value, operator: bool) -> Result<HookCommand, Str
         None => DEFAULT_TIMEOUT,
         Some(t) => t
             .as_f64()
-            .filter(|t| *t > 0.0 && t.is_finite())
-            .map(Duration::from_secs_f64)
-            .ok_or_else(|| format!("{event}: `timeout` is a positive number of seconds"))?,
+            .filter(|t| *t > 0.0)
+            .and_then(|t| Duration::try_from_secs_f64(t).ok())
+            .filter(|t| *t <= MAX_TIMEOUT)
+            .ok_or_else(|| {
+                format!(
+                    "{event}: `timeout` is a positive number of seconds, at most {}",
+                    MAX_TIMEOUT.as_secs()
+                )
+            })?,
     };
     let sandboxed = match hook.get("sandbox") {
         None => true,
@@ -233,6 +296,8 @@ fn command(event: &str, hook: &Value, operator: bool) -> Result<HookCommand, Str
         command: command.to_owned(),
         timeout,
         sandboxed,
+        operator,
+        position,
     })
 }
 
@@ -281,6 +346,28 @@ pub struct HookOutput {
 }
 
 impl HookOutput {
+    /// Reads a run of `hook` for `event`: as [`HookOutput::of`], except that an operator's
+    /// PreToolUse hook that did not answer (another exit code, a timeout, a kill) denies its call.
+    /// The session's own commands share its sandbox's limits and could make it fail: the
+    /// operator's policy fails closed.
+    pub fn of_command(hook: &HookCommand, event: HookEvent, run: &HookRun) -> HookOutput {
+        let mut out = HookOutput::of(event, run);
+        if hook.operator
+            && event == HookEvent::PreToolUse
+            && out.permission.is_none()
+            && out.error.is_some()
+        {
+            // Its stderr stays the operator's: the session reads only that it did not answer.
+            let how = match run.exit {
+                Some(code) => format!("exit code {code}"),
+                None => "it timed out or could not run".to_owned(),
+            };
+            out.permission = Some(Permission::Deny);
+            out.block = Some(format!("{} did not answer ({how})", hook.label()));
+        }
+        out
+    }
+
     /// Reads a run of a hook for `event`.
     pub fn of(event: HookEvent, run: &HookRun) -> HookOutput {
         if let Some(failure) = &run.failure {
@@ -391,7 +478,7 @@ pub struct PreToolVerdict {
 /// Combines the PreToolUse outputs of one call (each with its hook's command, to name it): deny
 /// over ask over allow; two different `updatedInput`s deny the call, naming both hooks.
 pub fn pre_tool_verdict(outputs: &[(&HookCommand, HookOutput)]) -> PreToolVerdict {
-    let mut updated: Option<(&str, &Value)> = None;
+    let mut updated: Option<(String, &Value)> = None;
     for (hook, out) in outputs {
         if let Some(input) = &out.updated_input {
             match updated {
@@ -399,9 +486,9 @@ pub fn pre_tool_verdict(outputs: &[(&HookCommand, HookOutput)]) -> PreToolVerdic
                     return PreToolVerdict {
                         permission: Some(Permission::Deny),
                         reason: Some(format!(
-                            "two hooks changed this call's input differently ({other:?} and \
-                             {:?}); it does not run",
-                            hook.command
+                            "two hooks changed this call's input differently ({other} and {}); \
+                             it does not run",
+                            hook.label()
                         )),
                         updated_input: None,
                         stop: stopped(outputs),
@@ -409,7 +496,7 @@ pub fn pre_tool_verdict(outputs: &[(&HookCommand, HookOutput)]) -> PreToolVerdic
                     };
                 }
                 Some(_) => {}
-                None => updated = Some((&hook.command, input)),
+                None => updated = Some((hook.label(), input)),
             }
         }
     }
@@ -557,7 +644,7 @@ mod tests {
 
     #[test]
     fn bad_settings_say_what_is_wrong() {
-        let err = |text| HookSet::parse(text, false).unwrap_err();
+        let err = |text: &str| HookSet::parse(text, false).unwrap_err();
         assert!(err(r#"{"hooks": {"BeforeTool": []}}"#).contains("not a hook event"));
         assert!(
             err(r#"{"hooks": {"Stop": [{"hooks": [{"type": "prompt", "prompt": "x"}]}]}}"#)
@@ -567,6 +654,22 @@ mod tests {
             err(r#"{"hooks": {"PreToolUse": [{"matcher": "(", "hooks": []}]}}"#)
                 .contains("regular expression")
         );
+        let long = format!(
+            r#"{{"hooks": {{"PreToolUse": [{{"matcher": "{}", "hooks": []}}]}}}}"#,
+            "a".repeat(300)
+        );
+        assert!(err(&long).contains("at most 256 characters"));
+        let heavy =
+            r#"{"hooks": {"PreToolUse": [{"matcher": "\\w{0,200}\\w{0,200}", "hooks": []}]}}"#;
+        assert!(err(heavy).contains("regular expression"), "{}", err(heavy));
+        let many =
+            serde_json::json!({"hooks": {"Stop": vec![serde_json::json!({"hooks": []}); 33]}});
+        assert!(err(&many.to_string()).contains("at most 32 matchers"));
+        let commands = vec![serde_json::json!({"type": "command", "command": "true"}); 33];
+        let crowded = serde_json::json!({"hooks": {"Stop": [{"hooks": commands}]}});
+        assert!(err(&crowded.to_string()).contains("at most 32 hook commands"));
+        let forever = r#"{"hooks": {"Stop": [{"hooks": [{"type": "command", "command": "x", "timeout": 1e20}]}]}}"#;
+        assert!(err(forever).contains("at most 600"));
         let outside = r#"{"hooks": {"Stop": [{"hooks": [{"type": "command", "command": "x", "sandbox": false}]}]}}"#;
         assert!(err(outside).contains("only the operator's"));
         assert!(
@@ -585,6 +688,21 @@ mod tests {
         let failed = HookOutput::of(HookEvent::PreToolUse, &run(1, "", "oops"));
         assert_eq!(failed.permission, None);
         assert!(failed.error.unwrap().contains("exit code 1"));
+        // An operator's PreToolUse hook that did not answer denies: its policy fails closed.
+        let set = HookSet::parse(
+            r#"{"hooks": {"PreToolUse": [{"hooks": [{"type": "command", "command": "guard"}]}]}}"#,
+            true,
+        )
+        .unwrap();
+        let guard = set.commands(HookEvent::PreToolUse, Some("Bash"))[0];
+        let failed = HookOutput::of_command(guard, HookEvent::PreToolUse, &run(1, "", "oom"));
+        assert_eq!(failed.permission, Some(Permission::Deny));
+        assert!(
+            failed
+                .block
+                .unwrap()
+                .contains("the operator's hook #1 did not answer")
+        );
         let context = HookOutput::of(HookEvent::UserPromptSubmit, &run(0, "It is Monday.\n", ""));
         assert_eq!(context.additional_context.as_deref(), Some("It is Monday."));
         let json = json!({
@@ -617,11 +735,15 @@ mod tests {
                 command: "a".into(),
                 timeout: DEFAULT_TIMEOUT,
                 sandboxed: true,
+                operator: true,
+                position: 1,
             },
             HookCommand {
                 command: "b".into(),
                 timeout: DEFAULT_TIMEOUT,
                 sandboxed: true,
+                operator: false,
+                position: 1,
             },
         );
         let decided = |p, input: Option<Value>| HookOutput {
@@ -655,7 +777,12 @@ mod tests {
         ]);
         assert_eq!(v.permission, Some(Permission::Deny));
         let why = v.reason.unwrap();
-        assert!(why.contains("\"a\"") && why.contains("\"b\""), "{why}");
+        // Named by where they come from, never by their commands (which may hold secrets).
+        assert!(
+            why.contains("the operator's hook #1") && why.contains("the session's hook #1"),
+            "{why}"
+        );
+        assert!(!why.contains("\"a\""), "{why}");
         let same = pre_tool_verdict(&[
             (
                 &a,

@@ -87,7 +87,7 @@ impl Hooks {
             .as_ref()
             .ok_or_else(|| EngineError::Invariant("hooks checked without a key".into()))?;
         let sealed = key
-            .seal(&session.to_string(), text.as_bytes())
+            .seal(&owner(session), text.as_bytes())
             .map_err(|e| EngineError::Invariant(format!("cannot seal the session's hooks: {e}")))?;
         Ok(SessionHooks {
             events: set
@@ -115,7 +115,7 @@ impl Hooks {
             .as_ref()
             .ok_or_else(|| cannot_open(origin, "no key"))?;
         let sealed = key
-            .seal(&branch.to_string(), text.as_bytes())
+            .seal(&owner(branch), text.as_bytes())
             .map_err(|e| cannot_open(origin, &e.to_string()))?;
         Ok(Some(SessionHooks {
             events: own.events.clone(),
@@ -152,7 +152,7 @@ impl Hooks {
             cannot_open(session, "this daemon has no secret key (secret_key_file)")
         })?;
         let plain = key
-            .open(&session.id.to_string(), &own.sealed)
+            .open(&owner(session.id), &own.sealed)
             .map_err(|e| cannot_open(session, &e.to_string()))?;
         String::from_utf8(plain).map_err(|e| cannot_open(session, &e.to_string()))
     }
@@ -160,6 +160,12 @@ impl Hooks {
     fn opened(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Arc<HookSet>>> {
         self.opened.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// What a session's hooks are sealed for: the session, and that they are its hooks (its MCP
+/// definitions, sealed for the session too, cannot be passed off as them).
+fn owner(session: SessionId) -> String {
+    format!("hooks/{session}")
 }
 
 fn cannot_open(session: &Session, why: &str) -> EngineError {

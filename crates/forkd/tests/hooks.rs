@@ -237,3 +237,55 @@ async fn a_subagent_stop_hook_that_blocks_once_keeps_the_child_going_once() {
         "a reply follows the note: {text}"
     );
 }
+
+/// An operator's hook is the operator's: one that does not answer denies the call (its policy
+/// fails closed), one outside the sandbox gets no `transcript_path` (it would follow a link a
+/// session's command left), and the session sees its decision, not its command nor its errors.
+#[tokio::test]
+async fn an_operators_hook_fails_closed_and_keeps_its_words() {
+    let guard = "cat > \"$FORKD_WORKSPACE/seen.json\"; echo 'operator-secret-path' >&2; exit 1";
+    let daemon = daemon_with_hooks(json!({ "hooks": { "PreToolUse": [{ "matcher": "Bash",
+        "hooks": [{ "type": "command", "command": guard, "sandbox": false }] }] }}))
+    .await;
+    let ws = tempfile::tempdir().unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let session = create_session(
+        &mut client,
+        pb::CreateSessionRequest {
+            permission_mode: "bypassPermissions".into(),
+            ..session_request(ws.path())
+        },
+    )
+    .await
+    .unwrap();
+    let script = "Go.\n@sim tool Bash {\"command\":\"echo ran > ran.txt\"}\n@sim say done";
+    let child = one_child(&mut client, &session.session_id, script).await;
+    assert!(!ws.path().join("ran.txt").exists(), "the call was denied");
+    let text = transcript_text(&mut client, &child).await.unwrap();
+    assert!(
+        text.contains("the operator's hook #1 did not answer"),
+        "{text}"
+    );
+    let seen: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(ws.path().join("seen.json")).unwrap())
+            .unwrap();
+    assert_eq!(seen["transcript_path"], serde_json::Value::Null);
+    let runs = client
+        .get_transcript(pb::GetTranscriptRequest {
+            agent_id: child,
+            include_shared_prefix: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .hook_runs;
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(
+        (runs[0].program.as_str(), runs[0].decision.as_str()),
+        ("(operator)", "deny")
+    );
+    assert!(
+        !format!("{runs:?}").contains("operator-secret-path"),
+        "{runs:?}"
+    );
+}

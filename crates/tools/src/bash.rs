@@ -61,14 +61,13 @@ const LAUNCHER: &str = "exec 3<&0 </dev/null; \
     (trap '' HUP INT QUIT TERM; read -r _ <&3; kill -KILL 0) >/dev/null 2>&1 & \
     exec bash -c \"$1\" 3<&-";
 
-/// [`LAUNCHER`] for a command that reads its input as stdin: a pipe the daemon passes as fd 4
-/// (no file any other process could swap), the lifeline still on fd 0.
-const LAUNCHER_WITH_INPUT: &str = "exec 3<&0 <&4 4<&-; \
+/// [`LAUNCHER`] for a command that reads its input as stdin: a pipe the daemon passes on the
+/// descriptor `$2` names (no file any other process could swap), the lifeline still on fd 0.
+/// The descriptor is the pipe's own number in the daemon, kept open across the exec: a fixed
+/// number could be one the sandbox's set-up still needs (its namespaces, its Landlock ruleset).
+const LAUNCHER_WITH_INPUT: &str = "exec 3<&0; eval \"exec <&$2 $2<&-\"; \
     (trap '' HUP INT QUIT TERM; read -r _ <&3; kill -KILL 0) >/dev/null 2>&1 & \
     exec bash -c \"$1\" 3<&-";
-
-/// The descriptor a command's input pipe is passed on (see [`LAUNCHER_WITH_INPUT`]).
-const INPUT_FD: libc::c_int = 4;
 
 /// What a command gets besides its workspace and sandbox: the Bash tool's commands get nothing
 /// ([`Io::default`]); a hook gets its event on stdin, variables of its own, and its stderr apart.
@@ -256,6 +255,12 @@ fn spawn(
     // Both ends are close-on-exec: only the shell's stdin (a copy made for it alone) survives
     // into the group, and the write end stays the daemon's.
     let (lifeline_reader, lifeline) = std::io::pipe()?;
+    // The input's read end, passed on its own number (see LAUNCHER_WITH_INPUT).
+    let input = if io.input {
+        Some(std::io::pipe()?)
+    } else {
+        None
+    };
     let mut cmd = Command::new("bash");
     let launcher = if io.input {
         LAUNCHER_WITH_INPUT
@@ -266,6 +271,11 @@ fn spawn(
         .arg(launcher)
         .arg("forkd-bash")
         .arg(command)
+        .args(
+            input
+                .as_ref()
+                .map(|(reader, _)| std::os::fd::AsRawFd::as_raw_fd(reader).to_string()),
+        )
         .current_dir(root)
         .env_clear()
         .envs(child_env(|name| std::env::var_os(name), root))
@@ -275,16 +285,12 @@ fn spawn(
         .stderr(writer_err)
         .process_group(0)
         .kill_on_drop(true);
-    // The input's read end goes to the command as fd 4, set before the sandbox is entered (a
+    // The input's read end is kept open across the exec, set before the sandbox is entered (a
     // closure registered first runs first), so that the command two forks down inherits it.
-    let input = if io.input {
-        let (reader, writer) = std::io::pipe()?;
-        let raw = std::os::fd::AsRawFd::as_raw_fd(&reader);
-        process::pass_descriptor(cmd.as_std_mut(), raw, INPUT_FD);
-        Some((reader, writer))
-    } else {
-        None
-    };
+    if let Some((reader, _)) = &input {
+        let raw = std::os::fd::AsRawFd::as_raw_fd(reader);
+        process::keep_descriptor(cmd.as_std_mut(), raw);
+    }
     let cgroup = sandbox.and_then(|sandbox| sandbox.apply(cmd.as_std_mut()));
     let child = cmd.spawn()?;
     // `cmd` holds our copies of the output pipe's write end (until they close, EOF never comes)

@@ -221,24 +221,21 @@ impl Leader {
     }
 }
 
-/// Makes `cmd`'s process hold `fd` as descriptor `target` across its exec (a copy that is not
-/// close-on-exec), set first between fork and exec: closures registered after it (the
-/// sandbox's) run after, so a process they fork inherits it too.
+/// Makes `cmd`'s process keep `fd` open, under its own number, across its exec (its
+/// close-on-exec flag cleared between fork and exec, first: closures registered after it, the
+/// sandbox's, run after, so a process they fork inherits it too). No other descriptor is
+/// touched: the sandbox's set-up still holds its own.
 #[allow(
     unsafe_code,
-    reason = "passing a descriptor to a child takes dup2 between fork and exec"
+    reason = "passing a descriptor to a child takes fcntl between fork and exec"
 )]
-pub(crate) fn pass_descriptor(
-    cmd: &mut std::process::Command,
-    fd: std::os::fd::RawFd,
-    target: std::os::fd::RawFd,
-) {
+pub(crate) fn keep_descriptor(cmd: &mut std::process::Command, fd: std::os::fd::RawFd) {
     use std::os::unix::process::CommandExt;
-    // SAFETY: dup2 is async-signal-safe and allocates nothing; `fd` is held by the caller until
-    // the spawn returns.
+    // SAFETY: fcntl is async-signal-safe and allocates nothing; `fd` is held by the caller
+    // until the spawn returns, so it names the same open file in the child.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::dup2(fd, target) < 0 {
+            if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

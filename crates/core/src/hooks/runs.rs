@@ -122,6 +122,18 @@ pub fn said(output: &HookOutput) -> String {
     text
 }
 
+/// What an operator's hook said that its session may see: only what its model is told (a
+/// stop's or block's reason, its context) — never its errors or `systemMessage`, which may name
+/// the operator's machine.
+pub fn said_to_session(output: &HookOutput) -> String {
+    said(&HookOutput {
+        stop: output.stop.clone(),
+        block: output.block.clone(),
+        additional_context: output.additional_context.clone(),
+        ..HookOutput::default()
+    })
+}
+
 /// The store's part of hooks' runs.
 #[async_trait]
 pub trait HookRunStore: Send + Sync {

@@ -124,7 +124,16 @@ impl Turns {
     ) -> Result<Message> {
         let session = &turn.session;
         // The Agent calls' PreToolUse hooks first: a call they refuse forks nothing.
-        let (refused, stopped_early) = self.gate_agent_calls(turn, &reply, cancel).await?;
+        let (mut refused, stopped_early) = self.gate_agent_calls(turn, &reply, cancel).await?;
+        if stopped_early.is_some() {
+            // A hook stopped the turn: none of the reply's other calls runs.
+            for (id, _, _) in reply.tool_uses() {
+                if !refused.iter().any(|(r, _)| r == id) {
+                    let text = "Not run: a hook stopped the agent before this call.";
+                    refused.push((id.to_owned(), Block::tool_result(id, text, true)));
+                }
+            }
+        }
         let mut plan = self.fork_plan(session, &reply).refusing(refused);
         // Typed agents whose reports these results carry, and those whose reports will follow.
         let (mut delivered, mut later) = (Vec::new(), Vec::new());

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use forkd_core::hooks::runs::{HookDecision, HookRunRecord, said};
+use forkd_core::hooks::runs::{HookDecision, HookRunRecord, said, said_to_session};
 use forkd_core::hooks::{
     HookCommand, HookEvent, HookOutput, HookSet, Permission, PreToolVerdict, pre_tool_verdict,
 };
@@ -432,11 +432,25 @@ impl Runs {
             }
         }
         let input = payload.to_string().into_bytes();
+        // An unsandboxed hook (the operator's) would open the path as the daemon, following any
+        // link a session's command left in its TMPDIR: it gets none.
+        let unsandboxed_input = match payload.as_object() {
+            Some(map) if map.contains_key("transcript_path") => {
+                let mut map = map.clone();
+                map.insert("transcript_path".into(), Value::Null);
+                Value::Object(map).to_string().into_bytes()
+            }
+            _ => input.clone(),
+        };
         let about = &about;
         let runs = commands.iter().map(|hook| {
             let call = HookCall {
                 command: hook.command.clone(),
-                input: input.clone(),
+                input: if hook.sandboxed {
+                    input.clone()
+                } else {
+                    unsandboxed_input.clone()
+                },
                 env: vec![
                     ("CLAUDE_PROJECT_DIR".into(), workspace.clone()),
                     ("FORKD_WORKSPACE".into(), workspace.clone()),
@@ -447,7 +461,7 @@ impl Runs {
             async move {
                 let started = crate::clock::now_ms();
                 let run = forkd_tools::hook::run(call, ctx).await;
-                let output = HookOutput::of(event, &run);
+                let output = HookOutput::of_command(hook, event, &run);
                 tracing::info!(
                     hook.event = event.as_str(),
                     // Its program only: a session's own command may hold a secret.
@@ -463,10 +477,20 @@ impl Runs {
                     event,
                     tool_use_id: about.tool.as_ref().map(|(id, _)| id.clone()),
                     tool_name: about.tool.as_ref().map(|(_, name)| name.clone()),
-                    program: program(&hook.command).to_owned(),
+                    // The operator's hooks are the operator's: the session sees their decision
+                    // and what its model was told, not their command nor their errors.
+                    program: if hook.operator {
+                        "(operator)".to_owned()
+                    } else {
+                        program(&hook.command).to_owned()
+                    },
                     exit_code: run.exit,
                     decision: HookDecision::of(&output),
-                    output: said(&output),
+                    output: if hook.operator {
+                        said_to_session(&output)
+                    } else {
+                        said(&output)
+                    },
                     started_at_ms: started,
                     finished_at_ms: crate::clock::now_ms(),
                 };
@@ -494,7 +518,7 @@ fn feedback(outputs: &[(&HookCommand, HookOutput)], blocks: bool) -> Option<Stri
                 .block
                 .as_ref()
                 .filter(|_| blocks)
-                .map(|b| format!("PostToolUse hook ({}) says: {b}", program(&hook.command)));
+                .map(|b| format!("PostToolUse hook ({}) says: {b}", hook.label()));
             let context = out.additional_context.clone();
             block.into_iter().chain(context)
         })
@@ -503,9 +527,13 @@ fn feedback(outputs: &[(&HookCommand, HookOutput)], blocks: bool) -> Option<Stri
     (!lines.is_empty()).then(|| lines.join("\n"))
 }
 
-/// A hook command's program (its first word, clipped), for the log.
+/// A hook command's program (its first word after any `NAME=value` settings, clipped), for the
+/// log: never a setting's value, which may be a secret.
 fn program(command: &str) -> &str {
-    let word = command.split_whitespace().next().unwrap_or("");
+    let word = command
+        .split_whitespace()
+        .find(|w| !w.contains('='))
+        .unwrap_or("");
     match word.char_indices().nth(64) {
         Some((end, _)) => &word[..end],
         None => word,

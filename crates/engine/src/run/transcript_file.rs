@@ -127,8 +127,16 @@ fn append_new(tmp: &Path, name: &str, lines: &[String]) -> std::io::Result<()> {
             "the transcript file is not a plain file of its own",
         ));
     }
+    // What forkd wrote is a prefix of `lines`: a longer file is not forkd's (a sparse one could
+    // be of any size), and is not read.
+    let most: u64 = lines.iter().map(|l| l.len() as u64 + 1).sum();
+    if meta.len() > most {
+        return Err(std::io::Error::other(
+            "the transcript file holds more than forkd wrote there",
+        ));
+    }
     let mut held = Vec::new();
-    file.read_to_end(&mut held)?;
+    (&mut file).take(most).read_to_end(&mut held)?;
     let held = held.iter().filter(|b| **b == b'\n').count();
     if held >= lines.len() {
         return Ok(());
@@ -181,6 +189,11 @@ mod tests {
         std::fs::hard_link(&target, tmp.path().join(DIR).join("a.jsonl")).unwrap();
         assert!(append_new(tmp.path(), "a.jsonl", &lines).is_err());
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+        // A file grown past what forkd wrote (a sparse one, say) is not read.
+        std::fs::remove_file(tmp.path().join(DIR).join("a.jsonl")).unwrap();
+        let big = std::fs::File::create(tmp.path().join(DIR).join("a.jsonl")).unwrap();
+        big.set_len(1 << 40).unwrap();
+        assert!(append_new(tmp.path(), "a.jsonl", &lines).is_err());
     }
 
     #[test]

@@ -94,7 +94,11 @@ pub(crate) fn render_hook_run(run: &HookRun) -> String {
     );
     for line in run.output.lines() {
         text.push_str("\n    ");
-        text.push_str(line);
+        // What a hook said is shown, never obeyed: no terminal control sequence gets through.
+        text.extend(
+            line.chars()
+                .map(|c| if c.is_control() && c != '\t' { '?' } else { c }),
+        );
     }
     text
 }
