@@ -15,7 +15,7 @@ use forkd_test_support::{
 };
 use serde_json::json;
 
-use hooks_support::{Client, on, one_child, python};
+use hooks_support::{Client, hook_runs, on, one_child, python};
 
 mod hooks_support;
 
@@ -182,15 +182,7 @@ async fn continue_false_stops_a_child_and_a_turn_after_the_calls_result() {
     let text = transcript_text(&mut client, &agent).await.unwrap();
     assert!(!text.contains("\"done\""), "{text}");
     // What the hook decided is kept with the agent (forkctl logs, the web view).
-    let runs = client
-        .get_transcript(pb::GetTranscriptRequest {
-            agent_id: agent.clone(),
-            include_shared_prefix: false,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .hook_runs;
+    let runs = hook_runs(&mut client, &agent).await;
     assert_eq!(runs.len(), 1, "{runs:?}");
     let run = &runs[0];
     assert_eq!(

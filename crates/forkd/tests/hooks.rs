@@ -13,7 +13,7 @@ use forkd_proto::v1 as pb;
 use forkd_test_support::{
     TestDaemon, create_session, session_request, spawn_daemon_with, transcript_text,
 };
-use hooks_support::{fixture, on as command, one_child};
+use hooks_support::{fixture, hook_runs, on as command, one_child};
 use serde_json::json;
 
 mod hooks_support;
@@ -270,15 +270,7 @@ async fn an_operators_hook_fails_closed_and_keeps_its_words() {
         serde_json::from_str(&std::fs::read_to_string(ws.path().join("seen.json")).unwrap())
             .unwrap();
     assert_eq!(seen["transcript_path"], serde_json::Value::Null);
-    let runs = client
-        .get_transcript(pb::GetTranscriptRequest {
-            agent_id: child,
-            include_shared_prefix: false,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .hook_runs;
+    let runs = hook_runs(&mut client, &child).await;
     assert_eq!(runs.len(), 1, "{runs:?}");
     assert_eq!(
         (runs[0].program.as_str(), runs[0].decision.as_str()),

@@ -37,3 +37,16 @@ pub async fn one_child(client: &mut Client, session: &str, script: &str) -> Stri
         .unwrap();
     batch.agent_ids[0].clone()
 }
+
+/// An agent's hooks' runs, as `GetTranscript` returns them.
+pub async fn hook_runs(client: &mut Client, agent: &str) -> Vec<pb::HookRun> {
+    client
+        .get_transcript(pb::GetTranscriptRequest {
+            agent_id: agent.to_owned(),
+            include_shared_prefix: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .hook_runs
+}
