@@ -680,15 +680,16 @@ impl Turns {
                 // An empty reply is not stored: the API refuses empty assistant content anywhere
                 // but at the end, so it would break every later turn.
                 if !reply.blocks.is_empty() {
-                    // Its Stop hooks may keep it going, their reasons its next message.
+                    self.append_to_session(turn, std::slice::from_ref(&reply), &[])
+                        .await?;
+                    // Its Stop hooks (which read the reply in the transcript) may keep it going,
+                    // their reasons its next message.
                     if let Some(reasons) = self.stop_hooks(turn, stop_active, cancel).await? {
                         let note = crate::run::hooks::stop_hook_note(&reasons);
-                        self.append_to_session(turn, &[reply, note], &[]).await?;
+                        self.append_to_session(turn, &[note], &[]).await?;
                         stop_active = true;
                         continue;
                     }
-                    self.append_to_session(turn, std::slice::from_ref(&reply), &[])
-                        .await?;
                 }
                 return Ok(ParentEvent::TurnEnded {
                     stop_reason,

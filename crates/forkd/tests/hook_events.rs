@@ -150,6 +150,25 @@ async fn a_stop_hook_keeps_a_turn_going_once_with_its_reason() {
     assert!(turn_text(&events).is_some(), "{events:?}");
     let log = std::fs::read_to_string(ws.path().join("stop-hook.log")).unwrap();
     assert_eq!(log, "Stop False\nStop True\n");
+    // Each Stop read the session's transcript ending on the reply it was about (as Claude
+    // Code's Stop hooks read the last assistant message); the second had the note and the next
+    // reply too.
+    let seen = std::fs::read_to_string(ws.path().join("stop-transcript.log")).unwrap();
+    let counts: Vec<(usize, String)> = seen
+        .lines()
+        .map(|l| {
+            let (n, role) = l.split_once(' ').unwrap();
+            (n.parse().unwrap(), role.to_owned())
+        })
+        .collect();
+    assert_eq!(counts.len(), 2, "{seen}");
+    assert_eq!(
+        counts[1].0,
+        counts[0].0 + 2,
+        "appended: the reply and the note: {seen}"
+    );
+    assert_eq!(counts[0].1, "assistant", "{seen}");
+    assert_eq!(counts[1].1, "assistant", "{seen}");
     let text = session_text(&mut client, id).await;
     assert!(text.contains("Run the checks before you stop."), "{text}");
     assert!(text.contains("first"), "the first reply is kept: {text}");

@@ -647,12 +647,16 @@ impl Runs {
             input_json: input.to_string(),
             question: what,
         };
-        // Its Notification hooks hear that a prompt waits, while it waits.
+        // Its Notification hooks hear that a prompt waits, while it waits; an answer does not
+        // wait for them (those still running then are stopped).
         let message = format!("forkd needs your permission to use {name}");
-        let (answer, ()) = tokio::join!(
-            self.permissions.ask(turn.lease, prompt, &turn.cancel),
-            self.notification_hooks(turn, &message)
-        );
+        let ask = self.permissions.ask(turn.lease, prompt, &turn.cancel);
+        let notify = self.notification_hooks(turn, &message);
+        tokio::pin!(ask, notify);
+        let answer = tokio::select! {
+            answer = &mut ask => answer,
+            () = &mut notify => ask.await,
+        };
         match answer {
             Ok(Some(PermissionAnswer::AllowOnce | PermissionAnswer::AllowAlways)) => Ok(()),
             Ok(Some(PermissionAnswer::Deny(reason))) => Err(format!(

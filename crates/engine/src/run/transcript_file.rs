@@ -3,7 +3,7 @@
 //! `TMPDIR`), written only for events that have hooks and appended to — each event adds the
 //! messages stored since the last one — never rewritten.
 
-use std::io::Write;
+use std::io::Write as _;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
@@ -23,7 +23,8 @@ pub(super) struct Owner<'a> {
 }
 
 impl Runs {
-    /// Brings `owner`'s transcript file up to date in `ctx`'s view; its path.
+    /// Brings `owner`'s transcript file up to date in `ctx`'s view; its path. Only the messages
+    /// past the lines it holds are read from the store.
     pub(super) async fn transcript_file(
         &self,
         owner: &Owner<'_>,
@@ -36,34 +37,41 @@ impl Runs {
         };
         let name = format!("{}.jsonl", owner.agent);
         let path = tmp.join(DIR).join(&name);
-        let messages = self.transcript_messages(owner).await?;
-        let lines: Vec<String> = messages
-            .iter()
-            .enumerate()
-            .map(|(i, (message, at_ms))| line(owner, i, message, *at_ms).to_string())
-            .collect();
-        let write = move || {
+        let (file, held) = blocking(move || {
             std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
                 .create(&tmp)?;
-            append_new(&tmp, &name, &lines)
-        };
-        tokio::task::spawn_blocking(write)
-            .await
-            .map_err(|e| EngineError::Invariant(format!("the transcript's writer: {e}")))?
-            .map_err(|e| {
-                EngineError::Sandbox(format!("cannot write the hook's transcript: {e}"))
-            })?;
+            open_counted(&tmp, &name)
+        })
+        .await?;
+        let lines: Vec<String> = self
+            .transcript_messages(owner, held)
+            .await?
+            .iter()
+            .enumerate()
+            .map(|(i, (message, at_ms))| line(owner, held + i, message, *at_ms).to_string())
+            .collect();
+        if !lines.is_empty() {
+            blocking(move || append(file, &lines)).await?;
+        }
         Ok(path)
     }
 
-    /// The agent's messages with when each was stored: a main loop's session transcript; a fork
-    /// child's directive, then its own messages; a typed agent's own messages.
-    async fn transcript_messages(&self, owner: &Owner<'_>) -> Result<Vec<(Message, i64)>> {
+    /// The agent's messages from the `from`th on, with when each was stored: a main loop's
+    /// session transcript; a fork child's directive, then its own messages; a typed agent's own
+    /// messages.
+    async fn transcript_messages(
+        &self,
+        owner: &Owner<'_>,
+        from: usize,
+    ) -> Result<Vec<(Message, i64)>> {
         if owner.kind == AgentKind::Parent {
-            let all = self.store.session_messages(owner.session, None).await?;
-            return Ok(all
+            let rest = self
+                .store
+                .session_messages_from(owner.session, from as u64, None)
+                .await?;
+            return Ok(rest
                 .into_iter()
                 .map(|m| (m.message, m.created_at_ms))
                 .collect());
@@ -77,8 +85,18 @@ impl Runs {
             out.push((Message::user(vec![directive]), at));
         }
         out.extend(own.into_iter().map(|m| (m.message, m.created_at_ms)));
-        Ok(out)
+        Ok(out.into_iter().skip(from).collect())
     }
+}
+
+/// Runs file work on the blocking pool; its failure is the sandbox's (the hooks' view).
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| EngineError::Invariant(format!("the transcript's writer: {e}")))?
+        .map_err(|e| EngineError::Sandbox(format!("cannot write the hook's transcript: {e}")))
 }
 
 /// One message as Claude Code's transcript writes it.
@@ -104,12 +122,16 @@ fn line(owner: &Owner<'_>, i: usize, message: &Message, at_ms: i64) -> Value {
     })
 }
 
-/// Appends the lines past those the file holds, in `tmp`'s `forkd-transcripts` (created
-/// private when new). The sandboxed commands of the session can write in `tmp`, so nothing there
-/// is followed: the directory and the file are opened beneath `tmp`'s descriptor without
-/// following a link, and a file with other links is refused — a command cannot point the
-/// daemon's write elsewhere.
-fn append_new(tmp: &Path, name: &str, lines: &[String]) -> std::io::Result<()> {
+/// The most a transcript file may hold: a longer one is not forkd's (a sparse file can be of any
+/// size) and is not read.
+const MAX_FILE_BYTES: u64 = 1 << 30;
+
+/// Opens (creating, private) `tmp`'s `forkd-transcripts/NAME` and counts the lines it holds.
+/// The session's sandboxed commands can write in `tmp`, so nothing there is followed: the
+/// folder and the file are opened beneath `tmp`'s descriptor without following a link, and a
+/// file with other links, or larger than forkd writes, is refused — a command cannot point the
+/// daemon's write elsewhere, nor make it read without end.
+fn open_counted(tmp: &Path, name: &str) -> std::io::Result<(std::fs::File, usize)> {
     use rustix::fs::{CWD, Mode, OFlags, mkdirat, openat};
     use std::io::Read;
     let dir_flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY;
@@ -127,22 +149,27 @@ fn append_new(tmp: &Path, name: &str, lines: &[String]) -> std::io::Result<()> {
             "the transcript file is not a plain file of its own",
         ));
     }
-    // What forkd wrote is a prefix of `lines`: a longer file is not forkd's (a sparse one could
-    // be of any size), and is not read.
-    let most: u64 = lines.iter().map(|l| l.len() as u64 + 1).sum();
-    if meta.len() > most {
+    if meta.len() > MAX_FILE_BYTES {
         return Err(std::io::Error::other(
-            "the transcript file holds more than forkd wrote there",
+            "the transcript file is larger than forkd writes",
         ));
     }
-    let mut held = Vec::new();
-    (&mut file).take(most).read_to_end(&mut held)?;
-    let held = held.iter().filter(|b| **b == b'\n').count();
-    if held >= lines.len() {
-        return Ok(());
+    let mut held = 0;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = (&mut file).take(MAX_FILE_BYTES).read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        held += buf[..n].iter().filter(|b| **b == b'\n').count();
     }
+    Ok((file, held))
+}
+
+/// Appends `lines` (the file is opened to append).
+fn append(mut file: std::fs::File, lines: &[String]) -> std::io::Result<()> {
     let mut text = String::new();
-    for line in &lines[held..] {
+    for line in lines {
         text.push_str(line);
         text.push('\n');
     }
@@ -158,13 +185,19 @@ mod tests {
 
     use super::*;
 
+    /// What the file holds after appending what it lacks of `lines`, as `transcript_file` does.
+    fn bring_up_to_date(tmp: &Path, lines: &[String]) -> std::io::Result<()> {
+        let (file, held) = open_counted(tmp, "a.jsonl")?;
+        append(file, &lines[held.min(lines.len())..])
+    }
+
     #[test]
     fn lines_are_appended_never_rewritten() {
         let tmp = tempfile::tempdir().unwrap();
         let lines: Vec<String> = (0..3).map(|i| format!("{{\"n\":{i}}}")).collect();
-        append_new(tmp.path(), "a.jsonl", &lines[..2]).unwrap();
-        append_new(tmp.path(), "a.jsonl", &lines).unwrap();
-        append_new(tmp.path(), "a.jsonl", &lines).unwrap();
+        bring_up_to_date(tmp.path(), &lines[..2]).unwrap();
+        bring_up_to_date(tmp.path(), &lines).unwrap();
+        bring_up_to_date(tmp.path(), &lines).unwrap();
         let text = std::fs::read_to_string(tmp.path().join(DIR).join("a.jsonl")).unwrap();
         assert_eq!(text, "{\"n\":0}\n{\"n\":1}\n{\"n\":2}\n");
     }
@@ -173,27 +206,27 @@ mod tests {
     fn links_a_command_left_are_not_followed() {
         let tmp = tempfile::tempdir().unwrap();
         let elsewhere = tempfile::tempdir().unwrap();
-        let lines = vec!["{}".to_owned()];
         // The folder a link elsewhere: refused, nothing written there.
         std::os::unix::fs::symlink(elsewhere.path(), tmp.path().join(DIR)).unwrap();
-        assert!(append_new(tmp.path(), "a.jsonl", &lines).is_err());
+        assert!(open_counted(tmp.path(), "a.jsonl").is_err());
         assert!(!elsewhere.path().join("a.jsonl").exists());
         // The file a link, or a hard link, to a file elsewhere: refused, the file unchanged.
         std::fs::remove_file(tmp.path().join(DIR)).unwrap();
         std::fs::create_dir(tmp.path().join(DIR)).unwrap();
         let target = elsewhere.path().join("secret");
         std::fs::write(&target, "keep").unwrap();
-        std::os::unix::fs::symlink(&target, tmp.path().join(DIR).join("a.jsonl")).unwrap();
-        assert!(append_new(tmp.path(), "a.jsonl", &lines).is_err());
-        std::fs::remove_file(tmp.path().join(DIR).join("a.jsonl")).unwrap();
-        std::fs::hard_link(&target, tmp.path().join(DIR).join("a.jsonl")).unwrap();
-        assert!(append_new(tmp.path(), "a.jsonl", &lines).is_err());
+        let file = tmp.path().join(DIR).join("a.jsonl");
+        std::os::unix::fs::symlink(&target, &file).unwrap();
+        assert!(open_counted(tmp.path(), "a.jsonl").is_err());
+        std::fs::remove_file(&file).unwrap();
+        std::fs::hard_link(&target, &file).unwrap();
+        assert!(open_counted(tmp.path(), "a.jsonl").is_err());
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
-        // A file grown past what forkd wrote (a sparse one, say) is not read.
-        std::fs::remove_file(tmp.path().join(DIR).join("a.jsonl")).unwrap();
-        let big = std::fs::File::create(tmp.path().join(DIR).join("a.jsonl")).unwrap();
+        // A file grown past what forkd writes (a sparse one, say) is not read.
+        std::fs::remove_file(&file).unwrap();
+        let big = std::fs::File::create(&file).unwrap();
         big.set_len(1 << 40).unwrap();
-        assert!(append_new(tmp.path(), "a.jsonl", &lines).is_err());
+        assert!(open_counted(tmp.path(), "a.jsonl").is_err());
     }
 
     #[test]
