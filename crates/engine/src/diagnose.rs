@@ -107,7 +107,7 @@ impl Engine {
         if agent.kind == AgentKind::Parent {
             return self.rebuild_main_loop(record).await;
         }
-        let run = self.inner.runs.load_run(agent.id).await.ok()?;
+        let run = self.inner.runs.load_run(agent.id, None).await.ok()?;
         // The request of turn t saw the agent's own messages before its t-th reply, from the
         // boundary stored before it (one before its last reply, not at it).
         let mut replies = 0u32;

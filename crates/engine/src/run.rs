@@ -22,12 +22,11 @@ use forkd_core::output;
 use forkd_core::store::{Lease, ProcessGroup, RequestRecord, Store, StoreError};
 use forkd_core::{AgentId, Limit, Limits, NotificationStatus, Role, SessionId};
 use forkd_provider::StreamEvent;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use gate::WarmupGate;
 pub(crate) use lifecycle::{Ending, resumed_span};
-pub(crate) use load::{AgentRun, BatchCache, BatchContext, Shape};
+pub(crate) use load::{AgentRun, BatchCache, BatchContext, Shape, SharedBatch};
 
 use crate::attach::Attach;
 use crate::compact::{Compacting, Compactor};
@@ -184,10 +183,14 @@ impl Runs {
     async fn run_agent(
         self: &Arc<Self>,
         id: AgentId,
-        mut gate: Option<WarmupGate>,
-        wait: Option<watch::Receiver<bool>>,
+        launch: gate::Launch,
         cancel: &CancellationToken,
     ) -> RunOutcome {
+        let gate::Launch {
+            mut gate,
+            wait,
+            batch,
+        } = launch;
         if let Some(mut rx) = wait {
             let waited = std::time::Instant::now();
             // A closed gate (its sender dropped) releases the sibling too.
@@ -219,7 +222,9 @@ impl Runs {
             let partial = self.partial_text(id).await;
             return RunOutcome::Ended(lease, Ending::killed(partial));
         }
-        let outcome = self.limited(&lease, &mut gate, cancel).await;
+        let outcome = self
+            .limited(&lease, &mut gate, batch.as_deref(), cancel)
+            .await;
         if let Some(g) = gate.as_mut() {
             g.open();
         }
@@ -261,9 +266,10 @@ impl Runs {
         self: &Arc<Self>,
         lease: &Lease,
         gate: &mut Option<WarmupGate>,
+        batch: Option<&SharedBatch>,
         cancel: &CancellationToken,
     ) -> Result<Final, RunFailure> {
-        let run = self.load_run(lease.agent_id).await?;
+        let run = self.load_run(lease.agent_id, batch).await?;
         // An agent stored before limits were runs under the daemon's.
         let limits = run.agent.limits.unwrap_or(self.config.agent_limits);
         let progress = crate::progress::Progress::new();

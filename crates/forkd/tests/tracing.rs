@@ -17,8 +17,8 @@ use forkd::telemetry::{OtlpProtocol, Telemetry, TracingConfig, span_filter};
 use forkd_proto::v1 as pb;
 use forkd_test_support::otlp::{OtlpReceiver, Span, Value};
 use forkd_test_support::{
-    create_session, directives, eventually, session_request, spawn_daemon, trusted_session_request,
-    wait_for_batch, wait_for_path,
+    create_session, directives, eventually, session_request, spawn_daemon, spawn_daemon_with,
+    trusted_session_request, wait_for_batch, wait_for_path,
 };
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -30,6 +30,8 @@ const CALLER_SPAN: &str = "00f067aa0ba902b7";
 const RESTARTED_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 /// The third caller's, whose parent turn a restart cuts in two.
 const TURN_TRACE: &str = "5e1ec7ed5e1ec7ed5e1ec7ed5e1ec7ed";
+/// The fourth caller's, whose batch a daemon running one agent at a time runs.
+const ONE_SLOT_TRACE: &str = "0e51075107e51075107e51075107e510";
 
 fn attr<'a>(span: &'a Span, key: &str) -> Option<&'a Value> {
     span.attributes
@@ -96,13 +98,20 @@ async fn a_batch_joins_its_callers_trace_with_the_genai_attributes() {
         .await
         .unwrap();
 
-    // Spans end as their work does; the exporter batches them.
-    let spans = eventually(Duration::from_secs(20), "the agents' spans", || {
-        telemetry.flush();
-        let spans = receiver.spans();
-        let agents = spans.iter().filter(|s| s.name == "agent").count();
-        async move { (agents >= 3).then_some(spans) }
-    })
+    // Spans end as their work does; the exporter batches them. A parent's span closes only after
+    // its last child's, so the call's span (the batch's parent, closed last) may reach the
+    // exporter a flush after the agents' spans: wait for it too.
+    let spans = eventually(
+        Duration::from_secs(20),
+        "the agents' and the call's spans",
+        || {
+            telemetry.flush();
+            let spans = receiver.spans();
+            let agents = spans.iter().filter(|s| s.name == "agent").count();
+            let call = spans.iter().any(|s| s.name == "forkd.v1.Forkd/ForkBatch");
+            async move { (agents >= 3 && call).then_some(spans) }
+        },
+    )
     .await;
     let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
     let ours: Vec<&Span> = spans
@@ -223,6 +232,10 @@ async fn a_batch_joins_its_callers_trace_with_the_genai_attributes() {
             .count()
             >= 2
     );
+
+    // One running agent at a time: child 1 has ended (and dropped the batch's context) before
+    // children 2 and 3 load theirs, and their first requests still link to its first.
+    one_at_a_time_links_to_the_first_request(&telemetry, &receiver).await;
 
     // A restart mid-batch: the resumed child's span stays in its caller's trace.
     let ws = tempfile::tempdir().unwrap();
@@ -362,4 +375,72 @@ async fn a_batch_joins_its_callers_trace_with_the_genai_attributes() {
         },
     )
     .await;
+}
+
+/// A batch on a daemon that runs one agent at a time: its children run one after another, each
+/// loading the batch after the one before ended, and children 2 and 3's first requests link to
+/// child 1's first request all the same.
+async fn one_at_a_time_links_to_the_first_request(telemetry: &Telemetry, receiver: &OtlpReceiver) {
+    let daemon = spawn_daemon_with(|c| c.engine.max_running_agents = Some(1))
+        .await
+        .unwrap();
+    let mut client = daemon.client().await.unwrap();
+    let workspace = tempfile::tempdir().unwrap();
+    let session = create_session(&mut client, session_request(workspace.path()))
+        .await
+        .unwrap();
+    let mut request = tonic::Request::new(pb::ForkBatchRequest {
+        session_id: session.session_id,
+        directives: directives(&["One.", "Two.", "Three."]),
+        ..Default::default()
+    });
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{ONE_SLOT_TRACE}-{CALLER_SPAN}-01")
+            .parse()
+            .unwrap(),
+    );
+    let batch = client.fork_batch(request).await.unwrap().into_inner();
+    wait_for_batch(&mut client, &batch.batch_id, 3, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let spans = eventually(
+        Duration::from_secs(20),
+        "the one-slot batch's spans",
+        || {
+            telemetry.flush();
+            let spans: Vec<Span> = receiver
+                .spans()
+                .into_iter()
+                .filter(|s| hex(&s.trace_id) == ONE_SLOT_TRACE)
+                .collect();
+            let agents = spans.iter().filter(|s| s.name == "agent").count();
+            async move { (agents >= 3).then_some(spans) }
+        },
+    )
+    .await;
+    let first_request_of = |agent_id: &str| {
+        let agent = spans
+            .iter()
+            .find(|s| s.name == "agent" && text(s, "forkd.agent.id") == Some(agent_id))
+            .expect("the child's span");
+        spans
+            .iter()
+            .filter(|s| {
+                s.parent_span_id == agent.span_id
+                    && text(s, "gen_ai.operation.name") == Some("chat")
+            })
+            .min_by_key(|s| s.start_time_unix_nano)
+            .expect("the child's first request")
+    };
+    let writer = first_request_of(&batch.agent_ids[0]);
+    for agent_id in &batch.agent_ids[1..] {
+        let first = first_request_of(agent_id);
+        assert!(
+            first.links.iter().any(|l| l.span_id == writer.span_id),
+            "{agent_id}'s first request links to child 1's: {:?}",
+            first.links
+        );
+    }
 }

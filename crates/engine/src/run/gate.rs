@@ -2,6 +2,7 @@
 //! has started, so they find the shared prefix already cached.
 
 use super::Runs;
+use super::load::SharedBatch;
 use std::sync::Arc;
 
 use forkd_core::store::Store;
@@ -16,6 +17,20 @@ pub(crate) struct WarmupGate {
     tx: Option<watch::Sender<bool>>,
     store: Arc<dyn Store>,
     batch: BatchId,
+}
+
+/// How a run starts with its siblings; a run started alone (resumed, or not a batch's child) has
+/// none of it.
+#[derive(Default)]
+pub(crate) struct Launch {
+    /// Held by a batch's first child: opens when its response starts.
+    pub gate: Option<WarmupGate>,
+    /// Held by its siblings: they wait for that gate to open.
+    pub wait: Option<watch::Receiver<bool>>,
+    /// The batch's context, held by every child started with the batch: it is loaded once, and
+    /// lives until the last of them ends, so a sibling that starts after child 1 ended (one
+    /// running agent at a time) still finds the batch's first request there.
+    pub batch: Option<Arc<SharedBatch>>,
 }
 
 impl WarmupGate {
@@ -58,10 +73,14 @@ impl Runs {
             store: Arc::clone(&self.store),
             batch,
         });
+        let shared = Arc::new(SharedBatch::default());
         for (i, id) in agent_ids.iter().enumerate() {
-            let own_gate = if i == 0 { gate.take() } else { None };
-            let wait = (i > 0).then(|| rx.clone());
-            self.spawn_agent(*id, tenant, own_gate, wait);
+            let launch = Launch {
+                gate: if i == 0 { gate.take() } else { None },
+                wait: (i > 0).then(|| rx.clone()),
+                batch: Some(Arc::clone(&shared)),
+            };
+            self.spawn_agent(*id, tenant, launch);
         }
     }
 }

@@ -8,11 +8,11 @@ use std::time::Duration;
 use forkd_core::report::Report;
 use forkd_core::store::{Lease, NewNotification, StoreError};
 use forkd_core::{AgentId, AgentKind, NotificationStatus, Role};
-use tokio::sync::watch;
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use super::{RunOutcome, WarmupGate};
+use super::RunOutcome;
+use super::gate::Launch;
 use crate::clock::now_ms;
 use crate::error::EngineError;
 use crate::supervisor::Raced;
@@ -87,20 +87,14 @@ impl Runs {
             tracing::debug!(agent.id = %id, "Agent already running; not starting another run");
             return;
         }
-        self.spawn_agent(id, tenant, None, None);
+        self.spawn_agent(id, tenant, Launch::default());
     }
 
-    /// Spawns an agent's run on the engine's tracker. `gate` is held by a batch's first child;
-    /// `wait` makes a sibling wait for that gate. Under a cap on running agents the run first
+    /// Spawns an agent's run on the engine's tracker, started with its siblings as `launch`
+    /// says (a batch's warm-up gate, its shared context). Under a cap on running agents the run first
     /// waits for a slot, staying `pending` until then: tenants take turns, and each tenant's
     /// runs go in the order they were started (see [`super::slots`]).
-    pub(crate) fn spawn_agent(
-        self: &Arc<Self>,
-        id: AgentId,
-        tenant: &Arc<str>,
-        gate: Option<WarmupGate>,
-        wait: Option<watch::Receiver<bool>>,
-    ) {
+    pub(crate) fn spawn_agent(self: &Arc<Self>, id: AgentId, tenant: &Arc<str>, launch: Launch) {
         let supervisor = &self.supervisor;
         // Registered at once, so a kill reaches an agent still waiting for a slot.
         let token = supervisor.register(id);
@@ -144,7 +138,7 @@ impl Runs {
                 let mut interrupted = None;
                 match runs
                     .supervisor
-                    .race(id, &token, runs.run_agent(id, gate, wait, &token))
+                    .race(id, &token, runs.run_agent(id, launch, &token))
                     .await
                 {
                     Raced::Done(RunOutcome::Ended(lease, ending)) => {

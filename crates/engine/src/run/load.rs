@@ -30,6 +30,11 @@ pub(crate) struct BatchContext {
     pub first_span: std::sync::Mutex<Option<String>>,
 }
 
+/// A batch's context, loaded once for the children started together and held by each of them
+/// (see [`super::gate::Launch`]).
+#[derive(Default)]
+pub(crate) struct SharedBatch(tokio::sync::OnceCell<Arc<BatchContext>>);
+
 /// Live batch contexts; entries die with the last child that holds them.
 #[derive(Default)]
 pub(crate) struct BatchCache(std::sync::Mutex<HashMap<BatchId, Weak<BatchContext>>>);
@@ -172,7 +177,12 @@ impl Runs {
 
     /// Loads what a run needs: the agent, its params, what its conversation shares, its
     /// directive block and its own messages so far.
-    pub(crate) async fn load_run(self: &Arc<Self>, id: AgentId) -> Result<AgentRun, RunFailure> {
+    /// A child started with its batch loads the context its siblings hold (`shared`).
+    pub(crate) async fn load_run(
+        self: &Arc<Self>,
+        id: AgentId,
+        shared: Option<&SharedBatch>,
+    ) -> Result<AgentRun, RunFailure> {
         let store = &self.store;
         let agent = crate::lookup::agent(&*self.store, id).await?;
         let directive =
@@ -193,7 +203,15 @@ impl Runs {
         let mut own_schema = None;
         let (session, params, permission_mode, shape) = match agent.kind {
             AgentKind::Fork => {
-                let ctx = self.batch_context(&agent).await?;
+                let ctx = match shared {
+                    Some(shared) => Arc::clone(
+                        shared
+                            .0
+                            .get_or_try_init(|| self.batch_context(&agent))
+                            .await?,
+                    ),
+                    None => self.batch_context(&agent).await?,
+                };
                 let session = ctx.session.clone();
                 let params = session.params.clone();
                 let mode = session.permission_mode;
