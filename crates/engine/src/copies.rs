@@ -92,7 +92,7 @@ impl Copies {
 
     /// `session`'s private temporary directory (its commands').
     fn session_tmp(&self, session: &Session) -> PathBuf {
-        self.config.sandbox.tmp_root.join(session.id.to_string())
+        crate::workspaces::session_tmp(&self.config, session.id)
     }
 
     /// The directories of `agent`'s layer over `snapshot`.

@@ -262,6 +262,31 @@ pub(crate) fn elsewhere(session: &forkd_core::session::Session, what: &str) -> E
     ))
 }
 
+/// Where under the sandboxes' temporary root the isolated children's directories are, one
+/// folder per session.
+const CHILDREN_TMP: &str = "children";
+
+/// `session`'s commands' private temporary directory (their `TMPDIR`).
+pub(crate) fn session_tmp(config: &crate::config::EngineConfig, session: SessionId) -> PathBuf {
+    config.sandbox.tmp_root.join(session.to_string())
+}
+
+/// An isolated child's private temporary directory: beside its session's, never inside it. The
+/// session's commands write in theirs, and could plant a link where a child's would be, which
+/// the child's sandbox would then make writable and keep in its view wherever it pointed.
+pub(crate) fn child_tmp(
+    config: &crate::config::EngineConfig,
+    session: SessionId,
+    child: forkd_core::AgentId,
+) -> PathBuf {
+    config
+        .sandbox
+        .tmp_root
+        .join(CHILDREN_TMP)
+        .join(session.to_string())
+        .join(child.to_string())
+}
+
 /// The sandbox of `session`'s commands (`None` for `full-access`), with `tmp` as their private
 /// temporary directory: hidden is what [`hidden_from`] lists.
 pub(crate) async fn sandbox_spec(

@@ -466,7 +466,20 @@ pub(crate) fn make_private(dir: &Path) -> Result<(), SandboxError> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|e| SandboxError::Prepare(format!("cannot create {}: {e}", dir.display())))
+        .map_err(|e| SandboxError::Prepare(format!("cannot create {}: {e}", dir.display())))?;
+    // Made writable and kept in the view where it resolves: a link in its place (planted by
+    // whoever can write its parent) would move both elsewhere.
+    match std::fs::symlink_metadata(dir) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => Err(SandboxError::Prepare(format!(
+            "{} is not a directory (a link?): refused as a temporary directory",
+            dir.display()
+        ))),
+        Err(e) => Err(SandboxError::Prepare(format!(
+            "cannot read {}: {e}",
+            dir.display()
+        ))),
+    }
 }
 
 /// The workspace's path as commands see it: canonical, but beneath [`layer::VIEW_ROOT`], where

@@ -605,10 +605,9 @@ impl Runs {
         session: &Session,
         child: Option<AgentId>,
     ) -> Result<Option<SandboxSpec>> {
-        let tmp = self.config.sandbox.tmp_root.join(session.id.to_string());
         let tmp = match child {
-            Some(child) => tmp.join(child.to_string()),
-            None => tmp,
+            Some(child) => crate::workspaces::child_tmp(&self.config, session.id, child),
+            None => crate::workspaces::session_tmp(&self.config, session.id),
         };
         crate::workspaces::sandbox_spec(&self.config, self.store.as_ref(), session, tmp).await
     }

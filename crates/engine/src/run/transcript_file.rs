@@ -33,7 +33,7 @@ impl Runs {
         let tmp = match &ctx.sandbox {
             Some(spec) => spec.paths.tmp.clone(),
             // A session whose commands run unconfined: its place under the sandboxes' root.
-            None => self.config.sandbox.tmp_root.join(owner.session.to_string()),
+            None => crate::workspaces::session_tmp(&self.config, owner.session),
         };
         let name = format!("{}.jsonl", owner.agent);
         let path = tmp.join(DIR).join(&name);

@@ -207,7 +207,8 @@ impl LayerView {
         super::make_private(&paths.tmp)?;
         let workspace = super::seen_path(workspace)?;
         let tmp = super::canonical(&paths.tmp)?;
-        // The child's temporary directory is one of its own inside its session's, which the
+        // The child's temporary directory is one of its own in a folder of its session's
+        // children's (beside the session's own, out of the reach of its commands), which the
         // view keeps readable whole: hiding each sibling's one by one would cost a mount per
         // sibling in every child's view. Landlock still lets it write in its own alone.
         let session_tmp = tmp.parent().unwrap_or(&tmp).to_path_buf();

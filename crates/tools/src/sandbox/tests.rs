@@ -99,6 +99,22 @@ fn the_temporary_root_is_this_users_alone() {
 }
 
 #[test]
+fn a_commands_temporary_directory_is_never_a_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let made = dir.path().join("session/child");
+    make_private(&made).unwrap();
+    assert!(std::fs::symlink_metadata(&made).unwrap().is_dir());
+    make_private(&made).unwrap();
+    // A link where the directory goes (to a directory nobody may write): refused, not followed.
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let link = dir.path().join("session/planted");
+    std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+    let err = make_private(&link).unwrap_err().to_string();
+    assert!(err.contains("is not a directory (a link?)"), "{err}");
+}
+
+#[test]
 fn a_cover_swapped_after_its_plan_fails_the_view_instead_of_landing_elsewhere() {
     let dir = tempfile::tempdir().unwrap();
     let root = std::fs::canonicalize(dir.path()).unwrap();
