@@ -45,6 +45,11 @@ impl HeadTail {
         self.omitted += excess as u64;
     }
 
+    /// How many bytes were dropped from the middle.
+    pub(crate) fn omitted(&self) -> u64 {
+        self.omitted
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.head.is_empty()
     }

@@ -36,6 +36,7 @@ pub async fn run(call: HookCall, ctx: &ToolContext) -> HookRun {
         exit: None,
         stdout: String::new(),
         stderr: String::new(),
+        stdout_cut: false,
         failure: Some(why),
         started: false,
     };
@@ -138,6 +139,7 @@ async fn drive(
     };
     Ok(HookRun {
         exit: if timed_out { None } else { status.code() },
+        stdout_cut: stdout.omitted() > 0,
         stdout: text(stdout),
         stderr: text(stderr),
         failure: timed_out.then(|| format!("the hook did not end within {limit:?}; it was killed")),

@@ -692,4 +692,18 @@ async fn a_hook_runs_behind_the_same_walls_with_its_event_on_stdin() {
         "capped: {}",
         flood.stdout.len()
     );
+    assert!(flood.stdout_cut);
+    // A JSON answer past the cap is said to be cut, and its deny is not lost: it denies.
+    let long_deny = "printf '{\"hookSpecificOutput\":{\"permissionDecision\":\"deny\",\"additionalContext\":\"'; \
+                     head -c 100000 /dev/zero | tr '\\0' x; printf '\"}}'";
+    let long = run(call(long_deny, 60), &ctx).await;
+    assert!(long.stdout_cut, "{:?}", long.failure);
+    let read = forkd_core::hooks::HookOutput::of(forkd_core::hooks::HookEvent::PreToolUse, &long);
+    assert_eq!(
+        read.permission,
+        Some(forkd_core::hooks::Permission::Deny),
+        "{read:?}"
+    );
+    let short = run(call("echo '{}'", 10), &ctx).await;
+    assert!(!short.stdout_cut);
 }
