@@ -536,6 +536,8 @@ impl Sessions {
                 "<{SESSION_START_TAG}>\n{context}\n</{SESSION_START_TAG}>"
             )));
         }
+        workspaces::apart_from_others(self.store.as_ref(), &session.tenant, &session.workspace)
+            .await?;
         self.store
             .create_session(&session, &[first], keyed.as_ref().map(|(_, record)| record))
             .await?;

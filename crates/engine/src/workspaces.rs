@@ -342,8 +342,10 @@ pub(crate) async fn hidden_from(
     Ok(hidden)
 }
 
-/// Refuses a workspace that is, holds, or lies inside another tenant's.
-async fn apart_from_others(store: &dyn Store, tenant: &str, path: &Path) -> Result<()> {
+/// Refuses a workspace that is, holds, or lies inside another tenant's: checked as a session's
+/// workspace is allowed, and again just before it is stored (its MCP servers' start and its
+/// SessionStart hooks, in between, may take minutes, in which another tenant may take it).
+pub(crate) async fn apart_from_others(store: &dyn Store, tenant: &str, path: &Path) -> Result<()> {
     let tenant = if tenant.is_empty() {
         LOCAL_TENANT
     } else {

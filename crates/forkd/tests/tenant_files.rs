@@ -144,6 +144,41 @@ async fn the_daemon_s_own_user_may_not_share_a_tenant_s_workspace_nor_use_the_ho
     }
 }
 
+/// A session's SessionStart hooks run before it is stored; a workspace another tenant took
+/// meanwhile is found when it is stored, and the slower session is refused.
+#[tokio::test]
+async fn a_workspace_taken_while_a_session_starts_is_refused_when_it_is_stored() {
+    let mut t = two_tenants().await;
+    let late = t.alice_ws.parent().unwrap().join("late");
+    std::fs::create_dir_all(&late).unwrap();
+    let mut local = t.daemon.client().await.unwrap();
+    let slow_start = serde_json::json!({ "hooks": { "SessionStart": [{ "hooks": [
+        { "type": "command", "command": "sleep 3" }
+    ]}]}});
+    let alices = t.alice.create_session(pb::CreateSessionRequest {
+        hooks_json: slow_start.to_string(),
+        ..in_workspace(&late.display().to_string())
+    });
+    let locals = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        local
+            .create_session(in_workspace(&late.display().to_string()))
+            .await
+    };
+    let (alices, locals) = tokio::join!(alices, locals);
+    locals.expect("the local session was stored first");
+    let status = alices
+        .expect_err("alice's session, stored second, is refused")
+        .downcast::<tonic::Status>()
+        .unwrap();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(
+        status.message().contains("another tenant"),
+        "{}",
+        status.message()
+    );
+}
+
 #[tokio::test]
 async fn a_tenant_naming_no_workspace_gets_a_fresh_empty_one_of_its_own() {
     let mut t = two_tenants().await;
