@@ -62,6 +62,23 @@ async fn plant(client: &mut Client, session: &str, child: &str, target: &Path, a
     assert!(format!("{events:?}").contains("planted"), "{events:?}");
 }
 
+/// Plants the link (see [`plant`]) for the batch's child, waits for the child to end, and
+/// returns what it did.
+async fn plant_and_finish(
+    client: &mut Client,
+    session: &pb::Session,
+    batch: &pb::ForkBatchResponse,
+    target: &Path,
+    after_first: bool,
+) -> String {
+    let child = &batch.agent_ids[0];
+    plant(client, &session.session_id, child, target, after_first).await;
+    wait_for_batch(client, &batch.batch_id, 1, DEADLINE)
+        .await
+        .unwrap();
+    tail(&transcript_text(client, child).await.unwrap())
+}
+
 /// What the child did (its transcript's end, past the shared prefix).
 fn tail(transcript: &str) -> String {
     let from = transcript.len().saturating_sub(2_000);
@@ -90,22 +107,7 @@ async fn a_link_planted_before_the_childs_first_command_does_not_reach_another_w
                   @sim tool Bash {\"command\":\"cat $TMPDIR/secret.txt; echo pwned > $TMPDIR/pwned.txt; echo tmp=$TMPDIR\"}\n\
                   @sim say looked";
     let batch = fork_isolated(&mut client, &session.session_id, script).await;
-    plant(
-        &mut client,
-        &session.session_id,
-        &batch.agent_ids[0],
-        theirs.path(),
-        false,
-    )
-    .await;
-    wait_for_batch(&mut client, &batch.batch_id, 1, DEADLINE)
-        .await
-        .unwrap();
-    let transcript = tail(
-        &transcript_text(&mut client, &batch.agent_ids[0])
-            .await
-            .unwrap(),
-    );
+    let transcript = plant_and_finish(&mut client, &session, &batch, theirs.path(), false).await;
     assert!(transcript.contains("tmp="), "the command ran: {transcript}");
     assert!(
         !transcript.contains("their secret words"),
@@ -138,22 +140,7 @@ async fn a_link_swapped_in_between_the_childs_commands_gives_it_no_other_writabl
          @sim say wrote"
     );
     let batch = fork_isolated(&mut client, &session.session_id, &script).await;
-    plant(
-        &mut client,
-        &session.session_id,
-        &batch.agent_ids[0],
-        elsewhere.path(),
-        true,
-    )
-    .await;
-    wait_for_batch(&mut client, &batch.batch_id, 1, DEADLINE)
-        .await
-        .unwrap();
-    let transcript = tail(
-        &transcript_text(&mut client, &batch.agent_ids[0])
-            .await
-            .unwrap(),
-    );
+    let transcript = plant_and_finish(&mut client, &session, &batch, elsewhere.path(), true).await;
     assert!(
         transcript.contains("tmp="),
         "the commands ran: {transcript}"

@@ -54,6 +54,25 @@ fn text<'a>(span: &'a Span, key: &str) -> Option<&'a str> {
     }
 }
 
+/// A batch of `prompts` forked by a caller in the trace `trace`.
+async fn fork_in_trace(
+    client: &mut pb::forkd_client::ForkdClient<tonic::transport::Channel>,
+    session_id: String,
+    prompts: &[&str],
+    trace: &str,
+) -> pb::ForkBatchResponse {
+    let mut request = tonic::Request::new(pb::ForkBatchRequest {
+        session_id,
+        directives: directives(prompts),
+        ..Default::default()
+    });
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{trace}-{CALLER_SPAN}-01").parse().unwrap(),
+    );
+    client.fork_batch(request).await.unwrap().into_inner()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_joins_its_callers_trace_with_the_genai_attributes() {
     let mut receiver = OtlpReceiver::start().await.unwrap();
@@ -82,18 +101,7 @@ async fn a_batch_joins_its_callers_trace_with_the_genai_attributes() {
         "Look at part two.",
         "Look at part three.",
     ];
-    let mut request = tonic::Request::new(pb::ForkBatchRequest {
-        session_id: session.session_id,
-        directives: directives(&prompts),
-        ..Default::default()
-    });
-    request.metadata_mut().insert(
-        "traceparent",
-        format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01")
-            .parse()
-            .unwrap(),
-    );
-    let batch = client.fork_batch(request).await.unwrap().into_inner();
+    let batch = fork_in_trace(&mut client, session.session_id, &prompts, CALLER_TRACE).await;
     wait_for_batch(&mut client, &batch.batch_id, 3, Duration::from_secs(30))
         .await
         .unwrap();
@@ -244,18 +252,7 @@ async fn a_batch_joins_its_callers_trace_with_the_genai_attributes() {
         .unwrap();
     let script = "Count the runs.\n@sim tool Bash {\"command\":\"echo run >> runs.txt; sleep 1\"}\n\
                   @sim say resumed";
-    let mut request = tonic::Request::new(pb::ForkBatchRequest {
-        session_id: session.session_id,
-        directives: directives(&[script]),
-        ..Default::default()
-    });
-    request.metadata_mut().insert(
-        "traceparent",
-        format!("00-{RESTARTED_TRACE}-{CALLER_SPAN}-01")
-            .parse()
-            .unwrap(),
-    );
-    let cut = client.fork_batch(request).await.unwrap().into_inner();
+    let cut = fork_in_trace(&mut client, session.session_id, &[script], RESTARTED_TRACE).await;
     wait_for_path(&ws.path().join("runs.txt")).await;
     // And a parent turn, cut at its own Bash call.
     let turn_ws = tempfile::tempdir().unwrap();
@@ -389,18 +386,8 @@ async fn one_at_a_time_links_to_the_first_request(telemetry: &Telemetry, receive
     let session = create_session(&mut client, session_request(workspace.path()))
         .await
         .unwrap();
-    let mut request = tonic::Request::new(pb::ForkBatchRequest {
-        session_id: session.session_id,
-        directives: directives(&["One.", "Two.", "Three."]),
-        ..Default::default()
-    });
-    request.metadata_mut().insert(
-        "traceparent",
-        format!("00-{ONE_SLOT_TRACE}-{CALLER_SPAN}-01")
-            .parse()
-            .unwrap(),
-    );
-    let batch = client.fork_batch(request).await.unwrap().into_inner();
+    let prompts = ["One.", "Two.", "Three."];
+    let batch = fork_in_trace(&mut client, session.session_id, &prompts, ONE_SLOT_TRACE).await;
     wait_for_batch(&mut client, &batch.batch_id, 3, Duration::from_secs(30))
         .await
         .unwrap();
