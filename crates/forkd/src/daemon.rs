@@ -639,7 +639,7 @@ pub async fn start(config: DaemonConfig) -> anyhow::Result<RunningDaemon> {
     }
     engine.start_heartbeat();
     engine.start_webhooks();
-    forkd_server::start_schedules(engine.clone(), engine.drain_token());
+    forkd_server::start_schedules(engine.clone(), tokens.clone(), engine.drain_token());
     engine.start_recovery();
 
     let (tcp, tcp_addr) = match config.listen {

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 
 use std::time::Duration;
 
+use forkd_core::schedule::FiringState;
 use forkd_proto::v1 as pb;
 use forkd_test_support::{
     Caller, TestDaemon, directives, eventually, session_request, spawn_tenants,
@@ -55,6 +56,13 @@ async fn create(c: &mut Caller, req: pb::CreateScheduleRequest) -> pb::Schedule 
         .into_inner()
         .schedule
         .unwrap()
+}
+
+fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    i64::try_from(since.as_millis()).unwrap()
 }
 
 fn ms(t: &prost_types::Timestamp) -> i64 {
@@ -207,6 +215,68 @@ async fn a_firing_while_the_previous_batch_runs_is_skipped() {
     let s = get(&mut alpha, "stalls").await;
     let fired: Vec<_> = s.firings.iter().filter(|f| f.state == "fired").collect();
     assert_eq!(fired.len(), 1, "{:?}", s.firings);
+}
+
+/// A tenant whose token is revoked has its schedule's firings skipped, saying why, and forks
+/// nothing more; with a token of its name again, the schedule fires again.
+#[tokio::test]
+async fn a_revoked_tenant_s_schedule_stops_firing_until_it_has_a_token_again() {
+    let (daemon, mut alpha, _) = tenants().await;
+    let ws = daemon.tenant_workspace("alpha");
+    create(&mut alpha, every_two_seconds("nightly", &ws, "Report.")).await;
+    let engine = daemon.daemon().unwrap().engine.clone();
+    let firings = || {
+        let engine = engine.clone();
+        async move {
+            engine
+                .store()
+                .firings("alpha", "nightly", 64)
+                .await
+                .unwrap()
+        }
+    };
+    eventually(Duration::from_secs(30), "a firing", || async {
+        firings()
+            .await
+            .iter()
+            .any(|f| f.state == FiringState::Fired)
+            .then_some(())
+    })
+    .await;
+    let tokens = forkd_server::TokenStore::in_home(daemon.home_path());
+    tokens.revoke("alpha").unwrap();
+    let revoked_at = now_ms();
+    let skipped = eventually(Duration::from_secs(30), "a skipped firing", || async {
+        firings()
+            .await
+            .into_iter()
+            .find(|f| f.fire_at_ms > revoked_at && f.state == FiringState::Skipped)
+    })
+    .await;
+    let reason = skipped.reason.unwrap_or_default();
+    assert!(reason.contains("tenant alpha has no token"), "{reason}");
+    // Nothing fired after the revocation (a firing claimed just before it may still end).
+    let after: Vec<_> = firings()
+        .await
+        .into_iter()
+        .filter(|f| f.fire_at_ms > revoked_at + 1_000)
+        .filter(|f| f.state == FiringState::Fired)
+        .collect();
+    assert!(after.is_empty(), "{after:?}");
+    tokens.create("alpha").unwrap();
+    let again = now_ms();
+    eventually(
+        Duration::from_secs(30),
+        "a firing with a token again",
+        || async {
+            firings()
+                .await
+                .iter()
+                .any(|f| f.fire_at_ms > again && f.state == FiringState::Fired)
+                .then_some(())
+        },
+    )
+    .await;
 }
 
 /// Stopped across two firings and started again past them: `once` forks the latest of them,

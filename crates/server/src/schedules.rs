@@ -19,6 +19,7 @@ use forkd_proto::v1 as pb;
 use prost::Message as _;
 use tokio_util::sync::CancellationToken;
 
+use crate::TokenStore;
 use crate::convert;
 use crate::status::ApiError;
 
@@ -35,8 +36,10 @@ const STALE_EVERY: u32 = 10;
 /// How long a daemon's claim on a firing lasts: its session and batch are created well within.
 const CLAIM: Duration = Duration::from_secs(60);
 
-/// Starts the clock; it stops when `stop` is cancelled (the daemon's drain).
-pub fn start_schedules(engine: Engine, stop: CancellationToken) {
+/// Starts the clock; it stops when `stop` is cancelled (the daemon's drain). A token tenant's
+/// schedules fire only while `tokens` holds a token of its name: one revoked or deleted has its
+/// firings skipped, saying why, until it has a token again.
+pub fn start_schedules(engine: Engine, tokens: TokenStore, stop: CancellationToken) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -47,7 +50,7 @@ pub fn start_schedules(engine: Engine, stop: CancellationToken) {
                 _ = tick.tick() => {}
             }
             ticks = ticks.wrapping_add(1);
-            if let Err(e) = tick_once(&engine, ticks % STALE_EVERY == 1).await {
+            if let Err(e) = tick_once(&engine, &tokens, ticks % STALE_EVERY == 1).await {
                 tracing::warn!(error = %e, "The schedules' clock could not read the store");
             }
         }
@@ -66,7 +69,11 @@ fn millis(d: Duration) -> i64 {
 }
 
 /// Claims and fires what is due; with `stale`, also fires again what a dead daemon left.
-async fn tick_once(engine: &Engine, stale: bool) -> Result<(), forkd_core::store::StoreError> {
+async fn tick_once(
+    engine: &Engine,
+    tokens: &TokenStore,
+    stale: bool,
+) -> Result<(), forkd_core::store::StoreError> {
     let store = engine.store();
     let daemon = store.holder().daemon;
     let now = now_ms();
@@ -91,7 +98,7 @@ async fn tick_once(engine: &Engine, stale: bool) -> Result<(), forkd_core::store
             store.claim_firing(&tenant, &missed, daemon).await?;
         }
         if first.decided.is_none() {
-            spawn_firing(engine.clone(), schedule, first.fire_at_ms, false);
+            spawn_firing(engine.clone(), tokens, schedule, first.fire_at_ms, false);
         }
     }
     if !stale {
@@ -107,7 +114,13 @@ async fn tick_once(engine: &Engine, stale: bool) -> Result<(), forkd_core::store
             continue;
         }
         if let Some(schedule) = store.schedule(&tenant, &name).await? {
-            spawn_firing(engine.clone(), schedule, firing.fire_at_ms, firing.manual);
+            spawn_firing(
+                engine.clone(),
+                tokens,
+                schedule,
+                firing.fire_at_ms,
+                firing.manual,
+            );
         }
     }
     Ok(())
@@ -171,9 +184,27 @@ fn plan(schedule: &Schedule, now: i64) -> Option<(Option<FiringClaim>, Option<Fi
     Some((fire, missed))
 }
 
-fn spawn_firing(engine: Engine, schedule: Schedule, fire_at_ms: i64, manual: bool) {
+fn spawn_firing(
+    engine: Engine,
+    tokens: &TokenStore,
+    schedule: Schedule,
+    fire_at_ms: i64,
+    manual: bool,
+) {
+    let revoked = revoked(tokens, &schedule.tenant);
     tokio::spawn(async move {
-        let outcome = fire(&engine, &schedule, fire_at_ms, manual).await;
+        let outcome = match revoked {
+            Some(reason) => {
+                tracing::info!(schedule = %schedule.name, tenant = %schedule.tenant, "A schedule's firing skipped: its tenant has no token");
+                FiringOutcome {
+                    state: FiringState::Skipped,
+                    session_id: None,
+                    batch_id: None,
+                    reason: Some(reason),
+                }
+            }
+            None => fire(&engine, &schedule, fire_at_ms, manual).await,
+        };
         if let Err(e) = engine
             .store()
             .finish_firing(&schedule.tenant, &schedule.name, fire_at_ms, &outcome)
@@ -183,6 +214,25 @@ fn spawn_firing(engine: Engine, schedule: Schedule, fire_at_ms: i64, manual: boo
             tracing::warn!(schedule = %schedule.name, error = %e, "A firing's outcome was not recorded");
         }
     });
+}
+
+/// Why `tenant`'s schedules may not fire now (its token was revoked or deleted), or `None`. The
+/// local user needs no token; a token file that cannot be read is not a revocation (logged).
+fn revoked(tokens: &TokenStore, tenant: &str) -> Option<String> {
+    if tenant == forkd_core::session::LOCAL_TENANT {
+        return None;
+    }
+    match tokens.list() {
+        Ok(list) if list.iter().any(|t| t.name == tenant) => None,
+        Ok(_) => Some(format!(
+            "tenant {tenant} has no token (it was revoked or deleted): its schedules do not fire \
+             until it has one again (forkd token create {tenant})"
+        )),
+        Err(error) => {
+            tracing::warn!(%error, "Cannot read the tokens; the schedule fires as before");
+            None
+        }
+    }
 }
 
 /// Fires one firing: its session and batch, from the spec, under the firing's keys; or why not.
