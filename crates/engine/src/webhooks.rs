@@ -33,6 +33,9 @@ use crate::config::WebhookConfig;
 use crate::error::{EngineError, Result};
 use crate::sealed::SecretKey;
 
+/// The most webhooks one tenant may have: each notification is posted to each of them.
+pub(crate) const MAX_WEBHOOKS: usize = 32;
+
 /// Bytes of randomness in a signing secret (Standard Webhooks asks for 24 to 64).
 const SECRET_BYTES: usize = 32;
 
@@ -94,6 +97,13 @@ impl Webhooks {
             .check_url(new.url.trim())
             .await
             .map_err(|e| EngineError::InvalidRequest(format!("webhook URL refused: {e}")))?;
+        let held = self.store.webhooks(tenant).await?.len();
+        if held >= MAX_WEBHOOKS {
+            return Err(EngineError::OverLimit(format!(
+                "tenant {tenant} has {held} webhooks, the most a tenant may have \
+                 ({MAX_WEBHOOKS}); delete one first"
+            )));
+        }
         let webhook = Webhook {
             id: WebhookId::new(),
             tenant: tenant.to_owned(),

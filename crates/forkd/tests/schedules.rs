@@ -349,3 +349,36 @@ async fn missed_firings_run_once_after_downtime_or_not_at_all() {
         none[0].reason
     );
 }
+
+/// A tenant has at most 256 schedules: the next is refused saying so; another tenant's count is
+/// its own.
+#[tokio::test]
+async fn a_tenant_s_schedules_are_capped() {
+    let (daemon, mut alpha, mut beta) = tenants().await;
+    let ws = daemon.tenant_workspace("alpha");
+    let yearly = |name: String| pb::CreateScheduleRequest {
+        cron: "0 0 1 1 *".into(),
+        ..every_two_seconds(&name, &ws, "Report.")
+    };
+    for i in 0..256 {
+        create(&mut alpha, yearly(format!("s{i}"))).await;
+    }
+    let request = alpha.req(yearly("one-more".into()));
+    let err = alpha.client.create_schedule(request).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message()
+            .contains("has 256 schedules, the most a tenant may have"),
+        "{}",
+        err.message()
+    );
+    let beta_ws = daemon.tenant_workspace("beta");
+    create(
+        &mut beta,
+        pb::CreateScheduleRequest {
+            cron: "0 0 1 1 *".into(),
+            ..every_two_seconds("beta-s", &beta_ws, "Report.")
+        },
+    )
+    .await;
+}

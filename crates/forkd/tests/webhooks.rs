@@ -606,3 +606,31 @@ async fn a_delivery_cut_off_by_sigkill_is_made_after_the_restart() {
     );
     assert!(got.iter().all(|r| r.verified));
 }
+
+/// A tenant has at most 32 webhooks: the 33rd is refused saying so, another tenant's count is
+/// its own, and deleting one makes room.
+#[tokio::test]
+async fn a_tenant_s_webhooks_are_capped() {
+    let (_daemon, mut alpha, mut beta) = daemon(|_| {}).await;
+    let receiver = Receiver::start().await.unwrap();
+    let mut ids = Vec::new();
+    for i in 0..32 {
+        let made = add(&mut alpha, hook(receiver.url(&format!("/{i}")))).await;
+        ids.push(made.webhook.unwrap().webhook_id);
+    }
+    let request = alpha.req(hook(receiver.url("/one-more")));
+    let err = alpha.client.create_webhook(request).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message()
+            .contains("has 32 webhooks, the most a tenant may have"),
+        "{}",
+        err.message()
+    );
+    add(&mut beta, hook(receiver.url("/beta"))).await;
+    let delete = alpha.req(pb::DeleteWebhookRequest {
+        webhook_id: ids.pop().unwrap(),
+    });
+    alpha.client.delete_webhook(delete).await.unwrap();
+    add(&mut alpha, hook(receiver.url("/one-more"))).await;
+}

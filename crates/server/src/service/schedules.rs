@@ -54,6 +54,9 @@ fn store_error(e: StoreError) -> ApiError {
     }
 }
 
+/// The most schedules one tenant may have: each fires a session and a batch on its own clock.
+const MAX_SCHEDULES: usize = 256;
+
 pub(super) async fn create(
     engine: &Engine,
     tenant: Tenant,
@@ -125,6 +128,19 @@ pub(super) async fn create(
     convert::batch_options(batch).map_err(ApiError::BadRequest)?;
     if let Some(webhook) = convert::batch_options(batch).ok().and_then(|o| o.webhook) {
         engine.for_tenant(tenant.clone()).webhook(webhook).await?;
+    }
+    let held = engine
+        .store()
+        .schedules(tenant.name())
+        .await
+        .map_err(store_error)?
+        .len();
+    if held >= MAX_SCHEDULES {
+        return Err(ApiError::Engine(EngineError::OverLimit(format!(
+            "tenant {} has {held} schedules, the most a tenant may have ({MAX_SCHEDULES}); \
+             delete one first",
+            tenant.name()
+        ))));
     }
     let now = now_ms();
     let schedule = Schedule {
