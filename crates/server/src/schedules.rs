@@ -133,8 +133,27 @@ fn plan(schedule: &Schedule, now: i64) -> Option<(Option<FiringClaim>, Option<Fi
     let cron = match Cron::parse(&schedule.cron, &schedule.timezone) {
         Ok(cron) => cron,
         Err(e) => {
-            tracing::warn!(schedule = %schedule.name, error = %e, "A stored schedule does not parse");
-            return None;
+            // Said once, in a failed firing, and the schedule has no next firing (it was due at
+            // every tick otherwise, and said so ten times a second); made again with a good
+            // expression, it starts anew.
+            tracing::warn!(schedule = %schedule.name, error = %e, "A stored schedule does not parse; it stops");
+            let failed = FiringClaim {
+                name: schedule.name.clone(),
+                fire_at_ms: due,
+                manual: false,
+                claim_until_ms: now,
+                advance: Some((Some(due), None)),
+                decided: Some(FiringOutcome {
+                    state: FiringState::Failed,
+                    session_id: None,
+                    batch_id: None,
+                    reason: Some(format!(
+                        "the schedule's cron {:?} ({}) does not parse: {e}; it fires no more",
+                        schedule.cron, schedule.timezone
+                    )),
+                }),
+            };
+            return Some((None, Some(failed)));
         }
     };
     let (later, more) = cron.between(due, now, 1);
@@ -324,4 +343,42 @@ async fn fire_spec(
         batch_id: Some(submitted.batch_id),
         reason: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn schedule(cron: &str) -> Schedule {
+        Schedule {
+            tenant: "local".into(),
+            name: "nightly".into(),
+            cron: cron.into(),
+            timezone: "UTC".into(),
+            overlap: Overlap::Skip,
+            catch_up: CatchUp::Once,
+            paused: false,
+            spec: Vec::new(),
+            created_at_ms: 0,
+            next_fire_at_ms: Some(60_000),
+            upload_id: None,
+        }
+    }
+
+    #[test]
+    fn a_stored_cron_that_does_not_parse_fails_once_and_stops() {
+        let (fire, failed) = plan(&schedule("not a cron"), 61_000).unwrap();
+        assert!(fire.is_none());
+        let failed = failed.unwrap();
+        assert_eq!(failed.advance, Some((Some(60_000), None)));
+        let outcome = failed.decided.unwrap();
+        assert_eq!(outcome.state, FiringState::Failed);
+        assert!(outcome.reason.unwrap().contains("does not parse"));
+        // A good one fires on time and moves on.
+        let (fire, missed) = plan(&schedule("* * * * *"), 61_000).unwrap();
+        assert_eq!(fire.unwrap().fire_at_ms, 60_000);
+        assert!(missed.is_none());
+    }
 }
