@@ -410,6 +410,57 @@ async fn changes_never_read_through_a_snapshot_symlink_and_survive_unreadable_fi
     );
 }
 
+/// A directory the child made where the snapshot has a link to a directory outside: the files
+/// it put there are new files, never compared with (nor read from) what the link points at.
+#[tokio::test]
+async fn a_directory_made_where_the_snapshot_has_a_link_is_never_read_through_it() {
+    let outside_dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        outside_dir.path().join("secret.txt"),
+        "the daemon's secret\n",
+    )
+    .unwrap();
+    std::fs::create_dir(outside_dir.path().join("sub")).unwrap();
+    std::fs::write(outside_dir.path().join("sub/key"), "another secret\n").unwrap();
+    let batch = Batch::new(&[("a.txt", "a\n")]);
+    std::os::unix::fs::symlink(outside_dir.path(), batch.snapshot.join("out")).unwrap();
+    let ctx = batch.child("c1");
+    // `sub` made a file where the outside has a directory: what is below it there was listed
+    // as removed.
+    bash(
+        &ctx,
+        "rm out; mkdir out; echo mine > out/secret.txt; echo mine > out/sub",
+    )
+    .await;
+    let changes = batch.changes("c1");
+    assert!(
+        !changes.diff.contains("the daemon's secret") && !changes.diff.contains("another secret"),
+        "read through the snapshot's link: {}",
+        changes.diff
+    );
+    let kinds: Vec<(String, ChangeKind)> = changes
+        .files
+        .iter()
+        .map(|f| (f.path.clone(), f.kind))
+        .collect();
+    assert!(
+        kinds.contains(&("out/secret.txt".to_owned(), ChangeKind::Added)),
+        "{kinds:?}"
+    );
+    assert!(
+        kinds.contains(&("out/sub".to_owned(), ChangeKind::Added)),
+        "{kinds:?}"
+    );
+    assert!(
+        !kinds.iter().any(|(p, _)| p.starts_with("out/sub/")),
+        "{kinds:?}"
+    );
+    assert!(
+        kinds.contains(&("out".to_owned(), ChangeKind::Deleted)),
+        "the link is gone: {kinds:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_path_in_a_copy_is_named_where_it_really_is() {
     let batch = Batch::new(&[

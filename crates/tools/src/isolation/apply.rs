@@ -121,7 +121,10 @@ fn plan(
     let rel = checked_relative(&change.path)?;
     check_parents(workspace, rel)?;
     let live = workspace.join(rel);
-    let base = dirs.lower.join(rel);
+    // Never through a link the snapshot holds along the path (see `in_snapshot`): then the
+    // snapshot has nothing there.
+    let base = super::changes::in_snapshot(&dirs.lower, rel);
+    let base = base.as_deref();
     let theirs = dirs.upper.join(rel);
     let live_meta = std::fs::symlink_metadata(&live).ok();
     if live_meta
@@ -144,7 +147,7 @@ fn plan(
                     target.display()
                 ));
             }
-            if live_meta.is_some() && !unchanged_since(&live, &base) {
+            if live_meta.is_some() && !unchanged_since(&live, base) {
                 return Err("changed in the workspace since the snapshot".into());
             }
             return Ok(Planned::Link(target));
@@ -162,7 +165,7 @@ fn plan(
     let read = |p: &Path| std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
     match change.kind {
         ChangeKind::Deleted => {
-            if live_meta.is_some() && !unchanged_since(&live, &base) {
+            if live_meta.is_some() && !unchanged_since(&live, base) {
                 return Err("deleted by the child but changed in the workspace since".into());
             }
             Ok(Planned::Remove)
@@ -181,13 +184,14 @@ fn plan(
             let Some(_) = live_meta else {
                 return Err("changed by the child but deleted in the workspace since".into());
             };
-            if unchanged_since(&live, &base) {
+            if unchanged_since(&live, base) {
                 return Ok(Planned::Write(new, mode_of(&theirs)));
             }
+            let base = base.ok_or("changed by the child, but the snapshot has no file here")?;
             let merged = if git {
-                merge_with_git(&live, &base, &theirs)?
+                merge_with_git(&live, base, &theirs)?
             } else {
-                merge_text(&read(&base)?, &read(&live)?, &new)?
+                merge_text(&read(base)?, &read(&live)?, &new)?
             };
             Ok(Planned::Write(merged, mode_of(&live)))
         }
@@ -255,7 +259,10 @@ fn link_stays_inside(workspace: &Path, rel: &Path, target: &Path) -> bool {
 }
 
 /// Whether the live file still is what the snapshot had (content, or link target).
-fn unchanged_since(live: &Path, base: &Path) -> bool {
+fn unchanged_since(live: &Path, base: Option<&Path>) -> bool {
+    let Some(base) = base else {
+        return false;
+    };
     match (
         std::fs::symlink_metadata(live),
         std::fs::symlink_metadata(base),

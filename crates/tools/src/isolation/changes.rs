@@ -61,7 +61,7 @@ pub fn collect_in(
     git: Option<(Repo<'_>, &str)>,
 ) -> Result<Changes, IsolationError> {
     let mut found: BTreeMap<String, Upper> = BTreeMap::new();
-    walk_upper(dirs, Path::new(""), &mut found)?;
+    walk_upper(dirs, Path::new(""), true, &mut found)?;
     let ignored = Ignored::new(dirs);
     let mut tracked: Option<std::collections::HashSet<String>> = None;
     let mut changes = Changes::default();
@@ -80,10 +80,12 @@ pub fn collect_in(
                 continue;
             }
         }
-        let lower = dirs.lower.join(&path);
-        let base = std::fs::symlink_metadata(&lower)
-            .ok()
+        let snapshot = in_snapshot(&dirs.lower, Path::new(&path));
+        let base = snapshot
+            .as_ref()
+            .and_then(|l| std::fs::symlink_metadata(l).ok())
             .filter(|m| !m.is_dir());
+        let lower = snapshot.unwrap_or_default();
         let change = match upper {
             Upper::Removed => match base {
                 Some(_) => file_change(&path, ChangeKind::Deleted, Some(&lower), None)?,
@@ -165,11 +167,30 @@ fn tracked_files(
         .collect())
 }
 
+/// `rel` in the snapshot `lower`, if every directory along it is a directory there. A link along
+/// it (one the session planted before the fork, which the snapshot copied) would lead the daemon
+/// out of the snapshot to whatever it can read: what the child made beneath such a path has no
+/// counterpart in the snapshot. The snapshot is the daemon's alone and never changes, so what
+/// this finds holds.
+pub(crate) fn in_snapshot(lower: &Path, rel: &Path) -> Option<PathBuf> {
+    let mut at = lower.to_path_buf();
+    let mut parts = rel.components().peekable();
+    while let Some(part) = parts.next() {
+        at.push(part);
+        if parts.peek().is_some() && !std::fs::symlink_metadata(&at).is_ok_and(|m| m.is_dir()) {
+            return None;
+        }
+    }
+    Some(at)
+}
+
 /// Collects what `upper/rel` holds, recursively: files, specials and removals (a whiteout, or a
-/// lower entry an opaque directory hides).
+/// lower entry an opaque directory hides). `in_lower`: `rel` is a directory in the snapshot too
+/// (every directory along it one: see [`in_snapshot`]).
 fn walk_upper(
     dirs: &LayerDirs,
     rel: &Path,
+    in_lower: bool,
     found: &mut BTreeMap<String, Upper>,
 ) -> Result<(), IsolationError> {
     let dir = dirs.upper.join(rel);
@@ -195,9 +216,13 @@ fn walk_upper(
             .map_err(|e| IsolationError::io(format!("cannot stat {key}"), e))?;
         let kind = meta.file_type();
         let lower = dirs.lower.join(&rel);
-        let lower_meta = std::fs::symlink_metadata(&lower).ok();
+        let lower_meta = in_lower
+            .then(|| std::fs::symlink_metadata(&lower).ok())
+            .flatten();
         if kind.is_char_device() && meta.rdev() == 0 {
-            removed_below(&lower, &rel, found);
+            if lower_meta.is_some() {
+                removed_below(&lower, &rel, found);
+            }
             found.insert(key, Upper::Removed);
         } else if kind.is_dir() {
             let mut mark = [0u8; 4];
@@ -210,7 +235,8 @@ fn walk_upper(
                 }
                 _ => {}
             }
-            walk_upper(dirs, &rel, found)?;
+            let beneath = lower_meta.as_ref().is_some_and(|m| m.is_dir());
+            walk_upper(dirs, &rel, beneath, found)?;
         } else {
             if lower_meta.as_ref().is_some_and(|m| m.is_dir()) {
                 removed_below(&lower, &rel, found);
@@ -560,13 +586,12 @@ impl Ignored {
     /// The view's `dir/.gitignore`: the child's if it wrote one, else the snapshot's.
     fn load(&self, dir: &Path) -> Option<Gitignore> {
         let upper = self.dirs.upper.join(dir).join(".gitignore");
-        let lower = self.dirs.lower.join(dir).join(".gitignore");
+        let lower = in_snapshot(&self.dirs.lower, &dir.join(".gitignore"));
         // The child's own: its file, or nothing if it removed it (a whiteout there).
         let file = match std::fs::symlink_metadata(&upper) {
             Ok(m) if m.is_file() => upper,
             Ok(_) => return None,
-            Err(_) if std::fs::symlink_metadata(&lower).is_ok_and(|m| m.is_file()) => lower,
-            Err(_) => return None,
+            Err(_) => lower.filter(|l| std::fs::symlink_metadata(l).is_ok_and(|m| m.is_file()))?,
         };
         let mut builder = GitignoreBuilder::new(self.dirs.lower.join(dir));
         builder.add(&file);
