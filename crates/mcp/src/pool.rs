@@ -330,7 +330,8 @@ impl Server {
     }
 
     fn stderr_note(&self) -> String {
-        match log_tail(&self.dir.join("stderr.log"), 3) {
+        // The server's own directory (`home`), where its stderr is logged.
+        match log_tail(&self.dir.join("home").join("stderr.log"), 3) {
             tail if tail.is_empty() => String::new(),
             tail => format!("; its stderr ends with: {tail}"),
         }

@@ -172,9 +172,33 @@ fn server_env(dir: &Path) -> Vec<(&'static str, OsString)> {
     child_env(|name| std::env::var_os(name), dir)
 }
 
-/// The last `lines` lines of a server's log, for an error message (empty if there is none).
+/// The last `lines` lines of a server's log, for an error message (empty if there is none). The
+/// log lies in the server's own directory, which the server writes: a link there (to whatever
+/// the daemon can read: its environment, its key) is not followed, a FIFO not waited on, and
+/// only the log's last 64 KiB are read.
 pub fn log_tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read(path).unwrap_or_default();
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    use std::os::unix::fs::OpenOptionsExt as _;
+    const TAIL: u64 = 64 * 1024;
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path);
+    let Ok(mut file) = opened else {
+        return String::new();
+    };
+    match file.metadata() {
+        Ok(meta) if meta.is_file() => {
+            if meta.len() > TAIL && file.seek(SeekFrom::End(-(TAIL as i64))).is_err() {
+                return String::new();
+            }
+        }
+        _ => return String::new(),
+    }
+    let mut text = Vec::new();
+    if file.take(TAIL).read_to_end(&mut text).is_err() {
+        return String::new();
+    }
     let text = String::from_utf8_lossy(&text);
     let all: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     all[all.len().saturating_sub(lines)..].join("\n")
@@ -185,6 +209,25 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
 mod tests {
     use super::*;
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    #[test]
+    fn a_logs_tail_never_follows_a_link_nor_waits_on_a_fifo() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("stderr.log");
+        std::fs::write(&log, "one\n\ntwo\nthree\nfour\n").unwrap();
+        assert_eq!(log_tail(&log, 3), "two\nthree\nfour");
+        let long = "x".repeat(100_000) + "\nlast\n";
+        std::fs::write(&log, long).unwrap();
+        assert_eq!(log_tail(&log, 1), "last");
+        let secret = dir.path().join("secret.key");
+        std::fs::write(&secret, "the daemon's key").unwrap();
+        std::fs::remove_file(&log).unwrap();
+        std::os::unix::fs::symlink(&secret, &log).unwrap();
+        assert_eq!(log_tail(&log, 3), "");
+        std::fs::remove_file(&log).unwrap();
+        nix::unistd::mkfifo(&log, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert_eq!(log_tail(&log, 3), "");
+    }
 
     fn cat(dir: &Path) -> ServerCommand {
         ServerCommand {
