@@ -340,10 +340,9 @@ impl Trees {
         let (dir, name) = (dir.to_path_buf(), upload.to_string());
         blocking(move || {
             std::fs::read_dir(&dir).is_ok_and(|entries| {
-                entries.flatten().any(|e| {
-                    std::fs::read_to_string(e.path().join(TREE_FILE))
-                        .is_ok_and(|s| s.trim() == name)
-                })
+                entries
+                    .flatten()
+                    .any(|e| tree_named(&e.path()).is_some_and(|s| s == name))
             })
         })
         .await
@@ -369,8 +368,7 @@ impl Trees {
             };
             entries
                 .flatten()
-                .filter_map(|e| std::fs::read_to_string(e.path().join(TREE_FILE)).ok())
-                .map(|s| s.trim().to_owned())
+                .filter_map(|e| tree_named(&e.path()))
                 .collect()
         })
         .await?;
@@ -409,5 +407,53 @@ impl Trees {
             }
         }
         Ok(removed)
+    }
+}
+/// The upload `dir`'s `tree` file names, if it holds one. Every session directory here is
+/// looked in, and a token tenant's fresh workspace is one such directory, which its commands
+/// write: a `tree` there may be a link (to `/dev/zero`), a FIFO no one writes, or anything else.
+/// So it is opened without following a link or waiting, read only if it is a regular file, at
+/// most a few bytes of it, and taken only if it is an upload's id.
+fn tree_named(dir: &Path) -> Option<String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(dir.join(TREE_FILE))
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    file.take(128).read_to_string(&mut text).ok()?;
+    let id = text.trim();
+    id.parse::<UploadId>().ok().map(|_| id.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_tree_file_is_read_only_if_it_is_a_small_file_naming_an_upload() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(TREE_FILE);
+        assert_eq!(tree_named(dir.path()), None);
+        let id = UploadId::new().to_string();
+        std::fs::write(&file, format!("{id}\n")).unwrap();
+        assert_eq!(tree_named(dir.path()), Some(id.clone()));
+        std::fs::write(&file, "not an id").unwrap();
+        assert_eq!(tree_named(dir.path()), None);
+        // A link (to an endless file), and a FIFO no one writes: neither followed nor waited on.
+        std::fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &file).unwrap();
+        assert_eq!(tree_named(dir.path()), None);
+        std::fs::remove_file(&file).unwrap();
+        use rustix::fs::{CWD, FileType, Mode, mknodat};
+        mknodat(CWD, &file, FileType::Fifo, Mode::RWXU, 0).unwrap();
+        assert_eq!(tree_named(dir.path()), None);
     }
 }
