@@ -11,6 +11,7 @@
 //!   files or none, with strict checks on what a sandboxed child may have written.
 
 pub mod apply;
+mod beneath;
 pub mod changes;
 mod git;
 pub mod snapshot;

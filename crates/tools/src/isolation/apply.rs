@@ -7,7 +7,8 @@
 //! with git's own `git merge-file`; any other with `diffy`. A child with any conflict or refused
 //! path is applied not at all: its conflicts are reported per file and nothing is written.
 //! Otherwise every new file is written beside its target first and then renamed over it, so a
-//! file is never half-written.
+//! file is never half-written. The session's commands may run meanwhile: the live workspace is
+//! read and written only through descriptors opened beneath it ([`super::beneath`]).
 //!
 //! Refused: a path beneath `.git/`; a path whose parent directories in the workspace are not
 //! plain directories (a symlink there could lead the write out); a symlink that points outside
@@ -19,6 +20,7 @@ use std::process::Command;
 use serde::{Deserialize, Serialize};
 
 use super::IsolationError;
+use super::beneath::{Live, Root, Staged};
 use super::changes::Changes;
 use crate::sandbox::layer::LayerDirs;
 use forkd_core::isolation::{ChangeKind, Conflict, FileChange, Special};
@@ -45,10 +47,11 @@ pub fn apply(
     changes: &Changes,
 ) -> Result<ApplyOutcome, IsolationError> {
     let git = super::snapshot::is_git(workspace);
+    let root = Root::open(workspace).map_err(IsolationError::Git)?;
     let mut plans = Vec::new();
     let mut conflicts = Vec::new();
     for change in &changes.files {
-        match plan(workspace, dirs, change, git) {
+        match plan(workspace, &root, dirs, change, git) {
             Ok(planned) => plans.push((change.path.clone(), planned)),
             Err(reason) => conflicts.push(Conflict {
                 path: change.path.clone(),
@@ -64,44 +67,37 @@ pub fn apply(
     }
     // Stage every new file beside its target (each removed again if it is never moved into
     // place), then move them all into place.
-    let mut staged: Vec<(PathBuf, Option<tempfile::TempPath>)> = Vec::new();
+    let mut staged: Vec<Staged> = Vec::new();
     for (path, planned) in &plans {
-        let target = workspace.join(path);
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| {
-                IsolationError::io(format!("cannot create {}", parent.display()), e)
-            })?;
-        }
-        let temp = match planned {
-            Planned::Remove => None,
-            Planned::Write(bytes, mode) => Some(stage_file(&target, bytes, *mode)?),
-            Planned::Link(to) => Some(stage_link(&target, to)?),
-        };
-        staged.push((target, temp));
+        let rel = Path::new(path);
+        let fail = |why: String| IsolationError::Git(format!("cannot write {path}: {why}"));
+        let name = rel
+            .file_name()
+            .ok_or_else(|| fail("a path without a name".into()))?;
+        let dir = root
+            .dir(rel.parent().unwrap_or(Path::new("")), true)
+            .map_err(fail)?
+            .ok_or_else(|| fail("its directory vanished".into()))?;
+        staged.push(match planned {
+            Planned::Remove => Staged::removal(dir, name),
+            Planned::Write(bytes, mode) => {
+                Staged::file(dir, name, bytes, mode.unwrap_or(0o644)).map_err(fail)?
+            }
+            Planned::Link(to) => Staged::link(dir, name, to).map_err(fail)?,
+        });
     }
     let mut done = Vec::new();
-    for ((target, temp), (path, _)) in staged.into_iter().zip(&plans) {
-        let moved = match temp {
-            Some(temp) => temp.persist(&target).map_err(|e| e.error),
-            None => match std::fs::remove_file(&target) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-                _ => Ok(()),
-            },
-        };
-        if let Err(e) = moved {
+    for (staged, (path, _)) in staged.into_iter().zip(&plans) {
+        if let Err(e) = staged.commit() {
             // The staged files not moved yet are removed as they drop; say what was written.
-            return Err(IsolationError::io(
-                format!(
-                    "cannot write {} (written before it: {})",
-                    target.display(),
-                    if done.is_empty() {
-                        "none".to_owned()
-                    } else {
-                        done.join(", ")
-                    }
-                ),
-                e,
-            ));
+            return Err(IsolationError::Git(format!(
+                "cannot write {path}: {e} (written before it: {})",
+                if done.is_empty() {
+                    "none".to_owned()
+                } else {
+                    done.join(", ")
+                }
+            )));
         }
         done.push(path.clone());
     }
@@ -114,25 +110,22 @@ pub fn apply(
 /// What `change` makes of the live file, or why it cannot be applied.
 fn plan(
     workspace: &Path,
+    root: &Root,
     dirs: &LayerDirs,
     change: &FileChange,
     git: bool,
 ) -> Result<Planned, String> {
     let rel = checked_relative(&change.path)?;
     check_parents(workspace, rel)?;
-    let live = workspace.join(rel);
+    // Read once, beneath the workspace: what is checked is what is merged.
+    let live = root
+        .read(rel)
+        .map_err(|e| format!("the workspace at this path: {e}"))?;
     // Never through a link the snapshot holds along the path (see `in_snapshot`): then the
     // snapshot has nothing there.
     let base = super::changes::in_snapshot(&dirs.lower, rel);
     let base = base.as_deref();
     let theirs = dirs.upper.join(rel);
-    let live_meta = std::fs::symlink_metadata(&live).ok();
-    if live_meta
-        .as_ref()
-        .is_some_and(|m| !m.is_file() && !m.file_type().is_symlink())
-    {
-        return Err("the workspace has something other than a file at this path".into());
-    }
     match &change.special {
         Some(Special::Other(what)) => {
             return Err(format!(
@@ -147,17 +140,14 @@ fn plan(
                     target.display()
                 ));
             }
-            if live_meta.is_some() && !unchanged_since(&live, base) {
+            if live.is_some() && !unchanged_since(live.as_ref(), base) {
                 return Err("changed in the workspace since the snapshot".into());
             }
             return Ok(Planned::Link(target));
         }
         None => {}
     }
-    if live_meta
-        .as_ref()
-        .is_some_and(|m| m.file_type().is_symlink())
-    {
+    if live.as_ref().is_some_and(|l| l.link) {
         return Err(
             "the workspace has a symbolic link at this path; not writing through it".into(),
         );
@@ -165,14 +155,14 @@ fn plan(
     let read = |p: &Path| std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
     match change.kind {
         ChangeKind::Deleted => {
-            if live_meta.is_some() && !unchanged_since(&live, base) {
+            if live.is_some() && !unchanged_since(live.as_ref(), base) {
                 return Err("deleted by the child but changed in the workspace since".into());
             }
             Ok(Planned::Remove)
         }
         ChangeKind::Added => {
             let new = read(&theirs)?;
-            if live_meta.is_some() && read(&live)? != new {
+            if live.as_ref().is_some_and(|l| l.content != new) {
                 return Err(
                     "added by the child, and the workspace has a different file here".into(),
                 );
@@ -181,19 +171,19 @@ fn plan(
         }
         ChangeKind::Modified => {
             let new = read(&theirs)?;
-            let Some(_) = live_meta else {
+            let Some(live) = live else {
                 return Err("changed by the child but deleted in the workspace since".into());
             };
-            if unchanged_since(&live, base) {
+            if unchanged_since(Some(&live), base) {
                 return Ok(Planned::Write(new, mode_of(&theirs)));
             }
             let base = base.ok_or("changed by the child, but the snapshot has no file here")?;
             let merged = if git {
-                merge_with_git(&live, base, &theirs)?
+                merge_with_git(&live.content, base, &theirs)?
             } else {
-                merge_text(&read(base)?, &read(&live)?, &new)?
+                merge_text(&read(base)?, &live.content, &new)?
             };
-            Ok(Planned::Write(merged, mode_of(&live)))
+            Ok(Planned::Write(merged, Some(live.permissions)))
         }
     }
 }
@@ -259,22 +249,19 @@ fn link_stays_inside(workspace: &Path, rel: &Path, target: &Path) -> bool {
 }
 
 /// Whether the live file still is what the snapshot had (content, or link target).
-fn unchanged_since(live: &Path, base: Option<&Path>) -> bool {
-    let Some(base) = base else {
+fn unchanged_since(live: Option<&Live>, base: Option<&Path>) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let (Some(live), Some(base)) = (live, base) else {
         return false;
     };
-    match (
-        std::fs::symlink_metadata(live),
-        std::fs::symlink_metadata(base),
-    ) {
-        (Ok(l), Ok(b)) if l.file_type().is_symlink() || b.file_type().is_symlink() => {
-            matches!((std::fs::read_link(live), std::fs::read_link(base)), (Ok(x), Ok(y)) if x == y)
-        }
-        (Ok(_), Ok(_)) => {
-            matches!((std::fs::read(live), std::fs::read(base)), (Ok(x), Ok(y)) if x == y)
-        }
-        _ => false,
+    let Ok(meta) = std::fs::symlink_metadata(base) else {
+        return false;
+    };
+    if live.link || meta.file_type().is_symlink() {
+        return live.link
+            && std::fs::read_link(base).is_ok_and(|t| t.as_os_str().as_bytes() == live.content);
     }
+    std::fs::read(base).is_ok_and(|b| b == live.content)
 }
 
 fn mode_of(path: &Path) -> Option<u32> {
@@ -291,7 +278,14 @@ fn merge_text(base: &[u8], ours: &[u8], theirs: &[u8]) -> Result<Vec<u8>, String
 
 /// Three-way merge with `git merge-file`, which writes nothing but its output. It runs outside
 /// any repository (`/`), so no repository's configuration is read, with git's own environment.
-fn merge_with_git(ours: &Path, base: &Path, theirs: &Path) -> Result<Vec<u8>, String> {
+fn merge_with_git(ours: &[u8], base: &Path, theirs: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Write as _;
+    // The live file as read, in a file of the daemon's own (never the live path again).
+    let mut copy =
+        tempfile::NamedTempFile::new().map_err(|e| format!("cannot copy the live file: {e}"))?;
+    copy.write_all(ours)
+        .map_err(|e| format!("cannot copy the live file: {e}"))?;
+    let ours = copy.path();
     let out = Command::new("git")
         .args(["merge-file", "-p", "--quiet"])
         .arg(ours)
@@ -314,37 +308,6 @@ fn merge_with_git(ours: &Path, base: &Path, theirs: &Path) -> Result<Vec<u8>, St
             String::from_utf8_lossy(&out.stderr).trim()
         )),
     }
-}
-
-/// A new file beside `target` (a random name, removed if it is never moved into place).
-fn stage_file(
-    target: &Path,
-    bytes: &[u8],
-    mode: Option<u32>,
-) -> Result<tempfile::TempPath, IsolationError> {
-    use std::io::Write;
-    use std::os::unix::fs::PermissionsExt;
-    let dir = target.parent().unwrap_or(Path::new("."));
-    let fail = |e| IsolationError::io(format!("cannot write beside {}", target.display()), e);
-    let mut file = tempfile::Builder::new()
-        .prefix(".forkd-apply-")
-        .tempfile_in(dir)
-        .map_err(fail)?;
-    file.write_all(bytes).map_err(fail)?;
-    let perms = std::fs::Permissions::from_mode(mode.unwrap_or(0o644) & 0o777);
-    file.as_file().set_permissions(perms).map_err(fail)?;
-    file.as_file().sync_all().map_err(fail)?;
-    Ok(file.into_temp_path())
-}
-
-/// A new symlink to `to` beside `target`.
-fn stage_link(target: &Path, to: &Path) -> Result<tempfile::TempPath, IsolationError> {
-    let dir = target.parent().unwrap_or(Path::new("."));
-    tempfile::Builder::new()
-        .prefix(".forkd-apply-")
-        .make_in(dir, |path| std::os::unix::fs::symlink(to, path))
-        .map(tempfile::NamedTempFile::into_temp_path)
-        .map_err(|e| IsolationError::io(format!("cannot link beside {}", target.display()), e))
 }
 
 #[cfg(test)]
