@@ -13,6 +13,7 @@
 pub mod apply;
 mod beneath;
 pub mod changes;
+mod copy;
 mod git;
 pub mod snapshot;
 pub mod tree;

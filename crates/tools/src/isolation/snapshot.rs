@@ -13,7 +13,6 @@
 //! hold what they covered.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::IsolationError;
@@ -53,12 +52,13 @@ pub fn is_git(workspace: &Path) -> bool {
 /// `name`, leaving out `hidden` (paths relative to the workspace: what the session's view hides
 /// in it).
 ///
-/// The copy is made by the daemon's `cp`, which never follows a symlink beneath its source (it
-/// copies the link), so it reads only the workspace's own files; it lands in the batch's
-/// directory, which every view hides, and what the session's view hides in the workspace is
-/// removed from it before anything else reads it. (In the view, `cp` would meet those covers
-/// themselves: a `/dev/null` it cannot recreate, a directory it cannot read.) git runs in the
-/// repository's view ([`Repo::view`]), whose temporary directory must hold `dir`.
+/// The copy is made by the daemon through descriptors ([`super::copy`]), never following a link
+/// beneath its source (it copies the link), not even one swapped in while it runs, so it reads
+/// only the workspace's own files; it lands in the batch's directory, which every view hides,
+/// and what the session's view hides in the workspace is removed from it before anything else
+/// reads it. (In the view, the copy would meet those covers themselves: a `/dev/null` it cannot
+/// recreate, a directory it cannot read.) git runs in the repository's view ([`Repo::view`]),
+/// whose temporary directory must hold `dir`.
 pub fn take(
     repo: Repo<'_>,
     dir: &Path,
@@ -90,20 +90,9 @@ fn take_as(
         std::fs::create_dir_all(parent)
             .map_err(|e| IsolationError::io(format!("cannot create {}", parent.display()), e))?;
     }
-    let mut source = workspace.as_os_str().to_owned();
-    source.push("/.");
-    let out = Command::new("cp")
-        .args(["-a", "--reflink=auto", "--"])
-        .arg(&source)
-        .arg(dir)
-        .output()
-        .map_err(|e| IsolationError::io("cannot run cp", e))?;
-    if !out.status.success() {
+    if let Err(e) = super::copy::tree(workspace, dir) {
         let _ = std::fs::remove_dir_all(dir);
-        return Err(IsolationError::io(
-            format!("cannot copy {} to {}", workspace.display(), dir.display()),
-            std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_owned()),
-        ));
+        return Err(e);
     }
     for rel in hidden {
         if let Err(e) = leave_out(dir, rel) {
@@ -242,6 +231,7 @@ pub fn drop_ref(repo: Repo<'_>, reference: &str) -> Result<(), IsolationError> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use std::process::Command;
 
     #[test]
     fn what_the_view_hides_is_left_out_and_no_symlink_leads_the_removal_out() {
