@@ -409,12 +409,27 @@ fn load_file(path: &Path, known_tools: &[String]) -> Result<AgentType, AgentType
         path: path.to_path_buf(),
         source,
     };
+    // A workspace's definitions are its commands' files: never through a link, never a FIFO
+    // waited on (a blocking thread held for good), never more than a definition could need.
+    const MOST: u64 = 1 << 20;
     let mut text = String::new();
-    std::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
-        .and_then(|mut file| file.read_to_string(&mut text))
+        .map_err(read_err)?;
+    let meta = file.metadata().map_err(read_err)?;
+    if !meta.is_file() {
+        return Err(read_err(std::io::Error::other("not a regular file")));
+    }
+    if meta.len() > MOST {
+        return Err(read_err(std::io::Error::other(format!(
+            "{} bytes; an agent type's definition may have at most {MOST}",
+            meta.len()
+        ))));
+    }
+    file.take(MOST)
+        .read_to_string(&mut text)
         .map_err(read_err)?;
     parse_type(path, &text, known_tools)
 }

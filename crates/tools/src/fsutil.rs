@@ -64,6 +64,11 @@ fn open_error(shown: &str, err: io::Error) -> ToolError {
             "{shown} is no longer inside the workspace; refusing to open it"
         ));
     }
+    if err.raw_os_error() == Some(libc::ENXIO) {
+        return ToolError::rejected(format!(
+            "{shown} is not a regular file (a FIFO, socket or device); refusing to open it"
+        ));
+    }
     if err.raw_os_error() == Some(libc::ELOOP) {
         return ToolError::rejected(format!(
             "{shown} became a symbolic link after it was checked; refusing to follow it"

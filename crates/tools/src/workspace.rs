@@ -419,6 +419,9 @@ impl Workspace {
     /// Opens `path` (as [`Workspace::resolve`] returned it: canonical, no link on it) beneath
     /// the root, following no link on the way: a directory swapped for a link since it was
     /// resolved fails the open (`ELOOP`) instead of leading the daemon out of the workspace.
+    /// Nor is a FIFO, socket or device swapped in waited on: the open does not block, and what
+    /// it opens must be a file or a directory (`ENXIO` otherwise) — a FIFO no one writes would
+    /// hold one of the runtime's blocking threads for good.
     pub(crate) fn open_beneath(
         &self,
         path: &Path,
@@ -430,7 +433,8 @@ impl Workspace {
         } else {
             rel
         };
-        let mut how = OpenHow::new().flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW);
+        let mut how =
+            OpenHow::new().flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK);
         if flags.contains(OFlag::O_CREAT) {
             // openat2 takes a mode only with O_CREAT.
             how = how.mode(nix::sys::stat::Mode::from_bits_truncate(0o644));
@@ -440,10 +444,19 @@ impl Workspace {
                 | ResolveFlag::RESOLVE_NO_SYMLINKS
                 | ResolveFlag::RESOLVE_NO_MAGICLINKS,
         );
-        match self.root_dir()? {
-            RootDir::Layer(fd) => openat2(fd, rel, how),
-            RootDir::Opened(fd) => openat2(&fd, rel, how),
+        let fd = match self.root_dir()? {
+            RootDir::Layer(fd) => openat2(fd, rel, how)?,
+            RootDir::Opened(fd) => openat2(&fd, rel, how)?,
+        };
+        let kind = nix::sys::stat::fstat(&fd)?.st_mode & libc::S_IFMT;
+        if kind != libc::S_IFREG && kind != libc::S_IFDIR {
+            return Err(Errno::ENXIO);
         }
+        // A regular file's reads and writes never block; the flag is dropped all the same.
+        let flags = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL)?;
+        let flags = OFlag::from_bits_truncate(flags) - OFlag::O_NONBLOCK;
+        nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(flags))?;
+        Ok(fd)
     }
 
     /// Makes the directories of `dir` (as [`Workspace::resolve`] returned it) that are missing,
@@ -521,6 +534,28 @@ mod tests {
         assert_eq!(rel.as_os_str(), ws.root().join("a.txt").as_os_str());
         assert_eq!(ws.relative(&rel), "a.txt");
         assert_eq!(ws.relative(ws.root()), ".");
+    }
+
+    #[test]
+    fn a_fifo_swapped_in_is_refused_at_once_for_reading_and_writing() {
+        let (_dir, ws) = ws();
+        let pipe = ws.root().join("p");
+        nix::unistd::mkfifo(&pipe, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        // Without O_NONBLOCK each open would wait for a writer (or a reader) forever.
+        assert_eq!(
+            ws.open_beneath(&pipe, OFlag::O_RDONLY).unwrap_err(),
+            Errno::ENXIO
+        );
+        assert_eq!(
+            ws.open_beneath(&pipe, OFlag::O_WRONLY).unwrap_err(),
+            Errno::ENXIO
+        );
+        fs::write(ws.root().join("f"), "x").unwrap();
+        let fd = ws
+            .open_beneath(&ws.root().join("f"), OFlag::O_RDONLY)
+            .unwrap();
+        let flags = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL).unwrap();
+        assert!(!OFlag::from_bits_truncate(flags).contains(OFlag::O_NONBLOCK));
     }
 
     #[test]

@@ -347,3 +347,31 @@ fn a_workspace_s_types_are_read_beneath_it_and_never_through_a_symlink() -> std:
     }
     Ok(())
 }
+
+#[test]
+fn a_fifo_or_a_huge_file_named_like_a_definition_is_refused_without_waiting() -> std::io::Result<()>
+{
+    use rustix::fs::{CWD, FileType, Mode, mknodat};
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("agents");
+    std::fs::create_dir(&dir)?;
+    // A FIFO is not a definition file (the listing skips it; one swapped in after the listing
+    // is opened without waiting and refused).
+    mknodat(CWD, dir.join("pipe.md"), FileType::Fifo, Mode::RWXU, 0)?;
+    let huge = std::fs::File::create(dir.join("huge.md"))?;
+    huge.set_len(1 << 30)?;
+    let (types, errors) = load_types(&[dir.as_path()], &known());
+    assert_eq!(types, builtin_types());
+    let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    assert!(
+        messages[0].contains("huge.md") && messages[0].contains("at most"),
+        "{messages:?}"
+    );
+    let pipe = match load_file(&dir.join("pipe.md"), &known()) {
+        Ok(t) => panic!("a FIFO loaded as {t:?}"),
+        Err(e) => e.to_string(),
+    };
+    assert!(pipe.contains("not a regular file"), "{pipe}");
+    Ok(())
+}

@@ -374,11 +374,16 @@ impl Side {
                 }))
             }
             FileType::RegularFile => {
-                let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+                // Not waiting on a FIFO swapped in since the stat.
+                let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK;
                 let fd = rustix::fs::openat2(&dir, name, flags, Mode::empty(), resolve)
                     .map_err(along)?;
+                let file = std::fs::File::from(fd);
+                if !file.metadata().is_ok_and(|m| m.is_file()) {
+                    return Err("not a regular file".into());
+                }
                 let mut content = Vec::new();
-                std::fs::File::from(fd)
+                (&file)
                     .read_to_end(&mut content)
                     .map_err(|e| e.to_string())?;
                 Ok(Some(Side {
