@@ -29,10 +29,6 @@ pub(super) struct Root(OwnedFd);
 
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_SYMLINKS);
 
-fn dir_flags() -> OFlags {
-    OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW
-}
-
 fn said(e: Errno) -> String {
     match e {
         Errno::LOOP | Errno::XDEV => "a symbolic link along the path; not followed".into(),
@@ -46,7 +42,7 @@ impl Root {
     /// reached through the daemon's own descriptor (`/proc/PID/fd/N`, a link by nature),
     /// through that.
     pub(super) fn open(workspace: &Path) -> Result<Root, String> {
-        let mut flags = dir_flags();
+        let mut flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
         if workspace.starts_with("/proc") {
             flags.remove(OFlags::NOFOLLOW);
         }
@@ -58,24 +54,29 @@ impl Root {
     /// The directory `rel` (plain components), made where it is missing if `create`; `None`
     /// when it is missing and not made.
     pub(super) fn dir(&self, rel: &Path, create: bool) -> Result<Option<OwnedFd>, String> {
+        // No `O_NOFOLLOW` here: `RESOLVE_NO_SYMLINKS` refuses a link anywhere (`ELOOP`), the
+        // last component included, where `O_NOFOLLOW` would open the link itself.
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
         let mut at = rustix::io::dup(&self.0).map_err(|e| e.to_string())?;
         for part in rel.components() {
             let Component::Normal(name) = part else {
                 return Err("not a plain relative path".into());
             };
-            let next = match rustix::fs::openat2(&at, name, dir_flags(), Mode::empty(), RESOLVE) {
+            let next = match rustix::fs::openat2(&at, name, flags, Mode::empty(), RESOLVE) {
                 Err(Errno::NOENT) if create => {
                     match rustix::fs::mkdirat(&at, name, Mode::from_raw_mode(0o755)) {
                         Ok(()) | Err(Errno::EXIST) => {}
                         Err(e) => return Err(format!("cannot make a directory: {e}")),
                     }
-                    rustix::fs::openat2(&at, name, dir_flags(), Mode::empty(), RESOLVE)
+                    rustix::fs::openat2(&at, name, flags, Mode::empty(), RESOLVE)
                 }
                 other => other,
             };
             at = match next {
                 Ok(fd) => fd,
                 Err(Errno::NOENT) => return Ok(None),
+                // A file where a directory would be: nothing there to read.
+                Err(Errno::NOTDIR) if !create => return Ok(None),
                 Err(e) => return Err(said(e)),
             };
         }

@@ -335,68 +335,17 @@ impl Side {
     /// symbolic link along the path is followed (one is an error), and a link at the end is read
     /// as itself. `None` when nothing is there (or a file stands where a directory was).
     pub fn read_beneath(ws: &Path, rel: &str) -> Result<Option<Side>, String> {
-        use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
-        use rustix::io::Errno;
-        use std::io::Read as _;
-        let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS;
-        let along = |e: Errno| -> String {
-            match e {
-                Errno::LOOP | Errno::XDEV => "a symbolic link along its path, not followed".into(),
-                e => e.to_string(),
-            }
-        };
-        let rel = Path::new(rel);
-        let name = rel.file_name().ok_or("a path without a name")?;
-        let dir_flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
-        let root = rustix::fs::open(ws, dir_flags, Mode::empty()).map_err(|e| e.to_string())?;
-        let dir = match rel.parent().filter(|p| !p.as_os_str().is_empty()) {
-            None => root,
-            Some(parent) => {
-                match rustix::fs::openat2(&root, parent, dir_flags, Mode::empty(), resolve) {
-                    Ok(dir) => dir,
-                    Err(Errno::NOENT | Errno::NOTDIR) => return Ok(None),
-                    Err(e) => return Err(along(e)),
-                }
-            }
-        };
-        let stat = match rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(stat) => stat,
-            Err(Errno::NOENT) => return Ok(None),
-            Err(e) => return Err(e.to_string()),
-        };
-        match FileType::from_raw_mode(stat.st_mode) {
-            FileType::Symlink => {
-                let target =
-                    rustix::fs::readlinkat(&dir, name, Vec::new()).map_err(|e| e.to_string())?;
-                Ok(Some(Side {
-                    content: target.into_bytes(),
-                    mode: 0o120_000,
-                }))
-            }
-            FileType::RegularFile => {
-                // Not waiting on a FIFO swapped in since the stat.
-                let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK;
-                let fd = rustix::fs::openat2(&dir, name, flags, Mode::empty(), resolve)
-                    .map_err(along)?;
-                let file = std::fs::File::from(fd);
-                if !file.metadata().is_ok_and(|m| m.is_file()) {
-                    return Err("not a regular file".into());
-                }
-                let mut content = Vec::new();
-                (&file)
-                    .read_to_end(&mut content)
-                    .map_err(|e| e.to_string())?;
-                Ok(Some(Side {
-                    content,
-                    mode: if stat.st_mode & 0o111 == 0 {
-                        0o100_644
-                    } else {
-                        0o100_755
-                    },
-                }))
-            }
-            _ => Err("not a regular file".into()),
-        }
+        let live = super::beneath::Root::open(ws)?.read(Path::new(rel))?;
+        Ok(live.map(|live| Side {
+            mode: if live.link {
+                0o120_000
+            } else if live.permissions & 0o111 == 0 {
+                0o100_644
+            } else {
+                0o100_755
+            },
+            content: live.content,
+        }))
     }
 }
 
