@@ -284,8 +284,8 @@ pub async fn run(ctx: &Ctx) -> anyhow::Result<Section> {
             .into(),
         tables: vec![table, setup],
         notes: vec![
-            "The snapshot is `cp -a --reflink=auto` of the workspace once per batch (a plain copy \
-             on this file system) plus, for a git workspace, a commit through a temporary index \
+            "The snapshot is forkd's copy of the workspace through descriptors, once per batch \
+             (reflinked where the file system can; a plain copy on this one) plus, for a git workspace, a commit through a temporary index \
              (these workspaces are not git). Each child's copy is an overlayfs layer over it: its \
              disk is the upper directory (the files it changed, whole) and overlayfs's work \
              directory. The view is made again at each of the child's turns; the engine's figure \
